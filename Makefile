@@ -1,0 +1,34 @@
+# The two front-door commands are `make demo` and `make test`; both install first when needed.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install demo run test bench lint clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: install
+	$(BIN)/router demo $(if $(PORT),--port $(PORT))
+
+run: install
+	$(BIN)/router serve $(if $(CONFIG),--config $(CONFIG))
+
+test: install
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+bench: install
+	$(BIN)/python -m bench $(BENCH_ARGS)
+
+lint: install
+	$(BIN)/ruff check router adapters billing tests bench
+	$(BIN)/mypy router adapters billing
+
+clean:
+	rm -rf $(VENV) .bench-venv build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,143 @@
+"""The adapter interface: what every upstream wire protocol implements.
+
+    build_request(call)          -> UpstreamRequest (url, headers, body bytes)
+    parse_response(call, body)   -> (OpenAI chat.completion dict, TokenUsage | None)
+    stream(call)                 -> StreamTranslator: feed(SSE event) -> [OpenAI chunk dicts]
+    error(status, body, headers) -> GatewayError (design §8)
+
+The gateway then normalises what adapters return (ids, model echo, usage placement, chunk order) in
+one place, :mod:`router.stream`, so adapters only translate.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, NamedTuple
+
+import msgspec
+
+from router.catalog import Model, ProviderSpec
+from router.config import ResolvedProvider
+from router.errors import (
+    GatewayError,
+    InvalidRequest,
+    RateLimited,
+    UpstreamError,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
+from router.sse import Event
+from router.wire import ChatRequest, TokenUsage
+
+
+@dataclass(slots=True)
+class Call:
+    """One chat call on its way upstream."""
+
+    model_id: str  # as the caller wrote it; echoed back
+    model: Model
+    provider: ResolvedProvider
+    raw: dict[str, Any]  # the decoded request body, unknown fields included
+    request: ChatRequest
+    stream: bool
+    include_usage: bool
+
+
+class UpstreamRequest(NamedTuple):
+    url: str
+    headers: dict[str, str]
+    body: bytes
+
+
+class StreamTranslator(ABC):
+    """Turns one upstream SSE stream into OpenAI chunk dicts. ``finished`` is set when the upstream
+    signalled a proper end; ``usage`` when it reported usage."""
+
+    def __init__(self) -> None:
+        self.finished = False
+        self.usage: TokenUsage | None = None
+        self.usage_raw: dict[str, Any] | None = None
+
+    @abstractmethod
+    def feed(self, event: Event) -> list[dict[str, Any]]: ...
+
+
+class UpstreamStreamError(UpstreamError):
+    """The upstream reported an error inside a stream that had already started."""
+
+
+_decode = msgspec.json.Decoder().decode
+
+
+def error_message(body: bytes) -> tuple[str | None, str | None]:
+    """(message, code) from any provider's error body: nested ``{"error": {...}}`` (OpenAI,
+    Anthropic, Gemini), flat ``{"message": ...}`` (Mistral) or FastAPI ``{"detail": [...]}``."""
+    try:
+        data = _decode(body)
+    except msgspec.DecodeError:
+        text = body[:200].decode("utf-8", "replace").strip()
+        return (text or None), None
+    if isinstance(data, list) and data:
+        data = data[0]
+    if not isinstance(data, dict):
+        return None, None
+    err = data.get("error")
+    if isinstance(err, dict):
+        code = err.get("code") if isinstance(err.get("code"), str) else err.get("status") or err.get("type")
+        return str(err.get("message") or ""), code if isinstance(code, str) else None
+    if isinstance(err, str):
+        return err, None
+    if "message" in data:
+        code = data.get("code")
+        return str(data["message"]), code if isinstance(code, str) else None
+    detail = data.get("detail")
+    if isinstance(detail, list) and detail and isinstance(detail[0], dict):
+        first = detail[0]
+        loc = ".".join(str(x) for x in first.get("loc", []) if x != "body")
+        return f"{first.get('msg', 'invalid')} ({loc})", None
+    return None, None
+
+
+def map_upstream_error(provider: str, status: int, body: bytes, headers: Mapping[str, str]) -> GatewayError:
+    """Design §8: what the caller sees for an upstream HTTP error."""
+    message, code = error_message(body)
+    said = f": {message}" if message else ""
+    if status == 429:
+        retry = headers.get("retry-after")
+        out = {"Retry-After": retry} if retry else {}
+        return RateLimited(f"The provider '{provider}' is rate limiting requests{said}", headers=out)
+    if status in (401, 403):
+        return UpstreamError(
+            f"The gateway's credentials for provider '{provider}' were rejected (upstream HTTP {status}). "
+            "This is a gateway configuration problem, not a problem with your API key.",
+            code="upstream_auth_failed",
+        )
+    if status in (400, 404, 409, 413, 422):
+        return InvalidRequest(f"The provider '{provider}' rejected the request{said}", code=code or "upstream_rejected")
+    if status in (502, 503, 529):
+        return UpstreamUnavailable(f"The provider '{provider}' is unavailable or overloaded (HTTP {status}){said}")
+    if status == 504:
+        return UpstreamTimeout(f"The provider '{provider}' timed out (HTTP 504){said}")
+    return UpstreamError(f"The provider '{provider}' failed (HTTP {status}){said}")
+
+
+class Adapter(ABC):
+    protocol: ClassVar[str]
+
+    def __init__(self, name: str, spec: ProviderSpec) -> None:
+        self.name = name
+        self.spec = spec
+
+    @abstractmethod
+    def build_request(self, call: Call) -> UpstreamRequest: ...
+
+    @abstractmethod
+    def parse_response(self, call: Call, body: bytes) -> tuple[dict[str, Any], TokenUsage | None]: ...
+
+    @abstractmethod
+    def stream(self, call: Call) -> StreamTranslator: ...
+
+    def error(self, status: int, body: bytes, headers: Mapping[str, str]) -> GatewayError:
+        return map_upstream_error(self.name, status, body, headers)

@@ -1,0 +1,149 @@
+"""What every emulator shares: tokens, deterministic replies, and fault directives.
+
+Directives are magic words in the last user message:
+
+    [fault:429] [fault:500] [fault:503] [fault:529]   answer with that HTTP error (429 has retry-after)
+    [slow:MS]        wait MS milliseconds before the first byte
+    [delay:MS]       wait MS milliseconds between stream events
+    [cut:N]          stream: drop the connection after N content events
+    [midfail]        stream: send an in-band error event after the first content event
+    [malformed]      send a body / stream event that is not valid JSON
+    [tokens:N]       answer with N tokens (still capped by the request's max tokens)
+    [echo]           answer with the user's text itself (directives removed)
+    [split]          stream: write the bytes in 1-3 byte pieces (splits UTF-8 characters)
+    [tool]           call the first tool offered (also when tool_choice forces one)
+    [think]          produce reasoning output before the answer (providers that have it)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import re
+import secrets
+import string
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+_TOKEN = re.compile(r"\w+|[^\w\s]")
+_PIECE = re.compile(r"\s*\S+")
+_DIRECTIVE = re.compile(r"\[(fault|slow|delay|cut|tokens):(\d+)\]|\[(midfail|malformed|echo|split|tool|think)\]")
+
+WORDS = (
+    "the router answers every call with care and the credits are billed exactly while streams flow "
+    "through the gateway one chunk after another until the answer is complete and nothing is lost"
+).split()
+
+
+def count_tokens(text: str) -> int:
+    return len(_TOKEN.findall(text))
+
+
+@dataclass
+class Directives:
+    fault: int | None = None
+    slow_ms: int = 0
+    delay_ms: int = 0
+    cut: int | None = None
+    tokens: int | None = None
+    midfail: bool = False
+    malformed: bool = False
+    echo: bool = False
+    split: bool = False
+    tool: bool = False
+    think: bool = False
+    text: str = ""
+
+
+def directives(text: str) -> Directives:
+    d = Directives()
+    for match in _DIRECTIVE.finditer(text):
+        name, value, flag = match.group(1), match.group(2), match.group(3)
+        if name == "fault":
+            d.fault = int(value)
+        elif name == "slow":
+            d.slow_ms = int(value)
+        elif name == "delay":
+            d.delay_ms = int(value)
+        elif name == "cut":
+            d.cut = int(value)
+        elif name == "tokens":
+            d.tokens = int(value)
+        elif flag:
+            setattr(d, flag, True)
+    d.text = _DIRECTIVE.sub("", text).strip()
+    return d
+
+
+def reply_pieces(prompt: str, d: Directives, cap: int | None) -> tuple[list[str], bool]:
+    """The answer as stream pieces (one token each, leading space kept) and whether ``cap`` cut it."""
+    if d.echo and d.text:
+        pieces = _PIECE.findall(d.text)
+    else:
+        n = d.tokens if d.tokens is not None else 12
+        seed = int.from_bytes(hashlib.sha256(prompt.encode()).digest()[:4], "big")
+        pieces = [("" if i == 0 else " ") + WORDS[(seed + i * 7) % len(WORDS)] for i in range(n)]
+        if pieces:
+            pieces[0] = pieces[0].capitalize()
+            pieces[-1] += "."
+    if cap is not None and len(pieces) > cap:
+        return pieces[:cap], True
+    return pieces, False
+
+
+def fake_arguments(schema: dict[str, Any] | None) -> dict[str, Any]:
+    """Arguments that satisfy a JSON schema's required properties."""
+    props = (schema or {}).get("properties") or {}
+    out: dict[str, Any] = {}
+    for name, prop in props.items():
+        kind = prop.get("type") if isinstance(prop, dict) else None
+        if isinstance(prop, dict) and prop.get("enum"):
+            out[name] = prop["enum"][0]
+        elif kind == "integer":
+            out[name] = 3
+        elif kind == "number":
+            out[name] = 1.5
+        elif kind == "boolean":
+            out[name] = True
+        elif kind == "array":
+            out[name] = []
+        elif kind == "object":
+            out[name] = {}
+        else:
+            out[name] = "Seoul"
+    return out
+
+
+def random_id(n: int, alphabet: str = string.ascii_letters + string.digits) -> str:
+    return "".join(secrets.choice(alphabet) for _ in range(n))
+
+
+async def write_bytes(response: web.StreamResponse, data: bytes, split: bool) -> None:
+    if not split:
+        await response.write(data)
+        return
+    i = 0
+    step = 1
+    while i < len(data):
+        await response.write(data[i : i + step])
+        i += step
+        step = step % 3 + 1
+
+
+async def pause(ms: int) -> None:
+    if ms:
+        await asyncio.sleep(ms / 1000)
+
+
+async def serve(app: web.Application, host: str = "127.0.0.1", port: int = 0) -> tuple[web.AppRunner, int]:
+    """Start ``app`` on host:port (0 picks a free port); returns the runner and the bound port."""
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, backlog=4096)
+    await site.start()
+    server = site._server
+    assert server is not None
+    bound = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, bound

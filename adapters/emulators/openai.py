@@ -1,0 +1,240 @@
+"""Emulator of the OpenAI Chat Completions protocol in three flavours: ``openai``, ``upstage``
+(Solar: reasoning trace in ``reasoning``) and ``mistral`` (flat error envelope, usage always on the
+finish chunk, 422 on fields Mistral's API does not take, 9-character tool-call ids, thinking chunks).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from adapters.emulators.common import (
+    Directives,
+    count_tokens,
+    directives,
+    fake_arguments,
+    pause,
+    random_id,
+    reply_pieces,
+    write_bytes,
+)
+
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder().decode
+
+MISTRAL_FIELDS = {
+    "model", "messages", "temperature", "top_p", "max_tokens", "stream", "stop", "random_seed", "response_format",
+    "tools", "tool_choice", "presence_penalty", "frequency_penalty", "n", "prediction", "parallel_tool_calls",
+    "safe_prompt", "prompt_mode", "reasoning_effort", "metadata", "guardrails", "prompt_cache_key",
+}  # fmt: skip
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return ""
+
+
+class OpenAIEmulator:
+    def __init__(self, flavour: str = "openai", api_key: str = "emu-key") -> None:
+        assert flavour in ("openai", "upstage", "mistral")
+        self.flavour = flavour
+        self.api_key = api_key
+        self.requests: list[dict[str, Any]] = []  # last bodies received, for tests
+        self.app = web.Application(client_max_size=64 * 1024 * 1024)
+        self.app.router.add_post("/v1/chat/completions", self.chat)
+        self.app.router.add_get("/v1/models", self.models)
+
+    # -- errors in the flavour's envelope ---------------------------------------------------------
+    def error(self, status: int, message: str, type_: str, code: str | None = None, headers: dict | None = None) -> web.Response:
+        if self.flavour == "mistral":
+            body: dict[str, Any] = {"object": "error", "message": message, "type": type_, "param": None, "code": code}
+        else:
+            body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
+        return web.Response(status=status, body=_encode(body), content_type="application/json", headers=headers)
+
+    def fault(self, status: int) -> web.Response:
+        if status == 429:
+            return self.error(429, "Rate limit reached for requests", "requests", "rate_limit_exceeded",
+                              {"retry-after": "1", "x-ratelimit-remaining-requests": "0"})  # fmt: skip
+        if status == 529:
+            return self.error(529, "The server is overloaded", "server_error")
+        return self.error(status, "The server had an error while processing your request.", "server_error")
+
+    def _authorised(self, request: web.Request) -> bool:
+        return request.headers.get("Authorization") == f"Bearer {self.api_key}"
+
+    async def models(self, request: web.Request) -> web.Response:
+        if not self._authorised(request):
+            return self.error(401, "Incorrect API key provided.", "invalid_request_error", "invalid_api_key")
+        return web.json_response({"object": "list", "data": []})
+
+    # -- chat -------------------------------------------------------------------------------------
+    def _validate(self, body: dict[str, Any]) -> web.Response | None:
+        if not isinstance(body.get("model"), str) or not isinstance(body.get("messages"), list) or not body["messages"]:
+            return self.error(400, "'model' and a non-empty 'messages' are required.", "invalid_request_error")
+        model = body["model"]
+        if self.flavour == "mistral":
+            extra = sorted(set(body) - MISTRAL_FIELDS)
+            if extra:
+                detail = [{"type": "extra_forbidden", "loc": ["body", f], "msg": "Extra inputs are not permitted"} for f in extra]
+                return web.Response(status=422, body=_encode({"detail": detail}), content_type="application/json")
+            for message in body["messages"]:
+                ids = [c.get("id", "") for c in message.get("tool_calls") or []]
+                if message.get("role") == "tool":
+                    ids.append(message.get("tool_call_id", ""))
+                for tid in ids:
+                    if not (len(tid) == 9 and tid.isalnum()):
+                        return self.error(400, f"Tool call id was {tid} but must be a-z, A-Z, 0-9, with a length of 9.", "invalid_request_error")
+        if self.flavour == "openai" and (model.startswith("o") or model.startswith("gpt-5")) and "max_tokens" in body:
+            return self.error(400, "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.",
+                              "invalid_request_error", "unsupported_parameter")  # fmt: skip
+        if body.get("stream_options") is not None and not body.get("stream"):
+            return self.error(400, "The 'stream_options' parameter is only allowed when 'stream' is enabled.", "invalid_request_error")
+        return None
+
+    def _plan(self, body: dict[str, Any]) -> tuple[Directives, list[str], str, dict[str, Any] | None, int, bool]:
+        messages = body["messages"]
+        last_user = next((m for m in reversed(messages) if m.get("role") == "user"), {})
+        d = directives(_text(last_user.get("content")))
+        prompt = " ".join(_text(m.get("content")) for m in messages)
+        prompt_tokens = sum(count_tokens(_text(m.get("content"))) + 3 for m in messages) + 3
+        cap = body.get("max_completion_tokens") or body.get("max_tokens")
+        tools = body.get("tools") or []
+        choice = body.get("tool_choice")
+        tool_call = None
+        if tools and messages[-1].get("role") != "tool" and (d.tool or choice in ("required", "any") or isinstance(choice, dict)):
+            fn = tools[0].get("function", {})
+            if isinstance(choice, dict):
+                fn = next((t["function"] for t in tools if t.get("function", {}).get("name") == choice.get("function", {}).get("name")), fn)
+            call_id = random_id(9) if self.flavour == "mistral" else "call_" + random_id(24)
+            tool_call = {"id": call_id, "type": "function",
+                         "function": {"name": fn.get("name", "tool"), "arguments": _encode(fake_arguments(fn.get("parameters"))).decode()}}  # fmt: skip
+        if messages[-1].get("role") == "tool":
+            d.echo, d.text = True, f"The tool returned: {_text(messages[-1].get('content'))}"
+        pieces, truncated = reply_pieces(prompt, d, cap)
+        reasoning = d.think or (self.flavour == "upstage" and body.get("reasoning_effort") in ("low", "medium", "high"))
+        reasoning = reasoning or (self.flavour == "mistral" and str(body.get("model", "")).startswith("magistral"))
+        return d, pieces, ("length" if truncated else "stop"), tool_call, prompt_tokens, reasoning
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        if not self._authorised(request):
+            return self.error(401, "Incorrect API key provided.", "invalid_request_error", "invalid_api_key")
+        raw = await request.read()
+        try:
+            body = _decode(raw)
+        except msgspec.DecodeError:
+            return self.error(400, "We could not parse the JSON body of your request.", "invalid_request_error")
+        if not isinstance(body, dict):
+            return self.error(400, "The body must be a JSON object.", "invalid_request_error")
+        self.requests = [*self.requests[-49:], body]
+        invalid = self._validate(body)
+        if invalid is not None:
+            return invalid
+        d, pieces, finish, tool_call, prompt_tokens, reasoning = self._plan(body)
+        await pause(d.slow_ms)
+        if d.fault:
+            return self.fault(d.fault)
+        thinking = ["Let", " me", " think", "."] if reasoning else []
+        completion_tokens = len(pieces) + len(thinking) + (count_tokens(tool_call["function"]["arguments"]) + 4 if tool_call else 0)
+        if tool_call:
+            pieces, finish = [], "tool_calls"
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
+        if self.flavour != "mistral":
+            usage["prompt_tokens_details"] = {"cached_tokens": 0, "audio_tokens": 0}
+            usage["completion_tokens_details"] = {"reasoning_tokens": len(thinking), "audio_tokens": 0}
+        cid = random_id(32, "0123456789abcdef") if self.flavour == "mistral" else "chatcmpl-" + random_id(24)
+        created = int(time.time())
+        if body.get("stream"):
+            return await self._stream(request, body, d, cid, created, pieces, thinking, finish, tool_call, usage)
+        if d.malformed:
+            return web.Response(body=b'{"id": "broken", "choices": [', content_type="application/json")
+        message: dict[str, Any] = {"role": "assistant", "content": None if tool_call else "".join(pieces)}
+        if tool_call:
+            message["tool_calls"] = [tool_call]
+        if thinking:
+            if self.flavour == "mistral":
+                message["content"] = [{"type": "thinking", "thinking": [{"type": "text", "text": "".join(thinking)}]},
+                                      {"type": "text", "text": message["content"] or ""}]  # fmt: skip
+            else:
+                message["reasoning" if self.flavour == "upstage" else "reasoning_content"] = "".join(thinking)
+        if self.flavour == "openai":
+            message["refusal"] = None
+            message["annotations"] = []
+        out = {"id": cid, "object": "chat.completion", "created": created, "model": body["model"],
+               "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}], "usage": usage}  # fmt: skip
+        if self.flavour == "openai":
+            out["system_fingerprint"] = "fp_emulator"
+            out["service_tier"] = "default"
+        return web.Response(body=_encode(out), content_type="application/json", headers={"x-request-id": "req_" + random_id(16)})
+
+    async def _stream(self, request: web.Request, body: dict[str, Any], d: Directives, cid: str, created: int,
+                      pieces: list[str], thinking: list[str], finish: str, tool_call: dict[str, Any] | None,
+                      usage: dict[str, Any]) -> web.StreamResponse:  # fmt: skip
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                               "x-request-id": "req_" + random_id(16)})  # fmt: skip
+        await response.prepare(request)
+        include_usage = self.flavour == "mistral" or bool((body.get("stream_options") or {}).get("include_usage"))
+        mistral = self.flavour == "mistral"
+
+        def event(delta: dict[str, Any] | None, finish_reason: str | None = None, last_usage: Any = None, empty: bool = False) -> bytes:
+            chunk: dict[str, Any] = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": body["model"],
+                                     "choices": [] if empty else [{"index": 0, "delta": delta or {}, "finish_reason": finish_reason}]}  # fmt: skip
+            if not mistral and not empty:
+                chunk["choices"][0]["logprobs"] = None
+            if include_usage and not mistral:
+                chunk["usage"] = last_usage
+            elif mistral and last_usage is not None:
+                chunk["usage"] = last_usage
+            return b"data: " + _encode(chunk) + b"\n\n"
+
+        events: list[bytes] = [event({"role": "assistant", "content": ""})]
+        for piece in thinking:
+            if mistral:
+                events.append(event({"content": [{"type": "thinking", "thinking": [{"type": "text", "text": piece}]}]}))
+            else:
+                events.append(event({"reasoning" if self.flavour == "upstage" else "reasoning_content": piece}))
+        if tool_call:
+            args = tool_call["function"]["arguments"]
+            half = len(args) // 2
+            first = {"index": 0, "id": tool_call["id"], "type": "function", "function": {"name": tool_call["function"]["name"], "arguments": ""}}
+            events.append(event({"tool_calls": [first]}))
+            events.append(event({"tool_calls": [{"index": 0, "function": {"arguments": args[:half]}}]}))
+            events.append(event({"tool_calls": [{"index": 0, "function": {"arguments": args[half:]}}]}))
+        for piece in pieces:
+            events.append(event({"content": piece}))
+        if mistral:
+            events.append(event({}, finish, usage))
+        else:
+            events.append(event({}, finish))
+            if include_usage:
+                events.append(event(None, last_usage=usage, empty=True))
+        events.append(b"data: [DONE]\n\n")
+        content_events = 0
+        try:
+            for i, data in enumerate(events):
+                if i > 0:
+                    await pause(d.delay_ms)
+                if d.malformed and i == 2:
+                    data = b'data: {"id": "broken", "choices": [\n\n'
+                if d.midfail and i == 2:
+                    await response.write(b'data: {"error": {"message": "The server had an error while processing your request.", "type": "server_error", "param": null, "code": null}}\n\n')
+                    return response
+                await write_bytes(response, data, d.split)
+                content_events += 1
+                if d.cut is not None and content_events > d.cut:
+                    request.transport.close()  # type: ignore[union-attr]  # a cut, not a clean end
+                    return response
+            await response.write_eof()
+        except (ConnectionResetError, ConnectionError):
+            pass
+        return response

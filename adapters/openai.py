@@ -1,0 +1,136 @@
+"""The OpenAI Chat Completions protocol, shared by p1 (OpenAI), p4 (Upstage) and p5 (Mistral).
+
+Provider differences are data in the catalog's ``[providers.X]`` table, not code: fields to drop or
+rename, whether the upstream must be asked for stream usage, the finish reasons to map, the name of
+the reasoning field. Reasoning text always comes out as ``reasoning_content`` (message and delta),
+never mixed into ``content``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from adapters.base import Adapter, Call, StreamTranslator, UpstreamRequest, UpstreamStreamError
+from router.errors import UpstreamError
+from router.sse import Event
+from router.wire import TokenUsage, usage_from_openai
+
+_decode = msgspec.json.Decoder().decode
+_encode = msgspec.json.Encoder().encode
+
+REASONING = "reasoning_content"
+
+
+def _split_content(content: list[Any]) -> tuple[str, str]:
+    """Mistral reasoning output: content is a list of ``thinking`` and ``text`` chunks."""
+    text: list[str] = []
+    thinking: list[str] = []
+    for chunk in content:
+        if not isinstance(chunk, dict):
+            continue
+        if chunk.get("type") == "text":
+            text.append(chunk.get("text") or "")
+        elif chunk.get("type") == "thinking":
+            for inner in chunk.get("thinking") or []:
+                if isinstance(inner, dict):
+                    thinking.append(inner.get("text") or "")
+    return "".join(text), "".join(thinking)
+
+
+class OpenAIAdapter(Adapter):
+    protocol = "openai"
+
+    def build_request(self, call: Call) -> UpstreamRequest:
+        spec = self.spec
+        body = dict(call.raw)
+        body["model"] = call.model.upstream
+        if call.model.reasoning and spec.reasoning_cap_field and "max_tokens" in body:
+            cap = body.pop("max_tokens")
+            body.setdefault(spec.reasoning_cap_field, cap)
+        for old, new in spec.rename_fields.items():
+            if old in body:
+                value = body.pop(old)
+                body.setdefault(new, value)
+        if call.stream:
+            body["stream"] = True
+            if spec.stream_usage == "ask":
+                options = dict(body.get("stream_options") or {})
+                options["include_usage"] = True
+                body["stream_options"] = options
+        for field in spec.drop_fields:
+            body.pop(field, None)
+        headers = {"Authorization": f"Bearer {call.provider.api_key}", "Content-Type": "application/json"}
+        if call.stream:
+            headers["Accept"] = "text/event-stream"
+        return UpstreamRequest(f"{call.provider.base_url}/chat/completions", headers, _encode(body))
+
+    def _finish(self, reason: Any) -> Any:
+        if reason == "error":
+            raise UpstreamStreamError(f"The provider '{self.name}' ended the answer with an error.")
+        return self.spec.finish_reasons.get(reason, reason) if isinstance(reason, str) else reason
+
+    def _normalise(self, part: dict[str, Any]) -> None:
+        """Move provider-specific reasoning into ``reasoning_content`` (a message or a delta)."""
+        field = self.spec.reasoning_field
+        if field and field in part:
+            part[REASONING] = part.pop(field)
+        content = part.get("content")
+        if isinstance(content, list):
+            text, thinking = _split_content(content)
+            part["content"] = text
+            if thinking:
+                part[REASONING] = part.get(REASONING, "") + thinking
+
+    def parse_response(self, call: Call, body: bytes) -> tuple[dict[str, Any], TokenUsage | None]:
+        try:
+            data = _decode(body)
+        except msgspec.DecodeError:
+            raise UpstreamError(f"The provider '{self.name}' returned a body that is not JSON.") from None
+        if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
+            raise UpstreamError(f"The provider '{self.name}' returned an unexpected answer shape.")
+        for choice in data["choices"]:
+            if isinstance(choice, dict):
+                choice["finish_reason"] = self._finish(choice.get("finish_reason"))
+                message = choice.get("message")
+                if isinstance(message, dict):
+                    self._normalise(message)
+        return data, usage_from_openai(data.get("usage"))
+
+    def stream(self, call: Call) -> StreamTranslator:
+        return _OpenAIStream(self)
+
+
+class _OpenAIStream(StreamTranslator):
+    def __init__(self, adapter: OpenAIAdapter) -> None:
+        super().__init__()
+        self.adapter = adapter
+
+    def feed(self, event: Event) -> list[dict[str, Any]]:
+        data = event.data
+        if data == b"[DONE]":
+            self.finished = True
+            return []
+        try:
+            chunk = _decode(data)
+        except msgspec.DecodeError:
+            raise UpstreamStreamError(f"The provider '{self.adapter.name}' sent a malformed stream event.") from None
+        if not isinstance(chunk, dict):
+            raise UpstreamStreamError(f"The provider '{self.adapter.name}' sent an unexpected stream event.")
+        if "error" in chunk or chunk.get("object") == "error":
+            err = chunk.get("error")
+            message = err.get("message") if isinstance(err, dict) else chunk.get("message")
+            raise UpstreamStreamError(f"The provider '{self.adapter.name}' failed mid-stream: {message or 'unknown error'}")
+        usage = chunk.get("usage")
+        if usage:
+            self.usage_raw = usage
+            self.usage = usage_from_openai(usage)
+        for choice in chunk.get("choices") or ():
+            if isinstance(choice, dict):
+                if choice.get("finish_reason") is not None:
+                    choice["finish_reason"] = self.adapter._finish(choice["finish_reason"])
+                delta = choice.get("delta")
+                if isinstance(delta, dict):
+                    self.adapter._normalise(delta)
+        return [chunk]

@@ -1,0 +1,59 @@
+"""All upstream networking: one shared aiohttp ClientSession with pooled keep-alive connections.
+
+``open`` sends a request and returns the response with its status read and its body not yet read;
+network failures become gateway errors (connect failure → 503, timeout → 504, other → 502).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+
+from adapters.base import UpstreamRequest
+from router.config import ResolvedProvider
+from router.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
+
+
+class Transport:
+    def __init__(self) -> None:
+        self._session: aiohttp.ClientSession | None = None
+        self._timeouts: dict[tuple[float, float], aiohttp.ClientTimeout] = {}
+
+    async def start(self) -> None:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=60)
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=aiohttp.ClientTimeout(total=None),
+                skip_auto_headers=("User-Agent",),
+                auto_decompress=True,
+            )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _timeout(self, provider: ResolvedProvider) -> aiohttp.ClientTimeout:
+        key = (provider.connect_timeout, provider.read_timeout)
+        timeout = self._timeouts.get(key)
+        if timeout is None:
+            timeout = aiohttp.ClientTimeout(total=None, sock_connect=key[0], sock_read=key[1])
+            self._timeouts[key] = timeout
+        return timeout
+
+    async def open(self, request: UpstreamRequest, provider: ResolvedProvider) -> aiohttp.ClientResponse:
+        if self._session is None:
+            await self.start()
+        assert self._session is not None
+        try:
+            return await self._session.post(
+                request.url, data=request.body, headers=request.headers, timeout=self._timeout(provider)
+            )
+        except (TimeoutError, asyncio.TimeoutError):
+            raise UpstreamTimeout(f"The provider '{provider.prefix}' did not answer in time.") from None
+        except aiohttp.ClientConnectorError:
+            raise UpstreamUnavailable(f"Could not connect to the provider '{provider.prefix}'.") from None
+        except aiohttp.ClientError as exc:
+            raise UpstreamError(f"The connection to the provider '{provider.prefix}' failed: {type(exc).__name__}.") from None

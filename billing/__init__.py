@@ -1,0 +1,1 @@
+"""Billing: pricing, the credit ledger (reserve → settle), usage records, and the stores behind them."""

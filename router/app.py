@@ -1,0 +1,83 @@
+"""The ASGI application: ``create_app(settings)``.
+
+Standalone it runs under hypercorn (``router serve``); embedded, another Starlette/FastAPI app mounts
+it under a prefix (``Mount("/llm", app=create_app(settings))``) and it starts itself on first use.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from billing.store import Store
+from router.chat import ChatCompletions
+from router.config import Settings
+from router.errors import GatewayError, MethodNotAllowed, NotFound
+from router.gateway import Gateway
+from router.middleware import RequestID
+from router.models import Models
+from router.responses import JSONBytes
+
+log = logging.getLogger("router")
+
+
+def _error_response(exc: GatewayError) -> Response:
+    return JSONBytes(exc.render(), status_code=exc.status, headers=exc.headers)
+
+
+async def _gateway_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, GatewayError)
+    return _error_response(exc)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 405:
+        return _error_response(MethodNotAllowed(f"Method {request.method} is not allowed on {request.url.path}."))
+    if exc.status_code == 404:
+        return _error_response(NotFound(f"Unknown path {request.url.path}: this gateway serves /v1/chat/completions, /v1/models."))
+    return _error_response(GatewayError(str(exc.detail)))
+
+
+async def _crash(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled error on %s", request.url.path)
+    return _error_response(GatewayError("The gateway hit an internal error; the request was not completed."))
+
+
+async def _health(request: Request) -> Response:
+    return JSONBytes(b'{"status":"ok"}')
+
+
+def create_app(settings: Settings | None = None, *, store: Store | None = None) -> Starlette:
+    gateway = Gateway(settings or Settings(), store=store)
+    models = Models(gateway)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await gateway.start()
+        try:
+            yield
+        finally:
+            await gateway.stop()
+
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", ChatCompletions(gateway).handle, methods=["POST"]),
+            Route("/v1/models", models.list, methods=["GET"]),
+            Route("/v1/models/{model:path}", models.retrieve, methods=["GET"]),
+            Route("/healthz", _health, methods=["GET"]),
+        ],
+        middleware=[Middleware(RequestID)],
+        exception_handlers={GatewayError: _gateway_error, HTTPException: _http_error, Exception: _crash},
+        lifespan=lifespan,
+    )
+    app.state.gateway = gateway
+    return app

@@ -1,0 +1,70 @@
+"""API keys: their form, their hash, and turning an ``Authorization`` header into a principal.
+
+A key is ``<prefix>-v1-<43 url-safe characters>`` (256 random bits). Only its SHA-256 is stored: the
+key is random, so a slow password hash would buy nothing. A header that does not have the form is
+rejected before any store lookup. The store is searched by digest, so how long a lookup takes says
+nothing about the key itself (the constant-time property that matters). Looked-up principals are cached for a couple of seconds so the hot
+path does not touch the store; a revocation through this process clears the cache at once, and one
+through another process takes effect within ``auth_cache_seconds``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+import time
+
+from billing.store import Principal, Store
+from router.errors import Unauthorized
+
+
+def generate_key(prefix: str) -> str:
+    return f"{prefix}-v1-{secrets.token_urlsafe(32)}"
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def key_hint(key: str) -> str:
+    head, _, _ = key.partition("-v1-")
+    return f"{head}-v1-...{key[-4:]}"
+
+
+class Authenticator:
+    def __init__(self, store: Store, prefix: str, cache_seconds: float = 2.0) -> None:
+        self.store = store
+        self.cache_seconds = cache_seconds
+        self._form = re.compile(rf"^{re.escape(prefix)}-v1-[A-Za-z0-9_-]{{32,128}}$")
+        self._cache: dict[str, tuple[Principal, float]] = {}
+
+    def forget(self) -> None:
+        self._cache.clear()
+
+    async def authenticate(self, header: str | None) -> Principal:
+        if not header:
+            raise Unauthorized(
+                "You didn't provide an API key. Send it in the Authorization header as 'Bearer YOUR_KEY'.",
+                code="missing_api_key",
+            )
+        scheme, _, key = header.partition(" ")
+        key = key.strip()
+        if scheme.lower() != "bearer" or not key:
+            raise Unauthorized("The Authorization header must be 'Bearer YOUR_KEY'.")
+        if not self._form.match(key):
+            raise Unauthorized("Incorrect API key provided: it does not have the form of a key of this service.")
+        digest = hash_key(key)
+        now = time.monotonic()
+        cached = self._cache.get(digest)
+        if cached is not None and cached[1] > now:
+            return cached[0]
+        principal = await self.store.principal(digest)
+        if principal is None:
+            self._cache.pop(digest, None)
+            raise Unauthorized("Incorrect API key provided, or the key has been revoked.")
+        if len(self._cache) > 100_000:
+            self._cache.clear()
+        self._cache[digest] = (principal, now + self.cache_seconds)
+        return principal
+

@@ -1,0 +1,213 @@
+"""The model catalog: which model ids exist, who serves them, at what price, with which capabilities.
+
+The catalog is data (``catalog.toml`` beside this file, optionally merged with an operator's file).
+Lookups are O(1) on a dict built once: every canonical id, every alias, and every id written with a
+prefix alias (``claude/...`` for ``anthropic/...``) map to one frozen :class:`Model`.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from router.errors import InvalidRequest, ModelNotFound
+
+BUILTIN = Path(__file__).with_name("catalog.toml")
+NANO = 10**9  # balances and prices are integers of nano-credits
+
+
+class ConfigError(Exception):
+    """A configuration or catalog file is wrong; the message names the file and the bad key."""
+
+
+class PriceSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    input: str = "0"
+    output: str = "0"
+    cached_input: str | None = None
+    cache_write: str | None = None
+
+
+class ProviderSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    protocol: Literal["openai", "anthropic", "gemini"]
+    base_url: str
+    api_key_env: str
+    owned_by: str
+    aliases: list[str] = []
+    stream_usage: Literal["ask", "always"] = "ask"
+    drop_fields: list[str] = []
+    rename_fields: dict[str, str] = {}
+    error_envelope: Literal["nested", "flat"] = "nested"
+    finish_reasons: dict[str, str] = {}
+    reasoning_field: str | None = None
+    reasoning_cap_field: str | None = None  # where a reasoning model wants max_tokens moved
+
+
+class ModelSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    id: str
+    alias_of: str | None = None
+    upstream: str | None = None
+    kind: Literal["chat", "reasoning", "search", "code", "image-generation", "image-preview"] = "chat"
+    endpoints: list[Literal["chat", "responses"]] = msgspec.field(default_factory=lambda: ["chat", "responses"])
+    image_input: bool = False
+    reasoning: bool = False
+    context: int = 0
+    max_output: int = 4096
+    default_max_tokens: int | None = None
+    price: PriceSpec = PriceSpec()
+    created: int = 0
+    fallbacks: list[str] = []
+
+
+class CatalogFile(msgspec.Struct, forbid_unknown_fields=True):
+    providers: dict[str, ProviderSpec] = {}
+    models: list[ModelSpec] = []
+
+
+@dataclass(frozen=True, slots=True)
+class Prices:
+    """Nano-credits per 1M tokens of each kind."""
+
+    input: int
+    output: int
+    cached_input: int
+    cache_write: int
+
+
+@dataclass(frozen=True, slots=True)
+class Model:
+    id: str  # canonical id; an alias keeps its own id here and names its target in alias_of
+    provider: str  # canonical provider prefix
+    upstream: str  # the model name sent to the provider
+    kind: str
+    endpoints: frozenset[str]
+    image_input: bool
+    reasoning: bool
+    context: int
+    max_output: int
+    default_max_tokens: int | None
+    prices: Prices
+    created: int
+    alias_of: str | None
+    fallbacks: tuple[str, ...]
+
+
+def _nano(value: str | None, where: str, default: int) -> int:
+    if value is None:
+        return default
+    try:
+        amount = Decimal(value) * NANO
+    except InvalidOperation:
+        raise ConfigError(f"{where}: price {value!r} is not a decimal number") from None
+    if amount != amount.to_integral_value() or amount < 0:
+        raise ConfigError(f"{where}: price {value!r} has more than 9 decimals or is negative")
+    return int(amount)
+
+
+def _decode(path: Path) -> CatalogFile:
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        return msgspec.convert(raw, CatalogFile)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
+class Catalog:
+    def __init__(self, providers: dict[str, ProviderSpec], models: list[ModelSpec], source: str = "catalog"):
+        self.providers = providers
+        self.prefix_alias: dict[str, str] = {}
+        for name, spec in providers.items():
+            self.prefix_alias[name] = name
+            for alias in spec.aliases:
+                self.prefix_alias[alias] = name
+        specs = {m.id: m for m in models}
+        self.models: dict[str, Model] = {}
+        for spec in models:
+            self.models[spec.id] = self._build(spec, specs, source)
+        self._lookup: dict[str, Model] = {}
+        for model_id, model in self.models.items():
+            prefix, name = model_id.split("/", 1)
+            for alias, canonical in self.prefix_alias.items():
+                if canonical == prefix:
+                    self._lookup[f"{alias}/{name}"] = model
+
+    def _build(self, spec: ModelSpec, specs: dict[str, ModelSpec], source: str) -> Model:
+        where = f"{source}: model {spec.id!r}"
+        if spec.id.count("/") != 1 or spec.id != spec.id.lower():
+            raise ConfigError(f"{where}: ids are '<provider>/<model_name>', one slash, lower-case")
+        prefix = spec.id.split("/", 1)[0]
+        if prefix not in self.providers:
+            raise ConfigError(f"{where}: unknown provider {prefix!r}")
+        target = spec
+        if spec.alias_of is not None:
+            if spec.alias_of not in specs:
+                raise ConfigError(f"{where}: alias_of {spec.alias_of!r} is not in the catalog")
+            target = specs[spec.alias_of]
+            if target.alias_of is not None:
+                raise ConfigError(f"{where}: alias_of must name a model, not another alias")
+        p = target.price
+        inp = _nano(p.input, where, 0)
+        upstream = target.upstream or target.id.split("/", 1)[1]
+        return Model(
+            id=spec.id,
+            provider=prefix,
+            upstream=upstream,
+            kind=target.kind,
+            endpoints=frozenset(target.endpoints),
+            image_input=target.image_input,
+            reasoning=target.reasoning,
+            context=target.context,
+            max_output=target.max_output,
+            default_max_tokens=target.default_max_tokens,
+            prices=Prices(
+                input=inp,
+                output=_nano(p.output, where, 0),
+                cached_input=_nano(p.cached_input, where, inp),
+                cache_write=_nano(p.cache_write, where, inp),
+            ),
+            created=target.created,
+            alias_of=spec.alias_of,
+            fallbacks=tuple(target.fallbacks),
+        )
+
+    @classmethod
+    def load(cls, extra: Path | None = None) -> Catalog:
+        base = _decode(BUILTIN)
+        providers = dict(base.providers)
+        models = {m.id: m for m in base.models}
+        source = str(BUILTIN)
+        if extra is not None:
+            more = _decode(extra)
+            providers.update(more.providers)
+            models.update({m.id: m for m in more.models})
+            source = str(extra)
+        return cls(providers, list(models.values()), source)
+
+    def resolve(self, model_id: str) -> Model:
+        model = self._lookup.get(model_id)
+        if model is None:
+            model = self._lookup.get(model_id.lower())
+        if model is None:
+            hint = ""
+            if "/" not in model_id:
+                hint = " Model ids have the form '<provider>/<model_name>', e.g. 'openai/gpt-4o-mini'; GET /v1/models lists them."
+            raise ModelNotFound(
+                f"The model `{model_id}` does not exist or you do not have access to it.{hint}", param="model"
+            )
+        return model
+
+    def require_endpoint(self, model: Model, model_id: str, endpoint: str) -> None:
+        if endpoint not in model.endpoints:
+            serves = ", ".join(f"/v1/{'chat/completions' if e == 'chat' else e}" for e in sorted(model.endpoints))
+            raise InvalidRequest(
+                f"The model `{model_id}` is a {model.kind} model and does not serve this endpoint"
+                + (f"; it serves {serves}." if serves else "; it serves no endpoint of this gateway."),
+                param="model",
+                code="unsupported_model_endpoint",
+            )

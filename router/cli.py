@@ -1,0 +1,171 @@
+"""The ``router`` command: serve, demo, and the operator's groups / keys commands.
+
+    router serve [--config PATH] [--host H] [--port P]
+    router demo [--port P]
+    router groups create NAME --credits N | list | topup NAME AMOUNT
+    router keys create --group NAME [--name LABEL] [--spend-cap N] [--models a,b] | list | revoke ID
+    router emulators [--host H] [--port P]     (the five emulated providers, for benchmarks)
+
+Amounts are credits (decimals allowed). ``keys create`` prints the new key alone on its last line:
+it is shown once and only its hash is stored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from billing.store import Store, StoreError, open_store
+from router.auth import generate_key, hash_key, key_hint
+from router.catalog import NANO, ConfigError
+from router.config import Settings, load_settings
+
+
+def credits_to_nano(text: str) -> int:
+    try:
+        value = Decimal(text) * NANO
+    except InvalidOperation:
+        raise SystemExit(f"error: {text!r} is not an amount of credits") from None
+    if value != value.to_integral_value():
+        raise SystemExit(f"error: {text!r} has more than 9 decimals")
+    return int(value)
+
+
+def nano_to_credits(nano: int) -> str:
+    return format((Decimal(nano) / NANO).normalize(), "f")
+
+
+async def with_store(settings: Settings, action: Callable[[Store], Awaitable[Any]]) -> Any:
+    store = open_store(settings.store.url)
+    await store.open()
+    try:
+        return await action(store)
+    finally:
+        await store.close()
+
+
+async def new_key(store: Store, settings: Settings, group: str, name: str, spend_cap: int | None = None,
+                  models: list[str] | None = None, key: str | None = None) -> tuple[str, Any]:  # fmt: skip
+    key = key or generate_key(settings.server.key_prefix)
+    info = await store.create_key(group, name, hash_key(key), key_hint(key), spend_cap, models)
+    return key, info
+
+
+def _groups(args: argparse.Namespace, settings: Settings) -> None:
+    if args.action == "create":
+        amount = credits_to_nano(args.credits)
+        group = asyncio.run(with_store(settings, lambda s: s.create_group(args.name, amount)))
+        print(f"group {group.name} (id {group.id}) created with {nano_to_credits(group.balance)} credits")
+    elif args.action == "topup":
+        amount = credits_to_nano(args.amount)
+        group = asyncio.run(with_store(settings, lambda s: s.topup(args.name, amount)))
+        print(f"group {group.name}: balance {nano_to_credits(group.balance)} credits")
+    else:
+        groups = asyncio.run(with_store(settings, lambda s: s.list_groups()))
+        print(f"{'id':>4}  {'name':<24} {'balance':>16} {'reserved':>14} {'spent':>14}")
+        for g in groups:
+            print(f"{g.id:>4}  {g.name:<24} {nano_to_credits(g.balance):>16} {nano_to_credits(g.reserved):>14} {nano_to_credits(g.spent):>14}")
+
+
+def _keys(args: argparse.Namespace, settings: Settings) -> None:
+    if args.action == "create":
+        cap = credits_to_nano(args.spend_cap) if args.spend_cap else None
+        models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else None
+        key, info = asyncio.run(with_store(settings, lambda s: new_key(s, settings, args.group, args.name, cap, models)))
+        print(f"key {info.id} created in group {info.group_name}; it is shown once, store it now:")
+        print(key)
+    elif args.action == "revoke":
+        done = asyncio.run(with_store(settings, lambda s: s.revoke_key(args.id)))
+        if not done:
+            raise SystemExit(f"error: no live key with id {args.id}")
+        print(f"key {args.id} revoked")
+    else:
+        keys = asyncio.run(with_store(settings, lambda s: s.list_keys(args.group)))
+        print(f"{'id':>4}  {'group':<16} {'name':<16} {'key':<22} {'status':<8} {'spent':>12}")
+        for k in keys:
+            status = "revoked" if k.revoked_at else "live"
+            print(f"{k.id:>4}  {k.group_name:<16} {k.name:<16} {k.hint:<22} {status:<8} {nano_to_credits(k.spent):>12}")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="router", description="OpenAI-compatible multi-provider model router")
+    p.add_argument("--config", help="TOML settings file (default: $ROUTER_CONFIG, else built-in defaults)")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the gateway")
+    serve.add_argument("--config", dest="config_sub")
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+
+    demo = sub.add_parser("demo", help="run the gateway with emulated providers and a seeded key")
+    demo.add_argument("--config", dest="config_sub")
+    demo.add_argument("--host", default="127.0.0.1")
+    demo.add_argument("--port", type=int, default=8080)
+
+    emus = sub.add_parser("emulators", help="run the five emulated providers")
+    emus.add_argument("--host", default="127.0.0.1")
+    emus.add_argument("--port", type=int, default=9100, help="first port; the providers take consecutive ports")
+
+    groups = sub.add_parser("groups", help="credit groups")
+    gsub = groups.add_subparsers(dest="action", required=True)
+    gc = gsub.add_parser("create")
+    gc.add_argument("name")
+    gc.add_argument("--credits", required=True)
+    gt = gsub.add_parser("topup")
+    gt.add_argument("name")
+    gt.add_argument("amount")
+    gsub.add_parser("list")
+
+    keys = sub.add_parser("keys", help="API keys")
+    ksub = keys.add_subparsers(dest="action", required=True)
+    kc = ksub.add_parser("create")
+    kc.add_argument("--group", required=True)
+    kc.add_argument("--name", default="")
+    kc.add_argument("--spend-cap", help="credits this key may spend in all")
+    kc.add_argument("--models", help="comma-separated model ids this key may use")
+    kr = ksub.add_parser("revoke")
+    kr.add_argument("id", type=int)
+    kl = ksub.add_parser("list")
+    kl.add_argument("--group")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    config = getattr(args, "config_sub", None) or args.config
+    try:
+        settings = load_settings(config)
+    except ConfigError as exc:
+        raise SystemExit(f"config error: {exc}") from None
+    try:
+        if args.command == "serve":
+            from router.app import create_app
+            from router.serve import run, serve
+
+            host = args.host or settings.server.host
+            port = args.port or settings.server.port
+            run(serve(create_app(settings), host, port))
+        elif args.command == "demo":
+            from router.demo import demo
+            from router.serve import run
+
+            run(demo(settings, args.host, args.port))
+        elif args.command == "emulators":
+            from router.demo import run_emulators_forever
+            from router.serve import run
+
+            run(run_emulators_forever(args.host, args.port))
+        elif args.command == "groups":
+            _groups(args, settings)
+        elif args.command == "keys":
+            _keys(args, settings)
+    except StoreError as exc:
+        raise SystemExit(f"error: {exc}") from None
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main(sys.argv[1:])

@@ -1,0 +1,113 @@
+"""Settings: one TOML file (``--config PATH`` or ``ROUTER_CONFIG``) decoded into msgspec structs.
+
+Every table is optional; with no file at all the gateway runs on built-in defaults (SQLite under
+``./data/``, the built-in catalog, provider keys from the environment). Unknown keys are errors that
+name the key. Environment variables override the file for provider credentials and addresses:
+``<PREFIX>_API_KEY`` (the catalog's ``api_key_env``) and ``ROUTER_<PREFIX>_BASE_URL``.
+
+Example::
+
+    [server]
+    host = "0.0.0.0"
+    port = 8080
+    key_prefix = "sk-mr"
+
+    [store]
+    url = "postgresql://router@db/router"
+
+    [providers.openai]
+    base_url = "https://api.openai.com/v1"
+    api_key = "sk-..."
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+
+import msgspec
+
+from router.catalog import Catalog, ConfigError
+
+
+class ServerSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    host: str = "127.0.0.1"
+    port: int = 8080
+    key_prefix: str = "sk-mr"
+    max_body_bytes: int = 8 * 1024 * 1024
+    auth_cache_seconds: float = 2.0
+
+
+class StoreSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    url: str = "sqlite:///./data/router.db"
+
+
+class ProviderSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    base_url: str | None = None
+    api_key: str | None = None
+    connect_timeout: float = 10.0
+    read_timeout: float = 600.0
+
+
+class CatalogSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    path: str | None = None
+
+
+class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    server: ServerSettings = msgspec.field(default_factory=ServerSettings)
+    store: StoreSettings = msgspec.field(default_factory=StoreSettings)
+    providers: dict[str, ProviderSettings] = {}
+    catalog: CatalogSettings = msgspec.field(default_factory=CatalogSettings)
+
+    def load_catalog(self) -> Catalog:
+        return Catalog.load(Path(self.catalog.path) if self.catalog.path else None)
+
+    def provider(self, prefix: str, catalog: Catalog) -> ResolvedProvider:
+        """Base URL and key of one provider: file, then environment, then catalog default."""
+        spec = catalog.providers[prefix]
+        own = self.providers.get(prefix, ProviderSettings())
+        env_url = os.environ.get(f"ROUTER_{prefix.upper()}_BASE_URL")
+        base_url = (env_url or own.base_url or spec.base_url).rstrip("/")
+        api_key = own.api_key or os.environ.get(spec.api_key_env, "")
+        return ResolvedProvider(prefix, base_url, api_key, own.connect_timeout, own.read_timeout)
+
+
+class ResolvedProvider(msgspec.Struct, frozen=True):
+    prefix: str
+    base_url: str
+    api_key: str
+    connect_timeout: float
+    read_timeout: float
+
+
+def load_settings(path: str | os.PathLike[str] | None = None) -> Settings:
+    """Read settings from ``path``, else ``$ROUTER_CONFIG``, else built-in defaults."""
+    if path is None:
+        path = os.environ.get("ROUTER_CONFIG") or None
+    if path is None:
+        return Settings()
+    file = Path(path)
+    try:
+        raw = tomllib.loads(file.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{file}: cannot read config: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{file}: not valid TOML: {exc}") from None
+    return parse_settings(raw, str(file))
+
+
+def parse_settings(raw: dict, source: str = "config") -> Settings:
+    try:
+        settings = msgspec.convert(raw, Settings)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    catalog = settings.load_catalog()
+    for prefix in settings.providers:
+        if prefix not in catalog.providers:
+            known = ", ".join(sorted(catalog.providers))
+            raise ConfigError(f"{source}: unknown provider `providers.{prefix}` (known: {known})")
+    return settings
+
+
+__all__ = ["ConfigError", "Settings", "load_settings", "parse_settings", "ResolvedProvider"]

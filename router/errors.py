@@ -1,0 +1,139 @@
+"""Errors the gateway returns, always in the OpenAI shape so the OpenAI SDK raises its matching class.
+
+Body: ``{"error": {"message": ..., "type": ..., "param": ..., "code": ...}}``.
+
+    GatewayError                       (base; never raised itself)
+     ├── InvalidRequest        400  invalid_request_error   bad JSON, wrong types, missing fields,
+     │                                                      a capability the model lacks
+     ├── Unauthorized          401  invalid_request_error   missing / malformed / unknown / revoked key
+     ├── InsufficientCredits   402  insufficient_credits    the group cannot afford the worst case
+     ├── PermissionDenied      403  permission_error        model not allowed for this key
+     ├── NotFound              404  invalid_request_error   unknown model (code model_not_found) or path
+     ├── MethodNotAllowed      405  invalid_request_error
+     ├── PayloadTooLarge       413  invalid_request_error   request body over the limit
+     ├── UnsupportedMediaType  415  invalid_request_error   body is not application/json
+     ├── RateLimited           429  rate_limit_error        carries Retry-After
+     ├── UpstreamError         502  upstream_error          the provider failed or answered garbage
+     ├── UpstreamUnavailable   503  upstream_error          no healthy upstream / provider overloaded
+     └── UpstreamTimeout       504  upstream_error          the provider did not answer in time
+
+After a stream has started, an error goes out as one SSE event ``data: {"error": ...}`` instead.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class ErrorBody(msgspec.Struct, omit_defaults=False):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorEnvelope(msgspec.Struct):
+    error: ErrorBody
+
+
+_encode = msgspec.json.Encoder().encode
+
+
+class GatewayError(Exception):
+    status: int = 500
+    type: str = "server_error"
+    code: str | None = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> ErrorEnvelope:
+        return ErrorEnvelope(ErrorBody(self.message, self.type, self.param, self.code))
+
+    def render(self) -> bytes:
+        return _encode(self.body())
+
+
+class InvalidRequest(GatewayError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class Unauthorized(GatewayError):
+    status = 401
+    type = "invalid_request_error"
+    code = "invalid_api_key"
+
+
+class InsufficientCredits(GatewayError):
+    status = 402
+    type = "insufficient_credits"
+    code = "insufficient_credits"
+
+
+class PermissionDenied(GatewayError):
+    status = 403
+    type = "permission_error"
+    code = "model_not_allowed"
+
+
+class NotFound(GatewayError):
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+class ModelNotFound(NotFound):
+    code = "model_not_found"
+
+
+class MethodNotAllowed(GatewayError):
+    status = 405
+    type = "invalid_request_error"
+    code = "method_not_allowed"
+
+
+class PayloadTooLarge(GatewayError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class UnsupportedMediaType(GatewayError):
+    status = 415
+    type = "invalid_request_error"
+    code = "unsupported_media_type"
+
+
+class RateLimited(GatewayError):
+    status = 429
+    type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+
+class UpstreamError(GatewayError):
+    status = 502
+    type = "upstream_error"
+    code = "upstream_error"
+
+
+class UpstreamUnavailable(UpstreamError):
+    status = 503
+    code = "upstream_unavailable"
+
+
+class UpstreamTimeout(UpstreamError):
+    status = 504
+    code = "upstream_timeout"

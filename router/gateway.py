@@ -1,0 +1,56 @@
+"""The gateway's shared state: settings, catalog, store, transport, adapters, authenticator.
+
+One instance per app. It starts on the app's lifespan, or lazily on the first request when the app is
+mounted inside another application whose lifespan does not reach ours.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from adapters import ADAPTERS, Adapter
+from adapters.transport import Transport
+from billing.store import Store, open_store
+from router.auth import Authenticator
+from router.config import ResolvedProvider, Settings
+from router.errors import UpstreamUnavailable
+
+
+class Gateway:
+    def __init__(self, settings: Settings, store: Store | None = None) -> None:
+        self.settings = settings
+        self.catalog = settings.load_catalog()
+        self.store = store or open_store(settings.store.url)
+        self.transport = Transport()
+        self.auth = Authenticator(self.store, settings.server.key_prefix, settings.server.auth_cache_seconds)
+        self.adapters: dict[str, Adapter] = {}
+        self.providers: dict[str, ResolvedProvider] = {}
+        for prefix, spec in self.catalog.providers.items():
+            self.providers[prefix] = settings.provider(prefix, self.catalog)
+            adapter = ADAPTERS.get(spec.protocol)
+            if adapter is not None:
+                self.adapters[prefix] = adapter(prefix, spec)
+        self.started = False
+        self._lock = asyncio.Lock()
+
+    def adapter(self, provider: str) -> Adapter:
+        adapter = self.adapters.get(provider)
+        if adapter is None:
+            raise UpstreamUnavailable(
+                f"No adapter for the provider '{provider}' is installed in this gateway.", code="no_adapter"
+            )
+        return adapter
+
+    async def start(self) -> None:
+        async with self._lock:
+            if not self.started:
+                await self.store.open()
+                await self.transport.start()
+                self.started = True
+
+    async def stop(self) -> None:
+        async with self._lock:
+            if self.started:
+                await self.transport.close()
+                await self.store.close()
+                self.started = False

@@ -1,0 +1,79 @@
+"""Server-Sent Events: an incremental decoder for upstream streams and the framing of our own events.
+
+The decoder follows the WHATWG event-stream grammar (reference/providers.md §7): CRLF, LF and lone CR
+all end a line, also when a CR ends one network read and its LF starts the next; a blank line
+dispatches; ``:`` lines are comments; several ``data:`` lines join with ``\\n``. It works on bytes:
+lines are split at ASCII terminators, which never occur inside a UTF-8 multi-byte sequence, so a
+character split across two reads is reassembled before anyone decodes it.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Event(NamedTuple):
+    event: str | None
+    data: bytes
+
+
+class SSEDecoder:
+    __slots__ = ("_buf", "_data", "_event")
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._data: list[bytes] = []
+        self._event: str | None = None
+
+    def feed(self, chunk: bytes) -> list[Event]:
+        buf = self._buf + chunk if self._buf else chunk
+        if b"\r" in buf:
+            # keep a trailing CR back: its LF may arrive in the next read
+            tail = b"\r" if buf.endswith(b"\r") else b""
+            if tail:
+                buf = buf[:-1]
+            buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n") + tail
+        lines = buf.split(b"\n")
+        self._buf = lines.pop()
+        events: list[Event] = []
+        for line in lines:
+            self._line(line, events)
+        return events
+
+    def close(self) -> list[Event]:
+        """End of stream: flush a pending line and a pending event (lenient, as Gemini's SDK is)."""
+        events: list[Event] = []
+        if self._buf:
+            self._line(self._buf.rstrip(b"\r"), events)
+            self._buf = b""
+        self._line(b"", events)
+        return events
+
+    def _line(self, line: bytes, events: list[Event]) -> None:
+        if not line:
+            if self._data or self._event is not None:
+                events.append(Event(self._event, b"\n".join(self._data)))
+            self._data = []
+            self._event = None
+            return
+        if line[0] == 0x3A:  # ':' comment / keep-alive
+            return
+        field, sep, value = line.partition(b":")
+        if sep and value.startswith(b" "):
+            value = value[1:]
+        if field == b"data":
+            self._data.append(value)
+        elif field == b"event":
+            self._event = value.decode("utf-8", "replace")
+        # id / retry / unknown fields: not used by any provider we speak to
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def frame(data: bytes) -> bytes:
+    return b"data: " + data + b"\n\n"
+
+
+def frame_event(event: str, data: bytes) -> bytes:
+    return b"event: " + event.encode() + b"\ndata: " + data + b"\n\n"

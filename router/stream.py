@@ -1,0 +1,166 @@
+"""The stream path: upstream SSE bytes → adapter chunks → one normalised OpenAI chunk stream.
+
+Whatever the provider, the caller sees: a first chunk with ``delta.role``, text (and tool-call, and
+``reasoning_content``) chunks, exactly one chunk per choice whose ``finish_reason`` is set and whose
+delta is empty, then (only if asked with ``stream_options.include_usage``) one usage chunk with
+``choices: []``, then ``data: [DONE]``. Every chunk carries the gateway's completion id and the model
+id the caller sent. An upstream failure after the first byte becomes one ``data: {"error": ...}``
+event followed by ``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from adapters.base import Call, StreamTranslator
+from router.errors import ErrorBody, ErrorEnvelope, GatewayError, UpstreamError
+from router.sse import DONE, SSEDecoder, frame
+from router.wire import TokenUsage
+
+_encode = msgspec.json.Encoder().encode
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What one call produced: the input to billing and to its usage record."""
+
+    status: str = "ok"  # ok | error | interrupted
+    usage: TokenUsage | None = None
+    usage_exact: bool = True
+    first_token_at: float | None = None
+    error: str | None = None
+    chunks: int = 0
+
+
+class Shaper:
+    """Normalises adapter chunks into the order and shape the caller is promised."""
+
+    __slots__ = ("call", "completion_id", "created", "finished", "role_sent", "text_parts")
+
+    def __init__(self, call: Call, completion_id: str, created: int) -> None:
+        self.call = call
+        self.completion_id = completion_id
+        self.created = created
+        self.finished: set[int] = set()
+        self.role_sent: set[int] = set()
+        self.text_parts: list[str] = []  # kept for estimating usage when the upstream never says
+
+    def _stamp(self, chunk: dict[str, Any]) -> dict[str, Any]:
+        chunk["id"] = self.completion_id
+        chunk["object"] = "chat.completion.chunk"
+        chunk["created"] = self.created
+        chunk["model"] = self.call.model_id
+        if self.call.include_usage:
+            chunk["usage"] = None
+        else:
+            chunk.pop("usage", None)
+        return chunk
+
+    def shape(self, chunk: dict[str, Any], out: list[bytes]) -> None:
+        choices = chunk.get("choices")
+        if not choices:
+            return  # usage-only or empty chunks: usage is re-emitted at the end
+        ready: list[dict[str, Any]] = []
+        for choice in choices:
+            index = choice.get("index", 0)
+            if index in self.finished:
+                continue  # nothing may follow a choice's finish chunk
+            delta = choice.get("delta") or {}
+            choice["delta"] = delta
+            if index not in self.role_sent:
+                self.role_sent.add(index)
+                delta.setdefault("role", "assistant")
+            content = delta.get("content")
+            if isinstance(content, str) and content:
+                self.text_parts.append(content)
+            reason = choice.get("finish_reason")
+            if reason is not None:
+                self.finished.add(index)
+                rest = {k: v for k, v in delta.items() if v not in (None, "")}
+                if rest:  # split: the finish chunk carries an empty delta
+                    ready.append({**chunk, "choices": [{**choice, "delta": delta, "finish_reason": None}]})
+                ready.append({**chunk, "choices": [{**choice, "delta": {}, "finish_reason": reason}]})
+            else:
+                choice.setdefault("finish_reason", None)
+                ready.append({**chunk, "choices": [choice]} if len(choices) > 1 else chunk)
+        for item in ready:
+            out.append(frame(_encode(self._stamp(item))))
+
+    def usage_chunk(self, usage: dict[str, Any]) -> bytes:
+        chunk = {
+            "id": self.completion_id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.call.model_id,
+            "choices": [],
+            "usage": usage,
+        }
+        return frame(_encode(chunk))
+
+
+def error_event(exc: GatewayError) -> bytes:
+    return frame(_encode(ErrorEnvelope(ErrorBody(exc.message, exc.type, None, exc.code))))
+
+
+async def relay(
+    call: Call,
+    translator: StreamTranslator,
+    response: aiohttp.ClientResponse,
+    shaper: Shaper,
+    outcome: Outcome,
+    done: Callable[[Outcome], None],
+) -> AsyncGenerator[bytes, None]:
+    """Yield the caller's SSE bytes; ``done(outcome)`` runs exactly once, however the stream ends."""
+    decoder = SSEDecoder()
+    out: list[bytes] = []
+    try:
+        try:
+            async for data in response.content.iter_any():
+                for event in decoder.feed(data):
+                    for chunk in translator.feed(event):
+                        shaper.shape(chunk, out)
+                if out:
+                    if outcome.first_token_at is None:
+                        outcome.first_token_at = time.monotonic()
+                    outcome.chunks += len(out)
+                    yield b"".join(out)
+                    out.clear()
+                if translator.finished:
+                    break
+            else:
+                for event in decoder.close():
+                    for chunk in translator.feed(event):
+                        shaper.shape(chunk, out)
+            if not shaper.finished:
+                raise UpstreamError(
+                    f"The provider '{call.model.provider}' ended the stream before the answer was complete."
+                )
+        except GatewayError as exc:
+            outcome.status, outcome.error = "error", exc.message
+            out.append(error_event(exc))
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            outcome.status = "error"
+            outcome.error = f"connection to provider lost: {type(exc).__name__}"
+            out.append(error_event(UpstreamError(f"The connection to the provider '{call.model.provider}' was lost mid-stream.")))
+        if outcome.status == "ok" and call.include_usage and translator.usage is not None:
+            usage = translator.usage_raw if translator.usage_raw is not None else translator.usage.openai()
+            out.append(shaper.usage_chunk(usage))
+        out.append(DONE)
+        yield b"".join(out)
+    except (GeneratorExit, asyncio.CancelledError):
+        outcome.status = "interrupted"
+        raise
+    finally:
+        outcome.usage = translator.usage
+        if not translator.finished or outcome.status != "ok":
+            response.close()  # drop the connection: the rest of the upstream stream is not read
+        else:
+            response.release()
+        done(outcome)

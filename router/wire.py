@@ -1,0 +1,226 @@
+"""msgspec structs for the wire bodies of the OpenAI chat protocol that the gateway speaks.
+
+Inbound structs validate; they are lenient (unknown fields are accepted) because the decoded ``dict``
+is kept beside them and passed through to OpenAI-protocol upstreams untouched. Outbound structs use
+``omit_defaults`` so that fields we did not set are not sent.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import UNSET, Meta, UnsetType
+
+from router.errors import InvalidRequest
+
+# ------------------------------------------------------------------ inbound: chat completion request
+
+
+class Base(msgspec.Struct, omit_defaults=True):
+    """Options shared by every wire struct."""
+
+
+class ImageURL(Base):
+    url: str
+    detail: str | UnsetType = UNSET
+
+
+class TextPart(Base, tag="text"):
+    text: str
+
+
+class ImagePart(Base, tag="image_url"):
+    image_url: ImageURL | str  # Mistral also accepts a plain string
+
+
+class RefusalPart(Base, tag="refusal"):
+    refusal: str
+
+
+class AudioPart(Base, tag="input_audio"):
+    input_audio: dict[str, Any]
+
+
+class FilePart(Base, tag="file"):
+    file: dict[str, Any]
+
+
+ContentPart = TextPart | ImagePart | RefusalPart | AudioPart | FilePart
+
+
+class FunctionCall(Base):
+    name: str
+    arguments: str
+
+
+class ToolCall(Base):
+    id: str
+    function: FunctionCall
+    type: str = "function"
+
+
+class Message(Base):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[ContentPart] | None = None
+    name: str | UnsetType = UNSET
+    tool_calls: list[ToolCall] | UnsetType = UNSET
+    tool_call_id: str | UnsetType = UNSET
+
+
+class StreamOptions(Base):
+    include_usage: bool = False
+
+
+class FunctionDef(Base):
+    name: str
+    description: str | UnsetType = UNSET
+    parameters: dict[str, Any] | UnsetType = UNSET
+    strict: bool | None | UnsetType = UNSET
+
+
+class Tool(Base):
+    function: FunctionDef
+    type: str = "function"
+
+
+PositiveInt = Annotated[int, Meta(ge=1)]
+
+
+class ChatRequest(Base):
+    model: str
+    messages: Annotated[list[Message], Meta(min_length=1)]
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    max_tokens: PositiveInt | None = None
+    max_completion_tokens: PositiveInt | None = None
+    temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Meta(ge=0, le=1)] | None = None
+    n: Annotated[int, Meta(ge=1, le=128)] | None = None
+    stop: str | list[str] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+
+    @property
+    def output_cap(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    def has_images(self) -> bool:
+        for message in self.messages:
+            if isinstance(message.content, list):
+                for part in message.content:
+                    if isinstance(part, ImagePart):
+                        return True
+        return False
+
+
+_json_decode = msgspec.json.Decoder().decode
+_AT = re.compile(r" - at `\$\.?(.*)`$")
+
+
+def parse_chat_request(body: bytes) -> tuple[dict[str, Any], ChatRequest]:
+    """Decode and validate a chat request; returns the raw dict (for pass-through) and the struct."""
+    try:
+        raw = _json_decode(body)
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(
+            f"We could not parse the JSON body of your request ({exc}). The body must be a JSON object.",
+            code="invalid_json",
+        ) from None
+    if not isinstance(raw, dict):
+        raise InvalidRequest("The request body must be a JSON object.", code="invalid_json")
+    for required in ("model", "messages"):
+        if required not in raw:
+            raise InvalidRequest(f"Missing required parameter: '{required}'.", param=required, code="missing_required_parameter")
+    try:
+        request = msgspec.convert(raw, ChatRequest)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        match = _AT.search(text)
+        param = match.group(1) if match else None
+        message = _AT.sub("", text)
+        if param == "messages" and "length" in message:
+            message = "'messages' must contain at least one message"
+        raise InvalidRequest(
+            f"Invalid value for '{param}': {message}." if param else f"Invalid request: {message}.",
+            param=param,
+            code="invalid_value",
+        ) from None
+    if request.stream_options is not None and not request.stream:
+        raise InvalidRequest(
+            "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+            param="stream_options",
+            code="invalid_value",
+        )
+    return raw, request
+
+
+# ------------------------------------------------------------------ outbound: models list
+
+
+class Pricing(msgspec.Struct):
+    input: str
+    output: str
+    cached_input: str
+    unit: str = "credits per 1M tokens"
+
+
+class ModelCard(msgspec.Struct, omit_defaults=True):
+    id: str
+    created: int
+    owned_by: str
+    kind: str
+    endpoints: list[str]
+    image_input: bool
+    context_length: int
+    max_output_tokens: int
+    pricing: Pricing
+    object: str = "model"
+    alias_of: str | None = None
+
+
+class ModelList(msgspec.Struct):
+    data: list[ModelCard]
+    object: str = "list"
+
+
+# ------------------------------------------------------------------ usage (normalised)
+
+
+class TokenUsage(msgspec.Struct, kw_only=True):
+    """Usage of one call, normalised across providers. ``completion`` includes ``reasoning``;
+    ``prompt`` includes ``cached`` and ``cache_write``."""
+
+    prompt: int = 0
+    completion: int = 0
+    cached: int = 0
+    cache_write: int = 0
+    reasoning: int = 0
+
+    def openai(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt,
+            "completion_tokens": self.completion,
+            "total_tokens": self.prompt + self.completion,
+            "prompt_tokens_details": {"cached_tokens": self.cached},
+            "completion_tokens_details": {"reasoning_tokens": self.reasoning},
+        }
+
+
+def usage_from_openai(usage: dict[str, Any] | None) -> TokenUsage | None:
+    """Read an OpenAI-shaped usage object (also DeepSeek's and Mistral's extras) defensively."""
+    if not isinstance(usage, dict):
+        return None
+    prompt = int(usage.get("prompt_tokens") or 0)
+    completion = int(usage.get("completion_tokens") or 0)
+    pdetails = usage.get("prompt_tokens_details") or {}
+    cdetails = usage.get("completion_tokens_details") or {}
+    cached = int(pdetails.get("cached_tokens") or usage.get("prompt_cache_hit_tokens") or 0)
+    return TokenUsage(
+        prompt=prompt,
+        completion=completion,
+        cached=min(cached, prompt),
+        cache_write=int(pdetails.get("cache_write_tokens") or 0),
+        reasoning=int(cdetails.get("reasoning_tokens") or 0),
+    )
