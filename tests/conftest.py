@@ -1,0 +1,153 @@
+"""Fixtures as factories. The main one, ``stack``, is the real thing on loopback: the five emulated
+providers and the gateway under hypercorn, in a background thread with its own event loop (so the
+synchronous OpenAI SDK can call it from the test), on a SQLite store in a temporary directory."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import socket
+import threading
+from collections.abc import Coroutine, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import openai
+import pytest
+
+from adapters.emulators.registry import Running, start_emulators, stop_emulators
+from billing.store import Store, open_store
+from router.app import create_app
+from router.catalog import NANO
+from router.cli import new_key
+from router.config import Settings, StoreSettings
+from router.demo import with_emulators
+from router.serve import hypercorn_config
+
+T = TypeVar("T")
+_names = itertools.count(1)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Stack:
+    """Emulators + gateway on loopback. ``run`` executes a coroutine on the stack's loop."""
+
+    def __init__(self, tmp: Path, settings: Settings | None = None) -> None:
+        self.tmp = tmp
+        self.base_settings = settings or Settings(store=StoreSettings(url=f"sqlite:///{tmp}/router.db"))
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="stack", daemon=True)
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self._stop: asyncio.Event | None = None
+        self._served: asyncio.Future[None] | None = None
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 30) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def start(self) -> Stack:
+        self.thread.start()
+        self.run(self._start())
+        return self
+
+    async def _start(self) -> None:
+        from hypercorn.asyncio import serve
+
+        self.emulators: dict[str, Running] = await start_emulators()
+        self.settings = with_emulators(self.base_settings, self.emulators)
+        self.store: Store = open_store(self.settings.store.url)
+        await self.store.open()
+        self.app = create_app(self.settings)
+        self.gateway = self.app.state.gateway
+        self._stop = asyncio.Event()
+        config = hypercorn_config("127.0.0.1", self.port)
+        config.errorlog = None
+        self._served = asyncio.ensure_future(serve(self.app, config, shutdown_trigger=self._stop.wait))  # type: ignore[arg-type]
+        for _ in range(100):
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", self.port)
+                writer.close()
+                await writer.wait_closed()
+                return
+            except OSError:
+                await asyncio.sleep(0.02)
+        raise RuntimeError("gateway did not start")
+
+    def stop(self) -> None:
+        async def _stop() -> None:
+            assert self._stop is not None and self._served is not None
+            self._stop.set()
+            await self._served
+            await self.store.close()
+            await stop_emulators(self.emulators)
+
+        self.run(_stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        self.loop.close()
+
+    # -- factories --------------------------------------------------------------------------------
+    def group(self, credits: float | int = 100, name: str | None = None) -> str:
+        name = name or f"g{next(_names)}"
+        self.run(self.store.create_group(name, int(credits * NANO)))
+        return name
+
+    def key(self, credits: float | int = 100, group: str | None = None, **kw: Any) -> str:
+        group = group or self.group(credits)
+        key, _ = self.run(new_key(self.store, self.settings, group, kw.pop("name", "test"), **kw))
+        return key
+
+    def client(self, key: str | None = None, **kw: Any) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.base_url, api_key=key or self.key(), max_retries=0, **kw)
+
+    def async_client(self, key: str | None = None, **kw: Any) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=self.base_url, api_key=key or self.key(), max_retries=0, **kw)
+
+    def emulator(self, prefix: str) -> Any:
+        return self.emulators[prefix].emulator
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    s = Stack(tmp_path_factory.mktemp("stack")).start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def client(stack: Stack) -> openai.OpenAI:
+    return stack.client()
+
+
+class Raw:
+    """A raw HTTP exchange with the gateway (stdlib http.client): for wire-level assertions."""
+
+    def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        self.status, self.headers, self.body = status, headers, body
+
+    @property
+    def text(self) -> str:
+        return self.body.decode()
+
+    def json(self) -> Any:
+        import json
+
+        return json.loads(self.body)
+
+
+def raw_request(stack: Stack, method: str, path: str, body: bytes | None = None,
+                headers: dict[str, str] | None = None) -> Raw:  # fmt: skip
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", stack.port, timeout=30)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        resp = conn.getresponse()
+        return Raw(resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read())
+    finally:
+        conn.close()

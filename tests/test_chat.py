@@ -1,0 +1,174 @@
+"""POST /v1/chat/completions for the OpenAI-protocol providers, through the real OpenAI SDK."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from tests.conftest import Stack, raw_request
+
+OPENAI_PROTOCOL = ["openai/gpt-4o-mini", "upstage/solar-mini", "mistral/mistral-small-latest"]
+
+
+@pytest.mark.parametrize("model", OPENAI_PROTOCOL)
+def test_non_stream_answer_echoes_model(client: openai.OpenAI, model: str) -> None:
+    out = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hello there"}])
+    assert out.model == model
+    assert out.object == "chat.completion"
+    assert out.id.startswith("chatcmpl-")
+    assert out.choices[0].message.role == "assistant"
+    assert out.choices[0].message.content
+    assert out.choices[0].finish_reason == "stop"
+    assert out.usage is not None and out.usage.prompt_tokens > 0
+    assert out.usage.total_tokens == out.usage.prompt_tokens + out.usage.completion_tokens
+
+
+@pytest.mark.parametrize("model", OPENAI_PROTOCOL)
+@pytest.mark.parametrize("include_usage", [False, True])
+def test_stream_order(client: openai.OpenAI, model: str, include_usage: bool) -> None:
+    kwargs = {"stream_options": {"include_usage": True}} if include_usage else {}
+    chunks = list(
+        client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Say something [tokens:5]"}], stream=True, **kwargs
+        )
+    )
+    assert len({c.id for c in chunks}) == 1
+    assert all(c.model == model for c in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    finish_at = [i for i, c in enumerate(chunks) if c.choices and c.choices[0].finish_reason]
+    assert len(finish_at) == 1
+    finish = chunks[finish_at[0]]
+    assert finish.choices[0].finish_reason == "stop"
+    assert finish.choices[0].delta.content is None
+    text = "".join(c.choices[0].delta.content or "" for c in chunks[: finish_at[0]])
+    assert len(text.split()) == 5
+    tail = chunks[finish_at[0] + 1 :]
+    if include_usage:
+        assert len(tail) == 1 and tail[0].choices == []
+        assert tail[0].usage is not None and tail[0].usage.completion_tokens == 5
+    else:
+        assert tail == []
+        assert all(c.usage is None for c in chunks)
+
+
+def test_stream_ends_with_done_on_the_wire(stack: Stack) -> None:
+    key = stack.key()
+    body = b'{"model": "openai/gpt-4o-mini", "stream": true, "messages": [{"role": "user", "content": "hi [tokens:2]"}]}'
+    r = raw_request(stack, "POST", "/v1/chat/completions", body,
+                    {"Authorization": f"Bearer {key}", "Content-Type": "application/json"})  # fmt: skip
+    assert r.status == 200
+    assert r.headers["content-type"].startswith("text/event-stream")
+    events = [e for e in r.text.split("\n\n") if e]
+    assert events[-1] == "data: [DONE]"
+    assert all(e.startswith("data: ") for e in events)
+    assert r.headers["x-request-id"]
+
+
+def test_max_tokens_gives_length(client: openai.OpenAI) -> None:
+    out = client.chat.completions.create(
+        model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "long [tokens:50]"}], max_tokens=4
+    )
+    assert out.choices[0].finish_reason == "length"
+    assert out.usage is not None and out.usage.completion_tokens == 4
+
+
+def test_reasoning_model_gets_max_completion_tokens(stack: Stack, client: openai.OpenAI) -> None:
+    out = client.chat.completions.create(
+        model="openai/o4-mini", messages=[{"role": "user", "content": "think [tokens:30]"}], max_tokens=3
+    )
+    assert out.choices[0].finish_reason == "length"
+    sent = stack.emulator("openai").requests[-1]
+    assert sent["model"] == "o4-mini-2025-04-16"
+    assert "max_tokens" not in sent and sent["max_completion_tokens"] == 3
+
+
+def test_unknown_fields_pass_through(stack: Stack, client: openai.OpenAI) -> None:
+    client.chat.completions.create(
+        model="openai/gpt-4o",
+        messages=[{"role": "user", "content": "hi"}],
+        seed=7,
+        response_format={"type": "json_object"},
+        extra_body={"some_future_field": {"a": [1, 2]}},
+    )
+    sent = stack.emulator("openai").requests[-1]
+    assert sent["seed"] == 7
+    assert sent["response_format"] == {"type": "json_object"}
+    assert sent["some_future_field"] == {"a": [1, 2]}
+
+
+def test_mistral_quirks_are_applied(stack: Stack, client: openai.OpenAI) -> None:
+    chunks = list(
+        client.chat.completions.create(
+            model="mistral/mistral-large-latest",
+            messages=[{"role": "user", "content": "hi"}],
+            seed=3,
+            user="u1",
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    sent = stack.emulator("mistral").requests[-1]
+    assert sent["random_seed"] == 3 and "seed" not in sent
+    assert "stream_options" not in sent and "user" not in sent
+    assert chunks[-1].usage is not None and chunks[-1].choices == []
+
+
+def test_tools_round_trip(client: openai.OpenAI) -> None:
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]  # fmt: skip
+    out = client.chat.completions.create(
+        model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "weather? [tool]"}], tools=tools
+    )
+    call = out.choices[0].message.tool_calls[0]
+    assert out.choices[0].finish_reason == "tool_calls"
+    assert call.function.name == "get_weather" and '"city"' in call.function.arguments
+    follow = client.chat.completions.create(
+        model="openai/gpt-4o-mini",
+        messages=[
+            {"role": "user", "content": "weather? [tool]"},
+            {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+            {"role": "tool", "tool_call_id": call.id, "content": "sunny"},
+        ],
+        tools=tools,
+    )
+    assert "sunny" in follow.choices[0].message.content
+
+
+def test_korean_streamed_intact_across_split_bytes(client: openai.OpenAI) -> None:
+    text = "안녕하세요, 서울의 날씨는 맑습니다. 한국어 스트리밍 시험입니다."
+    for model in ("upstage/solar-pro3", "openai/gpt-4o-mini"):
+        chunks = list(
+            client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": f"[echo][split]{text}"}], stream=True
+            )
+        )
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+
+
+def test_reasoning_is_exposed_separately(client: openai.OpenAI) -> None:
+    out = client.chat.completions.create(
+        model="upstage/solar-pro3", messages=[{"role": "user", "content": "hi"}], reasoning_effort="high"
+    )
+    message = out.choices[0].message
+    assert message.reasoning_content == "Let me think."  # type: ignore[attr-defined]
+    assert "think" not in (message.content or "")
+    out = client.chat.completions.create(model="mistral/magistral-medium-latest", messages=[{"role": "user", "content": "hi"}])
+    assert out.choices[0].message.reasoning_content == "Let me think."  # type: ignore[attr-defined]
+    assert isinstance(out.choices[0].message.content, str)
+    chunks = list(client.chat.completions.create(model="mistral/magistral-medium-latest",
+                                                 messages=[{"role": "user", "content": "hi"}], stream=True))  # fmt: skip
+    reasoning = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks if c.choices)
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert reasoning == "Let me think." and "think" not in content
+
+
+async def test_async_client_stream(stack: Stack) -> None:
+    client = stack.async_client()
+    stream = await client.chat.completions.create(
+        model="openai/gpt-5-mini", messages=[{"role": "user", "content": "hi [tokens:3]"}], stream=True
+    )
+    text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    assert len(text.split()) == 3
+    out = await client.chat.completions.create(model="upstage/solar-pro4", messages=[{"role": "user", "content": "hi"}])
+    assert out.model == "upstage/solar-pro4"
+    await client.close()
