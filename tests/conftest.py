@@ -46,6 +46,7 @@ class Stack:
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
         self._stop: asyncio.Event | None = None
         self._served: asyncio.Future[None] | None = None
+        self.clients: list[openai.OpenAI] = []
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float = 30) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
@@ -67,6 +68,7 @@ class Stack:
         self._stop = asyncio.Event()
         config = hypercorn_config("127.0.0.1", self.port)
         config.errorlog = None
+        config.graceful_timeout = 1.0
         self._served = asyncio.ensure_future(serve(self.app, config, shutdown_trigger=self._stop.wait))  # type: ignore[arg-type]
         for _ in range(100):
             try:
@@ -103,7 +105,13 @@ class Stack:
         return key
 
     def client(self, key: str | None = None, **kw: Any) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.base_url, api_key=key or self.key(), max_retries=0, **kw)
+        client = openai.OpenAI(base_url=self.base_url, api_key=key or self.key(), max_retries=0, **kw)
+        self.clients.append(client)
+        return client
+
+    def close_clients(self) -> None:
+        while self.clients:
+            self.clients.pop().close()
 
     def async_client(self, key: str | None = None, **kw: Any) -> openai.AsyncOpenAI:
         return openai.AsyncOpenAI(base_url=self.base_url, api_key=key or self.key(), max_retries=0, **kw)
@@ -120,8 +128,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 
 @pytest.fixture
-def client(stack: Stack) -> openai.OpenAI:
-    return stack.client()
+def client(stack: Stack) -> Iterator[openai.OpenAI]:
+    yield stack.client()
+    stack.close_clients()
 
 
 class Raw:
@@ -146,8 +155,18 @@ def raw_request(stack: Stack, method: str, path: str, body: bytes | None = None,
 
     conn = http.client.HTTPConnection("127.0.0.1", stack.port, timeout=30)
     try:
-        conn.request(method, path, body=body, headers=headers or {})
+        try:
+            conn.request(method, path, body=body, headers=headers or {})
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server answered (413) before reading all of a large body: read its answer
         resp = conn.getresponse()
         return Raw(resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read())
     finally:
         conn.close()
+
+
+@pytest.fixture(autouse=True)
+def _close_clients(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    if "stack" in request.fixturenames:
+        request.getfixturevalue("stack").close_clients()

@@ -46,6 +46,7 @@ class OpenAIEmulator:
         self.flavour = flavour
         self.api_key = api_key
         self.requests: list[dict[str, Any]] = []  # last bodies received, for tests
+        self.streams: list[tuple[str, int]] = []  # ("complete" | "disconnected", events written)
         self.app = web.Application(client_max_size=64 * 1024 * 1024)
         self.app.router.add_post("/v1/chat/completions", self.chat)
         self.app.router.add_get("/v1/models", self.models)
@@ -235,6 +236,7 @@ class OpenAIEmulator:
                     request.transport.close()  # type: ignore[union-attr]  # a cut, not a clean end
                     return response
             await response.write_eof()
+            self.streams = [*self.streams[-49:], ("complete", content_events)]
         except (ConnectionResetError, ConnectionError):
-            pass
+            self.streams = [*self.streams[-49:], ("disconnected", content_events)]
         return response

@@ -1,0 +1,206 @@
+"""Every bad input gets its clear OpenAI-shaped error, and the server keeps serving (design §8)."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from tests.conftest import Stack, raw_request
+
+
+def _post(stack: Stack, body: bytes, key: str | None = None, ctype: str = "application/json") -> tuple[int, dict]:
+    headers = {"Content-Type": ctype}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    r = raw_request(stack, "POST", "/v1/chat/completions", body, headers)
+    return r.status, r.json()
+
+
+def _assert_shape(body: dict) -> dict:
+    err = body["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["message"]
+    return err
+
+
+def test_missing_key(stack: Stack) -> None:
+    status, body = _post(stack, b'{"model":"openai/gpt-4o","messages":[{"role":"user","content":"x"}]}')
+    assert status == 401
+    assert _assert_shape(body)["code"] == "missing_api_key"
+
+
+@pytest.mark.parametrize("key", ["nonsense", "sk-mr-v1-short", "sk-other-v1-" + "a" * 43, "sk-mr-v1-" + "a" * 43])
+def test_bad_keys_are_401(stack: Stack, key: str) -> None:
+    with pytest.raises(openai.AuthenticationError) as info:
+        stack.client(key).chat.completions.create(model="openai/gpt-4o", messages=[{"role": "user", "content": "x"}])
+    assert info.value.status_code == 401
+    assert key not in str(info.value.body)  # a key never appears in an error
+
+
+def test_revoked_key_is_rejected(stack: Stack) -> None:
+    key = stack.key()
+    client = stack.client(key)
+    client.chat.completions.create(model="openai/gpt-4o", messages=[{"role": "user", "content": "x"}])
+    key_id = stack.run(stack.store.list_keys())[-1].id
+    stack.run(stack.store.revoke_key(key_id))
+    stack.gateway.auth.forget()
+    with pytest.raises(openai.AuthenticationError):
+        client.chat.completions.create(model="openai/gpt-4o", messages=[{"role": "user", "content": "x"}])
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "code"),
+    [
+        (b"{not json", None, "invalid_json"),
+        (b"[1, 2]", None, "invalid_json"),
+        (b'{"messages":[{"role":"user","content":"x"}]}', "model", "missing_required_parameter"),
+        (b'{"model":"openai/gpt-4o"}', "messages", "missing_required_parameter"),
+        (b'{"model":"openai/gpt-4o","messages":[]}', "messages", "invalid_value"),
+        (b'{"model":42,"messages":[{"role":"user","content":"x"}]}', "model", "invalid_value"),
+        (b'{"model":"openai/gpt-4o","messages":[{"role":"wizard","content":"x"}]}', "messages[0].role", "invalid_value"),
+        (b'{"model":"openai/gpt-4o","messages":[{"role":"user","content":"x"}],"max_tokens":-5}', "max_tokens", "invalid_value"),
+        (b'{"model":"openai/gpt-4o","messages":[{"role":"user","content":"x"}],"temperature":"hot"}', "temperature", "invalid_value"),
+        (b'{"model":"openai/gpt-4o","messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":true}}',
+         "stream_options", "invalid_value"),
+        (b'\xff\xfe{"model": 1}', None, "invalid_json"),
+    ],
+)  # fmt: skip
+def test_bad_bodies_are_400(stack: Stack, body: bytes, param: str | None, code: str) -> None:
+    status, answer = _post(stack, body, stack.key())
+    assert status == 400
+    err = _assert_shape(answer)
+    assert err["type"] == "invalid_request_error"
+    assert err["param"] == param and err["code"] == code
+
+
+def test_sdk_raises_bad_request(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="openai/gpt-4o", messages=[])
+    assert info.value.param == "messages"  # type: ignore[attr-defined]
+
+
+def test_non_json_content_type(stack: Stack) -> None:
+    status, body = _post(stack, b"model=x", stack.key(), ctype="application/x-www-form-urlencoded")
+    assert status == 415
+    assert _assert_shape(body)["code"] == "unsupported_content_type"
+
+
+def test_oversized_body(stack: Stack) -> None:
+    limit = stack.settings.server.max_body_bytes
+    big = json.dumps({"model": "openai/gpt-4o", "messages": [{"role": "user", "content": "x" * (limit + 10)}]})
+    status, body = _post(stack, big.encode(), stack.key())
+    assert status == 413
+    assert _assert_shape(body)["code"] == "request_too_large"
+
+
+def test_unknown_model(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as info:
+        client.chat.completions.create(model="openai/gpt-9000", messages=[{"role": "user", "content": "x"}])
+    assert info.value.code == "model_not_found"  # type: ignore[attr-defined]
+    with pytest.raises(openai.NotFoundError) as info:
+        client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}])
+    assert "<provider>/<model_name>" in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("model", "code"),
+    [("openai/gpt-image-1", "unsupported_model_endpoint"), ("openai/gpt-5-codex", "unsupported_model_endpoint"),
+     ("google/imagen-4.0-generate-001", "unsupported_model_endpoint")],
+)  # fmt: skip
+def test_model_that_cannot_chat(client: openai.OpenAI, model: str, code: str) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=model, messages=[{"role": "user", "content": "x"}])
+    assert info.value.code == code  # type: ignore[attr-defined]
+
+
+def test_image_refused_for_text_only_model(stack: Stack, client: openai.OpenAI) -> None:
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    message = {"role": "user", "content": [{"type": "text", "text": "what is this"}, image]}
+    for model in ("upstage/solar-mini", "openai/gpt-4o-mini"):
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(model=model, messages=[message])
+        assert info.value.code == "image_input_unsupported"  # type: ignore[attr-defined]
+    out = client.chat.completions.create(model="openai/gpt-5-mini", messages=[message])
+    assert out.choices[0].message.content
+    assert stack.emulator("openai").requests[-1]["messages"][0]["content"][1] == image
+
+
+@pytest.mark.parametrize(
+    ("fault", "error", "status"),
+    [("[fault:429]", openai.RateLimitError, 429), ("[fault:500]", openai.InternalServerError, 502),
+     ("[fault:503]", openai.InternalServerError, 503)],
+)  # fmt: skip
+@pytest.mark.parametrize("model", ["openai/gpt-4o-mini", "mistral/mistral-small-latest", "upstage/solar-mini"])
+def test_upstream_errors_are_mapped(client: openai.OpenAI, model: str, fault: str, error: type, status: int) -> None:
+    for stream in (False, True):
+        with pytest.raises(error) as info:
+            out = client.chat.completions.create(model=model, messages=[{"role": "user", "content": fault}], stream=stream)
+            if stream:
+                list(out)  # type: ignore[arg-type]
+        assert info.value.status_code == status  # type: ignore[attr-defined]
+        if status == 429:
+            assert info.value.response.headers.get("retry-after") == "1"  # type: ignore[attr-defined]
+
+
+def test_upstream_failure_mid_stream_is_an_sse_error_event(stack: Stack) -> None:
+    key = stack.key()
+    for directive in ("[midfail]", "[cut:2]", "[malformed]"):
+        body = json.dumps({"model": "openai/gpt-4o-mini", "stream": True,
+                           "messages": [{"role": "user", "content": directive}]}).encode()  # fmt: skip
+        r = raw_request(stack, "POST", "/v1/chat/completions", body,
+                        {"Authorization": f"Bearer {key}", "Content-Type": "application/json"})  # fmt: skip
+        assert r.status == 200
+        events = [e for e in r.text.split("\n\n") if e]
+        assert events[-1] == "data: [DONE]"
+        error = json.loads(events[-2][len("data: ") :])
+        assert set(error["error"]) == {"message", "type", "param", "code"}
+        assert not any("finish_reason\":\"stop" in e for e in events)
+    with pytest.raises(openai.APIError):
+        list(stack.client(key).chat.completions.create(
+            model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "[cut:2]"}], stream=True))  # fmt: skip
+
+
+def test_upstream_credentials_rejected_blames_the_gateway(stack: Stack) -> None:
+    from router.config import ResolvedProvider
+
+    gw = stack.gateway
+    good = gw.providers["upstage"]
+    gw.providers["upstage"] = ResolvedProvider(good.prefix, good.base_url, "wrong-key", 5, 30)
+    try:
+        with pytest.raises(openai.APIStatusError) as info:
+            stack.client().chat.completions.create(model="upstage/solar-mini", messages=[{"role": "user", "content": "x"}])
+        assert info.value.status_code == 502
+        assert "gateway" in info.value.message and "not a problem with your API key" in info.value.message
+    finally:
+        gw.providers["upstage"] = good
+
+
+def test_unreachable_upstream_is_503(stack: Stack) -> None:
+    from router.config import ResolvedProvider
+    from tests.conftest import free_port
+
+    gw = stack.gateway
+    good = gw.providers["mistral"]
+    gw.providers["mistral"] = ResolvedProvider(good.prefix, f"http://127.0.0.1:{free_port()}/v1", "k", 2, 30)
+    try:
+        with pytest.raises(openai.InternalServerError) as info:
+            stack.client().chat.completions.create(model="mistral/codestral-latest", messages=[{"role": "user", "content": "x"}])
+        assert info.value.status_code == 503
+    finally:
+        gw.providers["mistral"] = good
+
+
+def test_unknown_path_and_method(stack: Stack) -> None:
+    r = raw_request(stack, "GET", "/v1/nothing-here")
+    assert r.status == 404 and _assert_shape(r.json())["type"] == "invalid_request_error"
+    r = raw_request(stack, "GET", "/v1/chat/completions")
+    assert r.status == 405 and _assert_shape(r.json())["code"] == "method_not_allowed"
+
+
+def test_server_keeps_serving_after_errors(stack: Stack, client: openai.OpenAI) -> None:
+    for body in (b"{", b"[]", b'{"model": 1}', b"\x00" * 100):
+        _post(stack, body, stack.key())
+    out = client.chat.completions.create(model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "still there?"}])
+    assert out.choices[0].message.content
