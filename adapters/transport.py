@@ -6,8 +6,6 @@ network failures become gateway errors (connect failure → 503, timeout → 504
 
 from __future__ import annotations
 
-import asyncio
-
 import aiohttp
 
 from adapters.base import UpstreamRequest
@@ -51,7 +49,7 @@ class Transport:
             return await self._session.post(
                 request.url, data=request.body, headers=request.headers, timeout=self._timeout(provider)
             )
-        except (TimeoutError, asyncio.TimeoutError):
+        except TimeoutError:
             raise UpstreamTimeout(f"The provider '{provider.prefix}' did not answer in time.") from None
         except aiohttp.ClientConnectorError:
             raise UpstreamUnavailable(f"Could not connect to the provider '{provider.prefix}'.") from None

@@ -27,13 +27,14 @@ async def read_json_body(request: Request, limit: int) -> bytes:
         )
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > limit:
-        raise PayloadTooLarge(f"The request body is larger than the limit of {limit} bytes.")
+        # answer at once and close: the rest of the body is never read
+        raise PayloadTooLarge(f"The request body is larger than the limit of {limit} bytes.", headers={"Connection": "close"})
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise PayloadTooLarge(f"The request body is larger than the limit of {limit} bytes.")
+            raise PayloadTooLarge(f"The request body is larger than the limit of {limit} bytes.", headers={"Connection": "close"})
         chunks.append(chunk)
     return b"".join(chunks)
 

@@ -145,7 +145,7 @@ async def relay(
         except GatewayError as exc:
             outcome.status, outcome.error = "error", exc.message
             out.append(error_event(exc))
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             outcome.status = "error"
             outcome.error = f"connection to provider lost: {type(exc).__name__}"
             out.append(error_event(UpstreamError(f"The connection to the provider '{call.model.provider}' was lost mid-stream.")))

@@ -166,7 +166,7 @@ class Pricing(msgspec.Struct):
     unit: str = "credits per 1M tokens"
 
 
-class ModelCard(msgspec.Struct, omit_defaults=True):
+class ModelCard(msgspec.Struct):
     id: str
     created: int
     owned_by: str

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 
 import openai
 import pytest
@@ -87,12 +88,49 @@ def test_non_json_content_type(stack: Stack) -> None:
     assert _assert_shape(body)["code"] == "unsupported_content_type"
 
 
-def test_oversized_body(stack: Stack) -> None:
+def _read_response(sock: socket.socket) -> bytes:
+    sock.settimeout(10)
+    data = b""
+    while True:
+        try:
+            piece = sock.recv(65536)
+        except ConnectionResetError:
+            break
+        if not piece:
+            break
+        data += piece
+    return data
+
+
+def test_oversized_body_by_content_length(stack: Stack) -> None:
     limit = stack.settings.server.max_body_bytes
-    big = json.dumps({"model": "openai/gpt-4o", "messages": [{"role": "user", "content": "x" * (limit + 10)}]})
-    status, body = _post(stack, big.encode(), stack.key())
-    assert status == 413
-    assert _assert_shape(body)["code"] == "request_too_large"
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {stack.key()}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {limit + 10}\r\n\r\n")  # fmt: skip
+    with socket.create_connection(("127.0.0.1", stack.port)) as sock:
+        sock.sendall(head.encode() + b'{"model": "' + b"x" * 1000)
+        answer = _read_response(sock)
+    status_line, _, rest = answer.partition(b"\r\n")
+    assert status_line.startswith(b"HTTP/1.1 413")
+    assert b"connection: close" in rest.lower()  # answered at once; the rest of the body is never read
+    err = _assert_shape(json.loads(rest.split(b"\r\n\r\n", 1)[1]))
+    assert err["code"] == "request_too_large"
+
+
+def test_oversized_body_chunked(stack: Stack) -> None:
+    limit = stack.settings.server.max_body_bytes
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {stack.key()}\r\n"
+            "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")  # fmt: skip
+    piece = b"x" * (1 << 20)
+    with socket.create_connection(("127.0.0.1", stack.port)) as sock:
+        sock.settimeout(10)
+        sock.sendall(head.encode())
+        try:
+            for _ in range(limit // len(piece) + 2):
+                sock.sendall(b"%x\r\n" % len(piece) + piece + b"\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        answer = _read_response(sock)
+    assert answer.startswith(b"HTTP/1.1 413")
 
 
 def test_unknown_model(client: openai.OpenAI) -> None:

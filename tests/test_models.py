@@ -1,0 +1,66 @@
+"""GET /v1/models and the catalog behind it."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from router.catalog import Catalog, ConfigError
+from tests.conftest import Stack, raw_request
+
+
+def test_models_list_through_sdk(client: openai.OpenAI) -> None:
+    models = list(client.models.list())
+    ids = {m.id for m in models}
+    prefixes = {i.split("/", 1)[0] for i in ids}
+    assert prefixes == {"openai", "anthropic", "google", "upstage", "mistral"}  # canonical prefixes only
+    assert all(i == i.lower() and i.count("/") == 1 for i in ids)
+    assert {"anthropic/claude-sonnet-4-5", "anthropic/claude-sonnet-4-5-20250929", "mistral/mistral-large-latest",
+            "upstage/solar-pro3", "google/gemini-2.5-flash"} <= ids  # fmt: skip
+    kinds = {m.kind for m in models}  # type: ignore[attr-defined]
+    assert {"chat", "reasoning", "search", "code", "image-generation", "image-preview"} <= kinds
+    first = models[0]
+    assert first.object == "model" and first.created > 0 and first.owned_by
+
+
+def test_model_entry_carries_our_fields(stack: Stack) -> None:
+    r = raw_request(stack, "GET", "/v1/models", headers={"Authorization": f"Bearer {stack.key()}"})
+    assert r.status == 200
+    entry = next(m for m in r.json()["data"] if m["id"] == "openai/gpt-4o-mini")
+    assert entry["alias_of"] == "openai/gpt-4o-mini-2024-07-18"
+    assert entry["pricing"] == {"input": "0.15", "output": "0.6", "cached_input": "0.075", "unit": "credits per 1M tokens"}
+    assert entry["context_length"] == 128000 and entry["image_input"] is False
+    assert entry["endpoints"] == ["chat", "responses"]
+
+
+def test_retrieve_resolves_prefix_alias(client: openai.OpenAI) -> None:
+    model = client.models.retrieve("claude/claude-sonnet-4-5")
+    assert model.id == "anthropic/claude-sonnet-4-5"
+    assert client.models.retrieve("gemini/gemini-2.5-pro").id == "google/gemini-2.5-pro"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("openai/nope")
+
+
+def test_models_needs_a_key(stack: Stack) -> None:
+    assert raw_request(stack, "GET", "/v1/models").status == 401
+
+
+def test_catalog_rejects_bad_entries(tmp_path) -> None:
+    bad = tmp_path / "extra.toml"
+    bad.write_text('[[models]]\nid = "openai/x"\nprice = { input = "0.0000000001" }\n')
+    with pytest.raises(ConfigError, match="more than 9 decimals"):
+        Catalog.load(bad)
+    bad.write_text('[[models]]\nid = "nowhere/x"\n')
+    with pytest.raises(ConfigError, match="unknown provider 'nowhere'"):
+        Catalog.load(bad)
+    bad.write_text('[[models]]\nid = "openai/x"\ncolour = "red"\n')
+    with pytest.raises(ConfigError, match="colour"):
+        Catalog.load(bad)
+
+
+def test_operator_catalog_adds_a_model(tmp_path) -> None:
+    extra = tmp_path / "extra.toml"
+    extra.write_text('[[models]]\nid = "mistral/ministral-8b-2410"\nprice = { input = "0.1", output = "0.1" }\n')
+    catalog = Catalog.load(extra)
+    assert catalog.resolve("mistral/ministral-8b-2410").upstream == "ministral-8b-2410"
+    assert catalog.resolve("openai/gpt-4o").upstream == "gpt-4o-2024-08-06"
