@@ -238,6 +238,10 @@ def test_emulator_checks_headers_and_validates(stack: Stack) -> None:
             {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}]}, *user("and?")]}, "without `tool_result`"),  # fmt: skip
         ({**body, "messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_9"}]}]}, "unexpected `tool_use_id`"),
         ({**body, "thinking": {"type": "enabled", "budget_tokens": 1024}}, "greater than `thinking.budget_tokens`"),
+        ({**body, "max_tokens": 2048, "thinking": {"type": "enabled", "budget_tokens": 1024}, "messages": [*user("hi"),
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "ok"}]}]},
+         "Expected `thinking` or `redacted_thinking`, but found `tool_use`"),  # fmt: skip
     ]
     for request, message in bad:
         status, out = raw_post(stack, request, ok)
@@ -359,7 +363,9 @@ def test_request_reasoning_effort_becomes_thinking() -> None:
     assert body["thinking"] == {"type": "enabled", "budget_tokens": 4096} and body["max_tokens"] > 4096
     assert "temperature" not in body
     body = sent({"messages": user("think"), "reasoning_effort": "high", "max_tokens": 2000})
-    assert body["thinking"] == {"type": "enabled", "budget_tokens": 1999} and body["max_tokens"] == 2000
+    assert body["thinking"] == {"type": "enabled", "budget_tokens": 1024} and body["max_tokens"] == 2000
+    body = sent({"messages": user("think"), "reasoning_effort": "high"}, "anthropic/claude-3-5-haiku-latest")
+    assert body["thinking"] == {"type": "enabled", "budget_tokens": 4096} and body["max_tokens"] == 8192
     assert "thinking" not in sent({"messages": user("think"), "reasoning_effort": "low", "max_tokens": 500})
 
 
@@ -624,6 +630,22 @@ def test_gateway_reasoning_content(stack: Stack, client: openai.OpenAI) -> None:
     reasoning = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks if c.choices)
     content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert reasoning == "Let me think." and len(content.split()) == 4 and "think" not in content
+
+
+def test_gateway_reasoning_with_tool_loop(stack: Stack, client: openai.OpenAI) -> None:
+    first = client.chat.completions.create(model="anthropic/claude-sonnet-4-5", tools=TOOLS, tool_choice="auto", reasoning_effort="low",
+                                           messages=[{"role": "user", "content": "weather? [tool]"}])  # fmt: skip
+    assert stack.emulator("anthropic").requests[-1]["thinking"]["type"] == "enabled"
+    message = first.choices[0].message
+    assert message.reasoning_content == "Let me think." and message.tool_calls  # type: ignore[attr-defined]
+    call = message.tool_calls[0]
+    follow = client.chat.completions.create(model="anthropic/claude-sonnet-4-5", tools=TOOLS, reasoning_effort="low", messages=[
+        {"role": "user", "content": "weather? [tool]"},
+        {"role": "assistant", "content": message.content, "tool_calls": [call.model_dump()]},  # type: ignore[list-item]
+        {"role": "tool", "tool_call_id": call.id, "content": "sunny"},
+    ])  # fmt: skip
+    assert follow.choices[0].message.content == "The tool returned: sunny"
+    assert "thinking" not in stack.emulator("anthropic").requests[-1]  # no signed thinking block to send back
 
 
 def test_gateway_prompt_cache_usage(client: openai.OpenAI) -> None:

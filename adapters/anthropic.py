@@ -1,0 +1,530 @@
+"""The Anthropic Messages protocol (p2: ``anthropic/...``, also ``claude/...``).
+
+OpenAI chat request → ``POST {base_url}/messages``: system and developer messages are lifted to the
+top-level ``system``; ``tool`` messages become ``tool_result`` blocks of a user turn; consecutive
+same-role turns are merged (tool results first); ``max_tokens`` is always sent; temperature is clamped
+to 0..1. The answer (JSON or the ``event:`` stream) comes back as OpenAI chat completion (chunks):
+``tool_use`` blocks become ``tool_calls`` (numbered by their own counter, not the block index),
+``thinking`` blocks become ``reasoning_content``, and usage counts the cached prompt parts in.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from adapters import register
+from adapters.base import Adapter, Call, StreamTranslator, UpstreamRequest, UpstreamStreamError
+from router.errors import InvalidRequest, UpstreamError
+from router.sse import Event
+from router.wire import ChatRequest, FilePart, ImagePart, Message, RefusalPart, TextPart, TokenUsage, ToolCall
+
+_decode = msgspec.json.Decoder().decode
+_encode = msgspec.json.Encoder().encode
+
+VERSION = "2023-06-01"
+DEFAULT_MAX_TOKENS = 4096
+REASONING = "reasoning_content"
+FIRST_TURN = "."  # Anthropic wants a user turn first; sent when a conversation starts with the assistant
+STOP_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "pause_turn": "stop", "max_tokens": "length",
+                "model_context_window_exceeded": "length", "tool_use": "tool_calls", "refusal": "content_filter"}
+IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
+EFFORT_BUDGET = {"low": 1024, "medium": 4096, "high": 16384}  # reasoning_effort → thinking budget
+MIN_BUDGET = 1024
+_BAD_ID = re.compile(r"[^a-zA-Z0-9_-]")
+_MAGIC = ((b"\x89PNG", "image/png"), (b"\xff\xd8\xff", "image/jpeg"), (b"GIF8", "image/gif"))
+
+Block = dict[str, Any]
+
+
+def _invalid(message: str, code: str = "invalid_value") -> InvalidRequest:
+    return InvalidRequest(message, param="messages", code=code)
+
+
+def _obj(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+# ------------------------------------------------------------------ request: content blocks
+
+
+def tool_id(value: str) -> str:
+    """Anthropic tool ids must match ``^[a-zA-Z0-9_-]+$``; foreign ids are rewritten deterministically."""
+    return _BAD_ID.sub("_", value) or "toolu_"
+
+
+def _sniff(data: str) -> str | None:
+    try:
+        head = base64.b64decode(data[:24] + "=" * (-len(data[:24]) % 4))
+    except ValueError:
+        return None
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "image/webp"
+    return next((mime for magic, mime in _MAGIC if head.startswith(magic)), None)
+
+
+def _data_url(url: str) -> tuple[str, str]:
+    """``data:<mime>;base64,<data>`` → (mime, data)."""
+    header, sep, data = url[5:].partition(",")
+    mime, _, encoding = header.partition(";")
+    if not sep or encoding.lower() != "base64":
+        raise _invalid("Data URLs must have the form data:<mime>;base64,<data>.", "invalid_image_url")
+    return mime.strip().lower(), data
+
+
+def _image(part: ImagePart) -> Block:
+    url = part.image_url if isinstance(part.image_url, str) else part.image_url.url
+    if url.startswith(("http://", "https://")):
+        return {"type": "image", "source": {"type": "url", "url": url}}
+    if not url.startswith("data:"):
+        raise _invalid("An image_url must be an http(s) URL or a base64 data: URL.", "invalid_image_url")
+    mime, data = _data_url(url)
+    mime = "image/jpeg" if mime == "image/jpg" else mime
+    if mime not in IMAGE_TYPES:
+        mime = _sniff(data) or mime
+    if mime not in IMAGE_TYPES:
+        raise _invalid(f"Image type {mime or 'unknown'!r} is not supported by Anthropic: use JPEG, PNG, GIF or WebP.",
+                       "unsupported_image_type")  # fmt: skip
+    return {"type": "image", "source": {"type": "base64", "media_type": mime, "data": data}}
+
+
+def _document(part: FilePart) -> Block:
+    data = part.file.get("file_data")
+    if not isinstance(data, str) or not data.startswith("data:"):
+        raise _invalid("Files must be sent inline as file_data (a base64 data: URL); file ids are not supported here.")
+    mime, payload = _data_url(data)
+    if mime != "application/pdf":
+        raise _invalid(f"File type {mime!r} is not supported by Anthropic: only PDF documents are.")
+    return {"type": "document", "source": {"type": "base64", "media_type": mime, "data": payload}}
+
+
+def _part(part: Any) -> Block | None:
+    if isinstance(part, TextPart):
+        return {"type": "text", "text": part.text} if part.text else None
+    if isinstance(part, RefusalPart):
+        return {"type": "text", "text": part.refusal} if part.refusal else None
+    if isinstance(part, ImagePart):
+        return _image(part)
+    if isinstance(part, FilePart):
+        return _document(part)
+    raise _invalid("Audio input is not supported by Anthropic models.", "unsupported_content")
+
+
+def _blocks(content: str | list[Any] | None, raw: dict[str, Any]) -> list[Block]:
+    """Content blocks of one message; ``cache_control`` on a part (or on the message) is kept."""
+    if isinstance(content, str):
+        blocks = [{"type": "text", "text": content}] if content else []
+    else:
+        blocks = []
+        raw_parts: list[Any] = raw["content"] if isinstance(raw.get("content"), list) else []
+        for i, part in enumerate(content or ()):
+            block = _part(part)
+            if block is None:
+                continue
+            raw_part = raw_parts[i] if i < len(raw_parts) else None
+            if isinstance(raw_part, dict) and isinstance(raw_part.get("cache_control"), dict):
+                block["cache_control"] = raw_part["cache_control"]
+            blocks.append(block)
+    if blocks and isinstance(raw.get("cache_control"), dict):
+        blocks[-1]["cache_control"] = raw["cache_control"]
+    return blocks
+
+
+def _tool_input(call: ToolCall) -> dict[str, Any]:
+    text = call.function.arguments
+    if not text.strip():
+        return {}
+    try:
+        value = _decode(text)
+    except msgspec.DecodeError:
+        raise _invalid(f"The arguments of tool call '{call.id}' are not valid JSON.", "invalid_tool_arguments") from None
+    if not isinstance(value, dict):
+        raise _invalid(f"The arguments of tool call '{call.id}' must be a JSON object.", "invalid_tool_arguments")
+    return value
+
+
+def _tool_result(message: Message, raw: dict[str, Any]) -> Block:
+    if not isinstance(message.tool_call_id, str):
+        raise _invalid("A 'tool' message needs the 'tool_call_id' of the call it answers.", "missing_tool_call_id")
+    block: Block = {"type": "tool_result", "tool_use_id": tool_id(message.tool_call_id)}
+    if isinstance(message.content, str):
+        if message.content:
+            block["content"] = message.content
+    else:
+        inner = _blocks(message.content, {"content": raw.get("content")})
+        if inner:
+            block["content"] = inner
+    if isinstance(raw.get("cache_control"), dict):
+        block["cache_control"] = raw["cache_control"]
+    return block
+
+
+def _turn(message: Message, raw: dict[str, Any]) -> tuple[str, list[Block]]:
+    if message.role == "tool":
+        return "user", [_tool_result(message, raw)]
+    if message.role == "function":
+        raise _invalid("The legacy 'function' role is not supported for Anthropic models; use 'tool' messages.")
+    blocks = _blocks(message.content, raw)
+    if message.role == "assistant" and isinstance(message.tool_calls, list):
+        for call in message.tool_calls:
+            blocks.append({"type": "tool_use", "id": tool_id(call.id), "name": call.function.name,
+                           "input": _tool_input(call)})  # fmt: skip
+    return message.role, blocks
+
+
+def _system(blocks: list[Block]) -> str | list[Block]:
+    if len(blocks) == 1 and "cache_control" not in blocks[0]:
+        return str(blocks[0]["text"])
+    return blocks
+
+
+def _strip_prefill(turns: list[dict[str, Any]]) -> None:
+    """A final assistant turn is a prefill, which may not end with whitespace."""
+    blocks = turns[-1]["content"]
+    if turns[-1]["role"] != "assistant" or not blocks or blocks[-1].get("type") != "text":
+        return
+    blocks[-1]["text"] = blocks[-1]["text"].rstrip()
+    if not blocks[-1]["text"]:
+        blocks.pop()
+    if not blocks:
+        turns.pop()
+
+
+def conversation(request: ChatRequest, raw: dict[str, Any]) -> tuple[list[Block], list[dict[str, Any]]]:
+    """(system blocks, alternating user/assistant turns starting with user)."""
+    system: list[Block] = []
+    turns: list[dict[str, Any]] = []
+    raw_messages: list[Any] = raw["messages"] if isinstance(raw.get("messages"), list) else []
+    for i, message in enumerate(request.messages):
+        raw_message = raw_messages[i] if i < len(raw_messages) and isinstance(raw_messages[i], dict) else {}
+        if message.role in ("system", "developer"):
+            system.extend(b for b in _blocks(message.content, raw_message) if b["type"] == "text")
+            continue
+        role, blocks = _turn(message, raw_message)
+        if not blocks:
+            continue
+        if turns and turns[-1]["role"] == role:
+            turns[-1]["content"].extend(blocks)
+        else:
+            turns.append({"role": role, "content": blocks})
+    for turn in turns:  # tool results must open their user turn
+        if turn["role"] == "user":
+            turn["content"].sort(key=lambda b: b["type"] != "tool_result")
+    if not turns and system:  # only system messages: they are the request
+        turns, system = [{"role": "user", "content": system}], []
+    if not turns:
+        raise _invalid("The messages have no content to send.", "empty_messages")
+    if turns[0]["role"] != "user":
+        turns.insert(0, {"role": "user", "content": [{"type": "text", "text": FIRST_TURN}]})
+    _strip_prefill(turns)
+    return system, turns
+
+
+# ------------------------------------------------------------------ request: parameters
+
+
+def _tools(request: ChatRequest) -> list[Block]:
+    out: list[Block] = []
+    for tool in request.tools or ():
+        if tool.type != "function":
+            raise InvalidRequest(f"Tools of type {tool.type!r} are not supported for Anthropic models.", param="tools")
+        fn = tool.function
+        schema = dict(fn.parameters) if isinstance(fn.parameters, dict) else {"type": "object", "properties": {}}
+        schema.setdefault("type", "object")
+        item: Block = {"name": fn.name, "input_schema": schema}
+        if isinstance(fn.description, str) and fn.description:
+            item["description"] = fn.description
+        if fn.strict is True:
+            item["strict"] = True
+        out.append(item)
+    return out
+
+
+def tool_choice(choice: str | dict[str, Any] | None, parallel: Any) -> Block | None:
+    """OpenAI ``tool_choice`` (+ ``parallel_tool_calls``) → Anthropic ``tool_choice``."""
+    out: Block | None
+    if choice is None:
+        out = {"type": "auto"} if parallel is False else None
+    elif choice in ("auto", "none"):
+        out = {"type": choice}
+    elif choice == "required":
+        out = {"type": "any"}
+    elif isinstance(choice, dict) and isinstance((choice.get("function") or {}).get("name"), str):
+        out = {"type": "tool", "name": choice["function"]["name"]}
+    else:
+        raise InvalidRequest("tool_choice must be 'auto', 'none', 'required' or a named function.", param="tool_choice")
+    if out is not None and parallel is False and out["type"] != "none":
+        out["disable_parallel_tool_use"] = True
+    return out
+
+
+def max_tokens(call: Call) -> int:
+    cap = call.request.output_cap or call.model.default_max_tokens or DEFAULT_MAX_TOKENS
+    return min(cap, call.model.max_output) if call.model.max_output > 0 else cap
+
+
+def _thinking(call: Call, body: dict[str, Any]) -> None:
+    """``thinking`` (passed through) or ``reasoning_effort`` → extended thinking within ``max_tokens``."""
+    thinking = call.raw.get("thinking")
+    if thinking is None:
+        effort = call.raw.get("reasoning_effort")
+        budget = EFFORT_BUDGET.get(effort) if isinstance(effort, str) else None
+        last = body["messages"][-1]
+        if budget is None or last["content"][0]["type"] == "tool_result":
+            return  # mid tool loop: the assistant turn has no (signed) thinking block to send back, so no thinking
+        if budget >= body["max_tokens"] and call.request.output_cap is None:  # no cap asked: make room
+            limit = call.model.max_output if call.model.max_output > 0 else budget + body["max_tokens"]
+            body["max_tokens"] = min(budget + body["max_tokens"], limit)
+        if budget >= body["max_tokens"]:  # still too big: leave about half of the cap for the answer
+            budget = min(max(MIN_BUDGET, body["max_tokens"] // 2), body["max_tokens"] - 1)
+        if budget < MIN_BUDGET:
+            return  # the caller's cap leaves no room to think
+        thinking = {"type": "enabled", "budget_tokens": budget}
+    body["thinking"] = thinking
+    if isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive"):
+        body.pop("temperature", None)  # thinking allows only the default temperature, no top_k
+        body.pop("top_k", None)
+        if body.get("top_p", 1) < 0.95:
+            body.pop("top_p")
+
+
+def _sampling(call: Call, body: dict[str, Any]) -> None:
+    request, raw = call.request, call.raw
+    if request.n is not None and request.n > 1:
+        raise InvalidRequest("Anthropic models return one choice per request: 'n' must be 1.", param="n")
+    if request.temperature is not None:
+        body["temperature"] = min(request.temperature, 1.0)
+    if request.top_p is not None:
+        body["top_p"] = request.top_p
+    if isinstance(raw.get("top_k"), int):
+        body["top_k"] = raw["top_k"]
+    if request.stop:
+        body["stop_sequences"] = [request.stop] if isinstance(request.stop, str) else list(request.stop)
+    if isinstance(raw.get("user"), str) and raw["user"]:
+        body["metadata"] = {"user_id": raw["user"]}
+
+
+def request_body(call: Call) -> dict[str, Any]:
+    system, turns = conversation(call.request, call.raw)
+    body: dict[str, Any] = {"model": call.model.upstream, "max_tokens": max_tokens(call), "messages": turns}
+    if system:
+        body["system"] = _system(system)
+    _sampling(call, body)
+    tools = _tools(call.request)
+    if tools:
+        body["tools"] = tools
+        choice = tool_choice(call.request.tool_choice, call.raw.get("parallel_tool_calls"))
+        if choice is not None:
+            body["tool_choice"] = choice
+    if call.stream:
+        body["stream"] = True
+    _thinking(call, body)
+    return body
+
+
+# ------------------------------------------------------------------ response
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def usage_from_anthropic(usage: Any) -> TokenUsage | None:
+    """``input_tokens`` is the uncached part only: the prompt is its sum with both cache counts."""
+    if not isinstance(usage, dict):
+        return None
+    read = _int(usage.get("cache_read_input_tokens"))
+    write = _int(usage.get("cache_creation_input_tokens"))
+    output = _int(usage.get("output_tokens"))
+    details = usage.get("output_tokens_details")
+    thinking = _int(details.get("thinking_tokens")) if isinstance(details, dict) else 0
+    return TokenUsage(prompt=_int(usage.get("input_tokens")) + read + write, completion=output,
+                      cached=read, cache_write=write, reasoning=min(thinking, output))  # fmt: skip
+
+
+def openai_usage(usage: TokenUsage) -> dict[str, Any]:
+    out = usage.openai()
+    if usage.cache_write:
+        out["prompt_tokens_details"]["cache_write_tokens"] = usage.cache_write
+    return out
+
+
+def finish_reason(stop_reason: Any) -> str:
+    return STOP_REASONS.get(stop_reason, "stop") if isinstance(stop_reason, str) else "stop"
+
+
+def _read_blocks(content: list[Any]) -> tuple[list[str], list[str], list[dict[str, Any]]]:
+    text: list[str] = []
+    thinking: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for block in content:
+        if not isinstance(block, dict):
+            continue
+        kind = block.get("type")
+        if kind == "text":
+            text.append(str(block.get("text") or ""))
+        elif kind == "thinking":
+            thinking.append(str(block.get("thinking") or ""))
+        elif kind == "tool_use":
+            arguments = _encode(block.get("input") or {}).decode()
+            calls.append({"id": block.get("id"), "type": "function",
+                          "function": {"name": block.get("name"), "arguments": arguments}})  # fmt: skip
+    return text, thinking, calls
+
+
+def _chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    return {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+
+class AnthropicAdapter(Adapter):
+    protocol = "anthropic"
+
+    def build_request(self, call: Call) -> UpstreamRequest:
+        headers = {"x-api-key": call.provider.api_key, "anthropic-version": VERSION, "content-type": "application/json"}
+        if call.stream:
+            headers["accept"] = "text/event-stream"
+        return UpstreamRequest(f"{call.provider.base_url}/messages", headers, _encode(request_body(call)))
+
+    def parse_response(self, call: Call, body: bytes) -> tuple[dict[str, Any], TokenUsage | None]:
+        try:
+            data = _decode(body)
+        except msgspec.DecodeError:
+            raise UpstreamError(f"The provider '{self.name}' returned a body that is not JSON.") from None
+        if _obj(data).get("type") == "error":
+            raise UpstreamError(f"The provider '{self.name}' failed: {_error_text(data)}")
+        if not isinstance(data, dict) or not isinstance(data.get("content"), list):
+            raise UpstreamError(f"The provider '{self.name}' returned an unexpected answer shape.")
+        text, thinking, calls = _read_blocks(data["content"])
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(text) if text or not calls else None}
+        if calls:
+            message["tool_calls"] = calls
+        if thinking:
+            message[REASONING] = "".join(thinking)
+        usage = usage_from_anthropic(data.get("usage"))
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason(data.get("stop_reason"))}
+        out: dict[str, Any] = {"created": int(time.time()), "choices": [choice]}
+        if usage is not None:
+            out["usage"] = openai_usage(usage)
+        return out, usage
+
+    def stream(self, call: Call) -> StreamTranslator:
+        return AnthropicStream(self.name)
+
+
+def _error_text(data: dict[str, Any]) -> str:
+    err = _obj(data.get("error"))
+    kind, message = err.get("type"), err.get("message")
+    return f"{kind}: {message}" if kind and message else str(message or kind or "unknown error")
+
+
+Chunks = list[dict[str, Any]]
+
+
+class AnthropicStream(StreamTranslator):
+    """``message_start`` → role chunk; text / thinking / input_json deltas → content / reasoning /
+    tool-call argument chunks; ``message_delta`` → the finish chunk and usage; ``message_stop`` → end."""
+
+    def __init__(self, provider: str = "anthropic") -> None:
+        super().__init__()
+        self.provider = provider
+        self.tools: dict[int, int] = {}  # content block index → OpenAI tool-call index
+        self.tool_args: set[int] = set()  # block indexes whose arguments have been sent
+        self.raw_usage: dict[str, Any] = {}
+        self.finish_sent = False
+        self.handlers: dict[str, Callable[[dict[str, Any]], Chunks]] = {
+            "message_start": self._message_start,
+            "content_block_start": self._block_start,
+            "content_block_delta": self._block_delta,
+            "content_block_stop": self._block_stop,
+            "message_delta": self._message_delta,
+            "message_stop": self._message_stop,
+        }
+
+    def feed(self, event: Event) -> Chunks:
+        if not event.data or event.event == "ping":
+            return []
+        try:
+            data = _decode(event.data)
+        except msgspec.DecodeError:
+            raise UpstreamStreamError(f"The provider '{self.provider}' sent a malformed stream event.") from None
+        if not isinstance(data, dict):
+            raise UpstreamStreamError(f"The provider '{self.provider}' sent an unexpected stream event.")
+        kind = data.get("type") or event.event
+        if kind == "error" or event.event == "error":
+            raise UpstreamStreamError(f"The provider '{self.provider}' failed mid-stream: {_error_text(data)}")
+        handler = self.handlers.get(kind) if isinstance(kind, str) else None
+        return handler(data) if handler is not None else []  # ping and future event types: ignored
+
+    def _message_start(self, data: dict[str, Any]) -> Chunks:
+        self.raw_usage = dict(_obj(_obj(data.get("message")).get("usage")))
+        return [_chunk({"role": "assistant", "content": ""})]
+
+    def _tool_delta(self, index: int, **fields: Any) -> Chunks:
+        return [_chunk({"tool_calls": [{"index": self.tools[index], **fields}]})]
+
+    def _block_start(self, data: dict[str, Any]) -> Chunks:
+        block, index = _obj(data.get("content_block")), data.get("index")
+        kind = block.get("type")
+        if kind == "tool_use" and isinstance(index, int):
+            self.tools[index] = len(self.tools)
+            given = block.get("input")
+            arguments = _encode(given).decode() if isinstance(given, dict) and given else ""
+            if arguments:
+                self.tool_args.add(index)
+            function = {"name": block.get("name"), "arguments": arguments}
+            return self._tool_delta(index, id=block.get("id"), type="function", function=function)
+        if kind == "text" and block.get("text"):
+            return [_chunk({"content": block["text"]})]
+        if kind == "thinking" and block.get("thinking"):
+            return [_chunk({REASONING: block["thinking"]})]
+        return []
+
+    def _block_delta(self, data: dict[str, Any]) -> Chunks:
+        delta, index = _obj(data.get("delta")), data.get("index")
+        kind = delta.get("type")
+        if kind == "text_delta" and delta.get("text"):
+            return [_chunk({"content": delta["text"]})]
+        if kind == "thinking_delta" and delta.get("thinking"):
+            return [_chunk({REASONING: delta["thinking"]})]
+        if kind == "input_json_delta" and index in self.tools and delta.get("partial_json"):
+            self.tool_args.add(index)
+            return self._tool_delta(index, function={"arguments": delta["partial_json"]})
+        return []  # signature_delta, citations_delta, empty fragments
+
+    def _block_stop(self, data: dict[str, Any]) -> Chunks:
+        index = data.get("index")
+        if index in self.tools and index not in self.tool_args:  # no input at all: "{}", not ""
+            self.tool_args.add(index)
+            return self._tool_delta(index, function={"arguments": "{}"})
+        return []
+
+    def _set_usage(self) -> None:
+        self.usage = usage_from_anthropic(self.raw_usage)
+        if self.usage is not None:
+            self.usage_raw = openai_usage(self.usage)
+
+    def _finish(self, stop_reason: Any) -> Chunks:
+        if self.finish_sent:
+            return []
+        self.finish_sent = True
+        return [_chunk({}, finish_reason(stop_reason))]
+
+    def _message_delta(self, data: dict[str, Any]) -> Chunks:
+        # usage counts are cumulative: they replace the message_start ones, never add to them
+        self.raw_usage.update({k: v for k, v in _obj(data.get("usage")).items() if v is not None})
+        self._set_usage()
+        return self._finish(_obj(data.get("delta")).get("stop_reason"))
+
+    def _message_stop(self, data: dict[str, Any]) -> Chunks:
+        self.finished = True
+        if self.usage is None:
+            self._set_usage()
+        return self._finish(None)  # a message_delta always comes first; this is only a safety net
+
+
+register("anthropic", AnthropicAdapter)
