@@ -5,10 +5,12 @@ gateway with the OpenAI SDK."""
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import openai
 import pytest
@@ -28,7 +30,7 @@ from tests.conftest import Stack
 FIXTURES = Path(__file__).parent / "fixtures" / "gemini"
 CATALOG = Catalog.load()
 ADAPTER = GeminiAdapter("google", CATALOG.providers["google"])
-WEATHER = {
+WEATHER: Any = {
     "type": "function",
     "function": {
         "name": "get_weather",
@@ -36,7 +38,7 @@ WEATHER = {
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
     },
 }
-TIME = {
+TIME: Any = {
     "type": "function",
     "function": {
         "name": "get_time",
@@ -218,20 +220,10 @@ def test_request_generation_config_and_url() -> None:
         "thinkingLevel": "HIGH",
         "includeThoughts": True,
     }
-    google = make_call(
-        {
-            "messages": [{"role": "user", "content": "hi"}],
-            "extra_body": {
-                "google": {
-                    "thinking_config": {"include_thoughts": True},
-                    "cached_content": "cachedContents/x",
-                }
-            },
-        }
-    )
-    body = sent(google)
-    assert body["generationConfig"] == {"thinkingConfig": {"includeThoughts": True}}
-    assert body["cachedContent"] == "cachedContents/x"
+    off = make_call({"messages": [{"role": "user", "content": "hi"}], "reasoning_effort": "none"})
+    assert sent(off)["generationConfig"] == {
+        "thinkingConfig": {"thinkingBudget": 0, "includeThoughts": False}
+    }
 
 
 @pytest.mark.parametrize(
@@ -339,7 +331,6 @@ def test_parse_blocked_prompt_and_bad_bodies() -> None:
         {
             "index": 0,
             "message": {"role": "assistant", "content": ""},
-            "logprobs": None,
             "finish_reason": "content_filter",
         }
     ]
@@ -490,7 +481,7 @@ def test_error_mapping() -> None:
     assert ADAPTER.error(500, b'{"error": {"code": 500, "status": "INTERNAL"}}', {}).status == 502
 
 
-# ------------------------------------------------------------------ the emulator through the official google-genai SDK
+# ------------------------------------------------------------------ the emulator, through google-genai
 
 
 @pytest.fixture
@@ -582,7 +573,7 @@ def test_sdk_stream_parallel_calls_and_thinking(gemini: genai.Client) -> None:
             model="gemini-2.5-flash", contents="both [tool2]", config=config
         )
     )
-    parts = [p for c in chunks for p in c.candidates[0].content.parts or ()]  # type: ignore[index, union-attr]
+    parts = [p for c in chunks for p in c.candidates[0].content.parts or ()]  # type: ignore[index,union-attr]
     thoughts = [p.text for p in parts if p.thought]
     calls = [p.function_call for p in parts if p.function_call]
     assert "".join(t or "" for t in thoughts) == "Let me think."
@@ -642,9 +633,8 @@ def test_emulator_validates_like_the_real_api(gemini: genai.Client) -> None:
         gemini.models.generate_content(
             model="gemini-2.5-flash", contents=[{"role": "user", "parts": [{"text": ""}]}]
         )
-    with pytest.raises(
-        genai_errors.ClientError, match="thought_signature"
-    ):  # gemini-3: the signature must come back
+    # gemini-3 models want the thought signature of their function call back on the next turn
+    with pytest.raises(genai_errors.ClientError, match="thought_signature"):
         gemini.models.generate_content(
             model="gemini-3-pro-preview",
             contents=[
@@ -661,6 +651,37 @@ def test_emulator_validates_like_the_real_api(gemini: genai.Client) -> None:
                 },
             ],
         )
+
+
+def test_emulator_raw_wire(stack: Stack) -> None:
+    """Without the SDK: ``?key=`` auth, CRLF-framed SSE, the JSON-array stream, unknown fields."""
+    running = stack.emulators["google"]
+    url = urlsplit(running.base_url)
+
+    def post(path: str, body: dict[str, Any]) -> tuple[int, bytes]:
+        conn = http.client.HTTPConnection(url.hostname or "", url.port, timeout=10)
+        try:
+            conn.request("POST", url.path + path, json.dumps(body), {"Content-Type": "application/json"})
+            response = conn.getresponse()
+            return response.status, response.read()
+        finally:
+            conn.close()
+
+    hello = {"contents": [{"parts": [{"text": "hi [tokens:3]"}]}]}
+    key = running.api_key
+    status, sse = post(f"/models/gemini-2.5-flash:streamGenerateContent?alt=sse&key={key}", hello)
+    assert (
+        status == 200 and sse.startswith(b"data: {") and sse.endswith(b"}\r\n\r\n") and b"[DONE]" not in sse
+    )
+    assert sse.count(b"\r\n\r\n") == 3
+    status, array = post(f"/models/gemini-2.5-flash:streamGenerateContent?key={key}", hello)
+    chunks = json.loads(array)
+    assert status == 200 and len(chunks) == 3 and chunks[-1]["candidates"][0]["finishReason"] == "STOP"
+    status, body = post(f"/models/gemini-2.5-flash:generateContent?key={key}", {**hello, "max_tokens": 5})
+    assert status == 400 and json.loads(body)["error"]["status"] == "INVALID_ARGUMENT"
+    assert b'Unknown name \\"max_tokens\\"' in body
+    status, body = post("/models/gemini-2.5-flash:generateContent", hello)
+    assert status == 403 and json.loads(body)["error"]["status"] == "PERMISSION_DENIED"
 
 
 # ------------------------------------------------------------------ through the gateway with the OpenAI SDK
@@ -753,8 +774,8 @@ def test_gateway_max_tokens_gives_length(client: openai.OpenAI, stack: Stack) ->
 
 
 def test_gateway_tool_round_trip(client: openai.OpenAI, stack: Stack) -> None:
-    first = [{"role": "user", "content": "weather? [tool]"}]
-    out = client.chat.completions.create(model="google/gemini-2.5-flash", messages=first, tools=[WEATHER])  # type: ignore[arg-type]
+    first: Any = [{"role": "user", "content": "weather? [tool]"}]
+    out = client.chat.completions.create(model="google/gemini-2.5-flash", messages=first, tools=[WEATHER])
     assert out.choices[0].finish_reason == "tool_calls"
     call = out.choices[0].message.tool_calls[0]  # type: ignore[index]
     assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Seoul"}
@@ -762,7 +783,7 @@ def test_gateway_tool_round_trip(client: openai.OpenAI, stack: Stack) -> None:
     follow = client.chat.completions.create(
         model="google/gemini-2.5-flash",
         tools=[WEATHER],
-        messages=[  # type: ignore[arg-type]
+        messages=[
             *first,
             {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
             {"role": "tool", "tool_call_id": call.id, "content": "sunny"},
@@ -785,21 +806,22 @@ def test_gateway_tool_calls_stream_parallel(client: openai.OpenAI) -> None:
         client.chat.completions.create(
             model="gemini/gemini-2.5-flash",
             tools=[WEATHER, TIME],
-            stream=True,  # type: ignore[arg-type]
+            stream=True,
             messages=[{"role": "user", "content": "both [tool2]"}],
         )
     )
     deltas = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or ()]
     assert [d.index for d in deltas] == [0, 1]
     assert [d.function.name for d in deltas] == ["get_weather", "get_time"]  # type: ignore[union-attr]
-    assert json.loads(deltas[1].function.arguments) == {"timezone": "Seoul", "hour24": True}  # type: ignore[union-attr, arg-type]
+    arguments = deltas[1].function.arguments  # type: ignore[union-attr]
+    assert json.loads(arguments or "") == {"timezone": "Seoul", "hour24": True}
     assert len({d.id for d in deltas}) == 2
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == [
         "tool_calls"
     ]
     forced = client.chat.completions.create(
         model="google/gemini-2.5-flash",
-        tools=[WEATHER, TIME],  # type: ignore[arg-type]
+        tools=[WEATHER, TIME],
         tool_choice={"type": "function", "function": {"name": "get_time"}},
         messages=[{"role": "user", "content": "what time"}],
     )
@@ -807,16 +829,16 @@ def test_gateway_tool_calls_stream_parallel(client: openai.OpenAI) -> None:
 
 
 def test_gateway_thought_signature_round_trip_on_gemini_3(client: openai.OpenAI) -> None:
-    first = [{"role": "user", "content": "weather? [tool]"}]
+    first: Any = [{"role": "user", "content": "weather? [tool]"}]
     model = "google/gemini-3-pro-preview"
-    out = client.chat.completions.create(model=model, messages=first, tools=[WEATHER])  # type: ignore[arg-type]
+    out = client.chat.completions.create(model=model, messages=first, tools=[WEATHER])
     call = out.choices[0].message.tool_calls[0]  # type: ignore[index]
     assert call.model_extra and call.model_extra["extra_content"]["google"]["thought_signature"]
     tool_turn = [{"role": "tool", "tool_call_id": call.id, "content": "sunny"}]
     follow = client.chat.completions.create(
         model=model,
         tools=[WEATHER],
-        messages=[  # type: ignore[arg-type]
+        messages=[
             *first,
             {"role": "assistant", "tool_calls": [call.model_dump()]},
             *tool_turn,
@@ -828,7 +850,7 @@ def test_gateway_thought_signature_round_trip_on_gemini_3(client: openai.OpenAI)
         client.chat.completions.create(
             model=model,
             tools=[WEATHER],
-            messages=[  # type: ignore[arg-type]
+            messages=[
                 *first,
                 {"role": "assistant", "tool_calls": [stripped]},
                 *tool_turn,
@@ -854,8 +876,8 @@ def test_gateway_image_arrives_inline(client: openai.OpenAI, stack: Stack) -> No
     assert out.usage is not None and out.usage.prompt_tokens >= 258  # an image counts 258 tokens
 
 
-def test_gateway_json_mode(client: openai.OpenAI, stack: Stack) -> None:
-    client.chat.completions.create(
+def test_gateway_json_mode_and_several_candidates(client: openai.OpenAI, stack: Stack) -> None:
+    out = client.chat.completions.create(
         model="google/gemini-2.5-flash",
         messages=[{"role": "user", "content": "hi"}],
         response_format={"type": "json_object"},
@@ -864,6 +886,24 @@ def test_gateway_json_mode(client: openai.OpenAI, stack: Stack) -> None:
     )
     config = stack.emulator("google").requests[-1]["generationConfig"]
     assert config == {"responseMimeType": "application/json", "seed": 5, "candidateCount": 2}
+    assert [c.index for c in out.choices] == [0, 1] and out.choices[0].message.content != out.choices[
+        1
+    ].message.content
+    chunks = list(
+        client.chat.completions.create(
+            model="google/gemini-2.5-flash",
+            messages=[{"role": "user", "content": "hi [tokens:4]"}],
+            n=2,
+            stream=True,
+        )
+    )
+    finishes = sorted(
+        (c.choices[0].index, c.choices[0].finish_reason) for c in chunks if c.choices[0].finish_reason
+    )
+    assert finishes == [(0, "stop"), (1, "stop")]
+    for index in (0, 1):
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices[0].index == index)
+        assert len(text.split()) == 4
 
 
 def test_gateway_korean_streamed_intact_across_split_bytes(client: openai.OpenAI) -> None:
