@@ -16,7 +16,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from billing.store import Group, KeyInfo, Principal, Store, StoreError
+from billing.store import (
+    Group,
+    KeyInfo,
+    ModelUsage,
+    Principal,
+    Refusal,
+    Reservation,
+    Store,
+    StoreError,
+    UsageRecord,
+)
 
 T = TypeVar("T")
 
@@ -45,7 +55,128 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX keys_group ON keys(group_id);
     """,
+    # 2: the ledger: reservations in flight and one usage record per call
+    """
+    ALTER TABLE keys ADD COLUMN reserved INTEGER NOT NULL DEFAULT 0;
+    CREATE TABLE reservations (
+        id INTEGER PRIMARY KEY,
+        group_id INTEGER NOT NULL REFERENCES groups(id),
+        key_id INTEGER NOT NULL REFERENCES keys(id),
+        amount INTEGER NOT NULL CHECK (amount >= 0),
+        created_at REAL NOT NULL
+    );
+    CREATE TABLE usage (
+        id INTEGER PRIMARY KEY,
+        ts REAL NOT NULL,
+        key_id INTEGER NOT NULL,
+        group_id INTEGER NOT NULL,
+        model TEXT NOT NULL,
+        provider TEXT NOT NULL,
+        endpoint TEXT NOT NULL,
+        source TEXT NOT NULL,
+        stream INTEGER NOT NULL,
+        prompt_tokens INTEGER NOT NULL,
+        completion_tokens INTEGER NOT NULL,
+        cached_tokens INTEGER NOT NULL,
+        cache_write_tokens INTEGER NOT NULL,
+        reasoning_tokens INTEGER NOT NULL,
+        credits INTEGER NOT NULL,
+        status TEXT NOT NULL,
+        usage_exact INTEGER NOT NULL,
+        latency_ms REAL NOT NULL,
+        ttft_ms REAL,
+        upstream_request_id TEXT,
+        request_id TEXT,
+        error TEXT
+    );
+    CREATE INDEX usage_group_ts ON usage(group_id, id);
+    CREATE INDEX usage_key_ts ON usage(key_id, ts);
+    """,
 ]
+
+USAGE_COLUMNS = (
+    "ts, key_id, group_id, model, provider, endpoint, source, stream, prompt_tokens, completion_tokens, "
+    "cached_tokens, cache_write_tokens, reasoning_tokens, credits, status, usage_exact, latency_ms, ttft_ms, "
+    "upstream_request_id, request_id, error"
+)
+INSERT_USAGE = f"INSERT INTO usage ({USAGE_COLUMNS}) VALUES ({', '.join('?' * 21)})"
+
+
+def usage_row(r: UsageRecord) -> tuple:
+    return (
+        r.ts or time.time(), r.key_id, r.group_id, r.model, r.provider, r.endpoint, r.source, int(r.stream),
+        r.prompt_tokens, r.completion_tokens, r.cached_tokens, r.cache_write_tokens, r.reasoning_tokens,
+        r.credits, r.status, int(r.usage_exact), r.latency_ms, r.ttft_ms, r.upstream_request_id, r.request_id,
+        r.error,
+    )  # fmt: skip
+
+
+def usage_record(row: Any) -> UsageRecord:
+    return UsageRecord(
+        id=row[0], ts=row[1], key_id=row[2], group_id=row[3], model=row[4], provider=row[5], endpoint=row[6],
+        source=row[7], stream=bool(row[8]), prompt_tokens=row[9], completion_tokens=row[10], cached_tokens=row[11],
+        cache_write_tokens=row[12], reasoning_tokens=row[13], credits=row[14], status=row[15],
+        usage_exact=bool(row[16]), latency_ms=row[17], ttft_ms=row[18], upstream_request_id=row[19],
+        request_id=row[20], error=row[21],
+    )  # fmt: skip
+
+
+class GroupCommit:
+    """Many small writes, one transaction: operations queue up while a batch runs on the store's
+    thread, then run together in the next one (each in its own savepoint, so one failure does not
+    undo the others); every caller awaits its own operation's commit."""
+
+    def __init__(self, store: SQLiteStore) -> None:
+        self.store = store
+        self.pending: list[tuple[Callable[[sqlite3.Connection], Any], asyncio.Future[Any]]] = []
+        self.draining = False
+        self.batches = 0
+
+    def submit(self, op: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self.pending.append((op, future))
+        if not self.draining:
+            self.draining = True
+            asyncio.get_running_loop().create_task(self._drain())
+        return future
+
+    async def _drain(self) -> None:
+        try:
+            while self.pending:
+                batch, self.pending = self.pending, []
+                try:
+                    results = await self.store.run(lambda db: self._apply(db, [op for op, _ in batch]))
+                except BaseException as exc:  # the whole transaction failed
+                    results = [(False, exc)] * len(batch)
+                self.batches += 1
+                for (_, future), (ok, value) in zip(batch, results, strict=True):
+                    if not future.done():
+                        if ok:
+                            future.set_result(value)
+                        else:
+                            future.set_exception(value)
+        finally:
+            self.draining = False
+
+    @staticmethod
+    def _apply(db: sqlite3.Connection, ops: list[Callable[[sqlite3.Connection], Any]]) -> list[tuple[bool, Any]]:
+        results: list[tuple[bool, Any]] = []
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for op in ops:
+                db.execute("SAVEPOINT op")
+                try:
+                    results.append((True, op(db)))
+                    db.execute("RELEASE op")
+                except Exception as exc:
+                    db.execute("ROLLBACK TO op")
+                    db.execute("RELEASE op")
+                    results.append((False, exc))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        return results
 
 
 def sqlite_path(url: str) -> str:
@@ -63,6 +194,7 @@ class SQLiteStore(Store):
         self.path = sqlite_path(url)
         self._executor: ThreadPoolExecutor | None = None
         self._db: sqlite3.Connection | None = None
+        self.commits = GroupCommit(self)
 
     # -- plumbing -------------------------------------------------------------------------------
     async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
@@ -240,5 +372,104 @@ class SQLiteStore(Store):
                 return None
             allowed = frozenset(json.loads(row[5])) if row[5] else None
             return Principal(row[0], row[1], row[2], row[3], row[4], allowed)
+
+        return await self.run(fn)
+
+    # -- ledger ---------------------------------------------------------------------------------
+    async def reserve(self, group_id: int, key_id: int, amount: int) -> Reservation | Refusal:
+        def op(db: sqlite3.Connection) -> Reservation | Refusal:
+            key = db.execute("SELECT spend_cap, spent, reserved FROM keys WHERE id = ?", (key_id,)).fetchone()
+            if key is not None and key[0] is not None and key[1] + key[2] + amount > key[0]:
+                return Refusal("key_cap", max(key[0] - key[1] - key[2], 0), amount)
+            cur = db.execute(
+                "UPDATE groups SET balance = balance - ?, reserved = reserved + ? WHERE id = ? AND balance >= ?",
+                (amount, amount, group_id, amount),
+            )
+            if cur.rowcount == 0:
+                row = db.execute("SELECT balance FROM groups WHERE id = ?", (group_id,)).fetchone()
+                return Refusal("balance", row[0] if row else 0, amount)
+            db.execute("UPDATE keys SET reserved = reserved + ? WHERE id = ?", (amount, key_id))
+            rid = db.execute(
+                "INSERT INTO reservations (group_id, key_id, amount, created_at) VALUES (?, ?, ?, ?)",
+                (group_id, key_id, amount, time.time()),
+            ).lastrowid
+            assert rid is not None
+            return Reservation(rid, group_id, key_id, amount)
+
+        return await self.commits.submit(op)
+
+    @staticmethod
+    def _settle(db: sqlite3.Connection, reservation: Reservation, record: UsageRecord) -> int:
+        gone = db.execute("DELETE FROM reservations WHERE id = ?", (reservation.id,)).rowcount == 0
+        held = 0 if gone else reservation.amount  # settled twice, or reconciled already
+        balance = db.execute("SELECT balance FROM groups WHERE id = ?", (reservation.group_id,)).fetchone()[0]
+        charge = min(record.credits, balance + held)
+        db.execute(
+            "UPDATE groups SET reserved = reserved - ?, balance = balance + ? - ?, spent = spent + ? WHERE id = ?",
+            (held, held, charge, charge, reservation.group_id),
+        )
+        db.execute(
+            "UPDATE keys SET reserved = reserved - ?, spent = spent + ? WHERE id = ?",
+            (held, charge, reservation.key_id),
+        )
+        record.credits = charge
+        db.execute(INSERT_USAGE, usage_row(record))
+        return charge
+
+    async def settle(self, reservation: Reservation, record: UsageRecord) -> int:
+        return await self.commits.submit(lambda db: self._settle(db, reservation, record))
+
+    async def reconcile(self, older_than: float | None = None) -> int:
+        def fn(db: sqlite3.Connection) -> int:
+            cutoff = time.time() - older_than if older_than is not None else float("inf")
+            rows = db.execute(
+                "SELECT id, group_id, key_id, amount FROM reservations WHERE created_at <= ?", (cutoff,)
+            ).fetchall()
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                for rid, group_id, key_id, amount in rows:
+                    record = UsageRecord(key_id=key_id, group_id=group_id, model="", provider="", status="interrupted",
+                                         usage_exact=False, error="reservation left by a stopped process, released on restart")  # fmt: skip
+                    self._settle(db, Reservation(rid, group_id, key_id, amount), record)
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            return len(rows)
+
+        return await self.run(fn)
+
+    async def usage(self, group: str | None = None, key_id: int | None = None, source: str | None = None,
+                    limit: int = 100, before_id: int | None = None) -> list[UsageRecord]:  # fmt: skip
+        def fn(db: sqlite3.Connection) -> list[UsageRecord]:
+            where, args = [], []  # type: ignore[var-annotated]
+            if group is not None:
+                where.append("group_id = (SELECT id FROM groups WHERE name = ?)")
+                args.append(group)
+            if key_id is not None:
+                where.append("key_id = ?")
+                args.append(key_id)
+            if source is not None:
+                where.append("source = ?")
+                args.append(source)
+            if before_id is not None:
+                where.append("id < ?")
+                args.append(before_id)
+            sql = f"SELECT id, {USAGE_COLUMNS} FROM usage"
+            if where:
+                sql += " WHERE " + " AND ".join(where)
+            sql += " ORDER BY id DESC LIMIT ?"
+            return [usage_record(r) for r in db.execute(sql, (*args, limit)).fetchall()]
+
+        return await self.run(fn)
+
+    async def usage_by_model(self, key_id: int, since: float = 0.0, until: float | None = None) -> list[ModelUsage]:
+        def fn(db: sqlite3.Connection) -> list[ModelUsage]:
+            rows = db.execute(
+                "SELECT model, COUNT(*), SUM(prompt_tokens), SUM(completion_tokens), SUM(credits) FROM usage "
+                "WHERE key_id = ? AND ts >= ? AND ts <= ? GROUP BY model ORDER BY model",
+                (key_id, since, until if until is not None else float("inf")),
+            ).fetchall()
+            return [ModelUsage(*r) for r in rows]
 
         return await self.run(fn)

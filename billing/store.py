@@ -50,6 +50,60 @@ class Principal:
     allowed_models: frozenset[str] | None
 
 
+@dataclass(slots=True)
+class UsageRecord:
+    """One call, as design §6 lists it. ``credits`` is what was charged, in nano-credits."""
+
+    key_id: int
+    group_id: int
+    model: str
+    provider: str
+    endpoint: str = "chat"
+    source: str = "api"  # api | job
+    stream: bool = False
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
+    credits: int = 0
+    status: str = "ok"  # ok | error | interrupted
+    usage_exact: bool = True
+    latency_ms: float = 0.0
+    ttft_ms: float | None = None
+    upstream_request_id: str | None = None
+    request_id: str | None = None
+    error: str | None = None
+    ts: float = 0.0
+    id: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    id: int
+    group_id: int
+    key_id: int
+    amount: int
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a reservation was refused: the group's balance, or the key's spend cap."""
+
+    reason: str  # "balance" | "key_cap"
+    available: int
+    needed: int
+
+
+@dataclass(frozen=True, slots=True)
+class ModelUsage:
+    model: str
+    calls: int
+    prompt_tokens: int
+    completion_tokens: int
+    credits: int
+
+
 class Store(ABC):
     url: str
 
@@ -93,6 +147,30 @@ class Store(ABC):
     @abstractmethod
     async def principal(self, key_hash: str) -> Principal | None:
         """The live (not revoked) key with this hash, with its group; None if there is none."""
+
+    # ledger
+    @abstractmethod
+    async def reserve(self, group_id: int, key_id: int, amount: int) -> Reservation | Refusal:
+        """Atomically move ``amount`` from the group's balance to reserved, if the balance (and the
+        key's spend cap) allow it; never lets a balance go below zero, whatever runs concurrently."""
+
+    @abstractmethod
+    async def settle(self, reservation: Reservation, record: UsageRecord) -> int:
+        """Release the reservation, charge ``record.credits`` (capped at what the group has: the
+        balance never goes below zero) and insert the usage record, durably. Returns the charge."""
+
+    @abstractmethod
+    async def reconcile(self, older_than: float | None = None) -> int:
+        """Release reservations left by a crashed process (all, or those older than ``older_than``
+        seconds), each leaving an ``interrupted`` usage record. Returns how many."""
+
+    @abstractmethod
+    async def usage(self, group: str | None = None, key_id: int | None = None, source: str | None = None,
+                    limit: int = 100, before_id: int | None = None) -> list[UsageRecord]:  # fmt: skip
+        """Usage records, newest first."""
+
+    @abstractmethod
+    async def usage_by_model(self, key_id: int, since: float = 0.0, until: float | None = None) -> list[ModelUsage]: ...
 
 
 def open_store(url: str) -> Store:

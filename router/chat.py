@@ -10,10 +10,19 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from adapters.base import Call
-from router.errors import InvalidRequest, PayloadTooLarge, PermissionDenied, UnsupportedMediaType
+from billing.ledger import Meter
+from billing.pricing import worst_case
+from billing.store import UsageRecord
+from router.errors import (
+    GatewayError,
+    InvalidRequest,
+    PayloadTooLarge,
+    PermissionDenied,
+    UnsupportedMediaType,
+)
 from router.gateway import Gateway
 from router.responses import SSE, JSONBytes
-from router.stream import Outcome, Shaper, relay
+from router.stream import Shaper, relay
 from router.wire import ChatRequest, parse_chat_request
 
 _encode = msgspec.json.Encoder().encode
@@ -37,6 +46,16 @@ async def read_json_body(request: Request, limit: int) -> bytes:
             raise PayloadTooLarge(f"The request body is larger than the limit of {limit} bytes.", headers={"Connection": "close"})
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def _answer_text(data: dict) -> str:
+    parts = []
+    for choice in data.get("choices") or ():
+        message = choice.get("message") or {}
+        for field in ("content", "reasoning_content"):
+            if isinstance(message.get(field), str):
+                parts.append(message[field])
+    return "".join(parts)
 
 
 def completion_id() -> str:
@@ -73,28 +92,44 @@ class ChatCompletions:
         )
         adapter = gw.adapter(model.provider)
         upstream = adapter.build_request(call)
-        response = await gw.transport.open(upstream, call.provider)
-        if response.status >= 400:
+        reservation = await gw.ledger.reserve(principal.group_id, principal.key_id, worst_case(model, len(body), req))
+        record = UsageRecord(
+            key_id=principal.key_id, group_id=principal.group_id, model=model.id, provider=model.provider,
+            endpoint="chat", source=request.scope.get("state", {}).get("source", "api"), stream=stream,
+            request_id=request.scope.get("state", {}).get("request_id"),
+        )  # fmt: skip
+        meter = Meter(gw.ledger, reservation, model, record, raw.get("messages"))
+        try:
+            response = await gw.transport.open(upstream, call.provider)
+            upstream_id = response.headers.get("x-request-id") or response.headers.get("request-id")
+            if response.status >= 400:
+                try:
+                    error_body = await response.read()
+                finally:
+                    response.release()
+                raise adapter.error(response.status, error_body, response.headers)
+            cid = completion_id()
+            if stream:
+                shaper = Shaper(call, cid, int(time.time()))
+                return SSE(relay(call, adapter.stream(call), response, shaper, meter),
+                           finalize=lambda: meter.finish(None, "interrupted"))  # fmt: skip
             try:
-                error_body = await response.read()
+                payload = await response.read()
             finally:
                 response.release()
-            raise adapter.error(response.status, error_body, response.headers)
-        cid = completion_id()
-        if stream:
-            outcome = Outcome()
-            shaper = Shaper(call, cid, int(time.time()))
-            return SSE(relay(call, adapter.stream(call), response, shaper, outcome, self._done))
-        try:
-            payload = await response.read()
-        finally:
-            response.release()
-        data, usage = adapter.parse_response(call, payload)
-        data["id"] = cid
-        data["object"] = "chat.completion"
-        data["model"] = req.model
-        if "usage" not in data and usage is not None:
-            data["usage"] = usage.openai()
+            data, usage = adapter.parse_response(call, payload)
+            data["id"] = cid
+            data["object"] = "chat.completion"
+            data["model"] = req.model
+            if "usage" not in data and usage is not None:
+                data["usage"] = usage.openai()
+            await meter.finish(usage, "ok", generated="" if usage else _answer_text(data), upstream_id=upstream_id)
+        except GatewayError as exc:
+            await meter.finish(None, "error", error=exc.message)
+            raise
+        except BaseException:  # cancelled, or a bug: settle anyway (the reservation is released)
+            await meter.finish(None, "interrupted", error="the call did not complete")
+            raise
         return JSONBytes(_encode(data))
 
     def _check(self, req: ChatRequest, image_input: bool) -> None:
@@ -105,6 +140,3 @@ class ChatCompletions:
                 param="messages",
                 code="image_input_unsupported",
             )
-
-    def _done(self, outcome: Outcome) -> None:
-        """Billing and the usage record hook in here (see billing.ledger)."""

@@ -41,6 +41,8 @@ class ServerSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 class StoreSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     url: str = "sqlite:///./data/router.db"
+    # with several replicas (PostgreSQL), a reservation older than this is taken as left by a crash
+    stale_reservation_seconds: float = 3600.0
 
 
 class ProviderSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

@@ -10,6 +10,7 @@ import asyncio
 
 from adapters import ADAPTERS, Adapter
 from adapters.transport import Transport
+from billing.ledger import Ledger
 from billing.store import Store, open_store
 from router.auth import Authenticator
 from router.config import ResolvedProvider, Settings
@@ -22,6 +23,7 @@ class Gateway:
         self.catalog = settings.load_catalog()
         self.store = store or open_store(settings.store.url)
         self.transport = Transport()
+        self.ledger = Ledger(self.store)
         self.auth = Authenticator(self.store, settings.server.key_prefix, settings.server.auth_cache_seconds)
         self.adapters: dict[str, Adapter] = {}
         self.providers: dict[str, ResolvedProvider] = {}
@@ -45,6 +47,10 @@ class Gateway:
         async with self._lock:
             if not self.started:
                 await self.store.open()
+                if self.settings.store.url.startswith("sqlite"):
+                    await self.store.reconcile()  # one gateway per SQLite file: anything left is from a crash
+                else:
+                    await self.store.reconcile(older_than=self.settings.store.stale_reservation_seconds)
                 await self.transport.start()
                 self.started = True
 

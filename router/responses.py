@@ -8,7 +8,7 @@ read stops) and its iterator is closed, which runs its ``finally`` (billing) bef
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 
 from starlette.responses import Response
 
@@ -26,8 +26,14 @@ class JSONBytes(Response):
 class SSE(Response):
     media_type = "text/event-stream"
 
-    def __init__(self, stream: AsyncGenerator[bytes, None], headers: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        stream: AsyncGenerator[bytes, None],
+        headers: Mapping[str, str] | None = None,
+        finalize: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         self.stream = stream
+        self.finalize = finalize  # runs last, also when the stream never started
         self.status_code = 200
         self.background = None
         base = {"cache-control": "no-cache", "x-accel-buffering": "no"}
@@ -64,3 +70,5 @@ class SSE(Response):
         finally:
             watcher.cancel()
             await self.stream.aclose()
+            if self.finalize is not None:
+                await self.finalize()

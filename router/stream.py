@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,23 +20,20 @@ import aiohttp
 import msgspec
 
 from adapters.base import Call, StreamTranslator
+from billing.ledger import Meter
 from router.errors import ErrorBody, ErrorEnvelope, GatewayError, UpstreamError
 from router.sse import DONE, SSEDecoder, frame
-from router.wire import TokenUsage
 
 _encode = msgspec.json.Encoder().encode
 
 
 @dataclass(slots=True)
 class Outcome:
-    """What one call produced: the input to billing and to its usage record."""
+    """How a stream ended, for its usage record."""
 
     status: str = "ok"  # ok | error | interrupted
-    usage: TokenUsage | None = None
-    usage_exact: bool = True
     first_token_at: float | None = None
     error: str | None = None
-    chunks: int = 0
 
 
 class Shaper:
@@ -77,9 +74,7 @@ class Shaper:
             if index not in self.role_sent:
                 self.role_sent.add(index)
                 delta.setdefault("role", "assistant")
-            content = delta.get("content")
-            if isinstance(content, str) and content:
-                self.text_parts.append(content)
+            self._keep(delta)
             reason = choice.get("finish_reason")
             if reason is not None:
                 self.finished.add(index)
@@ -92,6 +87,20 @@ class Shaper:
                 ready.append({**chunk, "choices": [choice]} if len(choices) > 1 else chunk)
         for item in ready:
             out.append(frame(_encode(self._stamp(item))))
+
+    def _keep(self, delta: dict[str, Any]) -> None:
+        for field in ("content", "reasoning_content"):
+            text = delta.get(field)
+            if isinstance(text, str) and text:
+                self.text_parts.append(text)
+        for call in delta.get("tool_calls") or ():
+            function = call.get("function") if isinstance(call, dict) else None
+            if isinstance(function, dict):
+                self.text_parts.append(str(function.get("name") or "") + str(function.get("arguments") or ""))
+
+    def generated(self) -> str:
+        """Everything the answer contained so far (to estimate its tokens if no usage ever comes)."""
+        return "".join(self.text_parts)
 
     def usage_chunk(self, usage: dict[str, Any]) -> bytes:
         chunk = {
@@ -114,12 +123,13 @@ async def relay(
     translator: StreamTranslator,
     response: aiohttp.ClientResponse,
     shaper: Shaper,
-    outcome: Outcome,
-    done: Callable[[Outcome], None],
+    meter: Meter,
 ) -> AsyncGenerator[bytes, None]:
-    """Yield the caller's SSE bytes; ``done(outcome)`` runs exactly once, however the stream ends."""
+    """Yield the caller's SSE bytes; the call is settled exactly once, however the stream ends: before
+    ``[DONE]`` goes out when it ends normally, in ``finally`` when the caller went away."""
     decoder = SSEDecoder()
     out: list[bytes] = []
+    outcome = Outcome()
     try:
         try:
             async for data in response.content.iter_any():
@@ -129,7 +139,6 @@ async def relay(
                 if out:
                     if outcome.first_token_at is None:
                         outcome.first_token_at = time.monotonic()
-                    outcome.chunks += len(out)
                     yield b"".join(out)
                     out.clear()
                 if translator.finished:
@@ -153,14 +162,26 @@ async def relay(
             usage = translator.usage_raw if translator.usage_raw is not None else translator.usage.openai()
             out.append(shaper.usage_chunk(usage))
         out.append(DONE)
+        await _settle(meter, translator, shaper, outcome, response)
         yield b"".join(out)
     except (GeneratorExit, asyncio.CancelledError):
         outcome.status = "interrupted"
         raise
     finally:
-        outcome.usage = translator.usage
         if not translator.finished or outcome.status != "ok":
             response.close()  # drop the connection: the rest of the upstream stream is not read
         else:
             response.release()
-        done(outcome)
+        await _settle(meter, translator, shaper, outcome, response)
+
+
+async def _settle(meter: Meter, translator: StreamTranslator, shaper: Shaper, outcome: Outcome,
+                  response: aiohttp.ClientResponse) -> None:  # fmt: skip
+    await meter.finish(
+        translator.usage,
+        outcome.status,
+        generated=shaper.generated(),
+        error=outcome.error,
+        first_token_at=outcome.first_token_at,
+        upstream_id=response.headers.get("x-request-id") or response.headers.get("request-id"),
+    )

@@ -1,0 +1,61 @@
+"""Prices in exact integer arithmetic: nano-credits (1 credit = 10^9 nano-credits) per 1M tokens.
+
+``cost`` sums every kind of token at its price and rounds up once, at the end, to a whole
+nano-credit: no floats anywhere. Reasoning tokens are part of ``completion`` and billed as output.
+Cached input is billed at the cached price, cache writes at the cache-write price, the rest of the
+prompt at the input price.
+"""
+
+from __future__ import annotations
+
+from router.catalog import Model, Prices
+from router.wire import ChatRequest, ImagePart, TokenUsage
+
+PER = 1_000_000
+IMAGE_TOKENS = 1_600  # reserve per image part (providers count 85..~1,600 tokens per image)
+FALLBACK_OUTPUT = 4_096
+
+
+def cost(prices: Prices, usage: TokenUsage) -> int:
+    cached = min(usage.cached, usage.prompt)
+    written = min(usage.cache_write, usage.prompt - cached)
+    fresh = usage.prompt - cached - written
+    total = (
+        fresh * prices.input
+        + cached * prices.cached_input
+        + written * prices.cache_write
+        + usage.completion * prices.output
+    )
+    return -(-total // PER)  # ceil
+
+
+def output_ceiling(model: Model, request: ChatRequest) -> int:
+    """The most output tokens this call can produce (and so must be reserved for)."""
+    cap = request.output_cap
+    if cap is None:
+        cap = model.default_max_tokens or model.max_output or FALLBACK_OUTPUT
+    if model.max_output:
+        cap = min(cap, model.max_output)
+    return cap * (request.n or 1)
+
+
+def input_ceiling(body_size: int, request: ChatRequest) -> int:
+    """An upper bound of the prompt's tokens: a token covers at least one byte of text, so the body's
+    size bounds the text; each image adds a fixed allowance instead of its (base64) bytes."""
+    images = 0
+    image_bytes = 0
+    for message in request.messages:
+        if isinstance(message.content, list):
+            for part in message.content:
+                if isinstance(part, ImagePart):
+                    images += 1
+                    url = part.image_url if isinstance(part.image_url, str) else part.image_url.url
+                    image_bytes += len(url)
+    return max(body_size - image_bytes, 0) + images * IMAGE_TOKENS
+
+
+def worst_case(model: Model, body_size: int, request: ChatRequest) -> int:
+    """Nano-credits to reserve before the call: the most it can cost."""
+    usage = TokenUsage(prompt=input_ceiling(body_size, request), completion=output_ceiling(model, request))
+    worst_input = max(model.prices.input, model.prices.cache_write)
+    return -(-(usage.prompt * worst_input + usage.completion * model.prices.output) // PER)

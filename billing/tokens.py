@@ -1,0 +1,53 @@
+"""Counting tokens offline, for the calls whose upstream never reported usage (a stream the caller
+broke off). Uses tiktoken's ``cl100k_base`` with the BPE ranks shipped in this package (verified
+against tiktoken's published hash), since these machines cannot download them. Loaded once, lazily,
+off the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from pathlib import Path
+from typing import Any
+
+DATA = Path(__file__).with_name("data") / "cl100k_base.tiktoken"
+SHA256 = "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7"
+PATTERN = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|"""
+    r"""\s+(?!\S)|\s"""
+)
+
+
+@functools.cache
+def encoding() -> Any:
+    import tiktoken
+    from tiktoken.load import load_tiktoken_bpe
+
+    ranks = load_tiktoken_bpe(str(DATA), expected_hash=SHA256)
+    return tiktoken.Encoding(name="cl100k_base", pat_str=PATTERN, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": 100257})
+
+
+def count(text: str) -> int:
+    return len(encoding().encode_ordinary(text)) if text else 0
+
+
+def count_messages(messages: list[Any]) -> int:
+    """Prompt tokens of OpenAI-style messages (decoded dicts): content text plus 3 per message."""
+    total = 3
+    for message in messages:
+        total += 3
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            total += count(content)
+        elif isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict):
+                    if part.get("type") == "text":
+                        total += count(str(part.get("text", "")))
+                    elif part.get("type") == "image_url":
+                        total += 85
+    return total
+
+
+async def warm() -> None:
+    await asyncio.get_running_loop().run_in_executor(None, encoding)

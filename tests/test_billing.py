@@ -1,0 +1,172 @@
+"""Billing through the real path: every call reserved, settled exactly once, recorded (design §6)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+
+import openai
+import pytest
+
+from billing.pricing import cost, worst_case
+from billing.store import UsageRecord
+from router.catalog import NANO, Prices
+from router.wire import ChatRequest, TokenUsage
+from tests.conftest import Stack
+
+
+def test_cost_of_each_price_kind() -> None:
+    prices = Prices(input=3 * NANO, output=15 * NANO, cached_input=NANO * 3 // 10, cache_write=NANO * 375 // 100)
+    assert cost(prices, TokenUsage(prompt=1_000_000)) == 3 * NANO
+    assert cost(prices, TokenUsage(completion=1_000_000)) == 15 * NANO
+    assert cost(prices, TokenUsage(prompt=1_000_000, cached=1_000_000)) == 300_000_000
+    assert cost(prices, TokenUsage(prompt=1_000_000, cache_write=1_000_000)) == 3_750_000_000
+    # reasoning tokens are inside completion and billed as output, never twice
+    assert cost(prices, TokenUsage(completion=10, reasoning=7)) == 150_000
+    mixed = TokenUsage(prompt=1000, cached=200, cache_write=100, completion=50)
+    assert cost(prices, mixed) == (700 * 3 * NANO + 200 * 300_000_000 + 100 * 3_750_000_000 + 50 * 15 * NANO) // 10**6
+    # a sub-nano-credit remainder rounds up, once, at the end
+    assert cost(Prices(input=150_000_000, output=0, cached_input=0, cache_write=0), TokenUsage(prompt=1)) == 150
+
+
+def _group(stack: Stack, name: str):  # type: ignore[no-untyped-def]
+    return stack.run(stack.store.get_group(name))
+
+
+def _records(stack: Stack, group: str) -> list[UsageRecord]:
+    return stack.run(stack.store.usage(group=group, limit=1000))
+
+
+def _wait_records(stack: Stack, group: str, n: int) -> list[UsageRecord]:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        records = _records(stack, group)
+        if len(records) >= n:
+            return records
+        time.sleep(0.02)
+    raise AssertionError(f"expected {n} usage records in {group}")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_exact_charge_and_usage_record(stack: Stack, stream: bool) -> None:
+    group = stack.group(10)
+    client = stack.client(stack.key(group=group))
+    out = client.chat.completions.create(
+        model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "count [tokens:20]"}], stream=stream,
+        **({"stream_options": {"include_usage": True}} if stream else {}),
+    )  # fmt: skip
+    usage = list(out)[-1].usage if stream else out.usage  # type: ignore[union-attr, arg-type]
+    [record] = _wait_records(stack, group, 1)
+    assert (record.prompt_tokens, record.completion_tokens) == (usage.prompt_tokens, usage.completion_tokens)
+    expected = -(-(usage.prompt_tokens * 150_000_000 + usage.completion_tokens * 600_000_000) // 10**6)
+    assert record.credits == expected
+    assert record.status == "ok" and record.usage_exact and record.stream is stream
+    assert record.model == "openai/gpt-4o-mini" and record.provider == "openai" and record.source == "api"
+    assert record.latency_ms > 0 and (record.ttft_ms is not None) is stream
+    assert record.upstream_request_id and record.request_id
+    g = _group(stack, group)
+    assert g.balance == 10 * NANO - expected and g.spent == expected and g.reserved == 0
+
+
+def test_402_before_any_upstream_call(stack: Stack) -> None:
+    group = stack.group(0.0001)
+    emulator = stack.emulator("openai")
+    before = len(emulator.requests)
+    with pytest.raises(openai.APIStatusError) as info:
+        stack.client(stack.key(group=group)).chat.completions.create(
+            model="openai/gpt-4o", messages=[{"role": "user", "content": "hi"}], max_tokens=1000
+        )
+    assert info.value.status_code == 402
+    body = info.value.body
+    assert isinstance(body, dict) and body["code"] == "insufficient_credits"
+    assert "0.0001" in info.value.message and "needs up to" in info.value.message
+    assert len(emulator.requests) == before
+    assert _records(stack, group) == []
+    assert _group(stack, group).balance == 100_000
+
+
+def test_upstream_500_costs_nothing(stack: Stack) -> None:
+    group = stack.group(1)
+    client = stack.client(stack.key(group=group))
+    for stream in (False, True):
+        with pytest.raises(openai.InternalServerError):
+            out = client.chat.completions.create(model="mistral/mistral-small-latest",
+                                                 messages=[{"role": "user", "content": "[fault:500]"}], stream=stream)  # fmt: skip
+            if stream:
+                list(out)  # type: ignore[arg-type]
+    records = _wait_records(stack, group, 2)
+    assert all(r.status == "error" and r.credits == 0 for r in records)
+    g = _group(stack, group)
+    assert g.balance == NANO and g.spent == 0 and g.reserved == 0
+
+
+def test_stream_broken_off_by_the_client_is_billed(stack: Stack) -> None:
+    group = stack.group(1)
+    key = stack.key(group=group)
+    body = json.dumps({"model": "openai/gpt-4o-mini", "stream": True, "max_tokens": 400,
+                       "messages": [{"role": "user", "content": "long [tokens:300] [delay:20]"}]}).encode()  # fmt: skip
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
+    with socket.create_connection(("127.0.0.1", stack.port)) as sock:
+        sock.sendall(head + body)
+        received = b""
+        while received.count(b"data: ") < 12:
+            received += sock.recv(65536)
+    [record] = _wait_records(stack, group, 1)
+    assert record.status == "interrupted" and not record.usage_exact
+    assert 10 <= record.completion_tokens < 300  # what was generated, not the whole answer
+    assert record.prompt_tokens > 0 and record.credits > 0
+    g = _group(stack, group)
+    assert g.reserved == 0 and g.spent == record.credits and g.balance + g.spent == NANO
+
+
+def test_concurrent_calls_never_overspend(stack: Stack) -> None:
+    request = ChatRequest(model="openai/gpt-4o", messages=[], max_tokens=100)  # type: ignore[arg-type]
+    model = stack.gateway.catalog.resolve("openai/gpt-4o")
+    body = json.dumps({"model": "openai/gpt-4o", "max_tokens": 100,
+                       "messages": [{"role": "user", "content": "hello [tokens:5]"}]}).encode()  # fmt: skip
+    worst = worst_case(model, len(body) + 40, request)
+    group = stack.group(0)
+    stack.run(stack.store.topup(group, worst * 50))
+    key = stack.key(group=group)
+
+    async def one(client: openai.AsyncOpenAI) -> str:
+        try:
+            await client.chat.completions.create(model="openai/gpt-4o", max_tokens=100,
+                                                 messages=[{"role": "user", "content": "hello [tokens:5]"}])  # fmt: skip
+            return "ok"
+        except openai.APIStatusError as exc:
+            assert exc.status_code == 402
+            return "402"
+
+    async def burst() -> list[str]:
+        client = openai.AsyncOpenAI(base_url=stack.base_url, api_key=key, max_retries=0)
+        try:
+            return await asyncio.gather(*(one(client) for _ in range(200)))
+        finally:
+            await client.close()
+
+    results = asyncio.run(burst())
+    assert results.count("ok") >= 50  # each call costs far less than its worst case
+    g = _group(stack, group)
+    assert g.balance >= 0 and g.reserved == 0
+    records = _wait_records(stack, group, results.count("ok"))
+    assert g.spent == sum(r.credits for r in records)
+    assert g.balance + g.spent == worst * 50
+
+
+def test_key_allow_list_and_spend_cap(stack: Stack) -> None:
+    group = stack.group(100)
+    limited = stack.client(stack.key(group=group, models=["openai/gpt-4o-mini"]))
+    assert limited.chat.completions.create(model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(openai.PermissionDeniedError) as info:
+        limited.chat.completions.create(model="openai/gpt-4o", messages=[{"role": "user", "content": "x"}])
+    assert info.value.code == "model_not_allowed"  # type: ignore[attr-defined]
+    capped = stack.client(stack.key(group=group, spend_cap=NANO // 1000))
+    with pytest.raises(openai.APIStatusError) as info2:
+        capped.chat.completions.create(model="openai/gpt-4o", messages=[{"role": "user", "content": "x"}], max_tokens=5000)
+    assert info2.value.status_code == 402 and info2.value.code == "key_spend_cap_reached"  # type: ignore[attr-defined]
+    assert capped.chat.completions.create(model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "x"}],
+                                          max_tokens=10)  # fmt: skip
