@@ -21,7 +21,7 @@ import msgspec
 
 from adapters.base import Call, StreamTranslator
 from billing.ledger import Meter
-from router.errors import ErrorBody, ErrorEnvelope, GatewayError, UpstreamError
+from router.errors import GatewayError, UpstreamError
 from router.sse import DONE, SSEDecoder, frame
 
 _encode = msgspec.json.Encoder().encode
@@ -60,7 +60,7 @@ class Shaper:
             chunk.pop("usage", None)
         return chunk
 
-    def shape(self, chunk: dict[str, Any], out: list[bytes]) -> None:
+    def shape(self, chunk: dict[str, Any], out: list[dict[str, Any]]) -> None:
         choices = chunk.get("choices")
         if not choices:
             return  # usage-only or empty chunks: usage is re-emitted at the end
@@ -86,7 +86,7 @@ class Shaper:
                 choice.setdefault("finish_reason", None)
                 ready.append({**chunk, "choices": [choice]} if len(choices) > 1 else chunk)
         for item in ready:
-            out.append(frame(_encode(self._stamp(item))))
+            out.append(self._stamp(item))
 
     def _keep(self, delta: dict[str, Any]) -> None:
         for field in ("content", "reasoning_content"):
@@ -102,8 +102,8 @@ class Shaper:
         """Everything the answer contained so far (to estimate its tokens if no usage ever comes)."""
         return "".join(self.text_parts)
 
-    def usage_chunk(self, usage: dict[str, Any]) -> bytes:
-        chunk = {
+    def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
+        return {
             "id": self.completion_id,
             "object": "chat.completion.chunk",
             "created": self.created,
@@ -111,24 +111,25 @@ class Shaper:
             "choices": [],
             "usage": usage,
         }
-        return frame(_encode(chunk))
 
 
-def error_event(exc: GatewayError) -> bytes:
-    return frame(_encode(ErrorEnvelope(ErrorBody(exc.message, exc.type, None, exc.code))))
+def error_chunk(exc: GatewayError) -> dict[str, Any]:
+    return {"error": {"message": exc.message, "type": exc.type, "param": None, "code": exc.code}}
 
 
-async def relay(
+async def chunks(
     call: Call,
     translator: StreamTranslator,
     response: aiohttp.ClientResponse,
     shaper: Shaper,
     meter: Meter,
-) -> AsyncGenerator[bytes, None]:
-    """Yield the caller's SSE bytes; the call is settled exactly once, however the stream ends: before
-    ``[DONE]`` goes out when it ends normally, in ``finally`` when the caller went away."""
+) -> AsyncGenerator[list[dict[str, Any]], None]:
+    """The caller's chunks, a batch per upstream network read. The last batch ends with the usage
+    chunk (if asked) or an ``{"error": ...}`` chunk. The call is settled exactly once, however the
+    stream ends: before the last batch when it ends normally, in ``finally`` when the consumer went
+    away."""
     decoder = SSEDecoder()
-    out: list[bytes] = []
+    out: list[dict[str, Any]] = []
     outcome = Outcome()
     try:
         try:
@@ -139,8 +140,8 @@ async def relay(
                 if out:
                     if outcome.first_token_at is None:
                         outcome.first_token_at = time.monotonic()
-                    yield b"".join(out)
-                    out.clear()
+                    yield out
+                    out = []
                 if translator.finished:
                     break
             else:
@@ -153,17 +154,16 @@ async def relay(
                 )
         except GatewayError as exc:
             outcome.status, outcome.error = "error", exc.message
-            out.append(error_event(exc))
+            out.append(error_chunk(exc))
         except (TimeoutError, aiohttp.ClientError) as exc:
             outcome.status = "error"
             outcome.error = f"connection to provider lost: {type(exc).__name__}"
-            out.append(error_event(UpstreamError(f"The connection to the provider '{call.model.provider}' was lost mid-stream.")))
+            out.append(error_chunk(UpstreamError(f"The connection to the provider '{call.model.provider}' was lost mid-stream.")))
         if outcome.status == "ok" and call.include_usage and translator.usage is not None:
             usage = translator.usage_raw if translator.usage_raw is not None else translator.usage.openai()
             out.append(shaper.usage_chunk(usage))
-        out.append(DONE)
         await _settle(meter, translator, shaper, outcome, response)
-        yield b"".join(out)
+        yield out
     except (GeneratorExit, asyncio.CancelledError):
         outcome.status = "interrupted"
         raise
@@ -173,6 +173,16 @@ async def relay(
         else:
             response.release()
         await _settle(meter, translator, shaper, outcome, response)
+
+
+async def sse(batches: AsyncGenerator[list[dict[str, Any]], None]) -> AsyncGenerator[bytes, None]:
+    """Chat chunks as the SSE bytes of the chat protocol, ending with ``data: [DONE]``."""
+    try:
+        async for batch in batches:
+            yield b"".join([frame(_encode(chunk)) for chunk in batch])
+        yield DONE
+    finally:
+        await batches.aclose()
 
 
 async def _settle(meter: Meter, translator: StreamTranslator, shaper: Shaper, outcome: Outcome,
