@@ -60,6 +60,7 @@ class ModelSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     default_max_tokens: int | None = None
     price: PriceSpec = PriceSpec()
     created: int = 0
+    shutdown_date: str | None = None  # announced end of life (YYYY-MM-DD)
     fallbacks: list[str] = []
 
 
@@ -94,6 +95,7 @@ class Model:
     created: int
     alias_of: str | None
     fallbacks: tuple[str, ...]
+    shutdown_date: str | None = None
 
 
 def _nano(value: str | None, where: str, default: int) -> int:
@@ -174,6 +176,7 @@ class Catalog:
             created=target.created,
             alias_of=spec.alias_of,
             fallbacks=tuple(target.fallbacks),
+            shutdown_date=target.shutdown_date,
         )
 
     @classmethod

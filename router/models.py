@@ -36,6 +36,7 @@ def card(catalog: Catalog, model: Model) -> ModelCard:
             cached_input=_credits(model.prices.cached_input),
         ),
         alias_of=model.alias_of,
+        shutdown_date=model.shutdown_date,
     )
 
 

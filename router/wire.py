@@ -178,6 +178,7 @@ class ModelCard(msgspec.Struct):
     pricing: Pricing
     object: str = "model"
     alias_of: str | None = None
+    shutdown_date: str | None = None
 
 
 class ModelList(msgspec.Struct):

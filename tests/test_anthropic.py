@@ -364,8 +364,8 @@ def test_request_reasoning_effort_becomes_thinking() -> None:
     assert "temperature" not in body
     body = sent({"messages": user("think"), "reasoning_effort": "high", "max_tokens": 2000})
     assert body["thinking"] == {"type": "enabled", "budget_tokens": 1024} and body["max_tokens"] == 2000
-    body = sent({"messages": user("think"), "reasoning_effort": "high"}, "anthropic/claude-3-5-haiku-latest")
-    assert body["thinking"] == {"type": "enabled", "budget_tokens": 4096} and body["max_tokens"] == 8192
+    body = sent({"messages": user("think"), "reasoning_effort": "high"}, "anthropic/claude-haiku-latest")
+    assert body["thinking"] == {"type": "enabled", "budget_tokens": 16384} and 16384 < body["max_tokens"] <= 64000
     assert "thinking" not in sent({"messages": user("think"), "reasoning_effort": "low", "max_tokens": 500})
 
 

@@ -44,6 +44,9 @@ IMAGE_TOKENS = 258  # what Gemini counts for one image up to 384 px
 SIGNATURE = "CiQBZW11bGF0b3IgdGhvdWdodCBzaWduYXR1cmUgZm9yIGdlbWluaQ=="  # base64, as the SDK checks
 # name → (display name, input limit, output limit, thinks)
 MODELS: dict[str, tuple[str, int, int, bool]] = {
+    "gemini-3.5-flash": ("Gemini 3.5 Flash", 1048576, 65536, True),
+    "gemini-3.1-pro-preview": ("Gemini 3.1 Pro Preview", 1048576, 65536, True),
+    "gemini-3.1-flash-lite": ("Gemini 3.1 Flash-Lite", 1048576, 65536, True),
     "gemini-2.5-pro": ("Gemini 2.5 Pro", 1048576, 65536, True),
     "gemini-2.5-flash": ("Gemini 2.5 Flash", 1048576, 65536, True),
     "gemini-2.5-flash-lite": ("Gemini 2.5 Flash-Lite", 1048576, 65536, True),
