@@ -2,8 +2,9 @@
 
     router serve [--config PATH] [--host H] [--port P]
     router demo [--port P]
-    router groups create NAME --credits N | list | topup NAME AMOUNT
+    router groups create NAME --credits N | list | show NAME | topup NAME AMOUNT
     router keys create --group NAME [--name LABEL] [--spend-cap N] [--models a,b] | list | revoke ID
+    router usage [--group NAME] [--key ID] [--source api|job] [--limit N]
     router emulators [--host H] [--port P]     (the five emulated providers, for benchmarks)
 
 Amounts are credits (decimals allowed). ``keys create`` prints the new key alone on its last line:
@@ -60,6 +61,14 @@ def _groups(args: argparse.Namespace, settings: Settings) -> None:
         amount = credits_to_nano(args.credits)
         group = asyncio.run(with_store(settings, lambda s: s.create_group(args.name, amount)))
         print(f"group {group.name} (id {group.id}) created with {nano_to_credits(group.balance)} credits")
+    elif args.action == "show":
+        group = asyncio.run(with_store(settings, lambda s: s.get_group(args.name)))
+        if group is None:
+            raise SystemExit(f"error: no group named {args.name!r}")
+        print(f"group     {group.name} (id {group.id})")
+        print(f"balance   {nano_to_credits(group.balance)} credits")
+        print(f"reserved  {nano_to_credits(group.reserved)} credits (calls in flight)")
+        print(f"spent     {nano_to_credits(group.spent)} credits")
     elif args.action == "topup":
         amount = credits_to_nano(args.amount)
         group = asyncio.run(with_store(settings, lambda s: s.topup(args.name, amount)))
@@ -91,6 +100,20 @@ def _keys(args: argparse.Namespace, settings: Settings) -> None:
             print(f"{k.id:>4}  {k.group_name:<16} {k.name:<16} {k.hint:<22} {status:<8} {nano_to_credits(k.spent):>12}")
 
 
+def _usage(args: argparse.Namespace, settings: Settings) -> None:
+    import datetime
+
+    records = asyncio.run(with_store(settings, lambda s: s.usage(args.group, args.key, args.source, args.limit)))
+    print(f"{'time (UTC)':<19}  {'key':>4} {'source':<6} {'model':<34} {'in':>7} {'out':>7} {'credits':>14} {'status':<11}")
+    for r in records:
+        when = datetime.datetime.fromtimestamp(r.ts, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
+        status = r.status + ("" if r.usage_exact else "*")
+        print(f"{when:<19}  {r.key_id:>4} {r.source:<6} {r.model:<34} {r.prompt_tokens:>7} {r.completion_tokens:>7} "
+              f"{nano_to_credits(r.credits):>14} {status:<11}")  # fmt: skip
+    if any(not r.usage_exact for r in records):
+        print("* token counts estimated (the provider never reported usage, e.g. a stream the caller broke off)")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="router", description="OpenAI-compatible multi-provider model router")
     p.add_argument("--config", help="TOML settings file (default: $ROUTER_CONFIG, else built-in defaults)")
@@ -119,6 +142,8 @@ def parser() -> argparse.ArgumentParser:
     gt.add_argument("name")
     gt.add_argument("amount")
     gsub.add_parser("list")
+    gs = gsub.add_parser("show", help="balance, reserved and spent credits of a group")
+    gs.add_argument("name")
 
     keys = sub.add_parser("keys", help="API keys")
     ksub = keys.add_subparsers(dest="action", required=True)
@@ -131,6 +156,12 @@ def parser() -> argparse.ArgumentParser:
     kr.add_argument("id", type=int)
     kl = ksub.add_parser("list")
     kl.add_argument("--group")
+
+    usage = sub.add_parser("usage", help="usage records, newest first")
+    usage.add_argument("--group")
+    usage.add_argument("--key", type=int, help="key id")
+    usage.add_argument("--source", choices=["api", "job"])
+    usage.add_argument("--limit", type=int, default=50)
     return p
 
 
@@ -163,6 +194,8 @@ def main(argv: list[str] | None = None) -> None:
             _groups(args, settings)
         elif args.command == "keys":
             _keys(args, settings)
+        elif args.command == "usage":
+            _usage(args, settings)
     except StoreError as exc:
         raise SystemExit(f"error: {exc}") from None
 

@@ -1,0 +1,75 @@
+"""A gateway process killed mid-request leaves a consistent ledger after restart (SQLite store)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.conftest import Stack, free_port
+
+
+def _cli(config: Path, *args: str) -> str:
+    out = subprocess.run([sys.executable, "-m", "router", "--config", str(config), *args],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def _serve(config: Path, port: int) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen([sys.executable, "-m", "router", "serve", "--config", str(config), "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise AssertionError("gateway did not start")
+
+
+def test_killed_mid_stream_then_restart_reconciles(stack: Stack, tmp_path: Path) -> None:
+    openai_emu = stack.emulators["openai"]
+    config = tmp_path / "router.toml"
+    config.write_text(
+        f'[store]\nurl = "sqlite:///{tmp_path}/crash.db"\n'
+        f'[providers.openai]\nbase_url = "{openai_emu.base_url}"\napi_key = "{openai_emu.api_key}"\n'
+    )
+    _cli(config, "groups", "create", "crashy", "--credits", "10")
+    key = _cli(config, "keys", "create", "--group", "crashy").strip().splitlines()[-1]
+    port = free_port()
+    proc = _serve(config, port)
+    try:
+        body = (b'{"model":"openai/gpt-4o-mini","stream":true,"max_tokens":500,'
+                b'"messages":[{"role":"user","content":"slow [tokens:100] [delay:100]"}]}')  # fmt: skip
+        head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(head + body)
+            received = b""
+            while received.count(b"data: ") < 3:
+                received += sock.recv(65536)
+            os.kill(proc.pid, signal.SIGKILL)  # mid-stream, reservation held
+            proc.wait(10)
+        shown = _cli(config, "groups", "show", "crashy")
+        assert "reserved  0 " not in shown  # the crash left the reservation in the store
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    proc = _serve(config, free_port())  # restart: reconciles on start
+    try:
+        shown = _cli(config, "groups", "show", "crashy")
+        assert "reserved  0 credits" in shown
+        assert "balance   10 credits" in shown and "spent     0 credits" in shown
+        usage = _cli(config, "usage", "--group", "crashy")
+        assert "interrupted*" in usage
+    finally:
+        proc.terminate()
+        proc.wait(10)
