@@ -145,7 +145,8 @@ class GroupCommit:
             while self.pending:
                 batch, self.pending = self.pending, []
                 try:
-                    results = await self.store.run(lambda db: self._apply(db, [op for op, _ in batch]))
+                    ops = [op for op, _ in batch]
+                    results = await self.store.run(lambda db, ops=ops: self._apply(db, ops))  # type: ignore[misc]
                 except BaseException as exc:  # the whole transaction failed
                     results = [(False, exc)] * len(batch)
                 self.batches += 1
@@ -442,7 +443,8 @@ class SQLiteStore(Store):
     async def usage(self, group: str | None = None, key_id: int | None = None, source: str | None = None,
                     limit: int = 100, before_id: int | None = None) -> list[UsageRecord]:  # fmt: skip
         def fn(db: sqlite3.Connection) -> list[UsageRecord]:
-            where, args = [], []  # type: ignore[var-annotated]
+            where: list[str] = []
+            args: list[object] = []
             if group is not None:
                 where.append("group_id = (SELECT id FROM groups WHERE name = ?)")
                 args.append(group)

@@ -130,8 +130,8 @@ class Catalog:
                 self.prefix_alias[alias] = name
         specs = {m.id: m for m in models}
         self.models: dict[str, Model] = {}
-        for spec in models:
-            self.models[spec.id] = self._build(spec, specs, source)
+        for model_spec in models:
+            self.models[model_spec.id] = self._build(model_spec, specs, source)
         self._lookup: dict[str, Model] = {}
         for model_id, model in self.models.items():
             prefix, name = model_id.split("/", 1)

@@ -145,5 +145,5 @@ async def serve(app: web.Application, host: str = "127.0.0.1", port: int = 0) ->
     await site.start()
     server = site._server
     assert server is not None
-    bound = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    bound = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
     return runner, bound

@@ -101,7 +101,7 @@ class OpenAIEmulator:
 
     def _plan(self, body: dict[str, Any]) -> tuple[Directives, list[str], str, dict[str, Any] | None, int, bool]:
         messages = body["messages"]
-        last_user = next((m for m in reversed(messages) if m.get("role") == "user"), {})
+        last_user: dict[str, Any] = next((m for m in reversed(messages) if m.get("role") == "user"), {})
         d = directives(_text(last_user.get("content")))
         prompt = " ".join(_text(m.get("content")) for m in messages)
         prompt_tokens = sum(count_tokens(_text(m.get("content"))) + 3 for m in messages) + 3
@@ -145,7 +145,7 @@ class OpenAIEmulator:
         completion_tokens = len(pieces) + len(thinking) + (count_tokens(tool_call["function"]["arguments"]) + 4 if tool_call else 0)
         if tool_call:
             pieces, finish = [], "tool_calls"
-        usage = {
+        usage: dict[str, Any] = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
