@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncGenerator
+
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
 from billing.store import Principal
-from router.errors import PayloadTooLarge, UnsupportedMediaType
+from router.errors import GatewayError, PayloadTooLarge, RequestTimeout, UnsupportedMediaType
 from router.gateway import Gateway
-from router.pipeline import ChatPipeline
+from router.pipeline import ChatPipeline, Started
 from router.responses import SSE, JSONBytes
-from router.stream import sse
+from router.sse import DONE, frame
+from router.stream import error_chunk, sse
 from router.wire import parse_chat_request
 
 _encode = msgspec.json.Encoder().encode
+KEEPALIVE = b": keep-alive\n\n"
 
 
-async def read_json_body(request: Request, limit: int) -> bytes:
+async def read_json_body(request: Request, limit: int, seconds: float = 30.0) -> bytes:
     ctype = request.headers.get("content-type", "")
     if "json" not in ctype.lower():
         raise UnsupportedMediaType(
@@ -30,11 +35,17 @@ async def read_json_body(request: Request, limit: int) -> bytes:
         raise PayloadTooLarge(too_large, headers={"Connection": "close"})
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(too_large, headers={"Connection": "close"})
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(seconds):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise PayloadTooLarge(too_large, headers={"Connection": "close"})
+                chunks.append(chunk)
+    except TimeoutError:
+        raise RequestTimeout(
+            f"The request body did not arrive within {seconds:g} s.", headers={"Connection": "close"}
+        ) from None
     return b"".join(chunks)
 
 
@@ -58,12 +69,45 @@ class ChatCompletions:
         if not gw.started:
             await gw.start()
         principal = await principal_of(gw, request)
-        body = await read_json_body(request, gw.settings.server.max_body_bytes)
+        body = await read_json_body(request, gw.settings.server.max_body_bytes, gw.settings.reliability.body_timeout)
         raw, req = parse_chat_request(body)
         state = request.scope.get("state") or {}
-        started = await self.pipeline.start(
+        start = self.pipeline.start(
             principal, raw, req, len(body), source=state.get("source", "api"), request_id=state.get("request_id")
         )
-        if started.call.stream:
+        if not req.stream:
+            return JSONBytes(_encode(await self.pipeline.complete(await start)))
+        # A stream whose upstream is slow to answer (retries, fallbacks, a slow first byte) starts at
+        # once with SSE keep-alive comments; until then an error is still a plain HTTP error.
+        task = asyncio.ensure_future(start)
+        await asyncio.wait((task,), timeout=gw.settings.reliability.stream_keepalive)
+        if task.done():
+            started = task.result()
             return SSE(sse(self.pipeline.chunks(started)), finalize=lambda: self.pipeline.abandon(started))
-        return JSONBytes(_encode(await self.pipeline.complete(started)))
+        return SSE(self._waiting(task), finalize=lambda: self._cancel(task))
+
+    async def _waiting(self, task: asyncio.Future[Started]) -> AsyncGenerator[bytes, None]:
+        every = self.gw.settings.reliability.stream_keepalive
+        while not task.done():
+            await asyncio.wait((task,), timeout=every)
+            if not task.done():
+                yield KEEPALIVE
+        try:
+            started = task.result()
+        except GatewayError as exc:
+            yield frame(_encode(error_chunk(exc))) + DONE
+            return
+        inner = sse(self.pipeline.chunks(started))
+        try:
+            async for piece in inner:
+                yield piece
+        finally:
+            await inner.aclose()
+
+    async def _cancel(self, task: asyncio.Future[Started]) -> None:
+        """The caller went away: stop a start still under way, or let go of one that finished."""
+        if not task.done():
+            task.cancel()
+            await asyncio.wait((task,))
+        if not task.cancelled() and task.exception() is None:
+            await self.pipeline.abandon(task.result())

@@ -36,6 +36,8 @@ class ServerSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     port: int = 8080
     key_prefix: str = "sk-mr"
     max_body_bytes: int = 8 * 1024 * 1024
+    graceful_timeout: float = 30.0  # on SIGTERM: how long open streams may take to finish
+    keep_alive_timeout: float = 75.0  # idle connections (and half-sent request heads) are closed after this
     auth_cache_seconds: float = 2.0
 
 
@@ -52,6 +54,18 @@ class ProviderSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     read_timeout: float = 600.0
 
 
+class ReliabilitySettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    max_retries: int = 2  # per upstream, before the first byte has gone to the caller
+    backoff_base: float = 0.25  # seconds; doubled per attempt, with jitter
+    backoff_max: float = 4.0
+    deadline: float = 120.0  # seconds a call may spend on retries and fallbacks before giving up
+    first_byte_timeout: float = 120.0  # seconds to wait for the upstream's response headers
+    stream_keepalive: float = 5.0  # seconds between ": keep-alive" comments while a stream waits
+    breaker_threshold: int = 5  # consecutive failures that open a provider's circuit
+    breaker_cooldown: float = 30.0
+    body_timeout: float = 30.0  # seconds to receive a request body (slow clients get 408)
+
+
 class CatalogSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     path: str | None = None
 
@@ -61,6 +75,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     store: StoreSettings = msgspec.field(default_factory=StoreSettings)
     providers: dict[str, ProviderSettings] = {}
     catalog: CatalogSettings = msgspec.field(default_factory=CatalogSettings)
+    reliability: ReliabilitySettings = msgspec.field(default_factory=ReliabilitySettings)
 
     def load_catalog(self) -> Catalog:
         return Catalog.load(Path(self.catalog.path) if self.catalog.path else None)

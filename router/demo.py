@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import os
 
+import msgspec
+
 from adapters.emulators.registry import start_emulators, stop_emulators
 from billing.store import Store, open_store
 from router.app import create_app
@@ -26,7 +28,7 @@ def with_emulators(settings: Settings, running: dict) -> Settings:
     providers = dict(settings.providers)
     for prefix, item in running.items():
         providers[prefix] = ProviderSettings(base_url=item.base_url, api_key=item.api_key)
-    return Settings(server=settings.server, store=settings.store, providers=providers, catalog=settings.catalog)
+    return msgspec.structs.replace(settings, providers=providers)
 
 
 async def seed(store: Store, settings: Settings) -> str:

@@ -10,6 +10,7 @@ Body: ``{"error": {"message": ..., "type": ..., "param": ..., "code": ...}}``.
      ├── PermissionDenied      403  permission_error        model not allowed for this key
      ├── NotFound              404  invalid_request_error   unknown model (code model_not_found) or path
      ├── MethodNotAllowed      405  invalid_request_error
+     ├── RequestTimeout        408  invalid_request_error   the request body arrived too slowly
      ├── PayloadTooLarge       413  invalid_request_error   request body over the limit
      ├── UnsupportedMediaType  415  invalid_request_error   body is not application/json
      ├── RateLimited           429  rate_limit_error        carries Retry-After
@@ -103,6 +104,12 @@ class MethodNotAllowed(GatewayError):
     status = 405
     type = "invalid_request_error"
     code = "method_not_allowed"
+
+
+class RequestTimeout(GatewayError):
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
 
 
 class PayloadTooLarge(GatewayError):

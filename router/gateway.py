@@ -15,6 +15,7 @@ from billing.store import Store, open_store
 from router.auth import Authenticator
 from router.config import ResolvedProvider, Settings
 from router.errors import UpstreamUnavailable
+from router.reliability import Breakers
 
 
 class Gateway:
@@ -24,6 +25,8 @@ class Gateway:
         self.store = store or open_store(settings.store.url)
         self.transport = Transport()
         self.ledger = Ledger(self.store)
+        rel = settings.reliability
+        self.breakers = Breakers(rel.breaker_threshold, rel.breaker_cooldown)
         self.auth = Authenticator(self.store, settings.server.key_prefix, settings.server.auth_cache_seconds)
         self.adapters: dict[str, Adapter] = {}
         self.providers: dict[str, ResolvedProvider] = {}

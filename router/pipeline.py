@@ -9,6 +9,7 @@ translated providers and the batch runner all go through it.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from collections.abc import AsyncGenerator
@@ -21,8 +22,9 @@ from adapters.base import Adapter, Call
 from billing.ledger import Meter
 from billing.pricing import worst_case
 from billing.store import Principal, UsageRecord
-from router.errors import GatewayError, InvalidRequest, PermissionDenied
+from router.errors import GatewayError, InvalidRequest, PermissionDenied, UpstreamTimeout, UpstreamUnavailable
 from router.gateway import Gateway
+from router.reliability import backoff, breaker_failure, failover, retryable
 from router.stream import Shaper, chunks
 from router.wire import ChatRequest
 
@@ -55,61 +57,73 @@ class ChatPipeline:
     def __init__(self, gateway: Gateway) -> None:
         self.gw = gateway
 
-    def check(self, principal: Principal, req: ChatRequest, endpoint: str = "chat") -> Any:
+    def check(self, principal: Principal, req: ChatRequest, endpoint: str = "chat", model_id: str | None = None) -> Any:
         gw = self.gw
-        model = gw.catalog.resolve(req.model)
-        gw.catalog.require_endpoint(model, req.model, endpoint)
+        model_id = model_id or req.model
+        model = gw.catalog.resolve(model_id)
+        gw.catalog.require_endpoint(model, model_id, endpoint)
         if not model.image_input and req.has_images():
             raise InvalidRequest(
-                f"The model `{req.model}` does not accept image input; send text only, or pick a model with "
+                f"The model `{model_id}` does not accept image input; send text only, or pick a model with "
                 "image_input in GET /v1/models.",
                 param="messages",
                 code="image_input_unsupported",
             )
         if principal.allowed_models is not None and not (
-            model.id in principal.allowed_models or req.model in principal.allowed_models
+            model.id in principal.allowed_models or model_id in principal.allowed_models
         ):
-            raise PermissionDenied(f"This API key is not allowed to use the model `{req.model}`.", param="model")
+            raise PermissionDenied(f"This API key is not allowed to use the model `{model_id}`.", param="model")
+        if req.output_cap is not None and model.max_output and req.output_cap > model.max_output:
+            raise InvalidRequest(
+                f"max_tokens is too large: {req.output_cap}. The model `{model_id}` produces at most "
+                f"{model.max_output} output tokens.",
+                param="max_tokens",
+                code="invalid_value",
+            )
         return model
+
+    def candidates(self, raw: dict[str, Any], req: ChatRequest) -> list[str]:
+        """The models to try in order: the one asked for, the request's own ``models`` list (as
+        OpenRouter accepts it), then the catalog's fallbacks of the first."""
+        ids = [req.model]
+        extra = raw.pop("models", None)
+        raw.pop("route", None)
+        if extra is not None:
+            if not isinstance(extra, list) or not all(isinstance(m, str) for m in extra) or len(extra) > 8:
+                raise InvalidRequest("'models' must be a list of at most 8 model ids.", param="models")
+            ids += extra
+        ids += self.gw.catalog.resolve(req.model).fallbacks
+        return list(dict.fromkeys(ids))
 
     async def start(self, principal: Principal, raw: dict[str, Any], req: ChatRequest, body_size: int, *,
                     source: str = "api", endpoint: str = "chat", request_id: str | None = None) -> Started:  # fmt: skip
+        """Try each candidate model in turn (retrying each as the reliability settings say) until one
+        upstream answers; the caller is billed at the prices of the model that served."""
         gw = self.gw
-        model = self.check(principal, req, endpoint)
-        stream = bool(req.stream)
-        call = Call(
-            model_id=req.model,
-            model=model,
-            provider=gw.providers[model.provider],
-            raw=raw,
-            request=req,
-            stream=stream,
-            include_usage=bool(stream and req.stream_options and req.stream_options.include_usage),
-        )
-        adapter = gw.adapter(model.provider)
-        upstream = adapter.build_request(call)
-        reservation = await gw.ledger.reserve(principal.group_id, principal.key_id, worst_case(model, body_size, req))
-        record = UsageRecord(
-            key_id=principal.key_id, group_id=principal.group_id, model=model.id, provider=model.provider,
-            endpoint=endpoint, source=source, stream=stream, request_id=request_id,
-        )  # fmt: skip
-        meter = Meter(gw.ledger, reservation, model, record, raw.get("messages"))
-        try:
-            response = await gw.transport.open(upstream, call.provider)
-            if response.status >= 400:
-                try:
-                    error_body = await response.read()
-                finally:
-                    response.release()
-                raise adapter.error(response.status, error_body, response.headers)
-        except GatewayError as exc:
-            await meter.finish(None, "error", error=exc.message)
-            raise
-        except BaseException:  # cancelled, or a bug: settle anyway (the reservation is released)
-            await meter.finish(None, "interrupted", error="the call did not complete")
-            raise
-        upstream_id = response.headers.get("x-request-id") or response.headers.get("request-id")
-        return Started(call, adapter, meter, response, completion_id(), upstream_id)
+        deadline = time.monotonic() + gw.settings.reliability.deadline
+        ids = self.candidates(raw, req)
+        last: GatewayError | None = None
+        for n, model_id in enumerate(ids):
+            try:
+                model = self.check(principal, req, endpoint, model_id)
+            except GatewayError:
+                if n == 0:
+                    raise
+                continue  # a fallback this call cannot use
+            if not gw.breakers[model.provider].allow():
+                last = UpstreamUnavailable(
+                    f"The provider '{model.provider}' keeps failing and is skipped for a while (circuit open).",
+                    code="circuit_open",
+                )
+                continue
+            attempt = _Attempt(self, principal, raw, req, body_size, model, model_id, deadline)
+            try:
+                return await attempt.run(source, endpoint, request_id)
+            except GatewayError as exc:
+                if not failover(exc) or n == len(ids) - 1 or time.monotonic() >= deadline:
+                    raise
+                last = exc
+        raise last or UpstreamUnavailable("No upstream could serve this call.")
 
     async def complete(self, started: Started) -> dict[str, Any]:
         call, meter, response = started.call, started.meter, started.response
@@ -142,3 +156,83 @@ class ChatPipeline:
         """The consumer went away before or while reading: close the upstream, settle (no-op if done)."""
         started.response.close()
         await started.meter.finish(None, "interrupted")
+
+
+@dataclass(slots=True)
+class _Attempt:
+    """One candidate model: reserve at its prices, open its upstream with retries, settle on failure."""
+
+    pipeline: ChatPipeline
+    principal: Principal
+    raw: dict[str, Any]
+    req: ChatRequest
+    body_size: int
+    model: Any
+    model_id: str
+    deadline: float
+
+    async def run(self, source: str, endpoint: str, request_id: str | None) -> Started:
+        gw = self.pipeline.gw
+        req, model, rel = self.req, self.model, gw.settings.reliability
+        stream = bool(req.stream)
+        call = Call(
+            model_id=self.model_id,
+            model=model,
+            provider=gw.providers[model.provider],
+            raw=self.raw,
+            request=req,
+            stream=stream,
+            include_usage=bool(stream and req.stream_options and req.stream_options.include_usage),
+        )
+        adapter = gw.adapter(model.provider)
+        upstream = adapter.build_request(call)
+        # admission: rate limits are checked here, before anything is reserved
+        reservation = await gw.ledger.reserve(
+            self.principal.group_id, self.principal.key_id, worst_case(model, self.body_size, req)
+        )
+        record = UsageRecord(
+            key_id=self.principal.key_id, group_id=self.principal.group_id, model=model.id, provider=model.provider,
+            endpoint=endpoint, source=source, stream=stream, request_id=request_id,
+        )  # fmt: skip
+        meter = Meter(gw.ledger, reservation, model, record, self.raw.get("messages"))
+        breaker = gw.breakers[model.provider]
+        attempt = 0
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout(rel.first_byte_timeout):
+                        response = await gw.transport.open(upstream, call.provider)
+                        if response.status >= 400:
+                            try:
+                                error_body = await response.read()
+                            finally:
+                                response.release()
+                            raise adapter.error(response.status, error_body, response.headers)
+                except TimeoutError:
+                    error: GatewayError = UpstreamTimeout(
+                        f"The provider '{model.provider}' sent no answer within {rel.first_byte_timeout:g} s."
+                    )
+                except GatewayError as exc:
+                    error = exc
+                else:
+                    breaker.success()
+                    upstream_id = response.headers.get("x-request-id") or response.headers.get("request-id")
+                    return Started(call, adapter, meter, response, completion_id(), upstream_id)
+                if breaker_failure(error):
+                    breaker.failure()
+                wait = backoff(attempt, rel.backoff_base, rel.backoff_max, error.headers.get("Retry-After"))
+                if not retryable(error) or attempt >= rel.max_retries or time.monotonic() + wait > self.deadline:
+                    raise error
+                attempt += 1
+                retried(model.provider)
+                await asyncio.sleep(wait)
+        except GatewayError as exc:
+            await meter.finish(None, "error", error=exc.message)
+            raise
+        except BaseException:  # cancelled, or a bug: settle anyway (the reservation is released)
+            await meter.finish(None, "interrupted", error="the call did not complete")
+            raise
+
+
+def retried(provider: str) -> None:
+    """A retry happened (metrics hook)."""

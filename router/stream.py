@@ -156,6 +156,12 @@ async def chunks(
             outcome.status, outcome.error = "error", exc.message
             out.append(error_chunk(exc))
         except (TimeoutError, aiohttp.ClientError) as exc:
+            try:  # what the upstream sent before it failed is still the caller's (and billed)
+                for event in decoder.feed(_unread(response)):
+                    for chunk in translator.feed(event):
+                        shaper.shape(chunk, out)
+            except GatewayError:
+                pass
             outcome.status = "error"
             outcome.error = f"connection to provider lost: {type(exc).__name__}"
             out.append(error_chunk(UpstreamError(f"The connection to the provider '{call.model.provider}' was lost mid-stream.")))
@@ -173,6 +179,17 @@ async def chunks(
         else:
             response.release()
         await _settle(meter, translator, shaper, outcome, response)
+
+
+def _unread(response: aiohttp.ClientResponse) -> bytes:
+    """Bytes aiohttp received but will not hand out once the connection failed (its ``readany``
+    raises the failure before looking at its buffer)."""
+    buffer = getattr(response.content, "_buffer", None)
+    if not buffer:
+        return b""
+    data = b"".join(buffer)
+    buffer.clear()
+    return data
 
 
 async def sse(batches: AsyncGenerator[list[dict[str, Any]], None]) -> AsyncGenerator[bytes, None]:

@@ -20,7 +20,7 @@ from billing.store import Store, open_store
 from router.app import create_app
 from router.catalog import NANO
 from router.cli import new_key
-from router.config import Settings, StoreSettings
+from router.config import ReliabilitySettings, Settings, StoreSettings
 from router.demo import with_emulators
 from router.serve import hypercorn_config
 
@@ -39,7 +39,12 @@ class Stack:
 
     def __init__(self, tmp: Path, settings: Settings | None = None) -> None:
         self.tmp = tmp
-        self.base_settings = settings or Settings(store=StoreSettings(url=f"sqlite:///{tmp}/router.db"))
+        # the shared stack does not retry and never opens a circuit: the fault tests stay independent
+        # (tests/test_reliability.py builds its own stacks for those)
+        self.base_settings = settings or Settings(
+            store=StoreSettings(url=f"sqlite:///{tmp}/router.db"),
+            reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9),
+        )
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="stack", daemon=True)
         self.port = free_port()

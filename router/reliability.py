@@ -1,0 +1,95 @@
+"""Keeping calls alive when an upstream stumbles: which failures to retry, how long to wait, and a
+circuit breaker per provider.
+
+    retryable   upstream 429 / 500 / 502 / 503 / 504 / 529, connection failures, first-byte timeouts —
+                only before the first byte has gone to the caller, within the request's deadline
+    backoff     base × 2^attempt, capped, times a jitter factor in (0.5, 1]; an upstream Retry-After
+                (seconds) is honoured when it fits in what is left of the deadline
+    breaker     after ``threshold`` consecutive failures a provider is skipped for ``cooldown``
+                seconds, then one probe call is let through: success closes it, failure opens it again
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+from router.errors import GatewayError, RateLimited, UpstreamError, UpstreamTimeout, UpstreamUnavailable
+
+RETRY_STATUS = frozenset({429, 500, 502, 503, 504, 529})
+
+
+def retryable(exc: GatewayError) -> bool:
+    """A failure worth another try (the same upstream later, or a fallback)."""
+    if isinstance(exc, RateLimited | UpstreamUnavailable | UpstreamTimeout):
+        return True
+    return type(exc) is UpstreamError and exc.code == "upstream_error"  # 5xx, dropped connection
+
+
+def failover(exc: GatewayError) -> bool:
+    """A failure that a fallback model (another upstream) may not have: retryable ones, and the
+    provider rejecting the gateway's own credentials."""
+    return retryable(exc) or exc.code == "upstream_auth_failed"
+
+
+def breaker_failure(exc: GatewayError) -> bool:
+    """Failures that count against a provider's health (rate limits do not)."""
+    return failover(exc) and not isinstance(exc, RateLimited)
+
+
+def backoff(attempt: int, base: float, cap: float, retry_after: str | None = None) -> float:
+    if retry_after:
+        try:
+            return max(float(retry_after), 0.0)
+        except ValueError:
+            pass
+    return min(cap, base * (2**attempt)) * (0.5 + random.random() / 2)
+
+
+class Breaker:
+    __slots__ = ("threshold", "cooldown", "failures", "open_until", "probing")
+
+    def __init__(self, threshold: int, cooldown: float) -> None:
+        self.threshold = threshold
+        self.cooldown = cooldown
+        self.failures = 0
+        self.open_until = 0.0
+        self.probing = False
+
+    def allow(self, now: float | None = None) -> bool:
+        if self.failures < self.threshold:
+            return True
+        now = time.monotonic() if now is None else now
+        if now < self.open_until or self.probing:
+            return False
+        self.probing = True  # half-open: this call is the probe
+        return True
+
+    def success(self) -> None:
+        self.failures = 0
+        self.probing = False
+
+    def failure(self, now: float | None = None) -> None:
+        self.failures += 1
+        self.probing = False
+        if self.failures >= self.threshold:
+            self.open_until = (time.monotonic() if now is None else now) + self.cooldown
+
+    @property
+    def state(self) -> str:
+        if self.failures < self.threshold:
+            return "closed"
+        return "half-open" if time.monotonic() >= self.open_until else "open"
+
+
+class Breakers:
+    def __init__(self, threshold: int, cooldown: float) -> None:
+        self.threshold = threshold
+        self.cooldown = cooldown
+        self._by_provider: dict[str, Breaker] = {}
+
+    def __getitem__(self, provider: str) -> Breaker:
+        breaker = self._by_provider.get(provider)
+        if breaker is None:
+            breaker = self._by_provider[provider] = Breaker(self.threshold, self.cooldown)
+        return breaker
