@@ -1,0 +1,251 @@
+"""Turning the measured figures into ratios, budget checks, a table on stdout and a PNG chart."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from bench.procs import Proc
+
+NAMES = ["direct", "gateway", "bare", "litellm"]
+LABELS = {"direct": "emulator direct", "gateway": "gateway", "bare": "bare proxy", "litellm": "litellm"}
+FEW_SAMPLES = 30
+LOADGEN_BUSY = 0.9
+
+
+def _order(name: str) -> int:
+    order = ["emulators", "gateway", "bare", "litellm"]
+    return order.index(name) if name in order else len(order)
+
+
+def fmt_rps(run: dict[str, Any]) -> str:
+    if "failed" in run:
+        return f"failed: {run['failed']}"
+    lat = run.get("latency_ms", {})
+    text = f"{run.get('rps', 0):>8.1f} req/s  p50 {lat.get('p50', 0):>7.1f} ms  p99 {lat.get('p99', 0):>7.1f} ms"
+    if run.get("errors"):
+        text += f"  errors {run['errors']} {run.get('error_kinds')}"
+    return text
+
+
+def legend(procs: list[Proc]) -> str:
+    lines = ["processes (all on 127.0.0.1, sharing the machine's CPUs with each other and the load generator):"]
+    for p in sorted(procs, key=lambda p: _order(p.name)):
+        lines.append(f"  {p.name:<10} pid {p.pid:<7} {p.role}")
+    lines.append("  load gen   one process per measurement: python -m bench.load (aiohttp + uvloop, one session);")
+    lines.append("             the harness itself only waits while it runs")
+    return "\n".join(lines)
+
+
+def _run(results: dict[str, Any], target: str, stream: bool, clients: int) -> dict[str, Any] | None:
+    for run in results.get("throughput") or []:
+        if run["target"] == target and run["stream"] == stream and run["clients"] == clients and "failed" not in run:
+            return dict(run)
+    return None
+
+
+def _clients(results: dict[str, Any]) -> list[int]:
+    return sorted({r["clients"] for r in results.get("throughput") or []})
+
+
+def derive(results: dict[str, Any]) -> None:
+    """Adds ``ratios`` and ``budget`` (design §9) to the results."""
+    ratios = []
+    for stream in (False, True):
+        for clients in _clients(results):
+            gw = _run(results, "gateway", stream, clients)
+            row: dict[str, Any] = {"stream": stream, "clients": clients}
+            for other in ("litellm", "bare"):
+                run = _run(results, other, stream, clients)
+                if gw and run and run.get("rps"):
+                    row[f"gateway_over_{other}"] = round(gw["rps"] / run["rps"], 2)
+            ratios.append(row)
+    results["ratios"] = ratios
+
+    budget = []
+    lat = (results.get("latency_1_client") or {}).get("targets", {}).get("gateway", {}).get("nonstream", {})
+    added = lat.get("added_ms")
+    for p, limit in (("p50", 1.0), ("p99", 3.0)):
+        value = added[p] if added else None
+        budget.append({"check": f"added latency {p} <= {limit:g} ms (1 client, non-stream)", "value": value,
+                       "unit": "ms", "pass": None if value is None else value <= limit})  # fmt: skip
+    for row in ratios:
+        mode = "stream" if row["stream"] else "non-stream"
+        for key, limit, what in (("gateway_over_litellm", 25.0, ">= 25x LiteLLM"), ("gateway_over_bare", 0.8, ">= 80% of bare proxy")):
+            value = row.get(key)
+            budget.append({"check": f"throughput {what} ({mode}, {row['clients']} clients)", "value": value,
+                           "unit": "x", "pass": None if value is None else value >= limit})  # fmt: skip
+    results["budget"] = budget
+    results["not_measured"] = [
+        "Portkey comparison (>= 2x Portkey): Portkey is not run here",
+        "5,000 concurrent open streams, <= 50 KB each",
+        "ledger settle rate (>= 5,000 calls/s on SQLite)",
+    ]
+
+
+def _cell(value: Any, width: int, digits: int = 1) -> str:
+    if value is None:
+        return f"{'-':>{width}}"
+    if isinstance(value, str):
+        return f"{value:>{width}}"
+    return f"{value:>{width}.{digits}f}"
+
+
+def render(results: dict[str, Any]) -> str:
+    out: list[str] = []
+    m = results.get("machine", {})
+    v = results.get("versions", {})
+    out.append("")
+    out.append("=" * 100)
+    out.append(f"bench  {results.get('command')}   ({results.get('elapsed_s')} s)")
+    out.append(f"machine: {m.get('cpus')} CPUs {m.get('cpu_model')}, load average at start {fmt_load(m.get('loadavg_start'))}, "
+               f"at end {fmt_load(m.get('loadavg_end'))}")  # fmt: skip
+    out.append(f"versions: router {v.get('model-router')} (git {v.get('git')}), litellm {v.get('litellm') or '-'}, "
+               f"aiohttp {v.get('aiohttp')}, starlette {v.get('starlette')}, hypercorn {v.get('hypercorn')}, "
+               f"uvloop {v.get('uvloop')}")  # fmt: skip
+    for name, why in (results.get("unavailable") or {}).items():
+        out.append(f"NOT MEASURED: {LABELS.get(name, name)}: {why}")
+    if results.get("error"):
+        out.append(f"RUN FAILED: {results['error']}")
+    if results.get("interrupted"):
+        out.append("RUN INTERRUPTED: partial figures")
+
+    procs = results.get("processes") or []
+    if procs:
+        out.append("")
+        out.append("Server processes and their peak RSS (VmHWM over the whole run)")
+        for p in sorted(procs, key=lambda p: _order(p["name"])):
+            rss = f"{p['peak_rss_kb'] / 1024:7.1f} MB" if p.get("peak_rss_kb") else "      ? MB"
+            out.append(f"  {p['name']:<10} {rss}   {p['role']}")
+
+    lat = results.get("latency_1_client") or {}
+    if lat.get("failed"):
+        out.append(f"\n1-client latency: {lat['failed']}")
+    elif lat.get("targets"):
+        out.append("")
+        out.append(f"1 client, interleaved ({lat['rounds']} rounds of {lat['round_seconds']} s per target and mode); "
+                   "added = target minus emulator direct")  # fmt: skip
+        out.append(f"  {'':<16} {'non-stream':^44} | {'stream: time to first content':^34}")
+        out.append(f"  {'target':<16} {'n':>6} {'p50 ms':>8} {'p99 ms':>8} {'+p50 ms':>9} {'+p99 ms':>9} | "
+                   f"{'n':>6} {'p50 ms':>8} {'+p50 ms':>9} {'+p99 ms':>8}")  # fmt: skip
+        for name in NAMES:
+            entry = lat["targets"].get(name)
+            if not entry:
+                continue
+            ns, st = entry.get("nonstream", {}), entry.get("stream", {})
+            nl, added = ns.get("latency_ms", {}), ns.get("added_ms", {})
+            tt, tadd = st.get("ttft_ms", {}), st.get("ttft_added_ms", {})
+            errors = (ns.get("errors") or 0) + (st.get("errors") or 0)
+            out.append(f"  {LABELS[name]:<16} {ns.get('requests', 0):>6} {_cell(nl.get('p50'), 8, 2)} {_cell(nl.get('p99'), 8, 2)} "
+                       f"{_cell(added.get('p50'), 9, 2)} {_cell(added.get('p99'), 9, 2)} | {st.get('requests', 0):>6} "
+                       f"{_cell(tt.get('p50'), 8, 2)} {_cell(tadd.get('p50'), 9, 2)} {_cell(tadd.get('p99'), 8, 2)}"
+                       + (f"   errors {errors}" if errors else ""))  # fmt: skip
+
+    runs = results.get("throughput") or []
+    if runs:
+        present = [n for n in NAMES if any(r["target"] == n for r in runs)]
+        clients = _clients(results)
+        head = "".join(f"{LABELS[n]:>17}" for n in present)
+        out.append("")
+        out.append("Throughput, closed loop, req/s (p50 / p99 latency ms below)      ratios: gateway / other")
+        out.append(f"  {'mode':<11}{'clients':>7}{head}{'gw/litellm':>12}{'gw/bare':>9}")
+        for stream in (False, True):
+            for c in clients:
+                cells, lats = [], []
+                for n in present:
+                    run = _run(results, n, stream, c)
+                    if run is None:
+                        cells.append(f"{'-':>17}")
+                        lats.append(f"{'':>17}")
+                        continue
+                    mark = " !" if run.get("errors") else ""
+                    cells.append(f"{run.get('rps', 0):>15.1f}{mark:<2}")
+                    lm = run.get("latency_ms", {})
+                    lats.append(f"{lm.get('p50', 0):>8.1f} /{lm.get('p99', 0):>7.1f}")
+                ratio = next((r for r in results.get("ratios", []) if r["stream"] == stream and r["clients"] == c), {})
+                mode = "stream" if stream else "non-stream"
+                out.append(f"  {mode:<11}{c:>7}{''.join(cells)}{_ratio(ratio.get('gateway_over_litellm'), 12)}"
+                           f"{_pct(ratio.get('gateway_over_bare'), 9)}")  # fmt: skip
+                out.append(f"  {'':<18}{''.join(lats)}")
+        if any(r.get("errors") for r in runs):
+            out.append("  (! = some requests failed: see the caveats below and 'error_kinds' in bench.json)")
+
+        out.append("")
+        out.append("Streams under load: time to first content p50 ms (+ overhead over emulator direct)")
+        out.append(f"  {'clients':>7}{head}")
+        for c in clients:
+            base = (_run(results, "direct", True, c) or {}).get("ttft_ms", {}).get("p50")
+            cells = []
+            for n in present:
+                t = (_run(results, n, True, c) or {}).get("ttft_ms", {}).get("p50")
+                text = "-" if t is None else f"{t:.1f}" + ("" if base is None or n == "direct" else f" ({t - base:+.1f})")
+                cells.append(f"{text:>17}")
+            out.append(f"  {c:>7}{''.join(cells)}")
+
+        out.append("")
+        out.append("CPU time per request of the server process, us, over the window (less sensitive to noise than req/s)")
+        out.append(f"  {'mode':<11}{'clients':>7}{head}")
+        for stream in (False, True):
+            for c in clients:
+                cells = [_cell((_run(results, n, stream, c) or {}).get("server_cpu_us_per_req"), 17, 0) for n in present]
+                out.append(f"  {'stream' if stream else 'non-stream':<11}{c:>7}{''.join(cells)}")
+
+        warnings = []
+        for run in runs:
+            label = f"{LABELS.get(run['target'], run['target'])}, {'stream' if run['stream'] else 'non-stream'}, {run['clients']} clients"
+            if "failed" in run:
+                warnings.append(f"{label}: {run['failed']}")
+                continue
+            if run.get("errors"):
+                warnings.append(f"{label}: {run['errors']} failed requests {run.get('error_kinds')}")
+            if run.get("requests", 0) < FEW_SAMPLES:
+                warnings.append(f"{label}: only {run.get('requests', 0)} requests in the window: a rough figure")
+            if (run.get("loadgen_cpu_share") or 0) >= LOADGEN_BUSY:
+                warnings.append(f"{label}: load generator used {run['loadgen_cpu_share']:.0%} of a CPU: "
+                                "it may be the bottleneck; the figure is a floor")  # fmt: skip
+        if warnings:
+            out.append("")
+            out.append("Caveats")
+            out += [f"  - {w}" for w in warnings]
+
+    if results.get("budget"):
+        out.append("")
+        out.append("Budget (design §9)")
+        for b in results["budget"]:
+            value = b["value"]
+            shown = "-" if value is None else (f"{value:+.2f} ms" if b["unit"] == "ms" else f"{value:.2f}x")
+            verdict = "n/a" if b["pass"] is None else ("PASS" if b["pass"] else "FAIL")
+            out.append(f"  {verdict:<5} {b['check']:<62} {shown:>10}")
+        out.append("  not measured here: " + "; ".join(results.get("not_measured", [])))
+    out.append("=" * 100)
+    return "\n".join(out)
+
+
+def fmt_load(value: Any) -> str:
+    return " ".join(f"{x:.2f}" for x in value) if value else "?"
+
+
+def _ratio(value: float | None, width: int) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value:>{width - 1}.1f}x"
+
+
+def _pct(value: float | None, width: int) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value * 100:>{width - 1}.0f}%"
+
+
+def plot(results: dict[str, Any], venv: Any, json_path: Path, png_path: Path) -> str:
+    """Draws bench.png with .bench-venv's matplotlib; returns a line saying what happened."""
+    png_path.unlink(missing_ok=True)
+    if venv is None or not venv.matplotlib:
+        reason = venv.matplotlib_problem if venv is not None else "no .bench-venv"
+        return f"chart: skipped ({reason})"
+    script = Path(__file__).with_name("plot.py")
+    try:
+        done = subprocess.run([str(venv.python), str(script), str(json_path), str(png_path)], capture_output=True,
+                              text=True, timeout=120, check=False)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"chart: failed ({exc})"
+    if done.returncode != 0 or not png_path.exists():
+        return f"chart: failed ({(done.stderr or done.stdout).strip().splitlines()[-1:]})"
+    return f"chart: {png_path}   figures: {json_path}"

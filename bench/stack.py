@@ -1,0 +1,155 @@
+"""The four servers under test, each its own process on 127.0.0.1: emulators, gateway, bare proxy, LiteLLM."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.procs import Proc, StartError, free_port, free_port_block, start, stop_all, wait_http, wait_log
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV_BIN = ROOT / ".venv" / "bin"
+GATEWAY_MODEL = "openai/gpt-4o-mini"
+UPSTREAM_MODEL = "gpt-4o-mini"
+_EMULATOR_LINE = re.compile(r"^(\w+)\s+(http://\S+)\s+key=(\S+)\s*$", re.M)
+
+
+@dataclass
+class Target:
+    """One thing the load generator calls, and the process that serves it."""
+
+    name: str
+    label: str
+    proc: Proc
+    url: str  # full URL of chat completions
+    key: str
+    model: str
+    modes: list[bool] = field(default_factory=lambda: [False, True])  # stream off / on: what works
+
+    def spec(self) -> str:
+        only = "" if len(self.modes) != 1 else (",stream" if self.modes[0] else ",nonstream")
+        return f"{self.name},{self.url},{self.key},{self.model}{only}"
+
+
+def router_cmd() -> list[str]:
+    return [str(VENV_BIN / "router")]
+
+
+def start_emulators(logs: Path) -> tuple[Proc, dict[str, tuple[str, str]]]:
+    """``router emulators`` on a block of free ports; returns the process and prefix -> (base_url, key)."""
+    first = free_port_block(8)  # five providers today; room for a few more
+    proc = start("emulators", "upstream (emulated providers, aiohttp)",
+                 [*router_cmd(), "emulators", "--host", "127.0.0.1", "--port", str(first)], logs / "emulators.log")  # fmt: skip
+    try:
+        text = wait_log(proc, "key=emu-openai-key", 30)
+    except BaseException:
+        stop_all([proc])
+        raise
+    found = {m.group(1): (m.group(2), m.group(3)) for m in _EMULATOR_LINE.finditer(text)}
+    return proc, found
+
+
+def _cli(args: list[str], log: Path) -> str:
+    done = subprocess.run([*router_cmd(), *args], capture_output=True, text=True, timeout=60, check=False)
+    with open(log, "a") as out:
+        out.write(f"$ router {' '.join(args)}\n{done.stdout}{done.stderr}\n")
+    if done.returncode != 0:
+        raise StartError(f"router {' '.join(args[:4])} failed ({done.returncode}): {done.stderr.strip() or done.stdout.strip()}")
+    return done.stdout
+
+
+def start_gateway(logs: Path, tmp: Path, emulators: dict[str, tuple[str, str]]) -> Target:
+    """Our gateway with every provider on its emulator, a temp SQLite store, a rich group and one key."""
+    port = free_port()
+    config = tmp / "router.toml"
+    lines = ["[server]", 'host = "127.0.0.1"', f"port = {port}", "", "[store]",
+             f"url = {json.dumps('sqlite:///' + str(tmp / 'router.db'))}", ""]  # fmt: skip
+    for prefix, (base_url, key) in sorted(emulators.items()):
+        lines += [f"[providers.{prefix}]", f"base_url = {json.dumps(base_url)}", f"api_key = {json.dumps(key)}", ""]
+    config.write_text("\n".join(lines))
+    cli_log = logs / "gateway-setup.log"
+    cli_log.write_text("")
+    _cli(["--config", str(config), "groups", "create", "bench", "--credits", "1000000000"], cli_log)
+    key = _cli(["--config", str(config), "keys", "create", "--group", "bench", "--name", "bench"], cli_log)
+    key = key.strip().splitlines()[-1].strip()
+    proc = start("gateway", "our gateway (router serve: hypercorn + Starlette + aiohttp, auth + store)",
+                 [*router_cmd(), "serve", "--config", str(config), "--host", "127.0.0.1", "--port", str(port)],
+                 logs / "gateway.log")  # fmt: skip
+    return Target("gateway", "gateway", proc, f"http://127.0.0.1:{port}/v1/chat/completions", key, GATEWAY_MODEL)
+
+
+def start_bare(logs: Path, upstream: str, upstream_key: str) -> Target:
+    port = free_port()
+    argv = [sys.executable, str(ROOT / "bench" / "bare_proxy.py"), "--port", str(port),
+            "--upstream", upstream, "--key", upstream_key]  # fmt: skip
+    proc = start("bare", "bare proxy (bench/bare_proxy.py: hypercorn + Starlette + aiohttp, no features)",
+                 argv, logs / "bare_proxy.log")  # fmt: skip
+    return Target("bare", "bare proxy", proc, f"http://127.0.0.1:{port}/v1/chat/completions", "none", UPSTREAM_MODEL)
+
+
+def start_litellm(logs: Path, tmp: Path, litellm: Path, upstream: str, upstream_key: str) -> Target:
+    """LiteLLM proxy: one uvicorn worker, no database, quiet logs, a master key (it refuses to run without)."""
+    port = free_port()
+    master = "sk-bench-" + secrets.token_hex(16)
+    config = tmp / "litellm.yaml"
+    config.write_text(
+        "model_list:\n"
+        f"  - model_name: {json.dumps(GATEWAY_MODEL)}\n"
+        "    litellm_params:\n"
+        f"      model: {json.dumps(GATEWAY_MODEL)}\n"
+        f"      api_base: {json.dumps(upstream)}\n"
+        f"      api_key: {json.dumps(upstream_key)}\n"
+        "litellm_settings:\n"
+        "  set_verbose: false\n"
+        "  json_logs: false\n"
+        "general_settings:\n"
+        f"  master_key: {json.dumps(master)}\n"
+        "  disable_spend_logs: true\n"
+    )
+    env = dict(os.environ)
+    env.update(LITELLM_LOCAL_MODEL_COST_MAP="True", LITELLM_LOG="ERROR", LITELLM_TELEMETRY="False",
+               DISABLE_ADMIN_UI="True", NO_DOCS="True", PYTHONUNBUFFERED="1")  # fmt: skip
+    env.pop("DATABASE_URL", None)
+    argv = [str(litellm), "--config", str(config), "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"]
+    proc = start("litellm", "LiteLLM proxy (uvicorn, 1 worker, no database)", argv, logs / "litellm.log",
+                 env=env, cwd=tmp)  # fmt: skip
+    return Target("litellm", "litellm", proc, f"http://127.0.0.1:{port}/v1/chat/completions", master, GATEWAY_MODEL)
+
+
+def health_url(target: Target) -> str:
+    base = target.url.split("/v1/", 1)[0]
+    return base + ("/health/liveliness" if target.name == "litellm" else "/healthz")
+
+
+def wait_ready(target: Target, timeout: float) -> None:
+    wait_http(target.proc, health_url(target), timeout)
+
+
+def smoke(target: Target) -> dict[bool, str]:
+    """One non-stream and one stream call; returns why each mode that failed did (empty: all fine)."""
+    failures: dict[bool, str] = {}
+    for stream in (False, True):
+        what = "stream" if stream else "non-stream"
+        body = {"model": target.model, "stream": stream, "messages": [{"role": "user", "content": "Hi [tokens:3]"}]}
+        request = urllib.request.Request(target.url, data=json.dumps(body).encode(), method="POST", headers={
+            "Authorization": f"Bearer {target.key}", "Content-Type": "application/json"})  # fmt: skip
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                text = response.read().decode(errors="replace")
+        except urllib.error.HTTPError as exc:
+            failures[stream] = f"smoke {what} call got HTTP {exc.code}: {exc.read().decode(errors='replace')[:300]}"
+            continue
+        except (urllib.error.URLError, OSError) as exc:
+            failures[stream] = f"smoke {what} call failed: {exc}"
+            continue
+        if not ("data: [DONE]" in text if stream else '"choices"' in text):
+            failures[stream] = f"unexpected smoke {what} answer: {text[:300]}"
+    return failures
