@@ -25,6 +25,7 @@ from router.gateway import Gateway
 from router.middleware import RequestID
 from router.models import Models
 from router.responses import JSONBytes
+from router.responses_api import Responses
 
 log = logging.getLogger("router")
 
@@ -43,7 +44,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     if exc.status_code == 405:
         return _error_response(MethodNotAllowed(f"Method {request.method} is not allowed on {request.url.path}."))
     if exc.status_code == 404:
-        return _error_response(NotFound(f"Unknown path {request.url.path}: this gateway serves /v1/chat/completions, /v1/models."))
+        return _error_response(NotFound(f"Unknown path {request.url.path}: this gateway serves /v1/chat/completions, /v1/responses, /v1/models."))
     return _error_response(GatewayError(str(exc.detail)))
 
 
@@ -71,6 +72,7 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
     app = Starlette(
         routes=[
             Route("/v1/chat/completions", ChatCompletions(gateway).handle, methods=["POST"]),
+            Route("/v1/responses", Responses(gateway).handle, methods=["POST"]),
             Route("/v1/models", models.list, methods=["GET"]),
             Route("/v1/models/{model:path}", models.retrieve, methods=["GET"]),
             Route("/healthz", _health, methods=["GET"]),

@@ -21,6 +21,7 @@ from adapters.emulators.common import (
     reply_pieces,
     write_bytes,
 )
+from adapters.emulators.openai_responses import ResponsesHandler
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
@@ -50,6 +51,9 @@ class OpenAIEmulator:
         self.app = web.Application(client_max_size=64 * 1024 * 1024)
         self.app.router.add_post("/v1/chat/completions", self.chat)
         self.app.router.add_get("/v1/models", self.models)
+        if flavour == "openai":  # only OpenAI serves the Responses API
+            self.responses = ResponsesHandler(self)
+            self.app.router.add_post("/v1/responses", self.responses.handle)
 
     # -- errors in the flavour's envelope ---------------------------------------------------------
     def error(self, status: int, message: str, type_: str, code: str | None = None, headers: dict | None = None) -> web.Response:

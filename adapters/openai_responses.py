@@ -1,0 +1,174 @@
+"""The OpenAI Responses API wire, for the group that speaks it natively (p1): a pass-through.
+
+    build_request(provider, body, upstream_model)  -> UpstreamRequest to ``POST {base_url}/responses``
+    parse_response(body, model_id, provider)       -> (Response dict with the caller's model id, usage)
+    ResponsesRelay.feed(SSE event)                 -> the caller's SSE frames (``event:`` + ``data:``)
+
+The body goes upstream as the caller wrote it, with ``model`` set to the upstream name; what comes back
+carries the caller's model id again (in the response object and in every event that carries one).
+Usage for billing is read from the final response (reference/providers.md §2.3, §2.5). Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+import msgspec
+
+from adapters.base import UpstreamRequest, UpstreamStreamError
+from router.config import ResolvedProvider
+from router.errors import UpstreamError
+from router.sse import Event, frame_event
+from router.wire import TokenUsage
+
+_decode = msgspec.json.Decoder().decode
+_encode = msgspec.json.Encoder().encode
+
+TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
+# events whose deltas are generated output (kept to estimate tokens if usage never comes)
+GENERATED = frozenset(
+    {
+        "response.output_text.delta",
+        "response.refusal.delta",
+        "response.function_call_arguments.delta",
+        "response.reasoning_text.delta",
+        "response.reasoning_summary_text.delta",
+        "response.custom_tool_call_input.delta",
+    }
+)
+
+
+def build_request(provider: ResolvedProvider, body: dict[str, Any], upstream_model: str) -> UpstreamRequest:
+    out = dict(body)
+    out["model"] = upstream_model
+    headers = {"Authorization": f"Bearer {provider.api_key}", "Content-Type": "application/json"}
+    if out.get("stream"):
+        headers["Accept"] = "text/event-stream"
+    return UpstreamRequest(f"{provider.base_url}/responses", headers, _encode(out))
+
+
+def usage_from_responses(usage: Any) -> TokenUsage | None:
+    """A Responses ``usage`` object → normalised usage (defensive: any field may be missing)."""
+    if not isinstance(usage, dict):
+        return None
+    prompt = int(usage.get("input_tokens") or 0)
+    completion = int(usage.get("output_tokens") or 0)
+    idetails = usage.get("input_tokens_details") or {}
+    odetails = usage.get("output_tokens_details") or {}
+    cached = int(idetails.get("cached_tokens") or 0)
+    return TokenUsage(
+        prompt=prompt,
+        completion=completion,
+        cached=min(cached, prompt),
+        cache_write=int(idetails.get("cache_write_tokens") or 0),
+        reasoning=int(odetails.get("reasoning_tokens") or 0),
+    )
+
+
+def output_text(response: dict[str, Any]) -> str:
+    """Everything a response generated, as text (to estimate its tokens when usage is missing)."""
+    parts: list[str] = []
+    for item in response.get("output") or ():
+        if not isinstance(item, dict):
+            continue
+        for part in item.get("content") or ():
+            if isinstance(part, dict):
+                parts.append(str(part.get("text") or part.get("refusal") or ""))
+        for part in item.get("summary") or ():
+            if isinstance(part, dict):
+                parts.append(str(part.get("text") or ""))
+        if item.get("type") == "function_call":
+            parts.append(str(item.get("name") or "") + str(item.get("arguments") or ""))
+    return "".join(parts)
+
+
+def parse_response(body: bytes, model_id: str, provider: str) -> tuple[dict[str, Any], TokenUsage | None]:
+    try:
+        data = _decode(body)
+    except msgspec.DecodeError:
+        raise UpstreamError(f"The provider '{provider}' returned a body that is not JSON.") from None
+    if not isinstance(data, dict) or data.get("object") != "response":
+        raise UpstreamError(f"The provider '{provider}' returned an unexpected answer shape.")
+    data["model"] = model_id
+    return data, usage_from_responses(data.get("usage"))
+
+
+def _error_message(data: dict[str, Any]) -> str:
+    """An ``error`` event's message: the SDK's flat shape or the nested one some proxies send."""
+    nested = data.get("error")
+    source = nested if isinstance(nested, dict) else data
+    return str(source.get("message") or "unknown error")
+
+
+class ResponsesRelay:
+    """One upstream Responses event stream → the caller's frames. After the stream: ``finished`` (a
+    terminal event came), ``usage`` (from it), ``error`` (what went wrong upstream, if anything)."""
+
+    __slots__ = ("error", "finished", "generated", "model_id", "provider", "sequence", "snapshot", "usage")
+
+    def __init__(self, model_id: str, provider: str) -> None:
+        self.model_id = model_id
+        self.provider = provider
+        self.finished = False
+        self.usage: TokenUsage | None = None
+        self.error: str | None = None
+        self.sequence = -1
+        self.snapshot: dict[str, Any] | None = None  # the last response object seen
+        self.generated: list[str] = []
+
+    def feed(self, event: Event) -> list[bytes]:
+        if event.data == b"[DONE]" or self.finished:
+            return []  # some proxies append [DONE]; nothing may follow a terminal event
+        try:
+            data = _decode(event.data)
+        except msgspec.DecodeError:
+            raise UpstreamStreamError(
+                f"The provider '{self.provider}' sent a malformed stream event."
+            ) from None
+        if not isinstance(data, dict):
+            raise UpstreamStreamError(f"The provider '{self.provider}' sent an unexpected stream event.")
+        kind = str(data.get("type") or event.event or "message")
+        sequence = data.get("sequence_number")
+        if isinstance(sequence, int):
+            self.sequence = max(self.sequence, sequence)
+        if kind in GENERATED and isinstance(data.get("delta"), str):
+            self.generated.append(data["delta"])
+        elif kind == "error":
+            self.error = _error_message(data)
+        response = data.get("response")
+        if not isinstance(response, dict):
+            return [frame_event(kind, event.data)]
+        response["model"] = self.model_id
+        self.snapshot = response
+        if kind in TERMINAL:
+            self.finished = True
+            self.usage = usage_from_responses(response.get("usage"))
+            if kind == "response.failed":
+                error = response.get("error")
+                self.error = str(error.get("message")) if isinstance(error, dict) else "the response failed"
+        return [frame_event(kind, _encode(data))]
+
+    def fail(self, message: str) -> bytes:
+        """The terminal ``response.failed`` frame for a stream the upstream did not end properly."""
+        response = dict(
+            self.snapshot
+            or {
+                "id": "resp_" + secrets.token_hex(24),
+                "object": "response",
+                "created_at": int(time.time()),
+                "output": [],
+                "model": self.model_id,
+            }
+        )
+        self.error = self.error or message
+        response["status"] = "failed"
+        response["error"] = {"code": "server_error", "message": self.error}
+        self.sequence += 1
+        self.finished = True
+        event = {"type": "response.failed", "sequence_number": self.sequence, "response": response}
+        return frame_event("response.failed", _encode(event))
+
+    def generated_text(self) -> str:
+        return "".join(self.generated)

@@ -1,0 +1,330 @@
+"""``POST /v1/responses`` for every provider group (design §3, reference/providers.md §2).
+
+Group p1 (OpenAI) speaks the Responses API itself: the body goes through to ``{base_url}/responses``
+(:mod:`adapters.openai_responses`), reserved before and settled after like a chat call, usage read from
+the final response. Every other group is translated: Responses → chat request
+(:mod:`router.responses_translate`) → the chat pipeline → a Response object, or, streamed, the event
+sequence p1 emits (:mod:`router.responses_events`). Usage records say endpoint ``responses``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+from adapters import openai_responses as wire
+from adapters.base import UpstreamRequest, map_upstream_error
+from billing.ledger import Meter
+from billing.pricing import worst_case
+from billing.store import Principal, UsageRecord
+from router.catalog import Model
+from router.chat import principal_of, read_json_body
+from router.errors import GatewayError, InvalidRequest, UpstreamError
+from router.gateway import Gateway
+from router.pipeline import ChatPipeline, Started
+from router.responses import SSE, JSONBytes
+from router.responses_events import EventSynth
+from router.responses_translate import estimate_messages, from_completion, image_urls, shell, to_chat
+from router.sse import SSEDecoder, frame_event
+from router.stream import Outcome
+from router.wire import ChatRequest, ImagePart, ImageURL, Message
+
+NATIVE = frozenset({"openai"})  # provider prefixes whose upstream serves POST /responses itself
+
+_decode = msgspec.json.Decoder().decode
+_encode = msgspec.json.Encoder().encode
+
+
+@dataclass(slots=True)
+class Ask:
+    """One Responses call as it arrived."""
+
+    principal: Principal
+    body: dict[str, Any]
+    size: int  # bytes of the body (bounds the prompt's tokens for the reservation)
+    source: str
+    request_id: str | None
+
+    @property
+    def model_id(self) -> str:
+        return str(self.body["model"])
+
+    @property
+    def stream(self) -> bool:
+        return bool(self.body.get("stream"))
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    try:
+        body = _decode(raw)
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(
+            f"We could not parse the JSON body of your request ({exc}). The body must be a JSON object.",
+            code="invalid_json",
+        ) from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("The request body must be a JSON object.", code="invalid_json")
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        raise InvalidRequest(
+            "Missing required parameter: 'model'.", param="model", code="missing_required_parameter"
+        )
+    if body.get("stream") not in (None, True, False):
+        raise InvalidRequest("'stream' must be a boolean.", param="stream", code="invalid_type")
+    return body
+
+
+def reserve_request(body: dict[str, Any]) -> ChatRequest:
+    """The chat-shaped view of a Responses call that the worst-case reservation and checks take."""
+    urls = image_urls(body)
+    parts: list[Any] = [ImagePart(image_url=ImageURL(url=url)) for url in urls]
+    cap = body.get("max_output_tokens")
+    return ChatRequest(
+        model=str(body["model"]),
+        messages=[Message(role="user", content=parts)] if parts else [],
+        max_completion_tokens=cap if isinstance(cap, int) and cap > 0 else None,
+    )
+
+
+def chat_request(chat: dict[str, Any]) -> ChatRequest:
+    try:
+        return msgspec.convert(chat, ChatRequest)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        path = text.rpartition(" - at `$.")[2].rstrip("`") if " - at `$." in text else ""
+        field = path.split("[", 1)[0].split(".", 1)[0]
+        param = {"max_tokens": "max_output_tokens", "messages": "input"}.get(field, field) or None
+        message = text.partition(" - at `")[0]
+        raise InvalidRequest(
+            f"Invalid value for '{param}': {message}." if param else f"Invalid request: {message}.",
+            param=param,
+            code="invalid_value",
+        ) from None
+
+
+def frames(events: list[dict[str, Any]]) -> bytes:
+    return b"".join([frame_event(event["type"], _encode(event)) for event in events])
+
+
+def _upstream_id(response: aiohttp.ClientResponse) -> str | None:
+    return response.headers.get("x-request-id") or response.headers.get("request-id")
+
+
+class Responses:
+    def __init__(self, gateway: Gateway) -> None:
+        self.gw = gateway
+        self.pipeline = ChatPipeline(gateway)
+
+    async def handle(self, request: Request) -> Response:
+        gw = self.gw
+        if not gw.started:
+            await gw.start()
+        principal = await principal_of(gw, request)
+        state = request.scope.get("state") or {}
+        state["caller"] = principal  # for the access log (key id and group, never the key)
+        raw = await read_json_body(request, gw.settings.server.max_body_bytes)
+        ask = Ask(principal, parse_body(raw), len(raw), state.get("source", "api"), state.get("request_id"))
+        state["model"] = ask.model_id
+        model = self.check(ask)
+        state["provider"] = model.provider
+        if model.provider in NATIVE:
+            return await self.native(ask, model)
+        return await self.translated(ask)
+
+    def check(self, ask: Ask) -> Model:
+        """Model, endpoint, image input and key permission, before anything is reserved or sent."""
+        model = self.gw.catalog.resolve(ask.model_id)
+        self.gw.catalog.require_endpoint(model, ask.model_id, "responses")
+        if not model.image_input and image_urls(ask.body):
+            raise InvalidRequest(
+                f"The model `{ask.model_id}` does not accept image input; send text only, or pick a model with "
+                "image_input in GET /v1/models.",
+                param="input",
+                code="image_input_unsupported",
+            )
+        try:
+            return self.pipeline.check(ask.principal, reserve_request(ask.body), "responses")
+        except InvalidRequest as exc:
+            if exc.param not in ("max_tokens", "max_completion_tokens"):
+                raise
+            message = exc.message.replace(exc.param, "max_output_tokens")  # our name for the chat field
+            raise InvalidRequest(message, param="max_output_tokens", code=exc.code) from None
+
+    # -- every other group: translated through the chat pipeline ---------------------------------
+    async def translated(self, ask: Ask) -> Response:
+        chat = to_chat(ask.body)
+        started = await self.pipeline.start(
+            ask.principal,
+            chat,
+            chat_request(chat),
+            ask.size,
+            source=ask.source,
+            endpoint="responses",
+            request_id=ask.request_id,
+        )
+        response = shell(ask.body, ask.model_id)
+        if started.call.stream:
+            return SSE(
+                self.synthesise(started, EventSynth(response)),
+                finalize=lambda: self.pipeline.abandon(started),
+            )
+        return JSONBytes(_encode(from_completion(await self.pipeline.complete(started), response)))
+
+    async def synthesise(self, started: Started, synth: EventSynth) -> AsyncGenerator[bytes, None]:
+        batches = self.pipeline.chunks(started)
+        try:
+            yield frames(synth.start())
+            async for batch in batches:
+                events = [event for chunk in batch for event in synth.feed(chunk)]
+                if events:
+                    yield frames(events)
+            tail = synth.finish()
+            if tail:
+                yield frames(tail)
+        finally:
+            await batches.aclose()
+
+    # -- group p1: pass-through -------------------------------------------------------------------
+    async def native(self, ask: Ask, model: Model) -> Response:
+        provider = self.gw.providers[model.provider]
+        meter = await self.meter(ask, model)
+        response = await self.open(wire.build_request(provider, ask.body, model.upstream), model, meter)
+        if not ask.stream:
+            return JSONBytes(_encode(await self.read(ask, model, response, meter)))
+        relay = wire.ResponsesRelay(ask.model_id, model.provider)
+
+        async def abandon() -> None:
+            response.close()
+            await meter.finish(None, "interrupted", generated=relay.generated_text())
+
+        return SSE(relay_stream(relay, response, meter), finalize=abandon)
+
+    async def meter(self, ask: Ask, model: Model) -> Meter:
+        gw, who = self.gw, ask.principal
+        reservation = await gw.ledger.reserve(
+            who.group_id, who.key_id, worst_case(model, ask.size, reserve_request(ask.body))
+        )
+        record = UsageRecord(
+            key_id=who.key_id,
+            group_id=who.group_id,
+            model=model.id,
+            provider=model.provider,
+            endpoint="responses",
+            source=ask.source,
+            stream=ask.stream,
+            request_id=ask.request_id,
+        )
+        return Meter(gw.ledger, reservation, model, record, estimate_messages(ask.body))
+
+    async def open(self, upstream: UpstreamRequest, model: Model, meter: Meter) -> aiohttp.ClientResponse:
+        try:
+            response = await self.gw.transport.open(upstream, self.gw.providers[model.provider])
+            if response.status >= 400:
+                try:
+                    error_body = await response.read()
+                finally:
+                    response.release()
+                raise map_upstream_error(model.provider, response.status, error_body, response.headers)
+        except GatewayError as exc:
+            await meter.finish(None, "error", error=exc.message)
+            raise
+        except BaseException:  # cancelled, or a bug: settle anyway (the reservation is released)
+            await meter.finish(None, "interrupted", error="the call did not complete")
+            raise
+        return response
+
+    async def read(
+        self, ask: Ask, model: Model, response: aiohttp.ClientResponse, meter: Meter
+    ) -> dict[str, Any]:
+        try:
+            try:
+                payload = await response.read()
+            finally:
+                response.release()
+            data, usage = wire.parse_response(payload, ask.model_id, model.provider)
+            error = data.get("error") if data.get("status") == "failed" else None
+            message = str(error.get("message")) if isinstance(error, dict) else None
+            await meter.finish(
+                usage,
+                "error" if message else "ok",
+                generated="" if usage else wire.output_text(data),
+                error=message,
+                upstream_id=_upstream_id(response),
+            )
+            return data
+        except GatewayError as exc:
+            await meter.finish(None, "error", error=exc.message)
+            raise
+        except BaseException:
+            await meter.finish(None, "interrupted", error="the call did not complete")
+            raise
+
+
+async def relay_stream(
+    relay: wire.ResponsesRelay, response: aiohttp.ClientResponse, meter: Meter
+) -> AsyncGenerator[bytes, None]:
+    """The upstream's events to the caller as they come; a stream that breaks off ends with a
+    synthesised ``response.failed``. Settled exactly once, however the stream ends."""
+    decoder = SSEDecoder()
+    outcome = Outcome()
+    out: list[bytes] = []
+    tail = b""
+    try:
+        try:
+            async for data in response.content.iter_any():
+                for event in decoder.feed(data):
+                    out += relay.feed(event)
+                if out:
+                    if outcome.first_token_at is None:
+                        outcome.first_token_at = time.monotonic()
+                    yield b"".join(out)
+                    out = []
+                if relay.finished:
+                    break
+            else:
+                for event in decoder.close():
+                    out += relay.feed(event)
+            if not relay.finished:
+                raise UpstreamError(
+                    f"The provider '{relay.provider}' ended the stream before the response was complete."
+                )
+        except GatewayError as exc:
+            tail = relay.fail(exc.message)
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            tail = relay.fail(
+                f"The connection to the provider '{relay.provider}' was lost mid-stream ({type(exc).__name__})."
+            )
+        if relay.error is not None:
+            outcome.status, outcome.error = "error", relay.error
+        await _settle(meter, relay, outcome, response)
+        if out or tail:
+            yield b"".join(out) + tail
+    except (GeneratorExit, asyncio.CancelledError):
+        outcome.status = "interrupted"
+        raise
+    finally:
+        if outcome.status != "ok" or tail:
+            response.close()  # drop the connection: the rest of the upstream stream is not read
+        else:
+            response.release()
+        await _settle(meter, relay, outcome, response)
+
+
+async def _settle(
+    meter: Meter, relay: wire.ResponsesRelay, outcome: Outcome, response: aiohttp.ClientResponse
+) -> None:
+    await meter.finish(
+        relay.usage,
+        outcome.status,
+        generated=relay.generated_text(),
+        error=outcome.error,
+        first_token_at=outcome.first_token_at,
+        upstream_id=_upstream_id(response),
+    )

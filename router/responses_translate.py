@@ -1,0 +1,423 @@
+"""The Responses API for the provider groups that do not speak it (p2–p5): a request becomes a chat
+request, the chat answer becomes a Response object (reference/providers.md §2.2–2.4).
+
+    to_chat(body)                   Responses request → chat request dict; a feature with no chat
+                                    equivalent is a 400 that names it
+    shell(body, model_id)           the Response object before any output (status ``in_progress``)
+    from_completion(completion, shell)  chat.completion → Response object (through :class:`EventSynth`,
+                                    so a streamed and a non-streamed answer are built the same way)
+
+``previous_response_id`` and ``store: true`` are refused here: the gateway keeps no responses, so it
+cannot chain them (group p1 passes both through to OpenAI, which does). Reasoning items in the input
+are dropped: chat providers take no reasoning input. Pure functions, no I/O.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from router.errors import InvalidRequest
+from router.responses_events import EventSynth, new_id
+
+# request fields we translate, or accept as hints with no effect on a chat provider
+TRANSLATED = frozenset(
+    """model input instructions max_output_tokens temperature top_p tools tool_choice parallel_tool_calls stream
+    stream_options text reasoning user metadata store previous_response_id include truncation max_tool_calls
+    top_logprobs service_tier safety_identifier prompt_cache_key prompt_cache_retention background""".split()
+)
+ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
+TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
+DETAILS = frozenset({"low", "high", "auto"})
+P1_ONLY = "only OpenAI models (openai/...) serve it through /v1/responses"
+
+
+def _refuse(message: str, param: str | None, code: str = "unsupported_parameter") -> InvalidRequest:
+    return InvalidRequest(message, param=param, code=code)
+
+
+def _check_fields(body: dict[str, Any]) -> None:
+    model = body.get("model")
+    for name, value in body.items():
+        if name not in TRANSLATED and value is not None:
+            raise _refuse(
+                f"The parameter '{name}' is not supported for the model `{model}`: {P1_ONLY}.", name
+            )
+    if body.get("previous_response_id") is not None:
+        raise _refuse(
+            f"'previous_response_id' is not supported for the model `{model}`: this gateway does not store "
+            f"responses of translated providers ({P1_ONLY}). Send the whole conversation in 'input' instead.",
+            "previous_response_id",
+        )
+    if body.get("store") is True:
+        raise _refuse(
+            f"'store: true' is not supported for the model `{model}`: this gateway does not store responses "
+            f"of translated providers ({P1_ONLY}). Omit 'store' or set it to false.",
+            "store",
+        )
+    if body.get("background"):
+        raise _refuse(
+            f"Background mode ('background: true') is not supported for the model `{model}`: {P1_ONLY}.",
+            "background",
+        )
+    for name, harmless in (
+        ("include", []),
+        ("truncation", "disabled"),
+        ("max_tool_calls", None),
+        ("top_logprobs", 0),
+    ):
+        value = body.get(name)
+        if value is not None and value != harmless:
+            raise _refuse(
+                f"The parameter '{name}' ({value!r}) is not supported for the model `{model}`: {P1_ONLY}.",
+                name,
+            )
+
+
+# ------------------------------------------------------------------ input → messages
+
+
+def _text_of(part: dict[str, Any], where: str) -> str:
+    text = part.get("text") if part.get("type") != "refusal" else part.get("refusal")
+    if not isinstance(text, str):
+        raise InvalidRequest(f"'{where}' needs a string 'text'.", param=where, code="invalid_value")
+    return text
+
+
+def _image(part: dict[str, Any], where: str) -> dict[str, Any]:
+    url = part.get("image_url")
+    if not isinstance(url, str) or not url:
+        if part.get("file_id"):
+            raise _refuse(
+                f"'{where}': images by 'file_id' need the Files API, which this gateway does not offer; "
+                "send 'image_url' as an http(s) or data: URL.",
+                where,
+            )
+        raise InvalidRequest(
+            f"'{where}': an input_image needs 'image_url' (an http(s) or data: URL).",
+            param=where,
+            code="invalid_value",
+        )
+    image: dict[str, Any] = {"url": url}
+    if part.get("detail") in DETAILS:
+        image["detail"] = part["detail"]
+    return {"type": "image_url", "image_url": image}
+
+
+def _content(content: Any, role: str, where: str) -> str | list[dict[str, Any]]:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise InvalidRequest(
+            f"'{where}' must be a string or a list of content parts.", param=where, code="invalid_value"
+        )
+    parts: list[dict[str, Any]] = []
+    for j, part in enumerate(content):
+        at = f"{where}[{j}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in TEXT_PARTS or kind == "refusal":
+            parts.append({"type": "text", "text": _text_of(part, at)})
+        elif kind == "input_image" and role != "assistant":
+            parts.append(_image(part, at))
+        else:
+            raise _refuse(
+                f"Content parts of type {kind!r} ('{at}') are not supported for this model: {P1_ONLY}.", at
+            )
+    if all(p["type"] == "text" for p in parts):
+        return "".join(p["text"] for p in parts)
+    return parts
+
+
+def _message(item: dict[str, Any], where: str) -> dict[str, Any]:
+    role = ROLES.get(item.get("role"))  # type: ignore[arg-type]
+    if role is None:
+        raise InvalidRequest(
+            f"'{where}.role' must be one of user, assistant, system, developer.",
+            param=f"{where}.role",
+            code="invalid_value",
+        )
+    return {"role": role, "content": _content(item.get("content"), role, f"{where}.content")}
+
+
+def _string(item: dict[str, Any], field: str, where: str) -> str:
+    value = item.get(field)
+    if not isinstance(value, str):
+        raise InvalidRequest(
+            f"'{where}.{field}' must be a string.", param=f"{where}.{field}", code="invalid_value"
+        )
+    return value
+
+
+def _function_call(item: dict[str, Any], out: list[dict[str, Any]], where: str) -> None:
+    call = {
+        "id": _string(item, "call_id", where),
+        "type": "function",
+        "function": {"name": _string(item, "name", where), "arguments": _string(item, "arguments", where)},
+    }
+    last = out[-1] if out else None
+    if last is not None and last["role"] == "assistant":
+        last.setdefault("tool_calls", []).append(call)  # one assistant turn: its text and its calls
+        if last.get("content") == "":
+            last["content"] = None
+    else:
+        out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+
+
+def _function_output(item: dict[str, Any], where: str) -> dict[str, Any]:
+    output = item.get("output")
+    if isinstance(output, list):
+        output = _content(output, "tool", f"{where}.output")
+        if not isinstance(output, str):
+            raise _refuse(
+                f"'{where}.output' may only hold text parts for this model: {P1_ONLY}.", f"{where}.output"
+            )
+    if not isinstance(output, str):
+        raise InvalidRequest(
+            f"'{where}.output' must be a string.", param=f"{where}.output", code="invalid_value"
+        )
+    return {"role": "tool", "tool_call_id": _string(item, "call_id", where), "content": output}
+
+
+def _item(item: Any, out: list[dict[str, Any]], where: str) -> None:
+    if isinstance(item, str):
+        out.append({"role": "user", "content": item})
+        return
+    if not isinstance(item, dict):
+        raise InvalidRequest(f"'{where}' must be an input item object.", param=where, code="invalid_value")
+    kind = item.get("type", "message")
+    if kind == "message":
+        out.append(_message(item, where))
+    elif kind == "function_call":
+        _function_call(item, out, where)
+    elif kind == "function_call_output":
+        out.append(_function_output(item, where))
+    elif kind != "reasoning":  # reasoning items (fed back from an earlier output) are dropped
+        raise _refuse(
+            f"Input items of type {kind!r} ('{where}') are not supported for this model: {P1_ONLY}.", where
+        )
+
+
+def messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    instructions = body.get("instructions")
+    if instructions is not None:
+        if not isinstance(instructions, str):
+            raise InvalidRequest(
+                "'instructions' must be a string.", param="instructions", code="invalid_value"
+            )
+        out.append({"role": "system", "content": instructions})
+    given = body.get("input")
+    if isinstance(given, str):
+        out.append({"role": "user", "content": given})
+    elif isinstance(given, list):
+        for i, item in enumerate(given):
+            _item(item, out, f"input[{i}]")
+    else:
+        raise InvalidRequest(
+            "'input' is required: a string or a list of input items.",
+            param="input",
+            code="missing_required_parameter",
+        )
+    if not any(m["role"] != "system" for m in out):
+        raise InvalidRequest(
+            "'input' must contain at least one message.", param="input", code="invalid_value"
+        )
+    return out
+
+
+# ------------------------------------------------------------------ tools, formats, options
+
+
+def _tools(tools: Any) -> list[dict[str, Any]]:
+    if not isinstance(tools, list):
+        raise InvalidRequest("'tools' must be a list.", param="tools", code="invalid_value")
+    out = []
+    for i, tool in enumerate(tools):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind != "function":
+            raise _refuse(
+                f"The tool type {kind!r} (tools[{i}]) is a built-in tool of OpenAI's Responses API: "
+                f"{P1_ONLY}. Other models take function tools.",
+                f"tools[{i}]",
+                "unsupported_tool",
+            )
+        function = {"name": _string(tool, "name", f"tools[{i}]")}
+        for field in ("description", "parameters", "strict"):
+            if tool.get(field) is not None:
+                function[field] = tool[field]
+        out.append({"type": "function", "function": function})
+    return out
+
+
+def _tool_choice(choice: Any) -> Any:
+    if choice in ("none", "auto", "required"):
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    kind = choice.get("type") if isinstance(choice, dict) else choice
+    raise _refuse(
+        f"tool_choice {kind!r} is not supported for this model: use 'none', 'auto', 'required' or "
+        "{'type': 'function', 'name': ...}.",
+        "tool_choice",
+    )
+
+
+def _text_format(text: Any) -> dict[str, Any] | None:
+    if not isinstance(text, dict):
+        raise InvalidRequest("'text' must be an object.", param="text", code="invalid_value")
+    if text.get("verbosity") is not None:
+        raise _refuse(f"'text.verbosity' is not supported for this model: {P1_ONLY}.", "text.verbosity")
+    fmt = text.get("format") or {"type": "text"}
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema":
+        schema = {k: fmt[k] for k in ("name", "schema", "strict", "description") if fmt.get(k) is not None}
+        return {"type": "json_schema", "json_schema": schema}
+    raise InvalidRequest(
+        f"text.format type {kind!r} is not one of text, json_object, json_schema.",
+        param="text.format",
+        code="invalid_value",
+    )
+
+
+def _reasoning(reasoning: Any) -> str | None:
+    if not isinstance(reasoning, dict):
+        raise InvalidRequest("'reasoning' must be an object.", param="reasoning", code="invalid_value")
+    for field in ("summary", "generate_summary"):
+        if reasoning.get(field) is not None:
+            raise _refuse(
+                f"Reasoning summaries ('reasoning.{field}') are not supported for this model: {P1_ONLY}.",
+                f"reasoning.{field}",
+            )
+    effort = reasoning.get("effort")
+    return effort if isinstance(effort, str) else None
+
+
+def to_chat(body: dict[str, Any]) -> dict[str, Any]:
+    """A Responses request → the chat request the chat pipeline takes (``model`` as the caller wrote it)."""
+    _check_fields(body)
+    chat: dict[str, Any] = {"model": body["model"], "messages": messages(body)}
+    for ours, theirs in (
+        ("max_output_tokens", "max_tokens"),
+        ("temperature", "temperature"),
+        ("top_p", "top_p"),
+        ("parallel_tool_calls", "parallel_tool_calls"),
+        ("user", "user"),
+    ):
+        if body.get(ours) is not None:
+            chat[theirs] = body[ours]
+    if body.get("tools"):
+        chat["tools"] = _tools(body["tools"])
+    if body.get("tool_choice") is not None:
+        chat["tool_choice"] = _tool_choice(body["tool_choice"])
+    if body.get("text") is not None and (fmt := _text_format(body["text"])) is not None:
+        chat["response_format"] = fmt
+    if body.get("reasoning") is not None and (effort := _reasoning(body["reasoning"])) is not None:
+        chat["reasoning_effort"] = effort
+    if body.get("stream"):
+        chat["stream"] = True
+        chat["stream_options"] = {"include_usage": True}
+    return chat
+
+
+# ------------------------------------------------------------------ both groups: images, estimates
+
+
+def image_urls(body: dict[str, Any]) -> list[str]:
+    """The image URLs of a Responses input (lenient: for capability checks and reservations)."""
+    urls: list[str] = []
+    given = body.get("input")
+    for item in given if isinstance(given, list) else ():
+        content = item.get("content") if isinstance(item, dict) else None
+        for part in content if isinstance(content, list) else ():
+            if isinstance(part, dict) and part.get("type") == "input_image":
+                urls.append(str(part.get("image_url") or part.get("file_id") or ""))
+    return urls
+
+
+def estimate_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """Chat-shaped messages of a Responses input, only to count its tokens when no usage came (lenient)."""
+    out: list[dict[str, Any]] = []
+    if isinstance(body.get("instructions"), str):
+        out.append({"role": "system", "content": body["instructions"]})
+    given = body.get("input")
+    for item in [given] if isinstance(given, str) else given if isinstance(given, list) else ():
+        if isinstance(item, str):
+            out.append({"role": "user", "content": item})
+        elif isinstance(item, dict):
+            content = item.get("content") if item.get("content") is not None else item.get("output")
+            if item.get("type") == "function_call":
+                content = f"{item.get('name', '')}{item.get('arguments', '')}"
+            parts = (
+                content if isinstance(content, list) else [{"type": "input_text", "text": str(content or "")}]
+            )
+            out.append({"role": "user", "content": [_estimate_part(p) for p in parts if isinstance(p, dict)]})
+    return out
+
+
+def _estimate_part(part: dict[str, Any]) -> dict[str, Any]:
+    if part.get("type") == "input_image":
+        return {"type": "image_url"}
+    return {"type": "text", "text": str(part.get("text") or part.get("refusal") or "")}
+
+
+# ------------------------------------------------------------------ the Response object
+
+
+def shell(body: dict[str, Any], model_id: str) -> dict[str, Any]:
+    """The Response object before any output; requested options are echoed as the API does."""
+    reasoning = body.get("reasoning") if isinstance(body.get("reasoning"), dict) else {}
+    return {
+        "id": new_id("resp"),
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": "in_progress",
+        "background": False,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": body.get("instructions"),
+        "max_output_tokens": body.get("max_output_tokens"),
+        "max_tool_calls": None,
+        "model": model_id,
+        "output": [],
+        "parallel_tool_calls": body.get("parallel_tool_calls") is not False,
+        "previous_response_id": None,
+        "reasoning": {"effort": reasoning.get("effort"), "summary": None},  # type: ignore[union-attr]
+        "service_tier": "default",
+        "store": False,
+        "temperature": body.get("temperature"),
+        "text": body.get("text") or {"format": {"type": "text"}},
+        "tool_choice": body.get("tool_choice") or "auto",
+        "tools": body.get("tools") or [],
+        "top_logprobs": 0,
+        "top_p": body.get("top_p"),
+        "truncation": "disabled",
+        "usage": None,
+        "user": body.get("user"),
+        "metadata": body.get("metadata") or {},
+    }
+
+
+def from_completion(completion: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
+    """A chat.completion → the finished Response object (``response`` is its :func:`shell`)."""
+    choices = completion.get("choices") or [{}]
+    choice = choices[0] if isinstance(choices[0], dict) else {}
+    message = choice.get("message") or {}
+    delta: dict[str, Any] = {}
+    for field in ("reasoning_content", "content"):
+        if isinstance(message.get(field), str):
+            delta[field] = message[field]
+    calls = message.get("tool_calls") or []
+    if calls:
+        delta["tool_calls"] = [{**call, "index": i} for i, call in enumerate(calls) if isinstance(call, dict)]
+    synth = EventSynth(response)
+    synth.feed(
+        {
+            "choices": [{"index": 0, "delta": delta, "finish_reason": choice.get("finish_reason")}],
+            "usage": completion.get("usage"),
+        }
+    )
+    return synth.finish()[-1]["response"]
