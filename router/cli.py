@@ -179,7 +179,8 @@ def main(argv: list[str] | None = None) -> None:
 
             host = args.host or settings.server.host
             port = args.port or settings.server.port
-            run(serve(create_app(settings), host, port))
+            server = settings.server
+            run(serve(create_app(settings), host, port, None, server.graceful_timeout, server.keep_alive_timeout))
         elif args.command == "demo":
             from router.demo import demo
             from router.serve import run

@@ -85,16 +85,17 @@ class Tool(Base):
     type: str = "function"
 
 
-PositiveInt = Annotated[int, Meta(ge=1)]
+OutputCap = Annotated[int, Meta(ge=1, le=100_000_000)]
+MAX_MESSAGES = 20_000
 
 
 class ChatRequest(Base):
     model: str
-    messages: Annotated[list[Message], Meta(min_length=1)]
+    messages: Annotated[list[Message], Meta(min_length=1, max_length=MAX_MESSAGES)]
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    max_tokens: PositiveInt | None = None
-    max_completion_tokens: PositiveInt | None = None
+    max_tokens: OutputCap | None = None
+    max_completion_tokens: OutputCap | None = None
     temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
     top_p: Annotated[float, Meta(ge=0, le=1)] | None = None
     n: Annotated[int, Meta(ge=1, le=128)] | None = None
@@ -128,6 +129,10 @@ def parse_chat_request(body: bytes) -> tuple[dict[str, Any], ChatRequest]:
             f"We could not parse the JSON body of your request ({exc}). The body must be a JSON object.",
             code="invalid_json",
         ) from None
+    except UnicodeDecodeError:
+        raise InvalidRequest("The JSON body is not valid UTF-8.", code="invalid_json") from None
+    except RecursionError:
+        raise InvalidRequest("The JSON body is nested too deeply.", code="invalid_json") from None
     if not isinstance(raw, dict):
         raise InvalidRequest("The request body must be a JSON object.", code="invalid_json")
     for required in ("model", "messages"):
@@ -135,13 +140,15 @@ def parse_chat_request(body: bytes) -> tuple[dict[str, Any], ChatRequest]:
             raise InvalidRequest(f"Missing required parameter: '{required}'.", param=required, code="missing_required_parameter")
     try:
         request = msgspec.convert(raw, ChatRequest)
+    except RecursionError:
+        raise InvalidRequest("The JSON body is nested too deeply.", code="invalid_json") from None
     except msgspec.ValidationError as exc:
         text = str(exc)
         match = _AT.search(text)
         param = match.group(1) if match else None
         message = _AT.sub("", text)
         if param == "messages" and "length" in message:
-            message = "'messages' must contain at least one message"
+            message = f"'messages' must hold between 1 and {MAX_MESSAGES} messages"
         raise InvalidRequest(
             f"Invalid value for '{param}': {message}." if param else f"Invalid request: {message}.",
             param=param,

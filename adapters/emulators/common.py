@@ -12,6 +12,8 @@ Directives are magic words in the last user message:
     [echo]           answer with the user's text itself (directives removed)
     [split]          stream: write the bytes in 1-3 byte pieces (splits UTF-8 characters)
     [tool]           call the first tool offered (also when tool_choice forces one)
+    [flaky:N]        the first N requests with this same text get a 503, later ones succeed
+    [limited:N]      the first N requests with this same text get a 429 with retry-after 0.1
     [think]          produce reasoning output before the answer (providers that have it)
 """
 
@@ -29,7 +31,9 @@ from aiohttp import web
 
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 _PIECE = re.compile(r"\s*\S+")
-_DIRECTIVE = re.compile(r"\[(fault|slow|delay|cut|tokens):(\d+)\]|\[(midfail|malformed|echo|split|tool|think)\]")
+_DIRECTIVE = re.compile(
+    r"\[(fault|slow|delay|cut|tokens|flaky|limited):(\d+)\]|\[(midfail|malformed|echo|split|tool|think)\]"
+)
 
 WORDS = (
     "the router answers every call with care and the credits are billed exactly while streams flow "
@@ -48,6 +52,8 @@ class Directives:
     delay_ms: int = 0
     cut: int | None = None
     tokens: int | None = None
+    flaky: int = 0
+    limited: int = 0
     midfail: bool = False
     malformed: bool = False
     echo: bool = False
@@ -71,6 +77,10 @@ def directives(text: str) -> Directives:
             d.cut = int(value)
         elif name == "tokens":
             d.tokens = int(value)
+        elif name == "flaky":
+            d.flaky = int(value)
+        elif name == "limited":
+            d.limited = int(value)
         elif flag:
             setattr(d, flag, True)
     d.text = _DIRECTIVE.sub("", text).strip()
@@ -147,3 +157,22 @@ async def serve(app: web.Application, host: str = "127.0.0.1", port: int = 0) ->
     assert server is not None
     bound = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
     return runner, bound
+
+
+class Flakiness:
+    """Counts requests by their text, for the [flaky:N] and [limited:N] directives."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, int] = {}
+
+    def fault(self, text: str, d: Directives) -> int | None:
+        """The status this request should fail with, if any."""
+        if not (d.flaky or d.limited):
+            return None
+        count = self.seen.get(text, 0) + 1
+        self.seen[text] = count
+        if count <= d.flaky:
+            return 503
+        if count <= d.limited:
+            return 429
+        return None

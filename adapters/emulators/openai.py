@@ -13,6 +13,7 @@ from aiohttp import web
 
 from adapters.emulators.common import (
     Directives,
+    Flakiness,
     count_tokens,
     directives,
     fake_arguments,
@@ -48,6 +49,7 @@ class OpenAIEmulator:
         self.api_key = api_key
         self.requests: list[dict[str, Any]] = []  # last bodies received, for tests
         self.streams: list[tuple[str, int]] = []  # ("complete" | "disconnected", events written)
+        self.flakiness = Flakiness()
         self.app = web.Application(client_max_size=64 * 1024 * 1024)
         self.app.router.add_post("/v1/chat/completions", self.chat)
         self.app.router.add_get("/v1/models", self.models)
@@ -143,8 +145,12 @@ class OpenAIEmulator:
             return invalid
         d, pieces, finish, tool_call, prompt_tokens, reasoning = self._plan(body)
         await pause(d.slow_ms)
-        if d.fault:
-            return self.fault(d.fault)
+        flaky = self.flakiness.fault(_text(body["messages"][-1].get("content")), d)
+        if flaky == 429:
+            return self.error(429, "Rate limit reached for requests", "requests", "rate_limit_exceeded",
+                              {"retry-after": "0.1"})  # fmt: skip
+        if d.fault or flaky:
+            return self.fault(d.fault or flaky or 500)
         thinking = ["Let", " me", " think", "."] if reasoning else []
         completion_tokens = len(pieces) + len(thinking) + (count_tokens(tool_call["function"]["arguments"]) + 4 if tool_call else 0)
         if tool_call:

@@ -1,0 +1,197 @@
+"""Retries, fallbacks, circuit breaking and timeouts, driven by the emulators' fault injection."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+
+import openai
+import pytest
+
+from router.config import ReliabilitySettings, ResolvedProvider, Settings, StoreSettings
+from router.reliability import Breaker, Breakers, backoff
+from tests.conftest import Stack, free_port
+
+EXTRA = """
+[[models]]
+id = "upstage/solar-mini-fb"
+upstream = "solar-mini-250422"
+price = { input = "0.15", output = "0.15" }
+fallbacks = ["mistral/mistral-small-latest"]
+"""
+
+
+@pytest.fixture(scope="module")
+def rstack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    tmp = tmp_path_factory.mktemp("reliability")
+    (tmp / "extra.toml").write_text(EXTRA)
+    settings = Settings(
+        store=StoreSettings(url=f"sqlite:///{tmp}/router.db"),
+        reliability=ReliabilitySettings(max_retries=2, backoff_base=0.01, backoff_max=0.05, breaker_threshold=3,
+                                        breaker_cooldown=0.5, first_byte_timeout=0.5, stream_keepalive=0.2,
+                                        deadline=5),  # fmt: skip
+    )
+    settings.catalog.path = str(tmp / "extra.toml")
+    s = Stack(tmp, settings).start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_breakers(rstack: Stack) -> Iterator[None]:
+    gw = rstack.gateway
+    saved = dict(gw.providers)
+    gw.breakers = Breakers(3, 0.5)
+    yield
+    gw.providers.update(saved)
+    rstack.close_clients()
+
+
+def _dead(rstack: Stack, prefix: str) -> None:
+    good = rstack.gateway.providers[prefix]
+    rstack.gateway.providers[prefix] = ResolvedProvider(prefix, f"http://127.0.0.1:{free_port()}/v1", good.api_key, 1, 5)
+
+
+def _requests_with(rstack: Stack, prefix: str, text: str) -> int:
+    return sum(1 for r in rstack.emulator(prefix).requests if text in json.dumps(r["messages"]))
+
+
+def test_retry_until_the_upstream_recovers(rstack: Stack) -> None:
+    group = rstack.group(10)
+    client = rstack.client(rstack.key(group=group))
+    text = f"retry me {time.time()} [flaky:2]"
+    out = client.chat.completions.create(model="openai/gpt-4o-mini", messages=[{"role": "user", "content": text}])
+    assert out.choices[0].message.content
+    assert _requests_with(rstack, "openai", text) == 3  # two 503s, then success
+    [record] = rstack.run(rstack.store.usage(group=group))
+    assert record.status == "ok" and record.credits > 0  # one call, one record
+
+
+def test_retries_are_bounded(rstack: Stack) -> None:
+    text = f"always down {time.time()} [flaky:10]"
+    with pytest.raises(openai.InternalServerError) as info:
+        rstack.client().chat.completions.create(model="openai/gpt-4o-mini", messages=[{"role": "user", "content": text}])
+    assert info.value.status_code == 503
+    assert _requests_with(rstack, "openai", text) == 3  # 1 + max_retries
+
+
+def test_429_retry_after_is_honoured(rstack: Stack) -> None:
+    text = f"limited {time.time()} [limited:1]"
+    began = time.monotonic()
+    out = rstack.client().chat.completions.create(model="mistral/mistral-small-latest",
+                                                  messages=[{"role": "user", "content": text}])  # fmt: skip
+    assert out.choices[0].message.content
+    assert time.monotonic() - began >= 0.1  # waited the upstream's retry-after
+    assert _requests_with(rstack, "mistral", text) == 2
+
+
+def test_no_retry_after_the_first_byte(rstack: Stack) -> None:
+    text = f"mid {time.time()} [midfail]"
+    with pytest.raises(openai.APIError):
+        list(rstack.client().chat.completions.create(model="openai/gpt-4o-mini", stream=True,
+                                                     messages=[{"role": "user", "content": text}]))  # fmt: skip
+    assert _requests_with(rstack, "openai", text) == 1
+
+
+def test_request_fallback_list_serves_and_bills_the_fallback(rstack: Stack) -> None:
+    _dead(rstack, "upstage")
+    group = rstack.group(10)
+    client = rstack.client(rstack.key(group=group))
+    out = client.chat.completions.create(model="upstage/solar-mini", messages=[{"role": "user", "content": "hi"}],
+                                         extra_body={"models": ["mistral/mistral-small-latest"]})  # fmt: skip
+    assert out.model == "mistral/mistral-small-latest"  # the model that actually served
+    assert "models" not in rstack.emulator("mistral").requests[-1]  # our field, not sent upstream
+    records = rstack.run(rstack.store.usage(group=group))
+    served = next(r for r in records if r.status == "ok")
+    failed = next(r for r in records if r.status == "error")
+    assert served.model == "mistral/mistral-small-latest" and served.provider == "mistral"
+    assert failed.model == "upstage/solar-mini" and failed.credits == 0
+    expected = -(-(served.prompt_tokens * 100_000_000 + served.completion_tokens * 300_000_000) // 10**6)
+    assert served.credits == expected  # billed at mistral-small's prices
+
+
+def test_catalog_fallback_and_stream(rstack: Stack) -> None:
+    _dead(rstack, "upstage")
+    chunks = list(rstack.client().chat.completions.create(model="upstage/solar-mini-fb", stream=True,
+                                                          messages=[{"role": "user", "content": "hi [tokens:3]"}]))  # fmt: skip
+    assert {c.model for c in chunks} == {"mistral/mistral-small-latest"}
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_bad_request_does_not_fall_back(rstack: Stack) -> None:
+    with pytest.raises(openai.BadRequestError):
+        rstack.client().chat.completions.create(model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "x"}],
+                                                extra_body={"models": "not-a-list"})  # fmt: skip
+
+
+def test_circuit_opens_then_probes_back(rstack: Stack) -> None:
+    good = rstack.gateway.providers["upstage"]
+    _dead(rstack, "upstage")
+    client = rstack.client()
+    for _ in range(1):  # 1 call = 3 attempts = 3 consecutive failures: the circuit opens
+        with pytest.raises(openai.InternalServerError):
+            client.chat.completions.create(model="upstage/solar-mini", messages=[{"role": "user", "content": "x"}])
+    assert rstack.gateway.breakers["upstage"].state == "open"
+    began = time.monotonic()
+    with pytest.raises(openai.InternalServerError) as info:
+        client.chat.completions.create(model="upstage/solar-mini", messages=[{"role": "user", "content": "x"}])
+    assert info.value.code == "circuit_open" and time.monotonic() - began < 0.2  # type: ignore[attr-defined]
+    rstack.gateway.providers["upstage"] = good  # the upstream comes back
+    time.sleep(0.55)  # cool-down over: the next call is the probe
+    assert client.chat.completions.create(model="upstage/solar-mini", messages=[{"role": "user", "content": "x"}])
+    assert rstack.gateway.breakers["upstage"].state == "closed"
+
+
+def test_first_byte_timeout(rstack: Stack) -> None:
+    began = time.monotonic()
+    with pytest.raises(openai.APIStatusError) as info:
+        rstack.client().chat.completions.create(model="openai/gpt-4o-mini",
+                                                messages=[{"role": "user", "content": f"{time.time()} [slow:3000]"}])  # fmt: skip
+    assert info.value.status_code == 504
+    assert time.monotonic() - began < 2.5  # 3 attempts of 0.5 s, not 3 s each
+
+
+def test_idle_gap_between_chunks_times_out(rstack: Stack) -> None:
+    good = rstack.gateway.providers["openai"]
+    rstack.gateway.providers["openai"] = ResolvedProvider("openai", good.base_url, good.api_key, 1, 0.3)
+    with pytest.raises(openai.APIError):
+        list(rstack.client().chat.completions.create(model="openai/gpt-4o-mini", stream=True,
+                                                     messages=[{"role": "user", "content": "x [tokens:5] [delay:1000]"}]))  # fmt: skip
+
+
+def test_keepalive_comments_while_a_stream_waits(rstack: Stack) -> None:
+    key = rstack.key()
+    body = json.dumps({"model": "mistral/mistral-small-latest", "stream": True,
+                       "messages": [{"role": "user", "content": "wait [slow:450] [tokens:2]"}]}).encode()  # fmt: skip
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()  # fmt: skip
+    with socket.create_connection(("127.0.0.1", rstack.port)) as sock:
+        sock.sendall(head + body)
+        received = b""
+        while True:
+            piece = sock.recv(65536)
+            if not piece:
+                break
+            received += piece
+    text = received.decode()
+    assert text.startswith("HTTP/1.1 200")
+    assert text.index(": keep-alive") < text.index("data: {")
+    assert "data: [DONE]" in text
+
+
+def test_backoff_and_breaker_units() -> None:
+    assert backoff(0, 0.25, 4, "2") == 2.0
+    assert 0.125 <= backoff(0, 0.25, 4) <= 0.25
+    assert 2.0 <= backoff(10, 0.25, 4) <= 4.0
+    b = Breaker(threshold=2, cooldown=10)
+    b.failure(now=0)
+    assert b.allow(now=1)
+    b.failure(now=1)
+    assert not b.allow(now=5)
+    assert b.allow(now=11)  # half-open probe
+    assert not b.allow(now=11)  # one probe at a time
+    b.success()
+    assert b.allow(now=12) and b.state == "closed"
+

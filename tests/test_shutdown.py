@@ -1,0 +1,70 @@
+"""SIGTERM during open streams: every stream completes and is billed, then the process exits."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+
+from tests.conftest import Stack, free_port
+from tests.test_crash import _cli, _serve
+
+
+def _stream(port: int, key: str, out: list[bytes], started: threading.Event) -> None:
+    body = (b'{"model":"openai/gpt-4o-mini","stream":true,'
+            b'"messages":[{"role":"user","content":"drain me [tokens:20] [delay:80]"}]}')  # fmt: skip
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()  # fmt: skip
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(head + body)
+        sock.settimeout(20)
+        data = b""
+        while piece := sock.recv(65536):
+            data += piece
+            if b"data: {" in data:
+                started.set()
+        out.append(data)
+
+
+def test_sigterm_lets_open_streams_finish_and_bills_them(stack: Stack, tmp_path: Path) -> None:
+    emu = stack.emulators["openai"]
+    config = tmp_path / "router.toml"
+    config.write_text(f'[store]\nurl = "sqlite:///{tmp_path}/drain.db"\n'
+                      f'[providers.openai]\nbase_url = "{emu.base_url}"\napi_key = "{emu.api_key}"\n')  # fmt: skip
+    _cli(config, "groups", "create", "drain", "--credits", "10")
+    key = _cli(config, "keys", "create", "--group", "drain").strip().splitlines()[-1]
+    port = free_port()
+    proc = _serve(config, port)
+    results: list[bytes] = []
+    events = [threading.Event() for _ in range(5)]
+    threads = [threading.Thread(target=_stream, args=(port, key, results, e)) for e in events]
+    try:
+        for t in threads:
+            t.start()
+        for e in events:
+            assert e.wait(10)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        refused = False
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        except OSError:
+            refused = True
+        for t in threads:
+            t.join(20)
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert refused  # stopped accepting at once
+    assert len(results) == 5
+    for data in results:
+        assert data.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n"), data[-200:]  # complete, chunked end
+        assert data.count(b'"finish_reason":"stop"') == 1
+    usage = _cli(config, "usage", "--group", "drain")
+    assert usage.count(" ok ") == 5 and "interrupted" not in usage
+    shown = _cli(config, "groups", "show", "drain")
+    assert "reserved  0 credits" in shown and "spent     0 credits" not in shown
+
