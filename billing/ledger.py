@@ -15,6 +15,7 @@ from typing import Any
 from billing import tokens
 from billing.pricing import cost
 from billing.store import Refusal, Reservation, Store, UsageRecord
+from router import metrics
 from router.catalog import NANO, Model
 from router.errors import InsufficientCredits
 from router.wire import TokenUsage
@@ -84,6 +85,7 @@ class Meter:
         record.latency_ms = (now - self.started) * 1000
         record.ttft_ms = (first_token_at - self.started) * 1000 if first_token_at else None
         record.ts = time.time()
+        metrics.call_settled(record)
         await asyncio.shield(self.ledger.store.settle(self.reservation, record))
 
     def _estimate(self, generated: str) -> TokenUsage:

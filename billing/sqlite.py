@@ -207,6 +207,9 @@ class SQLiteStore(Store):
         assert self._db is not None
         return fn(self._db)
 
+    async def ping(self) -> None:
+        await self.run(lambda db: db.execute("SELECT 1").fetchone())
+
     def _connect(self) -> None:
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)

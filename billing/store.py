@@ -113,6 +113,11 @@ class Store(ABC):
     @abstractmethod
     async def close(self) -> None: ...
 
+    async def ping(self) -> None:
+        """A trivial query, for readiness probes: raises if the store cannot answer. Stores override
+        it with something cheaper (``SELECT 1``)."""
+        await self.get_group("")
+
     # groups
     @abstractmethod
     async def create_group(self, name: str, credits: int) -> Group: ...

@@ -18,11 +18,13 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from billing.store import Store
+from router import logs, metrics
 from router.chat import ChatCompletions
 from router.config import Settings
 from router.errors import GatewayError, MethodNotAllowed, NotFound
 from router.gateway import Gateway
-from router.middleware import RequestID
+from router.health import Readiness
+from router.middleware import Observe, RequestID
 from router.models import Models
 from router.responses import JSONBytes
 from router.responses_api import Responses
@@ -60,6 +62,8 @@ async def _health(request: Request) -> Response:
 def create_app(settings: Settings | None = None, *, store: Store | None = None) -> Starlette:
     gateway = Gateway(settings or Settings(), store=store)
     models = Models(gateway)
+    obs = gateway.settings.observability
+    logs.setup(obs)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -76,8 +80,10 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
             Route("/v1/models", models.list, methods=["GET"]),
             Route("/v1/models/{model:path}", models.retrieve, methods=["GET"]),
             Route("/healthz", _health, methods=["GET"]),
+            Route("/readyz", Readiness(gateway).endpoint, methods=["GET"]),
+            *([Route("/metrics", metrics.endpoint, methods=["GET"])] if obs.metrics else []),
         ],
-        middleware=[Middleware(RequestID)],
+        middleware=[Middleware(Observe, access_log=obs.access_log), Middleware(RequestID)],
         exception_handlers={GatewayError: _gateway_error, HTTPException: _http_error, Exception: _crash},
         lifespan=lifespan,
     )

@@ -69,21 +69,27 @@ class ChatCompletions:
         if not gw.started:
             await gw.start()
         principal = await principal_of(gw, request)
+        state = request.scope.get("state") or {}
+        state["caller"] = principal  # the access log's key id and group (router/logs.py); never the key
         body = await read_json_body(request, gw.settings.server.max_body_bytes, gw.settings.reliability.body_timeout)
         raw, req = parse_chat_request(body)
-        state = request.scope.get("state") or {}
+        state["model"] = req.model
         start = self.pipeline.start(
             principal, raw, req, len(body), source=state.get("source", "api"), request_id=state.get("request_id")
         )
         if not req.stream:
-            return JSONBytes(_encode(await self.pipeline.complete(await start)))
+            started = await start
+            state["provider"] = started.call.model.provider
+            return JSONBytes(_encode(await self.pipeline.complete(started)), headers=started.rate_headers)
         # A stream whose upstream is slow to answer (retries, fallbacks, a slow first byte) starts at
         # once with SSE keep-alive comments; until then an error is still a plain HTTP error.
         task = asyncio.ensure_future(start)
         await asyncio.wait((task,), timeout=gw.settings.reliability.stream_keepalive)
         if task.done():
             started = task.result()
-            return SSE(sse(self.pipeline.chunks(started)), finalize=lambda: self.pipeline.abandon(started))
+            state["provider"] = started.call.model.provider
+            return SSE(sse(self.pipeline.chunks(started)), headers=started.rate_headers,
+                       finalize=lambda: self.pipeline.abandon(started))  # fmt: skip
         return SSE(self._waiting(task), finalize=lambda: self._cancel(task))
 
     async def _waiting(self, task: asyncio.Future[Started]) -> AsyncGenerator[bytes, None]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -70,12 +71,54 @@ class CatalogSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     path: str | None = None
 
 
+PerMinute = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class GroupLimits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``[limits.groups.<name>]``: one group's limits (and its keys'); unset ones inherit ``[limits]``."""
+
+    key_rpm: PerMinute | None = None
+    key_tpm: PerMinute | None = None
+    group_rpm: PerMinute | None = None
+    group_tpm: PerMinute | None = None
+
+
+class LimitsSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Rate limits (router/ratelimit.py): requests and tokens per minute, per key and per group; 0 = none."""
+
+    key_rpm: PerMinute = 0
+    key_tpm: PerMinute = 0
+    group_rpm: PerMinute = 0
+    group_tpm: PerMinute = 0
+    redis_url: str = ""  # empty: counted in this process; redis://host:port/db: shared by every replica
+    redis_prefix: str = "router:rl"
+    redis_timeout: float = 0.25  # seconds per check before it counts as a Redis failure
+    fail_open: bool = True  # Redis unreachable: admit calls unchecked (and log) rather than refuse them
+    groups: dict[str, GroupLimits] = {}
+
+
+class ObservabilitySettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "debug", "info", "warning", "error"] = "INFO"
+    log_format: Literal["json", "text", "none"] = "json"  # none: leave the router loggers to the host app
+    access_log: bool = True  # one line per HTTP request on the `router.access` logger
+    metrics: bool = True  # serve GET /metrics
+
+
+class HealthSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    upstreams: Literal["all", "any", "none"] = "all"  # providers that must accept a TCP connection for /readyz
+    timeout: float = 1.0  # seconds per probe (store query, TCP connect)
+    cache_seconds: float = 5.0
+
+
 class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     server: ServerSettings = msgspec.field(default_factory=ServerSettings)
     store: StoreSettings = msgspec.field(default_factory=StoreSettings)
     providers: dict[str, ProviderSettings] = {}
     catalog: CatalogSettings = msgspec.field(default_factory=CatalogSettings)
     reliability: ReliabilitySettings = msgspec.field(default_factory=ReliabilitySettings)
+    limits: LimitsSettings = msgspec.field(default_factory=LimitsSettings)
+    observability: ObservabilitySettings = msgspec.field(default_factory=ObservabilitySettings)
+    health: HealthSettings = msgspec.field(default_factory=HealthSettings)
 
     def load_catalog(self) -> Catalog:
         return Catalog.load(Path(self.catalog.path) if self.catalog.path else None)

@@ -9,12 +9,13 @@ from __future__ import annotations
 import asyncio
 
 from adapters import ADAPTERS, Adapter
-from adapters.transport import Transport
 from billing.ledger import Ledger
 from billing.store import Store, open_store
 from router.auth import Authenticator
 from router.config import ResolvedProvider, Settings
 from router.errors import UpstreamUnavailable
+from router.metrics import ObservedTransport
+from router.ratelimit import RateLimiter
 from router.reliability import Breakers
 
 
@@ -23,8 +24,9 @@ class Gateway:
         self.settings = settings
         self.catalog = settings.load_catalog()
         self.store = store or open_store(settings.store.url)
-        self.transport = Transport()
+        self.transport = ObservedTransport()  # the shared transport, counting failed upstream attempts
         self.ledger = Ledger(self.store)
+        self.limits = RateLimiter(settings.limits)
         rel = settings.reliability
         self.breakers = Breakers(rel.breaker_threshold, rel.breaker_cooldown)
         self.auth = Authenticator(self.store, settings.server.key_prefix, settings.server.auth_cache_seconds)
@@ -61,5 +63,6 @@ class Gateway:
         async with self._lock:
             if self.started:
                 await self.transport.close()
+                await self.limits.close()
                 await self.store.close()
                 self.started = False

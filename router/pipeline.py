@@ -22,6 +22,7 @@ from adapters.base import Adapter, Call
 from billing.ledger import Meter
 from billing.pricing import worst_case
 from billing.store import Principal, UsageRecord
+from router import metrics
 from router.errors import GatewayError, InvalidRequest, PermissionDenied, UpstreamTimeout, UpstreamUnavailable
 from router.gateway import Gateway
 from router.reliability import backoff, breaker_failure, failover, retryable
@@ -37,6 +38,7 @@ class Started:
     response: aiohttp.ClientResponse
     completion_id: str
     upstream_id: str | None
+    rate_headers: dict[str, str] | None = None  # x-ratelimit-* for the HTTP response (router/ratelimit.py)
 
 
 def completion_id() -> str:
@@ -103,6 +105,7 @@ class ChatPipeline:
         deadline = time.monotonic() + gw.settings.reliability.deadline
         ids = self.candidates(raw, req)
         last: GatewayError | None = None
+        limit_headers: dict[str, str] | None = None
         for n, model_id in enumerate(ids):
             try:
                 model = self.check(principal, req, endpoint, model_id)
@@ -110,6 +113,8 @@ class ChatPipeline:
                 if n == 0:
                     raise
                 continue  # a fallback this call cannot use
+            if n == 0:  # rate limits: once per call (429 here is final: no fallback), before any reserve
+                limit_headers = await gw.limits.admit(principal, model, body_size, req)
             if not gw.breakers[model.provider].allow():
                 last = UpstreamUnavailable(
                     f"The provider '{model.provider}' keeps failing and is skipped for a while (circuit open).",
@@ -118,7 +123,9 @@ class ChatPipeline:
                 continue
             attempt = _Attempt(self, principal, raw, req, body_size, model, model_id, deadline)
             try:
-                return await attempt.run(source, endpoint, request_id)
+                started = await attempt.run(source, endpoint, request_id)
+                started.rate_headers = limit_headers
+                return started
             except GatewayError as exc:
                 if not failover(exc) or n == len(ids) - 1 or time.monotonic() >= deadline:
                     raise
@@ -186,7 +193,7 @@ class _Attempt:
         )
         adapter = gw.adapter(model.provider)
         upstream = adapter.build_request(call)
-        # admission: rate limits are checked here, before anything is reserved
+        # (rate limits were checked once per call, in start(), before the first attempt)
         reservation = await gw.ledger.reserve(
             self.principal.group_id, self.principal.key_id, worst_case(model, self.body_size, req)
         )
@@ -236,3 +243,4 @@ class _Attempt:
 
 def retried(provider: str) -> None:
     """A retry happened (metrics hook)."""
+    metrics.retry(provider)

@@ -1,0 +1,148 @@
+"""5,000 concurrent slow streams through one gateway process: memory per stream and starvation.
+
+    .venv/bin/python -m bench.streams [--streams 5000] [--tokens 40] [--delay-ms 250]
+
+The emulators and the gateway run as their own processes (as in ``make bench``); a client process
+(aiohttp, uvloop) opens N streams at once, each answering ``--tokens`` tokens ``--delay-ms`` apart, and
+records, per stream, the largest gap between two chunks it received. The gateway's RSS is read with
+all streams open (after every stream got its first chunk) and compared with its RSS before: the
+difference over N is the memory each open stream costs. Once all are open, a stream "starved" if one
+of its gaps between chunks is over three times the upstream's own pacing (the opening storm itself,
+N connections at once on 2 cores, is reported separately).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.procs import stop_all
+from bench.stack import start_emulators, start_gateway, wait_ready
+
+RESULTS = Path(__file__).with_name("results")
+
+
+def rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+async def client(url: str, key: str, n: int, tokens: int, delay_ms: int, gateway_pid: int) -> dict:
+    import aiohttp
+
+    body = json.dumps({"model": "openai/gpt-4o-mini", "stream": True,
+                       "messages": [{"role": "user", "content": f"hold [tokens:{tokens}] [delay:{delay_ms}]"}]})  # fmt: skip
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    first = asyncio.Event()
+    got_first = 0
+    gaps: list[float] = []  # per stream: its largest gap once every stream is open (steady state)
+    ramp_gaps: list[float] = []  # per stream: its largest gap while streams were still opening
+    done_ok = 0
+    errors: dict[str, int] = {}
+    opened_at = [float("inf")]
+
+    async def one(session: aiohttp.ClientSession) -> None:
+        nonlocal got_first, done_ok
+        worst = 0.0
+        worst_ramp = 0.0
+        last = None
+        try:
+            async with session.post(url, data=body, headers=headers) as r:
+                if r.status != 200:
+                    errors[f"http_{r.status}"] = errors.get(f"http_{r.status}", 0) + 1
+                    return
+                async for _ in r.content.iter_any():
+                    now = time.monotonic()
+                    if last is None:
+                        got_first += 1
+                        if got_first == n:
+                            opened_at[0] = now
+                            first.set()
+                    elif first.is_set() and last >= opened_at[0]:
+                        worst = max(worst, now - last)
+                    else:
+                        worst_ramp = max(worst_ramp, now - last)
+                    last = now
+            gaps.append(worst)
+            ramp_gaps.append(worst_ramp)
+            done_ok += 1
+        except Exception as exc:  # noqa: BLE001 - counted and reported
+            errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
+
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        before = rss_kb(gateway_pid)
+        began = time.monotonic()
+        tasks = [asyncio.create_task(one(session)) for _ in range(n)]
+        try:
+            await asyncio.wait_for(first.wait(), timeout=120)
+            all_open_after = time.monotonic() - began
+        except TimeoutError:
+            all_open_after = None
+        during = rss_kb(gateway_pid)
+        await asyncio.gather(*tasks)
+    return {
+        "streams": n, "completed": done_ok, "errors": errors,
+        "all_open_after_s": all_open_after,
+        "gateway_rss_before_kb": before, "gateway_rss_with_all_open_kb": during,
+        "kb_per_stream": round((during - before) / n, 1) if n else None,
+        "max_gap_s": round(max(gaps), 3) if gaps else None,
+        "p99_gap_s": round(statistics.quantiles(gaps, n=100)[98], 3) if len(gaps) >= 100 else None,
+        "max_gap_while_opening_s": round(max(ramp_gaps), 3) if ramp_gaps else None,
+        "upstream_pacing_s": delay_ms / 1000,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.streams", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--streams", type=int, default=5000)
+    p.add_argument("--tokens", type=int, default=90)
+    p.add_argument("--delay-ms", type=int, default=1000)
+    args = p.parse_args(argv)
+    RESULTS.mkdir(exist_ok=True)
+    procs = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            emu, emulators = start_emulators(RESULTS)
+            procs.append(emu)
+            gw = start_gateway(RESULTS, Path(tmp), emulators)
+            procs.append(gw.proc)
+            wait_ready(gw, 30)
+            try:
+                import uvloop
+
+                run = uvloop.run
+            except ImportError:
+                run = asyncio.run
+            result = run(client(gw.url, gw.key, args.streams, args.tokens, args.delay_ms, gw.proc.pid))
+    finally:
+        stop_all(procs)
+    result["budget_kb_per_stream"] = 50
+    starved = result["max_gap_s"] is None or result["max_gap_s"] > 3 * args.delay_ms / 1000
+    result["starved"] = starved
+    result["pass"] = bool(result["kb_per_stream"] is not None and result["kb_per_stream"] <= 50
+                          and result["completed"] == args.streams and not starved)  # fmt: skip
+    (RESULTS / "streams.json").write_text(json.dumps(result, indent=2))
+    print(f"{result['completed']}/{result['streams']} streams completed, errors {result['errors']}")
+    print(f"all {args.streams} streams had their first chunk after {result['all_open_after_s']} s")
+    print(f"gateway RSS {result['gateway_rss_before_kb']} KB before, {result['gateway_rss_with_all_open_kb']} KB "
+          f"with all open: {result['kb_per_stream']} KB per open stream (budget 50 KB)")  # fmt: skip
+    print(f"with all streams open, the largest gap between two chunks of one stream: {result['max_gap_s']} s "
+          f"(p99 {result['p99_gap_s']} s; the upstream paces at {result['upstream_pacing_s']} s; "
+          f"{result['max_gap_while_opening_s']} s while streams were still opening)")  # fmt: skip
+    print("PASS" if result["pass"] else "FAIL")
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""``GET /readyz``: can this replica serve calls? (``GET /healthz`` only says the process is alive.)
+
+Ready means the store answers a trivial query and the configured providers accept a TCP connection
+(to the host and port of their base URL), each within ``[health] timeout``. The answer is cached for
+``[health] cache_seconds``, and concurrent probes share one check, so a load balancer polling every
+replica often costs the upstreams next to nothing. 200 with the details when ready, else 503.
+
+``[health] upstreams`` says how many providers must be reachable: ``all`` (default), ``any`` or
+``none`` (not checked). A provider counts as configured when the settings name it or it has a key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+from urllib.parse import urlsplit
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+from router.gateway import Gateway
+from router.responses import JSONBytes
+
+_encode = msgspec.json.Encoder().encode
+
+
+def address(base_url: str) -> tuple[str, int]:
+    parts = urlsplit(base_url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return parts.hostname or "", port
+
+
+async def reachable(host: str, port: int, seconds: float) -> str | None:
+    """None if a TCP connection opens within ``seconds``, else why not."""
+    try:
+        async with asyncio.timeout(seconds):
+            _, writer = await asyncio.open_connection(host, port)
+    except TimeoutError:
+        return "timeout"
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    writer.close()
+    try:
+        await writer.wait_closed()
+    except OSError:
+        pass
+    return None
+
+
+class Readiness:
+    def __init__(self, gateway: Gateway) -> None:
+        self.gw = gateway
+        self._cached: tuple[float, bool, dict[str, Any]] | None = None
+        self._running: asyncio.Future[tuple[bool, dict[str, Any]]] | None = None
+
+    def targets(self) -> dict[str, tuple[str, int]]:
+        settings = self.gw.settings
+        return {
+            prefix: address(p.base_url)
+            for prefix, p in sorted(self.gw.providers.items())
+            if prefix in settings.providers or p.api_key
+        }
+
+    async def check(self) -> tuple[bool, dict[str, Any]]:
+        cfg = self.gw.settings.health
+        now = time.monotonic()
+        if self._cached is not None and now - self._cached[0] < cfg.cache_seconds:
+            return self._cached[1], self._cached[2]
+        if self._running is None:
+            self._running = asyncio.ensure_future(self._check())
+            self._running.add_done_callback(self._done)
+        return await asyncio.shield(self._running)
+
+    def _done(self, future: asyncio.Future[tuple[bool, dict[str, Any]]]) -> None:
+        self._running = None
+        if not future.cancelled() and future.exception() is None:
+            ready, details = future.result()
+            self._cached = (time.monotonic(), ready, details)
+
+    async def _check(self) -> tuple[bool, dict[str, Any]]:
+        cfg = self.gw.settings.health
+        targets = self.targets() if cfg.upstreams != "none" else {}
+        store, *results = await asyncio.gather(
+            self._store(cfg.timeout),
+            *(self._upstream(host, port, cfg.timeout) for host, port in targets.values()),
+        )
+        upstreams = dict(zip(targets, results, strict=True))
+        up = sum(1 for r in results if r["ok"])
+        if cfg.upstreams == "all":
+            upstreams_ok = up == len(results)
+        elif cfg.upstreams == "any":
+            upstreams_ok = up > 0 or not results
+        else:
+            upstreams_ok = True
+        ready = bool(store["ok"]) and upstreams_ok
+        details: dict[str, Any] = {"status": "ready" if ready else "not_ready", "store": store}
+        if cfg.upstreams != "none":
+            details["upstreams"] = upstreams
+        return ready, details
+
+    async def _store(self, seconds: float) -> dict[str, Any]:
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(seconds):
+                if not self.gw.started:
+                    await self.gw.start()
+                await self.gw.store.ping()
+        except TimeoutError:
+            return {"ok": False, "error": "timeout"}
+        except Exception as exc:  # any failure of the store means not ready; say which
+            return {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:200]}
+        return {"ok": True, "ms": round((time.perf_counter() - started) * 1000, 2)}
+
+    @staticmethod
+    async def _upstream(host: str, port: int, seconds: float) -> dict[str, Any]:
+        started = time.perf_counter()
+        error = await reachable(host, port, seconds)
+        out: dict[str, Any] = {"ok": error is None, "address": f"{host}:{port}"}
+        if error is None:
+            out["ms"] = round((time.perf_counter() - started) * 1000, 2)
+        else:
+            out["error"] = error
+        return out
+
+    async def endpoint(self, request: Request) -> Response:
+        ready, details = await self.check()
+        return JSONBytes(
+            _encode(details), status_code=200 if ready else 503, headers={"cache-control": "no-store"}
+        )

@@ -1,0 +1,144 @@
+"""Structured logs: JSON lines on stderr, written by a background thread.
+
+``setup`` (called by ``create_app``) gives the ``router`` loggers their level and, when logging is
+not configured yet (the root logger has no handler: ``router serve``) and ``[observability]
+log_format`` is not ``none``, one handler that puts records on a queue; a ``QueueListener`` thread
+formats (JSON or text) and writes them to stderr, so a slow stderr never stalls the event loop. An
+application that mounts the gateway and configured logging itself keeps its own handlers (it may use
+:class:`JsonFormatter`). The ``router.access`` logger gets one line per HTTP request (see
+:func:`access`); keys never appear in it (only the key's id and its group's name).
+
+    {"ts": "2026-11-22T10:00:00.123Z", "level": "INFO", "logger": "router.access", "msg": "request",
+     "method": "POST", "path": "/v1/chat/completions", "status": 200, "latency_ms": 12.3,
+     "request_id": "req_...", "model": "openai/gpt-4o-mini", "provider": "openai", "group": "acme",
+     "key_id": 7, "stream": false, "client": "10.0.0.5"}
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import queue
+import sys
+import time
+from logging.handlers import QueueHandler, QueueListener
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+if TYPE_CHECKING:
+    from router.config import ObservabilitySettings
+    from router.types import Scope
+
+ACCESS = logging.getLogger("router.access")
+_encode = msgspec.json.Encoder(enc_hook=str).encode
+_STANDARD = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "fields"}
+
+
+def _timestamp(created: float) -> str:
+    seconds = int(created)
+    return (
+        time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{int((created - seconds) * 1000):03d}Z"
+    )
+
+
+def _fields(record: logging.LogRecord) -> dict[str, Any]:
+    fields = record.__dict__.get("fields")
+    out = dict(fields) if isinstance(fields, dict) else {}
+    for name, value in record.__dict__.items():  # `extra=` given the ordinary way
+        if name not in _STANDARD:
+            out[name] = value
+    return out
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: ts, level, logger, msg, then the record's fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": _timestamp(record.created),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        out.update(_fields(record))
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return _encode(out).decode()
+
+
+class TextFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        head = f"{_timestamp(record.created)} {record.levelname} {record.name}: {record.getMessage()}"
+        fields = " ".join(f"{k}={v}" for k, v in _fields(record).items() if v is not None)
+        text = f"{head} {fields}" if fields else head
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        return text
+
+
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is when the record is written."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
+class _Enqueue(QueueHandler):
+    """Hands the record over as it is: formatting happens on the listener's thread."""
+
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        return record
+
+
+_handler: _Enqueue | None = None
+_listener: QueueListener | None = None
+
+
+def setup(settings: ObservabilitySettings) -> None:
+    """Level and (once per process, if logging is unconfigured) the handler of the ``router`` loggers."""
+    global _handler, _listener
+    logger = logging.getLogger("router")
+    logger.setLevel(settings.log_level.upper())
+    if settings.log_format == "none" or _handler is not None or logging.getLogger().handlers:
+        return
+    target = _Stderr()
+    target.setFormatter(JsonFormatter() if settings.log_format == "json" else TextFormatter())
+    q: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+    _listener = QueueListener(q, target)
+    _listener.start()
+    atexit.register(_listener.stop)
+    _handler = _Enqueue(q)
+    logger.addHandler(_handler)
+    logger.propagate = False
+
+
+def access(scope: Scope, status: int, seconds: float, stream: bool) -> None:
+    """The access-log line of one request. The endpoint leaves what it learnt in ``scope["state"]``:
+    ``request_id`` (middleware), ``caller`` (the principal), ``model``, ``provider``."""
+    state = scope.get("state") or {}
+    caller = state.get("caller") or state.get("principal")
+    client = scope.get("client")
+    record = logging.LogRecord(ACCESS.name, logging.INFO, "", 0, "request", None, None)
+    record.fields = {
+        "method": scope.get("method"),
+        "path": scope.get("path"),
+        "status": status,
+        "latency_ms": round(seconds * 1000, 3),
+        "request_id": state.get("request_id"),
+        "model": state.get("model"),
+        "provider": state.get("provider"),
+        "group": getattr(caller, "group_name", None),
+        "key_id": getattr(caller, "key_id", None),
+        "stream": stream,
+        "client": client[0] if client else None,
+    }
+    ACCESS.handle(record)

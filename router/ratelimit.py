@@ -1,0 +1,262 @@
+"""Rate limits per key and per group: requests per minute (RPM) and tokens per minute (TPM).
+
+A call is admitted once, before anything is reserved or sent upstream, against up to four buckets:
+the key's RPM and TPM and its group's RPM and TPM (``[limits]`` in the settings; ``0`` = unlimited;
+``[limits.groups.<name>]`` overrides them for one group and its keys). Its tokens are the call's
+worst case at admission — the prompt's upper bound plus ``max_tokens`` (or the model's output
+ceiling) — the way OpenAI counts ``max_tokens`` against TPM; they are not refunded after the call.
+
+Each bucket is a GCRA (generic cell rate algorithm): one stored number per bucket, the theoretical
+arrival time (TAT); a bucket of ``limit`` per minute refills continuously at ``limit / 60`` per
+second and holds at most ``limit``. A call passes only if every bucket has room, and then takes from
+all of them — all or nothing, atomically. Two backends implement that behind :class:`Backend`:
+
+    router.ratelimit_memory   one process (a dict of TATs on the event loop)
+    router.ratelimit_redis    several replicas sharing one Redis: one Lua script, one round trip
+
+Refused: 429 ``rate_limit_exceeded`` with ``Retry-After`` (and ``retry-after-ms``); admitted: the
+``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` headers of the tightest bucket of each kind.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NamedTuple
+
+from billing.pricing import input_ceiling, output_ceiling
+from billing.store import Principal
+from router import metrics
+from router.errors import RateLimited
+
+if TYPE_CHECKING:
+    from router.catalog import Model
+    from router.config import LimitsSettings
+    from router.wire import ChatRequest
+
+PERIOD = 60.0  # seconds: the limits are per minute
+NEVER = math.inf  # retry_after of a call larger than the bucket itself
+
+log = logging.getLogger("router.ratelimit")
+
+
+class Bucket(NamedTuple):
+    name: str  # storage key (the backend's namespace included)
+    limit: int  # per PERIOD
+    cost: int  # what this call takes
+
+
+class BucketState(NamedTuple):
+    remaining: int  # what is left after this call (or now, when the call was refused)
+    reset: float  # seconds until the bucket is full again
+    retry_after: float  # 0 when this bucket has room; NEVER when the cost exceeds the limit
+
+
+def gcra(
+    tat: float, now: float, limit: int, cost: int, period: float = PERIOD
+) -> tuple[bool, float, BucketState]:
+    """One bucket: (has room, TAT after taking ``cost``, state). The caller stores the new TAT only if
+    every bucket of the call has room. Mirrored in Lua by :mod:`router.ratelimit_redis`."""
+    interval = period / limit
+    base = tat if tat > now else now
+    new_tat = base + cost * interval
+    if cost > limit:
+        return False, base, BucketState(_left(now, base, interval, period), base - now, NEVER)
+    allow_at = new_tat - period
+    if allow_at > now:
+        return False, base, BucketState(_left(now, base, interval, period), base - now, allow_at - now)
+    return True, new_tat, BucketState(_left(now, new_tat, interval, period), new_tat - now, 0.0)
+
+
+def _left(now: float, tat: float, interval: float, period: float) -> int:
+    return max(int(math.floor((now + period - tat) / interval + 1e-6)), 0)
+
+
+class Backend(ABC):
+    """Takes ``cost`` from every bucket if all have room, else from none, atomically."""
+
+    namespace: str = ""  # prefix of the bucket names
+
+    @abstractmethod
+    async def take(self, buckets: Sequence[Bucket]) -> tuple[bool, list[BucketState]]: ...
+
+    async def close(self) -> None:
+        return None
+
+
+class Quota(NamedTuple):
+    key_rpm: int
+    key_tpm: int
+    group_rpm: int
+    group_tpm: int
+
+
+_KINDS = ("key_rpm", "key_tpm", "group_rpm", "group_tpm")  # Quota's fields, in bucket order
+_WHAT = {
+    "key_rpm": ("requests per minute (RPM)", "this API key"),
+    "key_tpm": ("tokens per minute (TPM)", "this API key"),
+    "group_rpm": ("requests per minute (RPM)", "this key's group"),
+    "group_tpm": ("tokens per minute (TPM)", "this key's group"),
+}
+
+
+def duration(seconds: float) -> str:
+    """OpenAI's (Go's) duration style: ``20ms``, ``1s``, ``1.5s``, ``6m0s``."""
+    if seconds <= 0:
+        return "0s"
+    if seconds < 1:
+        return f"{max(math.ceil(seconds * 1000), 1)}ms"
+    seconds = math.ceil(seconds * 1000) / 1000
+    minutes, rest = divmod(seconds, 60)
+    text = f"{rest:.3f}".rstrip("0").rstrip(".") + "s"
+    if minutes >= 60:
+        hours, minutes = divmod(minutes, 60)
+        return f"{int(hours)}h{int(minutes)}m{text}"
+    return f"{int(minutes)}m{text}" if minutes else text
+
+
+class RateLimiter:
+    """The admission check of :class:`router.pipeline.ChatPipeline` (design §3: limits → reserve)."""
+
+    def __init__(self, settings: LimitsSettings, backend: Backend | None = None) -> None:
+        self.settings = settings
+        self.enabled = any(getattr(settings, k) for k in _KINDS) or any(
+            getattr(g, k) for g in settings.groups.values() for k in _KINDS
+        )
+        if backend is None:
+            backend = _backend(settings) if self.enabled else None
+        self.backend = backend
+        self._quotas: dict[str, Quota] = {}
+        self._names: dict[int, tuple[str, str, str, str]] = {}
+
+    def quota(self, group: str) -> Quota:
+        quota = self._quotas.get(group)
+        if quota is None:
+            s, own = self.settings, self.settings.groups.get(group)
+            values = [getattr(s, k) for k in _KINDS]
+            if own is not None:
+                values = [
+                    v if (o := getattr(own, k)) is None else o for k, v in zip(_KINDS, values, strict=True)
+                ]
+            quota = self._quotas[group] = Quota(*values)
+        return quota
+
+    def _bucket_names(self, principal: Principal) -> tuple[str, str, str, str]:
+        names = self._names.get(principal.key_id)
+        if names is None:
+            if len(self._names) > 100_000:
+                self._names.clear()
+            assert self.backend is not None
+            # one hash tag per group: a Redis Cluster keeps a key's and its group's buckets together
+            base = f"{self.backend.namespace}{{g{principal.group_id}}}:"
+            k = f"{base}k{principal.key_id}:"
+            names = self._names[principal.key_id] = (k + "r", k + "t", base + "g:r", base + "g:t")
+        return names
+
+    async def admit(
+        self, principal: Principal, model: Model, body_size: int, req: ChatRequest
+    ) -> dict[str, str] | None:
+        """Admit one call or raise 429; returns the response's ``x-ratelimit-*`` headers (None when
+        no limit applies)."""
+        if not self.enabled:
+            return None
+        quota = self.quota(principal.group_name)
+        if not any(quota):
+            return None
+        tokens = 0
+        if quota.key_tpm or quota.group_tpm:
+            tokens = input_ceiling(body_size, req) + output_ceiling(model, req)
+        names = self._bucket_names(principal)
+        buckets: list[Bucket] = []
+        kinds: list[str] = []
+        for i, kind in enumerate(_KINDS):
+            limit = quota[i]
+            if limit:
+                buckets.append(Bucket(names[i], limit, tokens if i % 2 else 1))
+                kinds.append(kind)
+        assert self.backend is not None
+        try:
+            ok, states = await self.backend.take(buckets)
+        except Exception as exc:  # the shared store is down: admit rather than refuse every call
+            metrics.ratelimit_backend_error()
+            _warn(exc)
+            if self.settings.fail_open:
+                return None
+            raise RateLimited(
+                "Rate limits cannot be checked right now; retry shortly.", headers={"Retry-After": "1"}
+            ) from None
+        headers = _headers(buckets, kinds, states)
+        if ok:
+            return headers
+        raise self._refusal(buckets, kinds, states, headers)
+
+    def _refusal(
+        self, buckets: list[Bucket], kinds: list[str], states: list[BucketState], headers: dict[str, str]
+    ) -> RateLimited:
+        worst = max(range(len(states)), key=lambda i: states[i].retry_after)
+        bucket, kind, state = buckets[worst], kinds[worst], states[worst]
+        metrics.rate_limited(kind)
+        what, whose = _WHAT[kind]
+        if state.retry_after == NEVER:
+            return RateLimited(
+                f"Request too large for {whose}'s {what}: limit {bucket.limit}, requested {bucket.cost}. "
+                "Lower max_tokens or send a shorter prompt.",
+                headers=headers,
+            )
+        wait = state.retry_after
+        headers["Retry-After"] = str(max(math.ceil(wait), 1))
+        headers["retry-after-ms"] = str(max(math.ceil(wait * 1000), 1))
+        return RateLimited(
+            f"Rate limit reached for {whose}'s {what}: limit {bucket.limit}, remaining {state.remaining}, "
+            f"requested {bucket.cost}. Please try again in {duration(wait)}.",
+            headers=headers,
+        )
+
+    async def close(self) -> None:
+        if self.backend is not None:
+            await self.backend.close()
+
+
+def _headers(buckets: list[Bucket], kinds: list[str], states: list[BucketState]) -> dict[str, str]:
+    """The tightest bucket of each kind (requests, tokens), in OpenAI's header names."""
+    headers: dict[str, str] = {}
+    for suffix, tokens in (("requests", False), ("tokens", True)):
+        best = -1
+        for i, kind in enumerate(kinds):
+            if kind.endswith("tpm") == tokens and (
+                best < 0
+                or states[i].remaining < states[best].remaining
+                or (states[i].remaining == states[best].remaining and states[i].reset > states[best].reset)
+            ):
+                best = i
+        if best >= 0:
+            headers[f"x-ratelimit-limit-{suffix}"] = str(buckets[best].limit)
+            headers[f"x-ratelimit-remaining-{suffix}"] = str(states[best].remaining)
+            headers[f"x-ratelimit-reset-{suffix}"] = duration(states[best].reset)
+    return headers
+
+
+_last_warning = 0.0
+
+
+def _warn(exc: Exception) -> None:
+    global _last_warning
+    now = time.monotonic()
+    if now - _last_warning > 10:
+        _last_warning = now
+        log.warning(
+            "rate limit backend unavailable (%s: %s); calls are admitted unchecked", type(exc).__name__, exc
+        )
+
+
+def _backend(settings: LimitsSettings) -> Backend:
+    if settings.redis_url:
+        from router.ratelimit_redis import RedisBackend
+
+        return RedisBackend(settings.redis_url, settings.redis_prefix, settings.redis_timeout)
+    from router.ratelimit_memory import MemoryBackend
+
+    return MemoryBackend()
