@@ -2,23 +2,25 @@
 :mod:`billing.sqlite`, on an asyncpg pool.
 
 The ledger goes through group commit: reservations and settlements queue up while a batch is being
-committed, then the next batch does them all in one transaction (one WAL flush for dozens of calls).
-A batch
+committed, then the next batch does them all in one transaction (one WAL flush for dozens of calls;
+a transaction per reservation would hold the group's row lock through its own flush, so one busy
+group could not go past the disk's flush rate). A batch is four round trips:
 
-1. deletes the reservations it settles (rows locked, in id order),
-2. locks the key rows, then the group rows it touches (``FOR NO KEY UPDATE``, in id order),
-3. works out every operation in Python, one after the other in the order they were submitted, with
-   the SQLite store's arithmetic (a reservation needs the key's cap and the group's balance; a
-   charge is capped at what the group has),
-4. writes the net change of each group and key with one conditional ``UPDATE`` (``balance + change
-   >= 0``), inserts the new reservations and the usage records, and commits.
+1. ``BEGIN``;
+2. ``LOCK``: delete the reservations it settles, then lock the key rows, then the group rows it
+   touches (each in id order) and read them;
+3. work out every operation in Python, one after the other in the order they were submitted, with the
+   SQLite store's arithmetic (a reservation needs the key's cap and the group's balance; a charge is
+   capped at what the group has);
+4. ``APPLY``: the net change of each group with one conditional ``UPDATE`` (``WHERE balance + change
+   >= 0``), of each key, the new reservations and the usage records; then ``COMMIT``.
 
-Since the rows are locked before they are read, no replica can move a balance between the reading
-and the writing; ``CHECK (balance >= 0)`` is the last guard. Every transaction takes its locks in
-the same order (reservations, keys, groups; ``reconcile`` takes reservations last but with ``SKIP
-LOCKED``, so it never waits for one), so replicas cannot deadlock each other; if PostgreSQL still
-reports a deadlock the batch is retried. An operation that fails (an unknown key, say) does not
-fail the others: the batch is then rolled back and redone one operation per transaction.
+The rows are locked before they are read, so no replica can move a balance between the reading and
+the writing; ``CHECK (balance >= 0)`` is the last guard. Every transaction takes its locks in the
+same order (reservations, keys, groups; ``reconcile`` takes reservations last, but with ``SKIP
+LOCKED``, so it never waits for one): replicas cannot deadlock each other, and if PostgreSQL still
+reported a deadlock the batch would be redone. An operation that fails (an unknown key, say) does
+not fail the others: the batch is rolled back and redone one operation per transaction.
 
 Timestamps of reservations come from the database clock, so ``reconcile(older_than=...)`` means the
 same on every replica.
@@ -127,16 +129,27 @@ USAGE_COLUMNS = ", ".join(name for name, _ in USAGE_TYPES)
 NOW = "extract(epoch FROM now())::float8"
 
 # -- the statements of a ledger batch -----------------------------------------------------------------
-RELEASE = (
-    "DELETE FROM reservations WHERE id IN "
-    "(SELECT id FROM reservations WHERE id = ANY($1::int8[]) ORDER BY id FOR UPDATE) RETURNING id"
+# Delete the reservations being settled, then lock the keys, then the groups, each in id order, in one
+# round trip. The order is certain: each step's WHERE needs a count of the step before (an InitPlan,
+# run in full before the first row of the step is locked), and Append reads its branches in turn.
+LOCK = """
+WITH released AS (
+    DELETE FROM reservations WHERE id IN
+        (SELECT id FROM reservations WHERE id = ANY($1::int8[]) ORDER BY id FOR UPDATE)
+    RETURNING id
+), k AS MATERIALIZED (
+    SELECT id, spend_cap, spent, reserved FROM keys
+    WHERE id = ANY($2::int8[]) AND (SELECT count(*) FROM released) >= 0
+    ORDER BY id FOR NO KEY UPDATE
+), g AS MATERIALIZED (
+    SELECT id, balance, reserved, spent FROM groups
+    WHERE id = ANY($3::int8[]) AND (SELECT count(*) FROM k) >= 0
+    ORDER BY id FOR NO KEY UPDATE
 )
-LOCK_KEYS = (
-    "SELECT id, spend_cap, spent, reserved FROM keys WHERE id = ANY($1::int8[]) ORDER BY id FOR NO KEY UPDATE"
-)
-LOCK_GROUPS = (
-    "SELECT id, balance, reserved, spent FROM groups WHERE id = ANY($1::int8[]) ORDER BY id FOR NO KEY UPDATE"
-)
+SELECT 'r' AS kind, id, NULL::int8 AS a, NULL::int8 AS b, NULL::int8 AS c FROM released
+UNION ALL SELECT 'k', id, spend_cap, spent, reserved FROM k
+UNION ALL SELECT 'g', id, balance, reserved, spent FROM g
+"""
 _USAGE_ARGS = ", ".join(f"${n}::{kind}[]" for n, (_, kind) in enumerate(USAGE_TYPES, start=12))
 APPLY = f"""
 WITH g AS (
@@ -182,7 +195,8 @@ def usage_row(r: UsageRecord, credits: int, now: float) -> tuple[Any, ...]:
     return (
         r.ts or now, r.key_id, r.group_id, r.model, r.provider, r.endpoint, r.source, r.stream,
         r.prompt_tokens, r.completion_tokens, r.cached_tokens, r.cache_write_tokens, r.reasoning_tokens,
-        credits, r.status, r.usage_exact, r.latency_ms, r.ttft_ms, r.upstream_request_id, r.request_id, r.error,
+        credits, r.status, r.usage_exact, r.latency_ms, r.ttft_ms, r.upstream_request_id, r.request_id,
+        r.error,
     )  # fmt: skip
 
 
@@ -236,7 +250,8 @@ class Plan:
     reservations: list[tuple[int, int, int]] = field(default_factory=list)
     usage: list[tuple[Any, ...]] = field(default_factory=list)
 
-    def __post_init__(self) -> None:
+    def remember(self) -> None:
+        """Note the rows as read, to write only the net changes at the end."""
         for kind, rows in (("g", self.groups), ("k", self.keys)):
             for rid, row in rows.items():
                 self.start[kind, rid] = (row.balance, row.reserved, row.spent)
@@ -307,19 +322,26 @@ async def run_batch(conn: asyncpg.Connection, ops: Sequence[Op]) -> list[Any]:
     key_ids = sorted({op.key_id if isinstance(op, ReserveOp) else op.reservation.key_id for op in ops})
     group_ids = sorted({op.group_id if isinstance(op, ReserveOp) else op.reservation.group_id for op in ops})
     async with conn.transaction():
-        released = {r[0] for r in await conn.fetch(RELEASE, settled)} if settled else set()
-        plan = await lock(conn, released, key_ids, group_ids)
+        plan = await lock(conn, settled, key_ids, group_ids)
         results = [plan.run(op) for op in ops]
         new_ids = await apply(conn, plan)
     return [Reservation(new_ids[r], *plan.reservations[r]) if isinstance(op, ReserveOp) and isinstance(r, int)
             else r for op, r in zip(ops, results, strict=True)]  # fmt: skip
 
 
-async def lock(conn: asyncpg.Connection, released: set[int], key_ids: list[int], group_ids: list[int]) -> Plan:
-    """Lock the keys, then the groups (both in id order) and read them."""
-    keys = {r[0]: Row(reserved=r[3], spent=r[2], cap=r[1]) for r in await conn.fetch(LOCK_KEYS, key_ids)}
-    groups = {r[0]: Row(balance=r[1], reserved=r[2], spent=r[3]) for r in await conn.fetch(LOCK_GROUPS, group_ids)}
-    return Plan(released, keys, groups)
+async def lock(conn: asyncpg.Connection, settled: list[int], key_ids: list[int], group_ids: list[int],
+               ) -> Plan:  # fmt: skip
+    """Take the reservations being settled, lock the keys, then the groups, and read them."""
+    plan = Plan(set(), {}, {})
+    for kind, rid, a, b, c in await conn.fetch(LOCK, settled, key_ids, group_ids):
+        if kind == "r":
+            plan.released.add(rid)
+        elif kind == "k":
+            plan.keys[rid] = Row(cap=a, spent=b, reserved=c)
+        else:
+            plan.groups[rid] = Row(balance=a, reserved=b, spent=c)
+    plan.remember()
+    return plan
 
 
 async def apply(conn: asyncpg.Connection, plan: Plan) -> list[int]:
@@ -340,6 +362,7 @@ class GroupCommit:
         self.limit = limit
         self.pending: list[tuple[Op, asyncio.Future[Any]]] = []
         self.task: asyncio.Task[None] | None = None
+        self.conn: asyncpg.Connection | None = None  # the batches' own, kept from one batch to the next
         self.batches = 0
 
     def submit(self, op: Op) -> asyncio.Future[Any]:
@@ -350,31 +373,41 @@ class GroupCommit:
             self.task = loop.create_task(self._drain())
         return future
 
-    async def wait(self) -> None:
-        """Until every queued operation is committed (or failed)."""
+    async def close(self) -> None:
+        """Once every queued operation is committed (or failed), give the connection back."""
         while self.task is not None:
-            await asyncio.shield(self.task)
+            await asyncio.wait({self.task})
+        if self.conn is not None:
+            conn, self.conn = self.conn, None
+            await self.store.db.release(conn)
+
+    async def _connection(self) -> asyncpg.Connection:
+        if self.conn is not None and not usable(self.conn):  # lost (server restarted?): take another
+            conn, self.conn = self.conn, None
+            await self.store.db.release(conn)  # nothing to do if the pool has taken it back
+        if self.conn is None:
+            self.conn = await self.store.db.acquire()
+        return self.conn
 
     async def _drain(self) -> None:
         try:
             while self.pending:
+                conn = await self._connection()
                 batch, self.pending = self.pending[: self.limit], self.pending[self.limit :]
-                await self._commit(batch)
+                await self._commit(conn, batch)
+        except BaseException as exc:  # no connection (or cancelled): the queued callers get the error
+            batch, self.pending = self.pending, []
+            fail(batch, exc)
+            if not isinstance(exc, Exception):
+                raise
         finally:
             self.task = None
 
-    async def _commit(self, batch: list[tuple[Op, asyncio.Future[Any]]]) -> None:
-        ops = [op for op, _ in batch]
+    async def _commit(self, conn: asyncpg.Connection, batch: list[tuple[Op, asyncio.Future[Any]]]) -> None:
         try:
-            results = await self._attempt(ops)
+            results = await self._attempt(conn, [op for op, _ in batch])
         except BaseException as exc:  # nothing committed: every caller gets the error
-            for _, future in batch:
-                if future.done():
-                    continue
-                if isinstance(exc, asyncio.CancelledError):
-                    future.cancel()
-                else:
-                    future.set_exception(exc)
+            fail(batch, exc)
             if not isinstance(exc, Exception):
                 raise
             return
@@ -389,31 +422,42 @@ class GroupCommit:
             else:
                 future.set_exception(value)
 
-    async def _attempt(self, ops: list[Op]) -> list[tuple[bool, Any]]:
-        pool = self.store.pool
-        async with pool.acquire() as conn:
-            for attempt in range(RETRIES):
-                try:
-                    return [(True, r) for r in await run_batch(conn, ops)]
-                except asyncpg.DeadlockDetectedError:
-                    if attempt == RETRIES - 1:
-                        raise
-                except (StoreError, asyncpg.PostgresError):
-                    if len(ops) == 1:
-                        raise
-                    return await self._one_by_one(conn, ops)
-        raise AssertionError("unreachable")
+    async def _attempt(self, conn: asyncpg.Connection, ops: list[Op]) -> list[tuple[bool, Any]]:
+        """``(True, result)`` or ``(False, error)`` for each operation. If one fails, the batch is
+        rolled back and each operation redone in its own transaction: one failure fails only itself."""
+        try:
+            return [(True, r) for r in await self._retrying(conn, ops)]
+        except (StoreError, asyncpg.PostgresError) as exc:
+            if len(ops) == 1:
+                return [(False, exc)]
+        return [(await self._attempt(conn, [op]))[0] for op in ops]
 
     @staticmethod
-    async def _one_by_one(conn: asyncpg.Connection, ops: list[Op]) -> list[tuple[bool, Any]]:
-        """The batch failed: each operation in its own transaction, so one failure fails only itself."""
-        results: list[tuple[bool, Any]] = []
-        for op in ops:
+    async def _retrying(conn: asyncpg.Connection, ops: list[Op]) -> list[Any]:
+        for attempt in range(1, RETRIES + 1):
             try:
-                results.append((True, (await run_batch(conn, [op]))[0]))
-            except (StoreError, asyncpg.PostgresError) as exc:
-                results.append((False, exc))
-        return results
+                return await run_batch(conn, ops)
+            except asyncpg.DeadlockDetectedError:
+                if attempt == RETRIES:
+                    raise
+        raise AssertionError("unreachable")
+
+
+def usable(conn: asyncpg.Connection) -> bool:
+    try:
+        return not conn.is_closed()
+    except asyncpg.InterfaceError:  # the pool took it back when it was closed
+        return False
+
+
+def fail(batch: list[tuple[Op, asyncio.Future[Any]]], exc: BaseException) -> None:
+    for _, future in batch:
+        if future.done():
+            continue
+        if isinstance(exc, asyncio.CancelledError):
+            future.cancel()
+        else:
+            future.set_exception(exc)
 
 
 # -- the store ----------------------------------------------------------------------------------------
@@ -455,17 +499,18 @@ class PostgresStore(Store):
         self.url = url
         self.min_size = min_size
         self.max_size = max_size
-        self._pool: asyncpg.Pool | None = None
+        self.pool: asyncpg.Pool | None = None  # None until open (the console runs its queries on it)
         self.commits = GroupCommit(self)
 
     @property
-    def pool(self) -> asyncpg.Pool:
-        if self._pool is None:
+    def db(self) -> asyncpg.Pool:
+        """The pool, once the store is open."""
+        if self.pool is None:
             raise StoreError("store is not open")
-        return self._pool
+        return self.pool
 
     async def open(self) -> None:
-        if self._pool is not None:
+        if self.pool is not None:
             return
         try:
             pool = await asyncpg.create_pool(self.url, min_size=self.min_size, max_size=self.max_size)
@@ -477,12 +522,15 @@ class PostgresStore(Store):
         except BaseException:
             await pool.close()
             raise
-        self._pool = pool
+        self.pool = pool
+
+    async def ping(self) -> None:
+        await self.db.fetchval("SELECT 1")
 
     async def close(self) -> None:
-        if self._pool is not None:
-            await self.commits.wait()
-            pool, self._pool = self._pool, None
+        if self.pool is not None:
+            await self.commits.close()
+            pool, self.pool = self.pool, None
             await pool.close()
 
     # -- groups ---------------------------------------------------------------------------------
@@ -490,7 +538,7 @@ class PostgresStore(Store):
         if credits < 0:
             raise StoreError("a group's credits cannot be negative")
         try:
-            row = await self.pool.fetchrow(
+            row = await self.db.fetchrow(
                 f"INSERT INTO groups (name, balance, created_at) VALUES ($1, $2, $3) RETURNING {GROUP_COLS}",
                 name, credits, time.time(),
             )  # fmt: skip
@@ -499,17 +547,17 @@ class PostgresStore(Store):
         return group_of(row)
 
     async def get_group(self, name: str) -> Group | None:
-        row = await self.pool.fetchrow(f"SELECT {GROUP_COLS} FROM groups WHERE name = $1", name)
+        row = await self.db.fetchrow(f"SELECT {GROUP_COLS} FROM groups WHERE name = $1", name)
         return group_of(row) if row else None
 
     async def list_groups(self) -> list[Group]:
-        rows = await self.pool.fetch(f'SELECT {GROUP_COLS} FROM groups ORDER BY name COLLATE "C"')
+        rows = await self.db.fetch(f'SELECT {GROUP_COLS} FROM groups ORDER BY name COLLATE "C"')
         return [group_of(r) for r in rows]
 
     async def topup(self, name: str, amount: int) -> Group:
         if amount <= 0:
             raise StoreError("a top-up must be a positive amount")
-        row = await self.pool.fetchrow(
+        row = await self.db.fetchrow(
             f"UPDATE groups SET balance = balance + $1 WHERE name = $2 RETURNING {GROUP_COLS}", amount, name
         )
         if row is None:
@@ -526,14 +574,14 @@ class PostgresStore(Store):
         spend_cap: int | None = None,
         allowed_models: list[str] | None = None,
     ) -> KeyInfo:
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self.db.acquire() as conn, conn.transaction():
             group_id = await conn.fetchval("SELECT id FROM groups WHERE name = $1", group)
             if group_id is None:
                 raise StoreError(f"no group named {group!r}")
             try:
                 key_id = await conn.fetchval(
-                    "INSERT INTO keys (group_id, name, key_hash, hint, created_at, spend_cap, allowed_models) "
-                    "VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id",
+                    "INSERT INTO keys (group_id, name, key_hash, hint, created_at, spend_cap, "
+                    "allowed_models) VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id",
                     group_id, name, key_hash, hint, time.time(), spend_cap,
                     json.dumps(allowed_models) if allowed_models else None,
                 )  # fmt: skip
@@ -542,20 +590,33 @@ class PostgresStore(Store):
             return key_of(await conn.fetchrow(KEY_SQL + " WHERE k.id = $1", key_id))
 
     async def revoke_key(self, key_id: int) -> bool:
-        status = await self.pool.execute(
+        status = await self.db.execute(
             "UPDATE keys SET revoked_at = $1 WHERE id = $2 AND revoked_at IS NULL", time.time(), key_id
         )
         return status != "UPDATE 0"
 
+    async def update_key(self, key_id: int, spend_cap: int | None, allowed_models: list[str] | None,
+                         ) -> KeyInfo:  # fmt: skip
+        if spend_cap is not None and spend_cap < 0:
+            raise StoreError("a spend cap cannot be negative")
+        async with self.db.acquire() as conn, conn.transaction():
+            status = await conn.execute(
+                "UPDATE keys SET spend_cap = $1, allowed_models = $2 WHERE id = $3",
+                spend_cap, json.dumps(allowed_models) if allowed_models else None, key_id,
+            )  # fmt: skip
+            if status == "UPDATE 0":
+                raise StoreError(f"no key with id {key_id}")
+            return key_of(await conn.fetchrow(KEY_SQL + " WHERE k.id = $1", key_id))
+
     async def list_keys(self, group: str | None = None) -> list[KeyInfo]:
         if group is None:
-            rows = await self.pool.fetch(KEY_SQL + " ORDER BY k.id")
+            rows = await self.db.fetch(KEY_SQL + " ORDER BY k.id")
         else:
-            rows = await self.pool.fetch(KEY_SQL + " WHERE g.name = $1 ORDER BY k.id", group)
+            rows = await self.db.fetch(KEY_SQL + " WHERE g.name = $1 ORDER BY k.id", group)
         return [key_of(r) for r in rows]
 
     async def principal(self, key_hash: str) -> Principal | None:
-        row = await self.pool.fetchrow(
+        row = await self.db.fetchrow(
             "SELECT k.id, k.name, g.id, g.name, k.spend_cap, k.allowed_models FROM keys k "
             "JOIN groups g ON g.id = k.group_id WHERE k.key_hash = $1 AND k.revoked_at IS NULL",
             key_hash,
@@ -577,7 +638,7 @@ class PostgresStore(Store):
     async def reconcile(self, older_than: float | None = None) -> int:
         released = 0
         last = 0
-        async with self.pool.acquire() as conn:
+        async with self.db.acquire() as conn:
             while True:  # ends: each round looks only past the last id it saw
                 ids = [r[0] for r in await conn.fetch(STALE, last, older_than, RECONCILE_CHUNK)]
                 if not ids:
@@ -592,12 +653,12 @@ class PostgresStore(Store):
             rows = await conn.fetch(
                 "SELECT DISTINCT group_id, key_id FROM reservations WHERE id = ANY($1::int8[])", ids
             )
-            plan = await lock(conn, set(), sorted({r[1] for r in rows}), sorted({r[0] for r in rows}))
+            plan = await lock(conn, [], sorted({r[1] for r in rows}), sorted({r[0] for r in rows}))
             taken = await conn.fetch(TAKE_STALE, ids)  # rows another replica has locked are skipped
             for rid, group_id, key_id, amount in taken:
                 plan.released.add(rid)
-                record = UsageRecord(key_id=key_id, group_id=group_id, model="", provider="", status="interrupted",
-                                     usage_exact=False, error=INTERRUPTED)  # fmt: skip
+                record = UsageRecord(key_id=key_id, group_id=group_id, model="", provider="",
+                                     status="interrupted", usage_exact=False, error=INTERRUPTED)  # fmt: skip
                 plan.settle(Reservation(rid, group_id, key_id, amount), record)
             await apply(conn, plan)
         return len(taken)
@@ -619,12 +680,14 @@ class PostgresStore(Store):
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += f" ORDER BY id DESC LIMIT ${len(args) + 1}"
-        return [usage_record(r) for r in await self.pool.fetch(sql, *args, limit)]
+        return [usage_record(r) for r in await self.db.fetch(sql, *args, limit)]
 
-    async def usage_by_model(self, key_id: int, since: float = 0.0, until: float | None = None) -> list[ModelUsage]:
-        rows = await self.pool.fetch(
-            "SELECT model, count(*), sum(prompt_tokens)::int8, sum(completion_tokens)::int8, sum(credits)::int8 "
-            'FROM usage WHERE key_id = $1 AND ts >= $2 AND ts <= $3 GROUP BY model ORDER BY model COLLATE "C"',
+    async def usage_by_model(self, key_id: int, since: float = 0.0, until: float | None = None,
+                             ) -> list[ModelUsage]:  # fmt: skip
+        rows = await self.db.fetch(
+            "SELECT model, count(*), sum(prompt_tokens)::int8, sum(completion_tokens)::int8, "
+            "sum(credits)::int8 FROM usage WHERE key_id = $1 AND ts >= $2 AND ts <= $3 "
+            'GROUP BY model ORDER BY model COLLATE "C"',
             key_id, since, until if until is not None else float("inf"),
         )  # fmt: skip
         return [ModelUsage(*r) for r in rows]
