@@ -18,7 +18,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from billing.store import Store
-from router import logs, metrics
+from jobs.runner import JobRunner
+from router import batches, logs, metrics
 from router.chat import ChatCompletions
 from router.config import Settings
 from router.errors import GatewayError, MethodNotAllowed, NotFound
@@ -82,10 +83,12 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
             Route("/healthz", _health, methods=["GET"]),
             Route("/readyz", Readiness(gateway).endpoint, methods=["GET"]),
             *([Route("/metrics", metrics.endpoint, methods=["GET"])] if obs.metrics else []),
+            *batches.routes(gateway),  # /v1/files, /v1/batches
         ],
         middleware=[Middleware(Observe, access_log=obs.access_log), Middleware(RequestID)],
         exception_handlers={GatewayError: _gateway_error, HTTPException: _http_error, Exception: _crash},
         lifespan=lifespan,
     )
     app.state.gateway = gateway
+    gateway.jobs = JobRunner(gateway, app)  # runs batch lines as in-process calls to this app
     return app

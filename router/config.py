@@ -110,6 +110,21 @@ class HealthSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     cache_seconds: float = 5.0
 
 
+class JobsSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``[jobs]``: the Batch API (``/v1/files``, ``/v1/batches``) and its runner (jobs/)."""
+
+    data_dir: str = ""  # SQLite store: where files live; empty = a ``files`` directory beside the database
+    max_file_bytes: Annotated[int, msgspec.Meta(ge=1)] = 100 * 1024 * 1024
+    max_lines: Annotated[int, msgspec.Meta(ge=1)] = 50_000  # requests in one batch input file
+    concurrency: Annotated[int, msgspec.Meta(ge=1)] = 8  # lines of one job in flight at once
+    max_jobs: Annotated[int, msgspec.Meta(ge=1)] = 4  # jobs one gateway process runs at once
+    poll_interval: Annotated[float, msgspec.Meta(gt=0)] = 1.0  # seconds between looks for work
+    lease_seconds: Annotated[float, msgspec.Meta(gt=0)] = 30.0  # one replica's hold on a job, renewed
+    line_timeout: Annotated[float, msgspec.Meta(gt=0)] = 900.0  # seconds one line may take
+    stop_grace: Annotated[float, msgspec.Meta(ge=0)] = 10.0  # on shutdown: seconds lines in flight may finish
+    runner: bool = True  # false: this process serves the endpoints but runs no jobs
+
+
 class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     server: ServerSettings = msgspec.field(default_factory=ServerSettings)
     store: StoreSettings = msgspec.field(default_factory=StoreSettings)
@@ -119,6 +134,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     limits: LimitsSettings = msgspec.field(default_factory=LimitsSettings)
     observability: ObservabilitySettings = msgspec.field(default_factory=ObservabilitySettings)
     health: HealthSettings = msgspec.field(default_factory=HealthSettings)
+    jobs: JobsSettings = msgspec.field(default_factory=JobsSettings)
 
     def load_catalog(self) -> Catalog:
         return Catalog.load(Path(self.catalog.path) if self.catalog.path else None)

@@ -7,6 +7,7 @@ mounted inside another application whose lifespan does not reach ours.
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 from adapters import ADAPTERS, Adapter
 from billing.ledger import Ledger
@@ -17,6 +18,9 @@ from router.errors import UpstreamUnavailable
 from router.metrics import ObservedTransport
 from router.ratelimit import RateLimiter
 from router.reliability import Breakers
+
+if TYPE_CHECKING:
+    from jobs.runner import JobRunner
 
 
 class Gateway:
@@ -37,6 +41,7 @@ class Gateway:
             adapter = ADAPTERS.get(spec.protocol)
             if adapter is not None:
                 self.adapters[prefix] = adapter(prefix, spec)
+        self.jobs: JobRunner | None = None  # the Batch API's runner (jobs/), set by create_app
         self.started = False
         self._lock = asyncio.Lock()
 
@@ -57,11 +62,15 @@ class Gateway:
                 else:
                     await self.store.reconcile(older_than=self.settings.store.stale_reservation_seconds)
                 await self.transport.start()
+                if self.jobs is not None:
+                    await self.jobs.start()
                 self.started = True
 
     async def stop(self) -> None:
         async with self._lock:
             if self.started:
+                if self.jobs is not None:
+                    await self.jobs.stop()  # first: lines in flight still use the transport and the ledger
                 await self.transport.close()
                 await self.limits.close()
                 await self.store.close()

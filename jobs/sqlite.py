@@ -1,0 +1,491 @@
+"""The jobs store on SQLite: its own connection to the billing database file, on its own worker thread,
+in WAL mode, with its own schema version (``jobs_schema_version``). File contents live on disk in the
+files directory (written to a temporary name, flushed, then renamed); the database holds their rows.
+
+``synchronous=FULL`` on this connection: a line's claim is on disk before its call goes upstream, so
+not even a power cut can make a line run twice. (The billing connection keeps its own setting.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from billing.sqlite import sqlite_path
+from billing.store import Principal
+from jobs.store import (
+    BATCH_COLUMNS,
+    FILE_COLUMNS,
+    OPEN,
+    TIMESTAMPS,
+    BatchRow,
+    FileRow,
+    Final,
+    JobStore,
+    JobStoreError,
+    Line,
+    LineState,
+    Outcome,
+    batch_of,
+    file_of,
+)
+
+T = TypeVar("T")
+
+MIGRATIONS: list[str] = [
+    # 1: files, batches, batch lines
+    """
+    CREATE TABLE files (
+        seq INTEGER PRIMARY KEY,
+        id TEXT NOT NULL UNIQUE,
+        group_id INTEGER NOT NULL,
+        key_id INTEGER NOT NULL,
+        purpose TEXT NOT NULL,
+        filename TEXT NOT NULL,
+        bytes INTEGER NOT NULL,
+        created_at INTEGER NOT NULL,
+        expires_at INTEGER
+    );
+    CREATE INDEX files_group ON files(group_id, seq);
+    CREATE TABLE batches (
+        seq INTEGER PRIMARY KEY,
+        id TEXT NOT NULL UNIQUE,
+        group_id INTEGER NOT NULL,
+        key_id INTEGER NOT NULL,
+        endpoint TEXT NOT NULL,
+        input_file_id TEXT NOT NULL,
+        completion_window TEXT NOT NULL,
+        status TEXT NOT NULL,
+        created_at INTEGER NOT NULL,
+        expires_at INTEGER NOT NULL,
+        metadata TEXT,
+        errors TEXT,
+        in_progress_at INTEGER,
+        finalizing_at INTEGER,
+        completed_at INTEGER,
+        failed_at INTEGER,
+        expired_at INTEGER,
+        cancelling_at INTEGER,
+        cancelled_at INTEGER,
+        output_file_id TEXT,
+        error_file_id TEXT,
+        total INTEGER NOT NULL DEFAULT 0,
+        completed INTEGER NOT NULL DEFAULT 0,
+        failed INTEGER NOT NULL DEFAULT 0,
+        input_tokens INTEGER NOT NULL DEFAULT 0,
+        output_tokens INTEGER NOT NULL DEFAULT 0,
+        cached_tokens INTEGER NOT NULL DEFAULT 0,
+        reasoning_tokens INTEGER NOT NULL DEFAULT 0,
+        lease_owner TEXT,
+        lease_until REAL
+    );
+    CREATE INDEX batches_group ON batches(group_id, seq);
+    CREATE INDEX batches_open ON batches(status, seq);
+    CREATE TABLE batch_lines (
+        batch_id TEXT NOT NULL,
+        line_no INTEGER NOT NULL,
+        custom_id TEXT NOT NULL,
+        body TEXT NOT NULL,
+        state TEXT NOT NULL DEFAULT 'pending',
+        owner TEXT,
+        started_at REAL,
+        finished_at REAL,
+        result TEXT,
+        PRIMARY KEY (batch_id, line_no)
+    );
+    CREATE INDEX batch_lines_state ON batch_lines(batch_id, state, line_no);
+    """,
+]
+
+_BATCH = f"SELECT {', '.join(BATCH_COLUMNS)} FROM batches"
+_FILE = f"SELECT {', '.join(FILE_COLUMNS)} FROM files"
+_HELD = "id = ? AND lease_owner = ?"  # a write by the lease holder only
+_OPEN = f"status IN ({', '.join(repr(s) for s in OPEN)})"
+
+
+class SQLiteJobStore(JobStore):
+    def __init__(self, url: str, files_dir: str = "") -> None:
+        self.url = url
+        self.path = sqlite_path(url)
+        base = Path(self.path).parent if self.path != ":memory:" else Path("data")
+        self.files_dir = Path(files_dir) if files_dir else base / "files"
+        self._executor: ThreadPoolExecutor | None = None
+        self._db: sqlite3.Connection | None = None
+
+    # -- plumbing -------------------------------------------------------------------------------------
+    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        if self._executor is None:
+            raise JobStoreError("the jobs store is not open")
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self._call, fn)
+
+    def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        assert self._db is not None
+        return fn(self._db)
+
+    async def tx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """``fn`` in one write transaction (taken at once, so the checks it reads stay true)."""
+
+        def wrapped(db: sqlite3.Connection) -> T:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                out = fn(db)
+                db.execute("COMMIT")
+                return out
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+
+        return await self.run(wrapped)
+
+    def _connect(self) -> None:
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self.files_dir.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10.0)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        db.execute("PRAGMA busy_timeout=10000")
+        self._db = db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.execute("CREATE TABLE IF NOT EXISTS jobs_schema_version (version INTEGER NOT NULL)")
+            row = db.execute("SELECT version FROM jobs_schema_version").fetchone()
+            version = row[0] if row else 0
+            if row is None:
+                db.execute("INSERT INTO jobs_schema_version VALUES (0)")
+            for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
+                for statement in script.split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+                db.execute("UPDATE jobs_schema_version SET version = ?", (number,))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    async def open(self) -> None:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-jobs")
+            try:
+                await asyncio.get_running_loop().run_in_executor(self._executor, self._connect)
+            except BaseException:
+                self._executor.shutdown(wait=False)
+                self._executor = None
+                raise
+
+    async def close(self) -> None:
+        if self._executor is not None:
+            if self._db is not None:
+                await self.run(lambda db: db.close())
+            self._db = None
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    def _file_path(self, file_id: str) -> Path:
+        return self.files_dir / file_id
+
+    def _write_file(self, file_id: str, data: bytes) -> None:
+        path = self._file_path(file_id)
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+
+    # -- callers --------------------------------------------------------------------------------------
+    async def principal_by_id(self, key_id: int) -> Principal | None:
+        def fn(db: sqlite3.Connection) -> Principal | None:
+            row = db.execute(
+                "SELECT k.id, k.name, g.id, g.name, k.spend_cap, k.allowed_models FROM keys k "
+                "JOIN groups g ON g.id = k.group_id WHERE k.id = ? AND k.revoked_at IS NULL",
+                (key_id,),
+            ).fetchone()
+            if row is None:
+                return None
+            allowed = frozenset(json.loads(row[5])) if row[5] else None
+            return Principal(row[0], row[1], row[2], row[3], row[4], allowed)
+
+        return await self.run(fn)
+
+    # -- files ----------------------------------------------------------------------------------------
+    async def create_file(self, row: FileRow, data: bytes) -> None:
+        def fn(db: sqlite3.Connection) -> None:
+            self._write_file(row.id, data)
+            db.execute(
+                f"INSERT INTO files ({', '.join(FILE_COLUMNS)}) VALUES ({', '.join('?' * len(FILE_COLUMNS))})",
+                tuple(getattr(row, name) for name in FILE_COLUMNS),
+            )
+
+        await self.run(fn)
+
+    async def get_file(self, group_id: int, file_id: str) -> FileRow | None:
+        def fn(db: sqlite3.Connection) -> FileRow | None:
+            row = db.execute(_FILE + " WHERE id = ? AND group_id = ?", (file_id, group_id)).fetchone()
+            return file_of(row) if row else None
+
+        return await self.run(fn)
+
+    async def file_content(self, group_id: int, file_id: str) -> bytes | None:
+        def fn(db: sqlite3.Connection) -> bytes | None:
+            row = db.execute("SELECT 1 FROM files WHERE id = ? AND group_id = ?", (file_id, group_id)).fetchone()
+            if row is None:
+                return None
+            try:
+                return self._file_path(file_id).read_bytes()
+            except FileNotFoundError:
+                return None
+
+        return await self.run(fn)
+
+    async def list_files(self, group_id: int, purpose: str | None, after: str | None, limit: int,
+                         ascending: bool) -> list[FileRow]:  # fmt: skip
+        def fn(db: sqlite3.Connection) -> list[FileRow]:
+            sql = _FILE + " WHERE group_id = ?"
+            args: list[Any] = [group_id]
+            if purpose is not None:
+                sql += " AND purpose = ?"
+                args.append(purpose)
+            if after is not None:
+                cmp = ">" if ascending else "<"
+                sql += f" AND seq {cmp} (SELECT seq FROM files WHERE id = ? AND group_id = ?)"
+                args += [after, group_id]
+            sql += f" ORDER BY seq {'ASC' if ascending else 'DESC'} LIMIT ?"
+            return [file_of(r) for r in db.execute(sql, (*args, limit)).fetchall()]
+
+        return await self.run(fn)
+
+    async def delete_file(self, group_id: int, file_id: str) -> bool:
+        def fn(db: sqlite3.Connection) -> bool:
+            gone = db.execute("DELETE FROM files WHERE id = ? AND group_id = ?", (file_id, group_id)).rowcount > 0
+            if gone:
+                self._file_path(file_id).unlink(missing_ok=True)
+            return gone
+
+        return await self.run(fn)
+
+    # -- batches --------------------------------------------------------------------------------------
+    async def create_batch(self, row: BatchRow) -> None:
+        sql = f"INSERT INTO batches ({', '.join(BATCH_COLUMNS)}) VALUES ({', '.join('?' * len(BATCH_COLUMNS))})"
+        await self.run(lambda db: db.execute(sql, row.values()))
+
+    async def get_batch(self, group_id: int | None, batch_id: str) -> BatchRow | None:
+        def fn(db: sqlite3.Connection) -> BatchRow | None:
+            if group_id is None:
+                row = db.execute(_BATCH + " WHERE id = ?", (batch_id,)).fetchone()
+            else:
+                row = db.execute(_BATCH + " WHERE id = ? AND group_id = ?", (batch_id, group_id)).fetchone()
+            return batch_of(row) if row else None
+
+        return await self.run(fn)
+
+    async def list_batches(self, group_id: int, after: str | None, limit: int) -> list[BatchRow]:
+        def fn(db: sqlite3.Connection) -> list[BatchRow]:
+            sql = _BATCH + " WHERE group_id = ?"
+            args: list[Any] = [group_id]
+            if after is not None:
+                sql += " AND seq < (SELECT seq FROM batches WHERE id = ? AND group_id = ?)"
+                args += [after, group_id]
+            rows = db.execute(sql + " ORDER BY seq DESC LIMIT ?", (*args, limit)).fetchall()
+            return [batch_of(r) for r in rows]
+
+        return await self.run(fn)
+
+    async def cancel_batch(self, group_id: int, batch_id: str, now: int) -> BatchRow | None:
+        def fn(db: sqlite3.Connection) -> BatchRow | None:
+            db.execute(
+                "UPDATE batches SET status = 'cancelling', cancelling_at = ? WHERE id = ? AND group_id = ? "
+                "AND status IN ('validating', 'in_progress')",
+                (now, batch_id, group_id),
+            )
+            row = db.execute(_BATCH + " WHERE id = ? AND group_id = ?", (batch_id, group_id)).fetchone()
+            return batch_of(row) if row else None
+
+        return await self.tx(fn)
+
+    # -- leases ---------------------------------------------------------------------------------------
+    async def claim_batch(self, owner: str, lease: float, skip: list[str]) -> BatchRow | None:
+        marks = ", ".join("?" * len(skip))
+        free = (
+            f"SELECT id FROM batches WHERE {_OPEN} AND (lease_until IS NULL OR lease_until < ?)"
+            + (f" AND id NOT IN ({marks})" if skip else "")
+            + " ORDER BY seq LIMIT 1"
+        )
+        # look first without the write lock (a poll that finds nothing never delays the ledger's writes)
+        if await self.run(lambda db: db.execute(free, (time.time(), *skip)).fetchone()) is None:
+            return None
+
+        def fn(db: sqlite3.Connection) -> BatchRow | None:
+            now = time.time()
+            row = db.execute(free, (now, *skip)).fetchone()
+            if row is None:
+                return None
+            db.execute("UPDATE batches SET lease_owner = ?, lease_until = ? WHERE id = ?", (owner, now + lease, row[0]))
+            return batch_of(db.execute(_BATCH + " WHERE id = ?", (row[0],)).fetchone())
+
+        return await self.tx(fn)
+
+    async def renew(self, batch_id: str, owner: str, lease: float) -> str | None:
+        def fn(db: sqlite3.Connection) -> str | None:
+            cur = db.execute(
+                f"UPDATE batches SET lease_until = ? WHERE {_HELD} AND {_OPEN}", (time.time() + lease, batch_id, owner)
+            )
+            if cur.rowcount == 0:
+                return None
+            return str(db.execute("SELECT status FROM batches WHERE id = ?", (batch_id,)).fetchone()[0])
+
+        return await self.tx(fn)
+
+    async def release(self, batch_id: str, owner: str) -> None:
+        await self.run(
+            lambda db: db.execute(f"UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE {_HELD}",
+                                  (batch_id, owner))  # fmt: skip
+        )
+
+    async def release_all(self) -> int:
+        return await self.run(
+            lambda db: db.execute(
+                "UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS NOT NULL"
+            ).rowcount
+        )
+
+    # -- the run of one batch -------------------------------------------------------------------------
+    async def start_batch(self, batch_id: str, owner: str, lines: list[Line], now: int) -> bool:
+        def fn(db: sqlite3.Connection) -> bool:
+            cur = db.execute(
+                "UPDATE batches SET status = CASE status WHEN 'validating' THEN 'in_progress' ELSE status END, "
+                f"in_progress_at = ?, total = ? WHERE {_HELD} AND status IN ('validating', 'cancelling') "
+                "AND total = 0 AND NOT EXISTS (SELECT 1 FROM batch_lines WHERE batch_id = ?)",
+                (now, len(lines), batch_id, owner, batch_id),
+            )
+            if cur.rowcount == 0:
+                return False
+            db.executemany(
+                "INSERT INTO batch_lines (batch_id, line_no, custom_id, body) VALUES (?, ?, ?, ?)",
+                [(batch_id, line.line_no, line.custom_id, line.body) for line in lines],
+            )
+            return True
+
+        return await self.tx(fn)
+
+    async def fail_batch(self, batch_id: str, owner: str, errors: list[dict[str, Any]], now: int) -> bool:
+        def fn(db: sqlite3.Connection) -> bool:
+            return db.execute(
+                "UPDATE batches SET status = 'failed', failed_at = ?, errors = ?, lease_owner = NULL, "
+                f"lease_until = NULL WHERE {_HELD} AND status IN ('validating', 'cancelling')",
+                (now, json.dumps(errors), batch_id, owner),
+            ).rowcount > 0
+
+        return await self.tx(fn)
+
+    async def set_finalizing(self, batch_id: str, owner: str, now: int) -> bool:
+        def fn(db: sqlite3.Connection) -> bool:
+            return db.execute(
+                f"UPDATE batches SET status = 'finalizing', finalizing_at = ? WHERE {_HELD} AND status = 'in_progress'",
+                (now, batch_id, owner),
+            ).rowcount > 0
+
+        return await self.tx(fn)
+
+    async def running_lines(self, batch_id: str) -> list[Line]:
+        def fn(db: sqlite3.Connection) -> list[Line]:
+            rows = db.execute(
+                "SELECT line_no, custom_id, body FROM batch_lines WHERE batch_id = ? AND state = 'running' "
+                "ORDER BY line_no",
+                (batch_id,),
+            ).fetchall()
+            return [Line(*r) for r in rows]
+
+        return await self.run(fn)
+
+    async def claim_line(self, batch_id: str, owner: str, now: float) -> Line | None:
+        def fn(db: sqlite3.Connection) -> Line | None:
+            held = db.execute(f"SELECT 1 FROM batches WHERE {_HELD} AND status = 'in_progress'", (batch_id, owner))
+            if held.fetchone() is None:
+                return None
+            row = db.execute(
+                "SELECT line_no, custom_id, body FROM batch_lines WHERE batch_id = ? AND state = 'pending' "
+                "ORDER BY line_no LIMIT 1",
+                (batch_id,),
+            ).fetchone()
+            if row is None:
+                return None
+            db.execute(
+                "UPDATE batch_lines SET state = 'running', owner = ?, started_at = ? WHERE batch_id = ? AND line_no = ?",
+                (owner, now, batch_id, row[0]),
+            )
+            return Line(*row)
+
+        return await self.tx(fn)
+
+    async def finish_line(self, batch_id: str, line_no: int, owner: str | None, outcome: Outcome,
+                          now: float) -> bool:  # fmt: skip
+        def fn(db: sqlite3.Connection) -> bool:
+            cur = db.execute(
+                "UPDATE batch_lines SET state = ?, result = ?, finished_at = ? WHERE batch_id = ? AND line_no = ? "
+                "AND state = 'running' AND (? IS NULL OR owner = ?)",
+                ("done" if outcome.ok else "failed", outcome.result, now, batch_id, line_no, owner, owner),
+            )
+            if cur.rowcount == 0:
+                return False
+            t = outcome.tokens
+            db.execute(
+                "UPDATE batches SET completed = completed + ?, failed = failed + ?, input_tokens = input_tokens + ?, "
+                "output_tokens = output_tokens + ?, cached_tokens = cached_tokens + ?, "
+                "reasoning_tokens = reasoning_tokens + ? WHERE id = ?",
+                (int(outcome.ok), int(not outcome.ok), t.input, t.output, t.cached, t.reasoning, batch_id),
+            )
+            return True
+
+        return await self.tx(fn)
+
+    async def line_states(self, batch_id: str) -> list[LineState]:
+        def fn(db: sqlite3.Connection) -> list[LineState]:
+            rows = db.execute(
+                "SELECT line_no, custom_id, state, result FROM batch_lines WHERE batch_id = ? ORDER BY line_no",
+                (batch_id,),
+            ).fetchall()
+            return [LineState(*r) for r in rows]
+
+        return await self.run(fn)
+
+    async def finalize(self, batch_id: str, owner: str, final: Final) -> bool:
+        # the files go to disk first: a crash before the commit leaves at most an unreferenced file
+        for file, data in ((final.output, final.output_data), (final.error, final.error_data)):
+            if file is not None:
+                await self.run(lambda db, f=file, d=data: self._write_file(f.id, d))  # type: ignore[misc]
+        stamp = f"{final.status}_at"
+        assert stamp in TIMESTAMPS
+
+        def fn(db: sqlite3.Connection) -> bool:
+            cur = db.execute(
+                f"UPDATE batches SET status = ?, {stamp} = ?, completed = ?, failed = ?, output_file_id = ?, "
+                f"error_file_id = ?, lease_owner = NULL, lease_until = NULL WHERE {_HELD} AND {_OPEN}",
+                (final.status, final.at, final.completed, final.failed, final.output.id if final.output else None,
+                 final.error.id if final.error else None, batch_id, owner),
+            )  # fmt: skip
+            if cur.rowcount == 0:
+                return False
+            for file in (final.output, final.error):
+                if file is not None:
+                    db.execute(
+                        f"INSERT INTO files ({', '.join(FILE_COLUMNS)}) "
+                        f"VALUES ({', '.join('?' * len(FILE_COLUMNS))})",
+                        tuple(getattr(file, name) for name in FILE_COLUMNS),
+                    )
+            db.execute("DELETE FROM batch_lines WHERE batch_id = ?", (batch_id,))
+            return True
+
+        done = await self.tx(fn)
+        if not done:
+            for file in (final.output, final.error):
+                if file is not None:
+                    self._file_path(file.id).unlink(missing_ok=True)
+        return done

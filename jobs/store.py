@@ -1,0 +1,273 @@
+"""The jobs store: files, batches and their lines, behind one small async interface.
+
+Implementations: :mod:`jobs.sqlite` (its own connection and worker thread on the billing database
+file; file contents on disk) and :mod:`jobs.postgres` (its own asyncpg pool; file contents as
+``bytea``). Both use the same database as the billing store (``[store] url``) and only read its
+``keys`` and ``groups`` tables (:meth:`JobStore.principal_by_id`).
+
+A line's life: ``pending`` → ``running`` (claimed, written durably *before* its call goes upstream) →
+``done`` | ``failed``. A line found ``running`` by a new lease holder was in flight when its runner
+died: it is failed, never run again (at most once).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+from billing.store import Principal
+
+OPEN = ("validating", "in_progress", "finalizing", "cancelling")  # a runner still has work to do
+TERMINAL = ("completed", "failed", "expired", "cancelled")
+
+# the batch columns, in the order of BatchRow's fields (both stores select them in this order)
+BATCH_COLUMNS = (
+    "id", "group_id", "key_id", "endpoint", "input_file_id", "completion_window", "status", "created_at",
+    "expires_at", "metadata", "errors", "in_progress_at", "finalizing_at", "completed_at", "failed_at",
+    "expired_at", "cancelling_at", "cancelled_at", "output_file_id", "error_file_id", "total", "completed",
+    "failed", "input_tokens", "output_tokens", "cached_tokens", "reasoning_tokens", "lease_owner",
+)  # fmt: skip
+FILE_COLUMNS = ("id", "group_id", "key_id", "purpose", "filename", "bytes", "created_at", "expires_at")
+TIMESTAMPS = frozenset(
+    {"in_progress_at", "finalizing_at", "completed_at", "failed_at", "expired_at", "cancelling_at", "cancelled_at"}
+)
+
+
+class JobStoreError(Exception):
+    """A jobs store operation could not be done."""
+
+
+@dataclass(slots=True)
+class FileRow:
+    id: str
+    group_id: int
+    key_id: int
+    purpose: str  # batch | batch_output
+    filename: str
+    bytes: int
+    created_at: int
+    expires_at: int | None = None
+
+
+@dataclass(slots=True)
+class BatchRow:
+    id: str
+    group_id: int
+    key_id: int
+    endpoint: str
+    input_file_id: str
+    completion_window: str
+    status: str
+    created_at: int
+    expires_at: int
+    metadata: dict[str, str] | None = None
+    errors: list[dict[str, Any]] | None = None
+    in_progress_at: int | None = None
+    finalizing_at: int | None = None
+    completed_at: int | None = None
+    failed_at: int | None = None
+    expired_at: int | None = None
+    cancelling_at: int | None = None
+    cancelled_at: int | None = None
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    total: int = 0
+    completed: int = 0
+    failed: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+    lease_owner: str | None = None
+
+    def values(self) -> tuple[Any, ...]:
+        """The row's values in BATCH_COLUMNS order, JSON fields encoded."""
+        out = [getattr(self, name) for name in BATCH_COLUMNS]
+        out[9] = json.dumps(self.metadata) if self.metadata is not None else None
+        out[10] = json.dumps(self.errors) if self.errors is not None else None
+        return tuple(out)
+
+
+def batch_of(row: Any) -> BatchRow:
+    values = list(row)
+    values[9] = json.loads(values[9]) if values[9] else None
+    values[10] = json.loads(values[10]) if values[10] else None
+    return BatchRow(*values)
+
+
+def file_of(row: Any) -> FileRow:
+    return FileRow(*row)
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    """One request of a batch, as the runner needs it."""
+
+    line_no: int  # 1-based line number in the input file
+    custom_id: str
+    body: str  # the request body, JSON
+
+
+@dataclass(frozen=True, slots=True)
+class LineState:
+    line_no: int
+    custom_id: str
+    state: str  # pending | running | done | failed
+    result: str | None  # the output or error file line (JSON, no newline)
+
+
+@dataclass(slots=True)
+class Tokens:
+    input: int = 0
+    output: int = 0
+    cached: int = 0
+    reasoning: int = 0
+
+
+@dataclass(slots=True)
+class Outcome:
+    """A finished line: its line in the output file (ok) or in the error file."""
+
+    ok: bool
+    result: str
+    tokens: Tokens = field(default_factory=Tokens)
+
+
+@dataclass(slots=True)
+class Final:
+    """How a batch ends: its status, the time of it, and the two files (either may be absent)."""
+
+    status: str  # completed | failed | expired | cancelled
+    at: int
+    completed: int
+    failed: int
+    output: FileRow | None = None
+    output_data: bytes = b""
+    error: FileRow | None = None
+    error_data: bytes = b""
+
+
+class JobStore(ABC):
+    url: str
+
+    @abstractmethod
+    async def open(self) -> None:
+        """Connect and migrate the jobs tables."""
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+    # -- callers ------------------------------------------------------------------------------------
+    @abstractmethod
+    async def principal_by_id(self, key_id: int) -> Principal | None:
+        """The key with this id and its group, unless revoked (read from the billing tables)."""
+
+    # -- files --------------------------------------------------------------------------------------
+    @abstractmethod
+    async def create_file(self, row: FileRow, data: bytes) -> None: ...
+
+    @abstractmethod
+    async def get_file(self, group_id: int, file_id: str) -> FileRow | None: ...
+
+    @abstractmethod
+    async def file_content(self, group_id: int, file_id: str) -> bytes | None: ...
+
+    @abstractmethod
+    async def list_files(self, group_id: int, purpose: str | None, after: str | None, limit: int,
+                         ascending: bool) -> list[FileRow]:  # fmt: skip
+        """Up to ``limit`` files of the group, newest first (or oldest first), after the file ``after``."""
+
+    @abstractmethod
+    async def delete_file(self, group_id: int, file_id: str) -> bool: ...
+
+    # -- batches ------------------------------------------------------------------------------------
+    @abstractmethod
+    async def create_batch(self, row: BatchRow) -> None: ...
+
+    @abstractmethod
+    async def get_batch(self, group_id: int | None, batch_id: str) -> BatchRow | None:
+        """The batch, if it belongs to the group (``None``: any group, for the runner)."""
+
+    @abstractmethod
+    async def list_batches(self, group_id: int, after: str | None, limit: int) -> list[BatchRow]:
+        """Up to ``limit`` batches of the group, newest first, after the batch ``after``."""
+
+    @abstractmethod
+    async def cancel_batch(self, group_id: int, batch_id: str, now: int) -> BatchRow | None:
+        """``validating``/``in_progress`` → ``cancelling``; returns the batch as it now is."""
+
+    # -- leases (one runner per batch at a time) ----------------------------------------------------
+    @abstractmethod
+    async def claim_batch(self, owner: str, lease: float, skip: list[str]) -> BatchRow | None:
+        """Take an open batch whose lease is free or expired (not one in ``skip``) for ``lease`` s."""
+
+    @abstractmethod
+    async def renew(self, batch_id: str, owner: str, lease: float) -> str | None:
+        """Extend our lease; the batch's status, or None if the lease is no longer ours."""
+
+    @abstractmethod
+    async def release(self, batch_id: str, owner: str) -> None: ...
+
+    @abstractmethod
+    async def release_all(self) -> int:
+        """Free every lease (SQLite: one gateway per file, so any lease is from a process now gone)."""
+
+    # -- the run of one batch (every write is conditional on holding its lease) ----------------------
+    @abstractmethod
+    async def start_batch(self, batch_id: str, owner: str, lines: list[Line], now: int) -> bool:
+        """Validated: store the lines; ``validating`` → ``in_progress`` (a ``cancelling`` batch stays so)."""
+
+    @abstractmethod
+    async def fail_batch(self, batch_id: str, owner: str, errors: list[dict[str, Any]], now: int) -> bool:
+        """Validation failed: ``failed`` with ``errors``; the lease is let go."""
+
+    @abstractmethod
+    async def set_finalizing(self, batch_id: str, owner: str, now: int) -> bool: ...
+
+    @abstractmethod
+    async def running_lines(self, batch_id: str) -> list[Line]:
+        """Lines claimed but never finished (their runner is gone)."""
+
+    @abstractmethod
+    async def claim_line(self, batch_id: str, owner: str, now: float) -> Line | None:
+        """Mark the next pending line ``running`` (durably) and return it; None when there is none, or
+        the batch is no longer ``in_progress``, or the lease is not ours."""
+
+    @abstractmethod
+    async def finish_line(self, batch_id: str, line_no: int, owner: str | None, outcome: Outcome,
+                          now: float) -> bool:  # fmt: skip
+        """A claimed line's result, counted in the batch; only if it is still ``running`` (and, with an
+        ``owner``, claimed by it). ``owner=None``: any claim (the lease holder failing a dead claim)."""
+
+    @abstractmethod
+    async def line_states(self, batch_id: str) -> list[LineState]: ...
+
+    @abstractmethod
+    async def finalize(self, batch_id: str, owner: str, final: Final) -> bool:
+        """The end: create the output and error files, set the final status, counts and file ids, drop
+        the lines and the lease — all at once."""
+
+
+def open_job_store(url: str, files_dir: str = "") -> JobStore:
+    """The jobs store on the billing store's database. ``files_dir``: where the SQLite store keeps file
+    contents (empty: a ``files`` directory beside the database file)."""
+    if url.startswith("sqlite://"):
+        from jobs.sqlite import SQLiteJobStore
+
+        return SQLiteJobStore(url, files_dir)
+    if url.startswith(("postgres://", "postgresql://")):
+        from jobs.postgres import PostgresJobStore
+
+        return PostgresJobStore(url)
+    raise JobStoreError(f"unsupported store URL {url!r}: use sqlite:///path or postgresql://...")
+
+
+def new_file_id() -> str:
+    return "file-" + secrets.token_hex(12)
+
+
+def new_batch_id() -> str:
+    return "batch_" + secrets.token_hex(12)
