@@ -355,6 +355,21 @@ class SQLiteStore(Store):
 
         return await self.run(fn)
 
+    async def update_key(self, key_id: int, spend_cap: int | None, allowed_models: list[str] | None) -> KeyInfo:
+        if spend_cap is not None and spend_cap < 0:
+            raise StoreError("a spend cap cannot be negative")
+
+        def fn(db: sqlite3.Connection) -> KeyInfo:
+            cur = db.execute(
+                "UPDATE keys SET spend_cap = ?, allowed_models = ? WHERE id = ?",
+                (spend_cap, json.dumps(allowed_models) if allowed_models else None, key_id),
+            )
+            if cur.rowcount == 0:
+                raise StoreError(f"no key with id {key_id}")
+            return self._key(db.execute(self._KEY_SQL + " WHERE k.id = ?", (key_id,)).fetchone())
+
+        return await self.run(fn)
+
     async def list_keys(self, group: str | None = None) -> list[KeyInfo]:
         def fn(db: sqlite3.Connection) -> list[KeyInfo]:
             if group is None:

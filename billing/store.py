@@ -147,6 +147,11 @@ class Store(ABC):
     async def revoke_key(self, key_id: int) -> bool: ...
 
     @abstractmethod
+    async def update_key(self, key_id: int, spend_cap: int | None, allowed_models: list[str] | None) -> KeyInfo:
+        """Set a key's spend cap (nano-credits, None = no cap) and model allow-list (None = every model);
+        raises StoreError if there is no such key."""
+
+    @abstractmethod
     async def list_keys(self, group: str | None = None) -> list[KeyInfo]: ...
 
     @abstractmethod

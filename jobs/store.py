@@ -21,7 +21,6 @@ from typing import Any
 from billing.store import Principal
 
 OPEN = ("validating", "in_progress", "finalizing", "cancelling")  # a runner still has work to do
-TERMINAL = ("completed", "failed", "expired", "cancelled")
 
 # the batch columns, in the order of BatchRow's fields (both stores select them in this order)
 BATCH_COLUMNS = (

@@ -15,9 +15,10 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 
 from billing.store import Store
+from console import console_app
 from jobs.runner import JobRunner
 from router import batches, logs, metrics
 from router.chat import ChatCompletions
@@ -81,6 +82,7 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
             Route("/v1/models", models.list, methods=["GET"]),
             Route("/v1/models/{model:path}", models.retrieve, methods=["GET"]),
             Route("/healthz", _health, methods=["GET"]),
+            *([Mount("/console", app=console_app(gateway))] if gateway.settings.console.enabled else []),
             Route("/readyz", Readiness(gateway).endpoint, methods=["GET"]),
             *([Route("/metrics", metrics.endpoint, methods=["GET"])] if obs.metrics else []),
             *batches.routes(gateway),  # /v1/files, /v1/batches

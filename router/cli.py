@@ -162,6 +162,10 @@ def parser() -> argparse.ArgumentParser:
     usage.add_argument("--key", type=int, help="key id")
     usage.add_argument("--source", choices=["api", "job"])
     usage.add_argument("--limit", type=int, default=50)
+
+    from console.cli import add_commands
+
+    add_commands(sub)  # router console set-password | hash-password
     return p
 
 
@@ -197,6 +201,10 @@ def main(argv: list[str] | None = None) -> None:
             _keys(args, settings)
         elif args.command == "usage":
             _usage(args, settings)
+        elif args.command == "console":
+            from console.cli import run as console_command
+
+            console_command(args, settings)
     except StoreError as exc:
         raise SystemExit(f"error: {exc}") from None
 

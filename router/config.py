@@ -125,12 +125,30 @@ class JobsSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     runner: bool = True  # false: this process serves the endpoints but runs no jobs
 
 
+class ConsoleSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``[console]``: the management console at /console (console/). The admin logs in with the password
+    set by ``router console set-password`` (stored scrypt-hashed) or with ``admin_token``, which also
+    opens the admin JSON API (``Authorization: Bearer ...``; else ``$ROUTER_CONSOLE_TOKEN``)."""
+
+    enabled: bool = True
+    admin_token: str = ""
+    password_hash: str = ""  # an scrypt hash as `router console hash-password` prints it; else the store's
+    session_secret: str = ""  # signs session cookies; empty: a random one kept in the store
+    session_seconds: Annotated[float, msgspec.Meta(gt=0)] = 8 * 3600.0
+    secure_cookies: bool = False  # set the cookies' Secure flag (the console is served over HTTPS)
+    login_window_seconds: Annotated[float, msgspec.Meta(gt=0)] = 300.0
+    login_attempts_per_ip: Annotated[int, msgspec.Meta(ge=1)] = 5  # failed logins per window, per client IP
+    login_attempts_global: Annotated[int, msgspec.Meta(ge=1)] = 50  # failed logins per window, all IPs
+    csv_max_rows: Annotated[int, msgspec.Meta(ge=1)] = 1_000_000
+
+
 class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     server: ServerSettings = msgspec.field(default_factory=ServerSettings)
     store: StoreSettings = msgspec.field(default_factory=StoreSettings)
     providers: dict[str, ProviderSettings] = {}
     catalog: CatalogSettings = msgspec.field(default_factory=CatalogSettings)
     reliability: ReliabilitySettings = msgspec.field(default_factory=ReliabilitySettings)
+    console: ConsoleSettings = msgspec.field(default_factory=ConsoleSettings)
     limits: LimitsSettings = msgspec.field(default_factory=LimitsSettings)
     observability: ObservabilitySettings = msgspec.field(default_factory=ObservabilitySettings)
     health: HealthSettings = msgspec.field(default_factory=HealthSettings)

@@ -1,0 +1,6 @@
+"""The management console: server-rendered pages at ``/console`` and the admin JSON API at
+``/console/api`` (design §7). ``console_app(gateway)`` builds the sub-app that ``create_app`` mounts."""
+
+from console.app import console_app
+
+__all__ = ["console_app"]

@@ -1,0 +1,386 @@
+"""The admin JSON API, for automation: the console's operations over HTTP, under ``/console/api``.
+
+Every call needs ``Authorization: Bearer <admin token>`` (``[console] admin_token`` or
+``$ROUTER_CONSOLE_TOKEN``); with no token configured the API is off (403). Bad tokens count as failed
+logins (429 past the limit). Amounts are credits as decimal strings (``"12.5"``; numbers accepted on
+input), with the exact integer of nano-credits beside them (``balance_nano``). Errors are
+``{"error": {"message", "type", "code"}}``.
+
+    GET    /api/groups                          groups
+    POST   /api/groups                          {"name", "credits"}
+    GET    /api/groups/{name}
+    POST   /api/groups/{name}/topup             {"credits"}
+    GET    /api/groups/{name}/keys
+    POST   /api/groups/{name}/keys              {"name", "spend_cap"?, "allowed_models"?} -> the key, once
+    GET    /api/groups/{name}/usage             ?source=api|job&model=&key=&since=&until=&before=&limit=
+    GET    /api/groups/{name}/usage/buckets     ?width=3600&since=&until=&source=&model=&key=
+    GET    /api/keys/{id}
+    PATCH  /api/keys/{id}                       {"spend_cap": "10" | null, "allowed_models": [...] | null}
+    POST   /api/keys/{id}/revoke
+    GET    /api/keys/{id}/usage                 ?since=&until=  (one row per model)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable
+from decimal import Decimal
+from typing import Any
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from billing.store import Group, KeyInfo, StoreError, UsageRecord
+from console import auth, forms
+from console.app import Console, console_of
+from console.forms import Invalid
+from console.pages import key_or_404
+from console.queries import Filter
+from router.cli import nano_to_credits, new_key
+
+MAX_BODY = 64 * 1024
+API = Callable[[Console, Request], Awaitable[Response]]
+
+
+class Problem(Exception):
+    def __init__(self, status: int, message: str, code: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code, self.field = status, message, code, field
+
+
+def error(status: int, message: str, code: str, field: str | None = None, **headers: str) -> JSONResponse:
+    kind = {
+        401: "authentication_error",
+        403: "permission_error",
+        404: "not_found_error",
+        429: "rate_limit_error",
+    }.get(status, "invalid_request_error")
+    return JSONResponse(
+        {"error": {"message": message, "type": kind, "param": field, "code": code}},
+        status_code=status,
+        headers=headers or None,
+    )
+
+
+def guarded(handler: API) -> Callable[[Request], Awaitable[Response]]:
+    async def endpoint(request: Request) -> Response:
+        c = console_of(request)
+        expected = auth.admin_token(c.settings)
+        if not expected:
+            return error(
+                403,
+                "The admin API is off: set [console] admin_token (or $ROUTER_CONSOLE_TOKEN).",
+                "admin_api_disabled",
+            )
+        ip = request.client.host if request.client else "unknown"
+        wait = c.throttle.retry_after(ip)
+        if wait is not None:
+            return error(
+                429,
+                f"Too many failed attempts: retry in {wait} seconds.",
+                "too_many_attempts",
+                **{"retry-after": str(wait)},
+            )
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not auth.token_matches(given.strip(), expected):
+            c.throttle.failed(ip)
+            return error(
+                401,
+                "Send the admin token as 'Authorization: Bearer <token>'.",
+                "invalid_admin_token",
+                **{"www-authenticate": "Bearer"},
+            )
+        await c.ensure()
+        try:
+            return await handler(c, request)
+        except Problem as p:
+            return error(p.status, p.message, p.code, p.field)
+        except Invalid as exc:
+            return error(400, exc.message, "invalid_value", exc.field)
+        except StoreError as exc:
+            return error(400, str(exc), "invalid_request")
+
+    return endpoint
+
+
+async def body(request: Request) -> dict[str, Any]:
+    if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
+        raise Problem(415, "Send a JSON body (Content-Type: application/json).", "unsupported_content_type")
+    raw = b""
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > MAX_BODY:
+            raise Problem(413, "The body is too large.", "request_too_large")
+    try:
+        data = json.loads(raw or b"{}")
+    except (ValueError, UnicodeDecodeError):
+        raise Problem(400, "The body is not valid JSON.", "invalid_json") from None
+    if not isinstance(data, dict):
+        raise Problem(400, "The body must be a JSON object.", "invalid_json")
+    return data
+
+
+def amount_text(value: Any, field: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise Invalid(field, f"'{field}' must be an amount of credits (a string like \"12.5\", or a number).")
+    return format(Decimal(str(value)), "f") if isinstance(value, float) else str(value)
+
+
+def group_json(g: Group) -> dict[str, Any]:
+    return {
+        "id": g.id,
+        "name": g.name,
+        "balance": nano_to_credits(g.balance),
+        "balance_nano": g.balance,
+        "reserved": nano_to_credits(g.reserved),
+        "reserved_nano": g.reserved,
+        "spent": nano_to_credits(g.spent),
+        "spent_nano": g.spent,
+        "created_at": g.created_at,
+    }
+
+
+def key_json(k: KeyInfo) -> dict[str, Any]:
+    return {
+        "id": k.id,
+        "group": k.group_name,
+        "name": k.name,
+        "hint": k.hint,
+        "created_at": k.created_at,
+        "revoked_at": k.revoked_at,
+        "spend_cap": None if k.spend_cap is None else nano_to_credits(k.spend_cap),
+        "spend_cap_nano": k.spend_cap,
+        "spent": nano_to_credits(k.spent),
+        "spent_nano": k.spent,
+        "allowed_models": list(k.allowed_models) if k.allowed_models else None,
+    }
+
+
+def usage_json(r: UsageRecord) -> dict[str, Any]:
+    return {
+        "id": r.id,
+        "ts": r.ts,
+        "key_id": r.key_id,
+        "model": r.model,
+        "provider": r.provider,
+        "endpoint": r.endpoint,
+        "source": r.source,
+        "stream": r.stream,
+        "prompt_tokens": r.prompt_tokens,
+        "completion_tokens": r.completion_tokens,
+        "cached_tokens": r.cached_tokens,
+        "cache_write_tokens": r.cache_write_tokens,
+        "reasoning_tokens": r.reasoning_tokens,
+        "credits": nano_to_credits(r.credits),
+        "credits_nano": r.credits,
+        "status": r.status,
+        "usage_exact": r.usage_exact,
+        "latency_ms": r.latency_ms,
+        "ttft_ms": r.ttft_ms,
+        "request_id": r.request_id,
+        "error": r.error,
+    }
+
+
+async def group_of(c: Console, request: Request) -> Group:
+    group = await c.store.get_group(request.path_params["name"])
+    if group is None:
+        raise Problem(404, f"No group named {request.path_params['name']!r}.", "group_not_found")
+    return group  # type: ignore[no-any-return]
+
+
+async def key_of(c: Console, request: Request) -> KeyInfo:
+    try:
+        return await key_or_404(c, request.path_params["key_id"])
+    except HTTPException:
+        raise Problem(404, f"No key with id {request.path_params['key_id']}.", "key_not_found") from None
+
+
+def number(params: Any, name: str, kind: type = float) -> Any:
+    text = params.get(name)
+    if text in (None, ""):
+        return None
+    try:
+        value = kind(text)
+    except ValueError:
+        raise Invalid(name, f"'{name}' must be a number.") from None
+    if value < 0:
+        raise Invalid(name, f"'{name}' cannot be negative.")
+    return value
+
+
+def allowed_of(c: Console, value: Any) -> list[str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(m, str) for m in value):
+        raise Invalid("allowed_models", "'allowed_models' must be a list of model ids, or null.")
+    return forms.models(",".join(value), "allowed_models", set(c.gateway.catalog.models))
+
+
+def cap_of(value: Any) -> int | None:
+    return None if value is None else forms.credits(amount_text(value, "spend_cap"), "spend_cap")
+
+
+# -- handlers -------------------------------------------------------------------------------------
+async def list_groups(c: Console, request: Request) -> Response:
+    return JSONResponse({"groups": [group_json(g) for g in await c.store.list_groups()]})
+
+
+async def create_group(c: Console, request: Request) -> Response:
+    data = await body(request)
+    name = forms.name(str(data.get("name", "")), "name", "group")
+    amount = forms.credits(amount_text(data.get("credits", "0"), "credits"), "credits")
+    assert amount is not None
+    return JSONResponse(group_json(await c.store.create_group(name, amount)), status_code=201)
+
+
+async def get_group(c: Console, request: Request) -> Response:
+    return JSONResponse(group_json(await group_of(c, request)))
+
+
+async def topup(c: Console, request: Request) -> Response:
+    group = await group_of(c, request)
+    data = await body(request)
+    amount = forms.credits(amount_text(data.get("credits"), "credits"), "credits", positive=True)
+    assert amount is not None
+    return JSONResponse(group_json(await c.store.topup(group.name, amount)))
+
+
+async def list_keys(c: Console, request: Request) -> Response:
+    group = await group_of(c, request)
+    return JSONResponse({"keys": [key_json(k) for k in await c.store.list_keys(group.name)]})
+
+
+async def create_key(c: Console, request: Request) -> Response:
+    group = await group_of(c, request)
+    data = await body(request)
+    label = forms.label(str(data.get("name", "")), "name")
+    cap, allowed = cap_of(data.get("spend_cap")), allowed_of(c, data.get("allowed_models"))
+    key, info = await new_key(c.store, c.gateway.settings, group.name, label, cap, allowed)
+    return JSONResponse(
+        {**key_json(info), "key": key}, status_code=201, headers={"cache-control": "no-store"}
+    )
+
+
+async def get_key(c: Console, request: Request) -> Response:
+    return JSONResponse(key_json(await key_of(c, request)))
+
+
+async def update_key(c: Console, request: Request) -> Response:
+    info = await key_of(c, request)
+    data = await body(request)
+    unknown = set(data) - {"spend_cap", "allowed_models"}
+    if unknown:
+        raise Invalid(
+            sorted(unknown)[0], f"Unknown field '{sorted(unknown)[0]}': use spend_cap, allowed_models."
+        )
+    cap = cap_of(data["spend_cap"]) if "spend_cap" in data else info.spend_cap
+    allowed = (
+        allowed_of(c, data["allowed_models"])
+        if "allowed_models" in data
+        else (list(info.allowed_models) if info.allowed_models else None)
+    )
+    updated = await c.store.update_key(info.id, cap, allowed)
+    c.gateway.auth.forget()
+    return JSONResponse(key_json(updated))
+
+
+async def revoke_key(c: Console, request: Request) -> Response:
+    info = await key_of(c, request)
+    done = await c.store.revoke_key(info.id)
+    c.gateway.auth.forget()
+    return JSONResponse({"id": info.id, "revoked": True, "already_revoked": not done})
+
+
+def usage_filter(request: Request, group_id: int) -> Filter:
+    p = request.query_params
+    source = p.get("source") or None
+    if source not in (None, "api", "job"):
+        raise Invalid("source", "'source' is api or job (or absent for all).")
+    model = (p.get("model") or "").strip().lower() or None
+    return Filter(group_id, source, model, number(p, "key", int), number(p, "since"), number(p, "until"))
+
+
+async def group_usage(c: Console, request: Request) -> Response:
+    group = await group_of(c, request)
+    f = usage_filter(request, group.id)
+    p = request.query_params
+    limit = number(p, "limit", int) or 100
+    if not 1 <= limit <= 1000:
+        raise Invalid("limit", "'limit' is between 1 and 1000.")
+    page = await c.queries.history(f, limit, before=number(p, "before", int), after=number(p, "after", int))
+    return JSONResponse(
+        {"data": [usage_json(r) for r in page.rows], "older": page.older, "newer": page.newer}
+    )
+
+
+async def group_buckets(c: Console, request: Request) -> Response:
+    group = await group_of(c, request)
+    f = usage_filter(request, group.id)
+    width = number(request.query_params, "width") or 3600.0
+    until = f.until if f.until is not None else time.time()
+    since = f.since if f.since is not None else until - 86400.0
+    count = int((until - since) // width) + (1 if (until - since) % width else 0)
+    if width < 60 or not 1 <= count <= 1000:
+        raise Invalid("width", "Pick a width of at least 60 seconds and at most 1000 buckets.")
+    buckets = await c.queries.buckets(f, since, width, count)
+    return JSONResponse(
+        {
+            "width": width,
+            "buckets": [
+                {
+                    "start": b.start,
+                    "calls": b.calls,
+                    "credits": nano_to_credits(b.credits),
+                    "credits_nano": b.credits,
+                }
+                for b in buckets
+            ],
+        }
+    )
+
+
+async def key_usage(c: Console, request: Request) -> Response:
+    info = await key_of(c, request)
+    p = request.query_params
+    rows = await c.queries.key_models(info.id, info.group_id, number(p, "since"), number(p, "until"))
+    return JSONResponse(
+        {
+            "key_id": info.id,
+            "models": [
+                {
+                    "model": r.model,
+                    "calls": r.calls,
+                    "errors": r.errors,
+                    "prompt_tokens": r.prompt_tokens,
+                    "completion_tokens": r.completion_tokens,
+                    "cached_tokens": r.cached_tokens,
+                    "reasoning_tokens": r.reasoning_tokens,
+                    "credits": nano_to_credits(r.credits),
+                    "credits_nano": r.credits,
+                }
+                for r in rows
+            ],
+        }
+    )
+
+
+def routes() -> list[Route]:
+    table: list[tuple[str, API, str]] = [
+        ("/api/groups", list_groups, "GET"),
+        ("/api/groups", create_group, "POST"),
+        ("/api/groups/{name}", get_group, "GET"),
+        ("/api/groups/{name}/topup", topup, "POST"),
+        ("/api/groups/{name}/keys", list_keys, "GET"),
+        ("/api/groups/{name}/keys", create_key, "POST"),
+        ("/api/groups/{name}/usage", group_usage, "GET"),
+        ("/api/groups/{name}/usage/buckets", group_buckets, "GET"),
+        ("/api/keys/{key_id}", get_key, "GET"),
+        ("/api/keys/{key_id}", update_key, "PATCH"),
+        ("/api/keys/{key_id}/revoke", revoke_key, "POST"),
+        ("/api/keys/{key_id}/usage", key_usage, "GET"),
+    ]
+    return [Route(path, guarded(handler), methods=[method]) for path, handler, method in table]

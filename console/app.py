@@ -1,0 +1,297 @@
+"""The console's ASGI sub-app, mounted at ``/console`` by ``router.app.create_app``.
+
+``console_app(gateway)`` builds it around the gateway's store and settings. Pages are in
+:mod:`console.pages`, the admin JSON API in :mod:`console.api`; this module holds what they share:
+the ``Console`` object (templates, queries, credentials, throttle), the ``page`` / ``action``
+wrappers (login required; forms also need the session's CSRF token), and the security headers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, urlencode
+
+import jinja2
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from console import auth
+from console.forms import MAX_FORM_BYTES, form_data
+from console.queries import Queries, queries_for
+from router.cli import nano_to_credits
+from router.types import ASGIApp, Message, Receive, Scope, Send
+
+if TYPE_CHECKING:
+    from router.gateway import Gateway
+
+HERE = Path(__file__).resolve().parent
+COOKIE = "mr_console"
+CACHE_SECONDS = 5.0  # how soon a password set by the CLI (in the store) takes effect
+CSS = (HERE / "static" / "console.css").read_bytes()
+SECURITY_HEADERS = [
+    (
+        b"content-security-policy",
+        b"default-src 'none'; style-src 'self'; img-src 'self' data:; "
+        b"form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    ),
+    (b"x-frame-options", b"DENY"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"same-origin"),
+]
+
+Handler = Callable[["Console", Request], Awaitable[Response]]
+FormHandler = Callable[["Console", Request, dict[str, str]], Awaitable[Response]]
+
+
+def when(ts: float | None) -> str:
+    if ts is None:
+        return ""
+    return datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def tokens(n: int | None) -> str:
+    return "" if n is None else f"{n:,}"
+
+
+class Console:
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.settings = gateway.settings.console
+        self._queries: Queries | None = None
+        s = self.settings
+        self.throttle = auth.Throttle(
+            s.login_attempts_per_ip, s.login_attempts_global, s.login_window_seconds
+        )
+        self._cached: dict[str, tuple[str, float]] = {}
+        self.env = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(HERE / "templates"),
+            autoescape=True,
+            trim_blocks=True,
+            lstrip_blocks=True,
+        )
+        self.env.filters.update(
+            credits=lambda n: "" if n is None else nano_to_credits(n),
+            tokens=tokens,
+            when=when,
+            q=lambda s: quote(str(s), safe=""),
+        )
+
+    @property
+    def store(self) -> Any:
+        return self.gateway.store
+
+    @property
+    def queries(self) -> Queries:
+        if self._queries is None:  # on first use: a store the console cannot query only fails the console
+            self._queries = queries_for(self.gateway.store)
+        return self._queries
+
+    def model_ids(self) -> list[str]:
+        return sorted(m.id for m in self.gateway.catalog.models.values())
+
+    async def ensure(self) -> None:
+        if not self.gateway.started:
+            await self.gateway.start()
+        await self.queries.ready()
+
+    # -- credentials (cached a few seconds: the CLI may change them in the store) ------------------
+    async def _setting(self, name: str, make: Callable[[], str] | None = None) -> str:
+        hit = self._cached.get(name)
+        now = time.monotonic()
+        if hit is not None and hit[1] > now:
+            return hit[0]
+        if make is not None:
+            value = await self.queries.setting_or_default(name, make())
+        else:
+            value = await self.queries.get_setting(name) or ""
+        self._cached[name] = (value, now + CACHE_SECONDS)
+        return value
+
+    async def secret(self) -> str:
+        if self.settings.session_secret:
+            return self.settings.session_secret
+        return await self._setting(auth.SECRET_SETTING, lambda: auth.secrets.token_urlsafe(32))
+
+    async def password_hash(self) -> str:
+        return self.settings.password_hash or await self._setting(auth.PASSWORD_SETTING)
+
+    def forget(self) -> None:
+        self._cached.clear()
+
+    async def session(self, request: Request) -> auth.Session | None:
+        return auth.read_session(request.cookies.get(COOKIE), await self.secret())
+
+    async def check_login(self, password: str) -> bool:
+        token = auth.admin_token(self.settings)
+        if auth.token_matches(password, token):
+            return True
+        stored = await self.password_hash()
+        return bool(stored) and await asyncio.to_thread(auth.verify_password, password, stored)
+
+    async def set_cookie(self, response: Response, request: Request, session: auth.Session | None) -> None:
+        path = request.scope.get("root_path") or "/"
+        if session is None:
+            response.delete_cookie(
+                COOKIE, path=path, secure=self.settings.secure_cookies, httponly=True, samesite="strict"
+            )
+            return
+        response.set_cookie(
+            COOKIE,
+            auth.sign_session(session, await self.secret()),
+            max_age=int(session.expires - time.time()),
+            path=path,
+            secure=self.settings.secure_cookies,
+            httponly=True,
+            samesite="strict",
+        )
+
+    # -- rendering ------------------------------------------------------------------------------
+    def render(self, request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:
+        session: auth.Session | None = getattr(request.state, "session", None)
+        base = request.scope.get("root_path", "")
+        html = self.env.get_template(template).render(
+            base=base,
+            csrf=session.csrf if session else "",
+            admin=bool(session and session.admin),
+            path=request.url.path,
+            **context,
+        )
+        return HTMLResponse(html, status_code=status, headers={"cache-control": "no-store"})
+
+    def redirect(self, request: Request, path: str, **query: Any) -> RedirectResponse:
+        url = request.scope.get("root_path", "") + path
+        params = {k: v for k, v in query.items() if v is not None}
+        return RedirectResponse(url + ("?" + urlencode(params) if params else ""), status_code=303)
+
+
+def console_of(request: Request) -> Console:
+    console: Console = request.app.state.console
+    return console
+
+
+def login_redirect(c: Console, request: Request) -> Response:
+    target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    return c.redirect(request, "/login", next=target)
+
+
+def page(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+    """A page only a logged-in admin sees; anyone else is sent to the login page."""
+
+    async def endpoint(request: Request) -> Response:
+        c = console_of(request)
+        await c.ensure()
+        session = await c.session(request)
+        if session is None or not session.admin:
+            return login_redirect(c, request)
+        request.state.session = session
+        return await handler(c, request)
+
+    return endpoint
+
+
+async def read_form(request: Request) -> dict[str, str] | None:
+    """The urlencoded body, or None if it is not one (or too large)."""
+    if request.headers.get("content-type", "").split(";")[0].strip() != "application/x-www-form-urlencoded":
+        return None
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM_BYTES:
+            return None
+    return form_data(body)
+
+
+def same_origin(request: Request) -> bool:
+    origin = request.headers.get("origin")
+    if origin is None or origin == "null":
+        return origin is None
+    host = request.headers.get("host", "")
+    return origin.split("://", 1)[-1] == host
+
+
+def refused(c: Console, request: Request, message: str, status: int = 403) -> Response:
+    return c.render(request, "error.html", status=status, title="Refused", message=message)
+
+
+def action(handler: FormHandler) -> Callable[[Request], Awaitable[Response]]:
+    """A form post: a logged-in admin, a same-origin request, an urlencoded body with the CSRF token."""
+
+    async def endpoint(request: Request) -> Response:
+        c = console_of(request)
+        await c.ensure()
+        session = await c.session(request)
+        if session is None or not session.admin:
+            return login_redirect(c, request)
+        request.state.session = session
+        form = await read_form(request)
+        if form is None:
+            return refused(c, request, "The form could not be read (expected an urlencoded body).", 400)
+        if not same_origin(request) or not auth.csrf_ok(session, form.get("csrf")):
+            return refused(
+                c, request, "The form's security token is missing or wrong: reload the page and try again."
+            )
+        return await handler(c, request, form)
+
+    return endpoint
+
+
+async def css(request: Request) -> Response:
+    return Response(CSS, media_type="text/css", headers={"cache-control": "public, max-age=3600"})
+
+
+class SecurityHeaders:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", ()), *SECURITY_HEADERS]
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if "/api/" in request.url.path:
+        return JSONResponse(
+            {
+                "error": {
+                    "message": str(exc.detail),
+                    "type": "invalid_request_error",
+                    "code": "not_found" if exc.status_code == 404 else "invalid_request",
+                }
+            },
+            status_code=exc.status_code,
+        )
+    c = console_of(request)
+    message = "There is no such page in the console." if exc.status_code == 404 else str(exc.detail)
+    return c.render(
+        request, "error.html", status=exc.status_code, title=str(exc.status_code), message=message
+    )
+
+
+def console_app(gateway: Gateway) -> Starlette:
+    from console import api, pages
+
+    app = Starlette(
+        routes=[Route("/static/console.css", css, methods=["GET"]), *pages.routes(), *api.routes()],
+        middleware=[Middleware(SecurityHeaders)],
+        exception_handlers={HTTPException: http_error},
+    )
+    app.state.console = Console(gateway)
+    return app

@@ -1,0 +1,199 @@
+"""Who may use the console: the admin password (scrypt), the admin token, signed session cookies,
+CSRF tokens bound to the session, and login throttling.
+
+- **Password**: set by ``router console set-password``; only its scrypt hash is kept (in the console's
+  own settings table, or ``[console] password_hash``). Format ``scrypt$n$r$p$salt$hash`` (base64).
+- **Admin token**: ``[console] admin_token`` (or ``$ROUTER_CONSOLE_TOKEN``). It opens the admin JSON API
+  (``Authorization: Bearer ...``) and is also accepted on the login form. An API key is never a login.
+- **Sessions**: a cookie holding ``payload.signature`` (HMAC-SHA256 over the payload with the session
+  secret). The payload says whether the session is logged in, when it expires and its CSRF token.
+  Every visitor of the login page gets an anonymous session, so the login form has a CSRF token too.
+  Setting a new password rotates the stored secret: every open session ends.
+- **CSRF**: every form carries the session's token in a hidden field; a POST whose token does not
+  match, or whose ``Origin`` is another site, is refused (403).
+- **Throttling**: failed logins (and bad admin tokens) are counted per client IP and for all IPs
+  together over a sliding window; past either limit, attempts are refused (429) without checking the
+  credential. Counted in this process (each replica counts its own).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import collections
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import time
+from dataclasses import dataclass
+
+from router.config import ConsoleSettings
+
+SCRYPT_N, SCRYPT_R, SCRYPT_P = 2**14, 8, 1
+MIN_PASSWORD = 8
+MAX_PASSWORD = 1024
+PASSWORD_SETTING = "admin_password"
+SECRET_SETTING = "session_secret"
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+# -- passwords ------------------------------------------------------------------------------------
+def hash_password(password: str) -> str:
+    salt = secrets.token_bytes(16)
+    digest = hashlib.scrypt(password.encode(), salt=salt, n=SCRYPT_N, r=SCRYPT_R, p=SCRYPT_P, dklen=32)
+    return f"scrypt${SCRYPT_N}${SCRYPT_R}${SCRYPT_P}${_b64(salt)}${_b64(digest)}"
+
+
+def valid_hash(stored: str) -> bool:
+    parts = stored.split("$")
+    return len(parts) == 6 and parts[0] == "scrypt" and all(p.isdigit() for p in parts[1:4])
+
+
+def verify_password(password: str, stored: str) -> bool:
+    """Constant-time check of ``password`` against a ``hash_password`` string (False if malformed)."""
+    if not valid_hash(stored) or len(password) > MAX_PASSWORD:
+        return False
+    _, n, r, p, salt, digest = stored.split("$")
+    try:
+        expected = _unb64(digest)
+        got = hashlib.scrypt(
+            password.encode(),
+            salt=_unb64(salt),
+            n=int(n),
+            r=int(r),
+            p=int(p),
+            dklen=len(expected),
+            maxmem=256 * 1024 * 1024,
+        )
+    except (ValueError, binascii.Error):
+        return False
+    return hmac.compare_digest(got, expected)
+
+
+def password_problem(password: str) -> str | None:
+    if len(password) < MIN_PASSWORD:
+        return f"The password must have at least {MIN_PASSWORD} characters."
+    if len(password) > MAX_PASSWORD:
+        return f"The password must have at most {MAX_PASSWORD} characters."
+    return None
+
+
+def admin_token(settings: ConsoleSettings) -> str:
+    return settings.admin_token or os.environ.get("ROUTER_CONSOLE_TOKEN", "")
+
+
+def token_matches(given: str, expected: str) -> bool:
+    if not expected or not given:
+        return False
+    return hmac.compare_digest(
+        hashlib.sha256(given.encode()).digest(), hashlib.sha256(expected.encode()).digest()
+    )
+
+
+# -- sessions -------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Session:
+    admin: bool
+    csrf: str
+    expires: float
+
+    @staticmethod
+    def anonymous(lifetime: float) -> Session:
+        return Session(False, secrets.token_urlsafe(24), time.time() + lifetime)
+
+    @staticmethod
+    def logged_in(lifetime: float) -> Session:
+        """A new session (new CSRF token) for a successful login: nothing carries over."""
+        return Session(True, secrets.token_urlsafe(24), time.time() + lifetime)
+
+
+def sign_session(session: Session, secret: str) -> str:
+    payload = _b64(json.dumps({"a": session.admin, "c": session.csrf, "e": int(session.expires)}).encode())
+    mac = hmac.new(secret.encode(), payload.encode(), hashlib.sha256).digest()
+    return f"{payload}.{_b64(mac)}"
+
+
+def read_session(cookie: str | None, secret: str) -> Session | None:
+    """The session in a cookie, if its signature holds and it has not expired."""
+    if not cookie or len(cookie) > 4096 or "." not in cookie:
+        return None
+    payload, _, mac = cookie.partition(".")
+    expected = hmac.new(secret.encode(), payload.encode(), hashlib.sha256).digest()
+    try:
+        if not hmac.compare_digest(_unb64(mac), expected):
+            return None
+        data = json.loads(_unb64(payload))
+        session = Session(bool(data["a"]), str(data["c"]), float(data["e"]))
+    except (ValueError, KeyError, TypeError, binascii.Error):
+        return None
+    if session.expires < time.time() or not session.csrf:
+        return None
+    return session
+
+
+def csrf_ok(session: Session | None, token: str | None) -> bool:
+    return (
+        session is not None
+        and bool(token)
+        and hmac.compare_digest(session.csrf.encode(), (token or "").encode())
+    )
+
+
+# -- throttling -----------------------------------------------------------------------------------
+class Throttle:
+    """Failed attempts per IP and overall, in a sliding window."""
+
+    MAX_IPS = 10_000
+
+    def __init__(self, per_ip: int, overall: int, window: float) -> None:
+        self.per_ip = per_ip
+        self.overall = overall
+        self.window = window
+        self._ips: dict[str, collections.deque[float]] = {}
+        self._all: collections.deque[float] = collections.deque()
+
+    def _prune(self, attempts: collections.deque[float], now: float) -> None:
+        while attempts and attempts[0] <= now - self.window:
+            attempts.popleft()
+
+    def retry_after(self, ip: str) -> int | None:
+        """Seconds to wait if ``ip`` (or everyone) is throttled now, else None."""
+        now = time.monotonic()
+        self._prune(self._all, now)
+        waits: list[float] = []
+        if len(self._all) >= self.overall:
+            waits.append(self._all[-self.overall] + self.window - now)
+        mine = self._ips.get(ip)
+        if mine is not None:
+            self._prune(mine, now)
+            if len(mine) >= self.per_ip:
+                waits.append(mine[-self.per_ip] + self.window - now)
+            elif not mine:
+                del self._ips[ip]
+        return max(1, int(max(waits)) + 1) if waits else None
+
+    def failed(self, ip: str) -> None:
+        now = time.monotonic()
+        if len(self._ips) >= self.MAX_IPS and ip not in self._ips:
+            for other in list(self._ips):
+                self._prune(self._ips[other], now)
+                if not self._ips[other]:
+                    del self._ips[other]
+            if len(self._ips) >= self.MAX_IPS:
+                self._ips.pop(next(iter(self._ips)))
+        self._ips.setdefault(ip, collections.deque()).append(now)
+        self._all.append(now)
+        while len(self._all) > self.overall * 2:
+            self._all.popleft()
+
+    def succeeded(self, ip: str) -> None:
+        self._ips.pop(ip, None)

@@ -1,0 +1,66 @@
+"""``router console ...``: the console's admin commands.
+
+router console set-password [--stdin]    store the admin password's scrypt hash (prompted twice,
+                                         or read from standard input); every session is logged out
+router console hash-password [--stdin]   print a hash for ``[console] password_hash`` instead
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import secrets
+import sys
+
+from billing.store import Store
+from console import auth
+from console.queries import queries_for
+from router.config import Settings
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    console = sub.add_parser("console", help="the management console at /console")
+    csub = console.add_subparsers(dest="action", required=True)
+    for name, text in (
+        ("set-password", "set the console's admin password (kept as an scrypt hash in the store)"),
+        ("hash-password", "print an scrypt hash for [console] password_hash"),
+    ):
+        cmd = csub.add_parser(name, help=text)
+        cmd.add_argument("--stdin", action="store_true", help="read the password from standard input")
+
+
+def read_password(from_stdin: bool) -> str:
+    if from_stdin or not sys.stdin.isatty():
+        password = sys.stdin.readline().rstrip("\r\n")
+    else:
+        password = getpass.getpass("New console password: ")
+        if getpass.getpass("Again: ") != password:
+            raise SystemExit("error: the passwords differ")
+    problem = auth.password_problem(password)
+    if problem:
+        raise SystemExit(f"error: {problem}")
+    return password
+
+
+async def store_password(store: Store, hashed: str) -> None:
+    queries = queries_for(store)
+    await queries.set_setting(auth.PASSWORD_SETTING, hashed)
+    await queries.set_setting(auth.SECRET_SETTING, secrets.token_urlsafe(32))  # ends every open session
+
+
+def run(args: argparse.Namespace, settings: Settings) -> None:
+    import asyncio
+
+    from router.cli import with_store
+
+    hashed = auth.hash_password(read_password(args.stdin))
+    if args.action == "hash-password":
+        print(hashed)
+        return
+    asyncio.run(with_store(settings, lambda s: store_password(s, hashed)))
+    if settings.console.password_hash:
+        print(
+            "note: [console] password_hash in the config takes precedence over the stored password",
+            file=sys.stderr,
+        )
+    print("console password set; open sessions are logged out (within a few seconds)")

@@ -1,0 +1,859 @@
+"""The management console (/console) and its admin JSON API, over real HTTP on loopback: every page
+and form needs a login, every form its CSRF token; validation errors come back on the form; logins are
+throttled; the JSON API needs the admin token. The history queries are checked on both stores
+(PostgreSQL in a database of its own) and on a million rows."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import http.client
+import io
+import json
+import re
+import sqlite3
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from http.cookies import SimpleCookie
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import openai
+import pytest
+
+from billing.sqlite import SQLiteStore
+from billing.store import Store, UsageRecord
+from console import auth, charts, forms
+from console.app import Console
+from console.cli import store_password
+from console.queries import Filter, Queries, queries_for
+from router.catalog import ConfigError
+from router.config import ConsoleSettings, ReliabilitySettings, Settings, StoreSettings, parse_settings
+from tests.conftest import Raw, Stack
+
+TOKEN = "admin-token-for-tests-0123456789"
+PASSWORD = "correct horse battery"
+MODEL = "openai/gpt-4o-mini"
+HI: Any = [{"role": "user", "content": "hi"}]
+COLUMNS = (
+    "ts, key_id, group_id, model, provider, endpoint, source, stream, prompt_tokens, completion_tokens, "
+    "cached_tokens, cache_write_tokens, reasoning_tokens, credits, status, usage_exact, latency_ms, ttft_ms, "
+    "upstream_request_id, request_id, error"
+)
+
+
+# -- helpers (the browser tests use them too) -----------------------------------------------------
+def console_stack(tmp: Path, **console: Any) -> Stack:
+    settings = Settings(
+        store=StoreSettings(url=f"sqlite:///{tmp}/router.db"),
+        reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9),
+        console=ConsoleSettings(admin_token=TOKEN, **console),
+    )
+    stack = Stack(tmp, settings).start()
+    stack.run(store_password(stack.store, auth.hash_password(PASSWORD)))
+    return stack
+
+
+def console_of(stack: Stack) -> Console:
+    for route in stack.app.routes:
+        if getattr(route, "path", "") == "/console":
+            console: Console = route.app.state.console  # type: ignore[attr-defined]
+            return console
+    raise AssertionError("no /console mount")
+
+
+def job_record(
+    stack: Stack, group: str, key_id: int, model: str = MODEL, credits: int = 1234, **kw: Any
+) -> None:
+    """A usage record with source=job, through the store's reserve -> settle path (as a job runner would)."""
+
+    async def go() -> None:
+        g = await stack.store.get_group(group)
+        assert g is not None
+        reservation = await stack.store.reserve(g.id, key_id, credits)
+        assert not hasattr(reservation, "reason"), reservation
+        record = UsageRecord(
+            key_id=key_id,
+            group_id=g.id,
+            model=model,
+            provider=model.split("/")[0],
+            source="job",
+            prompt_tokens=11,
+            completion_tokens=7,
+            credits=credits,
+            latency_ms=12.0,
+            **kw,
+        )
+        await stack.store.settle(reservation, record)  # type: ignore[arg-type]
+
+    stack.run(go())
+
+
+class Client:
+    """A cookie-keeping HTTP client for the console (stdlib http.client)."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.stack = stack
+        self.cookies: dict[str, str] = {}
+
+    def request(
+        self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
+    ) -> Raw:
+        conn = http.client.HTTPConnection("127.0.0.1", self.stack.port, timeout=30)
+        try:
+            sent = dict(headers or {})
+            if self.cookies:
+                sent["cookie"] = "; ".join(f"{k}={v}" for k, v in self.cookies.items())
+            conn.request(method, path, body=body, headers=sent)
+            resp = conn.getresponse()
+            for name, value in resp.getheaders():
+                if name.lower() == "set-cookie":
+                    for morsel in SimpleCookie(value).values():
+                        if morsel.value and morsel["max-age"] != "0":
+                            self.cookies[morsel.key] = morsel.value
+                        else:
+                            self.cookies.pop(morsel.key, None)
+            return Raw(resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read())
+        finally:
+            conn.close()
+
+    def get(self, path: str) -> Raw:
+        return self.request("GET", path)
+
+    def post(
+        self,
+        path: str,
+        fields: dict[str, str],
+        csrf: str | None = "auto",
+        headers: dict[str, str] | None = None,
+    ) -> Raw:
+        data = dict(fields)
+        if csrf == "auto":
+            data["csrf"] = self.csrf()
+        elif csrf is not None:
+            data["csrf"] = csrf
+        body = urlencode(data).encode()
+        return self.request(
+            "POST", path, body, {"content-type": "application/x-www-form-urlencoded", **(headers or {})}
+        )
+
+    def csrf(self, path: str = "/console/groups") -> str:
+        page = self.get(path)
+        found = re.search(r'name="csrf" value="([^"]+)"', page.text)
+        assert found, page.text[:500]
+        return found.group(1)
+
+    def login(self, password: str = PASSWORD) -> Raw:
+        self.get("/console/login")
+        return self.post("/console/login", {"password": password}, csrf=self.csrf("/console/login"))
+
+    def api(self, method: str, path: str, data: Any = None, token: str | None = TOKEN) -> Raw:
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        body = None
+        if data is not None:
+            body = json.dumps(data).encode()
+            headers["content-type"] = "application/json"
+        return self.request(method, "/console/api" + path, body, headers)
+
+
+def admin(stack: Stack) -> Client:
+    client = Client(stack)
+    assert client.login().status == 303
+    return client
+
+
+@pytest.fixture(scope="module")
+def cstack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    s = console_stack(tmp_path_factory.mktemp("console"), login_attempts_per_ip=3)
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture
+def web(cstack: Stack) -> Iterator[Client]:
+    console_of(cstack).throttle.succeeded("127.0.0.1")
+    yield admin(cstack)
+    cstack.close_clients()
+
+
+def texts(html: str) -> str:
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
+
+
+# -- login, sessions, CSRF, throttling ------------------------------------------------------------
+GET_PAGES = [
+    "/console/",
+    "/console/groups",
+    "/console/groups/{g}",
+    "/console/groups/{g}/usage",
+    "/console/groups/{g}/usage.csv",
+    "/console/keys/{k}",
+]
+FORMS = [
+    "/console/groups",
+    "/console/groups/{g}/topup",
+    "/console/groups/{g}/keys",
+    "/console/keys/{k}/update",
+    "/console/keys/{k}/revoke",
+    "/console/logout",
+]
+
+
+def test_every_page_and_form_needs_a_login(cstack: Stack) -> None:
+    group = cstack.group(10)
+    key = cstack.key(group=group)
+    key_id = cstack.run(cstack.store.list_keys(group))[0].id
+    anon = Client(cstack)
+    for path in GET_PAGES:
+        r = anon.get(path.format(g=group, k=key_id))
+        assert r.status == 303, path
+        assert r.headers["location"].startswith("/console/login?next="), path
+    anon.get("/console/login")  # an anonymous session and its token do not make a login
+    token = anon.csrf("/console/login")
+    for path in FORMS:
+        r = anon.post(
+            path.format(g=group, k=key_id), {"name": "intruder", "amount": "5", "credits": "5"}, csrf=token
+        )
+        assert r.status == 303 and "/console/login" in r.headers["location"], path
+    assert cstack.run(cstack.store.get_group("intruder")) is None
+    assert cstack.run(cstack.store.get_group(group)).balance == 10 * 10**9  # type: ignore[union-attr]
+    assert not cstack.run(cstack.store.list_keys(group))[0].revoked_at
+    # an API key is not a console login, nor an admin token
+    assert anon.post("/console/login", {"password": key}, csrf=token).status == 401
+    assert anon.api("GET", "/groups", token=key).status == 401
+    assert anon.get("/console/groups").status == 303
+    console_of(cstack).throttle.succeeded("127.0.0.1")
+
+
+def test_login_logout_and_a_forged_cookie(cstack: Stack) -> None:
+    web = Client(cstack)
+    login = web.get("/console/login")
+    assert login.status == 200 and "Admin password" in login.text
+    assert "content-security-policy" in login.headers and login.headers["x-frame-options"] == "DENY"
+    wrong = web.post("/console/login", {"password": "not it at all"}, csrf=web.csrf("/console/login"))
+    assert wrong.status == 401 and "Wrong password." in wrong.text
+    ok = web.post(
+        "/console/login",
+        {"password": PASSWORD, "next": "/console/groups?x=1"},
+        csrf=web.csrf("/console/login"),
+    )
+    assert ok.status == 303 and ok.headers["location"] == "/console/groups?x=1"
+    cookie = ok.headers["set-cookie"]
+    assert (
+        "HttpOnly" in cookie
+        and "SameSite=strict" in cookie.replace("Strict", "strict")
+        and "Path=/console" in cookie
+    )
+    page = web.get("/console/groups")
+    assert (
+        page.status == 200 and "<h1>Groups</h1>" in page.text and page.headers["cache-control"] == "no-store"
+    )
+    # an off-site "next" is not followed
+    other = Client(cstack)
+    other.get("/console/login")
+    assert (
+        other.post(
+            "/console/login",
+            {"password": PASSWORD, "next": "https://evil.example/"},
+            csrf=other.csrf("/console/login"),
+        ).headers["location"]
+        == "/console/groups"
+    )
+    # the admin token logs in too
+    tok = Client(cstack)
+    tok.get("/console/login")
+    assert tok.post("/console/login", {"password": TOKEN}, csrf=tok.csrf("/console/login")).status == 303
+    # a tampered cookie is no session
+    forged = Client(cstack)
+    value = web.cookies["mr_console"]
+    payload, mac = value.split(".")
+    forged.cookies["mr_console"] = payload[:-2] + ("AA" if payload[-2:] != "AA" else "BB") + "." + mac
+    assert forged.get("/console/groups").status == 303
+    # log out: the cookie goes, the pages are closed again
+    out = web.post("/console/logout", {})
+    assert out.status == 303 and out.headers["location"] == "/console/login"
+    assert "mr_console" not in web.cookies
+    assert web.get("/console/groups").status == 303
+
+
+def test_a_new_password_ends_every_session(cstack: Stack) -> None:
+    web = admin(cstack)
+    assert web.get("/console/groups").status == 200
+    try:
+        cstack.run(store_password(cstack.store, auth.hash_password("another password 42")))
+        console_of(cstack).forget()  # else within a few seconds (the credentials are cached)
+        assert web.get("/console/groups").status == 303
+        assert Client(cstack).login().status == 401
+        assert Client(cstack).login("another password 42").status == 303
+    finally:
+        cstack.run(store_password(cstack.store, auth.hash_password(PASSWORD)))
+        console_of(cstack).forget()
+        console_of(cstack).throttle.succeeded("127.0.0.1")
+
+
+def test_csrf_is_enforced_on_every_form(cstack: Stack, web: Client) -> None:
+    group = cstack.group(5)
+    cstack.key(group=group)
+    key_id = cstack.run(cstack.store.list_keys(group))[0].id
+    fields = {"name": "csrf-victim", "credits": "1", "amount": "1", "label": "x", "spend_cap": "1"}
+    for path in FORMS:
+        path = path.format(g=group, k=key_id)
+        for token in (None, "", "wrong-token"):
+            r = web.post(path, fields, csrf=token)
+            assert r.status == 403 and "security token" in r.text, (path, token)
+        cross = web.post(path, fields, headers={"origin": "http://evil.example"})
+        assert cross.status == 403, path
+    assert web.post("/console/groups", fields, headers={"content-type": "text/plain"}).status in (400, 403)
+    assert cstack.run(cstack.store.get_group("csrf-victim")) is None
+    assert cstack.run(cstack.store.get_group(group)).balance == 5 * 10**9  # type: ignore[union-attr]
+    assert not cstack.run(cstack.store.list_keys(group))[0].revoked_at
+    assert web.get("/console/groups").status == 200  # still logged in
+    # the login form has its token too
+    anon = Client(cstack)
+    anon.get("/console/login")
+    assert anon.post("/console/login", {"password": PASSWORD}, csrf="nope").status == 403
+    assert anon.post("/console/login", {"password": PASSWORD}, csrf=None).status == 403
+    assert anon.get("/console/groups").status == 303
+
+
+def test_login_is_throttled(cstack: Stack) -> None:
+    console = console_of(cstack)
+    try:
+        web = Client(cstack)
+        web.get("/console/login")
+        for _ in range(3):
+            assert (
+                web.post(
+                    "/console/login", {"password": "bad password"}, csrf=web.csrf("/console/login")
+                ).status
+                == 401
+            )
+        blocked = web.post("/console/login", {"password": PASSWORD}, csrf=web.csrf("/console/login"))
+        assert blocked.status == 429 and "Too many failed logins" in blocked.text
+        assert int(blocked.headers["retry-after"]) > 0
+        assert web.get("/console/groups").status == 303  # the right password did not get in
+        assert web.api("GET", "/groups").status == 429  # the same IP is held off the API too
+    finally:
+        console.throttle.succeeded("127.0.0.1")
+    assert admin(cstack).get("/console/groups").status == 200
+
+
+def test_throttle_per_ip_overall_and_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [1000.0]
+    monkeypatch.setattr(auth.time, "monotonic", lambda: now[0])
+    t = auth.Throttle(per_ip=2, overall=3, window=60)
+    t.failed("a")
+    assert t.retry_after("a") is None
+    t.failed("a")
+    assert t.retry_after("a") == 61 and t.retry_after("b") is None
+    t.failed("b")
+    assert t.retry_after("c") is not None  # three failures overall: everyone waits
+    now[0] += 61
+    assert t.retry_after("a") is None and t.retry_after("c") is None
+    t.failed("a")
+    t.succeeded("a")
+    assert t.retry_after("a") is None
+
+
+def test_sessions_and_passwords() -> None:
+    hashed = auth.hash_password(PASSWORD)
+    assert hashed.startswith("scrypt$") and PASSWORD not in hashed
+    assert auth.verify_password(PASSWORD, hashed) and not auth.verify_password(PASSWORD + "x", hashed)
+    assert not auth.verify_password(PASSWORD, "scrypt$1$2$3$!!$!!") and not auth.verify_password("x", "plain")
+    s = auth.Session.logged_in(60)
+    cookie = auth.sign_session(s, "secret")
+    assert auth.read_session(cookie, "secret") == auth.Session(True, s.csrf, float(int(s.expires)))
+    assert auth.read_session(cookie, "other secret") is None
+    assert (
+        auth.read_session(auth.sign_session(auth.Session(True, "c", time.time() - 1), "secret"), "secret")
+        is None
+    )
+    assert auth.read_session("garbage", "secret") is None and auth.read_session("a.b", "secret") is None
+    assert auth.csrf_ok(s, s.csrf) and not auth.csrf_ok(s, "x") and not auth.csrf_ok(None, s.csrf)
+
+
+def test_config_console_table() -> None:
+    s = parse_settings({"console": {"admin_token": "t", "session_seconds": 60, "login_attempts_per_ip": 2}})
+    assert s.console.admin_token == "t" and s.console.session_seconds == 60
+    with pytest.raises(ConfigError, match="console"):
+        parse_settings({"console": {"admin_tokn": "t"}})
+    with pytest.raises(ConfigError):
+        parse_settings({"console": {"login_attempts_per_ip": 0}})
+
+
+def test_cli_sets_the_password(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from router.cli import main
+
+    config = tmp_path / "router.toml"
+    config.write_text(f'[store]\nurl = "sqlite:///{tmp_path}/cli.db"\n')
+    monkeypatch.setattr("sys.stdin", io.StringIO("short\n"))
+    with pytest.raises(SystemExit, match="at least 8"):
+        main(["--config", str(config), "console", "set-password", "--stdin"])
+    monkeypatch.setattr("sys.stdin", io.StringIO("a much longer password\n"))
+    main(["--config", str(config), "console", "set-password", "--stdin"])
+    assert "console password set" in capsys.readouterr().out
+    monkeypatch.setattr("sys.stdin", io.StringIO("a much longer password\n"))
+    main(["--config", str(config), "console", "hash-password", "--stdin"])
+    printed = capsys.readouterr().out.strip()
+    assert auth.verify_password("a much longer password", printed)
+
+    async def stored() -> tuple[str | None, str | None]:
+        store = SQLiteStore(f"sqlite:///{tmp_path}/cli.db")
+        await store.open()
+        try:
+            q = queries_for(store)
+            return await q.get_setting(auth.PASSWORD_SETTING), await q.get_setting(auth.SECRET_SETTING)
+        finally:
+            await store.close()
+
+    hashed, secret = asyncio.run(stored())
+    assert hashed and auth.verify_password("a much longer password", hashed) and secret
+
+
+# -- groups and keys ------------------------------------------------------------------------------
+def test_groups_create_topup_and_validation(cstack: Stack, web: Client) -> None:
+    created = web.post("/console/groups", {"name": "acme-1", "credits": "12.000000001"})
+    assert created.status == 303 and created.headers["location"] == "/console/groups/acme-1?ok=created"
+    page = web.get("/console/groups/acme-1?ok=created")
+    assert "Group created." in page.text and "12.000000001" in page.text
+    for fields, message in [
+        ({"name": "bad name!", "credits": "1"}, "A group name is 1 to 64"),
+        ({"name": "ok-name", "credits": "abc"}, "is not an amount of credits"),
+        ({"name": "ok-name", "credits": "1.0000000001"}, "is not an amount of credits"),
+        ({"name": "acme-1", "credits": "1"}, "already exists"),
+    ]:
+        r = web.post("/console/groups", fields)
+        assert r.status == 400 and message in texts(r.text), (fields, texts(r.text)[:300])
+        assert 'aria-invalid="true"' in r.text
+    assert cstack.run(cstack.store.get_group("ok-name")) is None
+    # top up from the group page and from the list
+    assert web.post("/console/groups/acme-1/topup", {"amount": "0.5", "back": "group"}).status == 303
+    assert (
+        web.post("/console/groups/acme-1/topup", {"amount": "1", "back": "list"}).headers["location"]
+        == "/console/groups?ok=topped-up"
+    )
+    assert cstack.run(cstack.store.get_group("acme-1")).balance == 13_500_000_001  # type: ignore[union-attr]
+    listing = web.get("/console/groups")
+    assert "13.500000001" in listing.text
+    for amount, message in [("-5", "is not an amount"), ("0", "more than zero"), ("", "Enter an amount")]:
+        r = web.post("/console/groups/acme-1/topup", {"amount": amount, "back": "list"})
+        assert r.status == 400 and message in texts(r.text)
+        r = web.post("/console/groups/acme-1/topup", {"amount": amount, "back": "group"})
+        assert r.status == 400 and message in texts(r.text)
+    assert web.post("/console/groups/nobody/topup", {"amount": "1"}).status == 404
+    assert web.get("/console/groups/nobody").status == 404
+    assert web.get("/console/keys/999999").status == 404
+    assert web.get("/console/nothing-here").status == 404
+
+
+def test_keys_create_once_caps_allow_list_and_revoke(cstack: Stack, web: Client) -> None:
+    group = cstack.group(50)
+    r = web.post(f"/console/groups/{group}/keys", {"label": "ci", "spend_cap": "", "models": ""})
+    assert r.status == 200 and "shown only this once" in r.text and r.headers["cache-control"] == "no-store"
+    key = re.search(r'id="new-key">([^<]+)<', r.text).group(1)  # type: ignore[union-attr]
+    assert key.startswith("sk-mr-v1-")
+    assert key not in web.get(f"/console/groups/{group}").text  # never again
+    info = cstack.run(cstack.store.list_keys(group))[0]
+    client = cstack.client(key)
+    assert client.chat.completions.create(model=MODEL, messages=HI).choices
+    for fields, message in [
+        ({"label": "x", "spend_cap": "lots"}, "is not an amount of credits"),
+        ({"label": "x", "models": "openai/no-such-model"}, "Unknown model"),
+        ({"label": "x" * 65}, "at most 64"),
+    ]:
+        bad = web.post(f"/console/groups/{group}/keys", fields)
+        assert bad.status == 400 and message in texts(bad.text), texts(bad.text)[:300]
+    assert len(cstack.run(cstack.store.list_keys(group))) == 1
+    # caps and allow-list
+    bad = web.post(f"/console/keys/{info.id}/update", {"spend_cap": "-1", "models": ""})
+    assert bad.status == 400 and "is not an amount" in texts(bad.text)
+    bad = web.post(f"/console/keys/{info.id}/update", {"spend_cap": "", "models": "nope/nope"})
+    assert bad.status == 400 and "Unknown model" in texts(bad.text)
+    ok = web.post(
+        f"/console/keys/{info.id}/update", {"spend_cap": "2.5", "models": "anthropic/claude-sonnet-4-6\n"}
+    )
+    assert ok.status == 303
+    page = web.get(ok.headers["location"])
+    assert "Key updated." in page.text and "2.5" in page.text and "anthropic/claude-sonnet-4-6" in page.text
+    updated = cstack.run(cstack.store.list_keys(group))[0]
+    assert updated.spend_cap == 2_500_000_000 and updated.allowed_models == ("anthropic/claude-sonnet-4-6",)
+    with pytest.raises(openai.PermissionDeniedError):  # applied at once, not after the auth cache expires
+        client.chat.completions.create(model=MODEL, messages=HI)
+    assert web.post(f"/console/keys/{info.id}/update", {"spend_cap": "", "models": ""}).status == 303
+    assert client.chat.completions.create(model=MODEL, messages=HI).choices
+    # revoke: the next call is refused at once
+    revoked = web.post(f"/console/keys/{info.id}/revoke", {})
+    assert revoked.status == 303 and "Key revoked" in web.get(revoked.headers["location"]).text
+    with pytest.raises(openai.AuthenticationError):
+        client.chat.completions.create(model=MODEL, messages=HI)
+
+
+# -- usage analysis -------------------------------------------------------------------------------
+def test_usage_history_toggle_filters_pages_chart_csv(cstack: Stack, web: Client) -> None:
+    group = cstack.group(100)
+    k1 = cstack.key(group=group, name="one")
+    cstack.key(group=group, name="two")
+    keys = cstack.run(cstack.store.list_keys(group))
+    c1 = cstack.client(k1)
+    for _ in range(3):
+        c1.chat.completions.create(model=MODEL, messages=HI)
+    cstack.client(cstack.key(group=group, name="three")).chat.completions.create(
+        model="mistral/mistral-small-latest", messages=HI
+    )
+    for _ in range(2):
+        job_record(cstack, group, keys[1].id, credits=5_000_000_001)
+    base = f"/console/groups/{group}/usage"
+    everything = web.get(base)
+    assert everything.status == 200
+    rows = re.findall(r"<tr>\s*<td class=\"nowrap\">", everything.text)
+    assert len(rows) == 6
+    assert "<svg" in everything.text and "5.000000001" in everything.text
+    jobs = web.get(base + "?source=job")
+    assert jobs.text.count('class="tag job"') == 2 and 'class="tag api"' not in jobs.text
+    assert 'aria-current="page">Jobs' in jobs.text
+    api = web.get(base + "?source=api")
+    assert api.text.count('class="tag api"') == 4 and 'class="tag job"' not in api.text
+    by_model = web.get(base + "?model=mistral/mistral-small-latest")
+    assert by_model.text.count('<td class="nowrap">') == 1
+    by_key = web.get(base + f"?key={keys[0].id}")
+    assert by_key.text.count('<td class="nowrap">') == 3
+    past = web.get(base + "?period=custom&from=2020-01-01&to=2020-01-31")
+    assert "No calls match these filters." in past.text
+    bad = web.get(base + "?period=custom&from=2020-13-45&model=!!&key=x")
+    assert bad.status == 400 and "is not a date" in texts(bad.text) and "Not a model id" in texts(bad.text)
+    # pagination: newest first, older/newer links (keyset)
+    for _ in range(25):
+        job_record(cstack, group, keys[1].id, credits=1)
+    first = web.get(base + "?limit=25")
+    older = re.search(r'rel="next" href="([^"]+)"', first.text)
+    assert older and "before=" in older.group(1) and 'rel="prev"' not in first.text
+    second = web.get(older.group(1).replace("&amp;", "&"))
+    assert second.text.count('<td class="nowrap">') == 6
+    assert 'rel="next"' not in second.text
+    newer = re.search(r'rel="prev" href="([^"]+)"', second.text)
+    assert newer and "after=" in newer.group(1)
+    back = web.get(newer.group(1).replace("&amp;", "&"))
+    assert back.text.count('<td class="nowrap">') == 25 and 'rel="prev"' not in back.text
+    # CSV of the filtered history, every row (not one page)
+    export = web.get(base + ".csv?source=job&limit=25")
+    assert export.status == 200 and export.headers["content-type"].startswith("text/csv")
+    assert "attachment" in export.headers["content-disposition"]
+    table = list(csv.DictReader(io.StringIO(export.text)))
+    assert len(table) == 27 and {r["source"] for r in table} == {"job"}
+    assert table[-1]["credits"] == "5.000000001" and table[-1]["key_name"] == "two"
+    assert int(table[0]["id"]) > int(table[-1]["id"])
+    assert web.get(base + ".csv?period=nope").status == 400
+
+
+def test_key_usage_by_model(cstack: Stack, web: Client) -> None:
+    group = cstack.group(100)
+    key = cstack.key(group=group)
+    info = cstack.run(cstack.store.list_keys(group))[0]
+    client = cstack.client(key)
+    for model in (MODEL, MODEL, "anthropic/claude-sonnet-4-6"):
+        client.chat.completions.create(model=model, messages=HI)
+    job_record(cstack, group, info.id, model="google/gemini-2.5-flash", credits=7)
+    page = web.get(f"/console/keys/{info.id}")
+    assert page.status == 200
+    expected = cstack.run(cstack.store.usage_by_model(info.id))
+    table = page.text.split('id="by-model"')[1].split("</table>")[0]
+    body = table.split("<tbody>")[1].split("</tbody>")[0]
+    assert body.count("<tr>") == len(expected) == 3
+    for m in expected:
+        row = body.split(f"<td>{m.model}</td>")[1].split("</tr>")[0]
+        cells = re.findall(r'<td class="num">([^<]*)</td>', row)
+        assert (
+            cells[0] == str(m.calls)
+            and cells[2] == f"{m.prompt_tokens:,}"
+            and cells[4] == f"{m.completion_tokens:,}"
+        )
+        assert cells[6] == forms.show(m.credits)
+    assert "Total" in table
+    assert (
+        "No calls with this key"
+        in web.get(f"/console/keys/{info.id}?period=custom&from=2001-01-01&to=2001-01-02").text
+    )
+    assert web.get(f"/console/keys/{info.id}?period=custom&from=2001-02-01&to=2001-01-02").status == 200
+
+
+# -- the admin JSON API ---------------------------------------------------------------------------
+def test_admin_api(cstack: Stack) -> None:
+    api = Client(cstack)
+    assert api.api("GET", "/groups", token=None).status == 401
+    assert api.api("GET", "/groups", token="wrong").status == 401
+    console_of(cstack).throttle.succeeded("127.0.0.1")
+    r = api.api("POST", "/groups", {"name": "api-team", "credits": "10.25"})
+    assert r.status == 201 and r.json()["balance"] == "10.25" and r.json()["balance_nano"] == 10_250_000_000
+    assert api.api("POST", "/groups", {"name": "api-team", "credits": 1}).status == 400
+    bad = api.api("POST", "/groups", {"name": "x y", "credits": 1})
+    assert bad.status == 400 and bad.json()["error"]["param"] == "name"
+    assert api.api("POST", "/groups/api-team/topup", {"credits": 0.75}).json()["balance"] == "11"
+    assert api.api("POST", "/groups/api-team/topup", {"credits": "-1"}).status == 400
+    assert (
+        api.request(
+            "POST",
+            "/console/api/groups",
+            b"{",
+            {"authorization": f"Bearer {TOKEN}", "content-type": "application/json"},
+        ).status
+        == 400
+    )
+    assert any(g["name"] == "api-team" for g in api.api("GET", "/groups").json()["groups"])
+    assert api.api("GET", "/groups/none-such").status == 404
+    created = api.api(
+        "POST", "/groups/api-team/keys", {"name": "bot", "spend_cap": "5", "allowed_models": [MODEL]}
+    )
+    assert created.status == 201
+    key, key_id = created.json()["key"], created.json()["id"]
+    assert created.json()["spend_cap"] == "5" and created.json()["allowed_models"] == [MODEL]
+    assert "key" not in api.api("GET", f"/keys/{key_id}").json()
+    client = cstack.client(key)
+    client.chat.completions.create(model=MODEL, messages=HI)
+    usage = api.api("GET", "/groups/api-team/usage?source=api").json()
+    assert len(usage["data"]) == 1 and usage["data"][0]["model"] == MODEL and usage["older"] is None
+    assert api.api("GET", "/groups/api-team/usage?source=job").json()["data"] == []
+    assert api.api("GET", "/groups/api-team/usage?source=nope").status == 400
+    buckets = api.api("GET", "/groups/api-team/usage/buckets?width=3600").json()["buckets"]
+    assert sum(b["calls"] for b in buckets) == 1
+    models = api.api("GET", f"/keys/{key_id}/usage").json()["models"]
+    assert models[0]["model"] == MODEL and models[0]["calls"] == 1
+    patched = api.api("PATCH", f"/keys/{key_id}", {"allowed_models": None, "spend_cap": None})
+    assert (
+        patched.status == 200
+        and patched.json()["allowed_models"] is None
+        and patched.json()["spend_cap"] is None
+    )
+    assert api.api("PATCH", f"/keys/{key_id}", {"colour": "red"}).status == 400
+    assert api.api("PATCH", f"/keys/{key_id}", {"allowed_models": ["zz/none"]}).status == 400
+    assert api.api("GET", "/groups/api-team/keys").json()["keys"][0]["id"] == key_id
+    assert api.api("POST", f"/keys/{key_id}/revoke").json()["revoked"] is True
+    with pytest.raises(openai.AuthenticationError):
+        client.chat.completions.create(model=MODEL, messages=HI)
+    assert api.api("GET", "/keys/424242").status == 404
+    # a console login is not an API credential
+    web = admin(cstack)
+    web_api = web.request("GET", "/console/api/groups")
+    assert web_api.status == 401
+
+
+def test_admin_api_off_without_a_token(stack: Stack) -> None:
+    r = Client(stack).api("GET", "/groups", token="anything")
+    assert r.status == 403 and r.json()["error"]["code"] == "admin_api_disabled"
+    login = Client(stack).get("/console/login")
+    assert "No admin password is set yet" in login.text
+
+
+# -- queries: both stores, a million rows ---------------------------------------------------------
+def seed(
+    rows: int, groups: int = 2, jobs_every: int = 10, start: float = 1_700_000_000.0, step: float = 1.0
+) -> list[tuple[Any, ...]]:
+    models = [MODEL, "anthropic/claude-sonnet-4-6", "mistral/mistral-small-latest"]
+    return [
+        (
+            start + i * step,
+            1 + i % 4,
+            1 + i % groups,
+            models[i % 3],
+            models[i % 3].split("/")[0],
+            "chat",
+            "job" if i % jobs_every == 0 else "api",
+            0,
+            10 + i % 7,
+            5 + i % 5,
+            0,
+            0,
+            0,
+            1000 + i,
+            "ok",
+            1,
+            12.5,
+            None,
+            None,
+            None,
+            None,
+        )
+        for i in range(rows)
+    ]
+
+
+async def check_queries(q: Queries) -> dict[str, Any]:
+    """The same questions on any store seeded with ``seed(500)``; the answers, to compare stores."""
+    await q.ready()
+    out: dict[str, Any] = {}
+    start = 1_700_000_000.0
+    all_pages: list[int] = []
+    before = None
+    for _ in range(20):
+        page = await q.history(Filter(1), 40, before=before)
+        all_pages += [r.id for r in page.rows]
+        if page.older is None:
+            break
+        before = page.older
+    assert len(all_pages) == 250 and all_pages == sorted(all_pages, reverse=True)
+    page = await q.history(Filter(1), 40, before=all_pages[79])
+    assert page.newer == all_pages[80] and page.older is not None
+    back = await q.history(Filter(1), 40, after=page.newer)
+    assert [r.id for r in back.rows] == all_pages[40:80]
+    jobs = await q.history(Filter(1, source="job"), 100)
+    assert {r.source for r in jobs.rows} == {"job"} and len(jobs.rows) == 50
+    window = await q.history(Filter(1, since=start + 100, until=start + 200), 100)
+    assert all(start + 100 <= r.ts < start + 200 for r in window.rows) and len(window.rows) == 50
+    combo = await q.history(
+        Filter(1, source="api", model=MODEL, key_id=1, since=start, until=start + 300), 100
+    )
+    assert all(r.key_id == 1 and r.model == MODEL and r.source == "api" for r in combo.rows)
+    out["combo"] = [r.id for r in combo.rows]
+    buckets = await q.buckets(Filter(1), start, 100.0, 5)
+    assert sum(b.calls for b in buckets) == 250 and buckets[0].calls == 50
+    out["buckets"] = [(b.calls, b.credits) for b in buckets]
+    rows = await q.key_models(1, 1, start, start + 500)
+    out["models"] = [(r.model, r.calls, r.prompt_tokens, r.completion_tokens, r.credits) for r in rows]
+    exported = [r.id async for chunk in q.export(Filter(1, source="job"), 1000, chunk=7) for r in chunk]
+    assert len(exported) == 50
+    assert (
+        await q.setting_or_default("x", "first") == "first"
+        and await q.setting_or_default("x", "2nd") == "first"
+    )
+    await q.set_setting("x", "third")
+    assert await q.get_setting("x") == "third" and await q.get_setting("nothing") is None
+    return out
+
+
+def test_queries_on_sqlite_and_postgres(tmp_path: Path) -> None:
+    import secrets
+
+    import asyncpg
+
+    from billing.postgres import PostgresStore
+
+    data = seed(500)
+
+    async def on_sqlite() -> dict[str, Any]:
+        store = SQLiteStore(f"sqlite:///{tmp_path}/q.db")
+        await store.open()
+        try:
+            await store.run(
+                lambda db: db.executemany(
+                    f"INSERT INTO usage ({COLUMNS}) VALUES ({', '.join('?' * 21)})",
+                    data,
+                )
+            )
+            return await check_queries(queries_for(store))
+        finally:
+            await store.close()
+
+    async def on_postgres() -> dict[str, Any]:
+        admin_url = "postgresql://postgres@127.0.0.1:5432/postgres"
+        name = f"console_test_{secrets.token_hex(4)}"
+        conn = await asyncpg.connect(admin_url, timeout=10)
+        try:
+            await conn.execute(f"CREATE DATABASE {name}")
+        finally:
+            await conn.close()
+        store: Store = PostgresStore(f"postgresql://postgres@127.0.0.1:5432/{name}")
+        try:
+            await store.open()
+            pg = [(*r[:7], bool(r[7]), *r[8:15], bool(r[15]), *r[16:]) for r in data]
+            await store.pool.executemany(  # type: ignore[attr-defined]
+                f"INSERT INTO usage ({COLUMNS}) VALUES ({', '.join(f'${n}' for n in range(1, 22))})",
+                pg,
+            )
+            q = queries_for(store)
+            result = await check_queries(q)
+            indexes = await q.fetch("SELECT indexname FROM pg_indexes WHERE tablename = 'usage'")
+            assert {"console_usage_group_source", "console_usage_key"} <= {r[0] for r in indexes}
+            return result
+        finally:
+            await store.close()
+            conn = await asyncpg.connect(admin_url, timeout=10)
+            try:
+                await conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+            finally:
+                await conn.close()
+
+    assert asyncio.run(on_sqlite()) == asyncio.run(on_postgres())
+
+
+def test_history_stays_fast_with_a_million_rows(tmp_path: Path) -> None:
+    path = tmp_path / "big.db"
+    now = time.time()
+    n = 1_000_000
+    store = SQLiteStore(f"sqlite:///{path}")
+    asyncio.run(store.open())
+    asyncio.run(store.close())
+    db = sqlite3.connect(path)
+    try:  # a million calls, one a second up to now; one in 5000 from a job
+        db.executemany(
+            f"INSERT INTO usage ({COLUMNS}) VALUES "
+            "(?, ?, 1, ?, 'p', 'chat', ?, 0, 10, 5, 0, 0, 0, 100, 'ok', 1, 10.0, NULL, NULL, NULL, NULL)",
+            (
+                (
+                    now - n + i,
+                    1 + i % 50,
+                    "rare/model" if i % 100_000 == 7 else MODEL,
+                    "job" if i % 5000 == 0 else "api",
+                )
+                for i in range(n)
+            ),
+        )
+        db.commit()
+    finally:
+        db.close()
+
+    async def measure() -> dict[str, float]:
+        await store.open()
+        try:
+            q = queries_for(store)
+            await q.ready()  # builds the console's indexes once
+            timings: dict[str, float] = {}
+
+            async def timed(name: str, coro: Any) -> Any:
+                began = time.perf_counter()
+                result = await coro
+                timings[name] = time.perf_counter() - began
+                return result
+
+            first = await timed("first page", q.history(Filter(1), 50))
+            assert len(first.rows) == 50 and first.older is not None
+            deep = await timed("deep page", q.history(Filter(1), 50, before=1000))
+            assert [r.id for r in deep.rows] == list(range(999, 949, -1))
+            jobs = await timed("jobs", q.history(Filter(1, source="job"), 50, before=300_000))
+            assert len(jobs.rows) == 50 and all(r.source == "job" for r in jobs.rows)
+            rare = await timed("rare model", q.history(Filter(1, model="rare/model"), 50))
+            assert len(rare.rows) == 10
+            key = await timed("key", q.history(Filter(1, key_id=7), 50, before=500_000))
+            assert len(key.rows) == 50
+            old = await timed(
+                "old period", q.history(Filter(1, since=now - n + 1000, until=now - n + 2000), 50)
+            )
+            assert len(old.rows) == 50 and all(now - n + 1000 <= r.ts < now - n + 2000 for r in old.rows)
+            day = await timed("chart 24h", q.buckets(Filter(1), now - 86400, 3600, 24))
+            assert sum(b.calls for b in day) in (86399, 86400, 86401)
+            models = await timed("key models 1h", q.key_models(7, 1, now - 3600, None))
+            assert sum(m.calls for m in models) == 72
+            return timings
+        finally:
+            await store.close()
+
+    timings = asyncio.run(measure())
+    slow = {name: round(t, 3) for name, t in timings.items() if t > 0.5}
+    assert not slow, timings
+
+
+def test_chart_svg() -> None:
+    from console.queries import Bucket
+
+    assert charts.bucket_width(86400) == 3600 and charts.bucket_width(7 * 86400) == 3 * 3600
+    assert charts.bucket_width(60) == 60 and charts.bucket_width(10**9) >= 30 * 86400
+    assert charts.nice_max(0) == 1 and charts.nice_max(7) == 10 and charts.nice_max(1.2e9) == 2e9
+    svg = charts.svg([Bucket(1_700_000_000 + i * 3600, i, i * 10**9) for i in range(24)], 3600)
+    tree = ET.fromstring(svg)  # well-formed
+    ns = "{http://www.w3.org/2000/svg}"
+    assert len(tree.findall(f"{ns}rect")) == 24 and tree.find(f"{ns}polyline") is not None
+    assert "23 credits, 23 calls" in svg and charts.svg([], 60) == ""
