@@ -33,19 +33,27 @@ if TYPE_CHECKING:
 ACCESS = logging.getLogger("router.access")
 _encode = msgspec.json.Encoder(enc_hook=str).encode
 _STANDARD = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "fields"}
+# how many attributes a record has when nobody added any
+_PLAIN = len(logging.LogRecord("", 0, "", 0, "", None, None).__dict__)
+
+
+_second: list[Any] = [-1, ""]  # the last whole second formatted, and its text
 
 
 def _timestamp(created: float) -> str:
     seconds = int(created)
-    return (
-        time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{int((created - seconds) * 1000):03d}Z"
-    )
+    if seconds != _second[0]:
+        _second[:] = [seconds, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))]
+    return f"{_second[1]}.{int((created - seconds) * 1000):03d}Z"
 
 
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
-    fields = record.__dict__.get("fields")
+    attributes = record.__dict__
+    fields = attributes.get("fields")
+    if isinstance(fields, dict) and len(attributes) == _PLAIN + 1:
+        return fields  # an access-log record: nothing else to look for
     out = dict(fields) if isinstance(fields, dict) else {}
-    for name, value in record.__dict__.items():  # `extra=` given the ordinary way
+    for name, value in attributes.items():  # `extra=` given the ordinary way
         if name not in _STANDARD:
             out[name] = value
     return out
