@@ -608,18 +608,6 @@ class PostgresStore(Store):
                 raise StoreError(f"no key with id {key_id}")
             return key_of(await conn.fetchrow(KEY_SQL + " WHERE k.id = $1", key_id))
 
-    async def update_key(self, key_id: int, spend_cap: int | None, allowed_models: list[str] | None) -> KeyInfo:
-        if spend_cap is not None and spend_cap < 0:
-            raise StoreError("a spend cap cannot be negative")
-        async with self.pool.acquire() as conn, conn.transaction():
-            status = await conn.execute(
-                "UPDATE keys SET spend_cap = $1, allowed_models = $2 WHERE id = $3",
-                spend_cap, json.dumps(allowed_models) if allowed_models else None, key_id,
-            )  # fmt: skip
-            if status == "UPDATE 0":
-                raise StoreError(f"no key with id {key_id}")
-            return key_of(await conn.fetchrow(KEY_SQL + " WHERE k.id = $1", key_id))
-
     async def list_keys(self, group: str | None = None) -> list[KeyInfo]:
         if group is None:
             rows = await self.db.fetch(KEY_SQL + " ORDER BY k.id")

@@ -131,14 +131,20 @@ class GroupCommit:
         self.pending: list[tuple[Callable[[sqlite3.Connection], Any], asyncio.Future[Any]]] = []
         self.draining = False
         self.batches = 0
+        self.task: asyncio.Task[None] | None = None
 
     def submit(self, op: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self.pending.append((op, future))
         if not self.draining:
             self.draining = True
-            asyncio.get_running_loop().create_task(self._drain())
+            self.task = asyncio.get_running_loop().create_task(self._drain())
         return future
+
+    async def flush(self) -> None:
+        """Wait until everything queued so far is committed."""
+        while self.task is not None and not self.task.done():
+            await asyncio.shield(self.task)
 
     async def _drain(self) -> None:
         try:
@@ -249,6 +255,7 @@ class SQLiteStore(Store):
         await asyncio.get_running_loop().run_in_executor(self._executor, self._connect)
 
     async def close(self) -> None:
+        await self.commits.flush()  # settle what is queued before closing
         if self._executor is not None:
             def _close(db: sqlite3.Connection) -> None:
                 db.close()

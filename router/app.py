@@ -82,9 +82,9 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
             Route("/v1/models", models.list, methods=["GET"]),
             Route("/v1/models/{model:path}", models.retrieve, methods=["GET"]),
             Route("/healthz", _health, methods=["GET"]),
-            *([Mount("/console", app=console_app(gateway))] if gateway.settings.console.enabled else []),
             Route("/readyz", Readiness(gateway).endpoint, methods=["GET"]),
             *([Route("/metrics", metrics.endpoint, methods=["GET"])] if obs.metrics else []),
+            *([Mount("/console", app=console_app(gateway))] if gateway.settings.console.enabled else []),
             *batches.routes(gateway),  # /v1/files, /v1/batches
         ],
         middleware=[Middleware(Observe, access_log=obs.access_log), Middleware(RequestID)],

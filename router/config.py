@@ -110,21 +110,6 @@ class HealthSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     cache_seconds: float = 5.0
 
 
-class JobsSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """``[jobs]``: the Batch API (``/v1/files``, ``/v1/batches``) and its runner (jobs/)."""
-
-    data_dir: str = ""  # SQLite store: where files live; empty = a ``files`` directory beside the database
-    max_file_bytes: Annotated[int, msgspec.Meta(ge=1)] = 100 * 1024 * 1024
-    max_lines: Annotated[int, msgspec.Meta(ge=1)] = 50_000  # requests in one batch input file
-    concurrency: Annotated[int, msgspec.Meta(ge=1)] = 8  # lines of one job in flight at once
-    max_jobs: Annotated[int, msgspec.Meta(ge=1)] = 4  # jobs one gateway process runs at once
-    poll_interval: Annotated[float, msgspec.Meta(gt=0)] = 1.0  # seconds between looks for work
-    lease_seconds: Annotated[float, msgspec.Meta(gt=0)] = 30.0  # one replica's hold on a job, renewed
-    line_timeout: Annotated[float, msgspec.Meta(gt=0)] = 900.0  # seconds one line may take
-    stop_grace: Annotated[float, msgspec.Meta(ge=0)] = 10.0  # on shutdown: seconds lines in flight may finish
-    runner: bool = True  # false: this process serves the endpoints but runs no jobs
-
-
 class ConsoleSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """``[console]``: the management console at /console (console/). The admin logs in with the password
     set by ``router console set-password`` (stored scrypt-hashed) or with ``admin_token``, which also
@@ -142,17 +127,32 @@ class ConsoleSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     csv_max_rows: Annotated[int, msgspec.Meta(ge=1)] = 1_000_000
 
 
+class JobsSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``[jobs]``: the Batch API (``/v1/files``, ``/v1/batches``) and its runner (jobs/)."""
+
+    data_dir: str = ""  # SQLite store: where files live; empty = a ``files`` directory beside the database
+    max_file_bytes: Annotated[int, msgspec.Meta(ge=1)] = 100 * 1024 * 1024
+    max_lines: Annotated[int, msgspec.Meta(ge=1)] = 50_000  # requests in one batch input file
+    concurrency: Annotated[int, msgspec.Meta(ge=1)] = 8  # lines of one job in flight at once
+    max_jobs: Annotated[int, msgspec.Meta(ge=1)] = 4  # jobs one gateway process runs at once
+    poll_interval: Annotated[float, msgspec.Meta(gt=0)] = 1.0  # seconds between looks for work
+    lease_seconds: Annotated[float, msgspec.Meta(gt=0)] = 30.0  # one replica's hold on a job, renewed
+    line_timeout: Annotated[float, msgspec.Meta(gt=0)] = 900.0  # seconds one line may take
+    stop_grace: Annotated[float, msgspec.Meta(ge=0)] = 10.0  # on shutdown: seconds lines in flight may finish
+    runner: bool = True  # false: this process serves the endpoints but runs no jobs
+
+
 class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     server: ServerSettings = msgspec.field(default_factory=ServerSettings)
     store: StoreSettings = msgspec.field(default_factory=StoreSettings)
     providers: dict[str, ProviderSettings] = {}
     catalog: CatalogSettings = msgspec.field(default_factory=CatalogSettings)
     reliability: ReliabilitySettings = msgspec.field(default_factory=ReliabilitySettings)
-    console: ConsoleSettings = msgspec.field(default_factory=ConsoleSettings)
     limits: LimitsSettings = msgspec.field(default_factory=LimitsSettings)
     observability: ObservabilitySettings = msgspec.field(default_factory=ObservabilitySettings)
     health: HealthSettings = msgspec.field(default_factory=HealthSettings)
     jobs: JobsSettings = msgspec.field(default_factory=JobsSettings)
+    console: ConsoleSettings = msgspec.field(default_factory=ConsoleSettings)
 
     def load_catalog(self) -> Catalog:
         return Catalog.load(Path(self.catalog.path) if self.catalog.path else None)
