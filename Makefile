@@ -27,8 +27,8 @@ bench: install
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 lint: install
-	$(BIN)/ruff check router adapters billing tests bench
-	$(BIN)/mypy router adapters billing
+	$(BIN)/ruff check router adapters billing jobs console tests bench
+	$(BIN)/mypy router adapters billing jobs console
 
 clean:
 	rm -rf $(VENV) .bench-venv build *.egg-info .pytest_cache .mypy_cache .ruff_cache
