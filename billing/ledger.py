@@ -8,6 +8,7 @@ after it, exactly once, whatever happened in between (design §6).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,26 +27,107 @@ def credits(nano: int) -> str:
     return f"{whole}.{frac:09d}".rstrip("0").rstrip(".")
 
 
+def refused(refusal: Refusal) -> InsufficientCredits:
+    if refusal.reason == "key_cap":
+        return InsufficientCredits(
+            f"This API key's spend cap does not cover this call: it needs up to {credits(refusal.needed)} "
+            f"credits and the key has {credits(refusal.available)} left under its cap. Lower max_tokens or "
+            "raise the key's cap.",
+            code="key_spend_cap_reached",
+        )
+    return InsufficientCredits(
+        f"Insufficient credits: this call needs up to {credits(refusal.needed)} credits (its worst case, "
+        f"from max_tokens and the prompt) and the group's balance is {credits(refusal.available)}. "
+        "Top up the group or lower max_tokens."
+    )
+
+
 class Ledger:
+    """Reservations held in the store (PostgreSQL: atomic conditional updates shared by replicas)."""
+
     def __init__(self, store: Store) -> None:
         self.store = store
 
     async def reserve(self, group_id: int, key_id: int, amount: int) -> Reservation:
         result = await self.store.reserve(group_id, key_id, amount)
         if isinstance(result, Refusal):
-            if result.reason == "key_cap":
-                raise InsufficientCredits(
-                    f"This API key's spend cap does not cover this call: it needs up to {credits(result.needed)} "
-                    f"credits and the key has {credits(result.available)} left under its cap. Lower max_tokens or "
-                    "raise the key's cap.",
-                    code="key_spend_cap_reached",
-                )
-            raise InsufficientCredits(
-                f"Insufficient credits: this call needs up to {credits(result.needed)} credits (its worst case, "
-                f"from max_tokens and the prompt) and the group's balance is {credits(result.available)}. "
-                "Top up the group or lower max_tokens."
-            )
+            raise refused(result)
         return result
+
+    async def settle(self, reservation: Reservation, record: UsageRecord) -> int:
+        return await self.store.settle(reservation, record)
+
+
+@dataclass(slots=True)
+class _Holds:
+    limit: int | None  # the group's committed balance / the key's cap minus its committed spend
+    held: int = 0  # worst cases of calls in flight
+    read_at: float = 0.0
+
+
+class LocalLedger(Ledger):
+    """Reservations held in this process's memory, for a store that this process alone spends from
+    (SQLite: one gateway per database file, which ``Gateway.start`` enforces with a file lock).
+
+    Admission costs no store round trip: a group's committed balance (and a key's room under its
+    cap) is read from the store at most every ``refresh`` seconds — and again before any refusal, so
+    a top-up by the CLI or the console is seen at once — and the worst cases of calls in flight are
+    held against it here. Settling charges the store durably (group commit) and only then lets go of
+    the hold. Nothing is ever reserved in the store, so a crash leaves nothing to reconcile: the
+    balance is exactly what was charged."""
+
+    def __init__(self, store: Store, refresh: float = 2.0) -> None:
+        super().__init__(store)
+        self.refresh = refresh
+        self._groups: dict[int, _Holds] = {}
+        self._keys: dict[int, _Holds] = {}
+        self._ids = itertools.count(-1, -1)
+
+    async def _read(self, group_id: int, key_id: int) -> tuple[_Holds, _Holds]:
+        balance, room = await self.store.ledger_state(group_id, key_id)  # type: ignore[attr-defined]
+        now = time.monotonic()
+        group = self._groups.setdefault(group_id, _Holds(balance))
+        key = self._keys.setdefault(key_id, _Holds(room))
+        group.limit, group.read_at = balance, now
+        key.limit, key.read_at = room, now
+        return group, key
+
+    def _refusal(self, group: _Holds, key: _Holds, amount: int) -> Refusal | None:
+        if key.limit is not None and key.limit - key.held < amount:
+            return Refusal("key_cap", max(key.limit - key.held, 0), amount)
+        assert group.limit is not None
+        if group.limit - group.held < amount:
+            return Refusal("balance", max(group.limit - group.held, 0), amount)
+        return None
+
+    async def reserve(self, group_id: int, key_id: int, amount: int) -> Reservation:
+        group, key = self._groups.get(group_id), self._keys.get(key_id)
+        now = time.monotonic()
+        if group is None or key is None or now - group.read_at > self.refresh or now - key.read_at > self.refresh:
+            group, key = await self._read(group_id, key_id)
+        refusal = self._refusal(group, key, amount)
+        if refusal is not None:
+            group, key = await self._read(group_id, key_id)  # a top-up may have come since
+            refusal = self._refusal(group, key, amount)
+            if refusal is not None:
+                raise refused(refusal)
+        group.held += amount
+        key.held += amount
+        return Reservation(next(self._ids), group_id, key_id, amount)
+
+    async def settle(self, reservation: Reservation, record: UsageRecord) -> int:
+        charge = 0
+        try:
+            charge = await self.store.settle(reservation, record)
+        finally:
+            group, key = self._groups[reservation.group_id], self._keys[reservation.key_id]
+            group.held -= reservation.amount
+            key.held -= reservation.amount
+            if group.limit is not None:
+                group.limit -= charge
+            if key.limit is not None:
+                key.limit -= charge
+        return charge
 
 
 @dataclass(slots=True)
@@ -86,7 +168,7 @@ class Meter:
         record.ttft_ms = (first_token_at - self.started) * 1000 if first_token_at else None
         record.ts = time.time()
         metrics.call_settled(record)
-        await asyncio.shield(self.ledger.store.settle(self.reservation, record))
+        await asyncio.shield(self.ledger.settle(self.reservation, record))
 
     def _estimate(self, generated: str) -> TokenUsage:
         messages = self.messages if isinstance(self.messages, list) else []

@@ -202,6 +202,7 @@ class SQLiteStore(Store):
         self._executor: ThreadPoolExecutor | None = None
         self._db: sqlite3.Connection | None = None
         self.commits = GroupCommit(self)
+        self._owner: Any = None  # the gateway's file lock, see lock_owner
 
     # -- plumbing -------------------------------------------------------------------------------
     async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
@@ -265,6 +266,9 @@ class SQLiteStore(Store):
             self._db = None
             self._executor.shutdown(wait=True)
             self._executor = None
+        if self._owner is not None:
+            self._owner.close()
+            self._owner = None
 
     # -- groups ---------------------------------------------------------------------------------
     @staticmethod
@@ -441,6 +445,38 @@ class SQLiteStore(Store):
         record.credits = charge
         db.execute(INSERT_USAGE, usage_row(record))
         return charge
+
+    async def ledger_state(self, group_id: int, key_id: int) -> tuple[int, int | None]:
+        """The group's balance and the key's room under its spend cap (None: no cap), for
+        :class:`billing.ledger.LocalLedger`."""
+
+        def fn(db: sqlite3.Connection) -> tuple[int, int | None]:
+            row = db.execute("SELECT balance FROM groups WHERE id = ?", (group_id,)).fetchone()
+            key = db.execute("SELECT spend_cap, spent, reserved FROM keys WHERE id = ?", (key_id,)).fetchone()
+            if row is None or key is None:
+                raise StoreError(f"no group {group_id} or key {key_id}")
+            room = None if key[0] is None else key[0] - key[1] - key[2]
+            return row[0], room
+
+        return await self.run(fn)
+
+    def lock_owner(self) -> None:
+        """Take the file lock that makes this process the only gateway spending from this database
+        (the CLI and the console may still write to it: they only add credit or change keys)."""
+        import fcntl
+
+        if self.path == ":memory:" or self._owner is not None:
+            return
+        lock = open(self.path + ".gateway-lock", "w")  # noqa: SIM115 - held for the process's life
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.close()
+            raise StoreError(
+                f"another gateway process already serves from {self.path}: SQLite takes one gateway per "
+                "database file (use PostgreSQL for several replicas)"
+            ) from None
+        self._owner = lock
 
     async def settle(self, reservation: Reservation, record: UsageRecord) -> int:
         return await self.commits.submit(lambda db: self._settle(db, reservation, record))

@@ -10,7 +10,8 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from adapters import ADAPTERS, Adapter
-from billing.ledger import Ledger
+from billing.ledger import Ledger, LocalLedger
+from billing.sqlite import SQLiteStore
 from billing.store import Store, open_store
 from router.auth import Authenticator
 from router.config import ResolvedProvider, Settings
@@ -29,7 +30,9 @@ class Gateway:
         self.catalog = settings.load_catalog()
         self.store = store or open_store(settings.store.url)
         self.transport = ObservedTransport()  # the shared transport, counting failed upstream attempts
-        self.ledger = Ledger(self.store)
+        # SQLite: one gateway per file, so admission is held in this process's memory (no store round
+        # trip per call); PostgreSQL: reservations are atomic updates in the store, shared by replicas
+        self.ledger = LocalLedger(self.store) if isinstance(self.store, SQLiteStore) else Ledger(self.store)
         self.limits = RateLimiter(settings.limits)
         rel = settings.reliability
         self.breakers = Breakers(rel.breaker_threshold, rel.breaker_cooldown)
@@ -57,8 +60,9 @@ class Gateway:
         async with self._lock:
             if not self.started:
                 await self.store.open()
-                if self.settings.store.url.startswith("sqlite"):
-                    await self.store.reconcile()  # one gateway per SQLite file: anything left is from a crash
+                if isinstance(self.store, SQLiteStore):
+                    self.store.lock_owner()  # one gateway per SQLite file
+                    await self.store.reconcile()  # reservations of an older version's crash, if any
                 else:
                     await self.store.reconcile(older_than=self.settings.store.stale_reservation_seconds)
                 await self.transport.start()

@@ -10,11 +10,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import secrets
 import time
 
 from router import logs, metrics
-from router.types import ASGIApp, Message, Receive, Scope, Send
+from router.types import ASGIApp, Message, Receive, Scope, Send, new_id
 
 _SANE = re.compile(rb"^[A-Za-z0-9._:-]{1,128}$")
 
@@ -33,7 +32,7 @@ class RequestID:
                 rid = value
                 break
         if not rid:
-            rid = b"req_" + secrets.token_hex(12).encode()
+            rid = b"req_" + new_id().encode()
         scope.setdefault("state", {})["request_id"] = rid.decode()
 
         async def send_with_id(message: Message) -> None:

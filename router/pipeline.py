@@ -10,7 +10,6 @@ translated providers and the batch runner all go through it.
 from __future__ import annotations
 
 import asyncio
-import secrets
 import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from router.errors import GatewayError, InvalidRequest, PermissionDenied, Upstre
 from router.gateway import Gateway
 from router.reliability import backoff, breaker_failure, failover, retryable
 from router.stream import Shaper, chunks
+from router.types import new_id
 from router.wire import ChatRequest
 
 
@@ -42,7 +42,7 @@ class Started:
 
 
 def completion_id() -> str:
-    return "chatcmpl-" + secrets.token_hex(12)
+    return "chatcmpl-" + new_id()
 
 
 def _answer_text(data: dict[str, Any]) -> str:

@@ -16,17 +16,17 @@ the API; usage comes only in the terminal event's response. Pure: dicts in, dict
 
 from __future__ import annotations
 
-import secrets
 import time
 from typing import Any
 
+from router.types import new_id as random_hex
 from router.wire import usage_from_openai
 
 INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
 
 def new_id(prefix: str) -> str:
-    return f"{prefix}_{secrets.token_hex(24)}"
+    return f"{prefix}_{random_hex()}{random_hex()}"
 
 
 def responses_usage(usage: Any) -> dict[str, Any] | None:

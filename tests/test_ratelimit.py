@@ -332,9 +332,9 @@ def _chat(port: int, key: str, text: str) -> tuple[int, dict[str, str]]:
             return exc.code, {k.lower(): v for k, v in exc.headers.items()}
 
 
-def _config(tmp: Path, emulators: Emulators, prefix: str) -> Path:
+def _config(tmp: Path, emulators: Emulators, prefix: str, store_url: str) -> Path:
     lines = [
-        "[store]", f'url = "sqlite:///{tmp}/shared.db"', "",
+        "[store]", f'url = "{store_url}"', "",
         "[reliability]", "max_retries = 0", "",
         "[limits]", "key_rpm = 4", "group_rpm = 0", f'redis_url = "{REDIS_URL}"',
         f'redis_prefix = "{prefix}"', "",
@@ -347,12 +347,34 @@ def _config(tmp: Path, emulators: Emulators, prefix: str) -> Path:
     return path
 
 
-def test_two_gateways_share_one_allowance_through_redis(tmp_path: Path, redis_prefix: str) -> None:
+@pytest.fixture
+def shared_pg() -> Iterator[str]:
+    """A fresh PostgreSQL database: two gateway replicas share a store through PostgreSQL (SQLite takes
+    one gateway per file)."""
+    import asyncpg
+
+    name = f"router_rl_{secrets.token_hex(4)}"
+
+    async def admin(sql: str) -> None:
+        conn = await asyncpg.connect("postgresql://postgres@127.0.0.1:5432/postgres")
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    asyncio.run(admin(f"CREATE DATABASE {name}"))
+    try:
+        yield f"postgresql://postgres@127.0.0.1:5432/{name}"
+    finally:
+        asyncio.run(admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+
+
+def test_two_gateways_share_one_allowance_through_redis(tmp_path: Path, redis_prefix: str, shared_pg: str) -> None:
     emulators = Emulators()
     procs: list[subprocess.Popen[bytes]] = []
     logs: list[Any] = []
     try:
-        config = _config(tmp_path, emulators, redis_prefix)
+        config = _config(tmp_path, emulators, redis_prefix, shared_pg)
         _router(config, "groups", "create", "shared", "--credits", "100")
         key = _router(config, "keys", "create", "--group", "shared")
         assert key.startswith("sk-mr-v1-")
