@@ -55,7 +55,11 @@ class Ledger:
         return result
 
     async def settle(self, reservation: Reservation, record: UsageRecord) -> int:
-        return await self.store.settle(reservation, record)
+        return await self.settle_soon(reservation, record)
+
+    def settle_soon(self, reservation: Reservation, record: UsageRecord) -> asyncio.Future[int]:
+        """Start settling now (nothing can cancel it); the future resolves once it is durable."""
+        return asyncio.ensure_future(self.store.settle(reservation, record))
 
 
 @dataclass(slots=True)
@@ -115,11 +119,11 @@ class LocalLedger(Ledger):
         key.held += amount
         return Reservation(next(self._ids), group_id, key_id, amount)
 
-    async def settle(self, reservation: Reservation, record: UsageRecord) -> int:
-        charge = 0
-        try:
-            charge = await self.store.settle(reservation, record)
-        finally:
+    def settle_soon(self, reservation: Reservation, record: UsageRecord) -> asyncio.Future[int]:
+        settled = self.store.settle_soon(reservation, record)  # type: ignore[attr-defined]
+
+        def release(done: asyncio.Future[int]) -> None:
+            charge = 0 if done.cancelled() or done.exception() is not None else done.result()
             group, key = self._groups[reservation.group_id], self._keys[reservation.key_id]
             group.held -= reservation.amount
             key.held -= reservation.amount
@@ -127,7 +131,9 @@ class LocalLedger(Ledger):
                 group.limit -= charge
             if key.limit is not None:
                 key.limit -= charge
-        return charge
+
+        settled.add_done_callback(release)
+        return settled
 
 
 @dataclass(slots=True)
@@ -168,7 +174,7 @@ class Meter:
         record.ttft_ms = (first_token_at - self.started) * 1000 if first_token_at else None
         record.ts = time.time()
         metrics.call_settled(record)
-        await asyncio.shield(self.ledger.settle(self.reservation, record))
+        await asyncio.shield(self.ledger.settle_soon(self.reservation, record))
 
     def _estimate(self, generated: str) -> TokenUsage:
         messages = self.messages if isinstance(self.messages, list) else []

@@ -430,18 +430,23 @@ class SQLiteStore(Store):
 
     @staticmethod
     def _settle(db: sqlite3.Connection, reservation: Reservation, record: UsageRecord) -> int:
-        gone = db.execute("DELETE FROM reservations WHERE id = ?", (reservation.id,)).rowcount == 0
-        held = 0 if gone else reservation.amount  # settled twice, or reconciled already
-        balance = db.execute("SELECT balance FROM groups WHERE id = ?", (reservation.group_id,)).fetchone()[0]
-        charge = min(record.credits, balance + held)
-        db.execute(
-            "UPDATE groups SET reserved = reserved - ?, balance = balance + ? - ?, spent = spent + ? WHERE id = ?",
-            (held, held, charge, charge, reservation.group_id),
-        )
-        db.execute(
-            "UPDATE keys SET reserved = reserved - ?, spent = spent + ? WHERE id = ?",
-            (held, charge, reservation.key_id),
-        )
+        held = 0  # a reservation held in the gateway's memory (negative id) has no row here
+        if reservation.id > 0:
+            gone = db.execute("DELETE FROM reservations WHERE id = ?", (reservation.id,)).rowcount == 0
+            held = 0 if gone else reservation.amount  # settled twice, or reconciled already
+        charge = 0
+        if record.credits > 0:
+            balance = db.execute("SELECT balance FROM groups WHERE id = ?", (reservation.group_id,)).fetchone()[0]
+            charge = min(record.credits, balance + held)
+        if held or charge:
+            db.execute(
+                "UPDATE groups SET reserved = reserved - ?, balance = balance + ? - ?, spent = spent + ? WHERE id = ?",
+                (held, held, charge, charge, reservation.group_id),
+            )
+            db.execute(
+                "UPDATE keys SET reserved = reserved - ?, spent = spent + ? WHERE id = ?",
+                (held, charge, reservation.key_id),
+            )
         record.credits = charge
         db.execute(INSERT_USAGE, usage_row(record))
         return charge
@@ -479,7 +484,11 @@ class SQLiteStore(Store):
         self._owner = lock
 
     async def settle(self, reservation: Reservation, record: UsageRecord) -> int:
-        return await self.commits.submit(lambda db: self._settle(db, reservation, record))
+        return await self.settle_soon(reservation, record)
+
+    def settle_soon(self, reservation: Reservation, record: UsageRecord) -> asyncio.Future[int]:
+        """Queue the settlement for the next group commit; the future resolves once it committed."""
+        return self.commits.submit(lambda db: self._settle(db, reservation, record))
 
     async def reconcile(self, older_than: float | None = None) -> int:
         def fn(db: sqlite3.Connection) -> int:

@@ -216,6 +216,7 @@ class _Attempt:
                                 response.release()
                             raise adapter.error(response.status, error_body, response.headers)
                 except TimeoutError:
+                    metrics.upstream_error(model.provider, "timeout")
                     error: GatewayError = UpstreamTimeout(
                         f"The provider '{model.provider}' sent no answer within {rel.first_byte_timeout:g} s."
                     )
