@@ -12,10 +12,9 @@ import json
 import sqlite3
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any, TypeVar
 
+from billing.sqlite_thread import SQLiteThread
 from billing.store import (
     Group,
     KeyInfo,
@@ -199,73 +198,23 @@ class SQLiteStore(Store):
     def __init__(self, url: str) -> None:
         self.url = url
         self.path = sqlite_path(url)
-        self._executor: ThreadPoolExecutor | None = None
-        self._db: sqlite3.Connection | None = None
+        self.thread = SQLiteThread(self.path, name="sqlite-store", migrations=MIGRATIONS)
         self.commits = GroupCommit(self)
         self._owner: Any = None  # the gateway's file lock, see lock_owner
 
     # -- plumbing -------------------------------------------------------------------------------
     async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        assert self._executor is not None, "store is not open"
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._call, fn)
-
-    def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        assert self._db is not None
-        return fn(self._db)
+        return await self.thread.run(fn)
 
     async def ping(self) -> None:
         await self.run(lambda db: db.execute("SELECT 1").fetchone())
 
-    def _connect(self) -> None:
-        if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10.0)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=NORMAL")
-        db.execute("PRAGMA foreign_keys=ON")
-        db.execute("PRAGMA busy_timeout=10000")
-        self._db = db
-        self._migrate(db)
-
-    def _migrate(self, db: sqlite3.Connection) -> None:
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
-            row = db.execute("SELECT version FROM schema_version").fetchone()
-            version = row[0] if row else 0
-            if row is None:
-                db.execute("INSERT INTO schema_version VALUES (0)")
-            for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
-                for statement in script.split(";"):
-                    if statement.strip():
-                        db.execute(statement)
-                db.execute("UPDATE schema_version SET version = ?", (number,))
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-
     async def open(self) -> None:
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-store")
-            await self.run_setup()
-
-    async def run_setup(self) -> None:
-        assert self._executor is not None
-        await asyncio.get_running_loop().run_in_executor(self._executor, self._connect)
+        await self.thread.open()
 
     async def close(self) -> None:
         await self.commits.flush()  # settle what is queued before closing
-        if self._executor is not None:
-            def _close(db: sqlite3.Connection) -> None:
-                db.close()
-
-            if self._db is not None:
-                await self.run(_close)
-            self._db = None
-            self._executor.shutdown(wait=True)
-            self._executor = None
+        await self.thread.close()
         if self._owner is not None:
             self._owner.close()
             self._owner = None

@@ -8,17 +8,16 @@ not even a power cut can make a line run twice. (The billing connection keeps it
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sqlite3
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
 from billing.sqlite import sqlite_path
+from billing.sqlite_thread import SQLiteThread
 from billing.store import Principal
 from jobs.store import (
     BATCH_COLUMNS,
@@ -116,18 +115,15 @@ class SQLiteJobStore(JobStore):
         self.path = sqlite_path(url)
         base = Path(self.path).parent if self.path != ":memory:" else Path("data")
         self.files_dir = Path(files_dir) if files_dir else base / "files"
-        self._executor: ThreadPoolExecutor | None = None
-        self._db: sqlite3.Connection | None = None
+        # synchronous=FULL: a line's "started" mark must survive even a power cut (never run twice)
+        self.thread = SQLiteThread(self.path, name="sqlite-jobs", migrations=MIGRATIONS,
+                                   version_table="jobs_schema_version", synchronous="FULL", foreign_keys=False)  # fmt: skip
 
     # -- plumbing -------------------------------------------------------------------------------------
     async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        if self._executor is None:
+        if not self.thread.is_open:
             raise JobStoreError("the jobs store is not open")
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self._call, fn)
-
-    def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        assert self._db is not None
-        return fn(self._db)
+        return await self.thread.run(fn)
 
     async def tx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """``fn`` in one write transaction (taken at once, so the checks it reads stay true)."""
@@ -144,49 +140,12 @@ class SQLiteJobStore(JobStore):
 
         return await self.run(wrapped)
 
-    def _connect(self) -> None:
-        if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        self.files_dir.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10.0)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=FULL")
-        db.execute("PRAGMA busy_timeout=10000")
-        self._db = db
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            db.execute("CREATE TABLE IF NOT EXISTS jobs_schema_version (version INTEGER NOT NULL)")
-            row = db.execute("SELECT version FROM jobs_schema_version").fetchone()
-            version = row[0] if row else 0
-            if row is None:
-                db.execute("INSERT INTO jobs_schema_version VALUES (0)")
-            for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
-                for statement in script.split(";"):
-                    if statement.strip():
-                        db.execute(statement)
-                db.execute("UPDATE jobs_schema_version SET version = ?", (number,))
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-
     async def open(self) -> None:
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-jobs")
-            try:
-                await asyncio.get_running_loop().run_in_executor(self._executor, self._connect)
-            except BaseException:
-                self._executor.shutdown(wait=False)
-                self._executor = None
-                raise
+        self.files_dir.mkdir(parents=True, exist_ok=True)
+        await self.thread.open()
 
     async def close(self) -> None:
-        if self._executor is not None:
-            if self._db is not None:
-                await self.run(lambda db: db.close())
-            self._db = None
-            self._executor.shutdown(wait=True)
-            self._executor = None
+        await self.thread.close()
 
     def _file_path(self, file_id: str) -> Path:
         return self.files_dir / file_id
