@@ -68,6 +68,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, help="seconds measured per throughput run (default 8, quick 1)")
     p.add_argument("--latency-seconds", type=float, help="seconds of the 1-client phase (default 40, quick 5)")
     p.add_argument("--tokens", type=int, default=12, help="answer length asked of the emulator (default 12)")
+    p.add_argument("--no-extras", action="store_true", help="skip the ledger and the concurrent-streams runs")
     return p.parse_args(argv)
 
 
@@ -299,4 +300,23 @@ def main(argv: list[str] | None = None) -> int:
     (RESULTS / "bench.json").write_text(json.dumps(results, indent=2) + "\n")
     print(report.render(results), flush=True)
     print(report.plot(results, bench_venv, RESULTS / "bench.json", RESULTS / "bench.png"), flush=True)
+    if not interrupted and not args.no_extras:
+        extras(args)
     return 130 if interrupted else (1 if "error" in results else 0)
+
+
+def extras(args: argparse.Namespace) -> None:
+    """The ledger's settlement rate per store, and N concurrent slow streams through one process."""
+    from bench import ledger, streams
+
+    say("ledger settlement benchmark (SQLite and PostgreSQL)")
+    try:
+        print(ledger.report(ledger.run(2.0 if args.quick else 5.0)), flush=True)
+    except Exception as exc:  # noqa: BLE001 - reported, the rest of the run stands
+        print(f"ledger benchmark failed: {exc}", flush=True)
+    n = 1000 if args.quick else 5000
+    say(f"{n} concurrent streams through one gateway process")
+    try:
+        streams.main(["--streams", str(n), "--tokens", "30" if args.quick else "90"], exit_after=False)
+    except Exception as exc:  # noqa: BLE001
+        print(f"streams benchmark failed: {exc}", flush=True)
