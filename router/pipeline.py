@@ -41,6 +41,9 @@ class Started:
     rate_headers: dict[str, str] | None = None  # x-ratelimit-* for the HTTP response (router/ratelimit.py)
 
 
+_HEAD = frozenset({"id", "object", "created", "model", "choices", "usage"})
+
+
 def completion_id() -> str:
     return "chatcmpl-" + new_id()
 
@@ -140,11 +143,15 @@ class ChatPipeline:
             finally:
                 response.release()
             data, usage = started.adapter.parse_response(call, payload)
-            data["id"] = started.completion_id
-            data["object"] = "chat.completion"
-            data["model"] = call.model_id
-            if "usage" not in data and usage is not None:
-                data["usage"] = usage.openai()
+            data = {  # the same key order whatever the provider
+                "id": started.completion_id,
+                "object": "chat.completion",
+                "created": data.get("created") or int(time.time()),
+                "model": call.model_id,
+                "choices": data["choices"],
+                "usage": data.get("usage") or (usage.openai() if usage is not None else None),
+                **{k: v for k, v in data.items() if k not in _HEAD},
+            }
             generated = "" if usage else _answer_text(data)
             await meter.finish(usage, "ok", generated=generated, upstream_id=started.upstream_id)
             return data

@@ -50,15 +50,20 @@ class Shaper:
         self.text_parts: list[str] = []  # kept for estimating usage when the upstream never says
 
     def _stamp(self, chunk: dict[str, Any]) -> dict[str, Any]:
-        chunk["id"] = self.completion_id
-        chunk["object"] = "chat.completion.chunk"
-        chunk["created"] = self.created
-        chunk["model"] = self.call.model_id
+        """The chunk with our id, the caller's model id and the same key order whatever the provider."""
+        out = {
+            "id": self.completion_id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.call.model_id,
+            "choices": chunk["choices"],
+        }
+        for name, value in chunk.items():
+            if name not in out and name != "usage":
+                out[name] = value
         if self.call.include_usage:
-            chunk["usage"] = None
-        else:
-            chunk.pop("usage", None)
-        return chunk
+            out["usage"] = None
+        return out
 
     def shape(self, chunk: dict[str, Any], out: list[dict[str, Any]]) -> None:
         choices = chunk.get("choices")

@@ -172,3 +172,25 @@ async def test_async_client_stream(stack: Stack) -> None:
     out = await client.chat.completions.create(model="upstage/solar-pro4", messages=[{"role": "user", "content": "hi"}])
     assert out.model == "upstage/solar-pro4"
     await client.close()
+
+
+def test_answer_shape_does_not_tell_the_provider(stack: Stack) -> None:
+    """The same top-level keys, in the same order, whichever group served (non-stream and stream)."""
+    import json
+
+    key = stack.key()
+    shapes: dict[str, set[tuple[str, ...]]] = {"plain": set(), "chunk": set()}
+    for model in ("openai/gpt-4o-mini", "anthropic/claude-haiku-4-5", "google/gemini-2.5-flash",
+                  "upstage/solar-mini", "mistral/mistral-small-latest"):  # fmt: skip
+        for stream in (False, True):
+            body = json.dumps({"model": model, "stream": stream, "messages": [{"role": "user", "content": "hi [tokens:2]"}]})
+            r = raw_request(stack, "POST", "/v1/chat/completions", body.encode(),
+                            {"Authorization": f"Bearer {key}", "Content-Type": "application/json"})  # fmt: skip
+            if stream:
+                for event in r.text.split("\n\n"):
+                    if event.startswith("data: {"):
+                        shapes["chunk"].add(tuple(json.loads(event[6:]))[:5])
+            else:
+                shapes["plain"].add(tuple(r.json())[:6])
+    assert shapes["plain"] == {("id", "object", "created", "model", "choices", "usage")}
+    assert shapes["chunk"] == {("id", "object", "created", "model", "choices")}
