@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
-from adapters.base import Adapter, Call
+from adapters.base import Adapter, Call, UpstreamRequest
 from billing.ledger import Meter
 from billing.pricing import worst_case
 from billing.store import Principal, UsageRecord
@@ -187,7 +187,7 @@ class _Attempt:
 
     async def run(self, source: str, endpoint: str, request_id: str | None) -> Started:
         gw = self.pipeline.gw
-        req, model, rel = self.req, self.model, gw.settings.reliability
+        req, model = self.req, self.model
         stream = bool(req.stream)
         call = Call(
             model_id=self.model_id,
@@ -209,44 +209,56 @@ class _Attempt:
             endpoint=endpoint, source=source, stream=stream, request_id=request_id,
         )  # fmt: skip
         meter = Meter(gw.ledger, reservation, model, record, self.raw.get("messages"))
-        breaker = gw.breakers[model.provider]
-        attempt = 0
         try:
-            while True:
-                try:
-                    async with asyncio.timeout(rel.first_byte_timeout):
-                        response = await gw.transport.open(upstream, call.provider)
-                        if response.status >= 400:
-                            try:
-                                error_body = await response.read()
-                            finally:
-                                response.release()
-                            raise adapter.error(response.status, error_body, response.headers)
-                except TimeoutError:
-                    metrics.upstream_error(model.provider, "timeout")
-                    error: GatewayError = UpstreamTimeout(
-                        f"The provider '{model.provider}' sent no answer within {rel.first_byte_timeout:g} s."
-                    )
-                except GatewayError as exc:
-                    error = exc
-                else:
-                    breaker.success()
-                    upstream_id = response.headers.get("x-request-id") or response.headers.get("request-id")
-                    return Started(call, adapter, meter, response, completion_id(), upstream_id)
-                if breaker_failure(error):
-                    breaker.failure()
-                wait = backoff(attempt, rel.backoff_base, rel.backoff_max, error.headers.get("Retry-After"))
-                if not retryable(error) or attempt >= rel.max_retries or time.monotonic() + wait > self.deadline:
-                    raise error
-                attempt += 1
-                retried(model.provider)
-                await asyncio.sleep(wait)
+            response = await open_upstream(gw, upstream, model.provider, adapter.error, self.deadline)
+            upstream_id = response.headers.get("x-request-id") or response.headers.get("request-id")
+            return Started(call, adapter, meter, response, completion_id(), upstream_id)
         except GatewayError as exc:
             await meter.finish(None, "error", error=exc.message)
             raise
         except BaseException:  # cancelled, or a bug: settle anyway (the reservation is released)
             await meter.finish(None, "interrupted", error="the call did not complete")
             raise
+
+
+async def open_upstream(gw: Gateway, upstream: UpstreamRequest, provider: str,
+                        to_error: Callable[[int, bytes, Mapping[str, str]], GatewayError],
+                        deadline: float) -> aiohttp.ClientResponse:  # fmt: skip
+    """Send ``upstream`` and return the response once its status is good, retrying what is worth
+    retrying (router/reliability.py) within ``deadline``, and keeping the provider's circuit breaker
+    informed. Before the first byte has gone to the caller, so a retry is invisible to it."""
+    rel = gw.settings.reliability
+    breaker = gw.breakers[provider]
+    target = gw.providers[provider]
+    attempt = 0
+    while True:
+        try:
+            async with asyncio.timeout(rel.first_byte_timeout):
+                response = await gw.transport.open(upstream, target)
+                if response.status >= 400:
+                    try:
+                        error_body = await response.read()
+                    finally:
+                        response.release()
+                    raise to_error(response.status, error_body, response.headers)
+        except TimeoutError:
+            metrics.upstream_error(provider, "timeout")
+            error: GatewayError = UpstreamTimeout(
+                f"The provider '{provider}' sent no answer within {rel.first_byte_timeout:g} s."
+            )
+        except GatewayError as exc:
+            error = exc
+        else:
+            breaker.success()
+            return response
+        if breaker_failure(error):
+            breaker.failure()
+        wait = backoff(attempt, rel.backoff_base, rel.backoff_max, error.headers.get("Retry-After"))
+        if not retryable(error) or attempt >= rel.max_retries or time.monotonic() + wait > deadline:
+            raise error
+        attempt += 1
+        retried(provider)
+        await asyncio.sleep(wait)
 
 
 def retried(provider: str) -> None:

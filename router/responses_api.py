@@ -13,6 +13,7 @@ import asyncio
 import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import aiohttp
@@ -29,7 +30,7 @@ from router.catalog import Model
 from router.chat import principal_of, read_json_body
 from router.errors import GatewayError, InvalidRequest, UpstreamError
 from router.gateway import Gateway
-from router.pipeline import ChatPipeline, Started
+from router.pipeline import ChatPipeline, Started, open_upstream
 from router.responses import SSE, JSONBytes
 from router.responses_events import EventSynth
 from router.responses_translate import estimate_messages, from_completion, image_urls, shell, to_chat
@@ -194,17 +195,19 @@ class Responses:
     # -- group p1: pass-through -------------------------------------------------------------------
     async def native(self, ask: Ask, model: Model) -> Response:
         provider = self.gw.providers[model.provider]
+        # rate limits as for chat calls: checked once, before anything is reserved or sent
+        limits = await self.gw.limits.admit(ask.principal, model, ask.size, reserve_request(ask.body))
         meter = await self.meter(ask, model)
         response = await self.open(wire.build_request(provider, ask.body, model.upstream), model, meter)
         if not ask.stream:
-            return JSONBytes(_encode(await self.read(ask, model, response, meter)))
+            return JSONBytes(_encode(await self.read(ask, model, response, meter)), headers=limits)
         relay = wire.ResponsesRelay(ask.model_id, model.provider)
 
         async def abandon() -> None:
             response.close()
             await meter.finish(None, "interrupted", generated=relay.generated_text())
 
-        return SSE(relay_stream(relay, response, meter), finalize=abandon)
+        return SSE(relay_stream(relay, response, meter), headers=limits, finalize=abandon)
 
     async def meter(self, ask: Ask, model: Model) -> Meter:
         gw, who = self.gw, ask.principal
@@ -224,21 +227,18 @@ class Responses:
         return Meter(gw.ledger, reservation, model, record, estimate_messages(ask.body))
 
     async def open(self, upstream: UpstreamRequest, model: Model, meter: Meter) -> aiohttp.ClientResponse:
+        """The upstream's response, with the same retries and circuit breaker as chat calls."""
+        deadline = time.monotonic() + self.gw.settings.reliability.deadline
         try:
-            response = await self.gw.transport.open(upstream, self.gw.providers[model.provider])
-            if response.status >= 400:
-                try:
-                    error_body = await response.read()
-                finally:
-                    response.release()
-                raise map_upstream_error(model.provider, response.status, error_body, response.headers)
+            return await open_upstream(
+                self.gw, upstream, model.provider, partial(map_upstream_error, model.provider), deadline
+            )
         except GatewayError as exc:
             await meter.finish(None, "error", error=exc.message)
             raise
         except BaseException:  # cancelled, or a bug: settle anyway (the reservation is released)
             await meter.finish(None, "interrupted", error="the call did not complete")
             raise
-        return response
 
     async def read(
         self, ask: Ask, model: Model, response: aiohttp.ClientResponse, meter: Meter

@@ -559,9 +559,10 @@ def test_killed_mid_job_resumes_and_runs_each_line_at_most_once(tmp_path: Path) 
         assert all(n <= 1 for n in sent.values()), sent  # no line reached a provider twice
         for line in out:
             assert sent[f"{marker}-{line['custom_id'][1:]}"] == 1
-        # the lines in flight at the kill are failed as interrupted, not run again
-        assert 1 <= len(errors) <= 2 and {e["error"]["code"] for e in errors} == {"interrupted"}
-        assert "at most once" in errors[0]["error"]["message"]
+        # a line in flight at the kill (at most `concurrency` = 2; none if it fell between two lines)
+        # is failed, never run again
+        assert len(errors) <= 2 and all(e["error"]["code"] == "interrupted" for e in errors)
+        assert all("at most once" in e["error"]["message"] for e in errors)
         ok = [r for r in _run(_job_usage(f"sqlite:///{tmp_path}/router.db")) if r.status == "ok"]
         assert counts.completed <= len(ok) <= counts.completed + len(errors)  # billed once per call made
     finally:

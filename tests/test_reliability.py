@@ -195,3 +195,11 @@ def test_backoff_and_breaker_units() -> None:
     b.success()
     assert b.allow(now=12) and b.state == "closed"
 
+
+
+def test_native_responses_are_retried_too(rstack: Stack) -> None:
+    text = f"responses retry {time.time()} [flaky:2]"
+    out = rstack.client().responses.create(model="openai/gpt-4o-mini", input=text)
+    assert out.status == "completed" and out.output_text
+    seen = [r for r in rstack.emulator("openai").requests if text in json.dumps(r)]
+    assert len(seen) == 3  # two 503s, then success, all before the caller saw a byte

@@ -323,8 +323,12 @@ class ResponsesHandler:
                 ),
             )
         await pause(plan.d.slow_ms)
-        if plan.d.fault:
-            return emu.fault(plan.d.fault)
+        flaky = emu.flakiness.fault("responses:" + plan.d.text, plan.d)
+        if flaky == 429:
+            return emu.error(429, "Rate limit reached for requests", "requests", "rate_limit_exceeded",
+                             {"retry-after": "0.1"})  # fmt: skip
+        if plan.d.fault or flaky:
+            return emu.fault(plan.d.fault or flaky or 500)
         response = self._response(body, _rid("resp"), int(time.time()))
         if response["store"]:
             self.stored[response["id"]] = {"tokens": plan.usage["total_tokens"], "call_ids": plan.call_ids}
