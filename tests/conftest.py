@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import socket
 import threading
 from collections.abc import Coroutine, Iterator
@@ -175,3 +176,27 @@ def _close_clients(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     if "stack" in request.fixturenames:
         request.getfixturevalue("stack").close_clients()
+
+
+# -- PostgreSQL (CI has one on 127.0.0.1:5432: tests of that backend run there, never skip) -------------
+ADMIN_URL = os.environ.get("ROUTER_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """A coroutine on a loop of its own (sync fixtures; never inside a running loop)."""
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        loop.close()
+
+
+async def pg_admin(url: str, *statements: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(url, timeout=10)
+    try:
+        for statement in statements:
+            await conn.execute(statement)
+    finally:
+        await conn.close()

@@ -33,10 +33,9 @@ from adapters.emulators.registry import FACTORIES
 from billing.store import Store, open_store
 from jobs.store import BatchRow, FileRow, Final, JobStore, Line, Outcome, Tokens, open_job_store
 from router.config import JobsSettings, ReliabilitySettings, Settings, StoreSettings
-from tests.conftest import Stack, free_port
+from tests.conftest import ADMIN_URL, Stack, free_port, pg_admin, run_sync
 from tests.test_crash import _cli, _serve
 
-ADMIN_URL = os.environ.get("ROUTER_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
 CHAT: Const[Literal["/v1/chat/completions"]] = "/v1/chat/completions"
 MIXED = ["openai/gpt-4o-mini", "anthropic/claude-haiku-4-5", "google/gemini-2.5-flash", "upstage/solar-mini",
          "mistral/mistral-small-latest"]  # fmt: skip
@@ -272,34 +271,17 @@ def test_uploads_and_creates_that_are_refused(jobs: Stack) -> None:
 
 
 # -- the jobs store, on SQLite and PostgreSQL -------------------------------------------------------------
-def _run(coro: Any) -> Any:
-    loop = asyncio.new_event_loop()
-    try:
-        return loop.run_until_complete(coro)
-    finally:
-        loop.close()
-
-
-async def _admin(url: str, *statements: str) -> None:
-    conn = await asyncpg.connect(url, timeout=10)
-    try:
-        for statement in statements:
-            await conn.execute(statement)
-    finally:
-        await conn.close()
-
-
 @pytest.fixture(scope="session")
 def jobs_pg() -> Iterator[str]:
     database = f"router_jobs_{secrets.token_hex(4)}"
     try:
-        _run(_admin(ADMIN_URL, f"CREATE DATABASE {database}"))
+        run_sync(pg_admin(ADMIN_URL, f"CREATE DATABASE {database}"))
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         pytest.fail(f"PostgreSQL is not reachable at {ADMIN_URL} ({exc}); these tests do not skip.", pytrace=False)
     try:
         yield f"{ADMIN_URL.rsplit('/', 1)[0]}/{database}"
     finally:
-        _run(_admin(ADMIN_URL, f"DROP DATABASE IF EXISTS {database} WITH (FORCE)"))
+        run_sync(pg_admin(ADMIN_URL, f"DROP DATABASE IF EXISTS {database} WITH (FORCE)"))
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -308,7 +290,7 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return f"sqlite:///{tmp_path}/router.db"
     base: str = request.getfixturevalue("jobs_pg")
     schema = f"s{secrets.token_hex(4)}"
-    _run(_admin(base, f"CREATE SCHEMA {schema}"))
+    run_sync(pg_admin(base, f"CREATE SCHEMA {schema}"))
     return f"{base}?search_path={schema}"
 
 
@@ -437,7 +419,7 @@ async def test_store_cancel(stores: tuple[Store, JobStore]) -> None:
 # -- several replicas on one PostgreSQL -------------------------------------------------------------------
 def test_replicas_run_a_job_once_and_take_over(jobs_pg: str, tmp_path: Path) -> None:
     schema = f"r{secrets.token_hex(4)}"
-    _run(_admin(jobs_pg, f"CREATE SCHEMA {schema}"))
+    run_sync(pg_admin(jobs_pg, f"CREATE SCHEMA {schema}"))
     settings = Settings(
         store=StoreSettings(url=f"{jobs_pg}?search_path={schema}"),
         reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9),
@@ -563,7 +545,7 @@ def test_killed_mid_job_resumes_and_runs_each_line_at_most_once(tmp_path: Path) 
         # is failed, never run again
         assert len(errors) <= 2 and all(e["error"]["code"] == "interrupted" for e in errors)
         assert all("at most once" in e["error"]["message"] for e in errors)
-        ok = [r for r in _run(_job_usage(f"sqlite:///{tmp_path}/router.db")) if r.status == "ok"]
+        ok = [r for r in run_sync(_job_usage(f"sqlite:///{tmp_path}/router.db")) if r.status == "ok"]
         assert counts.completed <= len(ok) <= counts.completed + len(errors)  # billed once per call made
     finally:
         for proc in procs:

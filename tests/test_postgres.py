@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -30,31 +30,12 @@ import pytest
 from adapters.emulators.registry import Running, start_emulators, stop_emulators
 from billing.postgres import MIGRATIONS, PostgresStore, migrate, usable
 from billing.store import Refusal, Reservation, Store, StoreError, UsageRecord, open_store
-from tests.conftest import free_port
+from tests.conftest import ADMIN_URL, free_port, pg_admin, run_sync
 
 T = TypeVar("T")
-ADMIN_URL = os.environ.get("ROUTER_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "openai/gpt-4o-mini"
 _schemas = itertools.count(1)
-
-
-def run_sync(coro: Coroutine[Any, Any, T]) -> T:
-    """A coroutine on a loop of its own (sync fixtures; never inside a running loop)."""
-    loop = asyncio.new_event_loop()
-    try:
-        return loop.run_until_complete(coro)
-    finally:
-        loop.close()
-
-
-async def admin(url: str, *statements: str) -> None:
-    conn = await asyncpg.connect(url, timeout=10)
-    try:
-        for statement in statements:
-            await conn.execute(statement)
-    finally:
-        await conn.close()
 
 
 class Postgres:
@@ -67,7 +48,7 @@ class Postgres:
 
     def fresh_url(self) -> str:
         schema = f"t{next(_schemas)}"
-        run_sync(admin(self.url, f"CREATE SCHEMA {schema}"))
+        run_sync(pg_admin(self.url, f"CREATE SCHEMA {schema}"))
         return f"{self.url}?search_path={schema}"
 
 
@@ -75,7 +56,7 @@ class Postgres:
 def pg() -> Iterator[Postgres]:
     database = f"router_test_{secrets.token_hex(4)}"
     try:
-        run_sync(admin(ADMIN_URL, f"CREATE DATABASE {database}"))
+        run_sync(pg_admin(ADMIN_URL, f"CREATE DATABASE {database}"))
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         pytest.fail(
             f"PostgreSQL is not reachable at {ADMIN_URL} ({type(exc).__name__}: {exc}). "
@@ -86,7 +67,7 @@ def pg() -> Iterator[Postgres]:
     try:
         yield Postgres(ADMIN_URL, database)
     finally:
-        run_sync(admin(ADMIN_URL, f"DROP DATABASE IF EXISTS {database} WITH (FORCE)"))
+        run_sync(pg_admin(ADMIN_URL, f"DROP DATABASE IF EXISTS {database} WITH (FORCE)"))
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -27,7 +27,7 @@ from router.errors import RateLimited
 from router.ratelimit import NEVER, Bucket, duration, gcra
 from router.ratelimit_memory import MemoryBackend
 from router.ratelimit_redis import RedisBackend
-from tests.conftest import Stack, free_port
+from tests.conftest import ADMIN_URL, Stack, free_port, pg_admin, run_sync
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 ROOT = Path(__file__).resolve().parent.parent
@@ -351,22 +351,12 @@ def _config(tmp: Path, emulators: Emulators, prefix: str, store_url: str) -> Pat
 def shared_pg() -> Iterator[str]:
     """A fresh PostgreSQL database: two gateway replicas share a store through PostgreSQL (SQLite takes
     one gateway per file)."""
-    import asyncpg
-
     name = f"router_rl_{secrets.token_hex(4)}"
-
-    async def admin(sql: str) -> None:
-        conn = await asyncpg.connect("postgresql://postgres@127.0.0.1:5432/postgres")
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
-    asyncio.run(admin(f"CREATE DATABASE {name}"))
+    run_sync(pg_admin(ADMIN_URL, f"CREATE DATABASE {name}"))
     try:
-        yield f"postgresql://postgres@127.0.0.1:5432/{name}"
+        yield ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
     finally:
-        asyncio.run(admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        run_sync(pg_admin(ADMIN_URL, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
 
 
 def test_two_gateways_share_one_allowance_through_redis(tmp_path: Path, redis_prefix: str, shared_pg: str) -> None:
