@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator
+from typing import Any
 
 import msgspec
 from starlette.requests import Request
@@ -90,9 +91,9 @@ class ChatCompletions:
             state["provider"] = started.call.model.provider
             return SSE(sse(self.pipeline.chunks(started)), headers=started.rate_headers,
                        finalize=lambda: self.pipeline.abandon(started))  # fmt: skip
-        return SSE(self._waiting(task), finalize=lambda: self._cancel(task))
+        return SSE(self._waiting(task, state), finalize=lambda: self._cancel(task))
 
-    async def _waiting(self, task: asyncio.Future[Started]) -> AsyncGenerator[bytes, None]:
+    async def _waiting(self, task: asyncio.Future[Started], state: dict[str, Any]) -> AsyncGenerator[bytes, None]:
         every = self.gw.settings.reliability.stream_keepalive
         while not task.done():
             await asyncio.wait((task,), timeout=every)
@@ -103,6 +104,7 @@ class ChatCompletions:
         except GatewayError as exc:
             yield frame(_encode(error_chunk(exc))) + DONE
             return
+        state["provider"] = started.call.model.provider  # for the access log
         inner = sse(self.pipeline.chunks(started))
         try:
             async for piece in inner:
