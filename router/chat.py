@@ -23,17 +23,13 @@ _encode = msgspec.json.Encoder().encode
 KEEPALIVE = b": keep-alive\n\n"
 
 
-async def read_json_body(request: Request, limit: int, seconds: float = 30.0) -> bytes:
-    ctype = request.headers.get("content-type", "")
-    if "json" not in ctype.lower():
-        raise UnsupportedMediaType(
-            f"Content-Type must be application/json (got {ctype or 'none'!r}).", code="unsupported_content_type"
-        )
-    too_large = f"The request body is larger than the limit of {limit} bytes."
+async def read_body(request: Request, limit: int, seconds: float, *, too_large: str, code: str | None = None,
+                    what: str = "request body") -> bytes:  # fmt: skip
+    """The whole body, at most ``limit`` bytes (413, and the connection closed: the rest is never read)
+    within ``seconds`` (408)."""
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > limit:
-        # answer at once and close: the rest of the body is never read
-        raise PayloadTooLarge(too_large, headers={"Connection": "close"})
+        raise PayloadTooLarge(too_large, code=code, headers={"Connection": "close"})
     chunks: list[bytes] = []
     size = 0
     try:
@@ -41,13 +37,20 @@ async def read_json_body(request: Request, limit: int, seconds: float = 30.0) ->
             async for chunk in request.stream():
                 size += len(chunk)
                 if size > limit:
-                    raise PayloadTooLarge(too_large, headers={"Connection": "close"})
+                    raise PayloadTooLarge(too_large, code=code, headers={"Connection": "close"})
                 chunks.append(chunk)
     except TimeoutError:
-        raise RequestTimeout(
-            f"The request body did not arrive within {seconds:g} s.", headers={"Connection": "close"}
-        ) from None
+        raise RequestTimeout(f"The {what} did not arrive within {seconds:g} s.", headers={"Connection": "close"}) from None
     return b"".join(chunks)
+
+
+async def read_json_body(request: Request, limit: int, seconds: float) -> bytes:
+    ctype = request.headers.get("content-type", "")
+    if "json" not in ctype.lower():
+        raise UnsupportedMediaType(
+            f"Content-Type must be application/json (got {ctype or 'none'!r}).", code="unsupported_content_type"
+        )
+    return await read_body(request, limit, seconds, too_large=f"The request body is larger than the limit of {limit} bytes.")
 
 
 async def principal_of(gw: Gateway, request: Request) -> Principal:

@@ -12,7 +12,6 @@ or in PostgreSQL); the upload limit is ``[jobs] max_file_bytes``.
 
 from __future__ import annotations
 
-import asyncio
 import re
 import time
 
@@ -23,8 +22,8 @@ from starlette.responses import Response
 from billing.store import Principal
 from jobs.runner import JobRunner
 from jobs.store import FileRow, new_file_id
-from router.chat import principal_of
-from router.errors import InvalidRequest, NotFound, PayloadTooLarge, RequestTimeout, UnsupportedMediaType
+from router.chat import principal_of, read_body
+from router.errors import InvalidRequest, NotFound, PayloadTooLarge, UnsupportedMediaType
 from router.gateway import Gateway
 from router.responses import JSONBytes
 
@@ -138,21 +137,7 @@ def parse_multipart(body: bytes, boundary: bytes) -> dict[str, Part]:
 
 async def read_upload(request: Request, limit: int, seconds: float) -> bytes:
     too_large = f"The file is larger than the limit of {limit - MULTIPART_SLACK} bytes ([jobs] max_file_bytes)."
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
-        raise PayloadTooLarge(too_large, code="file_too_large", headers={"Connection": "close"})
-    chunks: list[bytes] = []
-    size = 0
-    try:
-        async with asyncio.timeout(seconds):
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise PayloadTooLarge(too_large, code="file_too_large", headers={"Connection": "close"})
-                chunks.append(chunk)
-    except TimeoutError:
-        raise RequestTimeout(f"The upload did not arrive within {seconds:g} s.", headers={"Connection": "close"}) from None
-    return b"".join(chunks)
+    return await read_body(request, limit, seconds, too_large=too_large, code="file_too_large", what="upload")
 
 
 # -- endpoints -----------------------------------------------------------------------------------------------
