@@ -8,8 +8,10 @@ after it, exactly once, whatever happened in between (design §6).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +20,7 @@ from billing.pricing import cost
 from billing.store import Refusal, Reservation, Store, UsageRecord
 from router import metrics
 from router.catalog import NANO, Model
-from router.errors import InsufficientCredits
+from router.errors import GatewayError, InsufficientCredits
 from router.wire import TokenUsage
 
 
@@ -147,6 +149,19 @@ class Meter:
     messages: Any  # the request's messages, to estimate a prompt whose usage the upstream never gave
     started: float = field(default_factory=time.monotonic)
     settled: bool = False
+
+    @contextlib.asynccontextmanager
+    async def settles_on_failure(self) -> AsyncIterator[None]:
+        """Around a step of the call: if it fails, settle at once — ``error`` for a gateway error,
+        ``interrupted`` if cancelled or a bug — so the reservation is released, then re-raise."""
+        try:
+            yield
+        except GatewayError as exc:
+            await self.finish(None, "error", error=exc.message)
+            raise
+        except BaseException:
+            await self.finish(None, "interrupted", error="the call did not complete")
+            raise
 
     async def finish(self, usage: TokenUsage | None, status: str, *, generated: str = "", error: str | None = None,
                      first_token_at: float | None = None, upstream_id: str | None = None) -> None:  # fmt: skip

@@ -137,7 +137,7 @@ class ChatPipeline:
 
     async def complete(self, started: Started) -> dict[str, Any]:
         call, meter, response = started.call, started.meter, started.response
-        try:
+        async with meter.settles_on_failure():
             try:
                 payload = await response.read()
             finally:
@@ -155,12 +155,6 @@ class ChatPipeline:
             generated = "" if usage else _answer_text(data)
             await meter.finish(usage, "ok", generated=generated, upstream_id=started.upstream_id)
             return data
-        except GatewayError as exc:
-            await meter.finish(None, "error", error=exc.message)
-            raise
-        except BaseException:
-            await meter.finish(None, "interrupted", error="the call did not complete")
-            raise
 
     def chunks(self, started: Started) -> AsyncGenerator[list[dict[str, Any]], None]:
         shaper = Shaper(started.call, started.completion_id, int(time.time()))
@@ -209,16 +203,10 @@ class _Attempt:
             endpoint=endpoint, source=source, stream=stream, request_id=request_id,
         )  # fmt: skip
         meter = Meter(gw.ledger, reservation, model, record, self.raw.get("messages"))
-        try:
+        async with meter.settles_on_failure():
             response = await open_upstream(gw, upstream, model.provider, adapter.error, self.deadline)
             upstream_id = response.headers.get("x-request-id") or response.headers.get("request-id")
             return Started(call, adapter, meter, response, completion_id(), upstream_id)
-        except GatewayError as exc:
-            await meter.finish(None, "error", error=exc.message)
-            raise
-        except BaseException:  # cancelled, or a bug: settle anyway (the reservation is released)
-            await meter.finish(None, "interrupted", error="the call did not complete")
-            raise
 
 
 async def open_upstream(gw: Gateway, upstream: UpstreamRequest, provider: str,

@@ -229,21 +229,15 @@ class Responses:
     async def open(self, upstream: UpstreamRequest, model: Model, meter: Meter) -> aiohttp.ClientResponse:
         """The upstream's response, with the same retries and circuit breaker as chat calls."""
         deadline = time.monotonic() + self.gw.settings.reliability.deadline
-        try:
+        async with meter.settles_on_failure():
             return await open_upstream(
                 self.gw, upstream, model.provider, partial(map_upstream_error, model.provider), deadline
             )
-        except GatewayError as exc:
-            await meter.finish(None, "error", error=exc.message)
-            raise
-        except BaseException:  # cancelled, or a bug: settle anyway (the reservation is released)
-            await meter.finish(None, "interrupted", error="the call did not complete")
-            raise
 
     async def read(
         self, ask: Ask, model: Model, response: aiohttp.ClientResponse, meter: Meter
     ) -> dict[str, Any]:
-        try:
+        async with meter.settles_on_failure():
             try:
                 payload = await response.read()
             finally:
@@ -259,12 +253,6 @@ class Responses:
                 upstream_id=_upstream_id(response),
             )
             return data
-        except GatewayError as exc:
-            await meter.finish(None, "error", error=exc.message)
-            raise
-        except BaseException:
-            await meter.finish(None, "interrupted", error="the call did not complete")
-            raise
 
 
 async def relay_stream(
