@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
@@ -26,10 +26,11 @@ from router.config import Settings
 from router.errors import GatewayError, MethodNotAllowed, NotFound
 from router.gateway import Gateway
 from router.health import Readiness
-from router.middleware import Observe, RequestID
+from router.middleware import Front, endpoint_app
 from router.models import Models
 from router.responses import JSONBytes
 from router.responses_api import Responses
+from router.types import ASGIApp
 
 log = logging.getLogger("router")
 
@@ -52,13 +53,33 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return _error_response(GatewayError(str(exc.detail)))
 
 
+def _answer(exc: Exception) -> Response:
+    """The error response of an exception (a GatewayError's own, or a generic 500)."""
+    if isinstance(exc, GatewayError):
+        return _error_response(exc)
+    return _error_response(GatewayError("The gateway hit an internal error; the request was not completed."))
+
+
 async def _crash(request: Request, exc: Exception) -> Response:
     log.exception("unhandled error on %s", request.url.path)
-    return _error_response(GatewayError("The gateway hit an internal error; the request was not completed."))
+    return _answer(exc)
 
 
 async def _health(request: Request) -> Response:
     return JSONBytes(b'{"status":"ok"}')
+
+
+class RouterApp(Starlette):
+    """Starlette with :class:`router.middleware.Front` outside its middleware stack: the request id,
+    metrics and access log of every request, and the hot endpoints called without Starlette's layers."""
+
+    def __init__(self, *, fast: dict[str, ASGIApp], access_log: bool, **kwargs: Any) -> None:
+        self.fast = fast
+        self.access_log = access_log
+        super().__init__(**kwargs)
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return Front(super().build_middleware_stack(), access_log=self.access_log, fast=self.fast, on_error=_answer)
 
 
 def create_app(settings: Settings | None = None, *, store: Store | None = None) -> Starlette:
@@ -75,10 +96,14 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
         finally:
             await gateway.stop()
 
-    app = Starlette(
+    chat, responses = ChatCompletions(gateway).handle, Responses(gateway).handle
+    app = RouterApp(
+        # POST on these two is answered by Front directly; the routes answer other methods (405)
+        fast={"/v1/chat/completions": endpoint_app(chat), "/v1/responses": endpoint_app(responses)},
+        access_log=obs.access_log,
         routes=[
-            Route("/v1/chat/completions", ChatCompletions(gateway).handle, methods=["POST"]),
-            Route("/v1/responses", Responses(gateway).handle, methods=["POST"]),
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/v1/responses", responses, methods=["POST"]),
             Route("/v1/models", models.list, methods=["GET"]),
             Route("/v1/models/{model:path}", models.retrieve, methods=["GET"]),
             Route("/healthz", _health, methods=["GET"]),
@@ -87,7 +112,6 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
             *([Mount("/console", app=console_app(gateway))] if gateway.settings.console.enabled else []),
             *batches.routes(gateway),  # /v1/files, /v1/batches
         ],
-        middleware=[Middleware(Observe, access_log=obs.access_log), Middleware(RequestID)],
         exception_handlers={GatewayError: _gateway_error, HTTPException: _http_error, Exception: _crash},
         lifespan=lifespan,
     )

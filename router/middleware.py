@@ -1,8 +1,16 @@
-"""Pure-ASGI middleware: streams and disconnects pass through untouched.
+"""``Front``: the gateway's outermost ASGI layer, pure ASGI so streams and disconnects pass through
+untouched.
 
-``RequestID`` gives every request an id (the caller's ``x-request-id`` if it sent a sane one) and
-returns it as the ``x-request-id`` response header. ``Observe`` counts every request in the metrics
-(router/metrics.py) and writes its access-log line (router/logs.py) once the last byte is sent.
+Every HTTP request gets an id (the caller's ``x-request-id`` if it sent a sane one), returned as the
+``x-request-id`` response header; it is counted in the metrics (router/metrics.py) and gets its
+access-log line (router/logs.py) once the last byte is sent. SSE responses count as open streams
+while they are written.
+
+The hot endpoints (``POST /v1/chat/completions``, ``POST /v1/responses``) are called from here
+directly: Starlette's error middleware, exception middleware, router and request/response wrappers
+would add five layers (and four ``send`` wrappers per stream chunk) to every call. Their errors are
+rendered here the way the app's exception handlers render them. Every other request, and those two
+paths with another method, go through the Starlette app.
 """
 
 from __future__ import annotations
@@ -11,21 +19,47 @@ import asyncio
 import logging
 import re
 import time
+from collections.abc import Awaitable, Callable, Mapping
+
+from starlette.requests import ClientDisconnect, Request
 
 from router import logs, metrics
+from router.errors import GatewayError
 from router.types import ASGIApp, Message, Receive, Scope, Send, new_id
 
 _SANE = re.compile(rb"^[A-Za-z0-9._:-]{1,128}$")
+_PROBES = frozenset({"/healthz", "/readyz", "/metrics"})  # answered probes and scrapes are not access-logged
+
+log = logging.getLogger("router")
+
+ErrorApp = Callable[[Exception], ASGIApp]  # the response (an ASGI app) that answers an exception
 
 
-class RequestID:
-    def __init__(self, app: ASGIApp) -> None:
+def route_path(scope: Scope) -> str:
+    """The path below the app's mount point (Starlette's rule: ``root_path`` is part of ``path``)."""
+    path: str = scope["path"]
+    root = scope.get("root_path", "")
+    if root and path.startswith(root) and len(path) > len(root) and path[len(root)] == "/":
+        return path[len(root) :]
+    return path
+
+
+class Front:
+    """Request id, metrics and access log of every request; the ``fast`` endpoints (route path →
+    ASGI app answering POST) called straight, their exceptions answered by ``on_error``."""
+
+    def __init__(self, app: ASGIApp, *, access_log: bool = True, fast: Mapping[str, ASGIApp] | None = None,
+                 on_error: ErrorApp | None = None) -> None:  # fmt: skip
         self.app = app
+        self.access_log = access_log
+        self.fast = dict(fast or {})
+        self.on_error = on_error
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        began = time.perf_counter()
         rid = b""
         for name, value in scope["headers"]:
             if name == b"x-request-id" and _SANE.match(value):
@@ -33,33 +67,10 @@ class RequestID:
                 break
         if not rid:
             rid = b"req_" + new_id().encode()
-        scope.setdefault("state", {})["request_id"] = rid.decode()
-
-        async def send_with_id(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", ()), (b"x-request-id", rid)]
-            await send(message)
-
-        await self.app(scope, receive, send_with_id)
-
-
-_PROBES = frozenset({"/healthz", "/readyz", "/metrics"})  # answered probes and scrapes are not access-logged
-
-
-class Observe:
-    """Metrics and the access log of each HTTP request; SSE responses count as open streams while they
-    are written. The endpoint label is the matched route's template (``/v1/models/{model:path}``), or
-    ``unmatched``, so a path never adds a series."""
-
-    def __init__(self, app: ASGIApp, access_log: bool = True) -> None:
-        self.app = app
-        self.access_log = access_log
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        began = time.perf_counter()
+        state = scope.get("state")
+        if state is None:
+            state = scope["state"] = {}
+        state["request_id"] = rid.decode()
         status = 0
         stream = False
 
@@ -67,16 +78,32 @@ class Observe:
             nonlocal status, stream
             if message["type"] == "http.response.start":
                 status = message["status"]
-                for name, value in message.get("headers", ()):
+                headers = message.get("headers") or []
+                for name, value in headers:
                     if name == b"content-type":
                         if value.startswith(b"text/event-stream"):
                             stream = True
                             metrics.OPEN_STREAMS.inc()
                         break
+                message["headers"] = [*headers, (b"x-request-id", rid)]
             await send(message)
 
+        path = route_path(scope)
+        fast = self.fast.get(path) if scope["method"] == "POST" else None
         try:
-            await self.app(scope, receive, observe)
+            if fast is not None:
+                try:
+                    await fast(scope, receive, observe)
+                except ClientDisconnect:
+                    status = status or 499  # gone while sending its body: nobody to answer
+                except Exception as exc:
+                    if status or self.on_error is None:
+                        raise  # the answer has begun: the server drops the connection
+                    if not isinstance(exc, GatewayError):
+                        log.exception("unhandled error on %s", path)
+                    await self.on_error(exc)(scope, receive, observe)
+            else:
+                await self.app(scope, receive, observe)
         except asyncio.CancelledError:
             status = status or 499  # the caller went away before an answer
             raise
@@ -87,8 +114,19 @@ class Observe:
             if stream:
                 metrics.OPEN_STREAMS.dec()
             elapsed = time.perf_counter() - began
-            endpoint = getattr(scope.get("route"), "path", "unmatched")
+            endpoint = path if fast is not None else getattr(scope.get("route"), "path", "unmatched")
             metrics.request_done(endpoint, status, elapsed)
             quiet = status < 400 and endpoint in _PROBES
             if self.access_log and not quiet and logs.ACCESS.isEnabledFor(logging.INFO):
                 logs.access(scope, status, elapsed, stream)
+
+
+def endpoint_app(handle: Callable[[Request], Awaitable[ASGIApp]]) -> ASGIApp:
+    """An ASGI app of a ``handle(request) -> Response`` endpoint (what Starlette's ``Route`` does,
+    without its exception wrapping: ``Front`` answers the exceptions)."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        response = await handle(Request(scope, receive))
+        await response(scope, receive, send)
+
+    return app
