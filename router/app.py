@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
 from contextlib import asynccontextmanager
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -47,9 +47,15 @@ async def _gateway_error(request: Request, exc: Exception) -> Response:
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 405:
-        return _error_response(MethodNotAllowed(f"Method {request.method} is not allowed on {request.url.path}."))
+        return _error_response(
+            MethodNotAllowed(f"Method {request.method} is not allowed on {request.url.path}.")
+        )
     if exc.status_code == 404:
-        return _error_response(NotFound(f"Unknown path {request.url.path}: this gateway serves /v1/chat/completions, /v1/responses, /v1/models."))
+        return _error_response(
+            NotFound(
+                f"Unknown path {request.url.path}: this gateway serves /v1/chat/completions, /v1/responses, /v1/models."
+            )
+        )
     return _error_response(GatewayError(str(exc.detail)))
 
 
@@ -79,7 +85,9 @@ class RouterApp(Starlette):
         super().__init__(**kwargs)
 
     def build_middleware_stack(self) -> ASGIApp:
-        return Front(super().build_middleware_stack(), access_log=self.access_log, fast=self.fast, on_error=_answer)
+        return Front(
+            super().build_middleware_stack(), access_log=self.access_log, fast=self.fast, on_error=_answer
+        )
 
 
 def create_app(settings: Settings | None = None, *, store: Store | None = None) -> Starlette:
