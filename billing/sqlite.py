@@ -165,24 +165,100 @@ class GroupCommit:
             self.draining = False
 
     @staticmethod
-    def _apply(db: sqlite3.Connection, ops: list[Callable[[sqlite3.Connection], Any]]) -> list[tuple[bool, Any]]:
+    def _apply(
+        db: sqlite3.Connection, ops: list[Callable[[sqlite3.Connection], Any]]
+    ) -> list[tuple[bool, Any]]:
         results: list[tuple[bool, Any]] = []
         db.execute("BEGIN IMMEDIATE")
         try:
-            for op in ops:
-                db.execute("SAVEPOINT op")
-                try:
-                    results.append((True, op(db)))
-                    db.execute("RELEASE op")
-                except Exception as exc:
-                    db.execute("ROLLBACK TO op")
-                    db.execute("RELEASE op")
-                    results.append((False, exc))
+            i = 0
+            while i < len(ops):
+                j = i
+                while j < len(ops) and isinstance(ops[j], Settle):
+                    j += 1
+                if j - i > 1 and _settle_together(db, ops[i:j], results):  # type: ignore[arg-type]
+                    i = j
+                    continue
+                for op in ops[i : max(j, i + 1)]:
+                    db.execute("SAVEPOINT op")
+                    try:
+                        results.append((True, op(db)))
+                        db.execute("RELEASE op")
+                    except Exception as exc:
+                        db.execute("ROLLBACK TO op")
+                        db.execute("RELEASE op")
+                        results.append((False, exc))
+                i = max(j, i + 1)
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
             raise
         return results
+
+
+class Settle:
+    """A settlement queued for the group commit: one call's charge and usage record. Run alone it is
+    :meth:`SQLiteStore._settle`; a run of them in one batch is applied together (one balance read per
+    group, one update per group and per key, one multi-row insert) by :func:`_settle_together`."""
+
+    __slots__ = ("reservation", "record")
+
+    def __init__(self, reservation: Reservation, record: UsageRecord) -> None:
+        self.reservation = reservation
+        self.record = record
+
+    def __call__(self, db: sqlite3.Connection) -> int:
+        return SQLiteStore._settle(db, self.reservation, self.record)
+
+
+def _settle_together(db: sqlite3.Connection, settles: list[Settle], results: list[tuple[bool, Any]]) -> bool:
+    """Apply ``settles`` in one savepoint with the same outcome as one by one, in order; False (and
+    nothing changed) if any of them fails, so the caller runs them one by one instead."""
+    credits = [s.record.credits for s in settles]
+    db.execute("SAVEPOINT settles")
+    try:
+        held_of: list[int] = []
+        for s in settles:
+            r = s.reservation
+            held = 0  # a reservation held in the gateway's memory (negative id) has no row here
+            if r.id > 0 and db.execute("DELETE FROM reservations WHERE id = ?", (r.id,)).rowcount:
+                held = r.amount
+            held_of.append(held)
+        group_ids = sorted({s.reservation.group_id for s in settles})
+        marks = ", ".join("?" * len(group_ids))
+        balance = dict(
+            db.execute(f"SELECT id, balance FROM groups WHERE id IN ({marks})", group_ids).fetchall()
+        )
+        groups: dict[int, list[int]] = {}  # id -> [held, charged]
+        keys: dict[int, list[int]] = {}
+        charges: list[int] = []
+        for s, held in zip(settles, held_of, strict=True):
+            r, record = s.reservation, s.record
+            charge = min(record.credits, balance[r.group_id] + held) if record.credits > 0 else 0
+            balance[r.group_id] += held - charge
+            for total in (groups.setdefault(r.group_id, [0, 0]), keys.setdefault(r.key_id, [0, 0])):
+                total[0] += held
+                total[1] += charge
+            record.credits = charge
+            charges.append(charge)
+        db.executemany(INSERT_USAGE, [usage_row(s.record) for s in settles])
+        db.executemany(
+            "UPDATE groups SET reserved = reserved - ?, balance = balance + ? - ?, spent = spent + ? WHERE id = ?",
+            [(h, h, c, c, g) for g, (h, c) in groups.items() if h or c],
+        )
+        db.executemany(
+            "UPDATE keys SET reserved = reserved - ?, spent = spent + ? WHERE id = ?",
+            [(h, c, k) for k, (h, c) in keys.items() if h or c],
+        )
+        db.execute("RELEASE settles")
+    except Exception:
+        db.execute("ROLLBACK TO settles")
+        db.execute("RELEASE settles")
+        for s, amount in zip(settles, credits, strict=True):
+            s.record.credits = amount
+        return False
+    results.extend((True, charge) for charge in charges)
+    return True
 
 
 def sqlite_path(url: str) -> str:
@@ -233,7 +309,8 @@ class SQLiteStore(Store):
         def fn(db: sqlite3.Connection) -> Group:
             try:
                 db.execute(
-                    "INSERT INTO groups (name, balance, created_at) VALUES (?, ?, ?)", (name, credits, time.time())
+                    "INSERT INTO groups (name, balance, created_at) VALUES (?, ?, ?)",
+                    (name, credits, time.time()),
                 )
             except sqlite3.IntegrityError:
                 raise StoreError(f"a group named {name!r} already exists") from None
@@ -315,7 +392,9 @@ class SQLiteStore(Store):
 
         return await self.run(fn)
 
-    async def update_key(self, key_id: int, spend_cap: int | None, allowed_models: list[str] | None) -> KeyInfo:
+    async def update_key(
+        self, key_id: int, spend_cap: int | None, allowed_models: list[str] | None
+    ) -> KeyInfo:
         if spend_cap is not None and spend_cap < 0:
             raise StoreError("a spend cap cannot be negative")
 
@@ -385,7 +464,9 @@ class SQLiteStore(Store):
             held = 0 if gone else reservation.amount  # settled twice, or reconciled already
         charge = 0
         if record.credits > 0:
-            balance = db.execute("SELECT balance FROM groups WHERE id = ?", (reservation.group_id,)).fetchone()[0]
+            balance = db.execute(
+                "SELECT balance FROM groups WHERE id = ?", (reservation.group_id,)
+            ).fetchone()[0]
             charge = min(record.credits, balance + held)
         if held or charge:
             db.execute(
@@ -437,7 +518,7 @@ class SQLiteStore(Store):
 
     def settle_soon(self, reservation: Reservation, record: UsageRecord) -> asyncio.Future[int]:
         """Queue the settlement for the next group commit; the future resolves once it committed."""
-        return self.commits.submit(lambda db: self._settle(db, reservation, record))
+        return self.commits.submit(Settle(reservation, record))
 
     async def reconcile(self, older_than: float | None = None) -> int:
         def fn(db: sqlite3.Connection) -> int:
@@ -484,7 +565,9 @@ class SQLiteStore(Store):
 
         return await self.run(fn)
 
-    async def usage_by_model(self, key_id: int, since: float = 0.0, until: float | None = None) -> list[ModelUsage]:
+    async def usage_by_model(
+        self, key_id: int, since: float = 0.0, until: float | None = None
+    ) -> list[ModelUsage]:
         def fn(db: sqlite3.Connection) -> list[ModelUsage]:
             rows = db.execute(
                 "SELECT model, COUNT(*), SUM(prompt_tokens), SUM(completion_tokens), SUM(credits) FROM usage "

@@ -76,6 +76,11 @@ class JsonFormatter(logging.Formatter):
             out["exc"] = self.formatException(record.exc_info)
         return _encode(out).decode()
 
+    def format_access(self, created: float, fields: dict[str, Any]) -> str:
+        return _encode(
+            {"ts": _timestamp(created), "level": "INFO", "logger": ACCESS.name, "msg": "request", **fields}
+        ).decode()
+
 
 class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
@@ -85,6 +90,10 @@ class TextFormatter(logging.Formatter):
         if record.exc_info:
             text += "\n" + self.formatException(record.exc_info)
         return text
+
+    def format_access(self, created: float, fields: dict[str, Any]) -> str:
+        rest = " ".join(f"{k}={v}" for k, v in fields.items() if v is not None)
+        return f"{_timestamp(created)} INFO {ACCESS.name}: request {rest}"
 
 
 class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
@@ -113,7 +122,7 @@ class _Batches(threading.Thread):
     """Formats and writes queued records every ``interval`` seconds, all at once: the event loop only
     appends to a queue (no wake-up of this thread, no hand-over of the GIL per record)."""
 
-    def __init__(self, q: queue.SimpleQueue[logging.LogRecord], target: logging.Handler, interval: float = 0.05) -> None:
+    def __init__(self, q: queue.SimpleQueue[Any], target: logging.Handler, interval: float = 0.05) -> None:
         super().__init__(name="router-logs", daemon=True)
         self.q, self.target, self.interval = q, target, interval
         self.stopping = threading.Event()
@@ -131,9 +140,12 @@ class _Batches(threading.Thread):
             except queue.Empty:
                 break
             try:
-                lines.append(self.target.format(record))
+                if isinstance(record, tuple):  # an access line put here by access(): (created, fields)
+                    lines.append(self.target.formatter.format_access(*record))  # type: ignore[union-attr]
+                else:
+                    lines.append(self.target.format(record))
             except Exception:  # noqa: BLE001 - a bad record must not stop the logs
-                lines.append(f"unformattable log record: {record.msg!r}")
+                lines.append(f"unformattable log record: {getattr(record, 'msg', record)!r}")
         if lines:
             try:
                 sys.stderr.write("\n".join(lines) + "\n")
@@ -148,22 +160,25 @@ class _Batches(threading.Thread):
 
 _handler: _Enqueue | None = None
 _listener: _Batches | None = None
+_queue: queue.SimpleQueue[Any] | None = None
+_ROUTER = logging.getLogger("router")
 
 
 def setup(settings: ObservabilitySettings) -> None:
     """Level and (once per process, if logging is unconfigured) the handler of the ``router`` loggers."""
-    global _handler, _listener
+    global _handler, _listener, _queue
     logger = logging.getLogger("router")
     logger.setLevel(settings.log_level.upper())
     if settings.log_format == "none" or _handler is not None or logging.getLogger().handlers:
         return
     target = _Stderr()
     target.setFormatter(JsonFormatter() if settings.log_format == "json" else TextFormatter())
-    q: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+    q: queue.SimpleQueue[Any] = queue.SimpleQueue()
     _listener = _Batches(q, target)
     _listener.start()
     atexit.register(_listener.stop)
     _handler = _Enqueue(q)
+    _queue = q
     logger.addHandler(_handler)
     logger.propagate = False
 
@@ -174,8 +189,7 @@ def access(scope: Scope, status: int, seconds: float, stream: bool) -> None:
     state = scope.get("state") or {}
     caller = state.get("caller") or state.get("principal")
     client = scope.get("client")
-    record = logging.LogRecord(ACCESS.name, logging.INFO, "", 0, "request", None, None)
-    record.fields = {
+    fields = {
         "method": scope.get("method"),
         "path": scope.get("path"),
         "status": status,
@@ -188,4 +202,15 @@ def access(scope: Scope, status: int, seconds: float, stream: bool) -> None:
         "stream": stream,
         "client": client[0] if client else None,
     }
+    if (
+        _queue is not None
+        and not ACCESS.handlers
+        and not ACCESS.filters
+        and ACCESS.propagate
+        and _ROUTER.handlers == [_handler]
+    ):
+        _queue.put((time.time(), fields))  # only our own writer listens: it formats the line (no LogRecord)
+        return
+    record = logging.LogRecord(ACCESS.name, logging.INFO, "", 0, "request", None, None)
+    record.fields = fields
     ACCESS.handle(record)

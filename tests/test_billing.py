@@ -18,7 +18,9 @@ from tests.conftest import Stack
 
 
 def test_cost_of_each_price_kind() -> None:
-    prices = Prices(input=3 * NANO, output=15 * NANO, cached_input=NANO * 3 // 10, cache_write=NANO * 375 // 100)
+    prices = Prices(
+        input=3 * NANO, output=15 * NANO, cached_input=NANO * 3 // 10, cache_write=NANO * 375 // 100
+    )
     assert cost(prices, TokenUsage(prompt=1_000_000)) == 3 * NANO
     assert cost(prices, TokenUsage(completion=1_000_000)) == 15 * NANO
     assert cost(prices, TokenUsage(prompt=1_000_000, cached=1_000_000)) == 300_000_000
@@ -26,9 +28,14 @@ def test_cost_of_each_price_kind() -> None:
     # reasoning tokens are inside completion and billed as output, never twice
     assert cost(prices, TokenUsage(completion=10, reasoning=7)) == 150_000
     mixed = TokenUsage(prompt=1000, cached=200, cache_write=100, completion=50)
-    assert cost(prices, mixed) == (700 * 3 * NANO + 200 * 300_000_000 + 100 * 3_750_000_000 + 50 * 15 * NANO) // 10**6
+    assert (
+        cost(prices, mixed)
+        == (700 * 3 * NANO + 200 * 300_000_000 + 100 * 3_750_000_000 + 50 * 15 * NANO) // 10**6
+    )
     # a sub-nano-credit remainder rounds up, once, at the end
-    assert cost(Prices(input=150_000_000, output=0, cached_input=0, cache_write=0), TokenUsage(prompt=1)) == 150
+    assert (
+        cost(Prices(input=150_000_000, output=0, cached_input=0, cache_write=0), TokenUsage(prompt=1)) == 150
+    )
 
 
 def _group(stack: Stack, name: str):  # type: ignore[no-untyped-def]
@@ -160,13 +167,83 @@ def test_concurrent_calls_never_overspend(stack: Stack) -> None:
 def test_key_allow_list_and_spend_cap(stack: Stack) -> None:
     group = stack.group(100)
     limited = stack.client(stack.key(group=group, models=["openai/gpt-4o-mini"]))
-    assert limited.chat.completions.create(model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "x"}])
+    assert limited.chat.completions.create(
+        model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "x"}]
+    )
     with pytest.raises(openai.PermissionDeniedError) as info:
         limited.chat.completions.create(model="openai/gpt-4o", messages=[{"role": "user", "content": "x"}])
     assert info.value.code == "model_not_allowed"  # type: ignore[attr-defined]
     capped = stack.client(stack.key(group=group, spend_cap=NANO // 1000))
     with pytest.raises(openai.APIStatusError) as info2:
-        capped.chat.completions.create(model="openai/gpt-4o", messages=[{"role": "user", "content": "x"}], max_tokens=5000)
+        capped.chat.completions.create(
+            model="openai/gpt-4o", messages=[{"role": "user", "content": "x"}], max_tokens=5000
+        )
     assert info2.value.status_code == 402 and info2.value.code == "key_spend_cap_reached"  # type: ignore[attr-defined]
     assert capped.chat.completions.create(model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "x"}],
                                           max_tokens=10)  # fmt: skip
+
+
+def test_settlements_committed_together_match_one_by_one(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The SQLite group commit applies a batch of settlements at once (one balance read per group,
+    one update per group and key, one insert); the outcome must be what settling them one by one
+    gives: charges capped by what is left, stored reservations released, and one bad settlement
+    failing alone."""
+    from billing.sqlite import SQLiteStore
+    from billing.store import Reservation
+
+    def record(group_id: int, key_id: int, credits: int) -> UsageRecord:
+        return UsageRecord(key_id=key_id, group_id=group_id, model="m", provider="p", endpoint="chat",
+                           source="api", stream=False, credits=credits)  # fmt: skip
+
+    async def main() -> None:
+        store = SQLiteStore(f"sqlite:///{tmp_path / 'r.db'}")
+        await store.open()
+        try:
+            a = await store.create_group("a", 1000)
+            b = await store.create_group("b", 50)
+            ka = await store.create_key("a", "ka", "h" * 64, "hint")
+            kb = await store.create_key("b", "kb", "g" * 64, "hint")
+            held = await store.reserve(a.id, ka.id, 300)  # a stored reservation: balance 700, reserved 300
+            assert isinstance(held, Reservation)
+            memory = Reservation(-1, a.id, ka.id, 0)  # admission held in the gateway's memory
+            statements: list[str] = []
+            await store.run(lambda db: db.set_trace_callback(statements.append))
+            jobs = [
+                (held, record(a.id, ka.id, 250)),  # releases 300, charges 250 -> balance 750
+                (memory, record(a.id, ka.id, 500)),  # 250 left
+                (memory, record(a.id, ka.id, 400)),  # only 250 left: charged 250
+                (Reservation(-3, b.id, kb.id, 0), record(b.id, kb.id, 30)),
+                (memory, record(a.id, ka.id, 0)),  # free: a record, no charge
+                (held, record(a.id, ka.id, 10)),  # settled twice: nothing held any more, 0 left
+            ]
+            batches = store.commits.batches
+            results = await asyncio.gather(*[store.settle_soon(r, rec) for r, rec in jobs])  # one batch
+            assert results == [250, 500, 250, 30, 0, 0]
+            assert store.commits.batches == batches + 1
+            assert (
+                sum(s.startswith("SELECT id, balance FROM groups") for s in statements) == 1
+            )  # applied together
+            statements.clear()
+            jobs = [
+                (Reservation(-3, b.id, kb.id, 0), record(b.id, kb.id, 15)),
+                (Reservation(-2, 999, ka.id, 0), record(999, ka.id, 5)),  # no such group: fails alone
+                (Reservation(-3, b.id, kb.id, 0), record(b.id, kb.id, 15)),  # 5 left
+            ]
+            results = await asyncio.gather(
+                *[store.settle_soon(r, rec) for r, rec in jobs], return_exceptions=True
+            )
+            assert results[0] == 15 and results[2] == 5 and isinstance(results[1], Exception)
+            assert sum(s.startswith("SAVEPOINT op") for s in statements) == 3  # then one by one
+            await store.run(lambda db: db.set_trace_callback(None))
+            ga, gb = await store.get_group("a"), await store.get_group("b")
+            assert ga is not None and gb is not None
+            assert (ga.balance, ga.reserved, ga.spent) == (0, 0, 1000)
+            assert (gb.balance, gb.reserved, gb.spent) == (0, 0, 50)
+            keys = {k.name: k for k in await store.list_keys()}
+            assert keys["ka"].spent == 1000 and keys["kb"].spent == 50
+            rows = await store.usage(limit=100)
+            assert sorted(r.credits for r in rows) == sorted([250, 500, 250, 30, 0, 0, 15, 5])
+        finally:
+            await store.close()
+
+    asyncio.run(main())
