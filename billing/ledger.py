@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -22,6 +23,8 @@ from router import metrics
 from router.catalog import NANO, Model
 from router.errors import GatewayError, InsufficientCredits
 from router.wire import TokenUsage
+
+log = logging.getLogger("router.ledger")
 
 
 def credits(nano: int) -> str:
@@ -45,10 +48,33 @@ def refused(refusal: Refusal) -> InsufficientCredits:
 
 
 class Ledger:
-    """Reservations held in the store (PostgreSQL: atomic conditional updates shared by replicas)."""
+    """Reservations held in the store (PostgreSQL: atomic conditional updates shared by replicas).
+
+    A call's answer does not wait for its settlement to be durable: the settlement is queued for the
+    store's next group commit and the call's hold (its reservation) stays until that commit, so no
+    other call can spend it meanwhile. :meth:`drain` (the gateway's shutdown) waits for every queued
+    settlement; one that fails is logged with its usage record."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
+        self.pending: set[asyncio.Future[int]] = set()
+
+    def queue(self, reservation: Reservation, record: UsageRecord) -> None:
+        """Settle without waiting: :meth:`settle_soon`, kept track of until it is durable."""
+        settling = self.settle_soon(reservation, record)
+        self.pending.add(settling)
+        settling.add_done_callback(self._settled)
+
+    def _settled(self, done: asyncio.Future[int]) -> None:
+        self.pending.discard(done)
+        error = None if done.cancelled() else done.exception()
+        if error is not None or done.cancelled():
+            log.error("a settlement could not be stored: %r", error or "cancelled")
+
+    async def drain(self) -> None:
+        """Wait until every settlement queued so far is durable (or failed)."""
+        if self.pending:
+            await asyncio.wait(set(self.pending))
 
     async def reserve(self, group_id: int, key_id: int, amount: int) -> Reservation:
         result = await self.store.reserve(group_id, key_id, amount)
@@ -109,7 +135,12 @@ class LocalLedger(Ledger):
     async def reserve(self, group_id: int, key_id: int, amount: int) -> Reservation:
         group, key = self._groups.get(group_id), self._keys.get(key_id)
         now = time.monotonic()
-        if group is None or key is None or now - group.read_at > self.refresh or now - key.read_at > self.refresh:
+        if (
+            group is None
+            or key is None
+            or now - group.read_at > self.refresh
+            or now - key.read_at > self.refresh
+        ):
             group, key = await self._read(group_id, key_id)
         refusal = self._refusal(group, key, amount)
         if refusal is not None:
@@ -189,7 +220,7 @@ class Meter:
         record.ttft_ms = (first_token_at - self.started) * 1000 if first_token_at else None
         record.ts = time.time()
         metrics.call_settled(record)
-        await asyncio.shield(self.ledger.settle_soon(self.reservation, record))
+        self.ledger.queue(self.reservation, record)  # durable at the next group commit (see Ledger)
 
     def _estimate(self, generated: str) -> TokenUsage:
         messages = self.messages if isinstance(self.messages, list) else []

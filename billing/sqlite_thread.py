@@ -75,6 +75,21 @@ class SQLiteThread:
         self._db = db
         self._migrate(db)
 
+    def connect_here(self) -> sqlite3.Connection | None:
+        """A second connection, for the calling thread (the event loop's): it never waits for a lock
+        (busy timeout 0: the caller hands the work to this store's thread instead) and never
+        checkpoints the WAL on its own (``PRAGMA wal_checkpoint`` runs on the thread). None for an
+        in-memory database, which another connection would not see."""
+        if self.path == ":memory:":
+            return None
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=0)
+        db.execute(f"PRAGMA synchronous={self.synchronous}")
+        if self.foreign_keys:
+            db.execute("PRAGMA foreign_keys=ON")
+        db.execute("PRAGMA busy_timeout=0")
+        db.execute("PRAGMA wal_autocheckpoint=0")
+        return db
+
     def _migrate(self, db: sqlite3.Connection) -> None:
         table = self.version_table
         db.execute("BEGIN IMMEDIATE")

@@ -77,5 +77,7 @@ class Gateway:
                     await self.jobs.stop()  # first: lines in flight still use the transport and the ledger
                 await self.transport.close()
                 await self.limits.close()
+                while self.ledger.pending:  # every call's settlement durable before the store closes
+                    await self.ledger.drain()
                 await self.store.close()
                 self.started = False

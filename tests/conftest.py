@@ -55,7 +55,16 @@ class Stack:
         self.clients: list[openai.OpenAI] = []
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float = 30) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+        """``coro`` on the stack's loop, once every settlement the gateway has queued is durable
+        (answers do not wait for their settlement: billing/ledger.py), so a test reads what it did."""
+
+        async def settled_then() -> T:
+            gateway = getattr(self, "gateway", None)
+            if gateway is not None:
+                await gateway.ledger.drain()
+            return await coro
+
+        return asyncio.run_coroutine_threadsafe(settled_then(), self.loop).result(timeout)
 
     def start(self) -> Stack:
         self.thread.start()

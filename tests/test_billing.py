@@ -207,7 +207,8 @@ def test_settlements_committed_together_match_one_by_one(tmp_path) -> None:  # t
             assert isinstance(held, Reservation)
             memory = Reservation(-1, a.id, ka.id, 0)  # admission held in the gateway's memory
             statements: list[str] = []
-            await store.run(lambda db: db.set_trace_callback(statements.append))
+            assert store._here is not None  # group commits run on the event loop's connection
+            store._here.set_trace_callback(statements.append)
             jobs = [
                 (held, record(a.id, ka.id, 250)),  # releases 300, charges 250 -> balance 750
                 (memory, record(a.id, ka.id, 500)),  # 250 left
@@ -234,7 +235,7 @@ def test_settlements_committed_together_match_one_by_one(tmp_path) -> None:  # t
             )
             assert results[0] == 15 and results[2] == 5 and isinstance(results[1], Exception)
             assert sum(s.startswith("SAVEPOINT op") for s in statements) == 3  # then one by one
-            await store.run(lambda db: db.set_trace_callback(None))
+            store._here.set_trace_callback(None)
             ga, gb = await store.get_group("a"), await store.get_group("b")
             assert ga is not None and gb is not None
             assert (ga.balance, ga.reserved, ga.spent) == (0, 0, 1000)
@@ -243,6 +244,44 @@ def test_settlements_committed_together_match_one_by_one(tmp_path) -> None:  # t
             assert keys["ka"].spent == 1000 and keys["kb"].spent == 50
             rows = await store.usage(limit=100)
             assert sorted(r.credits for r in rows) == sorted([250, 500, 250, 30, 0, 0, 15, 5])
+        finally:
+            await store.close()
+
+    asyncio.run(main())
+
+
+def test_group_commit_never_blocks_the_event_loop_on_a_locked_database(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Group commits run on the event loop's connection, which never waits for a lock: while another
+    process holds the write lock (the CLI, say), the batch goes to the store's thread, which waits,
+    and the loop keeps running; the settlement lands once the lock is free."""
+    import sqlite3
+
+    from billing.sqlite import SQLiteStore
+    from billing.store import Reservation
+
+    async def main() -> None:
+        path = tmp_path / "r.db"
+        store = SQLiteStore(f"sqlite:///{path}")
+        await store.open()
+        try:
+            g = await store.create_group("g", 1000)
+            k = await store.create_key("g", "k", "h" * 64, "hint")
+            other = sqlite3.connect(path, isolation_level=None)
+            other.execute("BEGIN IMMEDIATE")  # another writer holds the lock
+            record = UsageRecord(key_id=k.id, group_id=g.id, model="m", provider="p", endpoint="chat",
+                                 source="api", stream=False, credits=70)  # fmt: skip
+            settling = store.settle_soon(Reservation(-1, g.id, k.id, 0), record)
+            ticks = 0
+            began = time.monotonic()
+            while time.monotonic() - began < 0.3:  # the loop keeps turning while the lock is held
+                await asyncio.sleep(0.01)
+                ticks += 1
+            assert ticks >= 15 and not settling.done()
+            other.execute("COMMIT")
+            other.close()
+            assert await asyncio.wait_for(settling, 5) == 70
+            group = await store.get_group("g")
+            assert group is not None and group.spent == 70 and group.balance == 930
         finally:
             await store.close()
 
