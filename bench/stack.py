@@ -67,11 +67,16 @@ def _cli(args: list[str], log: Path) -> str:
 
 
 def start_gateway(logs: Path, tmp: Path, emulators: dict[str, tuple[str, str]]) -> Target:
-    """Our gateway with every provider on its emulator, a temp SQLite store, a rich group and one key."""
+    """Our gateway with every provider on its emulator, a temp SQLite store, a rich group and one key,
+    and rate limits on."""
     port = free_port()
     config = tmp / "router.toml"
     lines = ["[server]", 'host = "127.0.0.1"', f"port = {port}", "", "[store]",
-             f"url = {json.dumps('sqlite:///' + str(tmp / 'router.db'))}", ""]  # fmt: skip
+             f"url = {json.dumps('sqlite:///' + str(tmp / 'router.db'))}", "",
+             # every feature on: rate limits checked on every call (per key and per group, requests and
+             # tokens), set high enough that the benchmark never hits them
+             "[limits]", "key_rpm = 100000000", "key_tpm = 100000000000", "group_rpm = 100000000",
+             "group_tpm = 100000000000", ""]  # fmt: skip
     for prefix, (base_url, key) in sorted(emulators.items()):
         lines += [f"[providers.{prefix}]", f"base_url = {json.dumps(base_url)}", f"api_key = {json.dumps(key)}", ""]
     config.write_text("\n".join(lines))
