@@ -40,6 +40,9 @@ class ServerSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     graceful_timeout: float = 30.0  # on SIGTERM: how long open streams may take to finish
     keep_alive_timeout: float = 75.0  # idle connections (and half-sent request heads) are closed after this
     auth_cache_seconds: float = 2.0
+    # processes serving the one port (router serve); more than 1 needs a shared store (PostgreSQL), and
+    # shared rate limits need [limits] redis_url (else each worker keeps its own buckets)
+    workers: Annotated[int, msgspec.Meta(ge=1, le=256)] = 1
 
 
 class StoreSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -105,7 +108,9 @@ class ObservabilitySettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=
 
 
 class HealthSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    upstreams: Literal["all", "any", "none"] = "all"  # providers that must accept a TCP connection for /readyz
+    upstreams: Literal["all", "any", "none"] = (
+        "all"  # providers that must accept a TCP connection for /readyz
+    )
     timeout: float = 1.0  # seconds per probe (store query, TCP connect)
     cache_seconds: float = 5.0
 

@@ -130,7 +130,9 @@ class Responses:
         principal = await principal_of(gw, request)
         state = request.scope.get("state") or {}
         state["caller"] = principal  # for the access log (key id and group, never the key)
-        raw = await read_json_body(request, gw.settings.server.max_body_bytes, gw.settings.reliability.body_timeout)
+        raw = await read_json_body(
+            request, gw.settings.server.max_body_bytes, gw.settings.reliability.body_timeout
+        )
         ask = Ask(principal, parse_body(raw), len(raw), state.get("source", "api"), state.get("request_id"))
         state["model"] = ask.model_id
         model = self.check(ask)

@@ -1,18 +1,28 @@
-"""Running the app under hypercorn, in this process (uvloop when installed)."""
+"""Running the app under hypercorn, in this process (uvloop when installed), or in several worker
+processes that share one listening socket (``router serve --workers N``)."""
 
 from __future__ import annotations
 
 import asyncio
 import signal
+import socket
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config
 
 from router.types import ASGIApp
 
+if TYPE_CHECKING:
+    from router.config import Settings
 
-def hypercorn_config(host: str, port: int, graceful_timeout: float = 30.0, keep_alive_timeout: float = 75.0) -> Config:
+
+def hypercorn_config(
+    host: str, port: int, graceful_timeout: float = 30.0, keep_alive_timeout: float = 75.0
+) -> Config:
     config = Config()
     config.bind = [f"{host}:{port}"]
     config.accesslog = None
@@ -25,7 +35,7 @@ def hypercorn_config(host: str, port: int, graceful_timeout: float = 30.0, keep_
 
 
 async def serve(app: ASGIApp, host: str, port: int, started: Callable[[], Awaitable[None]] | None = None,
-                graceful_timeout: float = 30.0, keep_alive_timeout: float = 75.0) -> None:  # fmt: skip
+                graceful_timeout: float = 30.0, keep_alive_timeout: float = 75.0, fd: int | None = None) -> None:  # fmt: skip
     """Serve until SIGINT/SIGTERM; then stop accepting, let open requests finish (up to
     ``graceful_timeout``), run the app's shutdown (which settles every call), and return."""
     stop = asyncio.Event()
@@ -36,6 +46,8 @@ async def serve(app: ASGIApp, host: str, port: int, started: Callable[[], Awaita
         except (NotImplementedError, RuntimeError):
             pass
     config = hypercorn_config(host, port, graceful_timeout, keep_alive_timeout)
+    if fd is not None:
+        config.bind = [f"fd://{fd}"]  # a worker of serve_workers: the socket is its parent's
     task = asyncio.ensure_future(hypercorn_serve(app, config, shutdown_trigger=stop.wait))  # type: ignore[arg-type]
     if started is not None:
         await asyncio.sleep(0.2)
@@ -50,3 +62,38 @@ def run(main: Awaitable[None]) -> None:
         uvloop.run(main)  # type: ignore[arg-type]
     except ImportError:
         asyncio.run(main)  # type: ignore[arg-type]
+
+
+def serve_workers(settings: Settings, config: str | None, host: str, port: int, workers: int) -> int:
+    """Bind ``host:port`` once and run ``workers`` processes of ``router serve`` that all accept on
+    that socket (the kernel spreads connections over them). SIGTERM/SIGINT go to every worker, each
+    of which finishes its open requests; returns the first non-zero exit status, else 0."""
+    if settings.store.url.startswith("sqlite"):
+        return _refuse("several workers need a store they can share: set [store] url to a PostgreSQL URL "
+                       "(SQLite takes one gateway process per database file)")  # fmt: skip
+    if not settings.limits.redis_url:
+        print(f"router: note: without [limits] redis_url each of the {workers} workers keeps its own rate "
+              "limit buckets (a key may get up to that many times its limits)", file=sys.stderr)  # fmt: skip
+    sock = socket.create_server((host, port), backlog=4096)
+    sock.set_inheritable(True)
+    argv = [sys.executable, "-m", "router", *(["--config", config] if config else []), "serve",
+            "--host", host, "--port", str(port), "--fd", str(sock.fileno())]  # fmt: skip
+    children = [subprocess.Popen(argv, pass_fds=(sock.fileno(),)) for _ in range(workers)]
+    sock.close()  # the workers hold it now
+
+    def forward(signum: int, frame: object) -> None:
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, forward)
+    print(f"router: {workers} workers on http://{host}:{port} (pids {', '.join(str(c.pid) for c in children)})",
+          file=sys.stderr, flush=True)  # fmt: skip
+    codes = [child.wait() for child in children]
+    return next((code for code in codes if code), 0)
+
+
+def _refuse(message: str) -> int:
+    print(f"router: {message}", file=sys.stderr, flush=True)
+    return 2

@@ -98,3 +98,12 @@ def test_killed_mid_stream_then_restart_reconciles(stack: Stack, tmp_path: Path)
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_several_workers_on_sqlite_are_refused(tmp_path: Path) -> None:
+    config = tmp_path / "router.toml"
+    config.write_text(f'[store]\nurl = "sqlite:///{tmp_path}/w.db"\n')
+    out = subprocess.run([sys.executable, "-m", "router", "--config", str(config), "serve", "--workers", "2",
+                          "--port", str(free_port())], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 2
+    assert "several workers need a store they can share" in out.stderr and "PostgreSQL" in out.stderr

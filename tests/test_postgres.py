@@ -30,7 +30,7 @@ import pytest
 from adapters.emulators.registry import Running, start_emulators, stop_emulators
 from billing.postgres import MIGRATIONS, PostgresStore, migrate, usable
 from billing.store import Refusal, Reservation, Store, StoreError, UsageRecord, open_store
-from tests.conftest import ADMIN_URL, free_port, pg_admin, run_sync
+from tests.conftest import ADMIN_URL, Stack, free_port, pg_admin, run_sync
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent
@@ -670,3 +670,44 @@ async def test_a_killed_gateway_leaves_a_hold_that_a_restart_releases(cluster: C
     balance, reserved, spent, records = await group_state(cluster.url, "killed")
     assert reserved == 0 and balance + spent == initial and balance == initial
     assert [(r.status, r.credits) for r in records] == [("interrupted", 0)]
+
+
+def test_serve_with_two_workers_shares_one_port_and_one_ledger(
+    pg: Postgres, stack: Stack, tmp_path: Path
+) -> None:
+    """``router serve --workers 2``: two processes accept on one socket, bill into one PostgreSQL
+    ledger, and SIGTERM stops both cleanly."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.test_crash import _cli, _serve
+
+    emu = stack.emulators["openai"]
+    config = tmp_path / "router.toml"
+    config.write_text(f'[server]\nworkers = 2\n[store]\nurl = "{pg.fresh_url()}"\n'
+                      f'[providers.openai]\nbase_url = "{emu.base_url}"\napi_key = "{emu.api_key}"\n')  # fmt: skip
+    _cli(config, "groups", "create", "workers", "--credits", "10")
+    key = _cli(config, "keys", "create", "--group", "workers").strip().splitlines()[-1]
+    port = free_port()
+    proc = _serve(config, port)
+    try:
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        assert len(children) == 2
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0)
+
+        def call(n: int) -> str:
+            out = client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": f"hi {n} [tokens:3]"}]
+            )
+            return out.choices[0].finish_reason or ""
+
+        with ThreadPoolExecutor(8) as pool:
+            assert list(pool.map(call, range(40))) == ["stop"] * 40
+        client.close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+        assert not any(Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text()
+                       for pid in children)  # fmt: skip
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert _cli(config, "usage", "--group", "workers", "--limit", "100").count(" ok ") == 40
