@@ -59,7 +59,10 @@ def create_app(upstream: str, key: str) -> Starlette:
         finally:
             await session["s"].close()
 
-    routes = [Route("/v1/chat/completions", chat, methods=["POST"]), Route("/healthz", health, methods=["GET"])]
+    routes = [
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/healthz", health, methods=["GET"]),
+    ]
     return Starlette(routes=routes, lifespan=lifespan)
 
 
@@ -83,7 +86,14 @@ if __name__ == "__main__":
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--upstream", required=True, help="API root of the upstream, e.g. http://h:p/v1")
     parser.add_argument("--key", required=True, help="the upstream's API key")
+    parser.add_argument("--server", choices=["hypercorn", "uvicorn"], default="hypercorn")
     args = parser.parse_args()
+    if args.server == "uvicorn":  # the floor of the gateway's uvicorn run (bench gw-uvicorn)
+        import uvicorn
+
+        uvicorn.run(create_app(args.upstream.rstrip("/"), args.key), host=args.host, port=args.port, loop="uvloop",
+                    http="httptools", access_log=False, log_level="warning")  # fmt: skip
+        raise SystemExit(0)
     run: Any = asyncio.run
     try:
         import uvloop

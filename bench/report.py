@@ -8,14 +8,19 @@ from typing import Any
 
 from bench.procs import Proc
 
-NAMES = ["direct", "gateway", "bare", "litellm"]
-LABELS = {"direct": "emulator direct", "gateway": "gateway", "bare": "bare proxy", "litellm": "litellm"}
+NAMES = ["direct", "gateway", "bare", "gw-uvicorn", "bare-uvicorn", "gw-2workers", "litellm"]
+LABELS = {"direct": "emulator direct", "gateway": "gateway", "bare": "bare proxy", "litellm": "litellm",
+          "gw-uvicorn": "gw uvicorn", "bare-uvicorn": "bare uvicorn", "gw-2workers": "gw 2 workers"}  # fmt: skip
+# other ways to run the gateway, each over the floor of its own server and over LiteLLM (not budget checks:
+# design §9 is about one process of `router serve`)
+ALT_RATIOS = (("gw-uvicorn", "bare-uvicorn"), ("gw-uvicorn", "litellm"), ("gw-2workers", "litellm"),
+              ("gw-2workers", "bare"))  # fmt: skip
 FEW_SAMPLES = 30
 LOADGEN_BUSY = 0.9
 
 
 def _order(name: str) -> int:
-    order = ["emulators", "gateway", "bare", "litellm"]
+    order = ["emulators", *NAMES[1:]]
     return order.index(name) if name in order else len(order)
 
 
@@ -23,24 +28,35 @@ def fmt_rps(run: dict[str, Any]) -> str:
     if "failed" in run:
         return f"failed: {run['failed']}"
     lat = run.get("latency_ms", {})
-    text = f"{run.get('rps', 0):>8.1f} req/s  p50 {lat.get('p50', 0):>7.1f} ms  p99 {lat.get('p99', 0):>7.1f} ms"
+    text = (
+        f"{run.get('rps', 0):>8.1f} req/s  p50 {lat.get('p50', 0):>7.1f} ms  p99 {lat.get('p99', 0):>7.1f} ms"
+    )
     if run.get("errors"):
         text += f"  errors {run['errors']} {run.get('error_kinds')}"
     return text
 
 
 def legend(procs: list[Proc]) -> str:
-    lines = ["processes (all on 127.0.0.1, sharing the machine's CPUs with each other and the load generator):"]
+    lines = [
+        "processes (all on 127.0.0.1, sharing the machine's CPUs with each other and the load generator):"
+    ]
     for p in sorted(procs, key=lambda p: _order(p.name)):
         lines.append(f"  {p.name:<10} pid {p.pid:<7} {p.role}")
-    lines.append("  load gen   one process per measurement: python -m bench.load (aiohttp + uvloop, one session);")
+    lines.append(
+        "  load gen   one process per measurement: python -m bench.load (aiohttp + uvloop, one session);"
+    )
     lines.append("             the harness itself only waits while it runs")
     return "\n".join(lines)
 
 
 def _run(results: dict[str, Any], target: str, stream: bool, clients: int) -> dict[str, Any] | None:
     for run in results.get("throughput") or []:
-        if run["target"] == target and run["stream"] == stream and run["clients"] == clients and "failed" not in run:
+        if (
+            run["target"] == target
+            and run["stream"] == stream
+            and run["clients"] == clients
+            and "failed" not in run
+        ):
             return dict(run)
     return None
 
@@ -60,6 +76,10 @@ def derive(results: dict[str, Any]) -> None:
                 run = _run(results, other, stream, clients)
                 if gw and run and run.get("rps"):
                     row[f"gateway_over_{other}"] = round(gw["rps"] / run["rps"], 2)
+            for mine, other in ALT_RATIOS:
+                a, b = _run(results, mine, stream, clients), _run(results, other, stream, clients)
+                if a and b and b.get("rps"):
+                    row[f"{mine}_over_{other}"] = round(a["rps"] / b["rps"], 2)
             ratios.append(row)
     results["ratios"] = ratios
 
@@ -72,7 +92,10 @@ def derive(results: dict[str, Any]) -> None:
                        "unit": "ms", "pass": None if value is None else value <= limit})  # fmt: skip
     for row in ratios:
         mode = "stream" if row["stream"] else "non-stream"
-        for key, limit, what in (("gateway_over_litellm", 25.0, ">= 25x LiteLLM"), ("gateway_over_bare", 0.8, ">= 80% of bare proxy")):
+        for key, limit, what in (
+            ("gateway_over_litellm", 25.0, ">= 25x LiteLLM"),
+            ("gateway_over_bare", 0.8, ">= 80% of bare proxy"),
+        ):
             value = row.get(key)
             budget.append({"check": f"throughput {what} ({mode}, {row['clients']} clients)", "value": value,
                            "unit": "x", "pass": None if value is None else value >= limit})  # fmt: skip
@@ -117,7 +140,7 @@ def render(results: dict[str, Any]) -> str:
         out.append("Server processes and their peak RSS (VmHWM over the whole run)")
         for p in sorted(procs, key=lambda p: _order(p["name"])):
             rss = f"{p['peak_rss_kb'] / 1024:7.1f} MB" if p.get("peak_rss_kb") else "      ? MB"
-            out.append(f"  {p['name']:<10} {rss}   {p['role']}")
+            out.append(f"  {p['name']:<12} {rss}   {p['role']}")
 
     lat = results.get("latency_1_client") or {}
     if lat.get("failed"):
@@ -163,7 +186,9 @@ def render(results: dict[str, Any]) -> str:
                     cells.append(f"{run.get('rps', 0):>15.1f}{mark:<2}")
                     lm = run.get("latency_ms", {})
                     lats.append(f"{lm.get('p50', 0):>8.1f} /{lm.get('p99', 0):>7.1f}")
-                ratio = next((r for r in results.get("ratios", []) if r["stream"] == stream and r["clients"] == c), {})
+                ratio = next(
+                    (r for r in results.get("ratios", []) if r["stream"] == stream and r["clients"] == c), {}
+                )
                 mode = "stream" if stream else "non-stream"
                 out.append(f"  {mode:<11}{c:>7}{''.join(cells)}{_ratio(ratio.get('gateway_over_litellm'), 12)}"
                            f"{_pct(ratio.get('gateway_over_bare'), 9)}")  # fmt: skip
@@ -179,16 +204,25 @@ def render(results: dict[str, Any]) -> str:
             cells = []
             for n in present:
                 t = (_run(results, n, True, c) or {}).get("ttft_ms", {}).get("p50")
-                text = "-" if t is None else f"{t:.1f}" + ("" if base is None or n == "direct" else f" ({t - base:+.1f})")
+                text = (
+                    "-"
+                    if t is None
+                    else f"{t:.1f}" + ("" if base is None or n == "direct" else f" ({t - base:+.1f})")
+                )
                 cells.append(f"{text:>17}")
             out.append(f"  {c:>7}{''.join(cells)}")
 
         out.append("")
-        out.append("CPU time per request of the server process, us, over the window (less sensitive to noise than req/s)")
+        out.append(
+            "CPU time per request of the server process, us, over the window (less sensitive to noise than req/s)"
+        )
         out.append(f"  {'mode':<11}{'clients':>7}{head}")
         for stream in (False, True):
             for c in clients:
-                cells = [_cell((_run(results, n, stream, c) or {}).get("server_cpu_us_per_req"), 17, 0) for n in present]
+                cells = [
+                    _cell((_run(results, n, stream, c) or {}).get("server_cpu_us_per_req"), 17, 0)
+                    for n in present
+                ]
                 out.append(f"  {'stream' if stream else 'non-stream':<11}{c:>7}{''.join(cells)}")
 
         warnings = []
@@ -200,7 +234,9 @@ def render(results: dict[str, Any]) -> str:
             if run.get("errors"):
                 warnings.append(f"{label}: {run['errors']} failed requests {run.get('error_kinds')}")
             if run.get("requests", 0) < FEW_SAMPLES:
-                warnings.append(f"{label}: only {run.get('requests', 0)} requests in the window: a rough figure")
+                warnings.append(
+                    f"{label}: only {run.get('requests', 0)} requests in the window: a rough figure"
+                )
             if (run.get("loadgen_cpu_share") or 0) >= LOADGEN_BUSY:
                 warnings.append(f"{label}: load generator used {run['loadgen_cpu_share']:.0%} of a CPU: "
                                 "it may be the bottleneck; the figure is a floor")  # fmt: skip
@@ -208,6 +244,19 @@ def render(results: dict[str, Any]) -> str:
             out.append("")
             out.append("Caveats")
             out += [f"  - {w}" for w in warnings]
+
+    alt = [r for r in results.get("ratios", []) if any(k.startswith("gw-") for k in r)]
+    if alt:
+        out.append("")
+        out.append("Other ways to run the gateway (same features): throughput ratios")
+        names = [f"{LABELS[a]}/{LABELS[b]}" for a, b in ALT_RATIOS]
+        out.append(f"  {'mode':<11}{'clients':>7}" + "".join(f"{n:>26}" for n in names))
+        for r in alt:
+            cells = []
+            for a, b in ALT_RATIOS:
+                v = r.get(f"{a}_over_{b}")
+                cells.append(_pct(v, 26) if b.startswith("bare") else _ratio(v, 26))
+            out.append(f"  {'stream' if r['stream'] else 'non-stream':<11}{r['clients']:>7}{''.join(cells)}")
 
     if results.get("budget"):
         out.append("")

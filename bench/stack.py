@@ -62,42 +62,125 @@ def _cli(args: list[str], log: Path) -> str:
     with open(log, "a") as out:
         out.write(f"$ router {' '.join(args)}\n{done.stdout}{done.stderr}\n")
     if done.returncode != 0:
-        raise StartError(f"router {' '.join(args[:4])} failed ({done.returncode}): {done.stderr.strip() or done.stdout.strip()}")
+        raise StartError(
+            f"router {' '.join(args[:4])} failed ({done.returncode}): {done.stderr.strip() or done.stdout.strip()}"
+        )
     return done.stdout
 
 
-def start_gateway(logs: Path, tmp: Path, emulators: dict[str, tuple[str, str]]) -> Target:
-    """Our gateway with every provider on its emulator, a temp SQLite store, a rich group and one key,
-    and rate limits on."""
+# the ways the gateway is run: name -> (label, role); see gateway_argv
+GATEWAY_SERVERS = {
+    "gateway": ("gateway", "our gateway (router serve: hypercorn + Starlette + aiohttp, auth + store)"),
+    "gw-uvicorn": ("gw uvicorn", "our gateway under uvicorn (httptools, uvloop), 1 process, same features"),
+    "gw-2workers": ("gw 2 workers", "our gateway, router serve --workers 2, PostgreSQL store + Redis limits"),
+}
+
+
+def gateway_argv(name: str, config: Path, port: int) -> tuple[list[str], dict[str, str] | None]:
+    if name == "gw-uvicorn":
+        return ([str(VENV_BIN / "uvicorn"), "router.asgi:app", "--host", "127.0.0.1", "--port", str(port),
+                 "--loop", "uvloop", "--http", "httptools", "--no-access-log", "--log-level", "warning"],
+                {**os.environ, "ROUTER_CONFIG": str(config)})  # fmt: skip
+    argv = [*router_cmd(), "serve", "--config", str(config), "--host", "127.0.0.1", "--port", str(port)]
+    return (argv + ["--workers", "2"] if name == "gw-2workers" else argv), None
+
+
+def start_gateway(logs: Path, tmp: Path, emulators: dict[str, tuple[str, str]], name: str = "gateway",
+                  store_url: str | None = None, redis_url: str | None = None) -> Target:  # fmt: skip
+    """Our gateway with every provider on its emulator, a store (temp SQLite unless ``store_url``), a
+    rich group and one key, and rate limits on (in Redis if ``redis_url``), served as ``name`` says
+    (GATEWAY_SERVERS)."""
     port = free_port()
-    config = tmp / "router.toml"
-    lines = ["[server]", 'host = "127.0.0.1"', f"port = {port}", "", "[store]",
-             f"url = {json.dumps('sqlite:///' + str(tmp / 'router.db'))}", "",
+    home = tmp / name
+    home.mkdir(parents=True, exist_ok=True)
+    config = home / "router.toml"
+    store_url = store_url or "sqlite:///" + str(home / "router.db")
+    lines = ["[server]", 'host = "127.0.0.1"', f"port = {port}", "", "[store]", f"url = {json.dumps(store_url)}", "",
              # every feature on: rate limits checked on every call (per key and per group, requests and
              # tokens), set high enough that the benchmark never hits them
              "[limits]", "key_rpm = 100000000", "key_tpm = 100000000000", "group_rpm = 100000000",
-             "group_tpm = 100000000000", ""]  # fmt: skip
+             "group_tpm = 100000000000",
+             *([f"redis_url = {json.dumps(redis_url)}", f'redis_prefix = "bench-{port}:"'] if redis_url else []), ""]  # fmt: skip
     for prefix, (base_url, key) in sorted(emulators.items()):
-        lines += [f"[providers.{prefix}]", f"base_url = {json.dumps(base_url)}", f"api_key = {json.dumps(key)}", ""]
+        lines += [
+            f"[providers.{prefix}]",
+            f"base_url = {json.dumps(base_url)}",
+            f"api_key = {json.dumps(key)}",
+            "",
+        ]
     config.write_text("\n".join(lines))
-    cli_log = logs / "gateway-setup.log"
+    cli_log = logs / f"{name}-setup.log"
     cli_log.write_text("")
     _cli(["--config", str(config), "groups", "create", "bench", "--credits", "1000000000"], cli_log)
     key = _cli(["--config", str(config), "keys", "create", "--group", "bench", "--name", "bench"], cli_log)
     key = key.strip().splitlines()[-1].strip()
-    proc = start("gateway", "our gateway (router serve: hypercorn + Starlette + aiohttp, auth + store)",
-                 [*router_cmd(), "serve", "--config", str(config), "--host", "127.0.0.1", "--port", str(port)],
-                 logs / "gateway.log")  # fmt: skip
-    return Target("gateway", "gateway", proc, f"http://127.0.0.1:{port}/v1/chat/completions", key, GATEWAY_MODEL)
+    label, role = GATEWAY_SERVERS[name]
+    argv, env = gateway_argv(name, config, port)
+    proc = start(name, role, argv, logs / f"{name}.log", env=env, cwd=home)
+    return Target(name, label, proc, f"http://127.0.0.1:{port}/v1/chat/completions", key, GATEWAY_MODEL)
 
 
-def start_bare(logs: Path, upstream: str, upstream_key: str) -> Target:
+def start_bare(logs: Path, upstream: str, upstream_key: str, server: str = "hypercorn") -> Target:
     port = free_port()
+    name = "bare" if server == "hypercorn" else f"bare-{server}"
     argv = [sys.executable, str(ROOT / "bench" / "bare_proxy.py"), "--port", str(port),
-            "--upstream", upstream, "--key", upstream_key]  # fmt: skip
-    proc = start("bare", "bare proxy (bench/bare_proxy.py: hypercorn + Starlette + aiohttp, no features)",
-                 argv, logs / "bare_proxy.log")  # fmt: skip
-    return Target("bare", "bare proxy", proc, f"http://127.0.0.1:{port}/v1/chat/completions", "none", UPSTREAM_MODEL)
+            "--upstream", upstream, "--key", upstream_key, "--server", server]  # fmt: skip
+    proc = start(name, f"bare proxy (bench/bare_proxy.py: {server} + Starlette + aiohttp, no features)",
+                 argv, logs / f"{name}.log")  # fmt: skip
+    label = "bare proxy" if server == "hypercorn" else f"bare {server}"
+    return Target(name, label, proc, f"http://127.0.0.1:{port}/v1/chat/completions", "none", UPSTREAM_MODEL)
+
+
+PG_ADMIN = os.environ.get("BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
+REDIS_URL = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/0")
+
+
+def pg_database(name: str) -> str:
+    """A fresh PostgreSQL database for the multi-worker gateway (dropped by :func:`drop_pg_database`);
+    raises StartError if PostgreSQL or Redis cannot be reached."""
+    import asyncio
+
+    import asyncpg
+    import redis.asyncio as aioredis
+
+    async def make() -> None:
+        conn = await asyncpg.connect(PG_ADMIN, timeout=5)
+        try:
+            await conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+            await conn.execute(f"CREATE DATABASE {name}")
+        finally:
+            await conn.close()
+        client = aioredis.from_url(REDIS_URL, socket_timeout=5)
+        try:
+            await client.ping()
+        finally:
+            await client.aclose()
+
+    try:
+        asyncio.run(make())
+    except Exception as exc:  # noqa: BLE001 - reported as the reason the target is left out
+        raise StartError(
+            f"needs PostgreSQL at {PG_ADMIN} and Redis at {REDIS_URL}: {type(exc).__name__}: {exc}"
+        ) from None
+    return f"{PG_ADMIN.rsplit('/', 1)[0]}/{name}"
+
+
+def drop_pg_database(name: str) -> None:
+    import asyncio
+
+    import asyncpg
+
+    async def drop() -> None:
+        conn = await asyncpg.connect(PG_ADMIN, timeout=5)
+        try:
+            await conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        finally:
+            await conn.close()
+
+    try:
+        asyncio.run(drop())
+    except Exception:  # noqa: BLE001, S110 - best effort cleanup
+        pass
 
 
 def start_litellm(logs: Path, tmp: Path, litellm: Path, upstream: str, upstream_key: str) -> Target:
@@ -123,10 +206,22 @@ def start_litellm(logs: Path, tmp: Path, litellm: Path, upstream: str, upstream_
     env.update(LITELLM_LOCAL_MODEL_COST_MAP="True", LITELLM_LOG="ERROR", LITELLM_TELEMETRY="False",
                DISABLE_ADMIN_UI="True", NO_DOCS="True", PYTHONUNBUFFERED="1")  # fmt: skip
     env.pop("DATABASE_URL", None)
-    argv = [str(litellm), "--config", str(config), "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"]
+    argv = [
+        str(litellm),
+        "--config",
+        str(config),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--num_workers",
+        "1",
+    ]
     proc = start("litellm", "LiteLLM proxy (uvicorn, 1 worker, no database)", argv, logs / "litellm.log",
                  env=env, cwd=tmp)  # fmt: skip
-    return Target("litellm", "litellm", proc, f"http://127.0.0.1:{port}/v1/chat/completions", master, GATEWAY_MODEL)
+    return Target(
+        "litellm", "litellm", proc, f"http://127.0.0.1:{port}/v1/chat/completions", master, GATEWAY_MODEL
+    )
 
 
 def health_url(target: Target) -> str:
@@ -143,14 +238,20 @@ def smoke(target: Target) -> dict[bool, str]:
     failures: dict[bool, str] = {}
     for stream in (False, True):
         what = "stream" if stream else "non-stream"
-        body = {"model": target.model, "stream": stream, "messages": [{"role": "user", "content": "Hi [tokens:3]"}]}
+        body = {
+            "model": target.model,
+            "stream": stream,
+            "messages": [{"role": "user", "content": "Hi [tokens:3]"}],
+        }
         request = urllib.request.Request(target.url, data=json.dumps(body).encode(), method="POST", headers={
             "Authorization": f"Bearer {target.key}", "Content-Type": "application/json"})  # fmt: skip
         try:
             with urllib.request.urlopen(request, timeout=30) as response:
                 text = response.read().decode(errors="replace")
         except urllib.error.HTTPError as exc:
-            failures[stream] = f"smoke {what} call got HTTP {exc.code}: {exc.read().decode(errors='replace')[:300]}"
+            failures[stream] = (
+                f"smoke {what} call got HTTP {exc.code}: {exc.read().decode(errors='replace')[:300]}"
+            )
             continue
         except (urllib.error.URLError, OSError) as exc:
             failures[stream] = f"smoke {what} call failed: {exc}"

@@ -1,0 +1,11 @@
+"""The gateway as a module-level ASGI app, for any ASGI server (settings from ``$ROUTER_CONFIG``):
+
+    ROUTER_CONFIG=router.toml uvicorn router.asgi:app --loop uvloop --http httptools --no-access-log
+
+``router serve`` (hypercorn) is the default; README "More throughput" has the measured figures.
+"""
+
+from router.app import create_app
+from router.config import load_settings
+
+app = create_app(load_settings(None))
