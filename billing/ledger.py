@@ -61,7 +61,7 @@ class Ledger:
 
     def queue(self, reservation: Reservation, record: UsageRecord) -> None:
         """Settle without waiting: :meth:`settle_soon`, kept track of until it is durable."""
-        settling = self.settle_soon(reservation, record)
+        settling = self.settle_soon(reservation, record, linger=True)
         self.pending.add(settling)
         settling.add_done_callback(self._settled)
 
@@ -85,8 +85,11 @@ class Ledger:
     async def settle(self, reservation: Reservation, record: UsageRecord) -> int:
         return await self.settle_soon(reservation, record)
 
-    def settle_soon(self, reservation: Reservation, record: UsageRecord) -> asyncio.Future[int]:
-        """Start settling now (nothing can cancel it); the future resolves once it is durable."""
+    def settle_soon(
+        self, reservation: Reservation, record: UsageRecord, linger: bool = False
+    ) -> asyncio.Future[int]:
+        """Start settling now (nothing can cancel it); the future resolves once it is durable.
+        ``linger``: nobody waits for it (a store may then wait a little to batch it with others)."""
         return asyncio.ensure_future(self.store.settle(reservation, record))
 
 
@@ -152,8 +155,10 @@ class LocalLedger(Ledger):
         key.held += amount
         return Reservation(next(self._ids), group_id, key_id, amount)
 
-    def settle_soon(self, reservation: Reservation, record: UsageRecord) -> asyncio.Future[int]:
-        settled = self.store.settle_soon(reservation, record)  # type: ignore[attr-defined]
+    def settle_soon(
+        self, reservation: Reservation, record: UsageRecord, linger: bool = False
+    ) -> asyncio.Future[int]:
+        settled = self.store.settle_soon(reservation, record, linger)  # type: ignore[attr-defined]
 
         def release(done: asyncio.Future[int]) -> None:
             charge = 0 if done.cancelled() or done.exception() is not None else done.result()

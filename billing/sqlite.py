@@ -148,13 +148,19 @@ class GroupCommit:
         self.draining = False
         self.batches = 0
         self.task: asyncio.Task[None] | None = None
+        self._wake: asyncio.Future[None] | None = None
 
-    def submit(self, op: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
-        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+    def submit(self, op: Callable[[sqlite3.Connection], T], linger: bool = False) -> asyncio.Future[T]:
+        """Queue ``op`` for the next batch. ``linger``: nobody waits for it, so the batch may wait
+        ``linger`` seconds for more; an op that somebody awaits starts the batch at once."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
         self.pending.append((op, future))
         if not self.draining:
             self.draining = True
-            self.task = asyncio.get_running_loop().create_task(self._drain())
+            self.task = loop.create_task(self._drain(self.linger if linger else 0.0))
+        elif not linger and self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)  # a waiting caller: stop lingering
         return future
 
     async def flush(self) -> None:
@@ -162,9 +168,14 @@ class GroupCommit:
         while self.task is not None and not self.task.done():
             await asyncio.shield(self.task)
 
-    async def _drain(self) -> None:
+    async def _drain(self, linger: float) -> None:
         try:
-            await asyncio.sleep(self.linger)
+            if linger:
+                self._wake = wake = asyncio.get_running_loop().create_future()
+                timer = asyncio.get_running_loop().call_later(linger, _resolve, wake)
+                await wake
+                timer.cancel()
+                self._wake = None
             while self.pending:
                 batch, self.pending = self.pending, []
                 try:
@@ -291,6 +302,11 @@ def _settle_together(db: sqlite3.Connection, settles: list[Settle], results: lis
         return False
     results.extend((True, charge) for charge in charges)
     return True
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 CHECKPOINT_EVERY = 1.0  # seconds between WAL checkpoints after group commits (on the store's thread)
@@ -588,9 +604,12 @@ class SQLiteStore(Store):
     async def settle(self, reservation: Reservation, record: UsageRecord) -> int:
         return await self.settle_soon(reservation, record)
 
-    def settle_soon(self, reservation: Reservation, record: UsageRecord) -> asyncio.Future[int]:
-        """Queue the settlement for the next group commit; the future resolves once it committed."""
-        return self.commits.submit(Settle(reservation, record))
+    def settle_soon(
+        self, reservation: Reservation, record: UsageRecord, linger: bool = False
+    ) -> asyncio.Future[int]:
+        """Queue the settlement for the next group commit; the future resolves once it committed
+        (``linger``: nobody waits for it, see GroupCommit.submit)."""
+        return self.commits.submit(Settle(reservation, record), linger)
 
     async def reconcile(self, older_than: float | None = None) -> int:
         def fn(db: sqlite3.Connection) -> int:
