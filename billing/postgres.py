@@ -47,7 +47,11 @@ from billing.store import (
     Store,
     StoreError,
     UsageRecord,
+    principal_query,
+    principal_row,
 )
+
+_PRINCIPAL_BY_HASH = principal_query("key_hash", "$1")
 
 MIGRATION_LOCK = 0x6D6F64656C2D72  # advisory lock id held (per transaction) while the schema migrates
 
@@ -616,15 +620,7 @@ class PostgresStore(Store):
         return [key_of(r) for r in rows]
 
     async def principal(self, key_hash: str) -> Principal | None:
-        row = await self.db.fetchrow(
-            "SELECT k.id, k.name, g.id, g.name, k.spend_cap, k.allowed_models FROM keys k "
-            "JOIN groups g ON g.id = k.group_id WHERE k.key_hash = $1 AND k.revoked_at IS NULL",
-            key_hash,
-        )
-        if row is None:
-            return None
-        allowed = frozenset(json.loads(row[5])) if row[5] else None
-        return Principal(row[0], row[1], row[2], row[3], row[4], allowed)
+        return principal_row(await self.db.fetchrow(_PRINCIPAL_BY_HASH, key_hash))
 
     # -- ledger ---------------------------------------------------------------------------------
     async def reserve(self, group_id: int, key_id: int, amount: int) -> Reservation | Refusal:

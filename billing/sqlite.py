@@ -27,10 +27,13 @@ from billing.store import (
     Store,
     StoreError,
     UsageRecord,
+    principal_query,
+    principal_row,
 )
 
 T = TypeVar("T")
 log = logging.getLogger("router.store")
+_PRINCIPAL_BY_HASH = principal_query("key_hash", "?")
 
 MIGRATIONS: list[str] = [
     # 1: groups and keys
@@ -508,18 +511,9 @@ class SQLiteStore(Store):
         return await self.run(fn)
 
     async def principal(self, key_hash: str) -> Principal | None:
-        def fn(db: sqlite3.Connection) -> Principal | None:
-            row = db.execute(
-                "SELECT k.id, k.name, g.id, g.name, k.spend_cap, k.allowed_models FROM keys k "
-                "JOIN groups g ON g.id = k.group_id WHERE k.key_hash = ? AND k.revoked_at IS NULL",
-                (key_hash,),
-            ).fetchone()
-            if row is None:
-                return None
-            allowed = frozenset(json.loads(row[5])) if row[5] else None
-            return Principal(row[0], row[1], row[2], row[3], row[4], allowed)
-
-        return await self.run(fn)
+        return await self.run(
+            lambda db: principal_row(db.execute(_PRINCIPAL_BY_HASH, (key_hash,)).fetchone())
+        )
 
     # -- ledger ---------------------------------------------------------------------------------
     async def reserve(self, group_id: int, key_id: int, amount: int) -> Reservation | Refusal:

@@ -6,8 +6,10 @@ replicas). ``open_store(url)`` picks one from the store URL.
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any
 
 
 class StoreError(Exception):
@@ -48,6 +50,22 @@ class Principal:
     group_name: str
     spend_cap: int | None
     allowed_models: frozenset[str] | None
+
+
+def principal_query(column: str, mark: str) -> str:
+    """The SQL of a live (not revoked) key's :class:`Principal`, found by ``keys.<column> = <mark>``
+    (``?`` for SQLite, ``$1`` for PostgreSQL); :func:`principal_row` turns its row into one."""
+    return (
+        "SELECT k.id, k.name, g.id, g.name, k.spend_cap, k.allowed_models FROM keys k "
+        f"JOIN groups g ON g.id = k.group_id WHERE k.{column} = {mark} AND k.revoked_at IS NULL"
+    )
+
+
+def principal_row(row: Any) -> Principal | None:
+    if row is None:
+        return None
+    allowed = frozenset(json.loads(row[5])) if row[5] else None
+    return Principal(row[0], row[1], row[2], row[3], row[4], allowed)
 
 
 @dataclass(slots=True)

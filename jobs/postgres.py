@@ -13,7 +13,7 @@ from typing import Any
 
 import asyncpg
 
-from billing.store import Principal
+from billing.store import Principal, principal_query, principal_row
 from jobs.store import (
     BATCH_COLUMNS,
     FILE_COLUMNS,
@@ -30,6 +30,8 @@ from jobs.store import (
     batch_of,
     file_of,
 )
+
+_PRINCIPAL_BY_ID = principal_query("id", "$1")
 
 MIGRATION_LOCK = 0x6A6F62732D7631  # advisory lock id held (per transaction) while the jobs schema migrates
 NOW = "extract(epoch FROM clock_timestamp())::float8"
@@ -165,15 +167,7 @@ class PostgresJobStore(JobStore):
 
     # -- callers --------------------------------------------------------------------------------------
     async def principal_by_id(self, key_id: int) -> Principal | None:
-        row = await self.pool.fetchrow(
-            "SELECT k.id, k.name, g.id, g.name, k.spend_cap, k.allowed_models FROM keys k "
-            "JOIN groups g ON g.id = k.group_id WHERE k.id = $1 AND k.revoked_at IS NULL",
-            key_id,
-        )
-        if row is None:
-            return None
-        allowed = frozenset(json.loads(row[5])) if row[5] else None
-        return Principal(row[0], row[1], row[2], row[3], row[4], allowed)
+        return principal_row(await self.pool.fetchrow(_PRINCIPAL_BY_ID, key_id))
 
     # -- files ----------------------------------------------------------------------------------------
     async def create_file(self, row: FileRow, data: bytes) -> None:
@@ -184,7 +178,9 @@ class PostgresJobStore(JobStore):
         return file_of(row) if row else None
 
     async def file_content(self, group_id: int, file_id: str) -> bytes | None:
-        data = await self.pool.fetchval("SELECT data FROM files WHERE id = $1 AND group_id = $2", file_id, group_id)
+        data = await self.pool.fetchval(
+            "SELECT data FROM files WHERE id = $1 AND group_id = $2", file_id, group_id
+        )
         return bytes(data) if data is not None else None
 
     async def list_files(self, group_id: int, purpose: str | None, after: str | None, limit: int,
@@ -198,13 +194,17 @@ class PostgresJobStore(JobStore):
         return [file_of(r) for r in rows]
 
     async def delete_file(self, group_id: int, file_id: str) -> bool:
-        status = await self.pool.execute("DELETE FROM files WHERE id = $1 AND group_id = $2", file_id, group_id)
+        status = await self.pool.execute(
+            "DELETE FROM files WHERE id = $1 AND group_id = $2", file_id, group_id
+        )
         return _count(status) > 0
 
     # -- batches --------------------------------------------------------------------------------------
     async def create_batch(self, row: BatchRow) -> None:
         marks = ", ".join(f"${n}" for n in range(1, len(BATCH_COLUMNS) + 1))
-        await self.pool.execute(f"INSERT INTO batches ({', '.join(BATCH_COLUMNS)}) VALUES ({marks})", *row.values())
+        await self.pool.execute(
+            f"INSERT INTO batches ({', '.join(BATCH_COLUMNS)}) VALUES ({marks})", *row.values()
+        )
 
     async def get_batch(self, group_id: int | None, batch_id: str) -> BatchRow | None:
         row = await self.pool.fetchrow(
