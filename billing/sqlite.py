@@ -105,7 +105,6 @@ USAGE_COLUMNS = (
     "upstream_request_id, request_id, error"
 )
 _ROW_MARKS = f"({', '.join('?' * 21)})"
-INSERT_USAGE = f"INSERT INTO usage ({USAGE_COLUMNS}) VALUES {_ROW_MARKS}"
 _ROWS_PER_INSERT = 32766 // 21  # SQLite's default limit on bound parameters per statement
 
 
@@ -233,9 +232,8 @@ class GroupCommit:
 
 
 class Settle:
-    """A settlement queued for the group commit: one call's charge and usage record. Run alone it is
-    :meth:`SQLiteStore._settle`; a run of them in one batch is applied together (one balance read per
-    group, one update per group and per key, one multi-row insert) by :func:`_settle_together`."""
+    """A settlement queued for the group commit: one call's charge and usage record. A run of them in
+    one batch is applied together by :func:`_settle_together`."""
 
     __slots__ = ("reservation", "record")
 
@@ -247,55 +245,56 @@ class Settle:
         return SQLiteStore._settle(db, self.reservation, self.record)
 
 
+def settle_rows(db: sqlite3.Connection, settles: list[tuple[Reservation, UsageRecord]]) -> list[int]:
+    """Charge each call, in order, what its record says, capped by what its group has left (its
+    stored reservation, if any, released first); write the usage records; return the charges. One
+    balance read per group, one update per group and per key, one multi-row insert: few statements,
+    as each one lets go of the GIL and must win it back from the event loop."""
+    held_of: list[int] = []
+    for r, _ in settles:
+        held = 0  # a reservation held in the gateway's memory (negative id) has no row here
+        if r.id > 0 and db.execute("DELETE FROM reservations WHERE id = ?", (r.id,)).rowcount:
+            held = r.amount  # (no row: settled twice, or reconciled already)
+        held_of.append(held)
+    group_ids = sorted({r.group_id for r, _ in settles})
+    marks = ", ".join("?" * len(group_ids))
+    balance = dict(db.execute(f"SELECT id, balance FROM groups WHERE id IN ({marks})", group_ids).fetchall())
+    groups: dict[int, list[int]] = {}  # id -> [held, charged]
+    keys: dict[int, list[int]] = {}
+    charges: list[int] = []
+    for (r, record), held in zip(settles, held_of, strict=True):
+        charge = min(record.credits, balance[r.group_id] + held) if record.credits > 0 else 0
+        if r.group_id in balance:
+            balance[r.group_id] += held - charge
+        for total in (groups.setdefault(r.group_id, [0, 0]), keys.setdefault(r.key_id, [0, 0])):
+            total[0] += held
+            total[1] += charge
+        record.credits = charge
+        charges.append(charge)
+    rows = [usage_row(record) for _, record in settles]
+    for at in range(0, len(rows), _ROWS_PER_INSERT):
+        part = rows[at : at + _ROWS_PER_INSERT]
+        values = ", ".join([_ROW_MARKS] * len(part))
+        db.execute(f"INSERT INTO usage ({USAGE_COLUMNS}) VALUES {values}", [v for row in part for v in row])
+    for g, (h, c) in groups.items():
+        if h or c:
+            db.execute(
+                "UPDATE groups SET reserved = reserved - ?, balance = balance + ? - ?, spent = spent + ? WHERE id = ?",
+                (h, h, c, c, g),
+            )
+    for k, (h, c) in keys.items():
+        if h or c:
+            db.execute("UPDATE keys SET reserved = reserved - ?, spent = spent + ? WHERE id = ?", (h, c, k))
+    return charges
+
+
 def _settle_together(db: sqlite3.Connection, settles: list[Settle], results: list[tuple[bool, Any]]) -> bool:
     """Apply ``settles`` in one savepoint with the same outcome as one by one, in order; False (and
     nothing changed) if any of them fails, so the caller runs them one by one instead."""
     credits = [s.record.credits for s in settles]
     db.execute("SAVEPOINT settles")
     try:
-        held_of: list[int] = []
-        for s in settles:
-            r = s.reservation
-            held = 0  # a reservation held in the gateway's memory (negative id) has no row here
-            if r.id > 0 and db.execute("DELETE FROM reservations WHERE id = ?", (r.id,)).rowcount:
-                held = r.amount
-            held_of.append(held)
-        group_ids = sorted({s.reservation.group_id for s in settles})
-        marks = ", ".join("?" * len(group_ids))
-        balance = dict(
-            db.execute(f"SELECT id, balance FROM groups WHERE id IN ({marks})", group_ids).fetchall()
-        )
-        groups: dict[int, list[int]] = {}  # id -> [held, charged]
-        keys: dict[int, list[int]] = {}
-        charges: list[int] = []
-        for s, held in zip(settles, held_of, strict=True):
-            r, record = s.reservation, s.record
-            charge = min(record.credits, balance[r.group_id] + held) if record.credits > 0 else 0
-            balance[r.group_id] += held - charge
-            for total in (groups.setdefault(r.group_id, [0, 0]), keys.setdefault(r.key_id, [0, 0])):
-                total[0] += held
-                total[1] += charge
-            record.credits = charge
-            charges.append(charge)
-        # few statements: each one lets go of the GIL and must win it back from the event loop
-        rows = [usage_row(s.record) for s in settles]
-        for at in range(0, len(rows), _ROWS_PER_INSERT):
-            part = rows[at : at + _ROWS_PER_INSERT]
-            values = ", ".join([_ROW_MARKS] * len(part))
-            db.execute(
-                f"INSERT INTO usage ({USAGE_COLUMNS}) VALUES {values}", [v for row in part for v in row]
-            )
-        for g, (h, c) in groups.items():
-            if h or c:
-                db.execute(
-                    "UPDATE groups SET reserved = reserved - ?, balance = balance + ? - ?, spent = spent + ? WHERE id = ?",
-                    (h, h, c, c, g),
-                )
-        for k, (h, c) in keys.items():
-            if h or c:
-                db.execute(
-                    "UPDATE keys SET reserved = reserved - ?, spent = spent + ? WHERE id = ?", (h, c, k)
-                )
+        charges = settle_rows(db, [(s.reservation, s.record) for s in settles])
         db.execute("RELEASE settles")
     except Exception:
         db.execute("ROLLBACK TO settles")
@@ -540,28 +539,7 @@ class SQLiteStore(Store):
 
     @staticmethod
     def _settle(db: sqlite3.Connection, reservation: Reservation, record: UsageRecord) -> int:
-        held = 0  # a reservation held in the gateway's memory (negative id) has no row here
-        if reservation.id > 0:
-            gone = db.execute("DELETE FROM reservations WHERE id = ?", (reservation.id,)).rowcount == 0
-            held = 0 if gone else reservation.amount  # settled twice, or reconciled already
-        charge = 0
-        if record.credits > 0:
-            balance = db.execute(
-                "SELECT balance FROM groups WHERE id = ?", (reservation.group_id,)
-            ).fetchone()[0]
-            charge = min(record.credits, balance + held)
-        if held or charge:
-            db.execute(
-                "UPDATE groups SET reserved = reserved - ?, balance = balance + ? - ?, spent = spent + ? WHERE id = ?",
-                (held, held, charge, charge, reservation.group_id),
-            )
-            db.execute(
-                "UPDATE keys SET reserved = reserved - ?, spent = spent + ? WHERE id = ?",
-                (held, charge, reservation.key_id),
-            )
-        record.credits = charge
-        db.execute(INSERT_USAGE, usage_row(record))
-        return charge
+        return settle_rows(db, [(reservation, record)])[0]
 
     async def ledger_state(self, group_id: int, key_id: int) -> tuple[int, int | None]:
         """The group's balance and the key's room under its spend cap (None: no cap), for
