@@ -68,6 +68,21 @@ async def principal_of(gw: Gateway, request: Request) -> Principal:
     return await gw.auth.authenticate(request.headers.get("authorization"))
 
 
+async def begin_call(gw: Gateway, request: Request) -> tuple[Principal, dict[str, Any], bytes]:
+    """The start of a model call endpoint: the gateway started, the caller authenticated (and noted
+    in the request's state for the access log: the key's id and group, never the key), the JSON body
+    read. Returns the caller, the request's state and the body."""
+    if not gw.started:
+        await gw.start()
+    principal = await principal_of(gw, request)
+    state = request.scope.get("state") or {}
+    state["caller"] = principal
+    body = await read_json_body(
+        request, gw.settings.server.max_body_bytes, gw.settings.reliability.body_timeout
+    )
+    return principal, state, body
+
+
 class ChatCompletions:
     def __init__(self, gateway: Gateway) -> None:
         self.gw = gateway
@@ -75,14 +90,7 @@ class ChatCompletions:
 
     async def handle(self, request: Request) -> Response:
         gw = self.gw
-        if not gw.started:
-            await gw.start()
-        principal = await principal_of(gw, request)
-        state = request.scope.get("state") or {}
-        state["caller"] = principal  # the access log's key id and group (router/logs.py); never the key
-        body = await read_json_body(
-            request, gw.settings.server.max_body_bytes, gw.settings.reliability.body_timeout
-        )
+        principal, state, body = await begin_call(gw, request)
         raw, req = parse_chat_request(body)
         state["model"] = req.model
         start = self.pipeline.start(

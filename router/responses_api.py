@@ -27,7 +27,7 @@ from billing.ledger import Meter
 from billing.pricing import worst_case
 from billing.store import Principal, UsageRecord
 from router.catalog import Model
-from router.chat import principal_of, read_json_body
+from router.chat import begin_call
 from router.errors import GatewayError, InvalidRequest, UpstreamError
 from router.gateway import Gateway
 from router.pipeline import ChatPipeline, Started, open_upstream
@@ -124,15 +124,7 @@ class Responses:
         self.pipeline = ChatPipeline(gateway)
 
     async def handle(self, request: Request) -> Response:
-        gw = self.gw
-        if not gw.started:
-            await gw.start()
-        principal = await principal_of(gw, request)
-        state = request.scope.get("state") or {}
-        state["caller"] = principal  # for the access log (key id and group, never the key)
-        raw = await read_json_body(
-            request, gw.settings.server.max_body_bytes, gw.settings.reliability.body_timeout
-        )
+        principal, state, raw = await begin_call(self.gw, request)
         ask = Ask(principal, parse_body(raw), len(raw), state.get("source", "api"), state.get("request_id"))
         state["model"] = ask.model_id
         model = self.check(ask)
