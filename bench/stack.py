@@ -135,29 +135,31 @@ PG_ADMIN = os.environ.get("BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:543
 REDIS_URL = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/0")
 
 
-def pg_database(name: str) -> str:
-    """A fresh PostgreSQL database for the multi-worker gateway (dropped by :func:`drop_pg_database`);
-    raises StartError if PostgreSQL or Redis cannot be reached."""
+def _pg_admin(*statements: str) -> None:
     import asyncio
 
     import asyncpg
-    import redis.asyncio as aioredis
 
-    async def make() -> None:
+    async def run() -> None:
         conn = await asyncpg.connect(PG_ADMIN, timeout=5)
         try:
-            await conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-            await conn.execute(f"CREATE DATABASE {name}")
+            for statement in statements:
+                await conn.execute(statement)
         finally:
             await conn.close()
-        client = aioredis.from_url(REDIS_URL, socket_timeout=5)
-        try:
-            await client.ping()
-        finally:
-            await client.aclose()
+
+    asyncio.run(run())
+
+
+def pg_database(name: str) -> str:
+    """A fresh PostgreSQL database for the multi-worker gateway (dropped by :func:`drop_pg_database`);
+    raises StartError if PostgreSQL or Redis cannot be reached."""
+    import redis
 
     try:
-        asyncio.run(make())
+        _pg_admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", f"CREATE DATABASE {name}")
+        with redis.Redis.from_url(REDIS_URL, socket_timeout=5) as client:
+            client.ping()
     except Exception as exc:  # noqa: BLE001 - reported as the reason the target is left out
         raise StartError(
             f"needs PostgreSQL at {PG_ADMIN} and Redis at {REDIS_URL}: {type(exc).__name__}: {exc}"
@@ -166,19 +168,8 @@ def pg_database(name: str) -> str:
 
 
 def drop_pg_database(name: str) -> None:
-    import asyncio
-
-    import asyncpg
-
-    async def drop() -> None:
-        conn = await asyncpg.connect(PG_ADMIN, timeout=5)
-        try:
-            await conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        finally:
-            await conn.close()
-
     try:
-        asyncio.run(drop())
+        _pg_admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
     except Exception:  # noqa: BLE001, S110 - best effort cleanup
         pass
 
