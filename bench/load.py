@@ -66,11 +66,7 @@ class Samples:
 
 
 def body_bytes(model: str, stream: bool, tokens: int) -> bytes:
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": PROMPT.format(tokens=tokens)}],
-        "stream": stream,
-    }
+    body = {"model": model, "messages": [{"role": "user", "content": PROMPT.format(tokens=tokens)}], "stream": stream}
     return json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -190,9 +186,7 @@ async def throughput(target: Target, stream: bool, clients: int, duration: float
                completed_total=completed, loadgen_cpu_share=round(cpu / duration, 2))  # fmt: skip
     done = len(measured.latencies) + measured.errors
     out["cpu_s_in_window"] = {name: round(seconds, 3) for name, seconds in watched.items()}
-    out["cpu_us_per_req"] = (
-        {name: round(seconds / done * 1e6, 1) for name, seconds in watched.items()} if done else {}
-    )
+    out["cpu_us_per_req"] = {name: round(seconds / done * 1e6, 1) for name, seconds in watched.items()} if done else {}
     return out
 
 
@@ -252,16 +246,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("-d", "--duration", type=float, default=8.0, help="seconds measured")
     p.add_argument("-w", "--warmup", type=float, default=2.0, help="seconds of warm-up (at least)")
     p.add_argument("--warmup-max", type=float, default=15.0, help="throughput: longest warm-up")
-    p.add_argument(
-        "--watch",
-        action="append",
-        default=[],
-        metavar="NAME=PID",
-        help="throughput: a server process whose CPU time to count over the window",
-    )
-    p.add_argument(
-        "--grace", type=float, default=2.0, help="throughput: seconds open requests get at the end"
-    )
+    p.add_argument("--watch", action="append", default=[], metavar="NAME=PID",
+                   help="throughput: a server process whose CPU time to count over the window")
+    p.add_argument("--grace", type=float, default=2.0, help="throughput: seconds open requests get at the end")
     p.add_argument("--round", type=float, default=0.25, help="latency: seconds per target per round")
     p.add_argument("--tokens", type=int, default=12, help="answer length asked of the emulator")
     args = p.parse_args(argv)

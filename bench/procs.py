@@ -95,9 +95,7 @@ def wait_http(proc: Proc, url: str, timeout: float) -> None:
         except (urllib.error.URLError, OSError) as exc:
             last = str(exc)
         time.sleep(0.2)
-    raise StartError(
-        f"{proc.name} did not answer {url} within {timeout:.0f}s ({last}):\n{log_tail(proc.log)}"
-    )
+    raise StartError(f"{proc.name} did not answer {url} within {timeout:.0f}s ({last}):\n{log_tail(proc.log)}")
 
 
 def wait_log(proc: Proc, needle: str, timeout: float) -> str:

@@ -91,12 +91,9 @@ async def client(url: str, key: str, n: int, tokens: int, delay_ms: int, gateway
         during = rss_kb(gateway_pid)
         await asyncio.gather(*tasks)
     return {
-        "streams": n,
-        "completed": done_ok,
-        "errors": errors,
+        "streams": n, "completed": done_ok, "errors": errors,
         "all_open_after_s": all_open_after,
-        "gateway_rss_before_kb": before,
-        "gateway_rss_with_all_open_kb": during,
+        "gateway_rss_before_kb": before, "gateway_rss_with_all_open_kb": during,
         "kb_per_stream": round((during - before) / n, 1) if n else None,
         "max_gap_s": round(max(gaps), 3) if gaps else None,
         "p99_gap_s": round(statistics.quantiles(gaps, n=100)[98], 3) if len(gaps) >= 100 else None,

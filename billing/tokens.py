@@ -24,9 +24,7 @@ def encoding() -> Any:
     from tiktoken.load import load_tiktoken_bpe
 
     ranks = load_tiktoken_bpe(str(DATA), expected_hash=SHA256)
-    return tiktoken.Encoding(
-        name="cl100k_base", pat_str=PATTERN, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": 100257}
-    )
+    return tiktoken.Encoding(name="cl100k_base", pat_str=PATTERN, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": 100257})
 
 
 def count(text: str) -> int:

@@ -128,9 +128,7 @@ class Job:
         for line in await self.store.running_lines(self.batch.id):
             outcome = error_line(line.custom_id, "interrupted", INTERRUPTED)
             await self.store.finish_line(self.batch.id, line.line_no, None, outcome, time.time())
-            log.warning(
-                "batch %s: line %d was in flight when its runner stopped; failed", self.batch.id, line.line_no
-            )
+            log.warning("batch %s: line %d was in flight when its runner stopped; failed", self.batch.id, line.line_no)
 
     async def execute(self) -> None:
         workers = min(self.runner.settings.concurrency, max(self.batch.total, 1))
@@ -152,9 +150,7 @@ class Job:
                 raise
             except Exception:
                 log.exception("batch %s: line %d", b.id, line.line_no)
-                outcome = error_line(
-                    line.custom_id, "internal_error", "The gateway failed to run this request.", 500
-                )
+                outcome = error_line(line.custom_id, "internal_error", "The gateway failed to run this request.", 500)
             await store.finish_line(b.id, line.line_no, self.owner, outcome, time.time())
 
     async def call(self, line: Line) -> Outcome:
@@ -170,9 +166,7 @@ class Job:
                 async with asyncio.timeout(timeout):
                     answer = await call_app(self.runner.app, self.batch.endpoint, body, principal, rid)
             except TimeoutError:
-                return error_line(
-                    line.custom_id, "timeout", f"The request took longer than {timeout:g} s.", 504, rid
-                )
+                return error_line(line.custom_id, "timeout", f"The request took longer than {timeout:g} s.", 504, rid)
             if answer.status != 429 or attempt == RATE_LIMIT_RETRIES or self.halted:
                 break
             rel = self.runner.gw.settings.reliability
@@ -221,10 +215,7 @@ class Job:
                 await store.set_finalizing(b.id, self.owner, int(time.time()))
         code, message = {
             "cancelled": ("batch_cancelled", "The batch was cancelled before this request ran."),
-            "expired": (
-                "batch_expired",
-                "This request could not be executed before the completion window expired.",
-            ),
+            "expired": ("batch_expired", "This request could not be executed before the completion window expired."),
         }.get(final, ("interrupted", INTERRUPTED))
         out: list[str] = []
         err: list[str] = []
@@ -249,6 +240,5 @@ class Job:
             return None, b""
         data = ("\n".join(lines) + "\n").encode()
         b = self.batch
-        return FileRow(
-            new_file_id(), b.group_id, b.key_id, "batch_output", f"{b.id}_{kind}.jsonl", len(data), now
-        ), data
+        return FileRow(new_file_id(), b.group_id, b.key_id, "batch_output", f"{b.id}_{kind}.jsonl", len(data), now), data
+

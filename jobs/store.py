@@ -31,15 +31,7 @@ BATCH_COLUMNS = (
 )  # fmt: skip
 FILE_COLUMNS = ("id", "group_id", "key_id", "purpose", "filename", "bytes", "created_at", "expires_at")
 TIMESTAMPS = frozenset(
-    {
-        "in_progress_at",
-        "finalizing_at",
-        "completed_at",
-        "failed_at",
-        "expired_at",
-        "cancelling_at",
-        "cancelled_at",
-    }
+    {"in_progress_at", "finalizing_at", "completed_at", "failed_at", "expired_at", "cancelling_at", "cancelled_at"}
 )
 
 

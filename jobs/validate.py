@@ -49,16 +49,12 @@ def parse_input(data: bytes, endpoint: str, check: Check, *, max_lines: int,
     lines: list[Line] = []
     problems: list[Problem] = []
     seen: dict[str, int] = {}
-    for number, raw in enumerate(
-        text.split("\n"), start=1
-    ):  # not splitlines: U+2028 may sit in a JSON string
+    for number, raw in enumerate(text.split("\n"), start=1):  # not splitlines: U+2028 may sit in a JSON string
         raw = raw.removesuffix("\r")
         if not raw.strip():
             continue
         if len(lines) + len(problems) >= max_lines:
-            problems.append(
-                Problem("too_many_requests", f"The input file holds more than {max_lines} requests.")
-            )
+            problems.append(Problem("too_many_requests", f"The input file holds more than {max_lines} requests."))
             break
         line, problem = _line(raw, number, endpoint, kind, check, max_body_bytes)
         if problem is None:
@@ -106,9 +102,7 @@ def _line(raw: str, number: int, endpoint: str, kind: str, check: Check,
         return None, Problem("request_too_large", f"The request body is larger than the limit of "
                              f"{max_body_bytes} bytes.", number, "body")  # fmt: skip
     if body.get("stream"):
-        return None, Problem(
-            "invalid_value", "Batch requests cannot stream: remove 'stream'.", number, "body.stream"
-        )
+        return None, Problem("invalid_value", "Batch requests cannot stream: remove 'stream'.", number, "body.stream")
     try:
         if kind == "chat":
             _, request = parse_chat_request(encoded)

@@ -53,9 +53,7 @@ class Authenticator:
         if scheme.lower() != "bearer" or not key:
             raise Unauthorized("The Authorization header must be 'Bearer YOUR_KEY'.")
         if not self._form.match(key):
-            raise Unauthorized(
-                "Incorrect API key provided: it does not have the form of a key of this service."
-            )
+            raise Unauthorized("Incorrect API key provided: it does not have the form of a key of this service.")
         digest = hash_key(key)
         now = time.monotonic()
         cached = self._cache.get(digest)
@@ -69,3 +67,4 @@ class Authenticator:
             self._cache.clear()
         self._cache[digest] = (principal, now + self.cache_seconds)
         return principal
+

@@ -135,16 +135,12 @@ def parse_create(raw: bytes) -> CreateBatch:
                                  code="missing_required_parameter") from None  # fmt: skip
         raise InvalidRequest(f"Invalid request: {text}.", param=param, code="invalid_value") from None
     except msgspec.DecodeError as exc:
-        raise InvalidRequest(
-            f"We could not parse the JSON body of your request ({exc}).", code="invalid_json"
-        ) from None
+        raise InvalidRequest(f"We could not parse the JSON body of your request ({exc}).", code="invalid_json") from None
     if body.endpoint not in ENDPOINTS:
         raise InvalidRequest(f"Unsupported endpoint {body.endpoint!r}: this gateway runs batches of "
                              f"{' and '.join(ENDPOINTS)}.", param="endpoint", code="invalid_value")  # fmt: skip
     if body.completion_window not in WINDOW_SECONDS:
-        raise InvalidRequest(
-            "'completion_window' must be '24h'.", param="completion_window", code="invalid_value"
-        )
+        raise InvalidRequest("'completion_window' must be '24h'.", param="completion_window", code="invalid_value")
     meta = body.metadata or {}
     if len(meta) > 16 or any(len(k) > 64 or len(v) > 512 for k, v in meta.items()):
         raise InvalidRequest("'metadata' holds at most 16 pairs, keys up to 64 and values up to 512 characters.",
@@ -158,14 +154,10 @@ class Batches:
 
     async def create(self, request: Request) -> Response:
         principal, runner = await job_caller(self.gw, request)
-        body = parse_create(
-            await read_json_body(request, 64 * 1024, self.gw.settings.reliability.body_timeout)
-        )
+        body = parse_create(await read_json_body(request, 64 * 1024, self.gw.settings.reliability.body_timeout))
         source = await runner.store.get_file(principal.group_id, body.input_file_id)
         if source is None:
-            raise NotFound(
-                f"No such File object: {body.input_file_id}", param="input_file_id", code="file_not_found"
-            )
+            raise NotFound(f"No such File object: {body.input_file_id}", param="input_file_id", code="file_not_found")
         if source.purpose != "batch":
             raise InvalidRequest(f"The file {source.id} has purpose {source.purpose!r}; a batch's input file is "
                                  "uploaded with purpose 'batch'.", param="input_file_id", code="invalid_value")  # fmt: skip
@@ -180,9 +172,7 @@ class Batches:
     async def list(self, request: Request) -> Response:
         principal, runner = await job_caller(self.gw, request)
         limit = int_param(request, "limit", 20, 1, 100)
-        rows = await runner.store.list_batches(
-            principal.group_id, request.query_params.get("after"), limit + 1
-        )
+        rows = await runner.store.list_batches(principal.group_id, request.query_params.get("after"), limit + 1)
         data = [batch_object(r) for r in rows[:limit]]
         page = BatchList(data, data[0].id if data else None, data[-1].id if data else None, len(rows) > limit)
         return JSONBytes(_encode(page))

@@ -52,9 +52,7 @@ class ModelSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     alias_of: str | None = None
     upstream: str | None = None
     kind: Literal["chat", "reasoning", "search", "code", "image-generation", "image-preview"] = "chat"
-    endpoints: list[Literal["chat", "responses"]] = msgspec.field(
-        default_factory=lambda: ["chat", "responses"]
-    )
+    endpoints: list[Literal["chat", "responses"]] = msgspec.field(default_factory=lambda: ["chat", "responses"])
     image_input: bool = False
     reasoning: bool = False
     context: int = 0
@@ -209,9 +207,7 @@ class Catalog:
 
     def require_endpoint(self, model: Model, model_id: str, endpoint: str) -> None:
         if endpoint not in model.endpoints:
-            serves = ", ".join(
-                f"/v1/{'chat/completions' if e == 'chat' else e}" for e in sorted(model.endpoints)
-            )
+            serves = ", ".join(f"/v1/{'chat/completions' if e == 'chat' else e}" for e in sorted(model.endpoints))
             raise InvalidRequest(
                 f"The model `{model_id}` is a {model.kind} model and does not serve this endpoint"
                 + (f"; it serves {serves}." if serves else "; it serves no endpoint of this gateway."),

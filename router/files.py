@@ -79,9 +79,7 @@ def int_param(request: Request, name: str, default: int, low: int, high: int) ->
     if value is None:
         return default
     if not value.isdigit() or not low <= int(value) <= high:
-        raise InvalidRequest(
-            f"'{name}' must be an integer from {low} to {high}.", param=name, code="invalid_value"
-        )
+        raise InvalidRequest(f"'{name}' must be an integer from {low} to {high}.", param=name, code="invalid_value")
     return int(value)
 
 
@@ -114,9 +112,7 @@ def parse_multipart(body: bytes, boundary: bytes) -> dict[str, Part]:
     parts: dict[str, Part] = {}
     pos = data.find(delimiter)
     if pos < 0:
-        raise InvalidRequest(
-            "The multipart body has no part with the announced boundary.", code="invalid_multipart"
-        )
+        raise InvalidRequest("The multipart body has no part with the announced boundary.", code="invalid_multipart")
     while True:
         pos += len(delimiter)
         if data[pos : pos + 2] == b"--":
@@ -140,9 +136,7 @@ def parse_multipart(body: bytes, boundary: bytes) -> dict[str, Part]:
 
 
 async def read_upload(request: Request, limit: int, seconds: float) -> bytes:
-    too_large = (
-        f"The file is larger than the limit of {limit - MULTIPART_SLACK} bytes ([jobs] max_file_bytes)."
-    )
+    too_large = f"The file is larger than the limit of {limit - MULTIPART_SLACK} bytes ([jobs] max_file_bytes)."
     return await read_body(request, limit, seconds, too_large=too_large, code="file_too_large", what="upload")
 
 
@@ -159,9 +153,7 @@ class Files:
         parts = parse_multipart(await read_upload(request, limit + MULTIPART_SLACK, timeout), boundary)
         purpose = parts.get("purpose")
         if purpose is None:
-            raise InvalidRequest(
-                "Missing required parameter: 'purpose'.", param="purpose", code="missing_required_parameter"
-            )
+            raise InvalidRequest("Missing required parameter: 'purpose'.", param="purpose", code="missing_required_parameter")
         if purpose.data.decode("utf-8", "replace").strip() != "batch":
             raise InvalidRequest("This gateway stores files for the Batch API only: 'purpose' must be 'batch'.",
                                  param="purpose", code="invalid_value")  # fmt: skip

@@ -62,9 +62,7 @@ class ChatPipeline:
     def __init__(self, gateway: Gateway) -> None:
         self.gw = gateway
 
-    def check(
-        self, principal: Principal, req: ChatRequest, endpoint: str = "chat", model_id: str | None = None
-    ) -> Any:
+    def check(self, principal: Principal, req: ChatRequest, endpoint: str = "chat", model_id: str | None = None) -> Any:
         gw = self.gw
         model_id = model_id or req.model
         model = gw.catalog.resolve(model_id)
@@ -79,9 +77,7 @@ class ChatPipeline:
         if principal.allowed_models is not None and not (
             model.id in principal.allowed_models or model_id in principal.allowed_models
         ):
-            raise PermissionDenied(
-                f"This API key is not allowed to use the model `{model_id}`.", param="model"
-            )
+            raise PermissionDenied(f"This API key is not allowed to use the model `{model_id}`.", param="model")
         if req.output_cap is not None and model.max_output and req.output_cap > model.max_output:
             raise InvalidRequest(
                 f"max_tokens is too large: {req.output_cap}. The model `{model_id}` produces at most "
@@ -162,9 +158,7 @@ class ChatPipeline:
 
     def chunks(self, started: Started) -> AsyncGenerator[list[dict[str, Any]], None]:
         shaper = Shaper(started.call, started.completion_id, int(time.time()))
-        return chunks(
-            started.call, started.adapter.stream(started.call), started.response, shaper, started.meter
-        )
+        return chunks(started.call, started.adapter.stream(started.call), started.response, shaper, started.meter)
 
     async def abandon(self, started: Started) -> None:
         """The consumer went away before or while reading: close the upstream, settle (no-op if done)."""

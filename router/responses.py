@@ -57,9 +57,7 @@ class SSE(Response):
 
         watcher = asyncio.create_task(watch())
         try:
-            await send(
-                {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
-            )
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             async for piece in self.stream:
                 await send({"type": "http.response.body", "body": piece, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})

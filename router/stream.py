@@ -169,13 +169,7 @@ async def chunks(
                 pass
             outcome.status = "error"
             outcome.error = f"connection to provider lost: {type(exc).__name__}"
-            out.append(
-                error_chunk(
-                    UpstreamError(
-                        f"The connection to the provider '{call.model.provider}' was lost mid-stream."
-                    )
-                )
-            )
+            out.append(error_chunk(UpstreamError(f"The connection to the provider '{call.model.provider}' was lost mid-stream.")))
         if outcome.status == "ok" and call.include_usage and translator.usage is not None:
             usage = translator.usage_raw if translator.usage_raw is not None else translator.usage.openai()
             out.append(shaper.usage_chunk(usage))

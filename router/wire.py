@@ -137,11 +137,7 @@ def parse_chat_request(body: bytes) -> tuple[dict[str, Any], ChatRequest]:
         raise InvalidRequest("The request body must be a JSON object.", code="invalid_json")
     for required in ("model", "messages"):
         if required not in raw:
-            raise InvalidRequest(
-                f"Missing required parameter: '{required}'.",
-                param=required,
-                code="missing_required_parameter",
-            )
+            raise InvalidRequest(f"Missing required parameter: '{required}'.", param=required, code="missing_required_parameter")
     try:
         request = msgspec.convert(raw, ChatRequest)
     except RecursionError:

@@ -81,9 +81,8 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     settings = Settings(
         store=StoreSettings(url=f"sqlite:///{tmp}/router.db"),
         reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9),
-        jobs=JobsSettings(
-            poll_interval=0.05, concurrency=4, stop_grace=1.0, lease_seconds=3.0, max_file_bytes=64 * 1024
-        ),  # fmt: skip
+        jobs=JobsSettings(poll_interval=0.05, concurrency=4, stop_grace=1.0, lease_seconds=3.0,
+                          max_file_bytes=64 * 1024),  # fmt: skip
     )
     stack = Stack(tmp, settings).start()
     try:
@@ -97,9 +96,7 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 def test_mixed_provider_batch_completes_and_is_billed_as_jobs(jobs: Stack) -> None:
     group = jobs.group(100)
     client = jobs.client(jobs.key(group=group))
-    items = [
-        request(f"req-{n}-{model}", model, f"hello {n}", max_tokens=50) for n in range(2) for model in MIXED
-    ]
+    items = [request(f"req-{n}-{model}", model, f"hello {n}", max_tokens=50) for n in range(2) for model in MIXED]
     created = submit(client, items, metadata={"run": "mixed"})
     assert created.status == "validating" and created.metadata == {"run": "mixed"}
     assert created.expires_at == created.created_at + 24 * 3600
@@ -183,9 +180,7 @@ def test_cancel_a_running_batch(jobs: Stack) -> None:
 def test_credit_exhaustion_fails_the_rest_with_402(jobs: Stack) -> None:
     group = jobs.group(0.0025)  # a few calls of ~0.0006 credits each
     client = jobs.client(jobs.key(group=group))
-    items = [
-        request(f"e{n}", "openai/gpt-4o-mini", f"long {n} [tokens:1000]", max_tokens=1000) for n in range(10)
-    ]
+    items = [request(f"e{n}", "openai/gpt-4o-mini", f"long {n} [tokens:1000]", max_tokens=1000) for n in range(10)]
     batch = wait(client, submit(client, items).id)
     assert batch.status == "completed"
     counts = batch.request_counts
@@ -245,9 +240,7 @@ BAD_LINES: list[tuple[str, list[Any], int, str]] = [
 
 
 @pytest.mark.parametrize("items,line,code", [case[1:] for case in BAD_LINES], ids=[c[0] for c in BAD_LINES])
-def test_validation_fails_the_batch_with_line_numbers(
-    jobs: Stack, items: list[Any], line: int, code: str
-) -> None:
+def test_validation_fails_the_batch_with_line_numbers(jobs: Stack, items: list[Any], line: int, code: str) -> None:
     client = jobs.client()
     batch = wait(client, submit(client, items).id)
     assert batch.status == "failed" and batch.failed_at and batch.in_progress_at is None
@@ -284,9 +277,7 @@ def jobs_pg() -> Iterator[str]:
     try:
         run_sync(pg_admin(ADMIN_URL, f"CREATE DATABASE {database}"))
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-        pytest.fail(
-            f"PostgreSQL is not reachable at {ADMIN_URL} ({exc}); these tests do not skip.", pytrace=False
-        )
+        pytest.fail(f"PostgreSQL is not reachable at {ADMIN_URL} ({exc}); these tests do not skip.", pytrace=False)
     try:
         yield f"{ADMIN_URL.rsplit('/', 1)[0]}/{database}"
     finally:
@@ -337,10 +328,7 @@ async def test_store_files_and_principals(stores: tuple[Store, JobStore]) -> Non
     for n, row in enumerate(rows):
         await store.create_file(row, f"{n}\n\x00".encode())
     assert await store.get_file(group, "file-1") == rows[1] and await store.get_file(other, "file-1") is None
-    assert (
-        await store.file_content(group, "file-2") == b"2\n\x00"
-        and await store.file_content(other, "file-2") is None
-    )
+    assert await store.file_content(group, "file-2") == b"2\n\x00" and await store.file_content(other, "file-2") is None
     assert [f.id for f in await store.list_files(group, None, None, 2, False)] == ["file-2", "file-1"]
     assert [f.id for f in await store.list_files(group, "batch", "file-1", 5, False)] == ["file-0"]
     assert [f.id for f in await store.list_files(group, None, "file-0", 5, True)] == ["file-1", "file-2"]
@@ -348,11 +336,7 @@ async def test_store_files_and_principals(stores: tuple[Store, JobStore]) -> Non
     assert not await store.delete_file(other, "file-0") and await store.delete_file(group, "file-0")
     assert await store.file_content(group, "file-0") is None
     principal = await store.principal_by_id(key)
-    assert principal is not None and (principal.key_id, principal.group_id, principal.group_name) == (
-        key,
-        group,
-        "a",
-    )
+    assert principal is not None and (principal.key_id, principal.group_id, principal.group_name) == (key, group, "a")
     await billing.revoke_key(key)
     assert await store.principal_by_id(key) is None  # a revoked key's job stops with errors
 
@@ -366,10 +350,7 @@ async def test_store_leases_one_runner_per_batch(stores: tuple[Store, JobStore])
     claimed = await store.claim_batch("A", 0.3, [])
     assert claimed is not None and claimed.id == batch.id and claimed.lease_owner == "A"
     assert await store.claim_batch("B", 0.3, []) is None  # held
-    assert (
-        await store.renew(batch.id, "B", 0.3) is None
-        and await store.renew(batch.id, "A", 0.3) == "validating"
-    )
+    assert await store.renew(batch.id, "B", 0.3) is None and await store.renew(batch.id, "A", 0.3) == "validating"
     await asyncio.sleep(0.5)  # A went silent: its lease runs out
     taken = await store.claim_batch("B", 30, [])
     assert taken is not None and taken.lease_owner == "B"
@@ -415,12 +396,7 @@ async def test_store_lines_run_at_most_once(stores: tuple[Store, JobStore]) -> N
     assert not await store.finalize(batch.id, "B", final)  # not the holder
     assert await store.finalize(batch.id, "A", final)
     done = await store.get_batch(None, batch.id)
-    assert (
-        done is not None
-        and done.status == "completed"
-        and done.completed_at == 10
-        and done.lease_owner is None
-    )
+    assert done is not None and done.status == "completed" and done.completed_at == 10 and done.lease_owner is None
     assert done.output_file_id == "file-out" and done.error_file_id is None and done.finalizing_at == 9
     assert await store.file_content(group, "file-out") == b"o\n" and await store.line_states(batch.id) == []
     assert await store.claim_batch("A", 30, []) is None  # nothing open
@@ -507,11 +483,7 @@ class Emulators:
             self.running.append((prefix, f"http://127.0.0.1:{port}{root}", key, runner))
 
     def count(self, marker: str) -> Counter[str]:
-        return Counter(
-            m
-            for body in list(self.bodies)
-            for m in re.findall(rf"{marker}-\d+", body.decode("utf-8", "replace"))
-        )
+        return Counter(m for body in list(self.bodies) for m in re.findall(rf"{marker}-\d+", body.decode("utf-8", "replace")))
 
     def stop(self) -> None:
         async def _stop() -> None:
@@ -542,7 +514,7 @@ def test_killed_mid_job_resumes_and_runs_each_line_at_most_once(tmp_path: Path) 
                             for prefix, url, key, _ in emulators.running)  # fmt: skip
         config.write_text(
             f'[store]\nurl = "sqlite:///{tmp_path}/router.db"\n[reliability]\nmax_retries = 0\n'
-            f'[jobs]\npoll_interval = 0.05\nconcurrency = 2\n[observability]\nlog_format = "none"\n{providers}'
+            f"[jobs]\npoll_interval = 0.05\nconcurrency = 2\n[observability]\nlog_format = \"none\"\n{providers}"
         )
         _cli(config, "groups", "create", "restart", "--credits", "100")
         key = _cli(config, "keys", "create", "--group", "restart").strip().splitlines()[-1]

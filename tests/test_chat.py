@@ -29,10 +29,7 @@ def test_stream_order(client: openai.OpenAI, model: str, include_usage: bool) ->
     kwargs = {"stream_options": {"include_usage": True}} if include_usage else {}
     chunks = list(
         client.chat.completions.create(
-            model=model,
-            messages=[{"role": "user", "content": "Say something [tokens:5]"}],
-            stream=True,
-            **kwargs,
+            model=model, messages=[{"role": "user", "content": "Say something [tokens:5]"}], stream=True, **kwargs
         )
     )
     assert len({c.id for c in chunks}) == 1
@@ -155,16 +152,12 @@ def test_reasoning_is_exposed_separately(client: openai.OpenAI) -> None:
     message = out.choices[0].message
     assert message.reasoning_content == "Let me think."  # type: ignore[attr-defined]
     assert "think" not in (message.content or "")
-    out = client.chat.completions.create(
-        model="mistral/magistral-medium-latest", messages=[{"role": "user", "content": "hi"}]
-    )
+    out = client.chat.completions.create(model="mistral/magistral-medium-latest", messages=[{"role": "user", "content": "hi"}])
     assert out.choices[0].message.reasoning_content == "Let me think."  # type: ignore[attr-defined]
     assert isinstance(out.choices[0].message.content, str)
     chunks = list(client.chat.completions.create(model="mistral/magistral-medium-latest",
                                                  messages=[{"role": "user", "content": "hi"}], stream=True))  # fmt: skip
-    reasoning = "".join(
-        getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks if c.choices
-    )
+    reasoning = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks if c.choices)
     content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert reasoning == "Let me think." and "think" not in content
 
@@ -176,9 +169,7 @@ async def test_async_client_stream(stack: Stack) -> None:
     )
     text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
     assert len(text.split()) == 3
-    out = await client.chat.completions.create(
-        model="upstage/solar-pro4", messages=[{"role": "user", "content": "hi"}]
-    )
+    out = await client.chat.completions.create(model="upstage/solar-pro4", messages=[{"role": "user", "content": "hi"}])
     assert out.model == "upstage/solar-pro4"
     await client.close()
 
@@ -192,9 +183,7 @@ def test_answer_shape_does_not_tell_the_provider(stack: Stack) -> None:
     for model in ("openai/gpt-4o-mini", "anthropic/claude-haiku-4-5", "google/gemini-2.5-flash",
                   "upstage/solar-mini", "mistral/mistral-small-latest"):  # fmt: skip
         for stream in (False, True):
-            body = json.dumps(
-                {"model": model, "stream": stream, "messages": [{"role": "user", "content": "hi [tokens:2]"}]}
-            )
+            body = json.dumps({"model": model, "stream": stream, "messages": [{"role": "user", "content": "hi [tokens:2]"}]})
             r = raw_request(stack, "POST", "/v1/chat/completions", body.encode(),
                             {"Authorization": f"Bearer {key}", "Content-Type": "application/json"})  # fmt: skip
             if stream:

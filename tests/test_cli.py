@@ -45,29 +45,16 @@ def test_groups_and_keys_lifecycle(tmp_path) -> None:
 def test_cli_and_gateway_share_the_store(stack: Stack, tmp_path) -> None:
     config = tmp_path / "router.toml"
     config.write_text(f'[store]\nurl = "{stack.settings.store.url}"\n')
-    assert (
-        router(
-            "--config", str(config), "groups", "create", "shared", "--credits", "5", cwd=str(tmp_path)
-        ).returncode
-        == 0
-    )
+    assert router("--config", str(config), "groups", "create", "shared", "--credits", "5", cwd=str(tmp_path)).returncode == 0
     created = router("--config", str(config), "keys", "create", "--group", "shared", cwd=str(tmp_path))
     key = created.stdout.strip().splitlines()[-1]
     client = stack.client(key)
-    assert client.chat.completions.create(
-        model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "hi"}]
-    ).choices
-    key_id = (
-        router("--config", str(config), "keys", "list", "--group", "shared", cwd=str(tmp_path))
-        .stdout.splitlines()[-1]
-        .split()[0]
-    )
+    assert client.chat.completions.create(model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "hi"}]).choices
+    key_id = router("--config", str(config), "keys", "list", "--group", "shared", cwd=str(tmp_path)).stdout.splitlines()[-1].split()[0]
     router("--config", str(config), "keys", "revoke", key_id, cwd=str(tmp_path))
     stack.gateway.auth.forget()  # or wait auth_cache_seconds
     try:
-        client.chat.completions.create(
-            model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "hi"}]
-        )
+        client.chat.completions.create(model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "hi"}])
         raise AssertionError("revoked key was accepted")
     except openai.AuthenticationError:
         pass

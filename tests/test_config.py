@@ -19,9 +19,7 @@ def test_defaults_without_a_file(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_file_and_environment(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "router.toml"
-    path.write_text(
-        '[server]\nport = 9000\n[providers.mistral]\nbase_url = "http://m.local/v1"\napi_key = "file-key"\n'
-    )
+    path.write_text('[server]\nport = 9000\n[providers.mistral]\nbase_url = "http://m.local/v1"\napi_key = "file-key"\n')
     monkeypatch.setenv("ROUTER_CONFIG", str(path))
     monkeypatch.setenv("OPENAI_API_KEY", "env-key")
     monkeypatch.setenv("ROUTER_UPSTAGE_BASE_URL", "http://u.local/v1/")

@@ -17,12 +17,7 @@ MODELS = [
     "upstage/solar-mini",
     "mistral/mistral-small-latest",
 ]
-IMAGE_MODELS = {
-    "openai/gpt-5-mini",
-    "anthropic/claude-haiku-4-5",
-    "google/gemini-2.5-flash",
-    "mistral/mistral-small-latest",
-}
+IMAGE_MODELS = {"openai/gpt-5-mini", "anthropic/claude-haiku-4-5", "google/gemini-2.5-flash", "mistral/mistral-small-latest"}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]  # fmt: skip
 PNG = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
@@ -141,8 +136,7 @@ def test_korean_split_inside_characters(client: openai.OpenAI, model: str) -> No
 
 
 @pytest.mark.parametrize(
-    ("fault", "status"),
-    [("[fault:429]", 429), ("[fault:500]", 502), ("[fault:503]", 503), ("[fault:529]", 503)],
+    ("fault", "status"), [("[fault:429]", 429), ("[fault:500]", 502), ("[fault:503]", 503), ("[fault:529]", 503)]
 )
 def test_upstream_errors(client: openai.OpenAI, model: str, fault: str, status: int) -> None:
     with pytest.raises(openai.APIStatusError) as info:

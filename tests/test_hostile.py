@@ -22,12 +22,7 @@ def _post(stack: Stack, body: bytes, key: str) -> tuple[int, dict]:
 
 def test_deeply_nested_json(stack: Stack) -> None:
     key = stack.key()
-    deep = (
-        b'{"model":"openai/gpt-4o-mini","messages":[{"role":"user","content":"x"}],"metadata":'
-        + b"[" * 200_000
-        + b"]" * 200_000
-        + b"}"
-    )
+    deep = b'{"model":"openai/gpt-4o-mini","messages":[{"role":"user","content":"x"}],"metadata":' + b"[" * 200_000 + b"]" * 200_000 + b"}"
     status, body = _post(stack, deep, key)
     assert status == 400 and body["error"]["code"] == "invalid_json"
     status, body = _post(stack, b"[" * 100_000, key)
@@ -35,11 +30,7 @@ def test_deeply_nested_json(stack: Stack) -> None:
 
 
 def test_invalid_utf8(stack: Stack) -> None:
-    status, body = _post(
-        stack,
-        b'{"model":"openai/gpt-4o-mini","messages":[{"role":"user","content":"\xff\xfe"}]}',
-        stack.key(),
-    )
+    status, body = _post(stack, b'{"model":"openai/gpt-4o-mini","messages":[{"role":"user","content":"\xff\xfe"}]}', stack.key())
     assert status == 400 and body["error"]["code"] == "invalid_json"
 
 
@@ -64,9 +55,7 @@ def test_thousands_of_messages(stack: Stack, client: openai.OpenAI) -> None:
     out = client.chat.completions.create(model="openai/gpt-4o-mini", messages=many)
     assert out.usage is not None and out.usage.prompt_tokens > 8000
     too_many = many * 6
-    status, body = _post(
-        stack, json.dumps({"model": "openai/gpt-4o-mini", "messages": too_many}).encode(), stack.key()
-    )
+    status, body = _post(stack, json.dumps({"model": "openai/gpt-4o-mini", "messages": too_many}).encode(), stack.key())
     assert status == 400 and body["error"]["param"] == "messages"
 
 

@@ -28,12 +28,7 @@ def test_model_entry_carries_our_fields(stack: Stack) -> None:
     assert r.status == 200
     entry = next(m for m in r.json()["data"] if m["id"] == "openai/gpt-4o-mini")
     assert entry["alias_of"] == "openai/gpt-4o-mini-2024-07-18"
-    assert entry["pricing"] == {
-        "input": "0.15",
-        "output": "0.6",
-        "cached_input": "0.075",
-        "unit": "credits per 1M tokens",
-    }
+    assert entry["pricing"] == {"input": "0.15", "output": "0.6", "cached_input": "0.075", "unit": "credits per 1M tokens"}
     assert entry["context_length"] == 128000 and entry["image_input"] is False
     assert entry["endpoints"] == ["chat", "responses"]
 
@@ -65,9 +60,7 @@ def test_catalog_rejects_bad_entries(tmp_path) -> None:
 
 def test_operator_catalog_adds_a_model(tmp_path) -> None:
     extra = tmp_path / "extra.toml"
-    extra.write_text(
-        '[[models]]\nid = "mistral/ministral-8b-2410"\nprice = { input = "0.1", output = "0.1" }\n'
-    )
+    extra.write_text('[[models]]\nid = "mistral/ministral-8b-2410"\nprice = { input = "0.1", output = "0.1" }\n')
     catalog = Catalog.load(extra)
     assert catalog.resolve("mistral/ministral-8b-2410").upstream == "ministral-8b-2410"
     assert catalog.resolve("openai/gpt-4o").upstream == "gpt-4o-2024-08-06"

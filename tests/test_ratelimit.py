@@ -359,9 +359,7 @@ def shared_pg() -> Iterator[str]:
         run_sync(pg_admin(ADMIN_URL, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
 
 
-def test_two_gateways_share_one_allowance_through_redis(
-    tmp_path: Path, redis_prefix: str, shared_pg: str
-) -> None:
+def test_two_gateways_share_one_allowance_through_redis(tmp_path: Path, redis_prefix: str, shared_pg: str) -> None:
     emulators = Emulators()
     procs: list[subprocess.Popen[bytes]] = []
     logs: list[Any] = []

@@ -29,16 +29,9 @@ def rstack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     (tmp / "extra.toml").write_text(EXTRA)
     settings = Settings(
         store=StoreSettings(url=f"sqlite:///{tmp}/router.db"),
-        reliability=ReliabilitySettings(
-            max_retries=2,
-            backoff_base=0.01,
-            backoff_max=0.05,
-            breaker_threshold=3,
-            breaker_cooldown=0.5,
-            first_byte_timeout=0.5,
-            stream_keepalive=0.2,
-            deadline=5,
-        ),  # fmt: skip
+        reliability=ReliabilitySettings(max_retries=2, backoff_base=0.01, backoff_max=0.05, breaker_threshold=3,
+                                        breaker_cooldown=0.5, first_byte_timeout=0.5, stream_keepalive=0.2,
+                                        deadline=5),  # fmt: skip
     )
     settings.catalog.path = str(tmp / "extra.toml")
     s = Stack(tmp, settings).start()
@@ -58,9 +51,7 @@ def _fresh_breakers(rstack: Stack) -> Iterator[None]:
 
 def _dead(rstack: Stack, prefix: str) -> None:
     good = rstack.gateway.providers[prefix]
-    rstack.gateway.providers[prefix] = ResolvedProvider(
-        prefix, f"http://127.0.0.1:{free_port()}/v1", good.api_key, 1, 5
-    )
+    rstack.gateway.providers[prefix] = ResolvedProvider(prefix, f"http://127.0.0.1:{free_port()}/v1", good.api_key, 1, 5)
 
 
 def _requests_with(rstack: Stack, prefix: str, text: str) -> int:
@@ -71,9 +62,7 @@ def test_retry_until_the_upstream_recovers(rstack: Stack) -> None:
     group = rstack.group(10)
     client = rstack.client(rstack.key(group=group))
     text = f"retry me {time.time()} [flaky:2]"
-    out = client.chat.completions.create(
-        model="openai/gpt-4o-mini", messages=[{"role": "user", "content": text}]
-    )
+    out = client.chat.completions.create(model="openai/gpt-4o-mini", messages=[{"role": "user", "content": text}])
     assert out.choices[0].message.content
     assert _requests_with(rstack, "openai", text) == 3  # two 503s, then success
     [record] = rstack.run(rstack.store.usage(group=group))
@@ -83,9 +72,7 @@ def test_retry_until_the_upstream_recovers(rstack: Stack) -> None:
 def test_retries_are_bounded(rstack: Stack) -> None:
     text = f"always down {time.time()} [flaky:10]"
     with pytest.raises(openai.InternalServerError) as info:
-        rstack.client().chat.completions.create(
-            model="openai/gpt-4o-mini", messages=[{"role": "user", "content": text}]
-        )
+        rstack.client().chat.completions.create(model="openai/gpt-4o-mini", messages=[{"role": "user", "content": text}])
     assert info.value.status_code == 503
     assert _requests_with(rstack, "openai", text) == 3  # 1 + max_retries
 
@@ -145,21 +132,15 @@ def test_circuit_opens_then_probes_back(rstack: Stack) -> None:
     client = rstack.client()
     for _ in range(1):  # 1 call = 3 attempts = 3 consecutive failures: the circuit opens
         with pytest.raises(openai.InternalServerError):
-            client.chat.completions.create(
-                model="upstage/solar-mini", messages=[{"role": "user", "content": "x"}]
-            )
+            client.chat.completions.create(model="upstage/solar-mini", messages=[{"role": "user", "content": "x"}])
     assert rstack.gateway.breakers["upstage"].state == "open"
     began = time.monotonic()
     with pytest.raises(openai.InternalServerError) as info:
-        client.chat.completions.create(
-            model="upstage/solar-mini", messages=[{"role": "user", "content": "x"}]
-        )
+        client.chat.completions.create(model="upstage/solar-mini", messages=[{"role": "user", "content": "x"}])
     assert info.value.code == "circuit_open" and time.monotonic() - began < 0.2  # type: ignore[attr-defined]
     rstack.gateway.providers["upstage"] = good  # the upstream comes back
     time.sleep(0.55)  # cool-down over: the next call is the probe
-    assert client.chat.completions.create(
-        model="upstage/solar-mini", messages=[{"role": "user", "content": "x"}]
-    )
+    assert client.chat.completions.create(model="upstage/solar-mini", messages=[{"role": "user", "content": "x"}])
     assert rstack.gateway.breakers["upstage"].state == "closed"
 
 
@@ -213,6 +194,7 @@ def test_backoff_and_breaker_units() -> None:
     assert not b.allow(now=11)  # one probe at a time
     b.success()
     assert b.allow(now=12) and b.state == "closed"
+
 
 
 def test_native_responses_are_retried_too(rstack: Stack) -> None:

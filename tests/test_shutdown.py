@@ -67,3 +67,4 @@ def test_sigterm_lets_open_streams_finish_and_bills_them(stack: Stack, tmp_path:
     assert usage.count(" ok ") == 5 and "interrupted" not in usage
     shown = _cli(config, "groups", "show", "drain")
     assert "reserved  0 credits" in shown and "spent     0 credits" not in shown
+
