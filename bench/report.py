@@ -66,7 +66,9 @@ def _clients(results: dict[str, Any]) -> list[int]:
 
 
 def derive(results: dict[str, Any]) -> None:
-    """Adds ``ratios`` and ``budget`` (design §9) to the results."""
+    """Adds ``ratios``, ``budget`` (design §9) and ``labels`` (the targets in order, for bench/plot.py)
+    to the results."""
+    results["labels"] = {n: LABELS[n] for n in NAMES}
     ratios = []
     for stream in (False, True):
         for clients in _clients(results):
