@@ -61,39 +61,42 @@ def _fields(record: logging.LogRecord) -> dict[str, Any]:
     return out
 
 
-class JsonFormatter(logging.Formatter):
+class _LineFormatter(logging.Formatter):
+    """A record (or an access line put on the queue by :func:`access`) as one line: :meth:`line`."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        exc = self.formatException(record.exc_info) if record.exc_info else None
+        return self.line(record.created, record.levelname, record.name, record.getMessage(), _fields(record), exc)
+
+    def format_access(self, created: float, fields: dict[str, Any]) -> str:
+        return self.line(created, "INFO", ACCESS.name, "request", fields)
+
+    def line(self, created: float, level: str, logger: str, msg: str, fields: dict[str, Any],
+             exc: str | None = None) -> str:  # fmt: skip
+        raise NotImplementedError
+
+
+class JsonFormatter(_LineFormatter):
     """One JSON object per record: ts, level, logger, msg, then the record's fields."""
 
-    def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {
-            "ts": _timestamp(record.created),
-            "level": record.levelname,
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        out.update(_fields(record))
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
+    def line(self, created: float, level: str, logger: str, msg: str, fields: dict[str, Any],
+             exc: str | None = None) -> str:  # fmt: skip
+        out: dict[str, Any] = {"ts": _timestamp(created), "level": level, "logger": logger, "msg": msg}
+        out.update(fields)
+        if exc:
+            out["exc"] = exc
         return _encode(out).decode()
 
-    def format_access(self, created: float, fields: dict[str, Any]) -> str:
-        return _encode(
-            {"ts": _timestamp(created), "level": "INFO", "logger": ACCESS.name, "msg": "request", **fields}
-        ).decode()
 
-
-class TextFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        head = f"{_timestamp(record.created)} {record.levelname} {record.name}: {record.getMessage()}"
-        fields = " ".join(f"{k}={v}" for k, v in _fields(record).items() if v is not None)
-        text = f"{head} {fields}" if fields else head
-        if record.exc_info:
-            text += "\n" + self.formatException(record.exc_info)
-        return text
-
-    def format_access(self, created: float, fields: dict[str, Any]) -> str:
+class TextFormatter(_LineFormatter):
+    def line(self, created: float, level: str, logger: str, msg: str, fields: dict[str, Any],
+             exc: str | None = None) -> str:  # fmt: skip
+        head = f"{_timestamp(created)} {level} {logger}: {msg}"
         rest = " ".join(f"{k}={v}" for k, v in fields.items() if v is not None)
-        return f"{_timestamp(created)} INFO {ACCESS.name}: request {rest}"
+        text = f"{head} {rest}" if rest else head
+        if exc:
+            text += "\n" + exc
+        return text
 
 
 class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
