@@ -225,23 +225,17 @@ def refused(c: Console, request: Request, message: str, status: int = 403) -> Re
 def action(handler: FormHandler) -> Callable[[Request], Awaitable[Response]]:
     """A form post: a logged-in admin, a same-origin request, an urlencoded body with the CSRF token."""
 
-    async def endpoint(request: Request) -> Response:
-        c = console_of(request)
-        await c.ensure()
-        session = await c.session(request)
-        if session is None or not session.admin:
-            return login_redirect(c, request)
-        request.state.session = session
+    async def checked(c: Console, request: Request) -> Response:
         form = await read_form(request)
         if form is None:
             return refused(c, request, "The form could not be read (expected an urlencoded body).", 400)
-        if not same_origin(request) or not auth.csrf_ok(session, form.get("csrf")):
+        if not same_origin(request) or not auth.csrf_ok(request.state.session, form.get("csrf")):
             return refused(
                 c, request, "The form's security token is missing or wrong: reload the page and try again."
             )
         return await handler(c, request, form)
 
-    return endpoint
+    return page(checked)
 
 
 async def css(request: Request) -> Response:
