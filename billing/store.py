@@ -96,6 +96,17 @@ class UsageRecord:
     id: int = 0
 
 
+def usage_record(row: Any) -> UsageRecord:
+    """A ``usage`` row (``id`` then the columns in design §6 order), from any of the stores."""
+    return UsageRecord(
+        id=row[0], ts=row[1], key_id=row[2], group_id=row[3], model=row[4], provider=row[5], endpoint=row[6],
+        source=row[7], stream=bool(row[8]), prompt_tokens=row[9], completion_tokens=row[10], cached_tokens=row[11],
+        cache_write_tokens=row[12], reasoning_tokens=row[13], credits=row[14], status=row[15],
+        usage_exact=bool(row[16]), latency_ms=row[17], ttft_ms=row[18], upstream_request_id=row[19],
+        request_id=row[20], error=row[21],
+    )  # fmt: skip
+
+
 @dataclass(frozen=True, slots=True)
 class Reservation:
     id: int

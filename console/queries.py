@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from billing.store import Store, StoreError, UsageRecord
+from billing.store import Store, StoreError, UsageRecord, usage_record
 
 SKEW = 600.0  # seconds of timestamp disorder tolerated between ids
 CHUNK = 50_000  # SQLite: ids per aggregate window
@@ -81,31 +81,6 @@ class ModelRow:
     errors: int
 
 
-def record_of(row: Sequence[Any]) -> UsageRecord:
-    return UsageRecord(
-        id=row[0],
-        ts=row[1],
-        key_id=row[2],
-        group_id=row[3],
-        model=row[4],
-        provider=row[5],
-        endpoint=row[6],
-        source=row[7],
-        stream=bool(row[8]),
-        prompt_tokens=row[9],
-        completion_tokens=row[10],
-        cached_tokens=row[11],
-        cache_write_tokens=row[12],
-        reasoning_tokens=row[13],
-        credits=row[14],
-        status=row[15],
-        usage_exact=bool(row[16]),
-        latency_ms=row[17],
-        ttft_ms=row[18],
-        upstream_request_id=row[19],
-        request_id=row[20],
-        error=row[21],
-    )
 
 
 class Queries:
@@ -231,13 +206,13 @@ class Queries:
             rows = list(reversed(await self.fetch(sql, (*args, after, limit + 1))))
             more_newer = len(rows) > limit
             rows = rows[-limit:] if more_newer else rows
-            page = [record_of(r) for r in rows]
+            page = [usage_record(r) for r in rows]
             older = page[-1].id if page and await self._exists(base, args, "id < ?", page[-1].id) else None
             return Page(page, older, page[0].id if more_newer else None)
         sql = f"SELECT {USAGE_COLS} {base}" + (" AND id < ?" if before is not None else "")
         sql += " ORDER BY id DESC LIMIT ?"
         rows = await self.fetch(sql, (*args, *([before] if before is not None else []), limit + 1))
-        page = [record_of(r) for r in rows[:limit]]
+        page = [usage_record(r) for r in rows[:limit]]
         older = page[-1].id if len(rows) > limit else None
         newer = None
         if before is not None and page and await self._exists(base, args, "id > ?", page[0].id):
@@ -263,7 +238,7 @@ class Queries:
             )
             if not rows:
                 return
-            yield [record_of(r) for r in rows]
+            yield [usage_record(r) for r in rows]
             sent += len(rows)
             if len(rows) < take or sent >= max_rows:
                 return
