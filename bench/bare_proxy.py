@@ -59,10 +59,7 @@ def create_app(upstream: str, key: str) -> Starlette:
         finally:
             await session["s"].close()
 
-    routes = [
-        Route("/v1/chat/completions", chat, methods=["POST"]),
-        Route("/healthz", health, methods=["GET"]),
-    ]
+    routes = [Route("/v1/chat/completions", chat, methods=["POST"]), Route("/healthz", health, methods=["GET"])]
     return Starlette(routes=routes, lifespan=lifespan)
 
 

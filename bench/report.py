@@ -28,35 +28,24 @@ def fmt_rps(run: dict[str, Any]) -> str:
     if "failed" in run:
         return f"failed: {run['failed']}"
     lat = run.get("latency_ms", {})
-    text = (
-        f"{run.get('rps', 0):>8.1f} req/s  p50 {lat.get('p50', 0):>7.1f} ms  p99 {lat.get('p99', 0):>7.1f} ms"
-    )
+    text = f"{run.get('rps', 0):>8.1f} req/s  p50 {lat.get('p50', 0):>7.1f} ms  p99 {lat.get('p99', 0):>7.1f} ms"
     if run.get("errors"):
         text += f"  errors {run['errors']} {run.get('error_kinds')}"
     return text
 
 
 def legend(procs: list[Proc]) -> str:
-    lines = [
-        "processes (all on 127.0.0.1, sharing the machine's CPUs with each other and the load generator):"
-    ]
+    lines = ["processes (all on 127.0.0.1, sharing the machine's CPUs with each other and the load generator):"]
     for p in sorted(procs, key=lambda p: _order(p.name)):
         lines.append(f"  {p.name:<10} pid {p.pid:<7} {p.role}")
-    lines.append(
-        "  load gen   one process per measurement: python -m bench.load (aiohttp + uvloop, one session);"
-    )
+    lines.append("  load gen   one process per measurement: python -m bench.load (aiohttp + uvloop, one session);")
     lines.append("             the harness itself only waits while it runs")
     return "\n".join(lines)
 
 
 def _run(results: dict[str, Any], target: str, stream: bool, clients: int) -> dict[str, Any] | None:
     for run in results.get("throughput") or []:
-        if (
-            run["target"] == target
-            and run["stream"] == stream
-            and run["clients"] == clients
-            and "failed" not in run
-        ):
+        if run["target"] == target and run["stream"] == stream and run["clients"] == clients and "failed" not in run:
             return dict(run)
     return None
 
@@ -94,10 +83,7 @@ def derive(results: dict[str, Any]) -> None:
                        "unit": "ms", "pass": None if value is None else value <= limit})  # fmt: skip
     for row in ratios:
         mode = "stream" if row["stream"] else "non-stream"
-        for key, limit, what in (
-            ("gateway_over_litellm", 25.0, ">= 25x LiteLLM"),
-            ("gateway_over_bare", 0.8, ">= 80% of bare proxy"),
-        ):
+        for key, limit, what in (("gateway_over_litellm", 25.0, ">= 25x LiteLLM"), ("gateway_over_bare", 0.8, ">= 80% of bare proxy")):
             value = row.get(key)
             budget.append({"check": f"throughput {what} ({mode}, {row['clients']} clients)", "value": value,
                            "unit": "x", "pass": None if value is None else value >= limit})  # fmt: skip
@@ -188,9 +174,7 @@ def render(results: dict[str, Any]) -> str:
                     cells.append(f"{run.get('rps', 0):>15.1f}{mark:<2}")
                     lm = run.get("latency_ms", {})
                     lats.append(f"{lm.get('p50', 0):>8.1f} /{lm.get('p99', 0):>7.1f}")
-                ratio = next(
-                    (r for r in results.get("ratios", []) if r["stream"] == stream and r["clients"] == c), {}
-                )
+                ratio = next((r for r in results.get("ratios", []) if r["stream"] == stream and r["clients"] == c), {})
                 mode = "stream" if stream else "non-stream"
                 out.append(f"  {mode:<11}{c:>7}{''.join(cells)}{_ratio(ratio.get('gateway_over_litellm'), 12)}"
                            f"{_pct(ratio.get('gateway_over_bare'), 9)}")  # fmt: skip
@@ -206,25 +190,16 @@ def render(results: dict[str, Any]) -> str:
             cells = []
             for n in present:
                 t = (_run(results, n, True, c) or {}).get("ttft_ms", {}).get("p50")
-                text = (
-                    "-"
-                    if t is None
-                    else f"{t:.1f}" + ("" if base is None or n == "direct" else f" ({t - base:+.1f})")
-                )
+                text = "-" if t is None else f"{t:.1f}" + ("" if base is None or n == "direct" else f" ({t - base:+.1f})")
                 cells.append(f"{text:>17}")
             out.append(f"  {c:>7}{''.join(cells)}")
 
         out.append("")
-        out.append(
-            "CPU time per request of the server process, us, over the window (less sensitive to noise than req/s)"
-        )
+        out.append("CPU time per request of the server process, us, over the window (less sensitive to noise than req/s)")
         out.append(f"  {'mode':<11}{'clients':>7}{head}")
         for stream in (False, True):
             for c in clients:
-                cells = [
-                    _cell((_run(results, n, stream, c) or {}).get("server_cpu_us_per_req"), 17, 0)
-                    for n in present
-                ]
+                cells = [_cell((_run(results, n, stream, c) or {}).get("server_cpu_us_per_req"), 17, 0) for n in present]
                 out.append(f"  {'stream' if stream else 'non-stream':<11}{c:>7}{''.join(cells)}")
 
         warnings = []
@@ -236,9 +211,7 @@ def render(results: dict[str, Any]) -> str:
             if run.get("errors"):
                 warnings.append(f"{label}: {run['errors']} failed requests {run.get('error_kinds')}")
             if run.get("requests", 0) < FEW_SAMPLES:
-                warnings.append(
-                    f"{label}: only {run.get('requests', 0)} requests in the window: a rough figure"
-                )
+                warnings.append(f"{label}: only {run.get('requests', 0)} requests in the window: a rough figure")
             if (run.get("loadgen_cpu_share") or 0) >= LOADGEN_BUSY:
                 warnings.append(f"{label}: load generator used {run['loadgen_cpu_share']:.0%} of a CPU: "
                                 "it may be the bottleneck; the figure is a floor")  # fmt: skip

@@ -63,19 +63,13 @@ class Plan:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m bench", description="Gateway vs bare proxy vs LiteLLM, side by side."
-    )
-    p.add_argument(
-        "--quick", action="store_true", help="short run (about a minute): same figures, fewer samples"
-    )
+    p = argparse.ArgumentParser(prog="python -m bench", description="Gateway vs bare proxy vs LiteLLM, side by side.")
+    p.add_argument("--quick", action="store_true", help="short run (about a minute): same figures, fewer samples")
     p.add_argument("--no-litellm", action="store_true", help="leave LiteLLM out (no side venv install)")
     p.add_argument("--litellm-version", default=benchvenv.LITELLM_VERSION)
     p.add_argument("--clients", default="32,256", help="concurrency levels for throughput, comma-separated")
     p.add_argument("--duration", type=float, help="seconds measured per throughput run (default 8, quick 1)")
-    p.add_argument(
-        "--latency-seconds", type=float, help="seconds of the 1-client phase (default 40, quick 5)"
-    )
+    p.add_argument("--latency-seconds", type=float, help="seconds of the 1-client phase (default 40, quick 5)")
     p.add_argument("--tokens", type=int, default=12, help="answer length asked of the emulator (default 12)")
     p.add_argument("--no-extras", action="store_true", help="skip the ledger and the concurrent-streams runs")
     p.add_argument("--no-alt", action="store_true",
@@ -105,9 +99,7 @@ def load(mode: str, specs: list[str], extra: list[str], timeout: float) -> dict[
         log.write(f"$ {shlex.join(argv)}\n")
         log.flush()
         try:
-            done = subprocess.run(
-                argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True, timeout=timeout, check=False
-            )
+            done = subprocess.run(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True, timeout=timeout, check=False)
         except subprocess.TimeoutExpired:
             return {"failed": f"load generator timed out after {timeout:.0f}s"}
     if done.returncode != 0:
@@ -119,9 +111,7 @@ def measure_latency(targets: list[Target], plan: Plan) -> dict[str, Any]:
     warmup = min(2.0, plan.latency_seconds / 4)
     extra = ["-d", str(plan.latency_seconds), "--round", str(plan.round_seconds), "-w", str(warmup),
              "--tokens", str(plan.tokens)]  # fmt: skip
-    say(
-        f"  1 client, {len(targets)} targets x (non-stream, stream), interleaved for {plan.latency_seconds:.0f}s"
-    )
+    say(f"  1 client, {len(targets)} targets x (non-stream, stream), interleaved for {plan.latency_seconds:.0f}s")
     result = load("latency", [t.spec() for t in targets], extra, plan.latency_seconds * 2 + 60)
     if "failed" in result:
         return result
@@ -131,16 +121,12 @@ def measure_latency(targets: list[Target], plan: Plan) -> dict[str, Any]:
             base = direct.get(mode, {})
             if name == "direct" or "latency_ms" not in entry or "latency_ms" not in base:
                 continue
-            entry["added_ms"] = {
-                p: round(entry["latency_ms"][p] - base["latency_ms"][p], 3) for p in ("p50", "p99")
-            }
+            entry["added_ms"] = {p: round(entry["latency_ms"][p] - base["latency_ms"][p], 3) for p in ("p50", "p99")}
             paired = [a - b for a, b in zip(entry["round_p50_ms"], base["round_p50_ms"], strict=False)]
             if paired:
                 entry["added_p50_ms_median_of_rounds"] = round(sorted(paired)[len(paired) // 2], 3)
             if "ttft_ms" in entry and "ttft_ms" in base:
-                entry["ttft_added_ms"] = {
-                    p: round(entry["ttft_ms"][p] - base["ttft_ms"][p], 3) for p in ("p50", "p99")
-                }
+                entry["ttft_added_ms"] = {p: round(entry["ttft_ms"][p] - base["ttft_ms"][p], 3) for p in ("p50", "p99")}
     return result
 
 
@@ -154,9 +140,7 @@ def settle(procs: list[Proc], idle_share: float = 0.15, limit: float = 5.0) -> N
             return
 
 
-def measure_throughput(
-    targets: list[Target], emulator: Proc, plan: Plan, dead: dict[str, str]
-) -> list[dict[str, Any]]:
+def measure_throughput(targets: list[Target], emulator: Proc, plan: Plan, dead: dict[str, str]) -> list[dict[str, Any]]:
     procs = list({t.proc.pid: t.proc for t in targets}.values())
     runs: list[dict[str, Any]] = []
     for stream in (False, True):
@@ -165,9 +149,7 @@ def measure_throughput(
                 if target.name in dead or stream not in target.modes:
                     continue
                 if not target.proc.alive():
-                    dead[target.name] = (
-                        f"process exited with code {target.proc.popen.returncode} during the run"
-                    )
+                    dead[target.name] = f"process exited with code {target.proc.popen.returncode} during the run"
                     continue
                 extra = ["-c", str(clients), "-d", str(plan.duration), "-w", str(plan.warmup),
                          "--warmup-max", str(plan.warmup_max), "--grace", str(plan.grace),
@@ -237,27 +219,19 @@ def main(argv: list[str] | None = None) -> int:
     for old in RESULTS.glob("*.log"):
         old.unlink()
     signal.signal(signal.SIGTERM, _raise_interrupt)
-    signal.signal(
-        signal.SIGINT, _raise_interrupt
-    )  # also when started with SIGINT ignored (e.g. in the background)
+    signal.signal(signal.SIGINT, _raise_interrupt)  # also when started with SIGINT ignored (e.g. in the background)
     began = time.time()
     results: dict[str, Any] = {
-        "command": shlex.join(
-            [os.path.relpath(sys.executable, ROOT), "-m", "bench", *(sys.argv[1:] if argv is None else argv)]
-        ),
+        "command": shlex.join([os.path.relpath(sys.executable, ROOT), "-m", "bench", *(sys.argv[1:] if argv is None else argv)]),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(began)),
         "plan": plan.__dict__,
         "machine": machine_info(),
         "unavailable": {},
     }
     unavailable: dict[str, str] = results["unavailable"]
-    say(
-        f"bench: {'quick' if args.quick else 'default'} run; logs and results in {RESULTS.relative_to(ROOT)}/"
-    )
+    say(f"bench: {'quick' if args.quick else 'default'} run; logs and results in {RESULTS.relative_to(ROOT)}/")
 
-    bench_venv = benchvenv.ensure(
-        ROOT, args.litellm_version, RESULTS / "bench-venv-install.log", not args.no_litellm
-    )
+    bench_venv = benchvenv.ensure(ROOT, args.litellm_version, RESULTS / "bench-venv-install.log", not args.no_litellm)
     if bench_venv.litellm_problem:
         unavailable["litellm"] = bench_venv.litellm_problem
         say(f"  LiteLLM left out: {bench_venv.litellm_problem}")
@@ -269,21 +243,11 @@ def main(argv: list[str] | None = None) -> int:
     pg_name = f"router_bench_{os.getpid()}"
     interrupted = False
     try:
-        say(
-            "starting the emulators, then the gateway, the bare proxy"
-            + (" and LiteLLM" if bench_venv.litellm_version else "")
-        )
+        say("starting the emulators, then the gateway, the bare proxy" + (" and LiteLLM" if bench_venv.litellm_version else ""))
         emulator, emulators = start_emulators(RESULTS)
         procs.append(emulator)
         base_url, upstream_key = emulators["openai"]
-        direct = Target(
-            "direct",
-            "emulator direct",
-            emulator,
-            f"{base_url}/chat/completions",
-            upstream_key,
-            UPSTREAM_MODEL,
-        )
+        direct = Target("direct", "emulator direct", emulator, f"{base_url}/chat/completions", upstream_key, UPSTREAM_MODEL)
         starting: list[Target] = []
         try:  # LiteLLM first: it takes the longest to boot
             if bench_venv.litellm_version:

@@ -62,9 +62,7 @@ def _cli(args: list[str], log: Path) -> str:
     with open(log, "a") as out:
         out.write(f"$ router {' '.join(args)}\n{done.stdout}{done.stderr}\n")
     if done.returncode != 0:
-        raise StartError(
-            f"router {' '.join(args[:4])} failed ({done.returncode}): {done.stderr.strip() or done.stdout.strip()}"
-        )
+        raise StartError(f"router {' '.join(args[:4])} failed ({done.returncode}): {done.stderr.strip() or done.stdout.strip()}")
     return done.stdout
 
 
@@ -102,12 +100,7 @@ def start_gateway(logs: Path, tmp: Path, emulators: dict[str, tuple[str, str]], 
              "group_tpm = 100000000000",
              *([f"redis_url = {json.dumps(redis_url)}", f'redis_prefix = "bench-{port}:"'] if redis_url else []), ""]  # fmt: skip
     for prefix, (base_url, key) in sorted(emulators.items()):
-        lines += [
-            f"[providers.{prefix}]",
-            f"base_url = {json.dumps(base_url)}",
-            f"api_key = {json.dumps(key)}",
-            "",
-        ]
+        lines += [f"[providers.{prefix}]", f"base_url = {json.dumps(base_url)}", f"api_key = {json.dumps(key)}", ""]
     config.write_text("\n".join(lines))
     cli_log = logs / f"{name}-setup.log"
     cli_log.write_text("")
@@ -197,22 +190,10 @@ def start_litellm(logs: Path, tmp: Path, litellm: Path, upstream: str, upstream_
     env.update(LITELLM_LOCAL_MODEL_COST_MAP="True", LITELLM_LOG="ERROR", LITELLM_TELEMETRY="False",
                DISABLE_ADMIN_UI="True", NO_DOCS="True", PYTHONUNBUFFERED="1")  # fmt: skip
     env.pop("DATABASE_URL", None)
-    argv = [
-        str(litellm),
-        "--config",
-        str(config),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--num_workers",
-        "1",
-    ]
+    argv = [str(litellm), "--config", str(config), "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"]
     proc = start("litellm", "LiteLLM proxy (uvicorn, 1 worker, no database)", argv, logs / "litellm.log",
                  env=env, cwd=tmp)  # fmt: skip
-    return Target(
-        "litellm", "litellm", proc, f"http://127.0.0.1:{port}/v1/chat/completions", master, GATEWAY_MODEL
-    )
+    return Target("litellm", "litellm", proc, f"http://127.0.0.1:{port}/v1/chat/completions", master, GATEWAY_MODEL)
 
 
 def health_url(target: Target) -> str:
@@ -229,20 +210,14 @@ def smoke(target: Target) -> dict[bool, str]:
     failures: dict[bool, str] = {}
     for stream in (False, True):
         what = "stream" if stream else "non-stream"
-        body = {
-            "model": target.model,
-            "stream": stream,
-            "messages": [{"role": "user", "content": "Hi [tokens:3]"}],
-        }
+        body = {"model": target.model, "stream": stream, "messages": [{"role": "user", "content": "Hi [tokens:3]"}]}
         request = urllib.request.Request(target.url, data=json.dumps(body).encode(), method="POST", headers={
             "Authorization": f"Bearer {target.key}", "Content-Type": "application/json"})  # fmt: skip
         try:
             with urllib.request.urlopen(request, timeout=30) as response:
                 text = response.read().decode(errors="replace")
         except urllib.error.HTTPError as exc:
-            failures[stream] = (
-                f"smoke {what} call got HTTP {exc.code}: {exc.read().decode(errors='replace')[:300]}"
-            )
+            failures[stream] = f"smoke {what} call got HTTP {exc.code}: {exc.read().decode(errors='replace')[:300]}"
             continue
         except (urllib.error.URLError, OSError) as exc:
             failures[stream] = f"smoke {what} call failed: {exc}"

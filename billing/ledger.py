@@ -138,12 +138,7 @@ class LocalLedger(Ledger):
     async def reserve(self, group_id: int, key_id: int, amount: int) -> Reservation:
         group, key = self._groups.get(group_id), self._keys.get(key_id)
         now = time.monotonic()
-        if (
-            group is None
-            or key is None
-            or now - group.read_at > self.refresh
-            or now - key.read_at > self.refresh
-        ):
+        if group is None or key is None or now - group.read_at > self.refresh or now - key.read_at > self.refresh:
             group, key = await self._read(group_id, key_id)
         refusal = self._refusal(group, key, amount)
         if refusal is not None:

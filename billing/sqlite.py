@@ -392,8 +392,7 @@ class SQLiteStore(Store):
         def fn(db: sqlite3.Connection) -> Group:
             try:
                 db.execute(
-                    "INSERT INTO groups (name, balance, created_at) VALUES (?, ?, ?)",
-                    (name, credits, time.time()),
+                    "INSERT INTO groups (name, balance, created_at) VALUES (?, ?, ?)", (name, credits, time.time())
                 )
             except sqlite3.IntegrityError:
                 raise StoreError(f"a group named {name!r} already exists") from None
@@ -475,9 +474,7 @@ class SQLiteStore(Store):
 
         return await self.run(fn)
 
-    async def update_key(
-        self, key_id: int, spend_cap: int | None, allowed_models: list[str] | None
-    ) -> KeyInfo:
+    async def update_key(self, key_id: int, spend_cap: int | None, allowed_models: list[str] | None) -> KeyInfo:
         if spend_cap is not None and spend_cap < 0:
             raise StoreError("a spend cap cannot be negative")
 
@@ -621,9 +618,7 @@ class SQLiteStore(Store):
 
         return await self.run(fn)
 
-    async def usage_by_model(
-        self, key_id: int, since: float = 0.0, until: float | None = None
-    ) -> list[ModelUsage]:
+    async def usage_by_model(self, key_id: int, since: float = 0.0, until: float | None = None) -> list[ModelUsage]:
         def fn(db: sqlite3.Connection) -> list[ModelUsage]:
             rows = db.execute(
                 "SELECT model, COUNT(*), SUM(prompt_tokens), SUM(completion_tokens), SUM(credits) FROM usage "

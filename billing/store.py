@@ -176,9 +176,7 @@ class Store(ABC):
     async def revoke_key(self, key_id: int) -> bool: ...
 
     @abstractmethod
-    async def update_key(
-        self, key_id: int, spend_cap: int | None, allowed_models: list[str] | None
-    ) -> KeyInfo:
+    async def update_key(self, key_id: int, spend_cap: int | None, allowed_models: list[str] | None) -> KeyInfo:
         """Set a key's spend cap (nano-credits, None = no cap) and model allow-list (None = every model);
         raises StoreError if there is no such key."""
 
@@ -211,9 +209,7 @@ class Store(ABC):
         """Usage records, newest first."""
 
     @abstractmethod
-    async def usage_by_model(
-        self, key_id: int, since: float = 0.0, until: float | None = None
-    ) -> list[ModelUsage]: ...
+    async def usage_by_model(self, key_id: int, since: float = 0.0, until: float | None = None) -> list[ModelUsage]: ...
 
 
 def open_store(url: str) -> Store:

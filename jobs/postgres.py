@@ -178,9 +178,7 @@ class PostgresJobStore(JobStore):
         return file_of(row) if row else None
 
     async def file_content(self, group_id: int, file_id: str) -> bytes | None:
-        data = await self.pool.fetchval(
-            "SELECT data FROM files WHERE id = $1 AND group_id = $2", file_id, group_id
-        )
+        data = await self.pool.fetchval("SELECT data FROM files WHERE id = $1 AND group_id = $2", file_id, group_id)
         return bytes(data) if data is not None else None
 
     async def list_files(self, group_id: int, purpose: str | None, after: str | None, limit: int,
@@ -194,17 +192,13 @@ class PostgresJobStore(JobStore):
         return [file_of(r) for r in rows]
 
     async def delete_file(self, group_id: int, file_id: str) -> bool:
-        status = await self.pool.execute(
-            "DELETE FROM files WHERE id = $1 AND group_id = $2", file_id, group_id
-        )
+        status = await self.pool.execute("DELETE FROM files WHERE id = $1 AND group_id = $2", file_id, group_id)
         return _count(status) > 0
 
     # -- batches --------------------------------------------------------------------------------------
     async def create_batch(self, row: BatchRow) -> None:
         marks = ", ".join(f"${n}" for n in range(1, len(BATCH_COLUMNS) + 1))
-        await self.pool.execute(
-            f"INSERT INTO batches ({', '.join(BATCH_COLUMNS)}) VALUES ({marks})", *row.values()
-        )
+        await self.pool.execute(f"INSERT INTO batches ({', '.join(BATCH_COLUMNS)}) VALUES ({marks})", *row.values())
 
     async def get_batch(self, group_id: int | None, batch_id: str) -> BatchRow | None:
         row = await self.pool.fetchrow(

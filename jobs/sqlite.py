@@ -184,9 +184,7 @@ class SQLiteJobStore(JobStore):
 
     async def file_content(self, group_id: int, file_id: str) -> bytes | None:
         def fn(db: sqlite3.Connection) -> bytes | None:
-            row = db.execute(
-                "SELECT 1 FROM files WHERE id = ? AND group_id = ?", (file_id, group_id)
-            ).fetchone()
+            row = db.execute("SELECT 1 FROM files WHERE id = ? AND group_id = ?", (file_id, group_id)).fetchone()
             if row is None:
                 return None
             try:
@@ -215,10 +213,7 @@ class SQLiteJobStore(JobStore):
 
     async def delete_file(self, group_id: int, file_id: str) -> bool:
         def fn(db: sqlite3.Connection) -> bool:
-            gone = (
-                db.execute("DELETE FROM files WHERE id = ? AND group_id = ?", (file_id, group_id)).rowcount
-                > 0
-            )
+            gone = db.execute("DELETE FROM files WHERE id = ? AND group_id = ?", (file_id, group_id)).rowcount > 0
             if gone:
                 self._file_path(file_id).unlink(missing_ok=True)
             return gone
@@ -227,9 +222,7 @@ class SQLiteJobStore(JobStore):
 
     # -- batches --------------------------------------------------------------------------------------
     async def create_batch(self, row: BatchRow) -> None:
-        sql = (
-            f"INSERT INTO batches ({', '.join(BATCH_COLUMNS)}) VALUES ({', '.join('?' * len(BATCH_COLUMNS))})"
-        )
+        sql = f"INSERT INTO batches ({', '.join(BATCH_COLUMNS)}) VALUES ({', '.join('?' * len(BATCH_COLUMNS))})"
         await self.run(lambda db: db.execute(sql, row.values()))
 
     async def get_batch(self, group_id: int | None, batch_id: str) -> BatchRow | None:
@@ -283,10 +276,7 @@ class SQLiteJobStore(JobStore):
             row = db.execute(free, (now, *skip)).fetchone()
             if row is None:
                 return None
-            db.execute(
-                "UPDATE batches SET lease_owner = ?, lease_until = ? WHERE id = ?",
-                (owner, now + lease, row[0]),
-            )
+            db.execute("UPDATE batches SET lease_owner = ?, lease_until = ? WHERE id = ?", (owner, now + lease, row[0]))
             return batch_of(db.execute(_BATCH + " WHERE id = ?", (row[0],)).fetchone())
 
         return await self.tx(fn)
@@ -294,8 +284,7 @@ class SQLiteJobStore(JobStore):
     async def renew(self, batch_id: str, owner: str, lease: float) -> str | None:
         def fn(db: sqlite3.Connection) -> str | None:
             cur = db.execute(
-                f"UPDATE batches SET lease_until = ? WHERE {_HELD} AND {_OPEN}",
-                (time.time() + lease, batch_id, owner),
+                f"UPDATE batches SET lease_until = ? WHERE {_HELD} AND {_OPEN}", (time.time() + lease, batch_id, owner)
             )
             if cur.rowcount == 0:
                 return None
@@ -305,18 +294,15 @@ class SQLiteJobStore(JobStore):
 
     async def release(self, batch_id: str, owner: str) -> None:
         await self.run(
-            lambda db: db.execute(
-                f"UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE {_HELD}", (batch_id, owner)
-            )  # fmt: skip
+            lambda db: db.execute(f"UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE {_HELD}",
+                                  (batch_id, owner))  # fmt: skip
         )
 
     async def release_all(self) -> int:
         return await self.run(
-            lambda db: (
-                db.execute(
-                    "UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS NOT NULL"
-                ).rowcount
-            )
+            lambda db: db.execute(
+                "UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS NOT NULL"
+            ).rowcount
         )
 
     # -- the run of one batch -------------------------------------------------------------------------
@@ -340,26 +326,20 @@ class SQLiteJobStore(JobStore):
 
     async def fail_batch(self, batch_id: str, owner: str, errors: list[dict[str, Any]], now: int) -> bool:
         def fn(db: sqlite3.Connection) -> bool:
-            return (
-                db.execute(
-                    "UPDATE batches SET status = 'failed', failed_at = ?, errors = ?, lease_owner = NULL, "
-                    f"lease_until = NULL WHERE {_HELD} AND status IN ('validating', 'cancelling')",
-                    (now, json.dumps(errors), batch_id, owner),
-                ).rowcount
-                > 0
-            )
+            return db.execute(
+                "UPDATE batches SET status = 'failed', failed_at = ?, errors = ?, lease_owner = NULL, "
+                f"lease_until = NULL WHERE {_HELD} AND status IN ('validating', 'cancelling')",
+                (now, json.dumps(errors), batch_id, owner),
+            ).rowcount > 0
 
         return await self.tx(fn)
 
     async def set_finalizing(self, batch_id: str, owner: str, now: int) -> bool:
         def fn(db: sqlite3.Connection) -> bool:
-            return (
-                db.execute(
-                    f"UPDATE batches SET status = 'finalizing', finalizing_at = ? WHERE {_HELD} AND status = 'in_progress'",
-                    (now, batch_id, owner),
-                ).rowcount
-                > 0
-            )
+            return db.execute(
+                f"UPDATE batches SET status = 'finalizing', finalizing_at = ? WHERE {_HELD} AND status = 'in_progress'",
+                (now, batch_id, owner),
+            ).rowcount > 0
 
         return await self.tx(fn)
 
@@ -376,9 +356,7 @@ class SQLiteJobStore(JobStore):
 
     async def claim_line(self, batch_id: str, owner: str, now: float) -> Line | None:
         def fn(db: sqlite3.Connection) -> Line | None:
-            held = db.execute(
-                f"SELECT 1 FROM batches WHERE {_HELD} AND status = 'in_progress'", (batch_id, owner)
-            )
+            held = db.execute(f"SELECT 1 FROM batches WHERE {_HELD} AND status = 'in_progress'", (batch_id, owner))
             if held.fetchone() is None:
                 return None
             row = db.execute(

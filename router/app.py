@@ -47,15 +47,9 @@ async def _gateway_error(request: Request, exc: Exception) -> Response:
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 405:
-        return _error_response(
-            MethodNotAllowed(f"Method {request.method} is not allowed on {request.url.path}.")
-        )
+        return _error_response(MethodNotAllowed(f"Method {request.method} is not allowed on {request.url.path}."))
     if exc.status_code == 404:
-        return _error_response(
-            NotFound(
-                f"Unknown path {request.url.path}: this gateway serves /v1/chat/completions, /v1/responses, /v1/models."
-            )
-        )
+        return _error_response(NotFound(f"Unknown path {request.url.path}: this gateway serves /v1/chat/completions, /v1/responses, /v1/models."))
     return _error_response(GatewayError(str(exc.detail)))
 
 

@@ -40,9 +40,7 @@ async def read_body(request: Request, limit: int, seconds: float, *, too_large: 
                     raise PayloadTooLarge(too_large, code=code, headers={"Connection": "close"})
                 chunks.append(chunk)
     except TimeoutError:
-        raise RequestTimeout(
-            f"The {what} did not arrive within {seconds:g} s.", headers={"Connection": "close"}
-        ) from None
+        raise RequestTimeout(f"The {what} did not arrive within {seconds:g} s.", headers={"Connection": "close"}) from None
     return b"".join(chunks)
 
 
@@ -50,12 +48,9 @@ async def read_json_body(request: Request, limit: int, seconds: float) -> bytes:
     ctype = request.headers.get("content-type", "")
     if "json" not in ctype.lower():
         raise UnsupportedMediaType(
-            f"Content-Type must be application/json (got {ctype or 'none'!r}).",
-            code="unsupported_content_type",
+            f"Content-Type must be application/json (got {ctype or 'none'!r}).", code="unsupported_content_type"
         )
-    return await read_body(
-        request, limit, seconds, too_large=f"The request body is larger than the limit of {limit} bytes."
-    )
+    return await read_body(request, limit, seconds, too_large=f"The request body is larger than the limit of {limit} bytes.")
 
 
 async def principal_of(gw: Gateway, request: Request) -> Principal:
@@ -94,12 +89,7 @@ class ChatCompletions:
         raw, req = parse_chat_request(body)
         state["model"] = req.model
         start = self.pipeline.start(
-            principal,
-            raw,
-            req,
-            len(body),
-            source=state.get("source", "api"),
-            request_id=state.get("request_id"),
+            principal, raw, req, len(body), source=state.get("source", "api"), request_id=state.get("request_id")
         )
         if not req.stream:
             started = await start
@@ -116,9 +106,7 @@ class ChatCompletions:
                        finalize=lambda: self.pipeline.abandon(started))  # fmt: skip
         return SSE(self._waiting(task, state), finalize=lambda: self._cancel(task))
 
-    async def _waiting(
-        self, task: asyncio.Future[Started], state: dict[str, Any]
-    ) -> AsyncGenerator[bytes, None]:
+    async def _waiting(self, task: asyncio.Future[Started], state: dict[str, Any]) -> AsyncGenerator[bytes, None]:
         every = self.gw.settings.reliability.stream_keepalive
         while not task.done():
             await asyncio.wait((task,), timeout=every)

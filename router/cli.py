@@ -77,18 +77,14 @@ def _groups(args: argparse.Namespace, settings: Settings) -> None:
         groups = asyncio.run(with_store(settings, lambda s: s.list_groups()))
         print(f"{'id':>4}  {'name':<24} {'balance':>16} {'reserved':>14} {'spent':>14}")
         for g in groups:
-            print(
-                f"{g.id:>4}  {g.name:<24} {nano_to_credits(g.balance):>16} {nano_to_credits(g.reserved):>14} {nano_to_credits(g.spent):>14}"
-            )
+            print(f"{g.id:>4}  {g.name:<24} {nano_to_credits(g.balance):>16} {nano_to_credits(g.reserved):>14} {nano_to_credits(g.spent):>14}")
 
 
 def _keys(args: argparse.Namespace, settings: Settings) -> None:
     if args.action == "create":
         cap = credits_to_nano(args.spend_cap) if args.spend_cap else None
         models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else None
-        key, info = asyncio.run(
-            with_store(settings, lambda s: new_key(s, settings, args.group, args.name, cap, models))
-        )
+        key, info = asyncio.run(with_store(settings, lambda s: new_key(s, settings, args.group, args.name, cap, models)))
         print(f"key {info.id} created in group {info.group_name}; it is shown once, store it now:")
         print(key)
     elif args.action == "revoke":
@@ -101,29 +97,21 @@ def _keys(args: argparse.Namespace, settings: Settings) -> None:
         print(f"{'id':>4}  {'group':<16} {'name':<16} {'key':<22} {'status':<8} {'spent':>12}")
         for k in keys:
             status = "revoked" if k.revoked_at else "live"
-            print(
-                f"{k.id:>4}  {k.group_name:<16} {k.name:<16} {k.hint:<22} {status:<8} {nano_to_credits(k.spent):>12}"
-            )
+            print(f"{k.id:>4}  {k.group_name:<16} {k.name:<16} {k.hint:<22} {status:<8} {nano_to_credits(k.spent):>12}")
 
 
 def _usage(args: argparse.Namespace, settings: Settings) -> None:
     import datetime
 
-    records = asyncio.run(
-        with_store(settings, lambda s: s.usage(args.group, args.key, args.source, args.limit))
-    )
-    print(
-        f"{'time (UTC)':<19}  {'key':>4} {'source':<6} {'model':<34} {'in':>7} {'out':>7} {'credits':>14} {'status':<11}"
-    )
+    records = asyncio.run(with_store(settings, lambda s: s.usage(args.group, args.key, args.source, args.limit)))
+    print(f"{'time (UTC)':<19}  {'key':>4} {'source':<6} {'model':<34} {'in':>7} {'out':>7} {'credits':>14} {'status':<11}")
     for r in records:
         when = datetime.datetime.fromtimestamp(r.ts, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
         status = r.status + ("" if r.usage_exact else "*")
         print(f"{when:<19}  {r.key_id:>4} {r.source:<6} {r.model:<34} {r.prompt_tokens:>7} {r.completion_tokens:>7} "
               f"{nano_to_credits(r.credits):>14} {status:<11}")  # fmt: skip
     if any(not r.usage_exact for r in records):
-        print(
-            "* token counts estimated (the provider never reported usage, e.g. a stream the caller broke off)"
-        )
+        print("* token counts estimated (the provider never reported usage, e.g. a stream the caller broke off)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -145,9 +133,7 @@ def parser() -> argparse.ArgumentParser:
 
     emus = sub.add_parser("emulators", help="run the five emulated providers")
     emus.add_argument("--host", default="127.0.0.1")
-    emus.add_argument(
-        "--port", type=int, default=9100, help="first port; the providers take consecutive ports"
-    )
+    emus.add_argument("--port", type=int, default=9100, help="first port; the providers take consecutive ports")
 
     groups = sub.add_parser("groups", help="credit groups")
     gsub = groups.add_subparsers(dest="action", required=True)

@@ -18,9 +18,7 @@ from tests.conftest import Stack
 
 
 def test_cost_of_each_price_kind() -> None:
-    prices = Prices(
-        input=3 * NANO, output=15 * NANO, cached_input=NANO * 3 // 10, cache_write=NANO * 375 // 100
-    )
+    prices = Prices(input=3 * NANO, output=15 * NANO, cached_input=NANO * 3 // 10, cache_write=NANO * 375 // 100)
     assert cost(prices, TokenUsage(prompt=1_000_000)) == 3 * NANO
     assert cost(prices, TokenUsage(completion=1_000_000)) == 15 * NANO
     assert cost(prices, TokenUsage(prompt=1_000_000, cached=1_000_000)) == 300_000_000
@@ -28,14 +26,9 @@ def test_cost_of_each_price_kind() -> None:
     # reasoning tokens are inside completion and billed as output, never twice
     assert cost(prices, TokenUsage(completion=10, reasoning=7)) == 150_000
     mixed = TokenUsage(prompt=1000, cached=200, cache_write=100, completion=50)
-    assert (
-        cost(prices, mixed)
-        == (700 * 3 * NANO + 200 * 300_000_000 + 100 * 3_750_000_000 + 50 * 15 * NANO) // 10**6
-    )
+    assert cost(prices, mixed) == (700 * 3 * NANO + 200 * 300_000_000 + 100 * 3_750_000_000 + 50 * 15 * NANO) // 10**6
     # a sub-nano-credit remainder rounds up, once, at the end
-    assert (
-        cost(Prices(input=150_000_000, output=0, cached_input=0, cache_write=0), TokenUsage(prompt=1)) == 150
-    )
+    assert cost(Prices(input=150_000_000, output=0, cached_input=0, cache_write=0), TokenUsage(prompt=1)) == 150
 
 
 def _group(stack: Stack, name: str):  # type: ignore[no-untyped-def]
@@ -167,17 +160,13 @@ def test_concurrent_calls_never_overspend(stack: Stack) -> None:
 def test_key_allow_list_and_spend_cap(stack: Stack) -> None:
     group = stack.group(100)
     limited = stack.client(stack.key(group=group, models=["openai/gpt-4o-mini"]))
-    assert limited.chat.completions.create(
-        model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "x"}]
-    )
+    assert limited.chat.completions.create(model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "x"}])
     with pytest.raises(openai.PermissionDeniedError) as info:
         limited.chat.completions.create(model="openai/gpt-4o", messages=[{"role": "user", "content": "x"}])
     assert info.value.code == "model_not_allowed"  # type: ignore[attr-defined]
     capped = stack.client(stack.key(group=group, spend_cap=NANO // 1000))
     with pytest.raises(openai.APIStatusError) as info2:
-        capped.chat.completions.create(
-            model="openai/gpt-4o", messages=[{"role": "user", "content": "x"}], max_tokens=5000
-        )
+        capped.chat.completions.create(model="openai/gpt-4o", messages=[{"role": "user", "content": "x"}], max_tokens=5000)
     assert info2.value.status_code == 402 and info2.value.code == "key_spend_cap_reached"  # type: ignore[attr-defined]
     assert capped.chat.completions.create(model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "x"}],
                                           max_tokens=10)  # fmt: skip

@@ -88,9 +88,7 @@ def test_killed_mid_stream_then_restart_reconciles(stack: Stack, tmp_path: Path)
         assert "balance   10 credits" in shown and "spent     0 credits" in shown
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port2}/v1", api_key=key, max_retries=0)
         try:  # the restarted gateway serves and bills as before
-            client.chat.completions.create(
-                model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "hi"}]
-            )
+            client.chat.completions.create(model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "hi"}])
         finally:
             client.close()
         shown = _cli(config, "groups", "show", "crashy")

@@ -620,7 +620,6 @@ async def test_two_gateways_share_one_ledger(cluster: Cluster) -> None:
     statuses: list[int] = []
     clients = [openai.AsyncOpenAI(base_url=base, api_key=key, max_retries=0, timeout=60) for base in bases]
     try:
-
         async def one(n: int) -> None:
             try:
                 await ask(clients[n % 2], content, max_tokens)
