@@ -205,8 +205,6 @@ def usage_row(r: UsageRecord, credits: int, now: float) -> tuple[Any, ...]:
     )  # fmt: skip
 
 
-
-
 # -- one batch, worked out in Python ------------------------------------------------------------------
 @dataclass(slots=True)
 class ReserveOp:

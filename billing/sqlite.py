@@ -118,8 +118,6 @@ def usage_row(r: UsageRecord) -> tuple:
     )  # fmt: skip
 
 
-
-
 class GroupCommit:
     """Many small writes, one transaction: operations queue up for ``linger`` seconds (and while a
     batch is being written), then run together in one transaction, each in its own savepoint so one

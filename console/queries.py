@@ -81,8 +81,6 @@ class ModelRow:
     errors: int
 
 
-
-
 class Queries:
     """Dialect-neutral SQL (``?`` placeholders) over a backend's ``fetch``."""
 

@@ -19,6 +19,7 @@ from router.types import ASGIApp
 if TYPE_CHECKING:
     from router.config import Settings
 
+
 def hypercorn_config(host: str, port: int, graceful_timeout: float = 30.0, keep_alive_timeout: float = 75.0) -> Config:
     config = Config()
     config.bind = [f"{host}:{port}"]
