@@ -151,6 +151,9 @@ class Job:
             except Exception:
                 log.exception("batch %s: line %d", b.id, line.line_no)
                 outcome = error_line(line.custom_id, "internal_error", "The gateway failed to run this request.", 500)
+            # the call's settlement is durable before the line is: a line in the output is a line billed,
+            # also when the process is killed right after (API answers do not wait: billing/ledger.py)
+            await self.runner.gw.ledger.drain()
             await store.finish_line(b.id, line.line_no, self.owner, outcome, time.time())
 
     async def call(self, line: Line) -> Outcome:
