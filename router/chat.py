@@ -94,7 +94,7 @@ class ChatCompletions:
         if not req.stream:
             started = await start
             state["provider"] = started.call.model.provider
-            return JSONBytes(_encode(await self.pipeline.complete(started)), headers=started.rate_headers)
+            return JSONBytes(_encode(await self.pipeline.complete(started)), extra=started.rate_headers)
         # A stream whose upstream is slow to answer (retries, fallbacks, a slow first byte) starts at
         # once with SSE keep-alive comments; until then an error is still a plain HTTP error.
         task = asyncio.ensure_future(start)
@@ -102,7 +102,7 @@ class ChatCompletions:
         if task.done():
             started = task.result()
             state["provider"] = started.call.model.provider
-            return SSE(sse(self.pipeline.chunks(started)), headers=started.rate_headers,
+            return SSE(sse(self.pipeline.chunks(started)), started.rate_headers,
                        finalize=lambda: self.pipeline.abandon(started))  # fmt: skip
         return SSE(self._waiting(task, state), finalize=lambda: self._cancel(task))
 

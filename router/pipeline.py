@@ -26,7 +26,7 @@ from router.errors import GatewayError, InvalidRequest, PermissionDenied, Upstre
 from router.gateway import Gateway
 from router.reliability import backoff, breaker_failure, failover, retryable
 from router.stream import Shaper, chunks
-from router.types import new_id
+from router.types import Headers, new_id
 from router.wire import ChatRequest
 
 
@@ -38,7 +38,7 @@ class Started:
     response: aiohttp.ClientResponse
     completion_id: str
     upstream_id: str | None
-    rate_headers: dict[str, str] | None = None  # x-ratelimit-* for the HTTP response (router/ratelimit.py)
+    rate_headers: Headers | None = None  # x-ratelimit-* for the HTTP response (router/ratelimit.py)
 
 
 _HEAD = frozenset({"id", "object", "created", "model", "choices", "usage"})
@@ -108,7 +108,7 @@ class ChatPipeline:
         deadline = time.monotonic() + gw.settings.reliability.deadline
         ids = self.candidates(raw, req)
         last: GatewayError | None = None
-        limit_headers: dict[str, str] | None = None
+        limit_headers: Headers | None = None
         for n, model_id in enumerate(ids):
             try:
                 model = self.check(principal, req, endpoint, model_id)

@@ -16,6 +16,11 @@ all of them — all or nothing, atomically. Two backends implement that behind :
 
 Refused: 429 ``rate_limit_exceeded`` with ``Retry-After`` (and ``retry-after-ms``); admitted: the
 ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` headers of the tightest bucket of each kind.
+
+Every call pays for this, so the common case is lean: a key's buckets are resolved once (a
+:class:`Plan`), the memory backend admits a call that fits with plain arithmetic (``admit_now``), and
+the headers are returned as raw ASGI header pairs. A refusal, and every Redis check, takes the
+general path (:class:`Bucket` → ``Backend.take`` → :class:`BucketState`).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from billing.pricing import input_ceiling, output_ceiling
 from billing.store import Principal
 from router import metrics
 from router.errors import RateLimited
+from router.types import Headers
 
 if TYPE_CHECKING:
     from router.catalog import Model
@@ -87,6 +93,33 @@ class Backend(ABC):
         return None
 
 
+class Plan:
+    """One key's buckets whose limit is not 0, in ``_KINDS`` order: (storage name, limit, seconds per
+    unit, counts tokens), and the ``x-ratelimit-limit-*`` values of each."""
+
+    __slots__ = ("buckets", "kinds", "tokens")
+
+    def __init__(self, buckets: list[tuple[str, int, bool]], kinds: list[str]) -> None:
+        self.buckets = [(name, limit, PERIOD / limit, is_tokens) for name, limit, is_tokens in buckets]
+        self.kinds = kinds
+        self.tokens = any(is_tokens for _, _, is_tokens in buckets)
+
+
+_NAMES = {  # (limit, remaining, reset) header names by counts-tokens
+    False: (b"x-ratelimit-limit-requests", b"x-ratelimit-remaining-requests", b"x-ratelimit-reset-requests"),
+    True: (b"x-ratelimit-limit-tokens", b"x-ratelimit-remaining-tokens", b"x-ratelimit-reset-tokens"),
+}
+
+
+def raw_headers(tightest: list[tuple[bool, int, int, float]]) -> Headers:
+    """The headers of (counts tokens, limit, remaining, reset seconds) of each kind's tightest bucket."""
+    out: Headers = []
+    for is_tokens, limit, remaining, reset in tightest:
+        names = _NAMES[is_tokens]
+        out += ((names[0], b"%d" % limit), (names[1], b"%d" % remaining), (names[2], duration(reset).encode()))
+    return out
+
+
 class Quota(NamedTuple):
     key_rpm: int
     key_tpm: int
@@ -130,7 +163,10 @@ class RateLimiter:
             backend = _backend(settings) if self.enabled else None
         self.backend = backend
         self._quotas: dict[str, Quota] = {}
-        self._names: dict[int, tuple[str, str, str, str]] = {}
+        self._plans: dict[int, Plan] = {}
+        from router.ratelimit_memory import MemoryBackend
+
+        self._local = self.backend if isinstance(self.backend, MemoryBackend) else None
 
     def quota(self, group: str) -> Quota:
         quota = self._quotas.get(group)
@@ -144,39 +180,37 @@ class RateLimiter:
             quota = self._quotas[group] = Quota(*values)
         return quota
 
-    def _bucket_names(self, principal: Principal) -> tuple[str, str, str, str]:
-        names = self._names.get(principal.key_id)
-        if names is None:
-            if len(self._names) > 100_000:
-                self._names.clear()
+    def plan(self, principal: Principal) -> Plan:
+        plan = self._plans.get(principal.key_id)
+        if plan is None:
+            if len(self._plans) > 100_000:
+                self._plans.clear()
             assert self.backend is not None
             # one hash tag per group: a Redis Cluster keeps a key's and its group's buckets together
             base = f"{self.backend.namespace}{{g{principal.group_id}}}:"
             k = f"{base}k{principal.key_id}:"
-            names = self._names[principal.key_id] = (k + "r", k + "t", base + "g:r", base + "g:t")
-        return names
+            names = (k + "r", k + "t", base + "g:r", base + "g:t")
+            quota = self.quota(principal.group_name)
+            chosen = [i for i in range(len(_KINDS)) if quota[i]]
+            plan = Plan([(names[i], quota[i], i % 2 == 1) for i in chosen], [_KINDS[i] for i in chosen])
+            self._plans[principal.key_id] = plan
+        return plan
 
-    async def admit(
-        self, principal: Principal, model: Model, body_size: int, req: ChatRequest
-    ) -> dict[str, str] | None:
+    async def admit(self, principal: Principal, model: Model, body_size: int, req: ChatRequest) -> Headers | None:
         """Admit one call or raise 429; returns the response's ``x-ratelimit-*`` headers (None when
         no limit applies)."""
         if not self.enabled:
             return None
-        quota = self.quota(principal.group_name)
-        if not any(quota):
+        plan = self.plan(principal)
+        if not plan.buckets:
             return None
-        tokens = 0
-        if quota.key_tpm or quota.group_tpm:
-            tokens = input_ceiling(body_size, req) + output_ceiling(model, req)
-        names = self._bucket_names(principal)
-        buckets: list[Bucket] = []
-        kinds: list[str] = []
-        for i, kind in enumerate(_KINDS):
-            limit = quota[i]
-            if limit:
-                buckets.append(Bucket(names[i], limit, tokens if i % 2 else 1))
-                kinds.append(kind)
+        tokens = input_ceiling(body_size, req) + output_ceiling(model, req) if plan.tokens else 0
+        if self._local is not None:
+            headers = self._local.admit_now(plan, tokens)
+            if headers is not None:
+                return headers
+        buckets = [Bucket(name, limit, tokens if is_tokens else 1) for name, limit, _, is_tokens in plan.buckets]
+        kinds = plan.kinds
         assert self.backend is not None
         try:
             ok, states = await self.backend.take(buckets)
@@ -188,10 +222,10 @@ class RateLimiter:
             raise RateLimited(
                 "Rate limits cannot be checked right now; retry shortly.", headers={"Retry-After": "1"}
             ) from None
-        headers = _headers(buckets, kinds, states)
+        tightest = _tightest(buckets, kinds, states)
         if ok:
-            return headers
-        raise self._refusal(buckets, kinds, states, headers)
+            return raw_headers(tightest)
+        raise self._refusal(buckets, kinds, states, _headers(tightest))
 
     def _refusal(
         self, buckets: list[Bucket], kinds: list[str], states: list[BucketState], headers: dict[str, str]
@@ -220,10 +254,11 @@ class RateLimiter:
             await self.backend.close()
 
 
-def _headers(buckets: list[Bucket], kinds: list[str], states: list[BucketState]) -> dict[str, str]:
-    """The tightest bucket of each kind (requests, tokens), in OpenAI's header names."""
-    headers: dict[str, str] = {}
-    for suffix, tokens in (("requests", False), ("tokens", True)):
+def _tightest(buckets: list[Bucket], kinds: list[str], states: list[BucketState]) -> list[tuple[bool, int, int, float]]:
+    """(counts tokens, limit, remaining, reset) of the tightest bucket of each kind (requests, then
+    tokens): the least remaining, the later reset on a tie."""
+    out = []
+    for tokens in (False, True):
         best = -1
         for i, kind in enumerate(kinds):
             if kind.endswith("tpm") == tokens and (
@@ -233,10 +268,13 @@ def _headers(buckets: list[Bucket], kinds: list[str], states: list[BucketState])
             ):
                 best = i
         if best >= 0:
-            headers[f"x-ratelimit-limit-{suffix}"] = str(buckets[best].limit)
-            headers[f"x-ratelimit-remaining-{suffix}"] = str(states[best].remaining)
-            headers[f"x-ratelimit-reset-{suffix}"] = duration(states[best].reset)
-    return headers
+            out.append((tokens, buckets[best].limit, states[best].remaining, states[best].reset))
+    return out
+
+
+def _headers(tightest: list[tuple[bool, int, int, float]]) -> dict[str, str]:
+    """:func:`raw_headers` as a dict (a refusal's error response)."""
+    return {name.decode(): value.decode() for name, value in raw_headers(tightest)}
 
 
 _last_warning = 0.0

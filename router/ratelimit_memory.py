@@ -9,7 +9,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from router.ratelimit import PERIOD, Backend, Bucket, BucketState, gcra
+from router.ratelimit import PERIOD, Backend, Bucket, BucketState, Plan, gcra, raw_headers
+from router.types import Headers
 
 SWEEP_EVERY = 4096  # takes between sweeps of full (expired) buckets
 
@@ -45,9 +46,39 @@ class MemoryBackend(Backend):
                 s if s.retry_after else gcra(tats.get(b.name, now), now, b.limit, 0, self.period)[2]
                 for b, s in zip(buckets, states, strict=True)
             ]
+        self._swept(now)
+        return ok, states
+
+    def admit_now(self, plan: Plan, tokens: int) -> Headers | None:
+        """The common case of ``take`` in plain arithmetic: if every bucket of ``plan`` has room for
+        this call (1 request, ``tokens`` tokens), take from all and return the response's headers;
+        else take nothing and return None (the caller's general path then refuses)."""
+        now = self.clock()
+        period = self.period
+        tats = self._tat
+        new: list[float] = []
+        for name, limit, interval, is_tokens in plan.buckets:
+            cost = tokens if is_tokens else 1
+            tat = tats.get(name, now)
+            tat = (tat if tat > now else now) + cost * interval
+            if cost > limit or tat - period > now:
+                return None
+            new.append(tat)
+        best: dict[bool, tuple[bool, int, int, float]] = {}  # the tightest of each kind (see gcra)
+        for (name, limit, interval, is_tokens), tat in zip(plan.buckets, new, strict=True):
+            tats[name] = tat
+            remaining = max(int((now + period - tat) / interval + 1e-6), 0)
+            held = best.get(is_tokens)
+            if held is None or remaining < held[2] or (remaining == held[2] and tat - now > held[3]):
+                best[is_tokens] = (is_tokens, limit, remaining, tat - now)
+        self._swept(now)
+        return raw_headers([best[k] for k in (False, True) if k in best])
+
+    def _swept(self, now: float) -> None:
+        """Now and then, forget the buckets that are full again (their TAT has passed)."""
         self._until_sweep -= 1
         if self._until_sweep <= 0:
             self._until_sweep = SWEEP_EVERY
+            tats = self._tat
             for name in [n for n, t in tats.items() if t <= now]:
                 del tats[name]
-        return ok, states

@@ -1,6 +1,7 @@
 """Response classes: each overrides one thing of Starlette's Response.
 
-``JSONBytes`` sends bytes that are already encoded (msgspec). ``SSE`` streams server-sent events and
+``JSONBytes`` sends bytes that are already encoded (msgspec); ``extra`` headers (raw ASGI pairs, such
+as the rate limits' ``x-ratelimit-*``) go out as they are. ``SSE`` streams server-sent events and
 watches the connection: when the caller disconnects, the stream is cancelled at once (so the upstream
 read stops) and its iterator is closed, which runs its ``finally`` (billing) before we return.
 """
@@ -12,34 +13,48 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 
 from starlette.responses import Response
 
-from router.types import Receive, Scope, Send
+from router.types import Headers, Receive, Scope, Send
+
+_JSON = (b"content-type", b"application/json")
 
 
 class JSONBytes(Response):
     media_type = "application/json"
+
+    def __init__(self, content: bytes, status_code: int = 200, headers: Mapping[str, str] | None = None,
+                 extra: Headers | None = None) -> None:  # fmt: skip
+        if headers is not None:
+            super().__init__(content, status_code, headers)
+        else:  # Starlette's init_headers, without encoding what is known already
+            self.status_code = status_code
+            self.background = None
+            self.body = bytes(content)
+            self.raw_headers = [(b"content-length", b"%d" % len(self.body)), _JSON]
+        if extra:
+            self.raw_headers += extra
 
     def render(self, content: object) -> bytes:
         assert isinstance(content, bytes | bytearray)
         return bytes(content)
 
 
+_SSE = (
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+)
+
+
 class SSE(Response):
     media_type = "text/event-stream"
 
-    def __init__(
-        self,
-        stream: AsyncGenerator[bytes, None],
-        headers: Mapping[str, str] | None = None,
-        finalize: Callable[[], Awaitable[None]] | None = None,
-    ) -> None:
+    def __init__(self, stream: AsyncGenerator[bytes, None], extra: Headers | None = None,
+                 finalize: Callable[[], Awaitable[None]] | None = None) -> None:  # fmt: skip
         self.stream = stream
         self.finalize = finalize  # runs last, also when the stream never started
         self.status_code = 200
         self.background = None
-        base = {"cache-control": "no-cache", "x-accel-buffering": "no"}
-        if headers:
-            base.update(headers)
-        self.init_headers(base)
+        self.raw_headers = [*_SSE, *(extra or ())]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         task = asyncio.current_task()

@@ -168,9 +168,12 @@ class Responses:
         if started.call.stream:
             return SSE(
                 self.synthesise(started, EventSynth(response)),
+                started.rate_headers,
                 finalize=lambda: self.pipeline.abandon(started),
             )
-        return JSONBytes(_encode(from_completion(await self.pipeline.complete(started), response)))
+        return JSONBytes(
+            _encode(from_completion(await self.pipeline.complete(started), response)), extra=started.rate_headers
+        )
 
     async def synthesise(self, started: Started, synth: EventSynth) -> AsyncGenerator[bytes, None]:
         batches = self.pipeline.chunks(started)
@@ -194,14 +197,14 @@ class Responses:
         meter = await self.meter(ask, model)
         response = await self.open(wire.build_request(provider, ask.body, model.upstream), model, meter)
         if not ask.stream:
-            return JSONBytes(_encode(await self.read(ask, model, response, meter)), headers=limits)
+            return JSONBytes(_encode(await self.read(ask, model, response, meter)), extra=limits)
         relay = wire.ResponsesRelay(ask.model_id, model.provider)
 
         async def abandon() -> None:
             response.close()
             await meter.finish(None, "interrupted", generated=relay.generated_text())
 
-        return SSE(relay_stream(relay, response, meter), headers=limits, finalize=abandon)
+        return SSE(relay_stream(relay, response, meter), limits, finalize=abandon)
 
     async def meter(self, ask: Ask, model: Model) -> Meter:
         gw, who = self.gw, ask.principal
