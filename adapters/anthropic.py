@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 
 from adapters import register
-from adapters.base import Adapter, Call, StreamTranslator, UpstreamRequest, UpstreamStreamError
+from adapters.base import USER_AGENT, Adapter, Call, StreamTranslator, UpstreamRequest, UpstreamStreamError
 from router.errors import InvalidRequest, UpstreamError
 from router.sse import Event
 from router.wire import ChatRequest, FilePart, ImagePart, Message, RefusalPart, TextPart, TokenUsage, ToolCall
@@ -385,7 +385,8 @@ class AnthropicAdapter(Adapter):
     protocol = "anthropic"
 
     def build_request(self, call: Call) -> UpstreamRequest:
-        headers = {"x-api-key": call.provider.api_key, "anthropic-version": VERSION, "content-type": "application/json"}
+        headers = {"x-api-key": call.provider.api_key, "anthropic-version": VERSION, "content-type": "application/json",
+                   "user-agent": USER_AGENT}  # fmt: skip
         if call.stream:
             headers["accept"] = "text/event-stream"
         return UpstreamRequest(f"{call.provider.base_url}/messages", headers, _encode(request_body(call)))

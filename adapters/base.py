@@ -45,6 +45,9 @@ class Call:
     include_usage: bool
 
 
+USER_AGENT = "model-router"  # sent upstream with every request (aiohttp's own otherwise)
+
+
 class UpstreamRequest(NamedTuple):
     url: str
     headers: dict[str, str]

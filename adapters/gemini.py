@@ -31,6 +31,7 @@ import msgspec
 
 from adapters import register
 from adapters.base import (
+    USER_AGENT,
     Adapter,
     Call,
     StreamTranslator,
@@ -413,7 +414,7 @@ class GeminiAdapter(Adapter):
         if config:
             body["generationConfig"] = config
         method = "streamGenerateContent?alt=sse" if call.stream else "generateContent"
-        headers = {"x-goog-api-key": call.provider.api_key, "Content-Type": "application/json"}
+        headers = {"x-goog-api-key": call.provider.api_key, "Content-Type": "application/json", "User-Agent": USER_AGENT}
         if call.stream:
             headers["Accept"] = "text/event-stream"
         url = f"{call.provider.base_url}/models/{call.model.upstream}:{method}"

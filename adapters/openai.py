@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from adapters.base import Adapter, Call, StreamTranslator, UpstreamRequest, UpstreamStreamError
+from adapters.base import USER_AGENT, Adapter, Call, StreamTranslator, UpstreamRequest, UpstreamStreamError
 from router.errors import UpstreamError
 from router.sse import Event
 from router.wire import TokenUsage, usage_from_openai
@@ -61,7 +61,8 @@ class OpenAIAdapter(Adapter):
                 body["stream_options"] = options
         for field in spec.drop_fields:
             body.pop(field, None)
-        headers = {"Authorization": f"Bearer {call.provider.api_key}", "Content-Type": "application/json"}
+        headers = {"Authorization": f"Bearer {call.provider.api_key}", "Content-Type": "application/json",
+                   "User-Agent": USER_AGENT}  # fmt: skip
         if call.stream:
             headers["Accept"] = "text/event-stream"
         return UpstreamRequest(f"{call.provider.base_url}/chat/completions", headers, _encode(body))

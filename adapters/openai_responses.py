@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from adapters.base import UpstreamRequest, UpstreamStreamError
+from adapters.base import USER_AGENT, UpstreamRequest, UpstreamStreamError
 from router.config import ResolvedProvider
 from router.errors import UpstreamError
 from router.sse import Event, frame_event
@@ -43,7 +43,7 @@ GENERATED = frozenset(
 def build_request(provider: ResolvedProvider, body: dict[str, Any], upstream_model: str) -> UpstreamRequest:
     out = dict(body)
     out["model"] = upstream_model
-    headers = {"Authorization": f"Bearer {provider.api_key}", "Content-Type": "application/json"}
+    headers = {"Authorization": f"Bearer {provider.api_key}", "Content-Type": "application/json", "User-Agent": USER_AGENT}
     if out.get("stream"):
         headers["Accept"] = "text/event-stream"
     return UpstreamRequest(f"{provider.base_url}/responses", headers, _encode(out))

@@ -24,7 +24,6 @@ class Transport:
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 timeout=aiohttp.ClientTimeout(total=None),
-                skip_auto_headers=("User-Agent",),
                 auto_decompress=True,
             )
 
