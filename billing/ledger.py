@@ -8,11 +8,9 @@ after it, exactly once, whatever happened in between (design §6).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -181,18 +179,11 @@ class Meter:
     started: float = field(default_factory=time.monotonic)
     settled: bool = False
 
-    @contextlib.asynccontextmanager
-    async def settles_on_failure(self) -> AsyncIterator[None]:
-        """Around a step of the call: if it fails, settle at once — ``error`` for a gateway error,
-        ``interrupted`` if cancelled or a bug — so the reservation is released, then re-raise."""
-        try:
-            yield
-        except GatewayError as exc:
-            await self.finish(None, "error", error=exc.message)
-            raise
-        except BaseException:
-            await self.finish(None, "interrupted", error="the call did not complete")
-            raise
+    def settles_on_failure(self) -> _SettlesOnFailure:
+        """Around a step of the call (``async with``): if it fails, settle at once — ``error`` for a
+        gateway error, ``interrupted`` if cancelled or a bug — so the reservation is released, then
+        re-raise."""
+        return _SettlesOnFailure(self)
 
     async def finish(self, usage: TokenUsage | None, status: str, *, generated: str = "", error: str | None = None,
                      first_token_at: float | None = None, upstream_id: str | None = None) -> None:  # fmt: skip
@@ -225,3 +216,24 @@ class Meter:
     def _estimate(self, generated: str) -> TokenUsage:
         messages = self.messages if isinstance(self.messages, list) else []
         return TokenUsage(prompt=tokens.count_messages(messages), completion=tokens.count(generated))
+
+
+class _SettlesOnFailure:
+    """:meth:`Meter.settles_on_failure` (a class, not ``contextlib.asynccontextmanager``: it is on
+    every call's path twice, and a generator-based one costs several times more)."""
+
+    __slots__ = ("meter",)
+
+    def __init__(self, meter: Meter) -> None:
+        self.meter = meter
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        if exc is None:
+            return
+        if isinstance(exc, GatewayError):
+            await self.meter.finish(None, "error", error=exc.message)
+        else:
+            await self.meter.finish(None, "interrupted", error="the call did not complete")

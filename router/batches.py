@@ -154,7 +154,9 @@ class Batches:
 
     async def create(self, request: Request) -> Response:
         principal, runner = await job_caller(self.gw, request)
-        body = parse_create(await read_json_body(request, 64 * 1024, self.gw.settings.reliability.body_timeout))
+        body = parse_create(
+            await read_json_body(request, 64 * 1024, self.gw.settings.reliability.body_timeout, self.gw.deadlines)
+        )
         source = await runner.store.get_file(principal.group_id, body.input_file_id)
         if source is None:
             raise NotFound(f"No such File object: {body.input_file_id}", param="input_file_id", code="file_not_found")

@@ -7,10 +7,11 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 import msgspec
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from billing.store import Principal
+from router.deadlines import Deadlines
 from router.errors import GatewayError, PayloadTooLarge, RequestTimeout, UnsupportedMediaType
 from router.gateway import Gateway
 from router.pipeline import ChatPipeline, Started
@@ -23,34 +24,43 @@ _encode = msgspec.json.Encoder().encode
 KEEPALIVE = b": keep-alive\n\n"
 
 
-async def read_body(request: Request, limit: int, seconds: float, *, too_large: str, code: str | None = None,
-                    what: str = "request body") -> bytes:  # fmt: skip
+async def read_body(request: Request, limit: int, seconds: float, deadlines: Deadlines, *, too_large: str,
+                    code: str | None = None, what: str = "request body") -> bytes:  # fmt: skip
     """The whole body, at most ``limit`` bytes (413, and the connection closed: the rest is never read)
-    within ``seconds`` (408)."""
+    within ``seconds`` (408). Read from the ASGI ``receive`` itself, not ``Request.stream()``."""
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > limit:
         raise PayloadTooLarge(too_large, code=code, headers={"Connection": "close"})
+    receive = request.receive
     chunks: list[bytes] = []
     size = 0
     try:
-        async with asyncio.timeout(seconds):
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise PayloadTooLarge(too_large, code=code, headers={"Connection": "close"})
-                chunks.append(chunk)
+        with deadlines.after(seconds):
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":
+                    raise ClientDisconnect()
+                chunk = message.get("body", b"")
+                if chunk:
+                    size += len(chunk)
+                    if size > limit:
+                        raise PayloadTooLarge(too_large, code=code, headers={"Connection": "close"})
+                    chunks.append(chunk)
+                if not message.get("more_body", False):
+                    break
     except TimeoutError:
         raise RequestTimeout(f"The {what} did not arrive within {seconds:g} s.", headers={"Connection": "close"}) from None
-    return b"".join(chunks)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-async def read_json_body(request: Request, limit: int, seconds: float) -> bytes:
+async def read_json_body(request: Request, limit: int, seconds: float, deadlines: Deadlines) -> bytes:
     ctype = request.headers.get("content-type", "")
     if "json" not in ctype.lower():
         raise UnsupportedMediaType(
             f"Content-Type must be application/json (got {ctype or 'none'!r}).", code="unsupported_content_type"
         )
-    return await read_body(request, limit, seconds, too_large=f"The request body is larger than the limit of {limit} bytes.")
+    too_large = f"The request body is larger than the limit of {limit} bytes."
+    return await read_body(request, limit, seconds, deadlines, too_large=too_large)
 
 
 async def principal_of(gw: Gateway, request: Request) -> Principal:
@@ -73,7 +83,7 @@ async def begin_call(gw: Gateway, request: Request) -> tuple[Principal, dict[str
     state = request.scope.get("state") or {}
     state["caller"] = principal
     body = await read_json_body(
-        request, gw.settings.server.max_body_bytes, gw.settings.reliability.body_timeout
+        request, gw.settings.server.max_body_bytes, gw.settings.reliability.body_timeout, gw.deadlines
     )
     return principal, state, body
 

@@ -23,6 +23,7 @@ from billing.store import Principal
 from jobs.runner import JobRunner
 from jobs.store import FileRow, new_file_id
 from router.chat import principal_of, read_body
+from router.deadlines import Deadlines
 from router.errors import InvalidRequest, NotFound, PayloadTooLarge, UnsupportedMediaType
 from router.gateway import Gateway
 from router.responses import JSONBytes
@@ -135,9 +136,9 @@ def parse_multipart(body: bytes, boundary: bytes) -> dict[str, Part]:
         pos = end
 
 
-async def read_upload(request: Request, limit: int, seconds: float) -> bytes:
+async def read_upload(request: Request, limit: int, seconds: float, deadlines: Deadlines) -> bytes:
     too_large = f"The file is larger than the limit of {limit - MULTIPART_SLACK} bytes ([jobs] max_file_bytes)."
-    return await read_body(request, limit, seconds, too_large=too_large, code="file_too_large", what="upload")
+    return await read_body(request, limit, seconds, deadlines, too_large=too_large, code="file_too_large", what="upload")
 
 
 # -- endpoints -----------------------------------------------------------------------------------------------
@@ -150,7 +151,7 @@ class Files:
         boundary = boundary_of(request.headers.get("content-type", ""))
         limit = self.gw.settings.jobs.max_file_bytes
         timeout = max(self.gw.settings.reliability.body_timeout, 300.0)
-        parts = parse_multipart(await read_upload(request, limit + MULTIPART_SLACK, timeout), boundary)
+        parts = parse_multipart(await read_upload(request, limit + MULTIPART_SLACK, timeout, self.gw.deadlines), boundary)
         purpose = parts.get("purpose")
         if purpose is None:
             raise InvalidRequest("Missing required parameter: 'purpose'.", param="purpose", code="missing_required_parameter")

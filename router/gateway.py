@@ -15,6 +15,7 @@ from billing.sqlite import SQLiteStore
 from billing.store import Store, open_store
 from router.auth import Authenticator
 from router.config import ResolvedProvider, Settings
+from router.deadlines import Deadlines
 from router.errors import UpstreamUnavailable
 from router.metrics import ObservedTransport
 from router.ratelimit import RateLimiter
@@ -34,6 +35,7 @@ class Gateway:
         # trip per call); PostgreSQL: reservations are atomic updates in the store, shared by replicas
         self.ledger = LocalLedger(self.store) if isinstance(self.store, SQLiteStore) else Ledger(self.store)
         self.limits = RateLimiter(settings.limits)
+        self.deadlines = Deadlines()  # the call path's timeouts (body, first byte)
         rel = settings.reliability
         self.breakers = Breakers(rel.breaker_threshold, rel.breaker_cooldown)
         self.auth = Authenticator(self.store, settings.server.key_prefix, settings.server.auth_cache_seconds)

@@ -221,7 +221,7 @@ async def open_upstream(gw: Gateway, upstream: UpstreamRequest, provider: str,
     attempt = 0
     while True:
         try:
-            async with asyncio.timeout(rel.first_byte_timeout):
+            with gw.deadlines.after(rel.first_byte_timeout):
                 response = await gw.transport.open(upstream, target)
                 if response.status >= 400:
                     try:
