@@ -94,8 +94,8 @@ class Backend(ABC):
 
 
 class Plan:
-    """One key's buckets whose limit is not 0, in ``_KINDS`` order: (storage name, limit, seconds per
-    unit, counts tokens), and the ``x-ratelimit-limit-*`` values of each."""
+    """One key's buckets whose limit is not 0, requests before tokens: (storage name, limit, seconds
+    per unit, counts tokens), and their kinds (``_KINDS``)."""
 
     __slots__ = ("buckets", "kinds", "tokens")
 
@@ -116,7 +116,9 @@ def raw_headers(tightest: list[tuple[bool, int, int, float]]) -> Headers:
     out: Headers = []
     for is_tokens, limit, remaining, reset in tightest:
         names = _NAMES[is_tokens]
-        out += ((names[0], b"%d" % limit), (names[1], b"%d" % remaining), (names[2], duration(reset).encode()))
+        # (duration's common case inline: a bucket that is full again within a second)
+        until = b"%dms" % max(math.ceil(reset * 1000), 1) if 0 < reset < 1 else duration(reset).encode()
+        out += ((names[0], b"%d" % limit), (names[1], b"%d" % remaining), (names[2], until))
     return out
 
 
@@ -191,7 +193,7 @@ class RateLimiter:
             k = f"{base}k{principal.key_id}:"
             names = (k + "r", k + "t", base + "g:r", base + "g:t")
             quota = self.quota(principal.group_name)
-            chosen = [i for i in range(len(_KINDS)) if quota[i]]
+            chosen = [i for i in (0, 2, 1, 3) if quota[i]]  # requests, then tokens; the key's first
             plan = Plan([(names[i], quota[i], i % 2 == 1) for i in chosen], [_KINDS[i] for i in chosen])
             self._plans[principal.key_id] = plan
         return plan

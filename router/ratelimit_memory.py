@@ -54,25 +54,30 @@ class MemoryBackend(Backend):
         this call (1 request, ``tokens`` tokens), take from all and return the response's headers;
         else take nothing and return None (the caller's general path then refuses)."""
         now = self.clock()
-        period = self.period
+        horizon = now + self.period  # a bucket has room if its TAT after this call is not beyond
         tats = self._tat
         new: list[float] = []
         for name, limit, interval, is_tokens in plan.buckets:
             cost = tokens if is_tokens else 1
             tat = tats.get(name, now)
-            tat = (tat if tat > now else now) + cost * interval
-            if cost > limit or tat - period > now:
+            if tat < now:
+                tat = now
+            tat += cost * interval
+            if tat > horizon or cost > limit:
                 return None
             new.append(tat)
-        best: dict[bool, tuple[bool, int, int, float]] = {}  # the tightest of each kind (see gcra)
+        tightest: list[tuple[bool, int, int, float]] = []  # of each kind (gcra's remaining and reset)
         for (name, limit, interval, is_tokens), tat in zip(plan.buckets, new, strict=True):
             tats[name] = tat
-            remaining = max(int((now + period - tat) / interval + 1e-6), 0)
-            held = best.get(is_tokens)
-            if held is None or remaining < held[2] or (remaining == held[2] and tat - now > held[3]):
-                best[is_tokens] = (is_tokens, limit, remaining, tat - now)
+            remaining = int((horizon - tat) / interval + 1e-6)
+            if not tightest or tightest[-1][0] != is_tokens:
+                tightest.append((is_tokens, limit, remaining, tat - now))
+            else:
+                held = tightest[-1]
+                if remaining < held[2] or (remaining == held[2] and tat - now > held[3]):
+                    tightest[-1] = (is_tokens, limit, remaining, tat - now)
         self._swept(now)
-        return raw_headers([best[k] for k in (False, True) if k in best])
+        return raw_headers(tightest)
 
     def _swept(self, now: float) -> None:
         """Now and then, forget the buckets that are full again (their TAT has passed)."""

@@ -155,6 +155,40 @@ async def test_an_unreachable_redis_fails_open_or_closed_as_configured() -> None
     assert RATELIMIT_ERRORS._value.get() == errors + 2
 
 
+async def test_the_memory_fast_path_answers_as_the_general_path() -> None:
+    """``MemoryBackend.admit_now`` (plain arithmetic, every admitted call) gives the same headers, and
+    refuses the same calls, as the general path (Buckets → ``take`` → states), call after call."""
+    from billing.store import Principal
+    from router.catalog import Catalog
+    from router.ratelimit import RateLimiter
+    from router.wire import parse_chat_request
+
+    model = Catalog.load(None).resolve(MODEL)
+    clock = [1000.0]
+    settings = LimitsSettings(key_rpm=7, key_tpm=5000, group_rpm=9, group_tpm=4000)
+    fast = RateLimiter(settings, MemoryBackend(clock=lambda: clock[0]))
+    general = RateLimiter(settings, MemoryBackend(clock=lambda: clock[0]))
+    general._local = None
+    assert fast._local is not None
+    who = [Principal(1, "a", 1, "g", None, None), Principal(2, "b", 1, "g", None, None)]
+    outcomes = []
+    for n in range(60):
+        text = "x" * (n * 37 % 400)
+        body = json.dumps({"model": MODEL, "max_tokens": 50 + n % 5 * 100,
+                           "messages": [{"role": "user", "content": text}]}).encode()  # fmt: skip
+        _, req = parse_chat_request(body)
+        answers = []
+        for limiter in (fast, general):
+            try:
+                answers.append(await limiter.admit(who[n % 2], model, len(body), req))
+            except RateLimited as exc:
+                answers.append(("429", exc.message, sorted(exc.headers.items())))
+        assert answers[0] == answers[1], n
+        outcomes.append(answers[0][0] == "429")
+        clock[0] += (n % 7) * 1.3
+    assert any(outcomes) and not all(outcomes)  # both admissions and refusals were compared
+
+
 # -- the gateway, one process, limits in memory -----------------------------------------------------
 @pytest.fixture(scope="module")
 def lstack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
