@@ -3,8 +3,9 @@
 We use ``prometheus_client`` (the reference client: correct exposition and escaping, content
 negotiation, process metrics) with its own registry, so an application that mounts the gateway keeps
 its default registry to itself. The metrics belong to the process, as Prometheus expects of a scrape
-target. Hot-path cost is one dict lookup per labelled child (children are cached here, so no label
-tuple or dict is built per request) plus prometheus_client's increment under a lock.
+target. The metrics of every request and call are plain numbers moved on the event loop (a dict
+update, a ``bisect`` per histogram: no lock, no child object), read by a custom collector at scrape
+time; the rarer ones are prometheus_client metrics.
 
     router_requests_total{endpoint,status}              HTTP requests (endpoint = route template)
     router_request_duration_seconds{endpoint}           until the last byte (streams included)
@@ -23,12 +24,17 @@ No label ever holds key material: keys appear nowhere, groups and models only by
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -49,39 +55,96 @@ GCCollector(registry=REGISTRY)
 _LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _TTFT = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60)
 
-REQUESTS = Counter(
-    "router_requests", "HTTP requests by endpoint and status.", ["endpoint", "status"], registry=REGISTRY
-)
-DURATION = Histogram(
-    "router_request_duration_seconds",
-    "HTTP request duration, until the last byte.",
-    ["endpoint"],
-    buckets=_LATENCY,
-    registry=REGISTRY,
-)
-OPEN_STREAMS = Gauge("router_open_streams", "SSE responses being written now.", registry=REGISTRY)
-CALLS = Counter(
-    "router_calls",
-    "Settled model calls by provider, model and outcome.",
-    ["provider", "model", "status"],
-    registry=REGISTRY,
-)
-TTFT = Histogram(
-    "router_time_to_first_token_seconds",
-    "Time from the call's start to its first streamed token.",
-    ["provider", "model"],
-    buckets=_TTFT,
-    registry=REGISTRY,
-)
-TOKENS = Counter(
-    "router_tokens",
-    "Tokens by provider, model and kind (prompt, completion).",
-    ["provider", "model", "kind"],
-    registry=REGISTRY,
-)
-CREDITS = Counter(
-    "router_credits", "Credits charged by provider and model.", ["provider", "model"], registry=REGISTRY
-)
+
+class _Histogram:
+    """Observations per bucket (not cumulative; the last one is +Inf) and their sum."""
+
+    __slots__ = ("counts", "total")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.counts = [0] * (len(bounds) + 1)
+        self.total = 0.0
+
+    def observe(self, value: float, bounds: tuple[float, ...]) -> None:
+        self.counts[bisect_left(bounds, value)] += 1  # the first bucket whose bound is >= value
+        self.total += value
+
+    def buckets(self, bounds: tuple[float, ...]) -> list[tuple[str, float]]:
+        out: list[tuple[str, float]] = []
+        seen = 0
+        for bound, count in zip((*map(floatToGoString, bounds), "+Inf"), self.counts, strict=True):
+            seen += count
+            out.append((bound, seen))
+        return out
+
+
+class _Calls:
+    """One (provider, model)'s settled calls."""
+
+    __slots__ = ("prompt", "completion", "credits", "status", "ttft")
+
+    def __init__(self) -> None:
+        self.prompt = self.completion = 0
+        self.credits = 0  # nano-credits (exact; credits at scrape time)
+        self.status: dict[str, int] = {}
+        self.ttft = _Histogram(_TTFT)
+
+
+class _Level:
+    """A gauge moved by +1 / -1 (``inc`` / ``dec``)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def inc(self) -> None:
+        self.value += 1
+
+    def dec(self) -> None:
+        self.value -= 1
+
+
+# The per-request and per-call metrics are plain numbers, moved on the event loop's thread (no lock,
+# no prometheus_client child per label set) and turned into samples when /metrics is scraped.
+_requests: dict[tuple[str, int], int] = {}
+_durations: dict[str, _Histogram] = {}
+_calls: dict[tuple[str, str], _Calls] = {}
+OPEN_STREAMS = _Level()
+
+
+class _CallPath(Collector):
+    def collect(self) -> Iterator[Metric]:
+        requests = CounterMetricFamily("router_requests", "HTTP requests by endpoint and status.",
+                                       labels=["endpoint", "status"])  # fmt: skip
+        for (endpoint, status), count in list(_requests.items()):
+            requests.add_metric([endpoint, str(status)], count)
+        duration = HistogramMetricFamily("router_request_duration_seconds", "HTTP request duration, until the last byte.",
+                                         labels=["endpoint"])  # fmt: skip
+        for endpoint, hist in list(_durations.items()):
+            duration.add_metric([endpoint], hist.buckets(_LATENCY), hist.total)
+        calls = CounterMetricFamily("router_calls", "Settled model calls by provider, model and outcome.",
+                                    labels=["provider", "model", "status"])  # fmt: skip
+        ttft = HistogramMetricFamily("router_time_to_first_token_seconds",
+                                     "Time from the call's start to its first streamed token.", labels=["provider", "model"])  # fmt: skip
+        tokens = CounterMetricFamily("router_tokens", "Tokens by provider, model and kind (prompt, completion).",
+                                     labels=["provider", "model", "kind"])  # fmt: skip
+        credits = CounterMetricFamily("router_credits", "Credits charged by provider and model.",
+                                      labels=["provider", "model"])  # fmt: skip
+        for (provider, model), c in list(_calls.items()):
+            for outcome, count in list(c.status.items()):
+                calls.add_metric([provider, model, outcome], count)
+            if c.ttft.counts != [0] * len(c.ttft.counts):
+                ttft.add_metric([provider, model], c.ttft.buckets(_TTFT), c.ttft.total)
+            tokens.add_metric([provider, model, "prompt"], c.prompt)
+            tokens.add_metric([provider, model, "completion"], c.completion)
+            credits.add_metric([provider, model], c.credits / 1e9)
+        streams = GaugeMetricFamily("router_open_streams", "SSE responses being written now.", value=OPEN_STREAMS.value)
+        yield from (requests, duration, streams, calls, ttft, tokens, credits)
+
+
+REGISTRY.register(_CallPath())
+
 UPSTREAM_ERRORS = Counter(
     "router_upstream_errors",
     "Failed upstream attempts by provider and HTTP status (or connect, timeout, network).",
@@ -101,57 +164,34 @@ RATELIMIT_ERRORS = Counter(
     registry=REGISTRY,
 )
 
-# cached children: nested dicts keyed by the label values, so the hot path allocates nothing
-_requests: dict[str, dict[int, tuple[Any, Any]]] = {}
-_calls: dict[str, dict[str, _CallChildren]] = {}
+# cached children of the rarer metrics: nested dicts keyed by the label values
 _upstream: dict[str, dict[int | str, Any]] = {}
 _retries: dict[str, Any] = {}
 _limited: dict[str, Any] = {}
 
 
-class _CallChildren:
-    __slots__ = ("prompt", "completion", "credits", "ttft", "status")
-
-    def __init__(self, provider: str, model: str) -> None:
-        self.prompt = TOKENS.labels(provider, model, "prompt")
-        self.completion = TOKENS.labels(provider, model, "completion")
-        self.credits = CREDITS.labels(provider, model)
-        self.ttft = TTFT.labels(provider, model)
-        self.status = {s: CALLS.labels(provider, model, s) for s in ("ok", "error", "interrupted")}
-
-
 def request_done(endpoint: str, status: int, seconds: float) -> None:
     """One HTTP request finished (the observing middleware)."""
-    by_status = _requests.get(endpoint)
-    if by_status is None:
-        by_status = _requests[endpoint] = {}
-    children = by_status.get(status)
-    if children is None:
-        children = by_status[status] = (REQUESTS.labels(endpoint, str(status)), DURATION.labels(endpoint))
-    children[0].inc()
-    children[1].observe(seconds)
+    key = (endpoint, status)
+    _requests[key] = _requests.get(key, 0) + 1
+    hist = _durations.get(endpoint)
+    if hist is None:
+        hist = _durations[endpoint] = _Histogram(_LATENCY)
+    hist.observe(seconds, _LATENCY)
 
 
 def call_settled(record: UsageRecord) -> None:
     """One call's usage record is complete (``Meter.finish``): tokens, credits, outcome, TTFT."""
-    by_model = _calls.get(record.provider)
-    if by_model is None:
-        by_model = _calls[record.provider] = {}
-    c = by_model.get(record.model)
+    key = (record.provider, record.model)
+    c = _calls.get(key)
     if c is None:
-        c = by_model[record.model] = _CallChildren(record.provider, record.model)
-    if record.prompt_tokens:
-        c.prompt.inc(record.prompt_tokens)
-    if record.completion_tokens:
-        c.completion.inc(record.completion_tokens)
-    if record.credits:
-        c.credits.inc(record.credits / 1e9)
+        c = _calls[key] = _Calls()
+    c.prompt += record.prompt_tokens
+    c.completion += record.completion_tokens
+    c.credits += record.credits
+    c.status[record.status] = c.status.get(record.status, 0) + 1
     if record.ttft_ms is not None:
-        c.ttft.observe(record.ttft_ms / 1000)
-    status = c.status.get(record.status)
-    if status is None:
-        status = c.status[record.status] = CALLS.labels(record.provider, record.model, record.status)
-    status.inc()
+        c.ttft.observe(record.ttft_ms / 1000, _TTFT)
 
 
 def upstream_error(provider: str, status: int | str) -> None:

@@ -272,3 +272,22 @@ def test_retry_hook_is_callable_by_the_retry_loop() -> None:
     before = metrics.RETRIES.labels("anthropic")._value.get()
     metrics.retry("anthropic")
     assert metrics.RETRIES.labels("anthropic")._value.get() == before + 1
+
+
+def test_request_histogram_buckets_are_cumulative_and_bounds_inclusive() -> None:
+    """The call path's metrics are plain numbers exposed by a collector: a value equal to a bound
+    counts in that bound's bucket (Prometheus' ``le``), and buckets add up to the count."""
+    endpoint = "/test/histogram"
+    for seconds in (0.001, 0.0011, 0.3, 1000.0):
+        metrics.request_done(endpoint, 200, seconds)
+    body, _ = metrics.exposition(None)
+    samples = {}
+    for line in body.decode().splitlines():
+        if line.startswith("router_request_duration_seconds") and f'endpoint="{endpoint}"' in line:
+            name_labels, value = line.rsplit(" ", 1)
+            samples[name_labels] = float(value)
+    labels = f'endpoint="{endpoint}"'
+    for le, count in (("0.001", 1), ("0.0025", 2), ("0.5", 3), ("300.0", 3), ("+Inf", 4)):
+        assert samples[f'router_request_duration_seconds_bucket{{{labels},le="{le}"}}'] == count, le
+    assert samples[f"router_request_duration_seconds_count{{{labels}}}"] == 4
+    assert abs(samples[f"router_request_duration_seconds_sum{{{labels}}}"] - 1000.3021) < 1e-9
