@@ -56,7 +56,10 @@ class UpstreamRequest(NamedTuple):
 
 class StreamTranslator(ABC):
     """Turns one upstream SSE stream into OpenAI chunk dicts. ``finished`` is set when the upstream
-    signalled a proper end; ``usage`` when it reported usage."""
+    signalled a proper end; ``usage`` when it reported usage. ``passthrough``: its plain chunks are
+    OpenAI chunks already, which the stream path may pass on as bytes (router/stream.py)."""
+
+    passthrough = False
 
     def __init__(self) -> None:
         self.finished = False

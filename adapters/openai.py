@@ -107,6 +107,8 @@ class _OpenAIStream(StreamTranslator):
     def __init__(self, adapter: OpenAIAdapter) -> None:
         super().__init__()
         self.adapter = adapter
+        # nothing in a plain text chunk to rename or map (see _normalise, _finish)
+        self.passthrough = not adapter.spec.reasoning_field and not adapter.spec.finish_reasons
 
     def feed(self, event: Event) -> list[dict[str, Any]]:
         data = event.data

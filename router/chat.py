@@ -112,7 +112,7 @@ class ChatCompletions:
         if task.done():
             started = task.result()
             state["provider"] = started.call.model.provider
-            return SSE(sse(self.pipeline.chunks(started)), started.rate_headers,
+            return SSE(sse(self.pipeline.chunks(started, raw=True)), started.rate_headers,
                        finalize=lambda: self.pipeline.abandon(started))  # fmt: skip
         return SSE(self._waiting(task, state), finalize=lambda: self._cancel(task))
 
@@ -128,7 +128,7 @@ class ChatCompletions:
             yield frame(_encode(error_chunk(exc))) + DONE
             return
         state["provider"] = started.call.model.provider  # for the access log
-        inner = sse(self.pipeline.chunks(started))
+        inner = sse(self.pipeline.chunks(started, raw=True))
         try:
             async for piece in inner:
                 yield piece

@@ -156,9 +156,12 @@ class ChatPipeline:
             await meter.finish(usage, "ok", generated=generated, upstream_id=started.upstream_id)
             return data
 
-    def chunks(self, started: Started) -> AsyncGenerator[list[dict[str, Any]], None]:
+    def chunks(self, started: Started, raw: bool = False) -> AsyncGenerator[list[Any], None]:
+        """The stream's batches of chunks (router/stream.py ``chunks``; ``raw``: some may be
+        ``msgspec.Raw``, for a consumer that only encodes them)."""
         shaper = Shaper(started.call, started.completion_id, int(time.time()))
-        return chunks(started.call, started.adapter.stream(started.call), started.response, shaper, started.meter)
+        translator = started.adapter.stream(started.call)
+        return chunks(started.call, translator, started.response, shaper, started.meter, raw)
 
     async def abandon(self, started: Started) -> None:
         """The consumer went away before or while reading: close the upstream, settle (no-op if done)."""

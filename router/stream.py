@@ -6,6 +6,11 @@ delta is empty, then (only if asked with ``stream_options.include_usage``) one u
 ``choices: []``, then ``data: [DONE]``. Every chunk carries the gateway's completion id and the model
 id the caller sent. An upstream failure after the first byte becomes one ``data: {"error": ...}``
 event followed by ``data: [DONE]``.
+
+The common chunk of an OpenAI-protocol upstream (one choice, text only) is already in that shape: for
+the chat endpoint (``chunks(..., raw=True)``) it is passed through as bytes with only its head (id,
+object, created, model) swapped for ours and its ``usage`` key kept or dropped as the caller asked
+(:meth:`Shaper.pass_through`); any other chunk goes through the translator and :meth:`Shaper.shape`.
 """
 
 from __future__ import annotations
@@ -27,6 +32,35 @@ from router.sse import DONE, SSEDecoder, frame
 _encode = msgspec.json.Encoder().encode
 
 
+class _Delta(msgspec.Struct, forbid_unknown_fields=True):
+    role: str | None = None
+    content: str | None = None
+
+
+class _Choice(msgspec.Struct, forbid_unknown_fields=True):
+    delta: _Delta
+    index: int = 0
+    finish_reason: str | None = None
+    logprobs: msgspec.Raw | None = None
+
+
+class _Plain(msgspec.Struct):
+    """An upstream OpenAI chunk that may pass through: text only (other fields fail to decode), no
+    usage; unknown top-level fields are not decoded and pass through as bytes."""
+
+    id: str
+    object: str
+    created: int
+    model: str
+    choices: list[_Choice]
+    usage: None = None
+
+
+_decode_plain = msgspec.json.Decoder(_Plain).decode
+_FINISH = frozenset({"stop", "length", "tool_calls", "content_filter", "function_call"})
+_NO_USAGE = b',"usage":null}'
+
+
 @dataclass(slots=True)
 class Outcome:
     """How a stream ended, for its usage record."""
@@ -39,7 +73,7 @@ class Outcome:
 class Shaper:
     """Normalises adapter chunks into the order and shape the caller is promised."""
 
-    __slots__ = ("call", "completion_id", "created", "finished", "role_sent", "text_parts")
+    __slots__ = ("call", "completion_id", "created", "finished", "role_sent", "text_parts", "_head")
 
     def __init__(self, call: Call, completion_id: str, created: int) -> None:
         self.call = call
@@ -48,6 +82,45 @@ class Shaper:
         self.finished: set[int] = set()
         self.role_sent: set[int] = set()
         self.text_parts: list[str] = []  # kept for estimating usage when the upstream never says
+        self._head = b'{"id":%b,"object":"chat.completion.chunk","created":%d,"model":%b' % (
+            _encode(completion_id), created, _encode(call.model_id))
+
+    def pass_through(self, data: bytes) -> msgspec.Raw | None:
+        """The upstream OpenAI chunk ``data`` as the caller's chunk, if it is already in the promised
+        shape (what :meth:`shape` and :meth:`_stamp` would give, as JSON, key order included), else
+        None. Its head is swapped for ours; the rest of its bytes pass through."""
+        try:
+            chunk = _decode_plain(data)
+        except msgspec.DecodeError:  # not a plain text chunk (or not JSON): the general path says
+            return None
+        if len(chunk.choices) != 1 or chunk.object != "chat.completion.chunk":
+            return None
+        choice = chunk.choices[0]
+        delta, index, reason = choice.delta, choice.index, choice.finish_reason
+        if index in self.finished or (index not in self.role_sent and delta.role is None):
+            return None
+        if reason is not None and (reason not in _FINISH or delta.role is not None or delta.content):
+            return None  # a finish chunk to split, or a finish reason to map
+        head = b'{"id":%b,"object":"chat.completion.chunk","created":%d,"model":%b' % (
+            _encode(chunk.id), chunk.created, _encode(chunk.model))
+        if not data.startswith(head) or b'"finish_reason"' not in data:
+            return None
+        body = data[len(head) :]
+        if not body.startswith(b',"choices":'):
+            return None  # fields between model and choices: _stamp moves them after choices
+        if body.endswith(_NO_USAGE):  # usage last (where _stamp puts it), and null
+            if not self.call.include_usage:
+                body = body[: -len(_NO_USAGE)] + b"}"
+        elif b'"usage"' in body:
+            return None
+        elif self.call.include_usage:
+            body = body[:-1] + _NO_USAGE
+        self.role_sent.add(index)
+        if reason is not None:
+            self.finished.add(index)
+        if delta.content:
+            self.text_parts.append(delta.content)
+        return msgspec.Raw(self._head + body)
 
     def _stamp(self, chunk: dict[str, Any]) -> dict[str, Any]:
         """The chunk with our id, the caller's model id and the same key order whatever the provider."""
@@ -128,18 +201,26 @@ async def chunks(
     response: aiohttp.ClientResponse,
     shaper: Shaper,
     meter: Meter,
-) -> AsyncGenerator[list[dict[str, Any]], None]:
+    raw: bool = False,
+) -> AsyncGenerator[list[Any], None]:
     """The caller's chunks, a batch per upstream network read. The last batch ends with the usage
     chunk (if asked) or an ``{"error": ...}`` chunk. The call is settled exactly once, however the
     stream ends: before the last batch when it ends normally, in ``finally`` when the consumer went
-    away."""
+    away. A chunk is a dict, or with ``raw`` (the consumer only encodes them) possibly a
+    ``msgspec.Raw`` of its JSON (:meth:`Shaper.pass_through`)."""
     decoder = SSEDecoder()
-    out: list[dict[str, Any]] = []
+    out: list[Any] = []
     outcome = Outcome()
+    fast = raw and translator.passthrough
     try:
         try:
             async for data in response.content.iter_any():
                 for event in decoder.feed(data):
+                    if fast:
+                        piece = shaper.pass_through(event.data)
+                        if piece is not None:
+                            out.append(piece)
+                            continue
                     for chunk in translator.feed(event):
                         shaper.shape(chunk, out)
                 if out:
@@ -197,8 +278,9 @@ def _unread(response: aiohttp.ClientResponse) -> bytes:
     return data
 
 
-async def sse(batches: AsyncGenerator[list[dict[str, Any]], None]) -> AsyncGenerator[bytes, None]:
-    """Chat chunks as the SSE bytes of the chat protocol, ending with ``data: [DONE]``."""
+async def sse(batches: AsyncGenerator[list[Any], None]) -> AsyncGenerator[bytes, None]:
+    """Chat chunks (dicts, or ``msgspec.Raw``) as the SSE bytes of the chat protocol, ending with
+    ``data: [DONE]``."""
     try:
         async for batch in batches:
             yield b"".join([frame(_encode(chunk)) for chunk in batch])

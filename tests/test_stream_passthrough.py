@@ -1,0 +1,96 @@
+"""The stream path's pass-through of plain OpenAI chunks (router/stream.py ``Shaper.pass_through``)
+gives the caller exactly what the general path (translator → ``Shaper.shape``) gives: the same JSON,
+key order included, and the same state (role sent, finished choices, text kept for estimates)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+import pytest
+
+from adapters import ADAPTERS
+from adapters.base import Call
+from router.catalog import Catalog
+from router.sse import Event
+from router.stream import Shaper
+from router.wire import parse_chat_request
+
+MODEL = "openai/gpt-4o-mini"
+HEAD = '{"id":"chatcmpl-up","object":"chat.completion.chunk","created":1700000000,"model":"gpt-4o-mini"'
+
+
+def chunk(choices: str, tail: str = ',"usage":null', before: str = "") -> bytes:
+    return (HEAD + before + ',"choices":[' + choices + "]" + tail + "}").encode()
+
+
+def text(content: str, extra: str = "", reason: str = "null") -> str:
+    return '{"index":0,"delta":{' + content + '},"finish_reason":' + reason + ',"logprobs":null' + extra + "}"
+
+
+STREAMS = {
+    "plain": [chunk(text('"role":"assistant","content":""')), chunk(text('"content":"Hel\\u00e9lo"')),
+              chunk(text('"content":" \\"quoted\\" usage"')), chunk(text("", reason='"stop"')),
+              chunk("", tail=',"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}')],
+    "no usage key": [chunk(text('"role":"assistant","content":"a"'), tail=""), chunk(text('"content":"b"'), tail=""),
+                     chunk(text("", reason='"length"'), tail="")],
+    "extra fields": [chunk(text('"role":"assistant","content":"a"'), tail=',"usage":null,"obfuscation":"xy"'),
+                     chunk(text('"content":"b"'), before=',"system_fingerprint":"fp_1"'),
+                     chunk(text('"content":"c"'), tail=',"service_tier":"default","usage":null'),
+                     chunk(text("", reason='"stop"'))],
+    "no role first": [chunk(text('"content":"a"')), chunk(text('"content":"b"', reason='"stop"'))],
+    "tools and refusal": [chunk(text('"role":"assistant","content":null,"refusal":null')),
+                          chunk(text('"tool_calls":[{"index":0,"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]')),
+                          chunk(text("", reason='"tool_calls"'))],
+    "two choices": [chunk(text('"role":"assistant","content":"a"') + "," + text('"role":"assistant","content":"b"').replace('"index":0', '"index":1')),
+                    chunk(text('"content":"c"')), chunk(text("", reason='"stop"'))],
+    "after finish": [chunk(text('"role":"assistant","content":"a"')), chunk(text("", reason='"stop"')),
+                     chunk(text('"content":"late"'))],
+    "odd finish": [chunk(text('"role":"assistant","content":"a"')), chunk(text("", reason='"model_length"'))],
+}  # fmt: skip
+
+
+def run(lines: list[bytes], include_usage: bool, fast: bool) -> tuple[list[list[Any]], int, tuple[Any, ...]]:
+    catalog = Catalog.load(None)
+    model = catalog.resolve(MODEL)
+    adapter = ADAPTERS["openai"]("openai", catalog.providers["openai"])
+    _, request = parse_chat_request(json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}).encode())
+    call = Call(MODEL, model, None, {}, request, True, include_usage)  # type: ignore[arg-type]
+    shaper = Shaper(call, "chatcmpl-ours", 1800000000)
+    translator = adapter.stream(call)
+    out: list[Any] = []
+    passed = 0
+    for data in lines:
+        if fast and translator.passthrough:
+            piece = shaper.pass_through(data)
+            if piece is not None:
+                out.append(piece)
+                passed += 1
+                continue
+        for c in translator.feed(Event(None, data)):
+            shaper.shape(c, out)
+    as_json = [list(json.loads(msgspec.json.encode(c)).items()) for c in out]
+    return as_json, passed, (sorted(shaper.finished), sorted(shaper.role_sent), shaper.generated())
+
+
+@pytest.mark.parametrize("include_usage", [False, True])
+@pytest.mark.parametrize("name", list(STREAMS))
+def test_pass_through_equals_the_general_path(name: str, include_usage: bool) -> None:
+    general, none_passed, state = run(STREAMS[name], include_usage, fast=False)
+    fast, passed, fast_state = run(STREAMS[name], include_usage, fast=True)
+    assert none_passed == 0
+    assert fast == general
+    assert fast_state == state
+    if name in ("plain", "no usage key"):
+        assert passed == len(STREAMS[name]) - (name == "plain")  # all but the usage-only chunk
+
+
+def test_chunks_carry_our_id_and_the_callers_model() -> None:
+    fast, passed, _ = run(STREAMS["plain"], False, fast=True)
+    assert passed == 4
+    for items in fast[:4]:
+        head = dict(items[:4])
+        assert head == {"id": "chatcmpl-ours", "object": "chat.completion.chunk", "created": 1800000000, "model": MODEL}
+        assert items[4][0] == "choices"
+        assert "usage" not in dict(items)
