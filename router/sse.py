@@ -33,9 +33,21 @@ class SSEDecoder:
             if tail:
                 buf = buf[:-1]
             buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n") + tail
+        events: list[Event] = []
+        if not self._data and self._event is None and b"\n\n" in buf:
+            # at an event boundary: whole events at once, the common one (a single `data: ` line)
+            # without going line by line
+            blocks = buf.split(b"\n\n")
+            buf = blocks.pop()  # what follows the last complete event
+            for block in blocks:
+                if block[:6] == b"data: " and b"\n" not in block:
+                    events.append(Event(None, block[6:]))
+                else:
+                    for line in block.split(b"\n"):
+                        self._line(line, events)
+                    self._line(b"", events)
         lines = buf.split(b"\n")
         self._buf = lines.pop()
-        events: list[Event] = []
         for line in lines:
             self._line(line, events)
         return events

@@ -94,3 +94,35 @@ def test_chunks_carry_our_id_and_the_callers_model() -> None:
         assert head == {"id": "chatcmpl-ours", "object": "chat.completion.chunk", "created": 1800000000, "model": MODEL}
         assert items[4][0] == "choices"
         assert "usage" not in dict(items)
+
+
+SSE_INPUTS = [
+    b'data: {"a":1}\n\ndata: {"b":2}\n\ndata: [DONE]\n\n',
+    b'event: message_start\ndata: {"x":1}\n\nevent: ping\ndata: {}\n\n',
+    b": keep-alive\n\ndata: one\ndata: two\n\ndata:no-space\n\n\n\ndata: after blank lines\n\n",
+    b"data: crlf\r\n\r\ndata: cr\r\rdata: mixed\r\n\ndata: tail",
+    b'id: 7\nretry: 100\ndata: {"with":"id"}\n\ndata: \n\ndata\n\n',
+    b'data: {"text":"caf\xc3\xa9 \xe2\x82\xac"}\n\ndata: {"n":2}\n',
+]
+
+
+def events_of(data: bytes, cuts: list[int]) -> list[Event]:
+    from router.sse import SSEDecoder
+
+    decoder = SSEDecoder()
+    events: list[Event] = []
+    bounds = [0, *cuts, len(data)]
+    for start, end in zip(bounds, bounds[1:], strict=False):
+        events += decoder.feed(data[start:end])
+    return events + decoder.close()
+
+
+@pytest.mark.parametrize("data", SSE_INPUTS)
+def test_sse_decoder_gives_the_same_events_however_the_bytes_are_split(data: bytes) -> None:
+    """Whole reads take the decoder's whole-event path; one byte per read takes its line-by-line
+    path; every split in between mixes them. All must give the same events."""
+    one_by_one = events_of(data, list(range(1, len(data))))
+    assert events_of(data, []) == one_by_one
+    for step in (2, 3, 5, 7, 11):
+        assert events_of(data, list(range(step, len(data), step))) == one_by_one
+    assert one_by_one  # (every input has events)
