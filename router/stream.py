@@ -191,6 +191,10 @@ class Shaper:
         }
 
 
+class LastBatch(list):  # type: ignore[type-arg]
+    """The last batch of :func:`chunks` (nothing follows it)."""
+
+
 def error_chunk(exc: GatewayError) -> dict[str, Any]:
     return {"error": {"message": exc.message, "type": exc.type, "param": None, "code": exc.code}}
 
@@ -203,8 +207,8 @@ async def chunks(
     meter: Meter,
     raw: bool = False,
 ) -> AsyncGenerator[list[Any], None]:
-    """The caller's chunks, a batch per upstream network read. The last batch ends with the usage
-    chunk (if asked) or an ``{"error": ...}`` chunk. The call is settled exactly once, however the
+    """The caller's chunks, a batch per upstream network read. The last batch (with what the last read
+    brought) ends with the usage chunk (if asked) or an ``{"error": ...}`` chunk. The call is settled exactly once, however the
     stream ends: before the last batch when it ends normally, in ``finally`` when the consumer went
     away. A chunk is a dict, or with ``raw`` (the consumer only encodes them) possibly a
     ``msgspec.Raw`` of its JSON (:meth:`Shaper.pass_through`)."""
@@ -223,13 +227,13 @@ async def chunks(
                             continue
                     for chunk in translator.feed(event):
                         shaper.shape(chunk, out)
+                if out and outcome.first_token_at is None:
+                    outcome.first_token_at = time.monotonic()
+                if translator.finished:
+                    break  # what this read brought goes out with the end of the stream, in one piece
                 if out:
-                    if outcome.first_token_at is None:
-                        outcome.first_token_at = time.monotonic()
                     yield out
                     out = []
-                if translator.finished:
-                    break
             else:
                 for event in decoder.close():
                     for chunk in translator.feed(event):
@@ -255,7 +259,7 @@ async def chunks(
             usage = translator.usage_raw if translator.usage_raw is not None else translator.usage.openai()
             out.append(shaper.usage_chunk(usage))
         await _settle(meter, translator, shaper, outcome, response)
-        yield out
+        yield LastBatch(out)
     except (GeneratorExit, asyncio.CancelledError):
         outcome.status = "interrupted"
         raise
@@ -283,7 +287,11 @@ async def sse(batches: AsyncGenerator[list[Any], None]) -> AsyncGenerator[bytes,
     ``data: [DONE]``."""
     try:
         async for batch in batches:
-            yield b"".join([frame(_encode(chunk)) for chunk in batch])
+            data = b"".join([frame(_encode(chunk)) for chunk in batch])
+            if isinstance(batch, LastBatch):
+                yield data + DONE  # the last batch and the end in one write
+                return
+            yield data
         yield DONE
     finally:
         await batches.aclose()
