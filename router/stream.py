@@ -73,7 +73,7 @@ class Outcome:
 class Shaper:
     """Normalises adapter chunks into the order and shape the caller is promised."""
 
-    __slots__ = ("call", "completion_id", "created", "finished", "role_sent", "text_parts", "_head")
+    __slots__ = ("call", "completion_id", "created", "finished", "role_sent", "text_parts", "_head", "_upstream")
 
     def __init__(self, call: Call, completion_id: str, created: int) -> None:
         self.call = call
@@ -84,6 +84,7 @@ class Shaper:
         self.text_parts: list[str] = []  # kept for estimating usage when the upstream never says
         self._head = b'{"id":%b,"object":"chat.completion.chunk","created":%d,"model":%b' % (
             _encode(completion_id), created, _encode(call.model_id))
+        self._upstream: tuple[Any, bytes] = (None, b"")  # (id, created, model) of the last chunk, its head
 
     def pass_through(self, data: bytes) -> msgspec.Raw | None:
         """The upstream OpenAI chunk ``data`` as the caller's chunk, if it is already in the promised
@@ -101,9 +102,14 @@ class Shaper:
             return None
         if reason is not None and (reason not in _FINISH or delta.role is not None or delta.content):
             return None  # a finish chunk to split, or a finish reason to map
-        head = b'{"id":%b,"object":"chat.completion.chunk","created":%d,"model":%b' % (
-            _encode(chunk.id), chunk.created, _encode(chunk.model))
-        if not data.startswith(head) or b'"finish_reason"' not in data:
+        key = (chunk.id, chunk.created, chunk.model)  # the same for every chunk of a stream, as a rule
+        if key != self._upstream[0]:
+            self._upstream = (key, b'{"id":%b,"object":"chat.completion.chunk","created":%d,"model":%b' % (
+                _encode(chunk.id), chunk.created, _encode(chunk.model)))  # fmt: skip
+        head = self._upstream[1]
+        if not data.startswith(head):
+            return None
+        if b'"finish_reason"' not in data:
             return None
         body = data[len(head) :]
         if not body.startswith(b',"choices":'):
