@@ -54,6 +54,17 @@ def _clients(results: dict[str, Any]) -> list[int]:
     return sorted({r["clients"] for r in results.get("throughput") or []})
 
 
+def ratio(a: dict[str, Any], b: dict[str, Any]) -> float:
+    """req/s of ``a`` over ``b``: with rounds (bench/run.py ``measure_throughput``), the median of the
+    rounds' ratios, each round's two runs measured minutes apart at most; else of the two figures."""
+    ra, rb = a.get("rounds_rps") or [], b.get("rounds_rps") or []
+    if len(ra) > 1 and len(ra) == len(rb):
+        paired = sorted(x / y if y else 0.0 for x, y in zip(ra, rb, strict=True))
+        n = len(paired)
+        return round(paired[n // 2] if n % 2 else (paired[n // 2 - 1] + paired[n // 2]) / 2, 2)
+    return round(a["rps"] / b["rps"], 2)
+
+
 def derive(results: dict[str, Any]) -> None:
     """Adds ``ratios``, ``budget`` (design §9) and ``labels`` (the targets in order, for bench/plot.py)
     to the results."""
@@ -66,11 +77,11 @@ def derive(results: dict[str, Any]) -> None:
             for other in ("litellm", "bare"):
                 run = _run(results, other, stream, clients)
                 if gw and run and run.get("rps"):
-                    row[f"gateway_over_{other}"] = round(gw["rps"] / run["rps"], 2)
+                    row[f"gateway_over_{other}"] = ratio(gw, run)
             for mine, other in ALT_RATIOS:
                 a, b = _run(results, mine, stream, clients), _run(results, other, stream, clients)
                 if a and b and b.get("rps"):
-                    row[f"{mine}_over_{other}"] = round(a["rps"] / b["rps"], 2)
+                    row[f"{mine}_over_{other}"] = ratio(a, b)
             ratios.append(row)
     results["ratios"] = ratios
 
@@ -160,6 +171,10 @@ def render(results: dict[str, Any]) -> str:
         head = "".join(f"{LABELS[n]:>17}" for n in present)
         out.append("")
         out.append("Throughput, closed loop, req/s (p50 / p99 latency ms below)      ratios: gateway / other")
+        rounds = max((len(r.get("rounds_rps") or []) for r in runs), default=1)
+        if rounds > 1:
+            out.append(f"  each figure: the median of {rounds} rounds (targets interleaved); a ratio: the median of the"
+                       " rounds' ratios")  # fmt: skip
         out.append(f"  {'mode':<11}{'clients':>7}{head}{'gw/litellm':>12}{'gw/bare':>9}")
         for stream in (False, True):
             for c in clients:
@@ -174,10 +189,10 @@ def render(results: dict[str, Any]) -> str:
                     cells.append(f"{run.get('rps', 0):>15.1f}{mark:<2}")
                     lm = run.get("latency_ms", {})
                     lats.append(f"{lm.get('p50', 0):>8.1f} /{lm.get('p99', 0):>7.1f}")
-                ratio = next((r for r in results.get("ratios", []) if r["stream"] == stream and r["clients"] == c), {})
+                row = next((r for r in results.get("ratios", []) if r["stream"] == stream and r["clients"] == c), {})
                 mode = "stream" if stream else "non-stream"
-                out.append(f"  {mode:<11}{c:>7}{''.join(cells)}{_ratio(ratio.get('gateway_over_litellm'), 12)}"
-                           f"{_pct(ratio.get('gateway_over_bare'), 9)}")  # fmt: skip
+                out.append(f"  {mode:<11}{c:>7}{''.join(cells)}{_ratio(row.get('gateway_over_litellm'), 12)}"
+                           f"{_pct(row.get('gateway_over_bare'), 9)}")  # fmt: skip
                 out.append(f"  {'':<18}{''.join(lats)}")
         if any(r.get("errors") for r in runs):
             out.append("  (! = some requests failed: see the caveats below and 'error_kinds' in bench.json)")

@@ -54,6 +54,7 @@ class Plan:
     latency_seconds: float
     round_seconds: float
     duration: float
+    rounds: int
     warmup: float
     warmup_max: float
     grace: float
@@ -68,7 +69,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-litellm", action="store_true", help="leave LiteLLM out (no side venv install)")
     p.add_argument("--litellm-version", default=benchvenv.LITELLM_VERSION)
     p.add_argument("--clients", default="32,256", help="concurrency levels for throughput, comma-separated")
-    p.add_argument("--duration", type=float, help="seconds measured per throughput run (default 8, quick 1)")
+    p.add_argument("--duration", type=float, help="seconds measured per throughput run (default 3, quick 1)")
+    p.add_argument("--rounds", type=int, help="throughput runs per target and setting, interleaved (default 3, quick 1)")
     p.add_argument("--latency-seconds", type=float, help="seconds of the 1-client phase (default 40, quick 5)")
     p.add_argument("--tokens", type=int, default=12, help="answer length asked of the emulator (default 12)")
     p.add_argument("--no-extras", action="store_true", help="skip the ledger and the concurrent-streams runs")
@@ -82,7 +84,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
     return Plan(
         latency_seconds=args.latency_seconds or (5.0 if quick else 40.0),
         round_seconds=0.2,
-        duration=args.duration or (1.0 if quick else 8.0),
+        duration=args.duration or (1.0 if quick else 3.0),
+        rounds=max(args.rounds or (1 if quick else 3), 1),
         warmup=0.3 if quick else 2.0,
         warmup_max=2.0 if quick else 15.0,
         grace=0.5 if quick else 2.0,
@@ -141,32 +144,54 @@ def settle(procs: list[Proc], idle_share: float = 0.15, limit: float = 5.0) -> N
 
 
 def measure_throughput(targets: list[Target], emulator: Proc, plan: Plan, dead: dict[str, str]) -> list[dict[str, Any]]:
+    """Each setting (mode, clients): ``plan.rounds`` rounds, every target once per round, the order
+    rotating; a target's figure is its median round (by req/s), with every round's req/s kept in
+    ``rounds_rps`` (report.py pairs them by round for the ratios)."""
     procs = list({t.proc.pid: t.proc for t in targets}.values())
     runs: list[dict[str, Any]] = []
     for stream in (False, True):
         for clients in plan.clients:
+            rounds: dict[str, list[dict[str, Any]]] = {}
+            for n in range(plan.rounds):
+                shift = n % len(targets)
+                for target in targets[shift:] + targets[:shift]:
+                    if target.name in dead or stream not in target.modes:
+                        continue
+                    if not target.proc.alive():
+                        dead[target.name] = f"process exited with code {target.proc.popen.returncode} during the run"
+                        continue
+                    result = throughput_run(target, emulator, plan, stream, clients)
+                    settle(procs, limit=plan.settle_max)
+                    rounds.setdefault(target.name, []).append(result)
+                    say(f"  {'stream' if stream else 'non-stream':<10} {clients:>4} clients  {target.label:<15} "
+                        f"{report.fmt_rps(result)}" + (f"  (round {n + 1}/{plan.rounds})" if plan.rounds > 1 else ""))  # fmt: skip
             for target in targets:
-                if target.name in dead or stream not in target.modes:
-                    continue
-                if not target.proc.alive():
-                    dead[target.name] = f"process exited with code {target.proc.popen.returncode} during the run"
-                    continue
-                extra = ["-c", str(clients), "-d", str(plan.duration), "-w", str(plan.warmup),
-                         "--warmup-max", str(plan.warmup_max), "--grace", str(plan.grace),
-                         "--tokens", str(plan.tokens)]  # fmt: skip
-                if stream:
-                    extra.append("--stream")
-                extra += ["--watch", f"server={target.proc.pid}", "--watch", f"emulator={emulator.pid}"]
-                result = load("throughput", [target.spec()], extra, plan.warmup_max + plan.duration + 60)
-                settle(procs, limit=plan.settle_max)
-                result.update(target=target.name, stream=stream, clients=clients)
-                per_request = result.get("cpu_us_per_req") or {}
-                result["server_cpu_us_per_req"] = per_request.get("server")
-                result["emulator_cpu_us_per_req"] = per_request.get("emulator")
-                runs.append(result)
-                say(f"  {'stream' if stream else 'non-stream':<10} {clients:>4} clients  {target.label:<15} "
-                    f"{report.fmt_rps(result)}")  # fmt: skip
+                if target.name in rounds:
+                    runs.append(median_round(rounds[target.name]))
     return runs
+
+
+def throughput_run(target: Target, emulator: Proc, plan: Plan, stream: bool, clients: int) -> dict[str, Any]:
+    extra = ["-c", str(clients), "-d", str(plan.duration), "-w", str(plan.warmup),
+             "--warmup-max", str(plan.warmup_max), "--grace", str(plan.grace), "--tokens", str(plan.tokens)]  # fmt: skip
+    if stream:
+        extra.append("--stream")
+    extra += ["--watch", f"server={target.proc.pid}", "--watch", f"emulator={emulator.pid}"]
+    result = load("throughput", [target.spec()], extra, plan.warmup_max + plan.duration + 60)
+    result.update(target=target.name, stream=stream, clients=clients)
+    per_request = result.get("cpu_us_per_req") or {}
+    result["server_cpu_us_per_req"] = per_request.get("server")
+    result["emulator_cpu_us_per_req"] = per_request.get("emulator")
+    return result
+
+
+def median_round(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The round with the median req/s (a failed round counts as 0), with every round's req/s."""
+    rps = [r.get("rps", 0.0) if "failed" not in r else 0.0 for r in results]
+    order = sorted(range(len(results)), key=lambda i: rps[i])
+    chosen = dict(results[order[(len(order) - 1) // 2]])
+    chosen["rounds_rps"] = rps
+    return chosen
 
 
 def machine_info() -> dict[str, Any]:
