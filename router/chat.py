@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable
 from typing import Any
 
 import msgspec
@@ -15,13 +14,12 @@ from router.deadlines import Deadlines
 from router.errors import GatewayError, PayloadTooLarge, RequestTimeout, UnsupportedMediaType
 from router.gateway import Gateway
 from router.pipeline import ChatPipeline, Started
-from router.responses import SSE, JSONBytes
+from router.responses import JSONBytes, LateSSE
 from router.sse import DONE, frame
 from router.stream import error_chunk, sse
 from router.wire import parse_chat_request
 
 _encode = msgspec.json.Encoder().encode
-KEEPALIVE = b": keep-alive\n\n"
 
 
 async def read_body(request: Request, limit: int, seconds: float, deadlines: Deadlines, *, too_large: str,
@@ -107,38 +105,25 @@ class ChatCompletions:
             return JSONBytes(_encode(await self.pipeline.complete(started)), extra=started.rate_headers)
         # A stream whose upstream is slow to answer (retries, fallbacks, a slow first byte) starts at
         # once with SSE keep-alive comments; until then an error is still a plain HTTP error.
-        task = asyncio.ensure_future(start)
-        await asyncio.wait((task,), timeout=gw.settings.reliability.stream_keepalive)
-        if task.done():
-            started = task.result()
-            state["provider"] = started.call.model.provider
-            return SSE(sse(self.pipeline.chunks(started, raw=True)), started.rate_headers,
-                       finalize=lambda: self.pipeline.abandon(started))  # fmt: skip
-        return SSE(self._waiting(task, state), finalize=lambda: self._cancel(task))
+        return LateSSE(self._stream(start, state), gw.settings.reliability.stream_keepalive, _error_events)
 
-    async def _waiting(self, task: asyncio.Future[Started], state: dict[str, Any]) -> AsyncGenerator[bytes, None]:
-        every = self.gw.settings.reliability.stream_keepalive
-        while not task.done():
-            await asyncio.wait((task,), timeout=every)
-            if not task.done():
-                yield KEEPALIVE
-        try:
-            started = task.result()
-        except GatewayError as exc:
-            yield frame(_encode(error_chunk(exc))) + DONE
-            return
+    async def _stream(self, start: Awaitable[Started], state: dict[str, Any]) -> AsyncGenerator[Any, None]:
+        """The SSE body: first the headers for the response start (once the upstream answered), then
+        the chunks' bytes. Whatever ends it, a call that started is let go of (settled)."""
+        started = await start
         state["provider"] = started.call.model.provider  # for the access log
-        inner = sse(self.pipeline.chunks(started, raw=True))
         try:
-            async for piece in inner:
-                yield piece
+            yield started.rate_headers or []
+            inner = sse(self.pipeline.chunks(started, raw=True))
+            try:
+                async for piece in inner:
+                    yield piece
+            finally:
+                await inner.aclose()
         finally:
-            await inner.aclose()
+            await self.pipeline.abandon(started)  # (nothing to do if the stream was settled)
 
-    async def _cancel(self, task: asyncio.Future[Started]) -> None:
-        """The caller went away: stop a start still under way, or let go of one that finished."""
-        if not task.done():
-            task.cancel()
-            await asyncio.wait((task,))
-        if not task.cancelled() and task.exception() is None:
-            await self.pipeline.abandon(task.result())
+
+def _error_events(exc: GatewayError) -> bytes:
+    return frame(_encode(error_chunk(exc))) + DONE
+

@@ -13,6 +13,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 
 from starlette.responses import Response
 
+from router.errors import GatewayError
 from router.types import Headers, Receive, Scope, Send
 
 _JSON = (b"content-type", b"application/json")
@@ -72,7 +73,7 @@ class SSE(Response):
 
         watcher = asyncio.create_task(watch())
         try:
-            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            await self.begin(send)
             async for piece in self.stream:
                 await send({"type": "http.response.body", "body": piece, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -87,3 +88,55 @@ class SSE(Response):
             await self.stream.aclose()
             if self.finalize is not None:
                 await self.finalize()
+
+    async def begin(self, send: Send) -> None:
+        """Start the response (its status and headers)."""
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+
+
+KEEPALIVE = b": keep-alive\n\n"
+
+
+class LateSSE(SSE):
+    """An SSE response whose stream first opens its upstream: the stream's first item is the
+    headers to add (say ``x-ratelimit-*``), and the response starts with them. If opening fails
+    before anything was sent, the error propagates (a plain HTTP error). If it takes longer than
+    ``keepalive`` seconds, the response starts without them and sends SSE comments every
+    ``keepalive`` seconds until the stream goes on; a gateway error then becomes the last event,
+    ``failed(error)``. No task runs while the upstream answers in time: one timer."""
+
+    def __init__(self, stream: AsyncGenerator[bytes | Headers, None], keepalive: float,
+                 failed: Callable[[GatewayError], bytes]) -> None:  # fmt: skip
+        super().__init__(stream)  # type: ignore[arg-type]
+        self.keepalive = keepalive
+        self.failed = failed
+
+    async def begin(self, send: Send) -> None:
+        early: list[asyncio.Task[None]] = []
+        timer = asyncio.get_running_loop().call_later(
+            self.keepalive, lambda: early.append(asyncio.ensure_future(self._keep_alive(send)))
+        )
+        error: GatewayError | None = None
+        try:
+            extra = await self.stream.__anext__()
+        except GatewayError as exc:
+            if not early:
+                raise  # nothing sent yet: a plain HTTP error
+            error = exc
+        finally:
+            timer.cancel()
+            for task in early:
+                task.cancel()
+                await asyncio.wait(early)
+        if error is not None:  # (the stream has ended: it raised)
+            await send({"type": "http.response.body", "body": self.failed(error), "more_body": True})
+        elif not early:
+            assert isinstance(extra, list)
+            self.raw_headers += extra
+            await super().begin(send)
+
+    async def _keep_alive(self, send: Send) -> None:
+        await super().begin(send)
+        while True:
+            await send({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
+            await asyncio.sleep(self.keepalive)

@@ -6,10 +6,12 @@ import json
 import socket
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import openai
 import pytest
 
+from router.catalog import NANO
 from router.config import ReliabilitySettings, ResolvedProvider, Settings, StoreSettings
 from router.reliability import Breaker, Breakers, backoff
 from tests.conftest import Stack, free_port
@@ -179,6 +181,48 @@ def test_keepalive_comments_while_a_stream_waits(rstack: Stack) -> None:
     assert text.startswith("HTTP/1.1 200")
     assert text.index(": keep-alive") < text.index("data: {")
     assert "data: [DONE]" in text
+
+
+def _raw_stream(rstack: Stack, key: str, content: str, stop_after: bytes | None = None) -> str:
+    """POST a streamed chat call over a plain socket; everything received (or, with ``stop_after``,
+    up to that text, and then the socket is closed)."""
+    body = json.dumps({"model": "mistral/mistral-small-latest", "stream": True,
+                       "messages": [{"role": "user", "content": content}]}).encode()  # fmt: skip
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()  # fmt: skip
+    received = b""
+    with socket.create_connection(("127.0.0.1", rstack.port)) as sock:
+        sock.sendall(head + body)
+        while stop_after is None or stop_after not in received:
+            piece = sock.recv(65536)
+            if not piece:
+                break
+            received += piece
+    return received.decode()
+
+
+def test_an_upstream_failing_after_keepalives_began_is_an_error_event(rstack: Stack) -> None:
+    """Once keep-alive comments went out (status 200 sent), a failed upstream can only be reported
+    in the stream: one error event, then [DONE]."""
+    text = _raw_stream(rstack, rstack.key(), f"{time.time()} [slow:300] [fault:500]")
+    assert text.startswith("HTTP/1.1 200")
+    assert "x-ratelimit" not in text.lower()  # the response began before the limits' headers were known
+    error = text.index('data: {"error"')
+    assert text.index(": keep-alive") < error < text.index("data: [DONE]")
+    assert '"choices"' not in text
+
+
+def test_a_caller_gone_while_the_upstream_is_slow_is_settled_as_interrupted(rstack: Stack) -> None:
+    group = rstack.group()
+    _raw_stream(rstack, rstack.key(group=group), "wait [slow:450] [tokens:2]", stop_after=b": keep-alive")
+    deadline = time.monotonic() + 5
+    records: list[Any] = []
+    while time.monotonic() < deadline and not records:
+        records = rstack.run(rstack.store.usage(group=group, limit=10))
+        time.sleep(0.05)
+    assert [r.status for r in records] == ["interrupted"]
+    assert records[0].completion_tokens == 0  # the prompt reached the upstream: it is charged, nothing else
+    assert rstack.run(rstack.store.get_group(group)).balance == 100 * NANO - records[0].credits
 
 
 def test_backoff_and_breaker_units() -> None:
