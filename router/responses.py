@@ -4,6 +4,8 @@
 as the rate limits' ``x-ratelimit-*``) go out as they are. ``SSE`` streams server-sent events and
 watches the connection: when the caller disconnects, the stream is cancelled at once (so the upstream
 read stops) and its iterator is closed, which runs its ``finally`` (billing) before we return.
+``LateSSE`` overrides how the response begins: not before its stream has opened the upstream (or
+the keep-alive timer fired).
 """
 
 from __future__ import annotations
