@@ -7,5 +7,7 @@
 
 from router.app import create_app
 from router.config import load_settings
+from router.serve import tune_gc
 
 app = create_app(load_settings(None))
+tune_gc()

@@ -4,6 +4,7 @@ processes that share one listening socket (``router serve --workers N``)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 import socket
 import subprocess
@@ -53,7 +54,26 @@ async def serve(app: ASGIApp, host: str, port: int, started: Callable[[], Awaita
     await task
 
 
+# Cyclic GC for a serving process. With the default thresholds (700, 10, 10) a full collection
+# starts whenever the survivors of younger ones add up, and with thousands of calls in flight the
+# heap is large: bench.streams (5,000 open streams) measured 40 full collections of up to 0.9 s
+# each, every one finding nothing to free, and each one stops every stream. Survivors here are
+# in-flight calls, not garbage; reference cycles are rare (exceptions' tracebacks) and still
+# collected, just less often. gc.freeze() also keeps what exists at startup (modules, catalog,
+# settings) out of every later collection.
+GC_THRESHOLDS = (50_000, 20, 100)
+
+
+def tune_gc() -> None:
+    """For a process that serves the gateway (``router serve``, ``router.asgi``); an application
+    that mounts the gateway keeps its own settings."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 def run(main: Awaitable[None]) -> None:
+    tune_gc()
     try:
         import uvloop
 
