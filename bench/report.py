@@ -189,7 +189,9 @@ def render(results: dict[str, Any]) -> str:
                     cells.append(f"{run.get('rps', 0):>15.1f}{mark:<2}")
                     lm = run.get("latency_ms", {})
                     lats.append(f"{lm.get('p50', 0):>8.1f} /{lm.get('p99', 0):>7.1f}")
-                row = next((r for r in results.get("ratios", []) if r["stream"] == stream and r["clients"] == c), {})
+                row: dict[str, Any] = next(
+                    (r for r in results.get("ratios", []) if r["stream"] == stream and r["clients"] == c), {}
+                )
                 mode = "stream" if stream else "non-stream"
                 out.append(f"  {mode:<11}{c:>7}{''.join(cells)}{_ratio(row.get('gateway_over_litellm'), 12)}"
                            f"{_pct(row.get('gateway_over_bare'), 9)}")  # fmt: skip

@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from bench.procs import stop_all
 from bench.stack import start_emulators, start_gateway, wait_ready
@@ -118,6 +119,7 @@ def main(argv: list[str] | None = None, exit_after: bool = True) -> None:
             gw = start_gateway(RESULTS, Path(tmp), emulators)
             procs.append(gw.proc)
             wait_ready(gw, 30)
+            run: Any
             try:
                 import uvloop
 
