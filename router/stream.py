@@ -61,6 +61,12 @@ _FINISH = frozenset({"stop", "length", "tool_calls", "content_filter", "function
 _NO_USAGE = b',"usage":null}'
 
 
+def _chunk_head(completion_id: str, created: int, model: str) -> bytes:
+    """How a compact chat.completion.chunk begins, up to its model: ours, or an upstream's."""
+    return b'{"id":%b,"object":"chat.completion.chunk","created":%d,"model":%b' % (
+        _encode(completion_id), created, _encode(model))
+
+
 @dataclass(slots=True)
 class Outcome:
     """How a stream ended, for its usage record."""
@@ -82,8 +88,7 @@ class Shaper:
         self.finished: set[int] = set()
         self.role_sent: set[int] = set()
         self.text_parts: list[str] = []  # kept for estimating usage when the upstream never says
-        self._head = b'{"id":%b,"object":"chat.completion.chunk","created":%d,"model":%b' % (
-            _encode(completion_id), created, _encode(call.model_id))
+        self._head = _chunk_head(completion_id, created, call.model_id)
         self._upstream: tuple[Any, bytes] = (None, b"")  # (id, created, model) of the last chunk, its head
 
     def pass_through(self, data: bytes) -> msgspec.Raw | None:
@@ -104,8 +109,7 @@ class Shaper:
             return None  # a finish chunk to split, or a finish reason to map
         key = (chunk.id, chunk.created, chunk.model)  # the same for every chunk of a stream, as a rule
         if key != self._upstream[0]:
-            self._upstream = (key, b'{"id":%b,"object":"chat.completion.chunk","created":%d,"model":%b' % (
-                _encode(chunk.id), chunk.created, _encode(chunk.model)))  # fmt: skip
+            self._upstream = (key, _chunk_head(chunk.id, chunk.created, chunk.model))
         head = self._upstream[1]
         if not data.startswith(head):
             return None
@@ -213,11 +217,11 @@ async def chunks(
     meter: Meter,
     raw: bool = False,
 ) -> AsyncGenerator[list[Any], None]:
-    """The caller's chunks, a batch per upstream network read. The last batch (with what the last read
-    brought) ends with the usage chunk (if asked) or an ``{"error": ...}`` chunk. The call is settled exactly once, however the
-    stream ends: before the last batch when it ends normally, in ``finally`` when the consumer went
-    away. A chunk is a dict, or with ``raw`` (the consumer only encodes them) possibly a
-    ``msgspec.Raw`` of its JSON (:meth:`Shaper.pass_through`)."""
+    """The caller's chunks, a batch per upstream network read. The last batch (a :class:`LastBatch`,
+    with what the last read brought) ends with the usage chunk (if asked) or an ``{"error": ...}``
+    chunk. The call is settled exactly once, however the stream ends: before the last batch when it
+    ends normally, in ``finally`` when the consumer went away. A chunk is a dict, or with ``raw`` (the
+    consumer only encodes them) possibly a ``msgspec.Raw`` of its JSON (:meth:`Shaper.pass_through`)."""
     decoder = SSEDecoder()
     out: list[Any] = []
     outcome = Outcome()
