@@ -33,9 +33,29 @@ if TYPE_CHECKING:
     from router.types import Scope
 
 ACCESS = logging.getLogger("router.access")
-# the fields of an access line, after ts, level, logger and msg
-ACCESS_FIELDS = ("method", "path", "status", "latency_ms", "request_id", "model", "provider", "group", "key_id",
-                 "stream", "client")  # fmt: skip
+
+
+class _AccessLine(msgspec.Struct):
+    """The JSON access line (a struct encodes several times faster than the same dict)."""
+
+    ts: str
+    level: str
+    logger: str
+    msg: str
+    method: str | None
+    path: str | None
+    status: int
+    latency_ms: float
+    request_id: str | None
+    model: str | None
+    provider: str | None
+    group: str | None
+    key_id: int | None
+    stream: bool
+    client: str | None
+
+
+ACCESS_FIELDS = _AccessLine.__struct_fields__[4:]  # the fields of an access line, after ts, level, logger, msg
 _encode = msgspec.json.Encoder(enc_hook=str).encode
 _STANDARD = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "fields"}
 # how many attributes a record has when nobody added any
@@ -78,26 +98,6 @@ class _LineFormatter(logging.Formatter):
     def line(self, created: float, level: str, logger: str, msg: str, fields: dict[str, Any],
              exc: str | None = None) -> str:  # fmt: skip
         raise NotImplementedError
-
-
-class _AccessLine(msgspec.Struct):
-    """The JSON access line (a struct encodes several times faster than the same dict)."""
-
-    ts: str
-    level: str
-    logger: str
-    msg: str
-    method: str | None
-    path: str | None
-    status: int
-    latency_ms: float
-    request_id: str | None
-    model: str | None
-    provider: str | None
-    group: str | None
-    key_id: int | None
-    stream: bool
-    client: str | None
 
 
 class JsonFormatter(_LineFormatter):
