@@ -59,20 +59,21 @@ _TTFT = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60)
 class _Histogram:
     """Observations per bucket (not cumulative; the last one is +Inf) and their sum."""
 
-    __slots__ = ("counts", "total")
+    __slots__ = ("bounds", "counts", "total")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
         self.counts = [0] * (len(bounds) + 1)
         self.total = 0.0
 
-    def observe(self, value: float, bounds: tuple[float, ...]) -> None:
-        self.counts[bisect_left(bounds, value)] += 1  # the first bucket whose bound is >= value
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1  # the first bucket whose bound is >= value
         self.total += value
 
-    def buckets(self, bounds: tuple[float, ...]) -> list[tuple[str, float]]:
+    def buckets(self) -> list[tuple[str, float]]:
         out: list[tuple[str, float]] = []
         seen = 0
-        for bound, count in zip((*map(floatToGoString, bounds), "+Inf"), self.counts, strict=True):
+        for bound, count in zip((*map(floatToGoString, self.bounds), "+Inf"), self.counts, strict=True):
             seen += count
             out.append((bound, seen))
         return out
@@ -122,7 +123,7 @@ class _CallPath(Collector):
         duration = HistogramMetricFamily("router_request_duration_seconds", "HTTP request duration, until the last byte.",
                                          labels=["endpoint"])  # fmt: skip
         for endpoint, hist in list(_durations.items()):
-            duration.add_metric([endpoint], hist.buckets(_LATENCY), hist.total)
+            duration.add_metric([endpoint], hist.buckets(), hist.total)
         calls = CounterMetricFamily("router_calls", "Settled model calls by provider, model and outcome.",
                                     labels=["provider", "model", "status"])  # fmt: skip
         ttft = HistogramMetricFamily("router_time_to_first_token_seconds",
@@ -134,8 +135,8 @@ class _CallPath(Collector):
         for (provider, model), c in list(_calls.items()):
             for outcome, count in list(c.status.items()):
                 calls.add_metric([provider, model, outcome], count)
-            if c.ttft.counts != [0] * len(c.ttft.counts):
-                ttft.add_metric([provider, model], c.ttft.buckets(_TTFT), c.ttft.total)
+            if any(c.ttft.counts):
+                ttft.add_metric([provider, model], c.ttft.buckets(), c.ttft.total)
             tokens.add_metric([provider, model, "prompt"], c.prompt)
             tokens.add_metric([provider, model, "completion"], c.completion)
             credits.add_metric([provider, model], c.credits / 1e9)
@@ -177,7 +178,7 @@ def request_done(endpoint: str, status: int, seconds: float) -> None:
     hist = _durations.get(endpoint)
     if hist is None:
         hist = _durations[endpoint] = _Histogram(_LATENCY)
-    hist.observe(seconds, _LATENCY)
+    hist.observe(seconds)
 
 
 def call_settled(record: UsageRecord) -> None:
@@ -191,7 +192,7 @@ def call_settled(record: UsageRecord) -> None:
     c.credits += record.credits
     c.status[record.status] = c.status.get(record.status, 0) + 1
     if record.ttft_ms is not None:
-        c.ttft.observe(record.ttft_ms / 1000, _TTFT)
+        c.ttft.observe(record.ttft_ms / 1000)
 
 
 def upstream_error(provider: str, status: int | str) -> None:
