@@ -14,6 +14,7 @@ import sqlite3
 import time
 from collections.abc import Callable
 from functools import partial
+from itertools import groupby
 from typing import Any, TypeVar
 
 from billing.sqlite_thread import SQLiteThread
@@ -199,15 +200,11 @@ class GroupCommit:
         if not begun:
             db.execute("BEGIN IMMEDIATE")
         try:
-            i = 0
-            while i < len(ops):
-                j = i
-                while j < len(ops) and isinstance(ops[j], Settle):
-                    j += 1
-                if j - i > 1 and _settle_together(db, ops[i:j], results):  # type: ignore[arg-type]
-                    i = j
-                    continue
-                for op in ops[i : max(j, i + 1)]:
+            for settles, group in groupby(ops, key=lambda op: isinstance(op, Settle)):
+                run = list(group)
+                if settles and len(run) > 1 and _settle_together(db, run, results):  # type: ignore[arg-type]
+                    continue  # a run of settlements, applied together
+                for op in run:
                     db.execute("SAVEPOINT op")
                     try:
                         results.append((True, op(db)))
@@ -216,7 +213,6 @@ class GroupCommit:
                         db.execute("ROLLBACK TO op")
                         db.execute("RELEASE op")
                         results.append((False, exc))
-                i = max(j, i + 1)
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
