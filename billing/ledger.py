@@ -12,6 +12,7 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from billing import tokens
@@ -61,13 +62,13 @@ class Ledger:
         """Settle without waiting: :meth:`settle_soon`, kept track of until it is durable."""
         settling = self.settle_soon(reservation, record, linger=True)
         self.pending.add(settling)
-        settling.add_done_callback(self._settled)
+        settling.add_done_callback(partial(self._settled, record))
 
-    def _settled(self, done: asyncio.Future[int]) -> None:
+    def _settled(self, record: UsageRecord, done: asyncio.Future[int]) -> None:
         self.pending.discard(done)
-        error = None if done.cancelled() else done.exception()
-        if error is not None or done.cancelled():
-            log.error("a settlement could not be stored: %r", error or "cancelled")
+        error = "cancelled" if done.cancelled() else done.exception()
+        if error is not None:  # the charge is lost: its record goes to the log, to be put right by hand
+            log.error("a settlement could not be stored (%r): %r", error, record)
 
     async def drain(self) -> None:
         """Wait until every settlement queued so far is durable (or failed)."""

@@ -275,3 +275,26 @@ def test_group_commit_never_blocks_the_event_loop_on_a_locked_database(tmp_path)
             await store.close()
 
     asyncio.run(main())
+
+
+async def test_a_settlement_that_cannot_be_stored_is_logged_with_its_usage_record(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Answers do not wait for their settlement; if the store then fails it, the charge is lost, so
+    the log must say which call it was (its usage record), and drain() still returns."""
+    from billing.ledger import Ledger
+    from billing.store import Reservation
+
+    class BrokenStore:
+        async def settle(self, reservation: Reservation, record: UsageRecord) -> int:
+            raise RuntimeError("disk full")
+
+    ledger = Ledger(BrokenStore())  # type: ignore[arg-type]
+    record = UsageRecord(key_id=7, group_id=3, model="openai/gpt-4o-mini", provider="openai", credits=1234,
+                         request_id="req_lost")  # fmt: skip
+    with caplog.at_level("ERROR", logger="router.ledger"):
+        ledger.queue(Reservation(1, 3, 7, 5000), record)
+        await ledger.drain()
+    assert not ledger.pending
+    [line] = [r.getMessage() for r in caplog.records if r.name == "router.ledger"]
+    assert "disk full" in line and "req_lost" in line and "credits=1234" in line
