@@ -116,9 +116,7 @@ def raw_headers(tightest: list[tuple[bool, int, int, float]]) -> Headers:
     out: Headers = []
     for is_tokens, limit, remaining, reset in tightest:
         names = _NAMES[is_tokens]
-        # (duration's common case inline: a bucket that is full again within a second)
-        until = b"%dms" % max(math.ceil(reset * 1000), 1) if 0 < reset < 1 else duration(reset).encode()
-        out += ((names[0], b"%d" % limit), (names[1], b"%d" % remaining), (names[2], until))
+        out += ((names[0], b"%d" % limit), (names[1], b"%d" % remaining), (names[2], duration(reset).encode()))
     return out
 
 
