@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import openai
 
@@ -20,6 +21,17 @@ def _cli(config: Path, *args: str) -> str:
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert out.returncode == 0, out.stderr
     return out.stdout
+
+
+def _config_with_key(tmp_path: Path, store_url: str, emulator: Any, group: str, credits: int,
+                     extra: str = "") -> tuple[Path, str]:  # fmt: skip
+    """A router.toml in ``tmp_path`` (the store at ``store_url``, the OpenAI emulator, then ``extra``)
+    and, made with the CLI, a group holding ``credits`` and a key of it: (the config's path, the key)."""
+    config = tmp_path / "router.toml"
+    config.write_text(f'[store]\nurl = "{store_url}"\n'
+                      f'[providers.openai]\nbase_url = "{emulator.base_url}"\napi_key = "{emulator.api_key}"\n{extra}')  # fmt: skip
+    _cli(config, "groups", "create", group, "--credits", str(credits))
+    return config, _cli(config, "keys", "create", "--group", group).strip().splitlines()[-1]
 
 
 def _serve(config: Path, port: int) -> subprocess.Popen[bytes]:
@@ -51,14 +63,7 @@ def test_second_gateway_on_one_sqlite_file_is_refused(stack: Stack, tmp_path: Pa
 
 
 def test_killed_mid_stream_then_restart_reconciles(stack: Stack, tmp_path: Path) -> None:
-    openai_emu = stack.emulators["openai"]
-    config = tmp_path / "router.toml"
-    config.write_text(
-        f'[store]\nurl = "sqlite:///{tmp_path}/crash.db"\n'
-        f'[providers.openai]\nbase_url = "{openai_emu.base_url}"\napi_key = "{openai_emu.api_key}"\n'
-    )
-    _cli(config, "groups", "create", "crashy", "--credits", "10")
-    key = _cli(config, "keys", "create", "--group", "crashy").strip().splitlines()[-1]
+    config, key = _config_with_key(tmp_path, f"sqlite:///{tmp_path}/crash.db", stack.emulators["openai"], "crashy", 10)
     port = free_port()
     proc = _serve(config, port)
     try:

@@ -678,14 +678,10 @@ def test_serve_with_two_workers_shares_one_port_and_one_ledger(
     ledger, and SIGTERM stops both cleanly."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from tests.test_crash import _cli, _serve
+    from tests.test_crash import _cli, _config_with_key, _serve
 
-    emu = stack.emulators["openai"]
-    config = tmp_path / "router.toml"
-    config.write_text(f'[server]\nworkers = 2\n[store]\nurl = "{pg.fresh_url()}"\n'
-                      f'[providers.openai]\nbase_url = "{emu.base_url}"\napi_key = "{emu.api_key}"\n')  # fmt: skip
-    _cli(config, "groups", "create", "workers", "--credits", "10")
-    key = _cli(config, "keys", "create", "--group", "workers").strip().splitlines()[-1]
+    config, key = _config_with_key(tmp_path, pg.fresh_url(), stack.emulators["openai"], "workers", 10,
+                                   extra="[server]\nworkers = 2\n")  # fmt: skip
     port = free_port()
     proc = _serve(config, port)
     try:

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from tests.conftest import Stack, free_port
-from tests.test_crash import _cli, _serve
+from tests.test_crash import _cli, _config_with_key, _serve
 
 
 def _stream(port: int, key: str, out: list[bytes], started: threading.Event) -> None:
@@ -29,12 +29,7 @@ def _stream(port: int, key: str, out: list[bytes], started: threading.Event) -> 
 
 
 def test_sigterm_lets_open_streams_finish_and_bills_them(stack: Stack, tmp_path: Path) -> None:
-    emu = stack.emulators["openai"]
-    config = tmp_path / "router.toml"
-    config.write_text(f'[store]\nurl = "sqlite:///{tmp_path}/drain.db"\n'
-                      f'[providers.openai]\nbase_url = "{emu.base_url}"\napi_key = "{emu.api_key}"\n')  # fmt: skip
-    _cli(config, "groups", "create", "drain", "--credits", "10")
-    key = _cli(config, "keys", "create", "--group", "drain").strip().splitlines()[-1]
+    config, key = _config_with_key(tmp_path, f"sqlite:///{tmp_path}/drain.db", stack.emulators["openai"], "drain", 10)
     port = free_port()
     proc = _serve(config, port)
     results: list[bytes] = []

@@ -8,7 +8,7 @@ from pathlib import Path
 import aiohttp
 
 from tests.conftest import Stack, free_port
-from tests.test_crash import _cli, _serve
+from tests.test_crash import _cli, _config_with_key, _serve
 
 
 def _rss_kib(pid: int) -> int:
@@ -40,12 +40,7 @@ async def _load(port: int, key: str, calls: int, concurrency: int = 32) -> int:
 
 
 def test_memory_stays_flat_over_thousands_of_streams(stack: Stack, tmp_path: Path) -> None:
-    emu = stack.emulators["openai"]
-    config = tmp_path / "router.toml"
-    config.write_text(f'[store]\nurl = "sqlite:///{tmp_path}/soak.db"\n'
-                      f'[providers.openai]\nbase_url = "{emu.base_url}"\napi_key = "{emu.api_key}"\n')  # fmt: skip
-    _cli(config, "groups", "create", "soak", "--credits", "1000")
-    key = _cli(config, "keys", "create", "--group", "soak").strip().splitlines()[-1]
+    config, key = _config_with_key(tmp_path, f"sqlite:///{tmp_path}/soak.db", stack.emulators["openai"], "soak", 1000)
     port = free_port()
     proc = _serve(config, port)
     try:
