@@ -98,8 +98,10 @@ def serve_workers(settings: Settings, config: str | None, host: str, port: int, 
             "--host", host, "--port", str(port), "--fd", str(sock.fileno())]  # fmt: skip
     children = [subprocess.Popen(argv, pass_fds=(sock.fileno(),)) for _ in range(workers)]
     sock.close()  # the workers hold it now
+    forwarded: set[int] = set()
 
     def forward(signum: int, frame: object) -> None:
+        forwarded.add(signum)
         for child in children:
             if child.poll() is None:
                 child.send_signal(signum)
@@ -108,8 +110,17 @@ def serve_workers(settings: Settings, config: str | None, host: str, port: int, 
         signal.signal(sig, forward)
     print(f"router: {workers} workers on http://{host}:{port} (pids {', '.join(str(c.pid) for c in children)})",
           file=sys.stderr, flush=True)  # fmt: skip
-    codes = [child.wait() for child in children]
+    codes = [exit_status(child.wait(), forwarded) for child in children]
     return next((code for code in codes if code), 0)
+
+
+def exit_status(returncode: int, forwarded: set[int]) -> int:
+    """A worker's exit as the parent reports it. A worker still starting (before its handlers are
+    in) dies of the SIGTERM/SIGINT we forwarded: it had nothing in flight, so that is a clean stop.
+    Any other death by signal is 128 + the signal, as a shell reports it."""
+    if returncode >= 0:
+        return returncode
+    return 0 if -returncode in forwarded else 128 - returncode
 
 
 def _refuse(message: str) -> int:

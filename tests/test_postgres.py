@@ -706,3 +706,19 @@ def test_serve_with_two_workers_shares_one_port_and_one_ledger(
         if proc.poll() is None:
             proc.kill()
     assert _cli(config, "usage", "--group", "workers", "--limit", "100").count(" ok ") == 40
+
+
+def test_serve_with_workers_stopped_while_they_start_exits_cleanly(pg: Postgres, stack: Stack, tmp_path: Path) -> None:
+    """SIGTERM before the workers have their handlers in (they are still importing): they die of the
+    forwarded signal with nothing in flight, and ``router serve`` reports a clean stop, not 241."""
+    from tests.test_crash import _config_with_key, _serve
+
+    config, _ = _config_with_key(tmp_path, pg.fresh_url(), stack.emulators["openai"], "early", 10,
+                                 extra="[server]\nworkers = 2\n")  # fmt: skip
+    proc = _serve(config, free_port())  # the parent's socket accepts at once; the workers are starting
+    try:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
