@@ -158,7 +158,7 @@ class ChatPipeline:
 
     def chunks(self, started: Started, raw: bool = False) -> AsyncGenerator[list[Any], None]:
         """The stream's batches of chunks (router/stream.py ``chunks``; ``raw``: some may be
-        ``msgspec.Raw``, for a consumer that only encodes them)."""
+        their JSON already, as ``bytes``, for a consumer that only encodes them)."""
         shaper = Shaper(started.call, started.completion_id, int(time.time()))
         translator = started.adapter.stream(started.call)
         return chunks(started.call, translator, started.response, shaper, started.meter, raw)

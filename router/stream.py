@@ -91,46 +91,45 @@ class Shaper:
         self._head = _chunk_head(completion_id, created, call.model_id)
         self._upstream: tuple[Any, bytes] = (None, b"")  # (id, created, model) of the last chunk, its head
 
-    def pass_through(self, data: bytes) -> msgspec.Raw | None:
-        """The upstream OpenAI chunk ``data`` as the caller's chunk, if it is already in the promised
-        shape (what :meth:`shape` and :meth:`_stamp` would give, as JSON, key order included), else
-        None. Its head is swapped for ours; the rest of its bytes pass through."""
+    def pass_through(self, data: bytes) -> bytes | None:
+        """The upstream OpenAI chunk ``data`` as the caller's chunk (JSON bytes), if it is already in
+        the promised shape (what :meth:`shape` and :meth:`_stamp` would give, key order included),
+        else None. Its head is swapped for ours; the rest of its bytes pass through."""
         try:
             chunk = _decode_plain(data)
         except msgspec.DecodeError:  # not a plain text chunk (or not JSON): the general path says
             return None
-        if len(chunk.choices) != 1 or chunk.object != "chat.completion.chunk":
+        choices = chunk.choices
+        if len(choices) != 1:
             return None
-        choice = chunk.choices[0]
+        choice = choices[0]
         delta, index, reason = choice.delta, choice.index, choice.finish_reason
-        if index in self.finished or (index not in self.role_sent and delta.role is None):
+        if index in self.finished or (delta.role is None and index not in self.role_sent):
             return None
         if reason is not None and (reason not in _FINISH or delta.role is not None or delta.content):
             return None  # a finish chunk to split, or a finish reason to map
         key = (chunk.id, chunk.created, chunk.model)  # the same for every chunk of a stream, as a rule
         if key != self._upstream[0]:
+            if chunk.object != "chat.completion.chunk":
+                return None
             self._upstream = (key, _chunk_head(chunk.id, chunk.created, chunk.model))
         head = self._upstream[1]
-        if not data.startswith(head):
+        # fields between model and choices (_stamp moves them after choices), or no finish_reason
+        # key (the general path adds it): not as promised
+        if not data.startswith(head) or not data.startswith(b',"choices":', len(head)) or b'"finish_reason"' not in data:
             return None
-        if b'"finish_reason"' not in data:
+        if data.endswith(_NO_USAGE):  # usage last (where _stamp puts it), and null
+            body = data[len(head) :] if self.call.include_usage else data[len(head) : -len(_NO_USAGE)] + b"}"
+        elif b'"usage"' in data:
             return None
-        body = data[len(head) :]
-        if not body.startswith(b',"choices":'):
-            return None  # fields between model and choices: _stamp moves them after choices
-        if body.endswith(_NO_USAGE):  # usage last (where _stamp puts it), and null
-            if not self.call.include_usage:
-                body = body[: -len(_NO_USAGE)] + b"}"
-        elif b'"usage"' in body:
-            return None
-        elif self.call.include_usage:
-            body = body[:-1] + _NO_USAGE
+        else:
+            body = data[len(head) : -1] + _NO_USAGE if self.call.include_usage else data[len(head) :]
         self.role_sent.add(index)
         if reason is not None:
             self.finished.add(index)
         if delta.content:
             self.text_parts.append(delta.content)
-        return msgspec.Raw(self._head + body)
+        return self._head + body
 
     def _stamp(self, chunk: dict[str, Any]) -> dict[str, Any]:
         """The chunk with our id, the caller's model id and the same key order whatever the provider."""
@@ -221,7 +220,7 @@ async def chunks(
     with what the last read brought) ends with the usage chunk (if asked) or an ``{"error": ...}``
     chunk. The call is settled exactly once, however the stream ends: before the last batch when it
     ends normally, in ``finally`` when the consumer went away. A chunk is a dict, or with ``raw`` (the
-    consumer only encodes them) possibly a ``msgspec.Raw`` of its JSON (:meth:`Shaper.pass_through`)."""
+    consumer only encodes them) possibly the ``bytes`` of its JSON (:meth:`Shaper.pass_through`)."""
     decoder = SSEDecoder()
     out: list[Any] = []
     outcome = Outcome()
@@ -293,11 +292,11 @@ def _unread(response: aiohttp.ClientResponse) -> bytes:
 
 
 async def sse(batches: AsyncGenerator[list[Any], None]) -> AsyncGenerator[bytes, None]:
-    """Chat chunks (dicts, or ``msgspec.Raw``) as the SSE bytes of the chat protocol, ending with
+    """Chat chunks (dicts, or their JSON as ``bytes``) as the SSE bytes of the chat protocol, ending with
     ``data: [DONE]``."""
     try:
         async for batch in batches:
-            data = b"".join([frame(_encode(chunk)) for chunk in batch])
+            data = b"".join([frame(c if c.__class__ is bytes else _encode(c)) for c in batch])
             if isinstance(batch, LastBatch):
                 yield data + DONE  # the last batch and the end in one write
                 return

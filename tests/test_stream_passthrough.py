@@ -70,7 +70,7 @@ def run(lines: list[bytes], include_usage: bool, fast: bool) -> tuple[list[list[
                 continue
         for c in translator.feed(Event(None, data)):
             shaper.shape(c, out)
-    as_json = [list(json.loads(msgspec.json.encode(c)).items()) for c in out]
+    as_json = [list(json.loads(c if isinstance(c, bytes) else msgspec.json.encode(c)).items()) for c in out]
     return as_json, passed, (sorted(shaper.finished), sorted(shaper.role_sent), shaper.generated())
 
 
