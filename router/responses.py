@@ -129,6 +129,7 @@ class LateSSE(SSE):
             timer.cancel()
             for task in early:
                 task.cancel()
+            if early:
                 await asyncio.wait(early)
         if error is not None:  # (the stream has ended: it raised)
             await send({"type": "http.response.body", "body": self.failed(error), "more_body": True})
