@@ -56,6 +56,12 @@ class _AccessLine(msgspec.Struct):
 
 
 ACCESS_FIELDS = _AccessLine.__struct_fields__[4:]  # the fields of an access line, after ts, level, logger, msg
+
+
+def access_fields(values: tuple[Any, ...]) -> dict[str, Any]:
+    """The values of an access line (as :func:`access` collects them) by field name."""
+    return dict(zip(ACCESS_FIELDS, values, strict=True))
+
 _encode = msgspec.json.Encoder(enc_hook=str).encode
 _STANDARD = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "fields"}
 # how many attributes a record has when nobody added any
@@ -93,7 +99,7 @@ class _LineFormatter(logging.Formatter):
 
     def format_access(self, created: float, values: tuple[Any, ...]) -> str:
         """An access line from :func:`access`: its time and the values of ``ACCESS_FIELDS``."""
-        return self.line(created, "INFO", ACCESS.name, "request", dict(zip(ACCESS_FIELDS, values, strict=True)))
+        return self.line(created, "INFO", ACCESS.name, "request", access_fields(values))
 
     def line(self, created: float, level: str, logger: str, msg: str, fields: dict[str, Any],
              exc: str | None = None) -> str:  # fmt: skip
@@ -242,5 +248,5 @@ def access(scope: Scope, status: int, seconds: float, stream: bool) -> None:
         _queue.put((time.time(), values))  # only our own writer listens: it formats the line (no LogRecord)
         return
     record = logging.LogRecord(ACCESS.name, logging.INFO, "", 0, "request", None, None)
-    record.fields = dict(zip(ACCESS_FIELDS, values, strict=True))
+    record.fields = access_fields(values)
     ACCESS.handle(record)
