@@ -97,6 +97,7 @@ class LimitsSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     redis_prefix: str = "router:rl"
     redis_timeout: float = 0.25  # seconds per check before it counts as a Redis failure
     fail_open: bool = True  # Redis unreachable: admit calls unchecked (and log) rather than refuse them
+    headers: bool = True  # x-ratelimit-* on every admitted answer, as OpenAI sends them; false: on 429s only
     groups: dict[str, GroupLimits] = {}
 
 

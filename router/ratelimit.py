@@ -198,7 +198,7 @@ class RateLimiter:
 
     async def admit(self, principal: Principal, model: Model, body_size: int, req: ChatRequest) -> Headers | None:
         """Admit one call or raise 429; returns the response's ``x-ratelimit-*`` headers (None when
-        no limit applies)."""
+        no limit applies, or ``[limits] headers`` is off: a refusal carries them all the same)."""
         if not self.enabled:
             return None
         plan = self.plan(principal)
@@ -208,7 +208,7 @@ class RateLimiter:
         if self._local is not None:
             headers = self._local.admit_now(plan, tokens)
             if headers is not None:
-                return headers
+                return headers if self.settings.headers else None
         buckets = [Bucket(name, limit, tokens if is_tokens else 1) for name, limit, _, is_tokens in plan.buckets]
         kinds = plan.kinds
         assert self.backend is not None
@@ -224,7 +224,7 @@ class RateLimiter:
             ) from None
         tightest = _tightest(buckets, kinds, states)
         if ok:
-            return raw_headers(tightest)
+            return raw_headers(tightest) if self.settings.headers else None
         raise self._refusal(buckets, kinds, states, _headers(tightest))
 
     def _refusal(

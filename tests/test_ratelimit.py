@@ -302,6 +302,34 @@ def test_streams_carry_the_headers_and_unlimited_groups_none(lstack: Stack) -> N
         raw.parse()
 
 
+def test_headers_off_leaves_them_to_the_refusal(tmp_path: Path) -> None:
+    """``[limits] headers = false``: admitted answers (plain and streamed) carry no x-ratelimit-*;
+    the limits still apply, and the 429 still says where the caller stands."""
+    settings = Settings(
+        store=StoreSettings(url=f"sqlite:///{tmp_path}/router.db"),
+        reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9),
+        limits=LimitsSettings(key_rpm=2, headers=False),
+    )
+    s = Stack(tmp_path, settings).start()
+    try:
+        client = s.client(s.key(group=s.group(10)))
+        raw = _ask(client, "hi")
+        assert raw.headers["x-request-id"]
+        assert not [h for h in raw.headers if h.startswith("x-ratelimit")]
+        raw.parse()
+        with client.chat.completions.with_streaming_response.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], stream=True
+        ) as streamed:
+            assert not [h for h in streamed.headers if h.startswith("x-ratelimit")]
+            assert sum(1 for _ in streamed.iter_lines()) > 0
+        with pytest.raises(openai.RateLimitError) as info:
+            _ask(client, "third")
+        assert info.value.response.headers["x-ratelimit-remaining-requests"] == "0"
+        assert info.value.response.headers["x-ratelimit-limit-requests"] == "2"
+    finally:
+        s.stop()
+
+
 # -- two gateway processes sharing Redis -------------------------------------------------------------
 class Emulators:
     """The five emulators on their own event loop in a thread (the gateways are subprocesses)."""
