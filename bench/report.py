@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -59,9 +60,7 @@ def ratio(a: dict[str, Any], b: dict[str, Any]) -> float:
     rounds' ratios, each round's two runs measured minutes apart at most; else of the two figures."""
     ra, rb = a.get("rounds_rps") or [], b.get("rounds_rps") or []
     if len(ra) > 1 and len(ra) == len(rb):
-        paired = sorted(x / y if y else 0.0 for x, y in zip(ra, rb, strict=True))
-        n = len(paired)
-        return round(paired[n // 2] if n % 2 else (paired[n // 2 - 1] + paired[n // 2]) / 2, 2)
+        return round(statistics.median(x / y if y else 0.0 for x, y in zip(ra, rb, strict=True)), 2)
     return round(a["rps"] / b["rps"], 2)
 
 

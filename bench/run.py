@@ -73,7 +73,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, help="throughput runs per target and setting, interleaved (default 3, quick 1)")
     p.add_argument("--latency-seconds", type=float, help="seconds of the 1-client phase (default 40, quick 5)")
     p.add_argument("--tokens", type=int, default=12, help="answer length asked of the emulator (default 12)")
-    p.add_argument("--no-extras", action="store_true", help="skip the ledger and the concurrent-streams runs")
+    p.add_argument("--no-extras", action="store_true", help="skip the ledger, concurrent-streams and instruction-count runs")
     p.add_argument("--no-alt", action="store_true",
                    help="skip the other ways to run the gateway (uvicorn, 2 workers on PostgreSQL) and bare uvicorn")  # fmt: skip
     return p.parse_args(argv)
@@ -349,8 +349,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def extras(args: argparse.Namespace) -> None:
-    """The ledger's settlement rate per store, and N concurrent slow streams through one process."""
-    from bench import ledger, streams
+    """The ledger's settlement rate per store, N concurrent slow streams through one process, and the
+    instructions per call of the gateway and the bare proxy (noise-free, unlike req/s)."""
+    from bench import instructions, ledger, streams
 
     say("ledger settlement benchmark (SQLite and PostgreSQL)")
     try:
@@ -363,3 +364,8 @@ def extras(args: argparse.Namespace) -> None:
         streams.main(["--streams", str(n), "--tokens", "30" if args.quick else "90"], exit_after=False)
     except Exception as exc:  # noqa: BLE001
         print(f"streams benchmark failed: {exc}", flush=True)
+    say("instructions per call under callgrind: gateway and bare proxy")
+    try:
+        instructions.main(["--calls", "100", "--servers", "bare,gateway"] if args.quick else ["--calls", "300"])
+    except Exception as exc:  # noqa: BLE001
+        print(f"instructions benchmark failed: {exc}", flush=True)

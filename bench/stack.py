@@ -84,21 +84,29 @@ def gateway_argv(name: str, config: Path, port: int) -> tuple[list[str], dict[st
 
 
 def start_gateway(logs: Path, tmp: Path, emulators: dict[str, tuple[str, str]], name: str = "gateway",
-                  store_url: str | None = None, redis_url: str | None = None) -> Target:  # fmt: skip
+                  store_url: str | None = None, redis_url: str | None = None, *, limits: bool = True,
+                  limit_headers: bool = True, access_log: bool = True, wrap: list[str] | None = None,
+                  home: str | None = None) -> Target:  # fmt: skip
     """Our gateway with every provider on its emulator, a store (temp SQLite unless ``store_url``), a
     rich group and one key, and rate limits on (in Redis if ``redis_url``), served as ``name`` says
-    (GATEWAY_SERVERS)."""
+    (GATEWAY_SERVERS). ``limits`` / ``limit_headers`` (x-ratelimit-* on admitted answers) /
+    ``access_log`` False turn those off (bench.instructions measures what they cost); ``wrap`` runs
+    the server under a tool (``valgrind ...``)."""
     port = free_port()
-    home = tmp / name
-    home.mkdir(parents=True, exist_ok=True)
-    config = home / "router.toml"
-    store_url = store_url or "sqlite:///" + str(home / "router.db")
-    lines = ["[server]", 'host = "127.0.0.1"', f"port = {port}", "", "[store]", f"url = {json.dumps(store_url)}", "",
-             # every feature on: rate limits checked on every call (per key and per group, requests and
-             # tokens), set high enough that the benchmark never hits them
-             "[limits]", "key_rpm = 100000000", "key_tpm = 100000000000", "group_rpm = 100000000",
-             "group_tpm = 100000000000",
-             *([f"redis_url = {json.dumps(redis_url)}", f'redis_prefix = "bench-{port}:"'] if redis_url else []), ""]  # fmt: skip
+    home_dir = tmp / (home or name)
+    home_dir.mkdir(parents=True, exist_ok=True)
+    config = home_dir / "router.toml"
+    store_url = store_url or "sqlite:///" + str(home_dir / "router.db")
+    lines = ["[server]", 'host = "127.0.0.1"', f"port = {port}", "", "[store]", f"url = {json.dumps(store_url)}", ""]
+    if limits:
+        # every feature on: rate limits checked on every call (per key and per group, requests and
+        # tokens), set high enough that the benchmark never hits them
+        lines += ["[limits]", "key_rpm = 100000000", "key_tpm = 100000000000", "group_rpm = 100000000",
+                  "group_tpm = 100000000000",
+                  *([f"redis_url = {json.dumps(redis_url)}", f'redis_prefix = "bench-{port}:"'] if redis_url else []),
+                  *([] if limit_headers else ["headers = false"]), ""]  # fmt: skip
+    if not access_log:
+        lines += ["[observability]", "access_log = false", ""]
     for prefix, (base_url, key) in sorted(emulators.items()):
         lines += [f"[providers.{prefix}]", f"base_url = {json.dumps(base_url)}", f"api_key = {json.dumps(key)}", ""]
     config.write_text("\n".join(lines))
@@ -109,14 +117,17 @@ def start_gateway(logs: Path, tmp: Path, emulators: dict[str, tuple[str, str]], 
     key = key.strip().splitlines()[-1].strip()
     label, role = GATEWAY_SERVERS[name]
     argv, env = gateway_argv(name, config, port)
-    proc = start(name, role, argv, logs / f"{name}.log", env=env, cwd=home)
+    if wrap:
+        argv = [*wrap, sys.executable, *argv]  # (the router command is a Python script)
+    proc = start(name, role, argv, logs / f"{home or name}.log", env=env, cwd=home_dir)
     return Target(name, label, proc, f"http://127.0.0.1:{port}/v1/chat/completions", key, GATEWAY_MODEL)
 
 
-def start_bare(logs: Path, upstream: str, upstream_key: str, server: str = "hypercorn") -> Target:
+def start_bare(logs: Path, upstream: str, upstream_key: str, server: str = "hypercorn",
+               wrap: list[str] | None = None) -> Target:  # fmt: skip
     port = free_port()
     name = "bare" if server == "hypercorn" else f"bare-{server}"
-    argv = [sys.executable, str(ROOT / "bench" / "bare_proxy.py"), "--port", str(port),
+    argv = [*(wrap or ()), sys.executable, str(ROOT / "bench" / "bare_proxy.py"), "--port", str(port),
             "--upstream", upstream, "--key", upstream_key, "--server", server]  # fmt: skip
     proc = start(name, f"bare proxy (bench/bare_proxy.py: {server} + Starlette + aiohttp, no features)",
                  argv, logs / f"{name}.log")  # fmt: skip
@@ -167,8 +178,10 @@ def drop_pg_database(name: str) -> None:
         pass
 
 
-def start_litellm(logs: Path, tmp: Path, litellm: Path, upstream: str, upstream_key: str) -> Target:
-    """LiteLLM proxy: one uvicorn worker, no database, quiet logs, a master key (it refuses to run without)."""
+def start_litellm(logs: Path, tmp: Path, litellm: Path, upstream: str, upstream_key: str,
+                  wrap: list[str] | None = None) -> Target:  # fmt: skip
+    """LiteLLM proxy: one uvicorn worker, no database, quiet logs, a master key (it refuses to run without);
+    ``wrap``: under a tool (``valgrind ...``)."""
     port = free_port()
     master = "sk-bench-" + secrets.token_hex(16)
     config = tmp / "litellm.yaml"
@@ -191,6 +204,8 @@ def start_litellm(logs: Path, tmp: Path, litellm: Path, upstream: str, upstream_
                DISABLE_ADMIN_UI="True", NO_DOCS="True", PYTHONUNBUFFERED="1")  # fmt: skip
     env.pop("DATABASE_URL", None)
     argv = [str(litellm), "--config", str(config), "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"]
+    if wrap:
+        argv = [*wrap, str(litellm.with_name("python")), *argv]  # (the litellm command is a Python script)
     proc = start("litellm", "LiteLLM proxy (uvicorn, 1 worker, no database)", argv, logs / "litellm.log",
                  env=env, cwd=tmp)  # fmt: skip
     return Target("litellm", "litellm", proc, f"http://127.0.0.1:{port}/v1/chat/completions", master, GATEWAY_MODEL)

@@ -1,0 +1,194 @@
+"""Instructions per call, counted by callgrind: the gateway against the bare proxy, without noise.
+
+    .venv/bin/python -m bench.instructions [--calls 400] [--concurrency 8]
+
+req/s on a shared 2-CPU machine moves by 10-30 % from run to run, and so do the throughput ratios of
+``make bench``. An instruction count does not: ``valgrind --tool=callgrind`` counts what the server
+process executes (every thread: event loop, store, log writer), the same to about 1 % from run to
+run whatever else the machine does. Each server runs under callgrind; after a warm-up the counters
+are zeroed, ``--calls`` calls are made (``--concurrency`` at a time, the same 12-token request as
+``make bench``), and the counters dumped: their total over the calls is the cost of one call.
+
+The servers: the bare proxy (the floor of the stack), the gateway with every feature on (as in ``make
+bench``), the gateway with the ``x-ratelimit-*`` headers on 429s only (``[limits] headers = false``),
+without rate limits, and without rate limits and access log (what those cost), and the gateway and the
+bare proxy under uvicorn. Instructions are not time (a syscall or a cache miss costs more than its count), so this
+complements the wall-clock figures: ``gateway / bare`` here is how much more work a call is.
+Needs valgrind (Debian's package); about 5 minutes. Results: bench/results/instructions.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from bench import benchvenv
+from bench.load import body_bytes
+from bench.procs import stop_all
+from bench.stack import ROOT, Target, start_bare, start_emulators, start_gateway, start_litellm, wait_ready
+
+RESULTS = Path(__file__).with_name("results")
+MODES = (("non-stream", False), ("stream", True))
+
+
+class Server(NamedTuple):
+    label: str
+    floor: str  # the bare proxy it is compared with
+    features: tuple[bool, bool, bool] | None  # the gateway's (rate limits, their headers, access log); None: bare
+    server: str = "hypercorn"
+
+
+SERVERS = {
+    "bare": Server("bare proxy", "bare", None),
+    "gateway": Server("gateway, every feature", "bare", (True, True, True)),
+    "gw-no-limit-headers": Server("gateway, x-ratelimit-* on 429s only", "bare", (True, False, True)),
+    "gw-no-limits": Server("gateway, no rate limits", "bare", (False, False, True)),
+    "gw-no-limits-log": Server("gateway, no rate limits, no access log", "bare", (False, False, False)),
+    "bare-uvicorn": Server("bare proxy under uvicorn", "bare-uvicorn", None, "uvicorn"),
+    "gw-uvicorn": Server("gateway under uvicorn, every feature", "bare-uvicorn", (True, True, True), "uvicorn"),
+    # not in the default set: LiteLLM starts for minutes under callgrind, and a call costs it ~25x ours
+    "litellm": Server("LiteLLM proxy (from .bench-venv)", "bare", None, "litellm"),
+}
+DEFAULT = [name for name in SERVERS if name != "litellm"]
+
+
+def callgrind(out: Path) -> list[str]:
+    return ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p", "--dump-instr=no", "--compress-strings=no"]
+
+
+def control(*args: str) -> None:
+    subprocess.run(["callgrind_control", *args], capture_output=True, check=True, timeout=120)
+
+
+def dumped_total(out: Path, pid: int, after: float) -> int:
+    """The instruction total of the newest dump of process ``pid`` written after ``after``."""
+    files = [p for p in out.parent.glob(f"{out.name}.{pid}*") if p.stat().st_mtime >= after]
+    if not files:
+        raise RuntimeError(f"callgrind wrote no dump for pid {pid}")
+    newest = max(files, key=lambda p: p.stat().st_mtime)
+    for line in newest.read_text(errors="replace").splitlines():
+        if line.startswith("totals:") or line.startswith("summary:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no totals line in {newest}")
+
+
+async def drive(target: Target, stream: bool, calls: int, concurrency: int) -> None:
+    import aiohttp
+
+    data = body_bytes(target.model, stream, 12)
+    headers = {"Authorization": f"Bearer {target.key}", "Content-Type": "application/json"}
+    left = [calls]
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        while left[0] > 0:
+            left[0] -= 1
+            async with session.post(target.url, data=data, headers=headers) as response:
+                body = await response.read()
+                if response.status != 200 or (stream and b"data: [DONE]" not in body):
+                    raise RuntimeError(f"{target.name}: HTTP {response.status}: {body[:300]!r}")
+
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+
+
+def measure(name: str, emulators: dict[str, tuple[str, str]], tmp: Path, calls: int, concurrency: int) -> dict[str, float]:
+    """k instructions per call of server ``name``, per mode."""
+    label, _, features, server = SERVERS[name]
+    out = tmp / "callgrind" / name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    logs = tmp / "logs"
+    base, key = emulators["openai"]
+    if server == "litellm":
+        venv = benchvenv.ensure(ROOT, benchvenv.LITELLM_VERSION, RESULTS / "bench-venv-install.log")
+        if venv.litellm_problem:
+            raise RuntimeError(f"LiteLLM: {venv.litellm_problem}")
+        target = start_litellm(logs, tmp, venv.litellm, base, key, wrap=callgrind(out))
+        calls = max(calls // 6, 30)
+    elif features is None:
+        target = start_bare(logs, base, key, server, wrap=callgrind(out))
+    else:
+        limits, limit_headers, access_log = features
+        target = start_gateway(logs, tmp, emulators, "gateway" if server == "hypercorn" else "gw-uvicorn",
+                               limits=limits, limit_headers=limit_headers, access_log=access_log,
+                               wrap=callgrind(out), home=name)  # fmt: skip
+    try:
+        wait_ready(target, 900 if server == "litellm" else 180)  # (python under valgrind starts in 10-30 s)
+        pid = target.proc.popen.pid
+        figures: dict[str, float] = {}
+        for mode, stream in MODES:
+            asyncio.run(drive(target, stream, max(calls // 4, 50), concurrency))  # warm-up
+            control("-z", str(pid))
+            began = time.time()
+            asyncio.run(drive(target, stream, calls, concurrency))
+            control("-d", str(pid))
+            figures[mode] = dumped_total(out, pid, began) / calls / 1000
+            print(f"  {label:40s} {mode:10s} {figures[mode]:8,.0f}k instructions per call", flush=True)
+        return figures
+    finally:
+        stop_all([target.proc])
+
+
+def report(results: dict[str, dict[str, float]]) -> str:
+    lines = ["Instructions per call (callgrind, thousands), and against the bare proxy on the same server",
+             f"  {'server':40s} " + " ".join(f"{mode:>12s} {'x bare':>7s}" for mode, _ in MODES)]  # fmt: skip
+    for name, figures in results.items():
+        floor = results.get(SERVERS[name].floor, {})
+        cells = []
+        for mode, _ in MODES:
+            times = f"{figures[mode] / floor[mode]:.2f}" if floor.get(mode) else "-"
+            cells.append(f"{figures[mode]:12,.0f} {times:>7s}")
+        lines.append(f"  {SERVERS[name].label:40s} " + " ".join(cells))
+    gateway, bare, litellm = results.get("gateway"), results.get("bare"), results.get("litellm")
+    if gateway and litellm:
+        for mode, _ in MODES:
+            lines.append(f"  {mode}: a call through LiteLLM executes {litellm[mode] / gateway[mode]:.1f}x the gateway's instructions")
+    if gateway and bare:
+        for mode, _ in MODES:
+            ratio = gateway[mode] / bare[mode]
+            lines.append(f"  {mode}: a call through the gateway executes {ratio:.2f}x the bare proxy's instructions "
+                         f"(at equal speed per instruction: {1 / ratio:.0%} of its throughput)")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=400, help="calls counted per server and mode")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--servers", default=",".join(DEFAULT), help=f"comma-separated, of: {', '.join(SERVERS)}")
+    args = parser.parse_args(argv)
+    if not (shutil.which("valgrind") and shutil.which("callgrind_control")):
+        print("bench.instructions: needs valgrind (apt-get install valgrind); not run", flush=True)
+        return 2
+    names = [n for n in args.servers.split(",") if n]
+    unknown = [n for n in names if n not in SERVERS]
+    if unknown:
+        parser.error(f"unknown servers: {', '.join(unknown)}")
+    results: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-instr-") as tmp_name:
+        tmp = Path(tmp_name)
+        (tmp / "logs").mkdir()
+        emulator, emulators = start_emulators(tmp / "logs")
+        try:
+            for name in names:
+                results[name] = measure(name, emulators, tmp, args.calls, args.concurrency)
+        finally:
+            stop_all([emulator])
+    text = report(results)
+    print(text, flush=True)
+    RESULTS.mkdir(exist_ok=True)
+    record: dict[str, Any] = {"calls": args.calls, "concurrency": args.concurrency, "k_instructions_per_call": results}
+    (RESULTS / "instructions.json").write_text(json.dumps(record, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
