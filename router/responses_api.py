@@ -33,12 +33,23 @@ from router.gateway import Gateway
 from router.pipeline import ChatPipeline, Started, open_upstream
 from router.responses import SSE, JSONBytes
 from router.responses_events import EventSynth
-from router.responses_translate import estimate_messages, from_completion, image_urls, shell, to_chat
+from router.responses_translate import (
+    estimate_messages,
+    from_completion,
+    image_urls,
+    refuse_background,
+    shell,
+    to_chat,
+)
 from router.sse import SSEDecoder, frame_event
 from router.stream import Outcome
 from router.wire import ChatRequest, ImagePart, ImageURL, Message
 
 NATIVE = frozenset({"openai"})  # provider prefixes whose upstream serves POST /responses itself
+NO_POLL = (
+    "this gateway does not offer GET /v1/responses/{id}, so a background response could never be polled "
+    "(nor billed); omit 'background', or use 'stream: true' for a long answer"
+)
 
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
@@ -191,6 +202,7 @@ class Responses:
 
     # -- group p1: pass-through -------------------------------------------------------------------
     async def native(self, ask: Ask, model: Model) -> Response:
+        refuse_background(ask.body, NO_POLL)  # before anything is reserved or sent
         provider = self.gw.providers[model.provider]
         # rate limits as for chat calls: checked once, before anything is reserved or sent
         limits = await self.gw.limits.admit(ask.principal, model, ask.size, reserve_request(ask.body))

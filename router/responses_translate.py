@@ -36,6 +36,15 @@ def _refuse(message: str, param: str | None, code: str = "unsupported_parameter"
     return InvalidRequest(message, param=param, code=code)
 
 
+def refuse_background(body: dict[str, Any], why: str) -> None:
+    """Background mode is refused for every model: the gateway keeps no responses to poll."""
+    if body.get("background"):
+        raise _refuse(
+            f"Background mode ('background: true') is not supported for the model `{body.get('model')}`: {why}.",
+            "background",
+        )
+
+
 def _check_fields(body: dict[str, Any]) -> None:
     model = body.get("model")
     for name, value in body.items():
@@ -55,11 +64,7 @@ def _check_fields(body: dict[str, Any]) -> None:
             f"of translated providers ({P1_ONLY}). Omit 'store' or set it to false.",
             "store",
         )
-    if body.get("background"):
-        raise _refuse(
-            f"Background mode ('background: true') is not supported for the model `{model}`: {P1_ONLY}.",
-            "background",
-        )
+    refuse_background(body, P1_ONLY)
     for name, harmless in (
         ("include", []),
         ("truncation", "disabled"),

@@ -367,6 +367,22 @@ def test_previous_response_id_and_store(stack: Stack, client: openai.OpenAI) -> 
     assert info.value.code == "previous_response_not_found"  # type: ignore[attr-defined]
 
 
+def test_background_is_refused_for_openai_before_anything_is_sent(stack: Stack) -> None:
+    # the gateway offers no GET /v1/responses/{id}: a queued background response could not be polled
+    group, client = _group_client(stack)
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as info:
+            client.responses.create(model="openai/gpt-4o-mini", input="bg-marker", background=True, stream=stream)
+        body = info.value.body
+        assert isinstance(body, dict) and body["type"] == "invalid_request_error"
+        assert info.value.param == "background" and "GET /v1/responses/{id}" in info.value.message
+    assert not any("bg-marker" in json.dumps(r) for r in stack.emulator("openai").requests)
+    assert stack.run(stack.store.usage(group=group, limit=10)) == []
+    g = stack.run(stack.store.get_group(group))
+    assert g.reserved == 0 and g.spent == 0
+    assert client.responses.create(model="openai/gpt-4o-mini", input="hi", background=False).output_text
+
+
 def test_chat_only_and_responses_only_models(stack: Stack, client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         client.responses.create(model="openai/gpt-4o-search-preview", input="news")
