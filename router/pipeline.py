@@ -74,6 +74,14 @@ class ChatPipeline:
                 param="messages",
                 code="image_input_unsupported",
             )
+        custom = req.custom_tools_at()
+        if custom and model.provider != "openai":  # raw custom tools pass through to OpenAI only
+            raise InvalidRequest(
+                f"Custom tools ('type': 'custom') are supported only by OpenAI models (openai/...); the model "
+                f"`{model_id}` takes function tools ('type': 'function').",
+                param=custom,
+                code="unsupported_tool",
+            )
         if principal.allowed_models is not None and not (
             model.id in principal.allowed_models or model_id in principal.allowed_models
         ):

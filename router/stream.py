@@ -181,9 +181,13 @@ class Shaper:
             if isinstance(text, str) and text:
                 self.text_parts.append(text)
         for call in delta.get("tool_calls") or ():
-            function = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(call, dict):
+                continue
+            function, custom = call.get("function"), call.get("custom")  # custom: OpenAI's free-form tools
             if isinstance(function, dict):
                 self.text_parts.append(str(function.get("name") or "") + str(function.get("arguments") or ""))
+            elif isinstance(custom, dict):
+                self.text_parts.append(str(custom.get("name") or "") + str(custom.get("input") or ""))
 
     def generated(self) -> str:
         """Everything the answer contained so far (to estimate its tokens if no usage ever comes)."""

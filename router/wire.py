@@ -55,10 +55,33 @@ class FunctionCall(Base):
     arguments: str
 
 
+class CustomCall(Base):
+    name: str
+    input: str
+
+
+# OpenAI custom tools (``type: custom``, free-form input) exist only at OpenAI: their raw dict passes through
+# to openai/* models and pipeline.check refuses them for every other provider, so the adapters, which
+# translate function tools, never meet one. A custom tool or call has a placeholder ``function``.
+class _NoCall(FunctionCall):
+    pass
+
+
 class ToolCall(Base):
     id: str
-    function: FunctionCall
+    function: FunctionCall = msgspec.field(default_factory=lambda: _NoCall(name="", arguments=""))
+    custom: CustomCall | UnsetType = UNSET
     type: str = "function"
+
+    def __post_init__(self) -> None:
+        _require(self.type, type(self.function) is _NoCall, self.custom)
+
+
+def _require(kind: str, no_function: bool, custom: Any) -> None:
+    if kind == "custom" and custom is UNSET:
+        raise ValueError("Object missing required field `custom`")
+    if kind != "custom" and no_function:
+        raise ValueError("Object missing required field `function`")
 
 
 class Message(Base):
@@ -80,9 +103,23 @@ class FunctionDef(Base):
     strict: bool | None | UnsetType = UNSET
 
 
+class CustomDef(Base):
+    name: str
+    description: str | UnsetType = UNSET
+    format: dict[str, Any] | UnsetType = UNSET
+
+
+class _NoFunction(FunctionDef):
+    pass
+
+
 class Tool(Base):
-    function: FunctionDef
+    function: FunctionDef = msgspec.field(default_factory=lambda: _NoFunction(name=""))  # see _NoCall
+    custom: CustomDef | UnsetType = UNSET
     type: str = "function"
+
+    def __post_init__(self) -> None:
+        _require(self.type, type(self.function) is _NoFunction, self.custom)
 
 
 OutputCap = Annotated[int, Meta(ge=1, le=100_000_000)]
@@ -106,6 +143,16 @@ class ChatRequest(Base):
     @property
     def output_cap(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def custom_tools_at(self) -> str | None:
+        """Where the request uses an OpenAI custom tool (``tools`` or a call in ``messages``), if it does."""
+        if any(tool.type == "custom" for tool in self.tools or ()):
+            return "tools"
+        for message in self.messages:
+            calls = message.tool_calls if isinstance(message.tool_calls, list) else ()
+            if any(call.type == "custom" for call in calls):
+                return "messages"
+        return None
 
     def has_images(self) -> bool:
         for message in self.messages:

@@ -134,6 +134,49 @@ def test_tools_round_trip(client: openai.OpenAI) -> None:
     assert "sunny" in follow.choices[0].message.content
 
 
+CUSTOM_TOOL = {"type": "custom", "custom": {"name": "run_python", "description": "Runs Python",
+                                             "format": {"type": "grammar", "grammar": {"syntax": "regex", "definition": ".+"}}}}  # fmt: skip
+
+
+def test_custom_tools_pass_through_to_openai(stack: Stack, client: openai.OpenAI) -> None:
+    out = client.chat.completions.create(
+        model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "code? [tool]"}], tools=[CUSTOM_TOOL]
+    )
+    call = out.choices[0].message.tool_calls[0]
+    assert isinstance(call, openai.types.chat.ChatCompletionMessageCustomToolCall)
+    assert call.custom.name == "run_python" and call.custom.input and out.choices[0].finish_reason == "tool_calls"
+    assert stack.emulator("openai").requests[-1]["tools"] == [CUSTOM_TOOL]  # unchanged
+    history = [
+        {"role": "user", "content": "code? [tool]"},
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "hello"},
+    ]
+    follow = client.chat.completions.create(model="openai/gpt-4o-mini", messages=history, tools=[CUSTOM_TOOL])
+    assert "hello" in follow.choices[0].message.content
+    assert stack.emulator("openai").requests[-1]["messages"][1]["tool_calls"] == [call.model_dump()]
+    chunks = list(client.chat.completions.create(
+        model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "code? [tool]"}], tools=[CUSTOM_TOOL],
+        tool_choice={"type": "custom", "custom": {"name": "run_python"}}, stream=True))  # fmt: skip
+    deltas = [c.choices[0].delta.tool_calls[0] for c in chunks if c.choices and c.choices[0].delta.tool_calls]
+    assert deltas[0].type == "custom" and deltas[0].model_extra["custom"]["name"] == "run_python"  # type: ignore[index]
+    assert "".join(d.model_extra["custom"]["input"] for d in deltas) == call.custom.input  # type: ignore[index]
+
+
+@pytest.mark.parametrize("model", ["anthropic/claude-haiku-4-5", "google/gemini-2.5-flash", "mistral/mistral-small-latest"])
+def test_custom_tools_refused_for_other_providers(stack: Stack, client: openai.OpenAI, model: str) -> None:
+    call = {"id": "call_1", "type": "custom", "custom": {"name": "run_python", "input": "print(1)"}}
+    history = [{"role": "user", "content": "custom-marker"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "1"}]  # fmt: skip
+    for kwargs, param in (({"tools": [CUSTOM_TOOL]}, "tools"), ({"messages": history}, "messages")):
+        args = {"model": model, "messages": [{"role": "user", "content": "custom-marker"}], **kwargs}
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(**args)  # type: ignore[call-overload]
+        assert info.value.param == param and info.value.code == "unsupported_tool"  # type: ignore[attr-defined]
+        assert "only by OpenAI models" in info.value.message
+    upstream = stack.emulator(model.split("/")[0]).requests
+    assert not any("custom-marker" in str(r) for r in upstream)
+
+
 def test_korean_streamed_intact_across_split_bytes(client: openai.OpenAI) -> None:
     text = "안녕하세요, 서울의 날씨는 맑습니다. 한국어 스트리밍 시험입니다."
     for model in ("upstage/solar-pro3", "openai/gpt-4o-mini"):

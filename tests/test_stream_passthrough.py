@@ -126,3 +126,11 @@ def test_sse_decoder_gives_the_same_events_however_the_bytes_are_split(data: byt
     for step in (2, 3, 5, 7, 11):
         assert events_of(data, list(range(step, len(data), step))) == one_by_one
     assert one_by_one  # (every input has events)
+
+
+def test_custom_tool_input_is_kept_for_estimates() -> None:
+    # OpenAI custom tools stream free-form ``custom.input``, not ``function.arguments``
+    call = '"tool_calls":[{"index":0,"id":"c1","type":"custom","custom":{"name":"run","input":"print(1)"}}]'
+    lines = [chunk(text('"role":"assistant","content":null')), chunk(text(call)), chunk(text("", reason='"tool_calls"'))]
+    for fast in (False, True):
+        assert run(lines, False, fast)[2][2] == "runprint(1)"

@@ -34,6 +34,11 @@ MISTRAL_FIELDS = {
 }  # fmt: skip
 
 
+def _call_text(call: dict[str, Any]) -> str:
+    """A tool call's arguments (function) or free-form input (custom)."""
+    return str(call["custom"]["input"] if call["type"] == "custom" else call["function"]["arguments"])
+
+
 def _text(content: Any) -> str:
     if isinstance(content, str):
         return content
@@ -117,11 +122,16 @@ class OpenAIEmulator:
         tool_call = None
         if tools and messages[-1].get("role") != "tool" and (d.tool or choice in ("required", "any") or isinstance(choice, dict)):
             fn = tools[0].get("function", {})
-            if isinstance(choice, dict):
+            if isinstance(choice, dict) and choice.get("type") != "custom":
                 fn = next((t["function"] for t in tools if t.get("function", {}).get("name") == choice.get("function", {}).get("name")), fn)
             call_id = random_id(9) if self.flavour == "mistral" else "call_" + random_id(24)
             tool_call = {"id": call_id, "type": "function",
                          "function": {"name": fn.get("name", "tool"), "arguments": _encode(fake_arguments(fn.get("parameters"))).decode()}}  # fmt: skip
+            custom = tools[0].get("custom") if tools[0].get("type") == "custom" else None
+            if isinstance(choice, dict) and choice.get("type") == "custom":
+                custom = next((t["custom"] for t in tools if t.get("custom", {}).get("name") == choice.get("custom", {}).get("name")), custom)
+            if self.flavour == "openai" and isinstance(custom, dict):  # a custom tool: free-form text input
+                tool_call = {"id": call_id, "type": "custom", "custom": {"name": custom.get("name", "tool"), "input": "print('hello')"}}
         if messages[-1].get("role") == "tool":
             d.echo, d.text = True, f"The tool returned: {_text(messages[-1].get('content'))}"
         pieces, truncated = reply_pieces(prompt, d, cap)
@@ -152,7 +162,8 @@ class OpenAIEmulator:
         if d.fault or flaky:
             return self.fault(d.fault or flaky or 500)
         thinking = ["Let", " me", " think", "."] if reasoning else []
-        completion_tokens = len(pieces) + len(thinking) + (count_tokens(tool_call["function"]["arguments"]) + 4 if tool_call else 0)
+        call_text = _call_text(tool_call) if tool_call else ""
+        completion_tokens = len(pieces) + len(thinking) + (count_tokens(call_text) + 4 if tool_call else 0)
         if tool_call:
             pieces, finish = [], "tool_calls"
         usage: dict[str, Any] = {
@@ -215,12 +226,13 @@ class OpenAIEmulator:
             else:
                 events.append(event({"reasoning" if self.flavour == "upstage" else "reasoning_content": piece}))
         if tool_call:
-            args = tool_call["function"]["arguments"]
+            kind = tool_call["type"]
+            args, field = _call_text(tool_call), "arguments" if kind == "function" else "input"
             half = len(args) // 2
-            first = {"index": 0, "id": tool_call["id"], "type": "function", "function": {"name": tool_call["function"]["name"], "arguments": ""}}
+            first = {"index": 0, "id": tool_call["id"], "type": kind, kind: {"name": tool_call[kind]["name"], field: ""}}
             events.append(event({"tool_calls": [first]}))
-            events.append(event({"tool_calls": [{"index": 0, "function": {"arguments": args[:half]}}]}))
-            events.append(event({"tool_calls": [{"index": 0, "function": {"arguments": args[half:]}}]}))
+            events.append(event({"tool_calls": [{"index": 0, kind: {field: args[:half]}}]}))
+            events.append(event({"tool_calls": [{"index": 0, kind: {field: args[half:]}}]}))
         for piece in pieces:
             events.append(event({"content": piece}))
         if mistral:
