@@ -32,6 +32,12 @@ def key_hint(key: str) -> str:
     return f"{head}-v1-...{key[-4:]}"
 
 
+def may_use(principal: Principal, model_id: str, asked: str) -> bool:
+    """Whether the key may call the model ``model_id`` (catalog id), asked for as ``asked``."""
+    allowed = principal.allowed_models
+    return allowed is None or model_id in allowed or asked in allowed
+
+
 class Authenticator:
     def __init__(self, store: Store, prefix: str, cache_seconds: float = 2.0) -> None:
         self.store = store

@@ -120,6 +120,13 @@ def _decode(path: Path) -> CatalogFile:
         raise ConfigError(f"{path}: {exc}") from None
 
 
+def not_found(model_id: str, hint: str = "") -> ModelNotFound:
+    """OpenAI's 404 for a model that does not exist, or that the key may not use."""
+    return ModelNotFound(
+        f"The model `{model_id}` does not exist or you do not have access to it.{hint}", param="model"
+    )
+
+
 class Catalog:
     def __init__(self, providers: dict[str, ProviderSpec], models: list[ModelSpec], source: str = "catalog"):
         self.providers = providers
@@ -200,9 +207,7 @@ class Catalog:
             hint = ""
             if "/" not in model_id:
                 hint = " Model ids have the form '<provider>/<model_name>', e.g. 'openai/gpt-4o-mini'; GET /v1/models lists them."
-            raise ModelNotFound(
-                f"The model `{model_id}` does not exist or you do not have access to it.{hint}", param="model"
-            )
+            raise not_found(model_id, hint)
         return model
 
     def require_endpoint(self, model: Model, model_id: str, endpoint: str) -> None:

@@ -8,7 +8,8 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from router.catalog import NANO, Catalog, Model
+from router.auth import may_use
+from router.catalog import NANO, Catalog, Model, not_found
 from router.gateway import Gateway
 from router.responses import JSONBytes
 from router.wire import ModelCard, ModelList, Pricing
@@ -41,21 +42,35 @@ def card(catalog: Catalog, model: Model) -> ModelCard:
 
 
 class Models:
+    """A key with an allow-list sees only the models it may call (its list is encoded once per list)."""
+
     def __init__(self, gateway: Gateway) -> None:
         self.gw = gateway
         catalog = gateway.catalog
         self._cards = {m.id: card(catalog, m) for m in catalog.models.values()}
-        self._list = _encode(ModelList(data=sorted(self._cards.values(), key=lambda c: c.id)))
+        self._lists: dict[frozenset[str] | None, bytes] = {None: self._encode(None)}
+
+    def _encode(self, allowed: frozenset[str] | None) -> bytes:
+        cards = [c for c in self._cards.values() if allowed is None or c.id in allowed]
+        return _encode(ModelList(data=sorted(cards, key=lambda c: c.id)))
 
     async def list(self, request: Request) -> Response:
         if not self.gw.started:
             await self.gw.start()
-        await self.gw.auth.authenticate(request.headers.get("authorization"))
-        return JSONBytes(self._list)
+        allowed = (await self.gw.auth.authenticate(request.headers.get("authorization"))).allowed_models
+        body = self._lists.get(allowed)
+        if body is None:
+            if len(self._lists) > 10_000:
+                self._lists = {None: self._lists[None]}
+            body = self._lists[allowed] = self._encode(allowed)
+        return JSONBytes(body)
 
     async def retrieve(self, request: Request) -> Response:
         if not self.gw.started:
             await self.gw.start()
-        await self.gw.auth.authenticate(request.headers.get("authorization"))
-        model = self.gw.catalog.resolve(request.path_params["model"])
+        principal = await self.gw.auth.authenticate(request.headers.get("authorization"))
+        asked = request.path_params["model"]
+        model = self.gw.catalog.resolve(asked)
+        if not may_use(principal, model.id, asked):
+            raise not_found(asked)  # as OpenAI answers for a model the key cannot see
         return JSONBytes(_encode(self._cards[model.id]))

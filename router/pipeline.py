@@ -22,6 +22,7 @@ from billing.ledger import Meter
 from billing.pricing import worst_case
 from billing.store import Principal, UsageRecord
 from router import metrics
+from router.auth import may_use
 from router.errors import GatewayError, InvalidRequest, PermissionDenied, UpstreamTimeout, UpstreamUnavailable
 from router.gateway import Gateway
 from router.reliability import backoff, breaker_failure, failover, retryable
@@ -82,9 +83,7 @@ class ChatPipeline:
                 param=custom,
                 code="unsupported_tool",
             )
-        if principal.allowed_models is not None and not (
-            model.id in principal.allowed_models or model_id in principal.allowed_models
-        ):
+        if not may_use(principal, model.id, model_id):
             raise PermissionDenied(f"This API key is not allowed to use the model `{model_id}`.", param="model")
         if req.output_cap is not None and model.max_output and req.output_cap > model.max_output:
             raise InvalidRequest(

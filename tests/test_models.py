@@ -41,6 +41,18 @@ def test_retrieve_resolves_prefix_alias(client: openai.OpenAI) -> None:
         client.models.retrieve("openai/nope")
 
 
+def test_models_follow_the_keys_allow_list(stack: Stack) -> None:
+    allowed = ["anthropic/claude-sonnet-4-5", "openai/gpt-4o-mini"]
+    client = stack.client(stack.key(models=allowed))
+    assert [m.id for m in client.models.list()] == sorted(allowed)
+    assert client.models.retrieve("claude/claude-sonnet-4-5").id == "anthropic/claude-sonnet-4-5"
+    for hidden in ("openai/gpt-4o", "google/gemini-2.5-flash"):
+        with pytest.raises(openai.NotFoundError) as info:
+            client.models.retrieve(hidden)
+        assert info.value.code == "model_not_found" and hidden in info.value.message  # type: ignore[attr-defined]
+    assert len(list(stack.client().models.list())) > 20  # a key without a list still sees every model
+
+
 def test_models_needs_a_key(stack: Stack) -> None:
     assert raw_request(stack, "GET", "/v1/models").status == 401
 
