@@ -5,6 +5,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 import msgspec
+from msgspec import UNSET
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -22,6 +23,7 @@ def _credits(nano: int) -> str:
 
 
 def card(catalog: Catalog, model: Model) -> ModelCard:
+    prices = model.prices
     return ModelCard(
         id=model.id,
         created=model.created,
@@ -32,9 +34,10 @@ def card(catalog: Catalog, model: Model) -> ModelCard:
         context_length=model.context,
         max_output_tokens=model.max_output,
         pricing=Pricing(
-            input=_credits(model.prices.input),
-            output=_credits(model.prices.output),
-            cached_input=_credits(model.prices.cached_input),
+            input=_credits(prices.input),
+            output=_credits(prices.output),
+            cached_input=_credits(prices.cached_input),
+            cache_write=UNSET if prices.cache_write == prices.input else _credits(prices.cache_write),
         ),
         alias_of=model.alias_of,
         shutdown_date=model.shutdown_date,

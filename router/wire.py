@@ -217,6 +217,7 @@ class Pricing(msgspec.Struct):
     input: str
     output: str
     cached_input: str
+    cache_write: str | UnsetType = UNSET  # shown when it differs from input (Anthropic's prompt caching)
     unit: str = "credits per 1M tokens"
 
 

@@ -33,6 +33,16 @@ def test_model_entry_carries_our_fields(stack: Stack) -> None:
     assert entry["endpoints"] == ["chat", "responses"]
 
 
+def test_pricing_shows_the_cache_write_price_that_is_billed(client: openai.OpenAI) -> None:
+    sonnet = client.models.retrieve("anthropic/claude-sonnet-4-5").model_extra
+    assert sonnet is not None and sonnet["pricing"] == {
+        "input": "3", "output": "15", "cached_input": "0.3", "cache_write": "3.75", "unit": "credits per 1M tokens"
+    }  # fmt: skip
+    listed = {m.id: m.model_extra or {} for m in client.models.list()}
+    assert listed["anthropic/claude-sonnet-4-5"] == sonnet
+    assert "cache_write" not in listed["mistral/mistral-large-latest"]["pricing"]  # none: billed as input
+
+
 def test_retrieve_resolves_prefix_alias(client: openai.OpenAI) -> None:
     model = client.models.retrieve("claude/claude-sonnet-4-5")
     assert model.id == "anthropic/claude-sonnet-4-5"
