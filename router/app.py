@@ -26,7 +26,7 @@ from router.config import Settings
 from router.errors import GatewayError, MethodNotAllowed, NotFound
 from router.gateway import Gateway
 from router.health import Readiness
-from router.middleware import Front, endpoint_app
+from router.middleware import Front, cors, endpoint_app
 from router.models import Models
 from router.responses import JSONBytes
 from router.responses_api import Responses
@@ -71,17 +71,21 @@ async def _health(request: Request) -> Response:
 
 class RouterApp(Starlette):
     """Starlette with :class:`router.middleware.Front` outside its middleware stack: the request id,
-    metrics and access log of every request, and the hot endpoints called without Starlette's layers."""
+    metrics and access log of every request, and the hot endpoints called without Starlette's layers;
+    CORS, when configured, outside that."""
 
-    def __init__(self, *, fast: dict[str, ASGIApp], access_log: bool, **kwargs: Any) -> None:
+    def __init__(self, *, fast: dict[str, ASGIApp], access_log: bool, cors_origins: list[str],
+                 **kwargs: Any) -> None:  # fmt: skip
         self.fast = fast
         self.access_log = access_log
+        self.cors_origins = cors_origins
         super().__init__(**kwargs)
 
     def build_middleware_stack(self) -> ASGIApp:
-        return Front(
+        front = Front(
             super().build_middleware_stack(), access_log=self.access_log, fast=self.fast, on_error=_answer
         )
+        return cors(front, self.cors_origins)  # outside Front: preflights of the fast paths too
 
 
 def create_app(settings: Settings | None = None, *, store: Store | None = None) -> Starlette:
@@ -103,6 +107,7 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
         # POST on these two is answered by Front directly; the routes answer other methods (405)
         fast={"/v1/chat/completions": endpoint_app(chat), "/v1/responses": endpoint_app(responses)},
         access_log=obs.access_log,
+        cors_origins=gateway.settings.server.cors_origins,
         routes=[
             Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/v1/responses", responses, methods=["POST"]),

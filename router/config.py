@@ -43,6 +43,8 @@ class ServerSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # processes serving the one port (router serve); more than 1 needs a shared store (PostgreSQL), and
     # shared rate limits need [limits] redis_url (else each worker keeps its own buckets)
     workers: Annotated[int, msgspec.Meta(ge=1, le=256)] = 1
+    # browser origins that may call /v1/* (CORS), e.g. ["https://app.example.com"], or ["*"]; [] = none
+    cors_origins: list[str] = []
 
 
 class StoreSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

@@ -21,6 +21,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 
 from router import logs, metrics
@@ -119,6 +120,35 @@ class Front:
             quiet = status < 400 and endpoint in _PROBES
             if self.access_log and not quiet and logs.ACCESS.isEnabledFor(logging.INFO):
                 logs.access(scope, status, elapsed, stream)
+
+
+CORS_EXPOSED = ("x-request-id", "retry-after", "retry-after-ms", *(
+    f"x-ratelimit-{what}-{unit}" for what in ("limit", "remaining", "reset") for unit in ("requests", "tokens")
+))  # fmt: skip
+
+
+def cors(app: ASGIApp, origins: list[str]) -> ASGIApp:
+    """``app`` answering CORS on ``/v1/*`` for ``origins`` (``*``: any), or ``app`` itself if none.
+    Starlette's middleware is pure ASGI: it answers preflights and adds headers to the response start,
+    and passes the body (streams included) through untouched. No credentials: keys go in a header."""
+    if not origins:
+        return app
+    inner = CORSMiddleware(
+        app,
+        allow_origins=origins,
+        allow_methods=("GET", "POST", "DELETE"),
+        allow_headers=("*",),  # the SDKs send their own (x-stainless-*, openai-*): mirror what is asked
+        expose_headers=CORS_EXPOSED,
+        max_age=600,
+    )
+
+    async def with_cors(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and route_path(scope).startswith("/v1/"):
+            await inner(scope, receive, send)
+        else:
+            await app(scope, receive, send)
+
+    return with_cors
 
 
 def endpoint_app(handle: Callable[[Request], Awaitable[ASGIApp]]) -> ASGIApp:
