@@ -389,7 +389,8 @@ class AnthropicAdapter(Adapter):
                    "user-agent": USER_AGENT}  # fmt: skip
         if call.stream:
             headers["accept"] = "text/event-stream"
-        return UpstreamRequest(f"{call.provider.base_url}/messages", headers, _encode(request_body(call)))
+        body = request_body(call)  # max_tokens: reasoning_effort may have raised it to make room to think
+        return UpstreamRequest(f"{call.provider.base_url}/messages", headers, _encode(body), body["max_tokens"])
 
     def parse_response(self, call: Call, body: bytes) -> tuple[dict[str, Any], TokenUsage | None]:
         try:

@@ -52,6 +52,8 @@ class UpstreamRequest(NamedTuple):
     url: str
     headers: dict[str, str]
     body: bytes
+    max_output: int | None = None  # the output token cap the body asks for, when the adapter raised it
+    # above what the caller asked (billing reserves for it: billing.pricing.worst_case)
 
 
 class StreamTranslator(ABC):

@@ -54,8 +54,11 @@ def input_ceiling(body_size: int, request: ChatRequest) -> int:
     return max(body_size - image_bytes, 0) + images * IMAGE_TOKENS
 
 
-def worst_case(model: Model, body_size: int, request: ChatRequest) -> int:
-    """Nano-credits to reserve before the call: the most it can cost."""
-    usage = TokenUsage(prompt=input_ceiling(body_size, request), completion=output_ceiling(model, request))
+def worst_case(model: Model, body_size: int, request: ChatRequest, max_output: int | None = None) -> int:
+    """Nano-credits to reserve before the call: the most it can cost. ``max_output``: the output cap
+    the upstream request carries, when its adapter set one other than the caller's (Anthropic's
+    ``max_tokens`` raised for ``reasoning_effort``); else :func:`output_ceiling`."""
+    completion = output_ceiling(model, request) if max_output is None else max_output * (request.n or 1)
+    usage = TokenUsage(prompt=input_ceiling(body_size, request), completion=completion)
     worst_input = max(model.prices.input, model.prices.cache_write)
     return -(-(usage.prompt * worst_input + usage.completion * model.prices.output) // PER)

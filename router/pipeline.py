@@ -206,7 +206,7 @@ class _Attempt:
         upstream = adapter.build_request(call)
         # (rate limits were checked once per call, in start(), before the first attempt)
         reservation = await gw.ledger.reserve(
-            self.principal.group_id, self.principal.key_id, worst_case(model, self.body_size, req)
+            self.principal.group_id, self.principal.key_id, worst_case(model, self.body_size, req, upstream.max_output)
         )
         record = UsageRecord(
             key_id=self.principal.key_id, group_id=self.principal.group_id, model=model.id, provider=model.provider,

@@ -298,3 +298,29 @@ async def test_a_settlement_that_cannot_be_stored_is_logged_with_its_usage_recor
     assert not ledger.pending
     [line] = [r.getMessage() for r in caplog.records if r.name == "router.ledger"]
     assert "disk full" in line and "req_lost" in line and "credits=1234" in line
+
+
+def test_reservation_covers_the_output_cap_the_adapter_raised(stack: Stack) -> None:
+    """``reasoning_effort`` without ``max_tokens``: the Anthropic adapter raises ``max_tokens`` to make
+    room to think (4,096 → 20,480), so the reservation must cover that, not the default cap: a group
+    that can pay for 4,096 output tokens but not for the answer is refused before anything is sent
+    (it was charged only what it had, and the gateway paid the rest), and one that can pay is charged
+    the whole cost."""
+    call = {"model": "anthropic/claude-haiku-4-5", "reasoning_effort": "high",
+            "messages": [{"role": "user", "content": "think long [tokens:8000]"}]}  # fmt: skip
+    emulator = stack.emulator("anthropic")
+    poor = stack.group(0.03)  # 4,096 output tokens cost 0.0205; 8,000 cost 0.04
+    before = len(emulator.requests)
+    with pytest.raises(openai.APIStatusError) as info:
+        stack.client(stack.key(group=poor)).chat.completions.create(**call)  # type: ignore[call-overload]
+    assert info.value.status_code == 402 and len(emulator.requests) == before
+    assert _group(stack, poor).balance == 30_000_000 and _records(stack, poor) == []
+
+    rich = stack.group(1)
+    out = stack.client(stack.key(group=rich)).chat.completions.create(**call)  # type: ignore[call-overload]
+    assert out.usage.completion_tokens >= 8000
+    [record] = _wait_records(stack, rich, 1)
+    model = stack.gateway.catalog.resolve("anthropic/claude-haiku-4-5")
+    usage = TokenUsage(prompt=out.usage.prompt_tokens, completion=out.usage.completion_tokens)
+    assert record.credits == cost(model.prices, usage) > 30_000_000
+    assert _group(stack, rich).balance == NANO - record.credits
