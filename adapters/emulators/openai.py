@@ -118,6 +118,8 @@ class OpenAIEmulator:
         prompt_tokens = sum(count_tokens(_text(m.get("content"))) + 3 for m in messages) + 3
         cap = body.get("max_completion_tokens") or body.get("max_tokens")
         tools = body.get("tools") or []
+        if tools:  # tool definitions are billed as input, as OpenAI counts them
+            prompt_tokens += count_tokens(_encode(tools).decode())
         choice = body.get("tool_choice")
         tool_call = None
         if tools and messages[-1].get("role") != "tool" and (d.tool or choice in ("required", "any") or isinstance(choice, dict)):
