@@ -464,6 +464,7 @@ class AnthropicStream(StreamTranslator):
 
     def _message_start(self, data: dict[str, Any]) -> Chunks:
         self.raw_usage = dict(_obj(_obj(data.get("message")).get("usage")))
+        self.prompt_usage = usage_from_anthropic(self.raw_usage)  # exact input counts (output so far: 1)
         return [_chunk({"role": "assistant", "content": ""})]
 
     def _tool_delta(self, index: int, **fields: Any) -> Chunks:

@@ -67,6 +67,7 @@ class StreamTranslator(ABC):
         self.finished = False
         self.usage: TokenUsage | None = None
         self.usage_raw: dict[str, Any] | None = None
+        self.prompt_usage: TokenUsage | None = None  # the prompt's counts, if told before the end
 
     @abstractmethod
     def feed(self, event: Event) -> list[dict[str, Any]]: ...

@@ -176,7 +176,8 @@ class Meter:
     reservation: Reservation
     model: Model
     record: UsageRecord
-    messages: Any  # the request's messages, to estimate a prompt whose usage the upstream never gave
+    prompt: dict[str, Any]  # the chat request (messages, tools, response_format), to estimate a prompt
+    # whose usage the upstream never gave
     started: float = field(default_factory=time.monotonic)
     settled: bool = False
 
@@ -187,14 +188,17 @@ class Meter:
         return _SettlesOnFailure(self)
 
     async def finish(self, usage: TokenUsage | None, status: str, *, generated: str = "", error: str | None = None,
-                     first_token_at: float | None = None, upstream_id: str | None = None) -> None:  # fmt: skip
+                     first_token_at: float | None = None, upstream_id: str | None = None,
+                     prompt_usage: TokenUsage | None = None) -> None:  # fmt: skip
+        """``prompt_usage``: the prompt's exact counts, when the upstream gave them before it stopped
+        (Anthropic's ``message_start``); an estimate then counts only the output."""
         if self.settled:
             return
         self.settled = True
         record = self.record
         exact = usage is not None
         if usage is None and (generated or status == "interrupted"):
-            usage = await asyncio.get_running_loop().run_in_executor(None, self._estimate, generated)
+            usage = await asyncio.get_running_loop().run_in_executor(None, self._estimate, generated, prompt_usage)
         if usage is None:
             usage = TokenUsage()  # failed before the provider produced anything: costs nothing
         record.prompt_tokens = usage.prompt
@@ -214,9 +218,12 @@ class Meter:
         metrics.call_settled(record)
         self.ledger.queue(self.reservation, record)  # durable at the next group commit (see Ledger)
 
-    def _estimate(self, generated: str) -> TokenUsage:
-        messages = self.messages if isinstance(self.messages, list) else []
-        return TokenUsage(prompt=tokens.count_messages(messages), completion=tokens.count(generated))
+    def _estimate(self, generated: str, prompt: TokenUsage | None) -> TokenUsage:
+        completion = tokens.count(generated)
+        if prompt is not None:
+            return TokenUsage(prompt=prompt.prompt, cached=prompt.cached, cache_write=prompt.cache_write,
+                              completion=completion)  # fmt: skip
+        return TokenUsage(prompt=tokens.count_request(self.prompt), completion=completion)
 
 
 class _SettlesOnFailure:

@@ -10,6 +10,8 @@ import functools
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 DATA = Path(__file__).with_name("data") / "cl100k_base.tiktoken"
 SHA256 = "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7"
 PATTERN = (
@@ -31,12 +33,28 @@ def count(text: str) -> int:
     return len(encoding().encode_ordinary(text)) if text else 0
 
 
+def count_request(request: dict[str, Any]) -> int:
+    """Prompt tokens of a chat request (a decoded body): its messages, and what providers also bill as
+    input: the tool definitions and a ``response_format`` schema (counted as their JSON text)."""
+    messages = request.get("messages")
+    total = count_messages(messages if isinstance(messages, list) else [])
+    for extra in (request.get("tools"), request.get("response_format")):
+        if extra:
+            total += count(_json(extra))
+    return total
+
+
 def count_messages(messages: list[Any]) -> int:
-    """Prompt tokens of OpenAI-style messages (decoded dicts): content text plus 3 per message."""
+    """Prompt tokens of OpenAI-style messages (decoded dicts): content text plus 3 per message, and
+    the assistant's earlier tool calls."""
     total = 3
     for message in messages:
         total += 3
-        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(message, dict):
+            continue
+        if message.get("tool_calls"):
+            total += count(_json(message["tool_calls"]))
+        content = message.get("content")
         if isinstance(content, str):
             total += count(content)
         elif isinstance(content, list):
@@ -47,6 +65,10 @@ def count_messages(messages: list[Any]) -> int:
                     elif part.get("type") == "image_url":
                         total += 85
     return total
+
+
+def _json(value: Any) -> str:
+    return msgspec.json.encode(value).decode()
 
 
 async def warm() -> None:

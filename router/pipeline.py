@@ -212,7 +212,7 @@ class _Attempt:
             key_id=self.principal.key_id, group_id=self.principal.group_id, model=model.id, provider=model.provider,
             endpoint=endpoint, source=source, stream=stream, request_id=request_id,
         )  # fmt: skip
-        meter = Meter(gw.ledger, reservation, model, record, self.raw.get("messages"))
+        meter = Meter(gw.ledger, reservation, model, record, self.raw)
         async with meter.settles_on_failure():
             response = await open_upstream(gw, upstream, model.provider, adapter.error, self.deadline)
             upstream_id = response.headers.get("x-request-id") or response.headers.get("request-id")

@@ -34,7 +34,7 @@ from router.pipeline import ChatPipeline, Started, open_upstream
 from router.responses import SSE, JSONBytes
 from router.responses_events import EventSynth
 from router.responses_translate import (
-    estimate_messages,
+    estimate_prompt,
     from_completion,
     image_urls,
     refuse_background,
@@ -233,7 +233,7 @@ class Responses:
             stream=ask.stream,
             request_id=ask.request_id,
         )
-        return Meter(gw.ledger, reservation, model, record, estimate_messages(ask.body))
+        return Meter(gw.ledger, reservation, model, record, estimate_prompt(ask.body))
 
     async def open(self, upstream: UpstreamRequest, model: Model, meter: Meter) -> aiohttp.ClientResponse:
         """The upstream's response, with the same retries and circuit breaker as chat calls."""

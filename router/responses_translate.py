@@ -343,8 +343,15 @@ def image_urls(body: dict[str, Any]) -> list[str]:
     return urls
 
 
-def estimate_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
-    """Chat-shaped messages of a Responses input, only to count its tokens when no usage came (lenient)."""
+def estimate_prompt(body: dict[str, Any]) -> dict[str, Any]:
+    """A Responses request as the chat-shaped parts billing.tokens.count_request counts, only to
+    estimate its prompt when no usage came (lenient)."""
+    text = body.get("text")
+    return {"messages": _estimate_messages(body), "tools": body.get("tools"),
+            "response_format": text.get("format") if isinstance(text, dict) else None}  # fmt: skip
+
+
+def _estimate_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     if isinstance(body.get("instructions"), str):
         out.append({"role": "system", "content": body["instructions"]})

@@ -319,4 +319,5 @@ async def _settle(meter: Meter, translator: StreamTranslator, shaper: Shaper, ou
         error=outcome.error,
         first_token_at=outcome.first_token_at,
         upstream_id=response.headers.get("x-request-id") or response.headers.get("request-id"),
+        prompt_usage=translator.prompt_usage,
     )
