@@ -109,10 +109,21 @@ def error_message(body: bytes) -> tuple[str | None, str | None]:
     return None, None
 
 
+# An upstream's own account is out of credit (providers.md §8.7 18): never retried, unlike a rate limit
+OUT_OF_CREDIT = frozenset({"insufficient_quota", "billing_error", "FAILED_PRECONDITION"})
+
+
 def map_upstream_error(provider: str, status: int, body: bytes, headers: Mapping[str, str]) -> GatewayError:
     """Design §8: what the caller sees for an upstream HTTP error."""
     message, code = error_message(body)
     said = f": {message}" if message else ""
+    if status == 402 or code in OUT_OF_CREDIT:
+        return UpstreamError(
+            f"The gateway's account with provider '{provider}' is out of credit or quota (upstream HTTP {status}"
+            f"{' ' + code if code else ''}){said.rstrip('.')}. This is a gateway billing problem, not your rate limit or credits.",
+            code="upstream_quota_exceeded",
+            headers={"x-should-retry": "false"},  # the OpenAI SDKs would retry a 502 otherwise
+        )
     if status == 429:
         retry = headers.get("retry-after")
         out = {"Retry-After": retry} if retry else {}

@@ -27,9 +27,9 @@ def retryable(exc: GatewayError) -> bool:
 
 
 def failover(exc: GatewayError) -> bool:
-    """A failure that a fallback model (another upstream) may not have: retryable ones, and the
-    provider rejecting the gateway's own credentials."""
-    return retryable(exc) or exc.code == "upstream_auth_failed"
+    """A failure that a fallback model (another upstream) may not have: retryable ones, the provider
+    rejecting the gateway's own credentials, and the gateway's account there being out of credit."""
+    return retryable(exc) or exc.code in ("upstream_auth_failed", "upstream_quota_exceeded")
 
 
 def breaker_failure(exc: GatewayError) -> bool:

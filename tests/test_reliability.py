@@ -57,7 +57,7 @@ def _dead(rstack: Stack, prefix: str) -> None:
 
 
 def _requests_with(rstack: Stack, prefix: str, text: str) -> int:
-    return sum(1 for r in rstack.emulator(prefix).requests if text in json.dumps(r["messages"]))
+    return sum(1 for r in rstack.emulator(prefix).requests if text in json.dumps(r.get("messages") or r))
 
 
 def test_retry_until_the_upstream_recovers(rstack: Stack) -> None:
@@ -247,3 +247,31 @@ def test_native_responses_are_retried_too(rstack: Stack) -> None:
     assert out.status == "completed" and out.output_text
     seen = [r for r in rstack.emulator("openai").requests if text in json.dumps(r)]
     assert len(seen) == 3  # two 503s, then success, all before the caller saw a byte
+
+
+@pytest.mark.parametrize("model", ["openai/gpt-4o-mini", "anthropic/claude-haiku-4-5", "google/gemini-2.5-flash"])
+def test_an_upstream_account_out_of_credit_is_not_retried(rstack: Stack, model: str) -> None:
+    """OpenAI's 429 insufficient_quota, Anthropic's 402 billing_error, Gemini's 400 FAILED_PRECONDITION:
+    the gateway's own account there is out of credit. Not the caller's rate limit (no 429), not the
+    caller's fault (no 400), and retrying is pointless: one upstream request, and the SDK, with its
+    default retries on, does not retry either (``x-should-retry: false`` on our 502)."""
+    prefix = model.split("/")[0]
+    text = f"broke {time.time()} [fault:402]"
+    client = openai.OpenAI(base_url=rstack.base_url, api_key=rstack.key(), max_retries=2)
+    try:
+        with pytest.raises(openai.APIStatusError) as info:
+            client.chat.completions.create(model=model, messages=[{"role": "user", "content": text}])
+    finally:
+        client.close()
+    assert info.value.status_code == 502 and info.value.code == "upstream_quota_exceeded"  # type: ignore[attr-defined]
+    assert info.value.response.headers["x-should-retry"] == "false"
+    assert "out of credit" in info.value.message and "not your rate limit" in info.value.message
+    assert _requests_with(rstack, prefix, text) == 1
+
+
+def test_an_upstream_out_of_credit_falls_back(rstack: Stack) -> None:
+    text = f"broke {time.time()} [fault:402]"
+    out = rstack.client().chat.completions.create(model="openai/gpt-4o-mini", messages=[{"role": "user", "content": text}],
+                                                  extra_body={"models": ["mistral/mistral-small-latest"]})  # fmt: skip
+    assert out.model == "mistral/mistral-small-latest"
+    assert _requests_with(rstack, "openai", text) == 1

@@ -399,6 +399,9 @@ class AnthropicEmulator:
                             headers={"request-id": request_id, **(headers or {})})  # fmt: skip
 
     def fault(self, status: int) -> web.Response:
+        if status == 402:
+            return self.error(402, "Your credit balance is too low to access the Anthropic API. Please go to Plans & "
+                              "Billing to upgrade or purchase credits.")  # fmt: skip
         if status == 429:
             return self.error(429, "Number of request tokens has exceeded your per-minute rate limit",
                               {"retry-after": "1", "anthropic-ratelimit-requests-remaining": "0"})  # fmt: skip

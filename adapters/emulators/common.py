@@ -3,6 +3,9 @@
 Directives are magic words in the last user message:
 
     [fault:429] [fault:500] [fault:503] [fault:529]   answer with that HTTP error (429 has retry-after)
+    [fault:402]      the provider account is out of credit, as each provider says it: OpenAI 429
+                     insufficient_quota, Anthropic 402 billing_error, Gemini 400 FAILED_PRECONDITION
+                     (Mistral and Upstage: ignored, their way of saying it is not documented)
     [slow:MS]        wait MS milliseconds before the first byte
     [delay:MS]       wait MS milliseconds between stream events
     [cut:N]          stream: drop the connection after N content events

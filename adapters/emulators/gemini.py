@@ -97,6 +97,9 @@ def error(code: int, message: str, status: str, details: list[dict[str, Any]] | 
 
 
 def fault(status: int) -> web.Response:
+    if status == 402:  # billing required (or the free tier is not offered in the caller's region)
+        return error(400, "Gemini API free tier is not available in your country. Please enable billing on your "
+                     "project in Google AI Studio.", "FAILED_PRECONDITION")  # fmt: skip
     if status == 429:
         return error(
             429,

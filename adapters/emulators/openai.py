@@ -71,6 +71,11 @@ class OpenAIEmulator:
         return web.Response(status=status, body=_encode(body), content_type="application/json", headers=headers)
 
     def fault(self, status: int) -> web.Response:
+        if status == 402:  # out of credit: a 429 that is not a rate limit
+            return self.error(429, "You exceeded your current quota, please check your plan and billing details. For "
+                              "more information on this error, read the docs: "
+                              "https://platform.openai.com/docs/guides/error-codes/api-errors.",
+                              "insufficient_quota", "insufficient_quota")  # fmt: skip
         if status == 429:
             return self.error(429, "Rate limit reached for requests", "requests", "rate_limit_exceeded",
                               {"retry-after": "1", "x-ratelimit-remaining-requests": "0"})  # fmt: skip
@@ -161,6 +166,8 @@ class OpenAIEmulator:
         if flaky == 429:
             return self.error(429, "Rate limit reached for requests", "requests", "rate_limit_exceeded",
                               {"retry-after": "0.1"})  # fmt: skip
+        if d.fault == 402 and self.flavour != "openai":
+            d.fault = None  # out of credit: only OpenAI's way of saying it is known (and emulated)
         if d.fault or flaky:
             return self.fault(d.fault or flaky or 500)
         thinking = ["Let", " me", " think", "."] if reasoning else []
