@@ -8,6 +8,8 @@ never mixed into ``content``.
 
 from __future__ import annotations
 
+import hashlib
+import string
 from typing import Any
 
 import msgspec
@@ -39,6 +41,44 @@ def _split_content(content: list[Any]) -> tuple[str, str]:
     return "".join(text), "".join(thinking)
 
 
+_ALNUM = string.ascii_letters + string.digits
+
+
+def alnum9(value: str) -> str:
+    """A tool call id as 9 of ``[a-zA-Z0-9]`` (Mistral refuses any other): kept if it is one, else
+    derived from its hash, so every turn of a conversation maps an id the same way, with no state."""
+    if len(value) == 9 and value.isascii() and value.isalnum():
+        return value
+    number = int.from_bytes(hashlib.sha256(value.encode()).digest()[:8])
+    out = []
+    for _ in range(9):
+        number, digit = divmod(number, 62)
+        out.append(_ALNUM[digit])
+    return "".join(out)
+
+
+def alnum9_ids(messages: list[Any]) -> list[Any]:
+    """``messages`` with every tool call id (assistant ``tool_calls``, ``tool`` messages) as :func:`alnum9`;
+    the same list when there is nothing to rewrite."""
+    out = messages
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            continue
+        fixed = message
+        if isinstance(message.get("tool_call_id"), str) and alnum9(message["tool_call_id"]) != message["tool_call_id"]:
+            fixed = {**message, "tool_call_id": alnum9(message["tool_call_id"])}
+        calls = message.get("tool_calls")
+        if isinstance(calls, list) and any(isinstance(c, dict) and isinstance(c.get("id"), str)
+                                           and alnum9(c["id"]) != c["id"] for c in calls):  # fmt: skip
+            fixed = {**fixed, "tool_calls": [{**c, "id": alnum9(c["id"])} if isinstance(c, dict)
+                                             and isinstance(c.get("id"), str) else c for c in calls]}  # fmt: skip
+        if fixed is not message:
+            if out is messages:
+                out = list(messages)
+            out[i] = fixed
+    return out
+
+
 class OpenAIAdapter(Adapter):
     protocol = "openai"
 
@@ -61,6 +101,8 @@ class OpenAIAdapter(Adapter):
                 body["stream_options"] = options
         for field in spec.drop_fields:
             body.pop(field, None)
+        if spec.tool_call_ids == "alnum9" and isinstance(body.get("messages"), list):
+            body["messages"] = alnum9_ids(body["messages"])
         headers = {"Authorization": f"Bearer {call.provider.api_key}", "Content-Type": "application/json",
                    "User-Agent": USER_AGENT}  # fmt: skip
         if call.stream:

@@ -113,6 +113,42 @@ def test_mistral_quirks_are_applied(stack: Stack, client: openai.OpenAI) -> None
     assert chunks[-1].usage is not None and chunks[-1].choices == []
 
 
+def test_a_conversation_moved_to_mistral_keeps_its_tool_calls(stack: Stack, client: openai.OpenAI) -> None:
+    """Mistral accepts only 9-character alphanumeric tool call ids: an OpenAI call's id (call_...) in
+    the history is rewritten, the same way in the assistant turn and in the tool message, and the
+    same way on every turn; Mistral's own ids pass unchanged."""
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]  # fmt: skip
+    first = client.chat.completions.create(
+        model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "weather? [tool]"}], tools=tools
+    )
+    call = first.choices[0].message.tool_calls[0]
+    assert call.id.startswith("call_")
+    history = [
+        {"role": "user", "content": "weather? [tool]"},
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "sunny"},
+    ]
+    sent = []
+    for _ in range(2):
+        follow = client.chat.completions.create(model="mistral/mistral-small-latest", messages=history, tools=tools)
+        assert "sunny" in follow.choices[0].message.content
+        sent.append(stack.emulator("mistral").requests[-1]["messages"])
+    ids = {sent[0][1]["tool_calls"][0]["id"], sent[0][2]["tool_call_id"], sent[1][1]["tool_calls"][0]["id"]}
+    [rewritten] = ids
+    assert len(rewritten) == 9 and rewritten.isalnum()
+    # Mistral's own ids are kept as they are
+    again = client.chat.completions.create(model="mistral/mistral-small-latest", tools=tools,
+                                           messages=[{"role": "user", "content": "weather? [tool]"}])  # fmt: skip
+    own = again.choices[0].message.tool_calls[0]
+    client.chat.completions.create(model="mistral/mistral-small-latest", tools=tools, messages=[
+        {"role": "user", "content": "weather? [tool]"},
+        {"role": "assistant", "content": None, "tool_calls": [own.model_dump()]},
+        {"role": "tool", "tool_call_id": own.id, "content": "rain"},
+    ])  # fmt: skip
+    assert stack.emulator("mistral").requests[-1]["messages"][2]["tool_call_id"] == own.id
+
+
 def test_tools_round_trip(client: openai.OpenAI) -> None:
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]  # fmt: skip
