@@ -101,6 +101,9 @@ class OpenAIAdapter(Adapter):
                 body["stream_options"] = options
         for field in spec.drop_fields:
             body.pop(field, None)
+        if call.model.reasoning:
+            for field in spec.reasoning_drop_fields:
+                body.pop(field, None)
         if spec.tool_call_ids == "alnum9" and isinstance(body.get("messages"), list):
             body["messages"] = alnum9_ids(body["messages"])
         headers = {"Authorization": f"Bearer {call.provider.api_key}", "Content-Type": "application/json",

@@ -45,6 +45,7 @@ class ProviderSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     finish_reasons: dict[str, str] = {}
     reasoning_field: str | None = None
     reasoning_cap_field: str | None = None  # where a reasoning model wants max_tokens moved
+    reasoning_drop_fields: list[str] = []  # sampling fields a reasoning model refuses: not sent to one
     tool_call_ids: Literal["any", "alnum9"] = "any"  # alnum9: exactly 9 of [a-zA-Z0-9] (Mistral)
 
 

@@ -273,3 +273,19 @@ def test_answer_shape_does_not_tell_the_provider(stack: Stack) -> None:
                 shapes["plain"].add(tuple(r.json())[:6])
     assert shapes["plain"] == {("id", "object", "created", "model", "choices", "usage")}
     assert shapes["chunk"] == {("id", "object", "created", "model", "choices")}
+
+
+def test_sampling_parameters_are_not_sent_to_reasoning_models(stack: Stack, client: openai.OpenAI) -> None:
+    """OpenAI's reasoning models (gpt-5*, o-series) answer 400 to sampling parameters that clients
+    send to any model; the gateway leaves them out for those models (catalog: reasoning) and sends
+    them as given to the others."""
+    sampling = {"temperature": 0.2, "top_p": 0.5, "presence_penalty": 0.1, "frequency_penalty": 0.1, "stop": ["zz"],
+                "logprobs": True, "top_logprobs": 2}  # fmt: skip
+    out = client.chat.completions.create(model="openai/gpt-5-mini", messages=[{"role": "user", "content": "hi"}],
+                                         **sampling)  # type: ignore[arg-type]  # fmt: skip
+    assert out.choices[0].message.content
+    sent = stack.emulator("openai").requests[-1]
+    assert not set(sampling) & set(sent)
+    client.chat.completions.create(model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "hi"}],
+                                   **sampling)  # type: ignore[arg-type]  # fmt: skip
+    assert {k: stack.emulator("openai").requests[-1][k] for k in sampling} == sampling

@@ -111,8 +111,24 @@ class OpenAIEmulator:
         if self.flavour == "openai" and (model.startswith("o") or model.startswith("gpt-5")) and "max_tokens" in body:
             return self.error(400, "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.",
                               "invalid_request_error", "unsupported_parameter")  # fmt: skip
+        if self.flavour == "openai" and (model.startswith("o") or model.startswith("gpt-5")):
+            refused = self._reasoning_sampling(body)
+            if refused is not None:
+                return refused
         if body.get("stream_options") is not None and not body.get("stream"):
             return self.error(400, "The 'stream_options' parameter is only allowed when 'stream' is enabled.", "invalid_request_error")
+        return None
+
+    def _reasoning_sampling(self, body: dict[str, Any]) -> web.Response | None:
+        """Reasoning models take only the default sampling: OpenAI's 400s for what they refuse."""
+        if body.get("temperature") not in (None, 1):
+            return self.error(400, f"Unsupported value: 'temperature' does not support {body['temperature']} with this "
+                              "model. Only the default (1) value is supported.", "invalid_request_error",
+                              "unsupported_value")  # fmt: skip
+        for name in ("top_p", "presence_penalty", "frequency_penalty", "logprobs", "top_logprobs", "logit_bias", "stop"):
+            if body.get(name) is not None:
+                return self.error(400, f"Unsupported parameter: '{name}' is not supported with this model.",
+                                  "invalid_request_error", "unsupported_parameter")  # fmt: skip
         return None
 
     def _plan(self, body: dict[str, Any]) -> tuple[Directives, list[str], str, dict[str, Any] | None, int, bool]:
