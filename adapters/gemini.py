@@ -24,7 +24,7 @@ import re
 import secrets
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import unquote_to_bytes, urlsplit
 
 import msgspec
@@ -350,21 +350,33 @@ def _tool_call(fc: dict[str, Any], signature: Any) -> dict[str, Any]:
     return out
 
 
-def read_parts(content: Any) -> tuple[str, str, list[dict[str, Any]]]:
-    """(text, thought text, tool calls) of one candidate's ``content``."""
+class Parts(NamedTuple):
+    """What one candidate's ``content`` holds, in OpenAI's terms."""
+
+    text: str
+    thoughts: str
+    calls: list[dict[str, Any]]
+    images: list[dict[str, Any]]  # generated images (image models), as OpenRouter's message.images
+
+
+def read_parts(content: Any) -> Parts:
     parts = content.get("parts") if isinstance(content, dict) else None
     text: list[str] = []
     thoughts: list[str] = []
     calls: list[dict[str, Any]] = []
+    images: list[dict[str, Any]] = []
     for part in parts if isinstance(parts, list) else ():
         if not isinstance(part, dict):
             continue
-        fc = part.get("functionCall")
+        fc, inline = part.get("functionCall"), part.get("inlineData")
         if isinstance(fc, dict):
             calls.append(_tool_call(fc, part.get("thoughtSignature")))
         elif isinstance(part.get("text"), str):
             (thoughts if part.get("thought") else text).append(part["text"])
-    return "".join(text), "".join(thoughts), calls
+        elif isinstance(inline, dict) and isinstance(inline.get("data"), str) and not part.get("thought"):
+            url = f"data:{inline.get('mimeType') or 'image/png'};base64,{inline['data']}"
+            images.append({"type": "image_url", "image_url": {"url": url}})
+    return Parts("".join(text), "".join(thoughts), calls, images)
 
 
 def _blocked(data: dict[str, Any]) -> bool:
@@ -457,12 +469,14 @@ class GeminiAdapter(Adapter):
 
     @staticmethod
     def _choice(candidate: dict[str, Any], position: int) -> dict[str, Any]:
-        text, thoughts, calls = read_parts(candidate.get("content"))
+        text, thoughts, calls, images = read_parts(candidate.get("content"))
         message: dict[str, Any] = {"role": "assistant", "content": None if calls and not text else text}
         if thoughts:
             message[REASONING] = thoughts
         if calls:
             message["tool_calls"] = calls
+        if images:
+            message["images"] = images
         reason = finish_reason(str(candidate.get("finishReason") or "STOP"), bool(calls))
         return {
             "index": candidate.get("index", position),
@@ -530,12 +544,14 @@ class GeminiStream(StreamTranslator):
         index = candidate.get("index", position)
         if index in self.done:
             return None
-        text, thoughts, calls = read_parts(candidate.get("content"))
+        text, thoughts, calls, images = read_parts(candidate.get("content"))
         delta: dict[str, Any] = {}
         if thoughts:
             delta[REASONING] = thoughts
         if text:
             delta["content"] = text
+        if images:
+            delta["images"] = images
         if calls:
             first = self.calls.get(index, 0)
             for offset, tool_call in enumerate(calls):

@@ -987,3 +987,35 @@ def test_gateway_malformed_non_stream_is_502(client: openai.OpenAI) -> None:
             model="google/gemini-2.5-flash", messages=[{"role": "user", "content": "hi [malformed]"}]
         )
     assert caught.value.status_code == 502
+
+
+def test_sdk_sees_a_generated_image(gemini: genai.Client) -> None:
+    """The image model answers with its text and an ``inlineData`` image, billed as output tokens."""
+    out = gemini.models.generate_content(model="gemini-2.5-flash-image-preview", contents="draw a dot [tokens:4]")
+    parts = out.candidates[0].content.parts  # type: ignore[index, union-attr]
+    images = [p.inline_data for p in parts if p.inline_data]  # type: ignore[union-attr]
+    assert len(images) == 1 and images[0].mime_type == "image/png" and images[0].data.startswith(b"\x89PNG")  # type: ignore[union-attr]
+    assert out.usage_metadata.candidates_token_count == 4 + 1290  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_gateway_returns_generated_images(client: openai.OpenAI, stack: Stack, stream: bool) -> None:
+    """A Gemini image model's images reach the caller as ``message.images`` (``delta.images`` when
+    streamed): data URLs, the shape OpenRouter and LiteLLM use; they were dropped while their tokens
+    were billed."""
+    model = "google/gemini-2.5-flash-image-preview"
+    messages = [{"role": "user", "content": "draw a dot [tokens:4]"}]
+    if stream:
+        chunks = list(client.chat.completions.create(model=model, messages=messages, stream=True,  # type: ignore[arg-type]
+                                                     stream_options={"include_usage": True}))  # fmt: skip
+        images = [i for c in chunks if c.choices for i in (c.choices[0].delta.model_extra or {}).get("images", [])]
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        usage = chunks[-1].usage
+    else:
+        out = client.chat.completions.create(model=model, messages=messages)  # type: ignore[arg-type]
+        images = (out.choices[0].message.model_extra or {}).get("images", [])
+        text, usage = out.choices[0].message.content or "", out.usage
+    assert text and len(images) == 1 and images[0]["type"] == "image_url"
+    header, data = images[0]["image_url"]["url"].split(",", 1)
+    assert header == "data:image/png;base64" and base64.b64decode(data).startswith(b"\x89PNG")
+    assert usage is not None and usage.completion_tokens == 4 + 1290

@@ -41,6 +41,8 @@ _decode = msgspec.json.Decoder().decode
 ROOT = "/v1beta"
 THOUGHT = ["Let", " me", " think", "."]
 IMAGE_TOKENS = 258  # what Gemini counts for one image up to 384 px
+IMAGE_OUT_TOKENS = 1290  # what Gemini counts (and bills as output) for one generated image
+PIXEL = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4f4YBAASZAcwPiojEAAAAAElFTkSuQmCC"  # a 1x1 PNG
 SIGNATURE = "CiQBZW11bGF0b3IgdGhvdWdodCBzaWduYXR1cmUgZm9yIGdlbWluaQ=="  # base64, as the SDK checks
 # name → (display name, input limit, output limit, thinks)
 MODELS: dict[str, tuple[str, int, int, bool]] = {
@@ -216,7 +218,11 @@ class Plan:
     show_thoughts: bool
     prompt_tokens: int
     image_tokens: int
+    images: int = 0  # images generated per candidate (image models answer with one after their text)
     response_id: str = field(default_factory=lambda: random_id(22))
+
+    def image_parts(self) -> list[dict[str, Any]]:
+        return [{"inlineData": {"mimeType": "image/png", "data": PIXEL}}] * self.images
 
     def call_tokens(self) -> int:
         return sum(count_tokens(_encode(c).decode()) + 4 for c in self.calls)
@@ -249,6 +255,7 @@ class Plan:
         if self.show_thoughts:
             steps += [([{"text": t, "thought": True}], 0) for t in self.thinking]
         steps += [([{"text": p}], 1) for p in self.candidates[index]]
+        steps += [([part], IMAGE_OUT_TOKENS) for part in self.image_parts()]
         if self.calls:
             steps.append((self.call_parts(), self.call_tokens()))
         return steps or [([], 0)]
@@ -279,11 +286,11 @@ class Plan:
                 parts.append({"text": "".join(self.thinking), "thought": True})
             if self.candidates[index]:
                 parts.append({"text": "".join(self.candidates[index])})
+            parts += self.image_parts()
             parts += self.call_parts()
             candidates.append(self.candidate(index, parts, True))
-        return self.envelope(
-            candidates, sum(map(len, self.candidates)) + self.call_tokens() * len(self.candidates)
-        )
+        per_candidate = self.call_tokens() + self.images * IMAGE_OUT_TOKENS
+        return self.envelope(candidates, sum(map(len, self.candidates)) + per_candidate * len(self.candidates))
 
     def chunks(self) -> list[dict[str, Any]]:
         steps = [self.steps(i) for i in range(len(self.candidates))]
@@ -429,7 +436,8 @@ class GeminiEmulator:
                 pieces, truncated = [], False
             candidates.append(pieces)
             finishes.append("MAX_TOKENS" if truncated and not stopped else "STOP")
-        return Plan(model, d, candidates, finishes, calls, thinking, show, prompt_tokens, image_tokens)
+        images = 1 if "image" in model and not calls else 0  # the image models draw what they are asked
+        return Plan(model, d, candidates, finishes, calls, thinking, show, prompt_tokens, image_tokens, images)
 
     @staticmethod
     def _calls(body: dict[str, Any], d: Directives, two: bool) -> list[dict[str, Any]]:
