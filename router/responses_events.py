@@ -7,6 +7,7 @@
                        response.content_part.done
         reasoning:     the same with response.reasoning_text.delta / .done and a reasoning_text part
         function_call: response.function_call_arguments.delta…, response.function_call_arguments.done
+                       (a chat tool call's ``extra_content``, Gemini's thought signature, rides on the item)
     response.output_item.done,
     response.completed | response.incomplete (finish reason length / content_filter) | response.failed
 
@@ -163,8 +164,12 @@ class EventSynth:
                 "call_id": call.get("id") or new_id("call"),
                 "name": function.get("name") or "",
             }
+            if isinstance(call.get("extra_content"), dict):  # Gemini's thought signature (adapters.gemini)
+                item["extra_content"] = call["extra_content"]
             events += self._open(item)
             index = self.calls[chat_index] = len(self.output) - 1
+        elif isinstance(call.get("extra_content"), dict):  # came after the call's first piece
+            self.output[index] = {**self.output[index], "extra_content": call["extra_content"]}
         arguments = function.get("arguments")
         if isinstance(arguments, str) and arguments:
             self.pieces[index].append(arguments)

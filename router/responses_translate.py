@@ -159,6 +159,8 @@ def _function_call(item: dict[str, Any], out: list[dict[str, Any]], where: str) 
         "type": "function",
         "function": {"name": _string(item, "name", where), "arguments": _string(item, "arguments", where)},
     }
+    if isinstance(item.get("extra_content"), dict):  # Gemini's thought signature, as on a chat tool call
+        call["extra_content"] = item["extra_content"]
     last = out[-1] if out else None
     if last is not None and last["role"] == "assistant":
         last.setdefault("tool_calls", []).append(call)  # one assistant turn: its text and its calls

@@ -177,6 +177,35 @@ def test_function_tool_round_trip(client: openai.OpenAI, model: str, stream: boo
     assert "sunny" in final.output_text and final.status == "completed"
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_gemini_3_tool_loop_hands_back_the_thought_signature(stack: Stack, client: openai.OpenAI, stream: bool) -> None:
+    """Gemini 3 refuses a turn whose earlier function call lost its thoughtSignature: the function_call
+    item carries it (extra_content.google.thought_signature, as chat tool calls do) and the gateway puts
+    it back on the call when the item comes back as input, streamed or not."""
+    model = "google/gemini-3-pro-preview"
+    question = {"role": "user", "content": "What is the weather in Seoul? [tool]"}
+    if stream:
+        with client.responses.stream(model=model, input=[question], tools=TOOLS) as events:  # type: ignore[arg-type]
+            added = [e.item for e in events if e.type == "response.output_item.added"]
+            first = events.get_final_response()
+        assert any(getattr(item, "extra_content", None) for item in added)
+    else:
+        first = client.responses.create(model=model, input=[question], tools=TOOLS)  # type: ignore[arg-type]
+    [call] = [item for item in first.output if item.type == "function_call"]
+    signature = call.extra_content["google"]["thought_signature"]  # type: ignore[attr-defined]
+    assert signature
+    follow_up = [
+        question,
+        *first.output,
+        {"type": "function_call_output", "call_id": call.call_id, "output": '{"sky": "sunny"}'},
+    ]
+    final = client.responses.create(model=model, input=follow_up, tools=TOOLS)  # type: ignore[arg-type]
+    assert "sunny" in final.output_text and final.status == "completed"
+    sent = stack.emulator("google").requests[-1]["contents"]
+    [part] = [p for c in sent for p in c["parts"] if "functionCall" in p]
+    assert part["thoughtSignature"] == signature
+
+
 def test_tool_choice_named_function_forces_the_call(stack: Stack, client: openai.OpenAI) -> None:
     out = client.responses.create(
         model="mistral/mistral-small-latest",
