@@ -45,6 +45,7 @@ from router.sse import SSEDecoder, frame_event
 from router.stream import Outcome
 from router.wire import ChatRequest, ImagePart, ImageURL, Message
 
+SAMPLING = frozenset({"temperature", "top_p", "top_logprobs"})  # the Responses API's sampling options
 NATIVE = frozenset({"openai"})  # provider prefixes whose upstream serves POST /responses itself
 NO_POLL = (
     "this gateway does not offer GET /v1/responses/{id}, so a background response could never be polled "
@@ -207,7 +208,11 @@ class Responses:
         # rate limits as for chat calls: checked once, before anything is reserved or sent
         limits = await self.gw.limits.admit(ask.principal, model, ask.size, reserve_request(ask.body))
         meter = await self.meter(ask, model)
-        response = await self.open(wire.build_request(provider, ask.body, model.upstream), model, meter)
+        body = ask.body
+        if model.reasoning:  # sampling options a reasoning model refuses (catalog data, as for chat)
+            drop = SAMPLING.intersection(self.gw.catalog.providers[model.provider].reasoning_drop_fields)
+            body = {name: value for name, value in body.items() if name not in drop}
+        response = await self.open(wire.build_request(provider, body, model.upstream), model, meter)
         if not ask.stream:
             return JSONBytes(_encode(await self.read(ask, model, response, meter)), extra=limits)
         relay = wire.ResponsesRelay(ask.model_id, model.provider)

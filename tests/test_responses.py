@@ -467,6 +467,26 @@ def test_p1_passes_through_with_the_upstream_model_name(stack: Stack, client: op
     assert sent["input"] == [{"role": "developer", "content": "terse"}, {"role": "user", "content": "hi"}]
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_p1_reasoning_model_sampling_options_are_left_out(stack: Stack, client: openai.OpenAI, stream: bool) -> None:
+    """OpenAI's reasoning models refuse temperature and top_p on the Responses API too (the emulator
+    answers 400 as OpenAI does): the pass-through leaves them out for a reasoning model, as for chat."""
+    running = stack.emulators["openai"]
+    upstream = openai.OpenAI(base_url=running.base_url, api_key=running.api_key, max_retries=0)
+    with pytest.raises(openai.BadRequestError) as refused:
+        upstream.responses.create(model="o3", input="hi", temperature=0.2)
+    assert refused.value.param == "temperature"
+    upstream.close()
+    options: dict[str, Any] = {"temperature": 0.2, "top_p": 0.9, "top_logprobs": 2}
+    if stream:
+        with client.responses.stream(model="openai/o3", input="hi", **options) as events:
+            answer = events.get_final_response()
+    else:
+        answer = client.responses.create(model="openai/o3", input="hi", **options)
+    assert answer.status == "completed" and answer.output_text
+    assert not set(options) & set(stack.emulator("openai").requests[-1])
+
+
 def test_translation_reaches_the_chat_upstream(stack: Stack, client: openai.OpenAI) -> None:
     client.responses.create(
         model="mistral/mistral-small-latest",

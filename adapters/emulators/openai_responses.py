@@ -107,6 +107,11 @@ class ResponsesHandler:
             raise Invalid(
                 400, "Invalid 'temperature': decimal out of range [0, 2].", "temperature", "invalid_value"
             )
+        if body["model"].startswith(("o1", "o3", "o4", "gpt-5")) and "chat" not in body["model"]:
+            for name in ("temperature", "top_p"):  # reasoning models take only the default
+                if body.get(name) is not None and body[name] != 1:
+                    raise Invalid(400, f"Unsupported parameter: '{name}' is not supported with this model.",
+                                  name, "unsupported_parameter")  # fmt: skip
         for i, tool in enumerate(body.get("tools") or []):
             kind = tool.get("type") if isinstance(tool, dict) else None
             if kind == "function" and not isinstance(tool.get("name"), str):
