@@ -309,6 +309,30 @@ def _sampling(call: Call, body: dict[str, Any]) -> None:
         body["metadata"] = {"user_id": raw["user"]}
 
 
+# JSON mode (response_format): Anthropic's classic API has none, so the answer is asked for as the
+# input of a tool the model must call (providers.md §8.7 23), and that input comes back as content.
+JSON_TOOL = "json_response"
+
+
+def json_tool(raw: dict[str, Any]) -> Block | None:
+    """The tool that stands for ``response_format`` (``json_object`` / ``json_schema``), if asked."""
+    fmt = raw.get("response_format")
+    if not isinstance(fmt, dict) or fmt.get("type") not in ("json_object", "json_schema"):
+        return None
+    schema: dict[str, Any] = {"type": "object"}
+    about = "Give your whole answer as this tool's input, a JSON object."
+    spec = fmt.get("json_schema") if fmt["type"] == "json_schema" else None
+    if isinstance(spec, dict):
+        if isinstance(spec.get("schema"), dict):
+            schema = {"type": "object", **spec["schema"]}
+        if isinstance(spec.get("description"), str):
+            about += " " + spec["description"]
+    if schema.get("type") != "object":
+        raise InvalidRequest("For Anthropic models a JSON schema in response_format must describe an object "
+                             "(its top-level type must be 'object').", param="response_format")  # fmt: skip
+    return {"name": JSON_TOOL, "description": about, "input_schema": schema}
+
+
 def request_body(call: Call) -> dict[str, Any]:
     system, turns = conversation(call.request, call.raw)
     body: dict[str, Any] = {"model": call.model.upstream, "max_tokens": max_tokens(call), "messages": turns}
@@ -321,9 +345,16 @@ def request_body(call: Call) -> dict[str, Any]:
         choice = tool_choice(call.request.tool_choice, call.raw.get("parallel_tool_calls"))
         if choice is not None:
             body["tool_choice"] = choice
+    answer = json_tool(call.raw)
+    if answer is not None:
+        body["tools"] = [*tools, answer]
+        if not tools:  # with tools of its own the caller's tool_choice stands
+            body["tool_choice"] = {"type": "tool", "name": JSON_TOOL}
     if call.stream:
         body["stream"] = True
     _thinking(call, body)
+    if "thinking" in body and body.get("tool_choice", {}).get("name") == JSON_TOOL:
+        body["tool_choice"] = {"type": "auto"}  # thinking allows no forced tool: the description asks
     return body
 
 
@@ -402,20 +433,25 @@ class AnthropicAdapter(Adapter):
         if not isinstance(data, dict) or not isinstance(data.get("content"), list):
             raise UpstreamError(f"The provider '{self.name}' returned an unexpected answer shape.")
         text, thinking, calls = _read_blocks(data["content"])
+        reason = finish_reason(data.get("stop_reason"))
+        answer = next((c for c in calls if c["function"]["name"] == JSON_TOOL), None) if json_tool(call.raw) else None
+        if answer is not None:  # JSON mode: the tool's input is the answer
+            text, calls = [answer["function"]["arguments"]], [c for c in calls if c is not answer]
+            reason = reason if calls else "stop"
         message: dict[str, Any] = {"role": "assistant", "content": "".join(text) if text or not calls else None}
         if calls:
             message["tool_calls"] = calls
         if thinking:
             message[REASONING] = "".join(thinking)
         usage = usage_from_anthropic(data.get("usage"))
-        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason(data.get("stop_reason"))}
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}
         out: dict[str, Any] = {"created": int(time.time()), "choices": [choice]}
         if usage is not None:
             out["usage"] = openai_usage(usage)
         return out, usage
 
     def stream(self, call: Call) -> StreamTranslator:
-        return AnthropicStream(self.name)
+        return AnthropicStream(self.name, json_mode=json_tool(call.raw) is not None)
 
 
 def _error_text(data: dict[str, Any]) -> str:
@@ -431,9 +467,11 @@ class AnthropicStream(StreamTranslator):
     """``message_start`` → role chunk; text / thinking / input_json deltas → content / reasoning /
     tool-call argument chunks; ``message_delta`` → the finish chunk and usage; ``message_stop`` → end."""
 
-    def __init__(self, provider: str = "anthropic") -> None:
+    def __init__(self, provider: str = "anthropic", json_mode: bool = False) -> None:
         super().__init__()
         self.provider = provider
+        self.json_mode = json_mode  # the JSON_TOOL's input is streamed as content
+        self.json_block: int | None = None
         self.tools: dict[int, int] = {}  # content block index → OpenAI tool-call index
         self.tool_args: set[int] = set()  # block indexes whose arguments have been sent
         self.raw_usage: dict[str, Any] = {}
@@ -473,6 +511,10 @@ class AnthropicStream(StreamTranslator):
     def _block_start(self, data: dict[str, Any]) -> Chunks:
         block, index = _obj(data.get("content_block")), data.get("index")
         kind = block.get("type")
+        if kind == "tool_use" and self.json_mode and block.get("name") == JSON_TOOL and self.json_block is None:
+            self.json_block = index
+            given = block.get("input")
+            return [_chunk({"content": _encode(given).decode()})] if isinstance(given, dict) and given else []
         if kind == "tool_use" and isinstance(index, int):
             self.tools[index] = len(self.tools)
             given = block.get("input")
@@ -494,6 +536,8 @@ class AnthropicStream(StreamTranslator):
             return [_chunk({"content": delta["text"]})]
         if kind == "thinking_delta" and delta.get("thinking"):
             return [_chunk({REASONING: delta["thinking"]})]
+        if kind == "input_json_delta" and index == self.json_block and delta.get("partial_json"):
+            return [_chunk({"content": delta["partial_json"]})]
         if kind == "input_json_delta" and index in self.tools and delta.get("partial_json"):
             self.tool_args.add(index)
             return self._tool_delta(index, function={"arguments": delta["partial_json"]})
@@ -515,6 +559,8 @@ class AnthropicStream(StreamTranslator):
         if self.finish_sent:
             return []
         self.finish_sent = True
+        if self.json_block is not None and not self.tools and stop_reason == "tool_use":
+            stop_reason = "end_turn"  # JSON mode: the answer was the tool's input
         return [_chunk({}, finish_reason(stop_reason))]
 
     def _message_delta(self, data: dict[str, Any]) -> Chunks:

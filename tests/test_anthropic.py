@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 import anthropic
 import openai
+import pydantic
 import pytest
 
 from adapters.anthropic import AnthropicAdapter, AnthropicStream, finish_reason, tool_choice
@@ -667,3 +668,33 @@ def test_gateway_rejects_bad_tool_arguments(client: openai.OpenAI) -> None:
             {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{no"}}]},
             {"role": "tool", "tool_call_id": "c1", "content": "ok"},
         ])  # fmt: skip
+
+
+class Weather(pydantic.BaseModel):
+    city: str
+    celsius: int
+    sunny: bool
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_json_mode_through_a_forced_tool(client: openai.OpenAI, stack: Stack, stream: bool) -> None:
+    """``response_format`` for an Anthropic model (it has no JSON mode): the schema goes up as a tool
+    the model must call, and its input comes back as the answer's content, finish_reason ``stop``,
+    so the SDK's ``parse()`` works as it does with OpenAI. It was ignored: plain text came back."""
+    messages = [{"role": "user", "content": "weather in Seoul as JSON"}]
+    if stream:
+        with client.beta.chat.completions.stream(model="anthropic/claude-haiku-4-5", messages=messages,  # type: ignore[arg-type]
+                                                 response_format=Weather) as events:  # fmt: skip
+            out = events.get_final_completion()
+    else:
+        out = client.chat.completions.parse(model="anthropic/claude-haiku-4-5", messages=messages,  # type: ignore[arg-type]
+                                            response_format=Weather)  # fmt: skip
+    choice = out.choices[0]
+    assert choice.finish_reason == "stop" and not choice.message.tool_calls
+    assert isinstance(choice.message.parsed, Weather)
+    sent = stack.emulator("anthropic").requests[-1]
+    assert sent["tool_choice"] == {"type": "tool", "name": "json_response"}
+    assert sent["tools"][-1]["input_schema"]["properties"].keys() == {"city", "celsius", "sunny"}
+    plain = client.chat.completions.create(model="anthropic/claude-haiku-4-5", messages=messages,  # type: ignore[arg-type]
+                                           response_format={"type": "json_object"})  # fmt: skip
+    assert isinstance(json.loads(plain.choices[0].message.content or ""), dict)
