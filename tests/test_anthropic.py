@@ -698,3 +698,12 @@ def test_json_mode_through_a_forced_tool(client: openai.OpenAI, stack: Stack, st
     plain = client.chat.completions.create(model="anthropic/claude-haiku-4-5", messages=messages,  # type: ignore[arg-type]
                                            response_format={"type": "json_object"})  # fmt: skip
     assert isinstance(json.loads(plain.choices[0].message.content or ""), dict)
+
+
+def test_json_mode_through_responses(client: openai.OpenAI) -> None:
+    """``text.format`` on /v1/responses reaches an Anthropic model the same way (the translated path
+    maps it to ``response_format``): ``responses.parse`` and its stream helper get the object."""
+    out = client.responses.parse(model="anthropic/claude-haiku-4-5", input="weather as JSON", text_format=Weather)
+    assert isinstance(out.output_parsed, Weather) and out.status == "completed"
+    with client.responses.stream(model="anthropic/claude-haiku-4-5", input="weather as JSON", text_format=Weather) as events:
+        assert isinstance(events.get_final_response().output_parsed, Weather)
