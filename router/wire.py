@@ -146,11 +146,11 @@ class ChatRequest(Base):
 
     def custom_tools_at(self) -> str | None:
         """Where the request uses an OpenAI custom tool (``tools`` or a call in ``messages``), if it does."""
-        if any(tool.type == "custom" for tool in self.tools or ()):
+        if self.tools and any(tool.type == "custom" for tool in self.tools):
             return "tools"
-        for message in self.messages:
-            calls = message.tool_calls if isinstance(message.tool_calls, list) else ()
-            if any(call.type == "custom" for call in calls):
+        for message in self.messages:  # (no generator per message: this runs on every call)
+            calls = message.tool_calls
+            if isinstance(calls, list) and calls and any(call.type == "custom" for call in calls):
                 return "messages"
         return None
 
