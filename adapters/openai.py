@@ -58,25 +58,25 @@ def alnum9(value: str) -> str:
 
 
 def alnum9_ids(messages: list[Any]) -> list[Any]:
-    """``messages`` with every tool call id (assistant ``tool_calls``, ``tool`` messages) as :func:`alnum9`;
-    the same list when there is nothing to rewrite."""
-    out = messages
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            continue
-        fixed = message
-        if isinstance(message.get("tool_call_id"), str) and alnum9(message["tool_call_id"]) != message["tool_call_id"]:
-            fixed = {**message, "tool_call_id": alnum9(message["tool_call_id"])}
-        calls = message.get("tool_calls")
-        if isinstance(calls, list) and any(isinstance(c, dict) and isinstance(c.get("id"), str)
-                                           and alnum9(c["id"]) != c["id"] for c in calls):  # fmt: skip
-            fixed = {**fixed, "tool_calls": [{**c, "id": alnum9(c["id"])} if isinstance(c, dict)
-                                             and isinstance(c.get("id"), str) else c for c in calls]}  # fmt: skip
-        if fixed is not message:
-            if out is messages:
-                out = list(messages)
-            out[i] = fixed
+    """``messages`` with every tool call id (assistant ``tool_calls``, ``tool`` messages) as :func:`alnum9`."""
+    return [_alnum9_message(m) if isinstance(m, dict) else m for m in messages]
+
+
+def _alnum9_message(message: dict[str, Any]) -> dict[str, Any]:
+    out = message
+    if isinstance(tid := message.get("tool_call_id"), str) and (fixed := alnum9(tid)) != tid:
+        out = {**out, "tool_call_id": fixed}
+    calls = message.get("tool_calls")
+    if isinstance(calls, list):
+        renamed = [_alnum9_call(c) for c in calls]
+        if any(new is not old for new, old in zip(renamed, calls, strict=True)):
+            out = {**out, "tool_calls": renamed}
     return out
+
+
+def _alnum9_call(call: Any) -> Any:
+    cid = call.get("id") if isinstance(call, dict) else None
+    return {**call, "id": fixed} if isinstance(cid, str) and (fixed := alnum9(cid)) != cid else call
 
 
 class OpenAIAdapter(Adapter):
