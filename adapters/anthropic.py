@@ -314,11 +314,17 @@ def _sampling(call: Call, body: dict[str, Any]) -> None:
 JSON_TOOL = "json_response"
 
 
-def json_tool(raw: dict[str, Any]) -> Block | None:
-    """The tool that stands for ``response_format`` (``json_object`` / ``json_schema``), if asked."""
+def json_mode(raw: dict[str, Any]) -> bool:
+    """Whether the call asks for JSON (``response_format`` ``json_object`` / ``json_schema``)."""
     fmt = raw.get("response_format")
-    if not isinstance(fmt, dict) or fmt.get("type") not in ("json_object", "json_schema"):
+    return isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema")
+
+
+def json_tool(raw: dict[str, Any]) -> Block | None:
+    """The tool that stands for ``response_format``, if the call asks for JSON."""
+    if not json_mode(raw):
         return None
+    fmt = raw["response_format"]
     schema: dict[str, Any] = {"type": "object"}
     about = "Give your whole answer as this tool's input, a JSON object."
     spec = fmt.get("json_schema") if fmt["type"] == "json_schema" else None
@@ -345,16 +351,15 @@ def request_body(call: Call) -> dict[str, Any]:
         choice = tool_choice(call.request.tool_choice, call.raw.get("parallel_tool_calls"))
         if choice is not None:
             body["tool_choice"] = choice
-    answer = json_tool(call.raw)
-    if answer is not None:
-        body["tools"] = [*tools, answer]
-        if not tools:  # with tools of its own the caller's tool_choice stands
-            body["tool_choice"] = {"type": "tool", "name": JSON_TOOL}
     if call.stream:
         body["stream"] = True
     _thinking(call, body)
-    if "thinking" in body and body.get("tool_choice", {}).get("name") == JSON_TOOL:
-        body["tool_choice"] = {"type": "auto"}  # thinking allows no forced tool: the description asks
+    answer = json_tool(call.raw)
+    if answer is not None:
+        body["tools"] = [*tools, answer]
+        if not tools:  # with tools of its own the caller's tool_choice stands; thinking allows no
+            # forced tool, so then the tool's description asks
+            body["tool_choice"] = {"type": "auto"} if "thinking" in body else {"type": "tool", "name": JSON_TOOL}
     return body
 
 
@@ -434,7 +439,7 @@ class AnthropicAdapter(Adapter):
             raise UpstreamError(f"The provider '{self.name}' returned an unexpected answer shape.")
         text, thinking, calls = _read_blocks(data["content"])
         reason = finish_reason(data.get("stop_reason"))
-        answer = next((c for c in calls if c["function"]["name"] == JSON_TOOL), None) if json_tool(call.raw) else None
+        answer = next((c for c in calls if c["function"]["name"] == JSON_TOOL), None) if json_mode(call.raw) else None
         if answer is not None:  # JSON mode: the tool's input is the answer
             text, calls = [answer["function"]["arguments"]], [c for c in calls if c is not answer]
             reason = reason if calls else "stop"
@@ -451,7 +456,7 @@ class AnthropicAdapter(Adapter):
         return out, usage
 
     def stream(self, call: Call) -> StreamTranslator:
-        return AnthropicStream(self.name, json_mode=json_tool(call.raw) is not None)
+        return AnthropicStream(self.name, json_mode=json_mode(call.raw))
 
 
 def _error_text(data: dict[str, Any]) -> str:
