@@ -108,10 +108,11 @@ class OpenAIEmulator:
                 for tid in ids:
                     if not (len(tid) == 9 and tid.isalnum()):
                         return self.error(400, f"Tool call id was {tid} but must be a-z, A-Z, 0-9, with a length of 9.", "invalid_request_error")
-        if self.flavour == "openai" and (model.startswith("o") or model.startswith("gpt-5")) and "max_tokens" in body:
+        reasoning = self.flavour == "openai" and model.startswith(("o", "gpt-5"))  # OpenAI's reasoning models
+        if reasoning and "max_tokens" in body:
             return self.error(400, "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.",
                               "invalid_request_error", "unsupported_parameter")  # fmt: skip
-        if self.flavour == "openai" and (model.startswith("o") or model.startswith("gpt-5")):
+        if reasoning:
             refused = self._reasoning_sampling(body)
             if refused is not None:
                 return refused
