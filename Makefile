@@ -3,6 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+PACKAGES := core adapters billing emulators gateway jobs console router
 
 .PHONY: install demo run test bench lint clean
 
@@ -27,8 +28,9 @@ bench: install
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 lint: install
-	$(BIN)/ruff check router adapters billing jobs console tests bench
-	$(BIN)/mypy router adapters billing jobs console
+	$(BIN)/ruff check $(PACKAGES) tests bench
+	$(BIN)/mypy $(PACKAGES)
+	$(BIN)/lint-imports
 
 clean:
 	rm -rf $(VENV) .bench-venv build *.egg-info .pytest_cache .mypy_cache .ruff_cache

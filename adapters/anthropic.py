@@ -20,9 +20,9 @@ import msgspec
 
 from adapters import register
 from adapters.base import USER_AGENT, Adapter, Call, StreamTranslator, UpstreamRequest, UpstreamStreamError
-from router.errors import InvalidRequest, UpstreamError
-from router.sse import Event
-from router.wire import ChatRequest, FilePart, ImagePart, Message, RefusalPart, TextPart, TokenUsage, ToolCall
+from core.errors import InvalidRequest, UpstreamError
+from core.sse import Event
+from core.wire import ChatRequest, FilePart, ImagePart, Message, RefusalPart, TextPart, TokenUsage, ToolCall
 
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode

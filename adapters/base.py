@@ -6,7 +6,7 @@
     error(status, body, headers) -> GatewayError (design §8)
 
 The gateway then normalises what adapters return (ids, model echo, usage placement, chunk order) in
-one place, :mod:`router.stream`, so adapters only translate.
+one place, :mod:`gateway.stream`, so adapters only translate.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Any, ClassVar, NamedTuple
 
 import msgspec
 
-from router.catalog import Model, ProviderSpec
-from router.config import ResolvedProvider
-from router.errors import (
+from core.catalog import Model, ProviderSpec
+from core.config import ResolvedProvider
+from core.errors import (
     GatewayError,
     InvalidRequest,
     RateLimited,
@@ -28,8 +28,8 @@ from router.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
-from router.sse import Event
-from router.wire import ChatRequest, TokenUsage
+from core.sse import Event
+from core.wire import ChatRequest, TokenUsage
 
 
 @dataclass(slots=True)
@@ -59,7 +59,7 @@ class UpstreamRequest(NamedTuple):
 class StreamTranslator(ABC):
     """Turns one upstream SSE stream into OpenAI chunk dicts. ``finished`` is set when the upstream
     signalled a proper end; ``usage`` when it reported usage. ``passthrough``: its plain chunks are
-    OpenAI chunks already, which the stream path may pass on as bytes (router/stream.py)."""
+    OpenAI chunks already, which the stream path may pass on as bytes (gateway/stream.py)."""
 
     passthrough = False
 

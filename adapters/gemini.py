@@ -39,9 +39,9 @@ from adapters.base import (
     UpstreamStreamError,
     map_upstream_error,
 )
-from router.errors import GatewayError, InvalidRequest, UpstreamError
-from router.sse import Event
-from router.wire import (
+from core.errors import GatewayError, InvalidRequest, UpstreamError
+from core.sse import Event
+from core.wire import (
     AudioPart,
     ContentPart,
     FilePart,

@@ -15,9 +15,9 @@ from typing import Any
 import msgspec
 
 from adapters.base import USER_AGENT, Adapter, Call, StreamTranslator, UpstreamRequest, UpstreamStreamError
-from router.errors import UpstreamError
-from router.sse import Event
-from router.wire import TokenUsage, usage_from_openai
+from core.errors import UpstreamError
+from core.sse import Event
+from core.wire import TokenUsage, usage_from_openai
 
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode

@@ -18,10 +18,10 @@ from typing import Any
 import msgspec
 
 from adapters.base import USER_AGENT, UpstreamRequest, UpstreamStreamError
-from router.config import ResolvedProvider
-from router.errors import UpstreamError
-from router.sse import Event, frame_event
-from router.wire import TokenUsage
+from core.config import ResolvedProvider
+from core.errors import UpstreamError
+from core.sse import Event, frame_event
+from core.wire import TokenUsage
 
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode

@@ -6,11 +6,14 @@ network failures become gateway errors (connect failure → 503, timeout → 504
 
 from __future__ import annotations
 
+from typing import Any
+
 import aiohttp
 
 from adapters.base import UpstreamRequest
-from router.config import ResolvedProvider
-from router.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
+from core.config import ResolvedProvider
+from core.errors import GatewayError, UpstreamError, UpstreamTimeout, UpstreamUnavailable
+from core.metrics import upstream_error
 
 
 class Transport:
@@ -54,3 +57,25 @@ class Transport:
             raise UpstreamUnavailable(f"Could not connect to the provider '{provider.prefix}'.") from None
         except aiohttp.ClientError as exc:
             raise UpstreamError(f"The connection to the provider '{provider.prefix}' failed: {type(exc).__name__}.") from None
+
+
+class ObservedTransport(Transport):
+    """The shared transport, counting failed upstream attempts (every attempt, retries included)."""
+
+    async def open(
+        self, request: UpstreamRequest, provider: ResolvedProvider, *args: Any, **kwargs: Any
+    ) -> aiohttp.ClientResponse:
+        try:
+            response = await super().open(request, provider, *args, **kwargs)
+        except UpstreamTimeout:
+            upstream_error(provider.prefix, "timeout")
+            raise
+        except UpstreamUnavailable:
+            upstream_error(provider.prefix, "connect")
+            raise
+        except GatewayError:
+            upstream_error(provider.prefix, "network")
+            raise
+        if response.status >= 400:
+            upstream_error(provider.prefix, response.status)
+        return response

@@ -18,10 +18,10 @@ from typing import Any
 from billing import tokens
 from billing.pricing import cost
 from billing.store import Refusal, Reservation, Store, UsageRecord
-from router import metrics
-from router.catalog import NANO, Model
-from router.errors import GatewayError, InsufficientCredits
-from router.wire import TokenUsage
+from core import metrics
+from core.catalog import NANO, Model
+from core.errors import GatewayError, InsufficientCredits
+from core.wire import TokenUsage
 
 log = logging.getLogger("router.ledger")
 

@@ -8,8 +8,8 @@ prompt at the input price.
 
 from __future__ import annotations
 
-from router.catalog import Model, Prices
-from router.wire import ChatRequest, ImagePart, TokenUsage
+from core.catalog import Model, Prices
+from core.wire import ChatRequest, ImagePart, TokenUsage
 
 PER = 1_000_000
 IMAGE_TOKENS = 1_600  # reserve per image part (providers count 85..~1,600 tokens per image)

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 class StoreError(Exception):
@@ -222,3 +225,13 @@ def open_store(url: str) -> Store:
 
         return PostgresStore(url)
     raise StoreError(f"unsupported store URL {url!r}: use sqlite:///path or postgresql://...")
+
+
+async def with_store(url: str, action: Callable[[Store], Awaitable[T]]) -> T:
+    """Open the store at ``url``, run ``action`` on it, close it (the CLI's one-shot commands)."""
+    store = open_store(url)
+    await store.open()
+    try:
+        return await action(store)
+    finally:
+        await store.close()

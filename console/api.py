@@ -39,7 +39,8 @@ from console.app import Console, console_of
 from console.forms import Invalid
 from console.pages import key_or_404
 from console.queries import Filter
-from router.cli import nano_to_credits, new_key
+from core.money import to_credits
+from gateway.auth import new_key
 
 MAX_BODY = 64 * 1024
 API = Callable[[Console, Request], Awaitable[Response]]
@@ -133,11 +134,11 @@ def group_json(g: Group) -> dict[str, Any]:
     return {
         "id": g.id,
         "name": g.name,
-        "balance": nano_to_credits(g.balance),
+        "balance": to_credits(g.balance),
         "balance_nano": g.balance,
-        "reserved": nano_to_credits(g.reserved),
+        "reserved": to_credits(g.reserved),
         "reserved_nano": g.reserved,
-        "spent": nano_to_credits(g.spent),
+        "spent": to_credits(g.spent),
         "spent_nano": g.spent,
         "created_at": g.created_at,
     }
@@ -151,9 +152,9 @@ def key_json(k: KeyInfo) -> dict[str, Any]:
         "hint": k.hint,
         "created_at": k.created_at,
         "revoked_at": k.revoked_at,
-        "spend_cap": None if k.spend_cap is None else nano_to_credits(k.spend_cap),
+        "spend_cap": None if k.spend_cap is None else to_credits(k.spend_cap),
         "spend_cap_nano": k.spend_cap,
-        "spent": nano_to_credits(k.spent),
+        "spent": to_credits(k.spent),
         "spent_nano": k.spent,
         "allowed_models": list(k.allowed_models) if k.allowed_models else None,
     }
@@ -174,7 +175,7 @@ def usage_json(r: UsageRecord) -> dict[str, Any]:
         "cached_tokens": r.cached_tokens,
         "cache_write_tokens": r.cache_write_tokens,
         "reasoning_tokens": r.reasoning_tokens,
-        "credits": nano_to_credits(r.credits),
+        "credits": to_credits(r.credits),
         "credits_nano": r.credits,
         "status": r.status,
         "usage_exact": r.usage_exact,
@@ -334,7 +335,7 @@ async def group_buckets(c: Console, request: Request) -> Response:
                 {
                     "start": b.start,
                     "calls": b.calls,
-                    "credits": nano_to_credits(b.credits),
+                    "credits": to_credits(b.credits),
                     "credits_nano": b.credits,
                 }
                 for b in buckets
@@ -359,7 +360,7 @@ async def key_usage(c: Console, request: Request) -> Response:
                     "completion_tokens": r.completion_tokens,
                     "cached_tokens": r.cached_tokens,
                     "reasoning_tokens": r.reasoning_tokens,
-                    "credits": nano_to_credits(r.credits),
+                    "credits": to_credits(r.credits),
                     "credits_nano": r.credits,
                 }
                 for r in rows

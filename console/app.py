@@ -27,11 +27,11 @@ from starlette.routing import Route
 from console import auth
 from console.forms import MAX_FORM_BYTES, form_data
 from console.queries import Queries, queries_for
-from router.cli import nano_to_credits
-from router.types import ASGIApp, Message, Receive, Scope, Send
+from core.money import to_credits
+from core.types import ASGIApp, Message, Receive, Scope, Send
 
 if TYPE_CHECKING:
-    from router.gateway import Gateway
+    from gateway.state import Gateway
 
 HERE = Path(__file__).resolve().parent
 COOKIE = "mr_console"
@@ -79,7 +79,7 @@ class Console:
             lstrip_blocks=True,
         )
         self.env.filters.update(
-            credits=lambda n: "" if n is None else nano_to_credits(n),
+            credits=lambda n: "" if n is None else to_credits(n),
             tokens=tokens,
             when=when,
             q=lambda s: quote(str(s), safe=""),

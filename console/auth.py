@@ -29,7 +29,7 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from router.config import ConsoleSettings
+from core.config import ConsoleSettings
 
 SCRYPT_N, SCRYPT_R, SCRYPT_P = 2**14, 8, 1
 MIN_PASSWORD = 8

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from html import escape
 
 from console.queries import Bucket
-from router.cli import nano_to_credits
+from core.money import to_credits
 
 WIDTHS = (60, 300, 900, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 7 * 86400, 30 * 86400)
 MAX_BUCKETS = 60
@@ -46,7 +46,7 @@ def _when(ts: float, width: float) -> str:
 
 
 def _credits_label(nano: float) -> str:
-    return nano_to_credits(int(round(nano)))
+    return to_credits(int(round(nano)))
 
 
 def svg(buckets: Sequence[Bucket], width: float, title: str = "Credits and calls over time") -> str:
@@ -79,7 +79,7 @@ def svg(buckets: Sequence[Bucket], width: float, title: str = "Credits and calls
     for i, b in enumerate(buckets):
         x = LEFT + i * step + (step - bar) / 2
         h = plot_h * b.credits / max_credits
-        tip = f"{_when(b.start, width)}: {nano_to_credits(b.credits)} credits, {b.calls} calls"
+        tip = f"{_when(b.start, width)}: {to_credits(b.credits)} credits, {b.calls} calls"
         out.append(
             f'<rect class="bar" x="{x:.1f}" y="{TOP + plot_h - h:.1f}" width="{bar:.1f}" height="{h:.1f}">'
             f"<title>{escape(tip)}</title></rect>"

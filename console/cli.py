@@ -15,7 +15,7 @@ import sys
 from billing.store import Store
 from console import auth
 from console.queries import queries_for
-from router.config import Settings
+from core.config import Settings
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -51,13 +51,13 @@ async def store_password(store: Store, hashed: str) -> None:
 def run(args: argparse.Namespace, settings: Settings) -> None:
     import asyncio
 
-    from router.cli import with_store
+    from billing.store import with_store
 
     hashed = auth.hash_password(read_password(args.stdin))
     if args.action == "hash-password":
         print(hashed)
         return
-    asyncio.run(with_store(settings, lambda s: store_password(s, hashed)))
+    asyncio.run(with_store(settings.store.url, lambda s: store_password(s, hashed)))
     if settings.console.password_hash:
         print(
             "note: [console] password_hash in the config takes precedence over the stored password",

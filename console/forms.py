@@ -2,7 +2,7 @@
 
 Every parser returns a value or raises ``Invalid`` with a message meant for the form; nothing here
 crashes on bad input. Amounts are credits with up to 9 decimals, turned into nano-credits exactly
-(``router.cli.credits_to_nano``) and shown back exactly (``router.cli.nano_to_credits``).
+(``core.money.to_nano``) and shown back exactly (``core.money.to_credits``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from urllib.parse import parse_qs, urlencode
 
 from console.queries import Filter
-from router.cli import credits_to_nano, nano_to_credits
+from core.money import to_credits, to_nano
 
 MAX_FORM_BYTES = 64 * 1024
 AMOUNT = re.compile(r"^\d{1,12}(\.\d{1,9})?$")
@@ -50,7 +50,10 @@ def credits(text: str, field: str, *, positive: bool = False, allow_empty: bool 
         raise Invalid(field, "Enter an amount of credits.")
     if not AMOUNT.match(text):
         raise Invalid(field, f"“{text[:40]}” is not an amount of credits: use digits, with up to 9 decimals.")
-    nano = credits_to_nano(text)
+    try:
+        nano = to_nano(text)
+    except ValueError:
+        raise Invalid(field, f"“{text[:40]}” is not an amount of credits: use digits, with up to 9 decimals.") from None
     if positive and nano <= 0:
         raise Invalid(field, "The amount must be more than zero.")
     return nano
@@ -88,7 +91,7 @@ def models(text: str, field: str, known: set[str]) -> list[str] | None:
 
 
 def show(nano: int | None) -> str:
-    return "" if nano is None else nano_to_credits(nano)
+    return "" if nano is None else to_credits(nano)
 
 
 def form_data(body: bytes) -> dict[str, str]:

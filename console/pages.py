@@ -23,7 +23,8 @@ from billing.store import Group, KeyInfo, StoreError, UsageRecord
 from console import auth, charts, forms
 from console.app import Console, action, console_of, page, read_form, refused, same_origin, when
 from console.forms import Invalid
-from router.cli import nano_to_credits, new_key
+from core.money import to_credits
+from gateway.auth import new_key
 
 NOTICES = {
     "created": "Group created.",
@@ -273,7 +274,7 @@ async def key_page(c: Console, request: Request, status: int = 200, **context: A
         )
     }
     values = context.pop("values", None) or {
-        "spend_cap": nano_to_credits(info.spend_cap) if info.spend_cap is not None else "",
+        "spend_cap": to_credits(info.spend_cap) if info.spend_cap is not None else "",
         "models": "\n".join(info.allowed_models or ()),
     }
     return c.render(
@@ -407,7 +408,7 @@ def csv_row(r: UsageRecord, keys: dict[int, KeyInfo]) -> list[Any]:
             r.cached_tokens,
             r.cache_write_tokens,
             r.reasoning_tokens,
-            nano_to_credits(r.credits),
+            to_credits(r.credits),
             r.status,
             int(r.usage_exact),
             round(r.latency_ms, 1),

@@ -21,8 +21,8 @@ from typing import Any
 import msgspec
 
 from billing.store import Principal
+from core.types import ASGIApp, Message
 from jobs.store import Outcome, Tokens
-from router.types import ASGIApp, Message
 
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode

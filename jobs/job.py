@@ -19,12 +19,12 @@ import time
 from typing import TYPE_CHECKING
 
 from billing.store import Principal
+from core.wire import ChatRequest
+from gateway.pipeline import ChatPipeline
+from gateway.reliability import backoff
 from jobs.calls import call_app, error_line, output_line, request_id
 from jobs.store import BatchRow, FileRow, Final, Line, Outcome, new_file_id
 from jobs.validate import Check, Problem, parse_input
-from router.pipeline import ChatPipeline
-from router.reliability import backoff
-from router.wire import ChatRequest
 
 if TYPE_CHECKING:
     from jobs.runner import JobRunner

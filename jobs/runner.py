@@ -22,12 +22,12 @@ import socket
 from contextlib import suppress
 from typing import TYPE_CHECKING
 
+from core.types import ASGIApp
 from jobs.job import Job
 from jobs.store import JobStore, open_job_store
-from router.types import ASGIApp
 
 if TYPE_CHECKING:
-    from router.gateway import Gateway
+    from gateway.state import Gateway
 
 log = logging.getLogger("router.jobs")
 

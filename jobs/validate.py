@@ -13,9 +13,9 @@ from typing import Any
 
 import msgspec
 
+from core.errors import GatewayError
+from core.wire import ChatRequest, parse_chat_request
 from jobs.store import Line
-from router.errors import GatewayError
-from router.wire import ChatRequest, parse_chat_request
 
 ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/responses": "responses"}
 MAX_ERRORS = 100  # reported per batch (the first ones); the count of the rest is said in the last

@@ -19,18 +19,18 @@ from starlette.routing import Mount, Route
 
 from billing.store import Store
 from console import console_app
+from core.config import Settings
+from core.errors import GatewayError, MethodNotAllowed, NotFound
+from core.types import ASGIApp
+from gateway.state import Gateway
 from jobs.runner import JobRunner
-from router import batches, logs, metrics
+from router import batches, logs
 from router.chat import ChatCompletions
-from router.config import Settings
-from router.errors import GatewayError, MethodNotAllowed, NotFound
-from router.gateway import Gateway
-from router.health import Readiness
+from router.health import Readiness, metrics_endpoint
 from router.middleware import Front, cors, endpoint_app
 from router.models import Models
-from router.responses import JSONBytes
+from router.replies import JSONBytes
 from router.responses_api import Responses
-from router.types import ASGIApp
 
 log = logging.getLogger("router")
 
@@ -115,7 +115,7 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
             Route("/v1/models/{model:path}", models.retrieve, methods=["GET"]),
             Route("/healthz", _health, methods=["GET"]),
             Route("/readyz", Readiness(gateway).endpoint, methods=["GET"]),
-            *([Route("/metrics", metrics.endpoint, methods=["GET"])] if obs.metrics else []),
+            *([Route("/metrics", metrics_endpoint, methods=["GET"])] if obs.metrics else []),
             *([Mount("/console", app=console_app(gateway))] if gateway.settings.console.enabled else []),
             *batches.routes(gateway),  # /v1/files, /v1/batches
         ],

@@ -5,8 +5,8 @@
 ``router serve`` (hypercorn) is the default; README "More throughput" has the measured figures.
 """
 
+from core.config import load_settings
 from router.app import create_app
-from router.config import load_settings
 from router.serve import tune_gc
 
 app = create_app(load_settings(None))

@@ -21,13 +21,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from core.errors import GatewayError, InvalidRequest, NotFound
+from gateway.state import Gateway
 from jobs.store import BatchRow, new_batch_id
 from jobs.validate import ENDPOINTS
 from router.chat import read_json_body
-from router.errors import GatewayError, InvalidRequest, NotFound
 from router.files import Files, int_param, job_caller
-from router.gateway import Gateway
-from router.responses import JSONBytes
+from router.replies import JSONBytes
 
 _encode = msgspec.json.Encoder().encode
 WINDOW_SECONDS = {"24h": 24 * 3600}

@@ -10,14 +10,14 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from billing.store import Principal
-from router.deadlines import Deadlines
-from router.errors import GatewayError, PayloadTooLarge, RequestTimeout, UnsupportedMediaType
-from router.gateway import Gateway
-from router.pipeline import ChatPipeline, Started
-from router.responses import JSONBytes, LateSSE
-from router.sse import DONE, frame
-from router.stream import error_chunk, sse
-from router.wire import parse_chat_request
+from core.deadlines import Deadlines
+from core.errors import GatewayError, PayloadTooLarge, RequestTimeout, UnsupportedMediaType
+from core.sse import DONE, frame
+from core.wire import parse_chat_request
+from gateway.pipeline import ChatPipeline, Started
+from gateway.state import Gateway
+from gateway.stream import error_chunk, sse
+from router.replies import JSONBytes, LateSSE
 
 _encode = msgspec.json.Encoder().encode
 

@@ -16,65 +16,41 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from collections.abc import Awaitable, Callable
-from decimal import Decimal, InvalidOperation
-from typing import Any
 
-from billing.store import Store, StoreError, open_store
-from router.auth import generate_key, hash_key, key_hint
-from router.catalog import NANO, ConfigError
-from router.config import Settings, load_settings
+from billing.store import StoreError, with_store
+from core.catalog import ConfigError
+from core.config import Settings, load_settings
+from core.money import to_credits as nano_to_credits
+from core.money import to_nano
+from gateway.auth import new_key
 
 
 def credits_to_nano(text: str) -> int:
     try:
-        value = Decimal(text) * NANO
-    except InvalidOperation:
-        raise SystemExit(f"error: {text!r} is not an amount of credits") from None
-    if value != value.to_integral_value():
-        raise SystemExit(f"error: {text!r} has more than 9 decimals")
-    return int(value)
-
-
-def nano_to_credits(nano: int) -> str:
-    return format((Decimal(nano) / NANO).normalize(), "f")
-
-
-async def with_store(settings: Settings, action: Callable[[Store], Awaitable[Any]]) -> Any:
-    store = open_store(settings.store.url)
-    await store.open()
-    try:
-        return await action(store)
-    finally:
-        await store.close()
-
-
-async def new_key(store: Store, settings: Settings, group: str, name: str, spend_cap: int | None = None,
-                  models: list[str] | None = None, key: str | None = None) -> tuple[str, Any]:  # fmt: skip
-    key = key or generate_key(settings.server.key_prefix)
-    info = await store.create_key(group, name, hash_key(key), key_hint(key), spend_cap, models)
-    return key, info
+        return to_nano(text)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
 
 
 def _groups(args: argparse.Namespace, settings: Settings) -> None:
     if args.action == "create":
         amount = credits_to_nano(args.credits)
-        group = asyncio.run(with_store(settings, lambda s: s.create_group(args.name, amount)))
+        group = asyncio.run(with_store(settings.store.url, lambda s: s.create_group(args.name, amount)))
         print(f"group {group.name} (id {group.id}) created with {nano_to_credits(group.balance)} credits")
     elif args.action == "show":
-        group = asyncio.run(with_store(settings, lambda s: s.get_group(args.name)))
-        if group is None:
+        found = asyncio.run(with_store(settings.store.url, lambda s: s.get_group(args.name)))
+        if found is None:
             raise SystemExit(f"error: no group named {args.name!r}")
-        print(f"group     {group.name} (id {group.id})")
-        print(f"balance   {nano_to_credits(group.balance)} credits")
-        print(f"reserved  {nano_to_credits(group.reserved)} credits (calls in flight)")
-        print(f"spent     {nano_to_credits(group.spent)} credits")
+        print(f"group     {found.name} (id {found.id})")
+        print(f"balance   {nano_to_credits(found.balance)} credits")
+        print(f"reserved  {nano_to_credits(found.reserved)} credits (calls in flight)")
+        print(f"spent     {nano_to_credits(found.spent)} credits")
     elif args.action == "topup":
         amount = credits_to_nano(args.amount)
-        group = asyncio.run(with_store(settings, lambda s: s.topup(args.name, amount)))
+        group = asyncio.run(with_store(settings.store.url, lambda s: s.topup(args.name, amount)))
         print(f"group {group.name}: balance {nano_to_credits(group.balance)} credits")
     else:
-        groups = asyncio.run(with_store(settings, lambda s: s.list_groups()))
+        groups = asyncio.run(with_store(settings.store.url, lambda s: s.list_groups()))
         print(f"{'id':>4}  {'name':<24} {'balance':>16} {'reserved':>14} {'spent':>14}")
         for g in groups:
             print(f"{g.id:>4}  {g.name:<24} {nano_to_credits(g.balance):>16} {nano_to_credits(g.reserved):>14} {nano_to_credits(g.spent):>14}")
@@ -84,16 +60,16 @@ def _keys(args: argparse.Namespace, settings: Settings) -> None:
     if args.action == "create":
         cap = credits_to_nano(args.spend_cap) if args.spend_cap else None
         models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else None
-        key, info = asyncio.run(with_store(settings, lambda s: new_key(s, settings, args.group, args.name, cap, models)))
+        key, info = asyncio.run(with_store(settings.store.url, lambda s: new_key(s, settings, args.group, args.name, cap, models)))
         print(f"key {info.id} created in group {info.group_name}; it is shown once, store it now:")
         print(key)
     elif args.action == "revoke":
-        done = asyncio.run(with_store(settings, lambda s: s.revoke_key(args.id)))
+        done = asyncio.run(with_store(settings.store.url, lambda s: s.revoke_key(args.id)))
         if not done:
             raise SystemExit(f"error: no live key with id {args.id}")
         print(f"key {args.id} revoked")
     else:
-        keys = asyncio.run(with_store(settings, lambda s: s.list_keys(args.group)))
+        keys = asyncio.run(with_store(settings.store.url, lambda s: s.list_keys(args.group)))
         print(f"{'id':>4}  {'group':<16} {'name':<16} {'key':<22} {'status':<8} {'spent':>12}")
         for k in keys:
             status = "revoked" if k.revoked_at else "live"
@@ -103,7 +79,7 @@ def _keys(args: argparse.Namespace, settings: Settings) -> None:
 def _usage(args: argparse.Namespace, settings: Settings) -> None:
     import datetime
 
-    records = asyncio.run(with_store(settings, lambda s: s.usage(args.group, args.key, args.source, args.limit)))
+    records = asyncio.run(with_store(settings.store.url, lambda s: s.usage(args.group, args.key, args.source, args.limit)))
     print(f"{'time (UTC)':<19}  {'key':>4} {'source':<6} {'model':<34} {'in':>7} {'out':>7} {'credits':>14} {'status':<11}")
     for r in records:
         when = datetime.datetime.fromtimestamp(r.ts, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")

@@ -11,13 +11,12 @@ import os
 
 import msgspec
 
-from adapters.emulators.registry import start_emulators, stop_emulators
 from billing.store import Store, open_store
+from core.catalog import NANO
+from core.config import ProviderSettings, Settings
+from emulators.registry import start_emulators, stop_emulators
+from gateway.auth import hash_key, new_key
 from router.app import create_app
-from router.auth import hash_key
-from router.catalog import NANO
-from router.cli import new_key
-from router.config import ProviderSettings, Settings
 from router.serve import serve
 
 DEMO_GROUP = "demo"

@@ -20,13 +20,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from billing.store import Principal
+from core.deadlines import Deadlines
+from core.errors import InvalidRequest, NotFound, PayloadTooLarge, UnsupportedMediaType
+from gateway.state import Gateway
 from jobs.runner import JobRunner
 from jobs.store import FileRow, new_file_id
 from router.chat import principal_of, read_body
-from router.deadlines import Deadlines
-from router.errors import InvalidRequest, NotFound, PayloadTooLarge, UnsupportedMediaType
-from router.gateway import Gateway
-from router.responses import JSONBytes
+from router.replies import JSONBytes
 
 _encode = msgspec.json.Encoder().encode
 MULTIPART_SLACK = 64 * 1024  # bytes of multipart framing and form fields allowed beyond the file itself
@@ -70,7 +70,7 @@ async def job_caller(gw: Gateway, request: Request) -> tuple[Principal, JobRunne
         await gw.start()
     principal = await principal_of(gw, request)
     request.scope.setdefault("state", {})["caller"] = principal  # the access log's key and group
-    if gw.jobs is None:
+    if not isinstance(gw.jobs, JobRunner):
         raise NotFound("The Batch API is not enabled on this gateway.")
     return principal, gw.jobs
 

@@ -20,8 +20,9 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from router.gateway import Gateway
-from router.responses import JSONBytes
+from core import metrics
+from gateway.state import Gateway
+from router.replies import JSONBytes
 
 _encode = msgspec.json.Encoder().encode
 
@@ -129,3 +130,9 @@ class Readiness:
         return JSONBytes(
             _encode(details), status_code=200 if ready else 503, headers={"cache-control": "no-store"}
         )
+
+
+async def metrics_endpoint(request: Request) -> Response:
+    """``GET /metrics``."""
+    body, content_type = metrics.exposition(request.headers.get("accept"))
+    return Response(body, media_type=content_type)

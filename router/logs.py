@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 if TYPE_CHECKING:
-    from router.config import ObservabilitySettings
-    from router.types import Scope
+    from core.config import ObservabilitySettings
+    from core.types import Scope
 
 ACCESS = logging.getLogger("router.access")
 

@@ -2,7 +2,7 @@
 untouched.
 
 Every HTTP request gets an id (the caller's ``x-request-id`` if it sent a sane one), returned as the
-``x-request-id`` response header; it is counted in the metrics (router/metrics.py) and gets its
+``x-request-id`` response header; it is counted in the metrics (core/metrics.py) and gets its
 access-log line (router/logs.py) once the last byte is sent. SSE responses count as open streams
 while they are written.
 
@@ -24,9 +24,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 
-from router import logs, metrics
-from router.errors import GatewayError
-from router.types import ASGIApp, Message, Receive, Scope, Send, new_id
+from core import metrics
+from core.errors import GatewayError
+from core.types import ASGIApp, Message, Receive, Scope, Send, new_id
+from router import logs
 
 _SANE = re.compile(rb"^[A-Za-z0-9._:-]{1,128}$")
 _PROBES = frozenset({"/healthz", "/readyz", "/metrics"})  # answered probes and scrapes are not access-logged

@@ -9,11 +9,11 @@ from msgspec import UNSET
 from starlette.requests import Request
 from starlette.responses import Response
 
-from router.auth import may_use
-from router.catalog import NANO, Catalog, Model, not_found
-from router.gateway import Gateway
-from router.responses import JSONBytes
-from router.wire import ModelCard, ModelList, Pricing
+from core.catalog import NANO, Catalog, Model, not_found
+from core.wire import ModelCard, ModelList, Pricing
+from gateway.auth import may_use
+from gateway.state import Gateway
+from router.replies import JSONBytes
 
 _encode = msgspec.json.Encoder().encode
 

@@ -3,8 +3,8 @@
 Group p1 (OpenAI) speaks the Responses API itself: the body goes through to ``{base_url}/responses``
 (:mod:`adapters.openai_responses`), reserved before and settled after like a chat call, usage read from
 the final response. Every other group is translated: Responses → chat request
-(:mod:`router.responses_translate`) → the chat pipeline → a Response object, or, streamed, the event
-sequence p1 emits (:mod:`router.responses_events`). Usage records say endpoint ``responses``.
+(:mod:`gateway.responses_translate`) → the chat pipeline → a Response object, or, streamed, the event
+sequence p1 emits (:mod:`gateway.responses_events`). Usage records say endpoint ``responses``.
 """
 
 from __future__ import annotations
@@ -26,14 +26,13 @@ from adapters.base import UpstreamRequest, map_upstream_error
 from billing.ledger import Meter
 from billing.pricing import worst_case
 from billing.store import Principal, UsageRecord
-from router.catalog import Model
-from router.chat import begin_call
-from router.errors import GatewayError, InvalidRequest, UpstreamError
-from router.gateway import Gateway
-from router.pipeline import ChatPipeline, Started, open_upstream
-from router.responses import SSE, JSONBytes
-from router.responses_events import EventSynth
-from router.responses_translate import (
+from core.catalog import Model
+from core.errors import GatewayError, InvalidRequest, UpstreamError
+from core.sse import SSEDecoder, frame_event
+from core.wire import ChatRequest, ImagePart, ImageURL, Message
+from gateway.pipeline import ChatPipeline, Started, open_upstream
+from gateway.responses_events import EventSynth
+from gateway.responses_translate import (
     estimate_prompt,
     from_completion,
     image_urls,
@@ -41,9 +40,10 @@ from router.responses_translate import (
     shell,
     to_chat,
 )
-from router.sse import SSEDecoder, frame_event
-from router.stream import Outcome
-from router.wire import ChatRequest, ImagePart, ImageURL, Message
+from gateway.state import Gateway
+from gateway.stream import Outcome
+from router.chat import begin_call
+from router.replies import SSE, JSONBytes
 
 SAMPLING = frozenset({"temperature", "top_p", "top_logprobs"})  # the Responses API's sampling options
 NATIVE = frozenset({"openai"})  # provider prefixes whose upstream serves POST /responses itself

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config
 
-from router.types import ASGIApp
+from core.types import ASGIApp
 
 if TYPE_CHECKING:
-    from router.config import Settings
+    from core.config import Settings
 
 
 def hypercorn_config(host: str, port: int, graceful_timeout: float = 30.0, keep_alive_timeout: float = 75.0) -> Config:

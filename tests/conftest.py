@@ -16,12 +16,12 @@ from typing import Any, TypeVar
 import openai
 import pytest
 
-from adapters.emulators.registry import Running, start_emulators, stop_emulators
 from billing.store import Store, open_store
+from core.catalog import NANO
+from core.config import ReliabilitySettings, Settings, StoreSettings
+from emulators.registry import Running, start_emulators, stop_emulators
+from gateway.auth import new_key
 from router.app import create_app
-from router.catalog import NANO
-from router.cli import new_key
-from router.config import ReliabilitySettings, Settings, StoreSettings
 from router.demo import with_emulators
 from router.serve import hypercorn_config
 

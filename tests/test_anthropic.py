@@ -18,11 +18,11 @@ import pytest
 
 from adapters.anthropic import AnthropicAdapter, AnthropicStream, finish_reason, tool_choice
 from adapters.base import Call, UpstreamStreamError
-from router.catalog import Catalog
-from router.config import ResolvedProvider
-from router.errors import InvalidRequest, UpstreamError
-from router.sse import SSEDecoder
-from router.wire import parse_chat_request
+from core.catalog import Catalog
+from core.config import ResolvedProvider
+from core.errors import InvalidRequest, UpstreamError
+from core.sse import SSEDecoder
+from core.wire import parse_chat_request
 from tests.conftest import Stack
 
 FIXTURES = Path(__file__).parent / "fixtures" / "anthropic"

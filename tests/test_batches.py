@@ -28,11 +28,11 @@ import openai
 import pytest
 from aiohttp import web
 
-from adapters.emulators.common import serve as serve_emulator
-from adapters.emulators.registry import FACTORIES
 from billing.store import Store, open_store
+from core.config import JobsSettings, ReliabilitySettings, Settings, StoreSettings
+from emulators.common import serve as serve_emulator
+from emulators.registry import FACTORIES
 from jobs.store import BatchRow, FileRow, Final, JobStore, Line, Outcome, Tokens, open_job_store
-from router.config import JobsSettings, ReliabilitySettings, Settings, StoreSettings
 from tests.conftest import ADMIN_URL, Stack, free_port, pg_admin, run_sync
 from tests.test_crash import _cli, _serve
 

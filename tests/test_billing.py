@@ -12,8 +12,8 @@ import pytest
 
 from billing.pricing import cost, worst_case
 from billing.store import UsageRecord
-from router.catalog import NANO, Prices
-from router.wire import ChatRequest, TokenUsage
+from core.catalog import NANO, Prices
+from core.wire import ChatRequest, TokenUsage
 from tests.conftest import Stack
 
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from router.config import ConfigError, Settings, load_settings, parse_settings
+from core.config import ConfigError, Settings, load_settings, parse_settings
 
 
 def test_defaults_without_a_file(monkeypatch: pytest.MonkeyPatch) -> None:

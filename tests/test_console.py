@@ -29,8 +29,8 @@ from console import auth, charts, forms
 from console.app import Console
 from console.cli import store_password
 from console.queries import Filter, Queries, queries_for
-from router.catalog import ConfigError
-from router.config import ConsoleSettings, ReliabilitySettings, Settings, StoreSettings, parse_settings
+from core.catalog import ConfigError
+from core.config import ConsoleSettings, ReliabilitySettings, Settings, StoreSettings, parse_settings
 from tests.conftest import Raw, Stack
 
 TOKEN = "admin-token-for-tests-0123456789"

@@ -9,7 +9,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from router.config import LimitsSettings, ReliabilitySettings, ServerSettings, Settings, StoreSettings
+from core.config import LimitsSettings, ReliabilitySettings, ServerSettings, Settings, StoreSettings
 from tests.conftest import Stack, raw_request
 
 APP = "https://app.example"

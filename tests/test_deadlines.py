@@ -1,4 +1,4 @@
-"""router/deadlines.py: one timer for many deadlines, with asyncio.timeout's behaviour."""
+"""core/deadlines.py: one timer for many deadlines, with asyncio.timeout's behaviour."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from router.deadlines import Deadlines
+from core.deadlines import Deadlines
 
 
 async def test_a_passed_deadline_raises_timeout_error_within_a_tick() -> None:

@@ -12,9 +12,9 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Mount, Route
 
 from billing.store import open_store
+from core.config import Settings, StoreSettings
+from gateway.auth import new_key
 from router.app import create_app
-from router.cli import new_key
-from router.config import Settings, StoreSettings
 from router.serve import hypercorn_config
 from tests.conftest import Stack, free_port
 

@@ -201,7 +201,7 @@ def test_upstream_failure_mid_stream_is_an_sse_error_event(stack: Stack) -> None
 
 
 def test_upstream_credentials_rejected_blames_the_gateway(stack: Stack) -> None:
-    from router.config import ResolvedProvider
+    from core.config import ResolvedProvider
 
     gw = stack.gateway
     good = gw.providers["upstage"]
@@ -216,7 +216,7 @@ def test_upstream_credentials_rejected_blames_the_gateway(stack: Stack) -> None:
 
 
 def test_unreachable_upstream_is_503(stack: Stack) -> None:
-    from router.config import ResolvedProvider
+    from core.config import ResolvedProvider
     from tests.conftest import free_port
 
     gw = stack.gateway

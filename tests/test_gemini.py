@@ -20,11 +20,11 @@ from google.genai import types
 
 from adapters.base import Call, UpstreamStreamError
 from adapters.gemini import GeminiAdapter, GeminiStream, finish_reason, usage_from_gemini
-from router.catalog import Catalog
-from router.config import ResolvedProvider
-from router.errors import InvalidRequest, RateLimited, UpstreamError, UpstreamUnavailable
-from router.sse import Event, SSEDecoder
-from router.wire import parse_chat_request
+from core.catalog import Catalog
+from core.config import ResolvedProvider
+from core.errors import InvalidRequest, RateLimited, UpstreamError, UpstreamUnavailable
+from core.sse import Event, SSEDecoder
+from core.wire import parse_chat_request
 from tests.conftest import Stack
 
 FIXTURES = Path(__file__).parent / "fixtures" / "gemini"

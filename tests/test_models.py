@@ -5,7 +5,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from router.catalog import Catalog, ConfigError
+from core.catalog import Catalog, ConfigError
 from tests.conftest import Stack, raw_request
 
 

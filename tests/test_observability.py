@@ -16,9 +16,8 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from router import metrics
-from router.app import create_app
-from router.config import (
+from core import metrics
+from core.config import (
     GroupLimits,
     HealthSettings,
     LimitsSettings,
@@ -27,6 +26,7 @@ from router.config import (
     Settings,
     StoreSettings,
 )
+from router.app import create_app
 from router.health import Readiness
 from router.logs import JsonFormatter, TextFormatter
 from tests.conftest import Stack, free_port, raw_request

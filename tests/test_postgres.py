@@ -27,9 +27,9 @@ import asyncpg
 import openai
 import pytest
 
-from adapters.emulators.registry import Running, start_emulators, stop_emulators
 from billing.postgres import MIGRATIONS, PostgresStore, migrate, usable
 from billing.store import Refusal, Reservation, Store, StoreError, UsageRecord, open_store
+from emulators.registry import Running, start_emulators, stop_emulators
 from tests.conftest import ADMIN_URL, Stack, free_port, pg_admin, run_sync
 
 T = TypeVar("T")

@@ -22,11 +22,11 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from router.config import GroupLimits, LimitsSettings, ReliabilitySettings, Settings, StoreSettings
-from router.errors import RateLimited
-from router.ratelimit import NEVER, Bucket, duration, gcra
-from router.ratelimit_memory import MemoryBackend
-from router.ratelimit_redis import RedisBackend
+from core.config import GroupLimits, LimitsSettings, ReliabilitySettings, Settings, StoreSettings
+from core.errors import RateLimited
+from gateway.ratelimit import NEVER, Bucket, duration, gcra
+from gateway.ratelimit_memory import MemoryBackend
+from gateway.ratelimit_redis import RedisBackend
 from tests.conftest import ADMIN_URL, Stack, free_port, pg_admin, run_sync
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -128,10 +128,10 @@ async def test_redis_checks_are_atomic_under_concurrency(redis_prefix: str) -> N
 
 async def test_an_unreachable_redis_fails_open_or_closed_as_configured() -> None:
     from billing.store import Principal
-    from router.catalog import Catalog
-    from router.metrics import RATELIMIT_ERRORS
-    from router.ratelimit import RateLimiter
-    from router.wire import parse_chat_request
+    from core.catalog import Catalog
+    from core.metrics import RATELIMIT_ERRORS
+    from core.wire import parse_chat_request
+    from gateway.ratelimit import RateLimiter
 
     body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}).encode()
     _, req = parse_chat_request(body)
@@ -159,9 +159,9 @@ async def test_the_memory_fast_path_answers_as_the_general_path() -> None:
     """``MemoryBackend.admit_now`` (plain arithmetic, every admitted call) gives the same headers, and
     refuses the same calls, as the general path (Buckets → ``take`` → states), call after call."""
     from billing.store import Principal
-    from router.catalog import Catalog
-    from router.ratelimit import RateLimiter
-    from router.wire import parse_chat_request
+    from core.catalog import Catalog
+    from core.wire import parse_chat_request
+    from gateway.ratelimit import RateLimiter
 
     model = Catalog.load(None).resolve(MODEL)
     clock = [1000.0]
@@ -335,7 +335,7 @@ class Emulators:
     """The five emulators on their own event loop in a thread (the gateways are subprocesses)."""
 
     def __init__(self) -> None:
-        from adapters.emulators.registry import start_emulators
+        from emulators.registry import start_emulators
 
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="emulators", daemon=True)
@@ -343,7 +343,7 @@ class Emulators:
         self.running = asyncio.run_coroutine_threadsafe(start_emulators(), self.loop).result(30)
 
     def stop(self) -> None:
-        from adapters.emulators.registry import stop_emulators
+        from emulators.registry import stop_emulators
 
         asyncio.run_coroutine_threadsafe(stop_emulators(self.running), self.loop).result(30)
         self.loop.call_soon_threadsafe(self.loop.stop)

@@ -11,9 +11,9 @@ from typing import Any
 import openai
 import pytest
 
-from router.catalog import NANO
-from router.config import ReliabilitySettings, ResolvedProvider, Settings, StoreSettings
-from router.reliability import Breaker, Breakers, backoff
+from core.catalog import NANO
+from core.config import ReliabilitySettings, ResolvedProvider, Settings, StoreSettings
+from gateway.reliability import Breaker, Breakers, backoff
 from tests.conftest import Stack, free_port
 
 EXTRA = """

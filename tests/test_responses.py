@@ -17,12 +17,12 @@ import pytest
 from adapters.openai_responses import ResponsesRelay
 from billing.pricing import cost
 from billing.store import UsageRecord
-from router.catalog import NANO
-from router.errors import InvalidRequest
-from router.responses_events import EventSynth
-from router.responses_translate import shell, to_chat
-from router.sse import Event
-from router.wire import TokenUsage
+from core.catalog import NANO
+from core.errors import InvalidRequest
+from core.sse import Event
+from core.wire import TokenUsage
+from gateway.responses_events import EventSynth
+from gateway.responses_translate import shell, to_chat
 from tests.conftest import Stack, raw_request
 
 MODELS = [

@@ -1,4 +1,4 @@
-"""The stream path's pass-through of plain OpenAI chunks (router/stream.py ``Shaper.pass_through``)
+"""The stream path's pass-through of plain OpenAI chunks (gateway/stream.py ``Shaper.pass_through``)
 gives the caller exactly what the general path (translator → ``Shaper.shape``) gives: the same JSON,
 key order included, and the same state (role sent, finished choices, text kept for estimates)."""
 
@@ -12,10 +12,10 @@ import pytest
 
 from adapters import ADAPTERS
 from adapters.base import Call
-from router.catalog import Catalog
-from router.sse import Event
-from router.stream import Shaper
-from router.wire import parse_chat_request
+from core.catalog import Catalog
+from core.sse import Event
+from core.wire import parse_chat_request
+from gateway.stream import Shaper
 
 MODEL = "openai/gpt-4o-mini"
 HEAD = '{"id":"chatcmpl-up","object":"chat.completion.chunk","created":1700000000,"model":"gpt-4o-mini"'
@@ -107,7 +107,7 @@ SSE_INPUTS = [
 
 
 def events_of(data: bytes, cuts: list[int]) -> list[Event]:
-    from router.sse import SSEDecoder
+    from core.sse import SSEDecoder
 
     decoder = SSEDecoder()
     events: list[Event] = []

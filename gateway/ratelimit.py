@@ -11,8 +11,8 @@ arrival time (TAT); a bucket of ``limit`` per minute refills continuously at ``l
 second and holds at most ``limit``. A call passes only if every bucket has room, and then takes from
 all of them — all or nothing, atomically. Two backends implement that behind :class:`Backend`:
 
-    router.ratelimit_memory   one process (a dict of TATs on the event loop)
-    router.ratelimit_redis    several replicas sharing one Redis: one Lua script, one round trip
+    gateway.ratelimit_memory   one process (a dict of TATs on the event loop)
+    gateway.ratelimit_redis    several replicas sharing one Redis: one Lua script, one round trip
 
 Refused: 429 ``rate_limit_exceeded`` with ``Retry-After`` (and ``retry-after-ms``); admitted: the
 ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` headers of the tightest bucket of each kind.
@@ -34,19 +34,19 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from billing.pricing import input_ceiling, output_ceiling
 from billing.store import Principal
-from router import metrics
-from router.errors import RateLimited
-from router.types import Headers
+from core import metrics
+from core.errors import RateLimited
+from core.types import Headers
 
 if TYPE_CHECKING:
-    from router.catalog import Model
-    from router.config import LimitsSettings
-    from router.wire import ChatRequest
+    from core.catalog import Model
+    from core.config import LimitsSettings
+    from core.wire import ChatRequest
 
 PERIOD = 60.0  # seconds: the limits are per minute
 NEVER = math.inf  # retry_after of a call larger than the bucket itself
 
-log = logging.getLogger("router.ratelimit")
+log = logging.getLogger("gateway.ratelimit")
 
 
 class Bucket(NamedTuple):
@@ -65,7 +65,7 @@ def gcra(
     tat: float, now: float, limit: int, cost: int, period: float = PERIOD
 ) -> tuple[bool, float, BucketState]:
     """One bucket: (has room, TAT after taking ``cost``, state). The caller stores the new TAT only if
-    every bucket of the call has room. Mirrored in Lua by :mod:`router.ratelimit_redis`."""
+    every bucket of the call has room. Mirrored in Lua by :mod:`gateway.ratelimit_redis`."""
     interval = period / limit
     base = tat if tat > now else now
     new_tat = base + cost * interval
@@ -152,7 +152,7 @@ def duration(seconds: float) -> str:
 
 
 class RateLimiter:
-    """The admission check of :class:`router.pipeline.ChatPipeline` (design §3: limits → reserve)."""
+    """The admission check of :class:`gateway.pipeline.ChatPipeline` (design §3: limits → reserve)."""
 
     def __init__(self, settings: LimitsSettings, backend: Backend | None = None) -> None:
         self.settings = settings
@@ -164,7 +164,7 @@ class RateLimiter:
         self.backend = backend
         self._quotas: dict[str, Quota] = {}
         self._plans: dict[int, Plan] = {}
-        from router.ratelimit_memory import MemoryBackend
+        from gateway.ratelimit_memory import MemoryBackend
 
         self._local = self.backend if isinstance(self.backend, MemoryBackend) else None
 
@@ -292,9 +292,9 @@ def _warn(exc: Exception) -> None:
 
 def _backend(settings: LimitsSettings) -> Backend:
     if settings.redis_url:
-        from router.ratelimit_redis import RedisBackend
+        from gateway.ratelimit_redis import RedisBackend
 
         return RedisBackend(settings.redis_url, settings.redis_prefix, settings.redis_timeout)
-    from router.ratelimit_memory import MemoryBackend
+    from gateway.ratelimit_memory import MemoryBackend
 
     return MemoryBackend()

@@ -26,8 +26,8 @@ import msgspec
 
 from adapters.base import Call, StreamTranslator
 from billing.ledger import Meter
-from router.errors import GatewayError, UpstreamError
-from router.sse import DONE, SSEDecoder, frame
+from core.errors import GatewayError, UpstreamError
+from core.sse import DONE, SSEDecoder, frame
 
 _encode = msgspec.json.Encoder().encode
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from router.ratelimit import PERIOD, Backend, Bucket, BucketState, Plan, gcra, raw_headers
-from router.types import Headers
+from core.types import Headers
+from gateway.ratelimit import PERIOD, Backend, Bucket, BucketState, Plan, gcra, raw_headers
 
 SWEEP_EVERY = 4096  # takes between sweeps of full (expired) buckets
 

@@ -15,10 +15,10 @@ from typing import Literal
 
 import msgspec
 
-from router.errors import InvalidRequest, ModelNotFound
+from core.errors import InvalidRequest, ModelNotFound
+from core.money import NANO
 
 BUILTIN = Path(__file__).with_name("catalog.toml")
-NANO = 10**9  # balances and prices are integers of nano-credits
 
 
 class ConfigError(Exception):

@@ -15,8 +15,8 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 
 from starlette.responses import Response
 
-from router.errors import GatewayError
-from router.types import Headers, Receive, Scope, Send
+from core.errors import GatewayError
+from core.types import Headers, Receive, Scope, Send
 
 _JSON = (b"content-type", b"application/json")
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from adapters.emulators.common import serve
-from adapters.emulators.openai import OpenAIEmulator
+from emulators.common import serve
+from emulators.openai import OpenAIEmulator
 
 
 @dataclass
@@ -28,7 +28,7 @@ FACTORIES: dict[str, tuple[Callable[[str], object], str]] = {
     "mistral": (lambda key: OpenAIEmulator("mistral", key), "/v1"),
 }
 
-for _module, _prefix, _root in (("adapters.emulators.anthropic", "anthropic", "/v1"), ("adapters.emulators.gemini", "google", "/v1beta")):
+for _module, _prefix, _root in (("emulators.anthropic", "anthropic", "/v1"), ("emulators.gemini", "google", "/v1beta")):
     try:
         _mod = importlib.import_module(_module)
     except ModuleNotFoundError as _exc:

@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from adapters.emulators.common import (
+from emulators.common import (
     Directives,
     Flakiness,
     count_tokens,
@@ -22,7 +22,7 @@ from adapters.emulators.common import (
     reply_pieces,
     write_bytes,
 )
-from adapters.emulators.openai_responses import ResponsesHandler
+from emulators.openai_responses import ResponsesHandler
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode

@@ -20,8 +20,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from router.types import new_id as random_hex
-from router.wire import usage_from_openai
+from core.types import new_id as random_hex
+from core.wire import usage_from_openai
 
 INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
@@ -51,7 +51,7 @@ def _part(kind: str, text: str) -> dict[str, Any]:
 
 
 class EventSynth:
-    """Feed it the chat chunks of one answer (:mod:`router.stream` order), then ``finish()``."""
+    """Feed it the chat chunks of one answer (:mod:`gateway.stream` order), then ``finish()``."""
 
     def __init__(self, shell: dict[str, Any]) -> None:
         self.shell = shell  # the Response object without output (see responses_translate.shell)

@@ -6,7 +6,7 @@ JSON array), ``:countTokens``, and ``GET /v1beta/models[/{model}]``. It checks t
 (``x-goog-api-key`` or ``?key=``), rejects unknown request fields, wrong roles and empty parts as the
 real API does, and answers with ``usageMetadata`` running totals on every stream event.
 
-Directives are the common ones (``adapters.emulators.common``), plus ``[tool2]``: two parallel
+Directives are the common ones (``emulators.common``), plus ``[tool2]``: two parallel
 function calls when two functions are offered. A ``functionResponse`` in the last user turn is
 answered with "The tool returned: …". Thinking happens with ``[think]``, with
 ``thinkingConfig.includeThoughts``, and always on ``gemini-3`` models; thought parts are shown with
@@ -24,7 +24,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from adapters.emulators.common import (
+from emulators.common import (
     Directives,
     count_tokens,
     directives,

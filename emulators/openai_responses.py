@@ -1,11 +1,11 @@
 """Emulator of OpenAI's Responses API, ``POST /v1/responses`` (reference/providers.md §2), served by the
-``openai`` flavour of :class:`adapters.emulators.openai.OpenAIEmulator`.
+``openai`` flavour of :class:`emulators.openai.OpenAIEmulator`.
 
 It validates like the real API (unknown parameters, ``max_output_tokens`` ≥ 16, flat function tools,
 a ``function_call_output`` must answer a call it knows, ``previous_response_id`` must name a stored
 response), keeps responses in memory unless ``store: false``, answers with a real Response object or
 the typed event stream (``event:`` lines, ``sequence_number``, no ``[DONE]``), and takes the fault
-directives of :mod:`adapters.emulators.common`: ``[cut:N]`` drops the connection after N delta events,
+directives of :mod:`emulators.common`: ``[cut:N]`` drops the connection after N delta events,
 ``[midfail]`` ends with ``response.failed`` after the first delta, ``[malformed]`` breaks one event.
 Reasoning models (``o*``, ``gpt-5*``) and ``[think]`` put a reasoning item first.
 """
@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from adapters.emulators.common import (
+from emulators.common import (
     Directives,
     count_tokens,
     directives,

@@ -14,9 +14,11 @@ import hashlib
 import re
 import secrets
 import time
+from typing import Any
 
 from billing.store import Principal, Store
-from router.errors import Unauthorized
+from core.config import Settings
+from core.errors import Unauthorized
 
 
 def generate_key(prefix: str) -> str:
@@ -30,6 +32,14 @@ def hash_key(key: str) -> str:
 def key_hint(key: str) -> str:
     head, _, _ = key.partition("-v1-")
     return f"{head}-v1-...{key[-4:]}"
+
+
+async def new_key(store: Store, settings: Settings, group: str, name: str, spend_cap: int | None = None,
+                  models: list[str] | None = None, key: str | None = None) -> tuple[str, Any]:  # fmt: skip
+    """Issue a key for ``group``: the clear key (shown once) and the stored key's info."""
+    key = key or generate_key(settings.server.key_prefix)
+    info = await store.create_key(group, name, hash_key(key), key_hint(key), spend_cap, models)
+    return key, info
 
 
 def may_use(principal: Principal, model_id: str, asked: str) -> bool:

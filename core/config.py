@@ -29,7 +29,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from router.catalog import Catalog, ConfigError
+from core.catalog import Catalog, ConfigError
 
 
 class ServerSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -89,7 +89,7 @@ class GroupLimits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 class LimitsSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """Rate limits (router/ratelimit.py): requests and tokens per minute, per key and per group; 0 = none."""
+    """Rate limits (gateway/ratelimit.py): requests and tokens per minute, per key and per group; 0 = none."""
 
     key_rpm: PerMinute = 0
     key_tpm: PerMinute = 0

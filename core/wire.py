@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
-from router.errors import InvalidRequest
+from core.errors import InvalidRequest
 
 # ------------------------------------------------------------------ inbound: chat completion request
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -35,18 +35,6 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
-from starlette.requests import Request
-from starlette.responses import Response
-
-from adapters.transport import Transport
-from router.errors import GatewayError, UpstreamTimeout, UpstreamUnavailable
-
-if TYPE_CHECKING:
-    import aiohttp
-
-    from adapters.base import UpstreamRequest
-    from billing.store import UsageRecord
-    from router.config import ResolvedProvider
 
 REGISTRY = CollectorRegistry()
 ProcessCollector(registry=REGISTRY)
@@ -181,7 +169,19 @@ def request_done(endpoint: str, status: int, seconds: float) -> None:
     hist.observe(seconds)
 
 
-def call_settled(record: UsageRecord) -> None:
+class Settled(Protocol):
+    """What :func:`call_settled` reads of a usage record (billing.store.UsageRecord)."""
+
+    provider: str
+    model: str
+    prompt_tokens: int
+    completion_tokens: int
+    credits: int
+    status: str
+    ttft_ms: float | None
+
+
+def call_settled(record: Settled) -> None:
     """One call's usage record is complete (``Meter.finish``): tokens, credits, outcome, TTFT."""
     key = (record.provider, record.model)
     c = _calls.get(key)
@@ -229,31 +229,3 @@ def exposition(accept: str | None) -> tuple[bytes, str]:
     """The registry in the format the scraper asked for: (body, content type)."""
     encoder, content_type = choose_encoder(accept or "")
     return encoder(REGISTRY), content_type
-
-
-class ObservedTransport(Transport):
-    """The shared transport, counting failed upstream attempts (every attempt, retries included)."""
-
-    async def open(
-        self, request: UpstreamRequest, provider: ResolvedProvider, *args: Any, **kwargs: Any
-    ) -> aiohttp.ClientResponse:
-        try:
-            response = await super().open(request, provider, *args, **kwargs)
-        except UpstreamTimeout:
-            upstream_error(provider.prefix, "timeout")
-            raise
-        except UpstreamUnavailable:
-            upstream_error(provider.prefix, "connect")
-            raise
-        except GatewayError:
-            upstream_error(provider.prefix, "network")
-            raise
-        if response.status >= 400:
-            upstream_error(provider.prefix, response.status)
-        return response
-
-
-async def endpoint(request: Request) -> Response:
-    """``GET /metrics``."""
-    body, content_type = exposition(request.headers.get("accept"))
-    return Response(body, media_type=content_type)

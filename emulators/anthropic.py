@@ -5,7 +5,7 @@ Like the real API it wants ``x-api-key`` and ``anthropic-version``, requires ``m
 fields it does not know, roles other than user/assistant, empty content, unpaired ``tool_use`` /
 ``tool_result`` blocks, a prefill ending in whitespace and out-of-range sampling; it combines
 consecutive same-role turns, and emulates the prompt cache (a ``cache_control`` breakpoint over at
-least 1024 tokens is written once, then read). The common directives (``adapters.emulators.common``)
+least 1024 tokens is written once, then read). The common directives (``emulators.common``)
 drive faults, lengths, tool use and thinking.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from adapters.emulators.common import (
+from emulators.common import (
     Directives,
     count_tokens,
     directives,

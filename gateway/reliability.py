@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 import time
 
-from router.errors import GatewayError, RateLimited, UpstreamError, UpstreamTimeout, UpstreamUnavailable
+from core.errors import GatewayError, RateLimited, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 
 RETRY_STATUS = frozenset({429, 500, 502, 503, 504, 529})
 

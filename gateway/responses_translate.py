@@ -17,8 +17,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from router.errors import InvalidRequest
-from router.responses_events import EventSynth, new_id
+from core.errors import InvalidRequest
+from gateway.responses_events import EventSynth, new_id
 
 # request fields we translate, or accept as hints with no effect on a chat provider
 TRANSLATED = frozenset(

@@ -21,14 +21,14 @@ from adapters.base import Adapter, Call, UpstreamRequest
 from billing.ledger import Meter
 from billing.pricing import worst_case
 from billing.store import Principal, UsageRecord
-from router import metrics
-from router.auth import may_use
-from router.errors import GatewayError, InvalidRequest, PermissionDenied, UpstreamTimeout, UpstreamUnavailable
-from router.gateway import Gateway
-from router.reliability import backoff, breaker_failure, failover, retryable
-from router.stream import Shaper, chunks
-from router.types import Headers, new_id
-from router.wire import ChatRequest
+from core import metrics
+from core.errors import GatewayError, InvalidRequest, PermissionDenied, UpstreamTimeout, UpstreamUnavailable
+from core.types import Headers, new_id
+from core.wire import ChatRequest
+from gateway.auth import may_use
+from gateway.reliability import backoff, breaker_failure, failover, retryable
+from gateway.state import Gateway
+from gateway.stream import Shaper, chunks
 
 
 @dataclass(slots=True)
@@ -39,7 +39,7 @@ class Started:
     response: aiohttp.ClientResponse
     completion_id: str
     upstream_id: str | None
-    rate_headers: Headers | None = None  # x-ratelimit-* for the HTTP response (router/ratelimit.py)
+    rate_headers: Headers | None = None  # x-ratelimit-* for the HTTP response (gateway/ratelimit.py)
 
 
 _HEAD = frozenset({"id", "object", "created", "model", "choices", "usage"})
@@ -164,7 +164,7 @@ class ChatPipeline:
             return data
 
     def chunks(self, started: Started, raw: bool = False) -> AsyncGenerator[list[Any], None]:
-        """The stream's batches of chunks (router/stream.py ``chunks``; ``raw``: some may be
+        """The stream's batches of chunks (gateway/stream.py ``chunks``; ``raw``: some may be
         their JSON already, as ``bytes``, for a consumer that only encodes them)."""
         shaper = Shaper(started.call, started.completion_id, int(time.time()))
         translator = started.adapter.stream(started.call)
@@ -223,7 +223,7 @@ async def open_upstream(gw: Gateway, upstream: UpstreamRequest, provider: str,
                         to_error: Callable[[int, bytes, Mapping[str, str]], GatewayError],
                         deadline: float) -> aiohttp.ClientResponse:  # fmt: skip
     """Send ``upstream`` and return the response once its status is good, retrying what is worth
-    retrying (router/reliability.py) within ``deadline``, and keeping the provider's circuit breaker
+    retrying (gateway/reliability.py) within ``deadline``, and keeping the provider's circuit breaker
     informed. Before the first byte has gone to the caller, so a retry is invisible to it."""
     rel = gw.settings.reliability
     breaker = gw.breakers[provider]

@@ -7,22 +7,28 @@ mounted inside another application whose lifespan does not reach ours.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from adapters import ADAPTERS, Adapter
+from adapters.transport import ObservedTransport
 from billing.ledger import Ledger, LocalLedger
 from billing.sqlite import SQLiteStore
 from billing.store import Store, open_store
-from router.auth import Authenticator
-from router.config import ResolvedProvider, Settings
-from router.deadlines import Deadlines
-from router.errors import UpstreamUnavailable
-from router.metrics import ObservedTransport
-from router.ratelimit import RateLimiter
-from router.reliability import Breakers
+from core.config import ResolvedProvider, Settings
+from core.deadlines import Deadlines
+from core.errors import UpstreamUnavailable
+from gateway.auth import Authenticator
+from gateway.ratelimit import RateLimiter
+from gateway.reliability import Breakers
 
-if TYPE_CHECKING:
-    from jobs.runner import JobRunner
+
+class Service(Protocol):
+    """Something that runs beside the calls and starts and stops with the gateway (the batch runner,
+    set by the HTTP layer: ``router.app``)."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
 
 
 class Gateway:
@@ -46,7 +52,7 @@ class Gateway:
             adapter = ADAPTERS.get(spec.protocol)
             if adapter is not None:
                 self.adapters[prefix] = adapter(prefix, spec)
-        self.jobs: JobRunner | None = None  # the Batch API's runner (jobs/), set by create_app
+        self.jobs: Service | None = None  # the Batch API's runner (jobs/), set by create_app
         self.started = False
         self._lock = asyncio.Lock()
 

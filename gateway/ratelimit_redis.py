@@ -19,7 +19,7 @@ from typing import Any
 import redis.asyncio as redis
 from redis.exceptions import NoScriptError
 
-from router.ratelimit import NEVER, PERIOD, Backend, Bucket, BucketState
+from gateway.ratelimit import NEVER, PERIOD, Backend, Bucket, BucketState
 
 # KEYS[i]: the TAT of bucket i.  ARGV[1]: the period (µs); ARGV[2i], ARGV[2i+1]: limit, cost of bucket i.
 # Returns {ok, then per bucket: remaining, reset (µs), retry after (µs; -1 = never)}.
