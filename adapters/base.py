@@ -46,6 +46,7 @@ class Call:
 
 
 USER_AGENT = "model-router"  # sent upstream with every request (aiohttp's own otherwise)
+REASONING = "reasoning_content"  # where every adapter puts reasoning text, on a message or a delta
 
 
 class UpstreamRequest(NamedTuple):

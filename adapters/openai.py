@@ -14,15 +14,21 @@ from typing import Any
 
 import msgspec
 
-from adapters.base import USER_AGENT, Adapter, Call, StreamTranslator, UpstreamRequest, UpstreamStreamError
+from adapters.base import (
+    REASONING,
+    USER_AGENT,
+    Adapter,
+    Call,
+    StreamTranslator,
+    UpstreamRequest,
+    UpstreamStreamError,
+)
 from core.errors import UpstreamError
 from core.sse import Event
 from core.wire import TokenUsage, usage_from_openai
 
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
-
-REASONING = "reasoning_content"
 
 
 def _split_content(content: list[Any]) -> tuple[str, str]:

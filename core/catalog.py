@@ -11,7 +11,7 @@ import tomllib
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 import msgspec
 
@@ -25,6 +25,11 @@ class ConfigError(Exception):
     """A configuration or catalog file is wrong; the message names the file and the bad key."""
 
 
+# The wire protocols an upstream may speak; adapters.ADAPTERS has exactly one adapter for each.
+WireProtocol = Literal["openai", "anthropic", "gemini"]
+PROTOCOLS: tuple[str, ...] = get_args(WireProtocol)
+
+
 class PriceSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     input: str = "0"
     output: str = "0"
@@ -33,7 +38,7 @@ class PriceSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
 
 class ProviderSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    protocol: Literal["openai", "anthropic", "gemini"]
+    protocol: WireProtocol
     base_url: str
     api_key_env: str
     owned_by: str

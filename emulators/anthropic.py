@@ -5,7 +5,7 @@ Like the real API it wants ``x-api-key`` and ``anthropic-version``, requires ``m
 fields it does not know, roles other than user/assistant, empty content, unpaired ``tool_use`` /
 ``tool_result`` blocks, a prefill ending in whitespace and out-of-range sampling; it combines
 consecutive same-role turns, and emulates the prompt cache (a ``cache_control`` breakpoint over at
-least 1024 tokens is written once, then read). The common directives (``emulators.common``)
+least 1024 tokens is written once, then read). The common directives (``emulators.directives``)
 drive faults, lengths, tool use and thinking.
 """
 
@@ -19,19 +19,8 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from emulators.common import (
-    Directives,
-    count_tokens,
-    directives,
-    fake_arguments,
-    pause,
-    random_id,
-    reply_pieces,
-    write_bytes,
-)
-
-_encode = msgspec.json.Encoder().encode
-_decode = msgspec.json.Decoder().decode
+from emulators.common import Emulator, decode, encode, nth, pause, play, random_id
+from emulators.directives import Directives, count_tokens, directives, fake_arguments, reply_pieces
 
 # id -> (display name, max output tokens, created_at)
 MODELS = {
@@ -100,7 +89,7 @@ def _text(content: Any) -> str:
         elif kind == "tool_result":
             out.append(_text(block.get("content")))
         elif kind == "tool_use":
-            out.append(_encode(block.get("input", {})).decode())
+            out.append(encode(block.get("input", {})).decode())
     return " ".join(out)
 
 
@@ -345,9 +334,9 @@ def plan(body: dict[str, Any], turns: list[dict[str, Any]]) -> Reply:
         tool, forced = picked
         if not forced:  # left to choose, Claude says what it is about to do
             reply.segments.append(Segment("text", ["I'll", " use", f" {tool['name']}", "."]))
-        arguments = _encode(fake_arguments(tool.get("input_schema"))).decode()
+        arguments = encode(fake_arguments(tool.get("input_schema"))).decode()
         half = len(arguments) // 2
-        call = {"id": "toolu_01" + random_id(22), "name": tool["name"], "input": _decode(arguments)}
+        call = {"id": "toolu_01" + random_id(22), "name": tool["name"], "input": decode(arguments)}
         reply.segments.append(Segment("tool_use", ["", arguments[:half], arguments[half:]], call))
         reply.stop_reason = "tool_use"
         reply.output_tokens = len(thinking) + (4 if not forced else 0) + count_tokens(arguments) + 4
@@ -367,10 +356,10 @@ def _units(body: dict[str, Any], turns: list[dict[str, Any]]) -> list[tuple[byte
     """The prompt in cache order (tools, system, messages): (bytes, tokens, cache_control) per part."""
     out = []
     for tool in body.get("tools") or ():
-        raw = _encode(tool)
+        raw = encode(tool)
         out.append((raw, count_tokens(raw.decode()), tool.get("cache_control")))
     for part in [*_blocks(body.get("system")), *(b for turn in turns for b in turn["content"])]:
-        out.append((_encode(part), count_tokens(_text([part])), part.get("cache_control")))
+        out.append((encode(part), count_tokens(_text([part])), part.get("cache_control")))
     return out
 
 
@@ -378,15 +367,13 @@ def _units(body: dict[str, Any], turns: list[dict[str, Any]]) -> list[tuple[byte
 
 
 def sse(event: str, data: dict[str, Any]) -> bytes:
-    return b"event: " + event.encode() + b"\ndata: " + _encode(data) + b"\n\n"
+    return b"event: " + event.encode() + b"\ndata: " + encode(data) + b"\n\n"
 
 
-class AnthropicEmulator:
+class AnthropicEmulator(Emulator):
     def __init__(self, api_key: str = "emu-key") -> None:
-        self.api_key = api_key
-        self.requests: list[dict[str, Any]] = []  # last bodies received, for tests
+        super().__init__(api_key, max_body=32 * 1024 * 1024)
         self.cache: set[str] = set()  # prompt-cache prefixes written so far
-        self.app = web.Application(client_max_size=32 * 1024 * 1024)
         self.app.router.add_post("/v1/messages", self.messages)
         self.app.router.add_get("/v1/models", self.models)
 
@@ -395,7 +382,7 @@ class AnthropicEmulator:
         request_id = "req_011C" + random_id(20)
         body = {"type": "error", "error": {"type": ERROR_TYPES.get(status, "api_error"), "message": message},
                 "request_id": request_id}  # fmt: skip
-        return web.Response(status=status, body=_encode(body), content_type="application/json",
+        return web.Response(status=status, body=encode(body), content_type="application/json",
                             headers={"request-id": request_id, **(headers or {})})  # fmt: skip
 
     def fault(self, status: int) -> web.Response:
@@ -439,12 +426,12 @@ class AnthropicEmulator:
         if refused is not None:
             return refused
         try:
-            body = _decode(await request.read())
+            body = decode(await request.read())
         except msgspec.DecodeError:
             return self.error(400, "There was an error parsing the body of your request as JSON.")
         if not isinstance(body, dict):
             return self.error(400, "The request body must be a JSON object.")
-        self.requests = [*self.requests[-49:], body]
+        self.received(body)
         try:
             model, turns = check_request(body)
         except Rejected as exc:
@@ -464,7 +451,7 @@ class AnthropicEmulator:
         signature = "Eq" + random_id(40)
         message.update(content=[s.block(signature) for s in reply.segments], stop_reason=reply.stop_reason,
                        stop_sequence=reply.stop_sequence, usage={**usage, "output_tokens": reply.output_tokens})  # fmt: skip
-        return web.Response(body=_encode(message), content_type="application/json", headers=headers)
+        return web.Response(body=encode(message), content_type="application/json", headers=headers)
 
     def _usage(self, model: str, body: dict[str, Any], turns: list[dict[str, Any]]) -> dict[str, Any]:
         units = _units(body, turns)
@@ -522,26 +509,15 @@ class AnthropicEmulator:
                                                "Cache-Control": "no-cache", **headers})  # fmt: skip
         await response.prepare(request)
         d = reply.d
-        deltas = 0
-        try:
-            for i, (data, is_delta) in enumerate(self._events(reply, message, usage)):
-                if i > 0:
-                    await pause(d.delay_ms)
-                if d.malformed and is_delta and deltas == 0:
-                    data = b'event: content_block_delta\ndata: {"type": "content_block_delta", "index": 0, "delta": {\n\n'
-                await write_bytes(response, data, d.split)
-                deltas += is_delta
-                if d.midfail and deltas == 1:
-                    error = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
-                    await response.write(sse("error", error))
-                    return response
-                if d.cut is not None and deltas >= d.cut and is_delta:
-                    request.transport.close()  # type: ignore[union-attr]  # a cut, not a clean end
-                    return response
-            await response.write_eof()
-        except (ConnectionResetError, ConnectionError):
-            pass
+        events = self._events(reply, message, usage)
+        frames, deltas = [data for data, _ in events], [is_delta for _, is_delta in events]
+        first = nth(deltas, 1)
+        if d.malformed and first is not None:
+            frames[first - 1] = b'event: content_block_delta\ndata: {"type": "content_block_delta", "index": 0, "delta": {\n\n'
+        if d.midfail and first is not None:  # right after the first delta, so before any [cut:N]
+            error = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+            await play(request, response, frames, d, fail=(first, sse("error", error)))
+        else:
+            await play(request, response, frames, d, nth(deltas, max(d.cut, 1)) if d.cut is not None else None)
         return response
 
-
-EMULATOR = AnthropicEmulator

@@ -6,7 +6,7 @@ JSON array), ``:countTokens``, and ``GET /v1beta/models[/{model}]``. It checks t
 (``x-goog-api-key`` or ``?key=``), rejects unknown request fields, wrong roles and empty parts as the
 real API does, and answers with ``usageMetadata`` running totals on every stream event.
 
-Directives are the common ones (``emulators.common``), plus ``[tool2]``: two parallel
+Directives are the common ones (``emulators.directives``), plus ``[tool2]``: two parallel
 function calls when two functions are offered. A ``functionResponse`` in the last user turn is
 answered with "The tool returned: …". Thinking happens with ``[think]``, with
 ``thinkingConfig.includeThoughts``, and always on ``gemini-3`` models; thought parts are shown with
@@ -24,19 +24,8 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from emulators.common import (
-    Directives,
-    count_tokens,
-    directives,
-    fake_arguments,
-    pause,
-    random_id,
-    reply_pieces,
-    write_bytes,
-)
-
-_encode = msgspec.json.Encoder().encode
-_decode = msgspec.json.Decoder().decode
+from emulators.common import Emulator, decode, encode, pause, play, random_id
+from emulators.directives import Directives, count_tokens, directives, fake_arguments, reply_pieces
 
 ROOT = "/v1beta"
 THOUGHT = ["Let", " me", " think", "."]
@@ -95,7 +84,7 @@ def error(code: int, message: str, status: str, details: list[dict[str, Any]] | 
     err: dict[str, Any] = {"code": code, "message": message, "status": status}
     if details:
         err["details"] = details
-    return web.Response(status=code, body=_encode({"error": err}), content_type="application/json")
+    return web.Response(status=code, body=encode({"error": err}), content_type="application/json")
 
 
 def fault(status: int) -> web.Response:
@@ -164,7 +153,7 @@ def _tokens(part: Any) -> int:
     if get(part, "inlineData") or get(part, "fileData"):
         return IMAGE_TOKENS
     data = get(part, "functionCall") or get(part, "functionResponse")
-    return count_tokens(_encode(data).decode()) if data else 0
+    return count_tokens(encode(data).decode()) if data else 0
 
 
 def _schema(declaration: dict[str, Any]) -> dict[str, Any]:
@@ -190,7 +179,7 @@ def _tool_result(responses: list[dict[str, Any]]) -> str:
             if isinstance(response, dict) and len(response) == 1
             else None
         )
-        out.append(value if isinstance(value, str) else _encode(response).decode())
+        out.append(value if isinstance(value, str) else encode(response).decode())
     return "The tool returned: " + "; ".join(out)
 
 
@@ -225,7 +214,7 @@ class Plan:
         return [{"inlineData": {"mimeType": "image/png", "data": PIXEL}}] * self.images
 
     def call_tokens(self) -> int:
-        return sum(count_tokens(_encode(c).decode()) + 4 for c in self.calls)
+        return sum(count_tokens(encode(c).decode()) + 4 for c in self.calls)
 
     def usage(self, candidates: int) -> dict[str, Any]:
         usage: dict[str, Any] = {"promptTokenCount": self.prompt_tokens}
@@ -307,11 +296,9 @@ class Plan:
         return out
 
 
-class GeminiEmulator:
+class GeminiEmulator(Emulator):
     def __init__(self, api_key: str = "emu-key") -> None:
-        self.api_key = api_key
-        self.requests: list[dict[str, Any]] = []  # last bodies received, for tests
-        self.app = web.Application(client_max_size=64 * 1024 * 1024)
+        super().__init__(api_key, max_body=64 * 1024 * 1024)
         self.app.router.add_post(ROOT + "/models/{target}", self.post)
         self.app.router.add_get(ROOT + "/models", self.list_models)
         self.app.router.add_get(ROOT + "/models/{target}", self.get_model)
@@ -459,12 +446,12 @@ class GeminiEmulator:
         if denied is not None:
             return denied
         try:
-            body = _decode(await request.read())
+            body = decode(await request.read())
         except msgspec.DecodeError as exc:
             return error(400, f"Invalid JSON payload received. {exc}", "INVALID_ARGUMENT")
         if not isinstance(body, dict):
             return error(400, "Invalid JSON payload received. Expected an object.", "INVALID_ARGUMENT")
-        self.requests = [*self.requests[-49:], body]
+        self.received(body)
         if method == "countTokens" and isinstance(get(body, "generateContentRequest"), dict):
             body = get(body, "generateContentRequest")
         if model not in MODELS and not _MODEL_NAME.fullmatch(model):
@@ -495,36 +482,23 @@ class GeminiEmulator:
             return web.Response(
                 body=b'{"candidates": [{"content": {"parts": [{"text": "br', content_type="application/json"
             )
-        return web.Response(body=_encode(plan.response()), content_type="application/json")
+        return web.Response(body=encode(plan.response()), content_type="application/json")
 
     async def _stream(self, request: web.Request, plan: Plan, sse: bool) -> web.StreamResponse:
         ctype = "text/event-stream" if sse else "application/json"
         response = web.StreamResponse(headers={"Content-Type": ctype, "Cache-Control": "no-cache"})
         await response.prepare(request)
         d = plan.d
-        events = [_encode(chunk) for chunk in plan.chunks()]
-        try:
-            for i, data in enumerate(events):
-                if i > 0:
-                    await pause(d.delay_ms)
-                if d.midfail and i == 1:
-                    await response.write(
-                        b"data: " + MIDFAIL + b"\r\n\r\n" if sse else b",\r\n" + MIDFAIL + b"]"
-                    )
-                    return response
-                if d.malformed and i == 1:
-                    data = b'{"candidates": [{"content": {"parts": [{"te'
-                if sse:
-                    data = b"data: " + data + b"\r\n\r\n"
-                else:
-                    data = (b"[" if i == 0 else b",\r\n") + data + (b"]" if i == len(events) - 1 else b"")
-                await write_bytes(response, data, d.split)
-                if d.cut is not None and i + 1 >= d.cut:
-                    request.transport.close()  # type: ignore[union-attr]  # a cut, not a clean end
-                    return response
-            await response.write_eof()
-        except (ConnectionResetError, ConnectionError):
-            pass
+        events = [encode(chunk) for chunk in plan.chunks()]
+        if d.malformed and len(events) > 1:
+            events[1] = b'{"candidates": [{"content": {"parts": [{"te'
+        if sse:
+            frames = [b"data: " + data + b"\r\n\r\n" for data in events]
+        else:
+            frames = [(b"[" if i == 0 else b",\r\n") + data + (b"]" if i == len(events) - 1 else b"")
+                      for i, data in enumerate(events)]  # fmt: skip
+        fail = (1, b"data: " + MIDFAIL + b"\r\n\r\n" if sse else b",\r\n" + MIDFAIL + b"]") if d.midfail else None
+        await play(request, response, frames, d, d.cut, fail)
         return response
 
 
@@ -578,5 +552,3 @@ def _missing_signature(contents: list[dict[str, Any]]) -> str | None:
             )
     return None
 
-
-EMULATOR = GeminiEmulator

@@ -11,21 +11,9 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from emulators.common import (
-    Directives,
-    Flakiness,
-    count_tokens,
-    directives,
-    fake_arguments,
-    pause,
-    random_id,
-    reply_pieces,
-    write_bytes,
-)
+from emulators.common import Emulator, decode, encode, pause, play, random_id
+from emulators.directives import Directives, Flakiness, count_tokens, directives, fake_arguments, reply_pieces
 from emulators.openai_responses import ResponsesHandler
-
-_encode = msgspec.json.Encoder().encode
-_decode = msgspec.json.Decoder().decode
 
 MISTRAL_FIELDS = {
     "model", "messages", "temperature", "top_p", "max_tokens", "stream", "stop", "random_seed", "response_format",
@@ -47,15 +35,13 @@ def _text(content: Any) -> str:
     return ""
 
 
-class OpenAIEmulator:
+class OpenAIEmulator(Emulator):
     def __init__(self, flavour: str = "openai", api_key: str = "emu-key") -> None:
         assert flavour in ("openai", "upstage", "mistral")
+        super().__init__(api_key, max_body=64 * 1024 * 1024)
         self.flavour = flavour
-        self.api_key = api_key
-        self.requests: list[dict[str, Any]] = []  # last bodies received, for tests
         self.streams: list[tuple[str, int]] = []  # ("complete" | "disconnected", events written)
         self.flakiness = Flakiness()
-        self.app = web.Application(client_max_size=64 * 1024 * 1024)
         self.app.router.add_post("/v1/chat/completions", self.chat)
         self.app.router.add_get("/v1/models", self.models)
         if flavour == "openai":  # only OpenAI serves the Responses API
@@ -68,7 +54,7 @@ class OpenAIEmulator:
             body: dict[str, Any] = {"object": "error", "message": message, "type": type_, "param": None, "code": code}
         else:
             body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
-        return web.Response(status=status, body=_encode(body), content_type="application/json", headers=headers)
+        return web.Response(status=status, body=encode(body), content_type="application/json", headers=headers)
 
     def fault(self, status: int) -> web.Response:
         if status == 402:  # out of credit: a 429 that is not a rate limit
@@ -100,7 +86,7 @@ class OpenAIEmulator:
             extra = sorted(set(body) - MISTRAL_FIELDS)
             if extra:
                 detail = [{"type": "extra_forbidden", "loc": ["body", f], "msg": "Extra inputs are not permitted"} for f in extra]
-                return web.Response(status=422, body=_encode({"detail": detail}), content_type="application/json")
+                return web.Response(status=422, body=encode({"detail": detail}), content_type="application/json")
             for message in body["messages"]:
                 ids = [c.get("id", "") for c in message.get("tool_calls") or []]
                 if message.get("role") == "tool":
@@ -141,7 +127,7 @@ class OpenAIEmulator:
         cap = body.get("max_completion_tokens") or body.get("max_tokens")
         tools = body.get("tools") or []
         if tools:  # tool definitions are billed as input, as OpenAI counts them
-            prompt_tokens += count_tokens(_encode(tools).decode())
+            prompt_tokens += count_tokens(encode(tools).decode())
         choice = body.get("tool_choice")
         tool_call = None
         if tools and messages[-1].get("role") != "tool" and (d.tool or choice in ("required", "any") or isinstance(choice, dict)):
@@ -150,7 +136,7 @@ class OpenAIEmulator:
                 fn = next((t["function"] for t in tools if t.get("function", {}).get("name") == choice.get("function", {}).get("name")), fn)
             call_id = random_id(9) if self.flavour == "mistral" else "call_" + random_id(24)
             tool_call = {"id": call_id, "type": "function",
-                         "function": {"name": fn.get("name", "tool"), "arguments": _encode(fake_arguments(fn.get("parameters"))).decode()}}  # fmt: skip
+                         "function": {"name": fn.get("name", "tool"), "arguments": encode(fake_arguments(fn.get("parameters"))).decode()}}  # fmt: skip
             custom = tools[0].get("custom") if tools[0].get("type") == "custom" else None
             if isinstance(choice, dict) and choice.get("type") == "custom":
                 custom = next((t["custom"] for t in tools if t.get("custom", {}).get("name") == choice.get("custom", {}).get("name")), custom)
@@ -168,12 +154,12 @@ class OpenAIEmulator:
             return self.error(401, "Incorrect API key provided.", "invalid_request_error", "invalid_api_key")
         raw = await request.read()
         try:
-            body = _decode(raw)
+            body = decode(raw)
         except msgspec.DecodeError:
             return self.error(400, "We could not parse the JSON body of your request.", "invalid_request_error")
         if not isinstance(body, dict):
             return self.error(400, "The body must be a JSON object.", "invalid_request_error")
-        self.requests = [*self.requests[-49:], body]
+        self.received(body)
         invalid = self._validate(body)
         if invalid is not None:
             return invalid
@@ -223,7 +209,7 @@ class OpenAIEmulator:
         if self.flavour == "openai":
             out["system_fingerprint"] = "fp_emulator"
             out["service_tier"] = "default"
-        return web.Response(body=_encode(out), content_type="application/json", headers={"x-request-id": "req_" + random_id(16)})
+        return web.Response(body=encode(out), content_type="application/json", headers={"x-request-id": "req_" + random_id(16)})
 
     async def _stream(self, request: web.Request, body: dict[str, Any], d: Directives, cid: str, created: int,
                       pieces: list[str], thinking: list[str], finish: str, tool_call: dict[str, Any] | None,
@@ -243,7 +229,7 @@ class OpenAIEmulator:
                 chunk["usage"] = last_usage
             elif mistral and last_usage is not None:
                 chunk["usage"] = last_usage
-            return b"data: " + _encode(chunk) + b"\n\n"
+            return b"data: " + encode(chunk) + b"\n\n"
 
         events: list[bytes] = [event({"role": "assistant", "content": ""})]
         for piece in thinking:
@@ -268,23 +254,10 @@ class OpenAIEmulator:
             if include_usage:
                 events.append(event(None, last_usage=usage, empty=True))
         events.append(b"data: [DONE]\n\n")
-        content_events = 0
-        try:
-            for i, data in enumerate(events):
-                if i > 0:
-                    await pause(d.delay_ms)
-                if d.malformed and i == 2:
-                    data = b'data: {"id": "broken", "choices": [\n\n'
-                if d.midfail and i == 2:
-                    await response.write(b'data: {"error": {"message": "The server had an error while processing your request.", "type": "server_error", "param": null, "code": null}}\n\n')
-                    return response
-                await write_bytes(response, data, d.split)
-                content_events += 1
-                if d.cut is not None and content_events > d.cut:
-                    request.transport.close()  # type: ignore[union-attr]  # a cut, not a clean end
-                    return response
-            await response.write_eof()
-            self.streams = [*self.streams[-49:], ("complete", content_events)]
-        except (ConnectionResetError, ConnectionError):
-            self.streams = [*self.streams[-49:], ("disconnected", content_events)]
+        if d.malformed and len(events) > 2:
+            events[2] = b'data: {"id": "broken", "choices": [\n\n'
+        fail = (2, b'data: {"error": {"message": "The server had an error while processing your request.", "type": "server_error", "param": null, "code": null}}\n\n') if d.midfail else None
+        ended, written = await play(request, response, events, d, d.cut + 1 if d.cut is not None else None, fail)
+        if ended in ("complete", "disconnected"):
+            self.streams = [*self.streams[-49:], (ended, written)]
         return response

@@ -5,7 +5,7 @@ It validates like the real API (unknown parameters, ``max_output_tokens`` ≥ 16
 a ``function_call_output`` must answer a call it knows, ``previous_response_id`` must name a stored
 response), keeps responses in memory unless ``store: false``, answers with a real Response object or
 the typed event stream (``event:`` lines, ``sequence_number``, no ``[DONE]``), and takes the fault
-directives of :mod:`emulators.common`: ``[cut:N]`` drops the connection after N delta events,
+directives of :mod:`emulators.directives`: ``[cut:N]`` drops the connection after N delta events,
 ``[midfail]`` ends with ``response.failed`` after the first delta, ``[malformed]`` breaks one event.
 Reasoning models (``o*``, ``gpt-5*``) and ``[think]`` put a reasoning item first.
 """
@@ -16,24 +16,16 @@ import secrets
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from aiohttp import web
 
-from emulators.common import (
-    Directives,
-    count_tokens,
-    directives,
-    fake_arguments,
-    pause,
-    random_id,
-    reply_pieces,
-    write_bytes,
-)
+from emulators.common import decode, encode, nth, pause, play, random_id
+from emulators.directives import Directives, count_tokens, directives, fake_arguments, reply_pieces
 
-_encode = msgspec.json.Encoder().encode
-_decode = msgspec.json.Decoder().decode
+if TYPE_CHECKING:
+    from emulators.openai import OpenAIEmulator
 
 KNOWN = frozenset(
     """model input instructions max_output_tokens max_tool_calls temperature top_p tools tool_choice
@@ -83,7 +75,7 @@ class Plan:
 class ResponsesHandler:
     """``emulator`` is the OpenAIEmulator that owns the app: its key, error envelope, request log."""
 
-    def __init__(self, emulator: Any) -> None:
+    def __init__(self, emulator: OpenAIEmulator) -> None:
         self.emu = emulator
         self.stored: OrderedDict[str, dict[str, Any]] = OrderedDict()  # id → {"tokens", "call_ids"}
 
@@ -243,12 +235,13 @@ class ResponsesHandler:
             return None
         if not (d.tool or choice == "required" or named):
             return None
-        tool = next((t for t in tools if named and t["name"] == choice.get("name")), tools[0])  # type: ignore[union-attr]
+        wanted = choice.get("name") if isinstance(choice, dict) else None
+        tool = next((t for t in tools if named and t["name"] == wanted), tools[0])
         return {
             "id": _rid("fc"),
             "type": "function_call",
             "status": "completed",
-            "arguments": _encode(fake_arguments(tool.get("parameters"))).decode(),
+            "arguments": encode(fake_arguments(tool.get("parameters"))).decode(),
             "call_id": "call_" + random_id(24),
             "name": tool["name"],
         }
@@ -301,14 +294,14 @@ class ResponsesHandler:
         if request.headers.get("Authorization") != f"Bearer {emu.api_key}":
             return emu.error(401, "Incorrect API key provided.", "invalid_request_error", "invalid_api_key")
         try:
-            body = _decode(await request.read())
+            body = decode(await request.read())
         except msgspec.DecodeError:
             return emu.error(
                 400, "We could not parse the JSON body of your request.", "invalid_request_error"
             )
         if not isinstance(body, dict):
             return emu.error(400, "The body must be a JSON object.", "invalid_request_error")
-        emu.requests = [*emu.requests[-49:], body]
+        emu.received(body)
         try:
             items = self._validate(body)
             plan = self._plan(body, items, self._check_chain(body, items))
@@ -316,7 +309,7 @@ class ResponsesHandler:
             return web.Response(
                 status=exc.status,
                 content_type="application/json",
-                body=_encode(
+                body=encode(
                     {
                         "error": {
                             "message": exc.message,
@@ -345,7 +338,7 @@ class ResponsesHandler:
         if plan.d.malformed:
             return web.Response(body=b'{"id": "resp_broken", "output": [', content_type="application/json")
         return web.Response(
-            body=_encode(self._final(response, plan)), content_type="application/json", headers=headers
+            body=encode(self._final(response, plan)), content_type="application/json", headers=headers
         )
 
     # -- streaming ------------------------------------------------------------------------------
@@ -373,30 +366,20 @@ class ResponsesHandler:
             }
         )
         await out.prepare(request)
-        d, deltas, written = plan.d, 0, 0
-        try:
-            for event in self._events(response, plan):
-                if written:
-                    await pause(d.delay_ms)
-                is_delta = event["type"].endswith(".delta")
-                if is_delta and d.midfail and deltas == 1:
-                    await out.write(self._failed(response, event["sequence_number"]))
-                    return out
-                data = _encode(event)
-                if is_delta and d.malformed and deltas == 0:
-                    data = data[: len(data) // 2]
-                await write_bytes(
-                    out, b"event: " + event["type"].encode() + b"\ndata: " + data + b"\n\n", d.split
-                )
-                written += 1
-                deltas += is_delta
-                if is_delta and d.cut is not None and deltas >= d.cut:
-                    request.transport.close()  # type: ignore[union-attr]  # a cut, not a clean end
-                    return out
-            await out.write_eof()
-            self.emu.streams = [*self.emu.streams[-49:], ("complete", written)]
-        except (ConnectionResetError, ConnectionError):
-            self.emu.streams = [*self.emu.streams[-49:], ("disconnected", written)]
+        d, events = plan.d, self._events(response, plan)
+        deltas = [event["type"].endswith(".delta") for event in events]
+        frames: list[bytes] = []
+        for event, is_delta in zip(events, deltas, strict=True):
+            data = encode(event)
+            if is_delta and d.malformed and not any(deltas[: len(frames)]):
+                data = data[: len(data) // 2]
+            frames.append(b"event: " + event["type"].encode() + b"\ndata: " + data + b"\n\n")
+        second = nth(deltas, 2)
+        fail = (second - 1, self._failed(response, events[second - 1]["sequence_number"])) if d.midfail and second else None
+        cut_after = nth(deltas, max(d.cut, 1)) if d.cut is not None else None
+        ended, written = await play(request, out, frames, d, cut_after, fail)
+        if ended in ("complete", "disconnected"):
+            self.emu.streams = [*self.emu.streams[-49:], (ended, written)]
         return out
 
     def _failed(self, response: dict[str, Any], sequence: int) -> bytes:
@@ -406,7 +389,7 @@ class ResponsesHandler:
             "sequence_number": sequence,
             "response": {**response, "status": "failed", "error": error},
         }
-        return b"event: response.failed\ndata: " + _encode(event) + b"\n\n"
+        return b"event: response.failed\ndata: " + encode(event) + b"\n\n"
 
 
 def _item_events(index: int, item: dict[str, Any], pieces: list[str]) -> list[dict[str, Any]]:

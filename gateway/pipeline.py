@@ -202,7 +202,7 @@ class _Attempt:
             stream=stream,
             include_usage=bool(stream and req.stream_options and req.stream_options.include_usage),
         )
-        adapter = gw.adapter(model.provider)
+        adapter = gw.adapters[model.provider]
         upstream = adapter.build_request(call)
         # (rate limits were checked once per call, in start(), before the first attempt)
         reservation = await gw.ledger.reserve(

@@ -9,14 +9,13 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol
 
-from adapters import ADAPTERS, Adapter
+from adapters import Adapter, adapter_for
 from adapters.transport import ObservedTransport
 from billing.ledger import Ledger, LocalLedger
 from billing.sqlite import SQLiteStore
 from billing.store import Store, open_store
 from core.config import ResolvedProvider, Settings
 from core.deadlines import Deadlines
-from core.errors import UpstreamUnavailable
 from gateway.auth import Authenticator
 from gateway.ratelimit import RateLimiter
 from gateway.reliability import Breakers
@@ -45,24 +44,14 @@ class Gateway:
         rel = settings.reliability
         self.breakers = Breakers(rel.breaker_threshold, rel.breaker_cooldown)
         self.auth = Authenticator(self.store, settings.server.key_prefix, settings.server.auth_cache_seconds)
-        self.adapters: dict[str, Adapter] = {}
+        self.adapters: dict[str, Adapter] = {}  # provider prefix → its adapter (every provider has one)
         self.providers: dict[str, ResolvedProvider] = {}
         for prefix, spec in self.catalog.providers.items():
             self.providers[prefix] = settings.provider(prefix, self.catalog)
-            adapter = ADAPTERS.get(spec.protocol)
-            if adapter is not None:
-                self.adapters[prefix] = adapter(prefix, spec)
+            self.adapters[prefix] = adapter_for(prefix, spec)
         self.jobs: Service | None = None  # the Batch API's runner (jobs/), set by create_app
         self.started = False
         self._lock = asyncio.Lock()
-
-    def adapter(self, provider: str) -> Adapter:
-        adapter = self.adapters.get(provider)
-        if adapter is None:
-            raise UpstreamUnavailable(
-                f"No adapter for the provider '{provider}' is installed in this gateway.", code="no_adapter"
-            )
-        return adapter
 
     async def start(self) -> None:
         async with self._lock:

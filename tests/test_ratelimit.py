@@ -453,7 +453,7 @@ def test_two_gateways_share_one_allowance_through_redis(tmp_path: Path, redis_pr
         remaining = [headers.get("x-ratelimit-remaining-requests") for _, headers in results]
         assert remaining == ["3", "2", "1", "0", "0", "0", "0"]  # one count across both processes
         assert all(13 <= int(h["retry-after"]) <= 15 for _, h in results[4:])  # rpm 4: one every 15 s
-        upstream = emulators.running["openai"].emulator.requests  # type: ignore[attr-defined]
+        upstream = emulators.running["openai"].emulator.requests
         assert sum(1 for body in upstream if marker in json.dumps(body)) == 4
         ids = {h["x-request-id"] for _, h in results}
     finally:

@@ -1,38 +1,30 @@
-"""The Anthropic Messages protocol (p2: ``anthropic/...``, also ``claude/...``).
+"""Anthropic Messages, the request: an OpenAI chat call → the body of ``POST {base_url}/messages``.
 
-OpenAI chat request → ``POST {base_url}/messages``: system and developer messages are lifted to the
-top-level ``system``; ``tool`` messages become ``tool_result`` blocks of a user turn; consecutive
-same-role turns are merged (tool results first); ``max_tokens`` is always sent; temperature is clamped
-to 0..1. The answer (JSON or the ``event:`` stream) comes back as OpenAI chat completion (chunks):
-``tool_use`` blocks become ``tool_calls`` (numbered by their own counter, not the block index),
-``thinking`` blocks become ``reasoning_content``, and usage counts the cached prompt parts in.
+System and developer messages are lifted to the top-level ``system``; ``tool`` messages become
+``tool_result`` blocks of a user turn; consecutive same-role turns are merged (tool results first);
+``max_tokens`` is always sent; temperature is clamped to 0..1; ``reasoning_effort`` becomes extended
+thinking; ``response_format`` becomes a tool the model must call (JSON mode). Wire facts:
+docs/providers.md, Anthropic.
 """
 
 from __future__ import annotations
 
 import base64
 import re
-import time
-from collections.abc import Callable
 from typing import Any
 
 import msgspec
 
-from adapters import register
-from adapters.base import USER_AGENT, Adapter, Call, StreamTranslator, UpstreamRequest, UpstreamStreamError
-from core.errors import InvalidRequest, UpstreamError
-from core.sse import Event
-from core.wire import ChatRequest, FilePart, ImagePart, Message, RefusalPart, TextPart, TokenUsage, ToolCall
+from adapters.base import USER_AGENT, Call, UpstreamRequest
+from core.errors import InvalidRequest
+from core.wire import ChatRequest, FilePart, ImagePart, Message, RefusalPart, TextPart, ToolCall
 
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
 
 VERSION = "2023-06-01"
 DEFAULT_MAX_TOKENS = 4096
-REASONING = "reasoning_content"
 FIRST_TURN = "."  # Anthropic wants a user turn first; sent when a conversation starts with the assistant
-STOP_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "pause_turn": "stop", "max_tokens": "length",
-                "model_context_window_exceeded": "length", "tool_use": "tool_calls", "refusal": "content_filter"}
 IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
 EFFORT_BUDGET = {"low": 1024, "medium": 4096, "high": 16384}  # reasoning_effort → thinking budget
 MIN_BUDGET = 1024
@@ -45,9 +37,6 @@ Block = dict[str, Any]
 def _invalid(message: str, code: str = "invalid_value") -> InvalidRequest:
     return InvalidRequest(message, param="messages", code=code)
 
-
-def _obj(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
 
 
 # ------------------------------------------------------------------ request: content blocks
@@ -310,7 +299,7 @@ def _sampling(call: Call, body: dict[str, Any]) -> None:
 
 
 # JSON mode (response_format): Anthropic's classic API has none, so the answer is asked for as the
-# input of a tool the model must call (providers.md §8.7 23), and that input comes back as content.
+# input of a tool the model must call (docs/providers.md, Anthropic), and that input comes back as content.
 JSON_TOOL = "json_response"
 
 
@@ -363,222 +352,10 @@ def request_body(call: Call) -> dict[str, Any]:
     return body
 
 
-# ------------------------------------------------------------------ response
-
-
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
-def usage_from_anthropic(usage: Any) -> TokenUsage | None:
-    """``input_tokens`` is the uncached part only: the prompt is its sum with both cache counts."""
-    if not isinstance(usage, dict):
-        return None
-    read = _int(usage.get("cache_read_input_tokens"))
-    write = _int(usage.get("cache_creation_input_tokens"))
-    output = _int(usage.get("output_tokens"))
-    details = usage.get("output_tokens_details")
-    thinking = _int(details.get("thinking_tokens")) if isinstance(details, dict) else 0
-    return TokenUsage(prompt=_int(usage.get("input_tokens")) + read + write, completion=output,
-                      cached=read, cache_write=write, reasoning=min(thinking, output))  # fmt: skip
-
-
-def openai_usage(usage: TokenUsage) -> dict[str, Any]:
-    out = usage.openai()
-    if usage.cache_write:
-        out["prompt_tokens_details"]["cache_write_tokens"] = usage.cache_write
-    return out
-
-
-def finish_reason(stop_reason: Any) -> str:
-    return STOP_REASONS.get(stop_reason, "stop") if isinstance(stop_reason, str) else "stop"
-
-
-def _read_blocks(content: list[Any]) -> tuple[list[str], list[str], list[dict[str, Any]]]:
-    text: list[str] = []
-    thinking: list[str] = []
-    calls: list[dict[str, Any]] = []
-    for block in content:
-        if not isinstance(block, dict):
-            continue
-        kind = block.get("type")
-        if kind == "text":
-            text.append(str(block.get("text") or ""))
-        elif kind == "thinking":
-            thinking.append(str(block.get("thinking") or ""))
-        elif kind == "tool_use":
-            arguments = _encode(block.get("input") or {}).decode()
-            calls.append({"id": block.get("id"), "type": "function",
-                          "function": {"name": block.get("name"), "arguments": arguments}})  # fmt: skip
-    return text, thinking, calls
-
-
-def _chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-    return {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-
-
-class AnthropicAdapter(Adapter):
-    protocol = "anthropic"
-
-    def build_request(self, call: Call) -> UpstreamRequest:
-        headers = {"x-api-key": call.provider.api_key, "anthropic-version": VERSION, "content-type": "application/json",
-                   "user-agent": USER_AGENT}  # fmt: skip
-        if call.stream:
-            headers["accept"] = "text/event-stream"
-        body = request_body(call)  # max_tokens: reasoning_effort may have raised it to make room to think
-        return UpstreamRequest(f"{call.provider.base_url}/messages", headers, _encode(body), body["max_tokens"])
-
-    def parse_response(self, call: Call, body: bytes) -> tuple[dict[str, Any], TokenUsage | None]:
-        try:
-            data = _decode(body)
-        except msgspec.DecodeError:
-            raise UpstreamError(f"The provider '{self.name}' returned a body that is not JSON.") from None
-        if _obj(data).get("type") == "error":
-            raise UpstreamError(f"The provider '{self.name}' failed: {_error_text(data)}")
-        if not isinstance(data, dict) or not isinstance(data.get("content"), list):
-            raise UpstreamError(f"The provider '{self.name}' returned an unexpected answer shape.")
-        text, thinking, calls = _read_blocks(data["content"])
-        reason = finish_reason(data.get("stop_reason"))
-        answer = next((c for c in calls if c["function"]["name"] == JSON_TOOL), None) if json_mode(call.raw) else None
-        if answer is not None:  # JSON mode: the tool's input is the answer
-            text, calls = [answer["function"]["arguments"]], [c for c in calls if c is not answer]
-            reason = reason if calls else "stop"
-        message: dict[str, Any] = {"role": "assistant", "content": "".join(text) if text or not calls else None}
-        if calls:
-            message["tool_calls"] = calls
-        if thinking:
-            message[REASONING] = "".join(thinking)
-        usage = usage_from_anthropic(data.get("usage"))
-        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}
-        out: dict[str, Any] = {"created": int(time.time()), "choices": [choice]}
-        if usage is not None:
-            out["usage"] = openai_usage(usage)
-        return out, usage
-
-    def stream(self, call: Call) -> StreamTranslator:
-        return AnthropicStream(self.name, json_mode=json_mode(call.raw))
-
-
-def _error_text(data: dict[str, Any]) -> str:
-    err = _obj(data.get("error"))
-    kind, message = err.get("type"), err.get("message")
-    return f"{kind}: {message}" if kind and message else str(message or kind or "unknown error")
-
-
-Chunks = list[dict[str, Any]]
-
-
-class AnthropicStream(StreamTranslator):
-    """``message_start`` → role chunk; text / thinking / input_json deltas → content / reasoning /
-    tool-call argument chunks; ``message_delta`` → the finish chunk and usage; ``message_stop`` → end."""
-
-    def __init__(self, provider: str = "anthropic", json_mode: bool = False) -> None:
-        super().__init__()
-        self.provider = provider
-        self.json_mode = json_mode  # the JSON_TOOL's input is streamed as content
-        self.json_block: int | None = None
-        self.tools: dict[int, int] = {}  # content block index → OpenAI tool-call index
-        self.tool_args: set[int] = set()  # block indexes whose arguments have been sent
-        self.raw_usage: dict[str, Any] = {}
-        self.finish_sent = False
-        self.handlers: dict[str, Callable[[dict[str, Any]], Chunks]] = {
-            "message_start": self._message_start,
-            "content_block_start": self._block_start,
-            "content_block_delta": self._block_delta,
-            "content_block_stop": self._block_stop,
-            "message_delta": self._message_delta,
-            "message_stop": self._message_stop,
-        }
-
-    def feed(self, event: Event) -> Chunks:
-        if not event.data or event.event == "ping":
-            return []
-        try:
-            data = _decode(event.data)
-        except msgspec.DecodeError:
-            raise UpstreamStreamError(f"The provider '{self.provider}' sent a malformed stream event.") from None
-        if not isinstance(data, dict):
-            raise UpstreamStreamError(f"The provider '{self.provider}' sent an unexpected stream event.")
-        kind = data.get("type") or event.event
-        if kind == "error" or event.event == "error":
-            raise UpstreamStreamError(f"The provider '{self.provider}' failed mid-stream: {_error_text(data)}")
-        handler = self.handlers.get(kind) if isinstance(kind, str) else None
-        return handler(data) if handler is not None else []  # ping and future event types: ignored
-
-    def _message_start(self, data: dict[str, Any]) -> Chunks:
-        self.raw_usage = dict(_obj(_obj(data.get("message")).get("usage")))
-        self.prompt_usage = usage_from_anthropic(self.raw_usage)  # exact input counts (output so far: 1)
-        return [_chunk({"role": "assistant", "content": ""})]
-
-    def _tool_delta(self, index: int, **fields: Any) -> Chunks:
-        return [_chunk({"tool_calls": [{"index": self.tools[index], **fields}]})]
-
-    def _block_start(self, data: dict[str, Any]) -> Chunks:
-        block, index = _obj(data.get("content_block")), data.get("index")
-        kind = block.get("type")
-        if kind == "tool_use" and self.json_mode and block.get("name") == JSON_TOOL and self.json_block is None:
-            self.json_block = index
-            given = block.get("input")
-            return [_chunk({"content": _encode(given).decode()})] if isinstance(given, dict) and given else []
-        if kind == "tool_use" and isinstance(index, int):
-            self.tools[index] = len(self.tools)
-            given = block.get("input")
-            arguments = _encode(given).decode() if isinstance(given, dict) and given else ""
-            if arguments:
-                self.tool_args.add(index)
-            function = {"name": block.get("name"), "arguments": arguments}
-            return self._tool_delta(index, id=block.get("id"), type="function", function=function)
-        if kind == "text" and block.get("text"):
-            return [_chunk({"content": block["text"]})]
-        if kind == "thinking" and block.get("thinking"):
-            return [_chunk({REASONING: block["thinking"]})]
-        return []
-
-    def _block_delta(self, data: dict[str, Any]) -> Chunks:
-        delta, index = _obj(data.get("delta")), data.get("index")
-        kind = delta.get("type")
-        if kind == "text_delta" and delta.get("text"):
-            return [_chunk({"content": delta["text"]})]
-        if kind == "thinking_delta" and delta.get("thinking"):
-            return [_chunk({REASONING: delta["thinking"]})]
-        if kind == "input_json_delta" and index == self.json_block and delta.get("partial_json"):
-            return [_chunk({"content": delta["partial_json"]})]
-        if kind == "input_json_delta" and index in self.tools and delta.get("partial_json"):
-            self.tool_args.add(index)
-            return self._tool_delta(index, function={"arguments": delta["partial_json"]})
-        return []  # signature_delta, citations_delta, empty fragments
-
-    def _block_stop(self, data: dict[str, Any]) -> Chunks:
-        index = data.get("index")
-        if index in self.tools and index not in self.tool_args:  # no input at all: "{}", not ""
-            self.tool_args.add(index)
-            return self._tool_delta(index, function={"arguments": "{}"})
-        return []
-
-    def _set_usage(self) -> None:
-        self.usage = usage_from_anthropic(self.raw_usage)
-        if self.usage is not None:
-            self.usage_raw = openai_usage(self.usage)
-
-    def _finish(self, stop_reason: Any) -> Chunks:
-        if self.finish_sent:
-            return []
-        self.finish_sent = True
-        if self.json_block is not None and not self.tools and stop_reason == "tool_use":
-            stop_reason = "end_turn"  # JSON mode: the answer was the tool's input
-        return [_chunk({}, finish_reason(stop_reason))]
-
-    def _message_delta(self, data: dict[str, Any]) -> Chunks:
-        # usage counts are cumulative: they replace the message_start ones, never add to them
-        self.raw_usage.update({k: v for k, v in _obj(data.get("usage")).items() if v is not None})
-        self._set_usage()
-        return self._finish(_obj(data.get("delta")).get("stop_reason"))
-
-    def _message_stop(self, data: dict[str, Any]) -> Chunks:
-        self.finished = True
-        if self.usage is None:
-            self._set_usage()
-        return self._finish(None)  # a message_delta always comes first; this is only a safety net
-
-
-register("anthropic", AnthropicAdapter)
+def build(call: Call) -> UpstreamRequest:
+    headers = {"x-api-key": call.provider.api_key, "anthropic-version": VERSION, "content-type": "application/json",
+               "user-agent": USER_AGENT}  # fmt: skip
+    if call.stream:
+        headers["accept"] = "text/event-stream"
+    body = request_body(call)  # max_tokens: reasoning_effort may have raised it to make room to think
+    return UpstreamRequest(f"{call.provider.base_url}/messages", headers, _encode(body), body["max_tokens"])
