@@ -3,17 +3,24 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# the client matrix's Node clients (tests/test_client_matrix.py), exactly as the lockfile pins them
+CLIENTS := tests/clients
+NODE_STAMP := $(CLIENTS)/node_modules/.installed
 PACKAGES := core adapters billing emulators gateway jobs console router
 
 .PHONY: install demo run test bench lint clean
 
-install: $(STAMP)
+install: $(STAMP) $(NODE_STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+$(NODE_STAMP): $(CLIENTS)/package.json $(CLIENTS)/package-lock.json
+	cd $(CLIENTS) && npm ci --no-audit --no-fund
+	touch $(NODE_STAMP)
 
 demo: install
 	$(BIN)/router demo $(if $(PORT),--port $(PORT))
@@ -33,4 +40,4 @@ lint: install
 	$(BIN)/lint-imports
 
 clean:
-	rm -rf $(VENV) .bench-venv build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .bench-venv build *.egg-info .pytest_cache .mypy_cache .ruff_cache $(CLIENTS)/node_modules
