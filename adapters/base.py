@@ -24,7 +24,10 @@ from core.errors import (
     GatewayError,
     InvalidRequest,
     RateLimited,
+    UpstreamAuthFailed,
     UpstreamError,
+    UpstreamFinal,
+    UpstreamQuotaExceeded,
     UpstreamTimeout,
     UpstreamUnavailable,
 )
@@ -74,7 +77,7 @@ class StreamTranslator(ABC):
     def feed(self, event: Event) -> list[dict[str, Any]]: ...
 
 
-class UpstreamStreamError(UpstreamError):
+class UpstreamStreamError(UpstreamFinal):
     """The upstream reported an error inside a stream that had already started."""
 
 
@@ -119,10 +122,9 @@ def map_upstream_error(provider: str, status: int, body: bytes, headers: Mapping
     message, code = error_message(body)
     said = f": {message}" if message else ""
     if status == 402 or code in OUT_OF_CREDIT:
-        return UpstreamError(
+        return UpstreamQuotaExceeded(
             f"The gateway's account with provider '{provider}' is out of credit or quota (upstream HTTP {status}"
             f"{' ' + code if code else ''}){said.rstrip('.')}. This is a gateway billing problem, not your rate limit or credits.",
-            code="upstream_quota_exceeded",
             headers={"x-should-retry": "false"},  # the OpenAI SDKs would retry a 502 otherwise
         )
     if status == 429:
@@ -130,10 +132,9 @@ def map_upstream_error(provider: str, status: int, body: bytes, headers: Mapping
         out = {"Retry-After": retry} if retry else {}
         return RateLimited(f"The provider '{provider}' is rate limiting requests{said}", headers=out)
     if status in (401, 403):
-        return UpstreamError(
+        return UpstreamAuthFailed(
             f"The gateway's credentials for provider '{provider}' were rejected (upstream HTTP {status}). "
-            "This is a gateway configuration problem, not a problem with your API key.",
-            code="upstream_auth_failed",
+            "This is a gateway configuration problem, not a problem with your API key."
         )
     if status in (400, 404, 409, 413, 422):
         return InvalidRequest(f"The provider '{provider}' rejected the request{said}", code=code or "upstream_rejected")

@@ -1,11 +1,10 @@
 """Counting tokens offline, for the calls whose upstream never reported usage (a stream the caller
 broke off). Uses tiktoken's ``cl100k_base`` with the BPE ranks shipped in this package (verified
-against tiktoken's published hash), since these machines cannot download them. Loaded once, lazily,
-off the event loop."""
+against tiktoken's published hash), since these machines cannot download them. Loaded once, on first
+use."""
 
 from __future__ import annotations
 
-import asyncio
 import functools
 from pathlib import Path
 from typing import Any
@@ -69,7 +68,3 @@ def count_messages(messages: list[Any]) -> int:
 
 def _json(value: Any) -> str:
     return msgspec.json.encode(value).decode()
-
-
-async def warm() -> None:
-    await asyncio.get_running_loop().run_in_executor(None, encoding)

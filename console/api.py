@@ -46,7 +46,9 @@ MAX_BODY = 64 * 1024
 API = Callable[[Console, Request], Awaitable[Response]]
 
 
-class Problem(Exception):
+class AdminError(Exception):
+    """A refused admin API request: answered with its status and an OpenAI-shaped error body."""
+
     def __init__(self, status: int, message: str, code: str, field: str | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.code, self.field = status, message, code, field
@@ -97,7 +99,7 @@ def guarded(handler: API) -> Callable[[Request], Awaitable[Response]]:
         await c.ensure()
         try:
             return await handler(c, request)
-        except Problem as p:
+        except AdminError as p:
             return error(p.status, p.message, p.code, p.field)
         except Invalid as exc:
             return error(400, exc.message, "invalid_value", exc.field)
@@ -109,18 +111,18 @@ def guarded(handler: API) -> Callable[[Request], Awaitable[Response]]:
 
 async def body(request: Request) -> dict[str, Any]:
     if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
-        raise Problem(415, "Send a JSON body (Content-Type: application/json).", "unsupported_content_type")
+        raise AdminError(415, "Send a JSON body (Content-Type: application/json).", "unsupported_content_type")
     raw = b""
     async for chunk in request.stream():
         raw += chunk
         if len(raw) > MAX_BODY:
-            raise Problem(413, "The body is too large.", "request_too_large")
+            raise AdminError(413, "The body is too large.", "request_too_large")
     try:
         data = json.loads(raw or b"{}")
     except (ValueError, UnicodeDecodeError):
-        raise Problem(400, "The body is not valid JSON.", "invalid_json") from None
+        raise AdminError(400, "The body is not valid JSON.", "invalid_json") from None
     if not isinstance(data, dict):
-        raise Problem(400, "The body must be a JSON object.", "invalid_json")
+        raise AdminError(400, "The body must be a JSON object.", "invalid_json")
     return data
 
 
@@ -189,7 +191,7 @@ def usage_json(r: UsageRecord) -> dict[str, Any]:
 async def group_of(c: Console, request: Request) -> Group:
     group = await c.store.get_group(request.path_params["name"])
     if group is None:
-        raise Problem(404, f"No group named {request.path_params['name']!r}.", "group_not_found")
+        raise AdminError(404, f"No group named {request.path_params['name']!r}.", "group_not_found")
     return group  # type: ignore[no-any-return]
 
 
@@ -197,7 +199,7 @@ async def key_of(c: Console, request: Request) -> KeyInfo:
     try:
         return await key_or_404(c, request.path_params["key_id"])
     except HTTPException:
-        raise Problem(404, f"No key with id {request.path_params['key_id']}.", "key_not_found") from None
+        raise AdminError(404, f"No key with id {request.path_params['key_id']}.", "key_not_found") from None
 
 
 def number(params: Any, name: str, kind: type = float) -> Any:

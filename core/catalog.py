@@ -17,6 +17,7 @@ import msgspec
 
 from core.errors import InvalidRequest, ModelNotFound
 from core.money import NANO
+from core.types import Endpoint
 
 BUILTIN = Path(__file__).with_name("catalog.toml")
 
@@ -46,12 +47,13 @@ class ProviderSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     stream_usage: Literal["ask", "always"] = "ask"
     drop_fields: list[str] = []
     rename_fields: dict[str, str] = {}
-    error_envelope: Literal["nested", "flat"] = "nested"
     finish_reasons: dict[str, str] = {}
     reasoning_field: str | None = None
     reasoning_cap_field: str | None = None  # where a reasoning model wants max_tokens moved
     reasoning_drop_fields: list[str] = []  # sampling fields a reasoning model refuses: not sent to one
     tool_call_ids: Literal["any", "alnum9"] = "any"  # alnum9: exactly 9 of [a-zA-Z0-9] (Mistral)
+    responses_api: bool = False  # the upstream serves POST /responses itself: /v1/responses passes through
+    custom_tools: bool = False  # the upstream takes OpenAI's custom tools ("type": "custom", free-form input)
 
 
 class ModelSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -59,7 +61,7 @@ class ModelSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     alias_of: str | None = None
     upstream: str | None = None
     kind: Literal["chat", "reasoning", "search", "code", "image-generation", "image-preview"] = "chat"
-    endpoints: list[Literal["chat", "responses"]] = msgspec.field(default_factory=lambda: ["chat", "responses"])
+    endpoints: list[Endpoint] = msgspec.field(default_factory=lambda: ["chat", "responses"])
     image_input: bool = False
     reasoning: bool = False
     context: int = 0
@@ -217,7 +219,7 @@ class Catalog:
             raise not_found(model_id, hint)
         return model
 
-    def require_endpoint(self, model: Model, model_id: str, endpoint: str) -> None:
+    def require_endpoint(self, model: Model, model_id: str, endpoint: Endpoint) -> None:
         if endpoint not in model.endpoints:
             serves = ", ".join(f"/v1/{'chat/completions' if e == 'chat' else e}" for e in sorted(model.endpoints))
             raise InvalidRequest(

@@ -14,9 +14,16 @@ Body: ``{"error": {"message": ..., "type": ..., "param": ..., "code": ...}}``.
      ├── PayloadTooLarge       413  invalid_request_error   request body over the limit
      ├── UnsupportedMediaType  415  invalid_request_error   body is not application/json
      ├── RateLimited           429  rate_limit_error        carries Retry-After
-     ├── UpstreamError         502  upstream_error          the provider failed or answered garbage
-     ├── UpstreamUnavailable   503  upstream_error          no healthy upstream / provider overloaded
-     └── UpstreamTimeout       504  upstream_error          the provider did not answer in time
+     └── UpstreamError         502  upstream_error          the provider failed or answered garbage
+          ├── UpstreamUnavailable   503                     no healthy upstream / provider overloaded
+          ├── UpstreamTimeout       504                     the provider did not answer in time
+          └── UpstreamFinal         502                     another try at the same upstream would fail too:
+               ├── UpstreamAuthFailed     upstream_auth_failed      the gateway's own credentials were refused
+               ├── UpstreamQuotaExceeded  upstream_quota_exceeded   the gateway's account there is out of credit
+               └── UpstreamStreamError (adapters.base)              the provider failed mid-stream
+
+Retries (gateway/reliability.py) follow the classes: rate limits and upstream failures are retried,
+``UpstreamFinal`` ones are not (a fallback model may still serve the first two).
 
 After a stream has started, an error goes out as one SSE event ``data: {"error": ...}`` instead.
 """
@@ -144,3 +151,15 @@ class UpstreamUnavailable(UpstreamError):
 class UpstreamTimeout(UpstreamError):
     status = 504
     code = "upstream_timeout"
+
+
+class UpstreamFinal(UpstreamError):
+    """An upstream failure that trying the same upstream again would not mend."""
+
+
+class UpstreamAuthFailed(UpstreamFinal):
+    code = "upstream_auth_failed"
+
+
+class UpstreamQuotaExceeded(UpstreamFinal):
+    code = "upstream_quota_exceeded"

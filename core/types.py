@@ -1,8 +1,9 @@
-"""Shared names: ASGI callables and small aliases used across the package."""
+"""Shared names: ASGI callables, the small vocabularies of a call (endpoint, source, status) and
+aliases used across the package."""
 
 import random
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Any, Literal
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -12,6 +13,10 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 JSON = dict[str, Any]
 Headers = list[tuple[bytes, bytes]]
+
+Endpoint = Literal["chat", "responses"]  # which of our model endpoints a call came through (catalog: endpoints)
+Source = Literal["api", "job"]  # an HTTP caller, or a line of a batch (jobs/)
+CallStatus = Literal["ok", "error", "interrupted"]  # how a call ended, in its usage record
 
 
 _ids = random.Random()

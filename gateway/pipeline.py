@@ -1,7 +1,7 @@
 """The path of one chat call, without HTTP (design §3): the chat endpoint, the Responses endpoint for
 translated providers and the batch runner all go through it.
 
-    start(principal, raw, request)   resolve the model, check capabilities and permissions, reserve the
+    start(context, raw, request)     resolve the model, check capabilities and permissions, reserve the
                                      worst case (402), open the upstream; any failure is settled at once
     complete(started)                non-stream: the OpenAI chat.completion dict, settled
     chunks(started)                  stream: batches of OpenAI chunk dicts, settled exactly once
@@ -22,10 +22,12 @@ from billing.ledger import Meter
 from billing.pricing import worst_case
 from billing.store import Principal, UsageRecord
 from core import metrics
+from core.catalog import Model
 from core.errors import GatewayError, InvalidRequest, PermissionDenied, UpstreamTimeout, UpstreamUnavailable
-from core.types import Headers, new_id
+from core.types import Endpoint, Headers, new_id
 from core.wire import ChatRequest
 from gateway.auth import may_use
+from gateway.context import CallContext
 from gateway.reliability import backoff, breaker_failure, failover, retryable
 from gateway.state import Gateway
 from gateway.stream import Shaper, chunks
@@ -63,7 +65,8 @@ class ChatPipeline:
     def __init__(self, gateway: Gateway) -> None:
         self.gw = gateway
 
-    def check(self, principal: Principal, req: ChatRequest, endpoint: str = "chat", model_id: str | None = None) -> Any:
+    def check(self, principal: Principal, req: ChatRequest, endpoint: Endpoint = "chat",
+              model_id: str | None = None) -> Model:  # fmt: skip
         gw = self.gw
         model_id = model_id or req.model
         model = gw.catalog.resolve(model_id)
@@ -76,7 +79,7 @@ class ChatPipeline:
                 code="image_input_unsupported",
             )
         custom = req.custom_tools_at()
-        if custom and model.provider != "openai":  # raw custom tools pass through to OpenAI only
+        if custom and not gw.catalog.providers[model.provider].custom_tools:  # they pass through, untranslated
             raise InvalidRequest(
                 f"Custom tools ('type': 'custom') are supported only by OpenAI models (openai/...); the model "
                 f"`{model_id}` takes function tools ('type': 'function').",
@@ -107,11 +110,11 @@ class ChatPipeline:
         ids += self.gw.catalog.resolve(req.model).fallbacks
         return list(dict.fromkeys(ids))
 
-    async def start(self, principal: Principal, raw: dict[str, Any], req: ChatRequest, body_size: int, *,
-                    source: str = "api", endpoint: str = "chat", request_id: str | None = None) -> Started:  # fmt: skip
+    async def start(self, context: CallContext, raw: dict[str, Any], req: ChatRequest, body_size: int) -> Started:
         """Try each candidate model in turn (retrying each as the reliability settings say) until one
         upstream answers; the caller is billed at the prices of the model that served."""
         gw = self.gw
+        principal, endpoint = context.principal, context.endpoint
         deadline = time.monotonic() + gw.settings.reliability.deadline
         ids = self.candidates(raw, req)
         last: GatewayError | None = None
@@ -131,9 +134,9 @@ class ChatPipeline:
                     code="circuit_open",
                 )
                 continue
-            attempt = _Attempt(self, principal, raw, req, body_size, model, model_id, deadline)
+            attempt = _Attempt(self, context, raw, req, body_size, model, model_id, deadline)
             try:
-                started = await attempt.run(source, endpoint, request_id)
+                started = await attempt.run()
                 started.rate_headers = limit_headers
                 return started
             except GatewayError as exc:
@@ -181,17 +184,17 @@ class _Attempt:
     """One candidate model: reserve at its prices, open its upstream with retries, settle on failure."""
 
     pipeline: ChatPipeline
-    principal: Principal
+    context: CallContext
     raw: dict[str, Any]
     req: ChatRequest
     body_size: int
-    model: Any
+    model: Model
     model_id: str
     deadline: float
 
-    async def run(self, source: str, endpoint: str, request_id: str | None) -> Started:
+    async def run(self) -> Started:
         gw = self.pipeline.gw
-        req, model = self.req, self.model
+        req, model, context = self.req, self.model, self.context
         stream = bool(req.stream)
         call = Call(
             model_id=self.model_id,
@@ -206,11 +209,11 @@ class _Attempt:
         upstream = adapter.build_request(call)
         # (rate limits were checked once per call, in start(), before the first attempt)
         reservation = await gw.ledger.reserve(
-            self.principal.group_id, self.principal.key_id, worst_case(model, self.body_size, req, upstream.max_output)
+            context.group_id, context.key_id, worst_case(model, self.body_size, req, upstream.max_output)
         )
         record = UsageRecord(
-            key_id=self.principal.key_id, group_id=self.principal.group_id, model=model.id, provider=model.provider,
-            endpoint=endpoint, source=source, stream=stream, request_id=request_id,
+            key_id=context.key_id, group_id=context.group_id, model=model.id, provider=model.provider,
+            endpoint=context.endpoint, source=context.source, stream=stream, request_id=context.request_id,
         )  # fmt: skip
         meter = Meter(gw.ledger, reservation, model, record, self.raw)
         async with meter.settles_on_failure():

@@ -14,22 +14,26 @@ from __future__ import annotations
 import random
 import time
 
-from core.errors import GatewayError, RateLimited, UpstreamError, UpstreamTimeout, UpstreamUnavailable
-
-RETRY_STATUS = frozenset({429, 500, 502, 503, 504, 529})
+from core.errors import (
+    GatewayError,
+    RateLimited,
+    UpstreamAuthFailed,
+    UpstreamError,
+    UpstreamFinal,
+    UpstreamQuotaExceeded,
+)
 
 
 def retryable(exc: GatewayError) -> bool:
-    """A failure worth another try (the same upstream later, or a fallback)."""
-    if isinstance(exc, RateLimited | UpstreamUnavailable | UpstreamTimeout):
-        return True
-    return type(exc) is UpstreamError and exc.code == "upstream_error"  # 5xx, dropped connection
+    """A failure worth another try (the same upstream later, or a fallback): a rate limit, an upstream
+    5xx, overload, timeout or dropped connection; not an ``UpstreamFinal`` one (core/errors.py)."""
+    return isinstance(exc, RateLimited | UpstreamError) and not isinstance(exc, UpstreamFinal)
 
 
 def failover(exc: GatewayError) -> bool:
     """A failure that a fallback model (another upstream) may not have: retryable ones, the provider
     rejecting the gateway's own credentials, and the gateway's account there being out of credit."""
-    return retryable(exc) or exc.code in ("upstream_auth_failed", "upstream_quota_exceeded")
+    return retryable(exc) or isinstance(exc, UpstreamAuthFailed | UpstreamQuotaExceeded)
 
 
 def breaker_failure(exc: GatewayError) -> bool:

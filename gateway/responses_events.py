@@ -20,14 +20,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from core.types import new_id as random_hex
+from core.types import new_id
 from core.wire import usage_from_openai
 
 INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
 
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{random_hex()}{random_hex()}"
+def item_id(prefix: str) -> str:
+    return f"{prefix}_{new_id()}{new_id()}"
 
 
 def responses_usage(usage: Any) -> dict[str, Any] | None:
@@ -110,7 +110,7 @@ class EventSynth:
     def _open_text(self, kind: str) -> list[dict[str, Any]]:
         if kind == "message":
             item = {
-                "id": new_id("msg"),
+                "id": item_id("msg"),
                 "type": "message",
                 "status": "in_progress",
                 "role": "assistant",
@@ -118,7 +118,7 @@ class EventSynth:
             }
         else:
             item = {
-                "id": new_id("rs"),
+                "id": item_id("rs"),
                 "type": "reasoning",
                 "summary": [],
                 "content": [],
@@ -157,11 +157,11 @@ class EventSynth:
         events: list[dict[str, Any]] = []
         if index is None:
             item = {
-                "id": new_id("fc"),
+                "id": item_id("fc"),
                 "type": "function_call",
                 "status": "in_progress",
                 "arguments": "",
-                "call_id": call.get("id") or new_id("call"),
+                "call_id": call.get("id") or item_id("call"),
                 "name": function.get("name") or "",
             }
             if isinstance(call.get("extra_content"), dict):  # Gemini's thought signature (adapters.gemini)

@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from core.errors import InvalidRequest
-from gateway.responses_events import EventSynth, new_id
+from gateway.responses_events import EventSynth, item_id
 
 # request fields we translate, or accept as hints with no effect on a chat provider
 TRANSLATED = frozenset(
@@ -385,7 +385,7 @@ def shell(body: dict[str, Any], model_id: str) -> dict[str, Any]:
     """The Response object before any output; requested options are echoed as the API does."""
     reasoning = body.get("reasoning") if isinstance(body.get("reasoning"), dict) else {}
     return {
-        "id": new_id("resp"),
+        "id": item_id("resp"),
         "object": "response",
         "created_at": int(time.time()),
         "status": "in_progress",

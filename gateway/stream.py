@@ -28,6 +28,7 @@ from adapters.base import Call, StreamTranslator
 from billing.ledger import Meter
 from core.errors import GatewayError, UpstreamError
 from core.sse import DONE, SSEDecoder, frame
+from core.types import CallStatus
 
 _encode = msgspec.json.Encoder().encode
 
@@ -68,10 +69,10 @@ def _chunk_head(completion_id: str, created: int, model: str) -> bytes:
 
 
 @dataclass(slots=True)
-class Outcome:
+class StreamEnd:
     """How a stream ended, for its usage record."""
 
-    status: str = "ok"  # ok | error | interrupted
+    status: CallStatus = "ok"
     first_token_at: float | None = None
     error: str | None = None
 
@@ -227,7 +228,7 @@ async def chunks(
     consumer only encodes them) possibly the ``bytes`` of its JSON (:meth:`Shaper.pass_through`)."""
     decoder = SSEDecoder()
     out: list[Any] = []
-    outcome = Outcome()
+    outcome = StreamEnd()
     fast = raw and translator.passthrough
     try:
         try:
@@ -310,7 +311,7 @@ async def sse(batches: AsyncGenerator[list[Any], None]) -> AsyncGenerator[bytes,
         await batches.aclose()
 
 
-async def _settle(meter: Meter, translator: StreamTranslator, shaper: Shaper, outcome: Outcome,
+async def _settle(meter: Meter, translator: StreamTranslator, shaper: Shaper, outcome: StreamEnd,
                   response: aiohttp.ClientResponse) -> None:  # fmt: skip
     await meter.finish(
         translator.usage,

@@ -1,9 +1,9 @@
 """One batch line as one in-process HTTP call to the gateway's own app, and its line in the output or
 error file.
 
-The call goes through the app exactly as an HTTP request would (routes, auth by the principal put in
-``scope["state"]``, the chat pipeline or the Responses endpoint, the ledger), marked ``source=job``;
-nothing of it is reimplemented here. Output lines are in the OpenAI Batch format::
+The call goes through the app exactly as an HTTP request would (routes, the chat pipeline or the
+Responses endpoint, the ledger), its caller and ``source=job`` given by the :class:`CallContext` put in
+``scope["state"]`` (gateway/context.py) instead of a key; nothing of it is reimplemented here. Output lines are in the OpenAI Batch format::
 
     {"id": "batch_req_...", "custom_id": "...", "response": {"status_code": 200, "request_id": "...",
      "body": {...}}, "error": null}
@@ -20,8 +20,8 @@ from typing import Any
 
 import msgspec
 
-from billing.store import Principal
 from core.types import ASGIApp, Message
+from gateway.context import CONTEXT, CallContext
 from jobs.store import Outcome, Tokens
 
 _decode = msgspec.json.Decoder().decode
@@ -57,8 +57,9 @@ def request_id() -> str:
     return "req_" + secrets.token_hex(12)
 
 
-async def call_app(app: ASGIApp, path: str, body: bytes, principal: Principal, rid: str) -> Answer:
-    """POST ``body`` to ``path`` of ``app`` in-process, as ``principal``, with ``source=job``."""
+async def call_app(app: ASGIApp, path: str, body: bytes, context: CallContext) -> Answer:
+    """POST ``body`` to ``path`` of ``app`` in-process, as the call ``context`` says (``source=job``)."""
+    rid = context.request_id or ""
     scope: dict[str, Any] = {
         "type": "http",
         "asgi": {"version": "3.0", "spec_version": "2.3"},
@@ -77,7 +78,7 @@ async def call_app(app: ASGIApp, path: str, body: bytes, principal: Principal, r
         ],
         "client": None,
         "server": None,
-        "state": {"principal": principal, "source": "job", "request_id": rid},
+        "state": {CONTEXT: context},
     }
     sent = False
     answered = asyncio.Event()  # the "client" stays connected until the whole answer is sent

@@ -19,12 +19,14 @@ import time
 from typing import TYPE_CHECKING
 
 from billing.store import Principal
+from core.types import Endpoint
 from core.wire import ChatRequest
+from gateway.context import CallContext
 from gateway.pipeline import ChatPipeline
 from gateway.reliability import backoff
 from jobs.calls import call_app, error_line, output_line, request_id
 from jobs.store import BatchRow, FileRow, Final, Line, Outcome, new_file_id
-from jobs.validate import Check, Problem, parse_input
+from jobs.validate import ENDPOINTS, Check, Problem, parse_input
 
 if TYPE_CHECKING:
     from jobs.runner import JobRunner
@@ -117,7 +119,7 @@ class Job:
         """The checks a call makes before it reserves: model, endpoint, images, output ceiling, allow-list."""
         pipeline = ChatPipeline(self.runner.gw)
 
-        def check(request: ChatRequest, kind: str) -> None:
+        def check(request: ChatRequest, kind: Endpoint) -> None:
             pipeline.check(principal, request, kind)
 
         return check
@@ -167,7 +169,8 @@ class Job:
             rid = request_id()
             try:
                 async with asyncio.timeout(timeout):
-                    answer = await call_app(self.runner.app, self.batch.endpoint, body, principal, rid)
+                    context = CallContext(principal, rid, "job", ENDPOINTS[self.batch.endpoint], self.batch.id)
+                    answer = await call_app(self.runner.app, self.batch.endpoint, body, context)
             except TimeoutError:
                 return error_line(line.custom_id, "timeout", f"The request took longer than {timeout:g} s.", 504, rid)
             if answer.status != 429 or attempt == RATE_LIMIT_RETRIES or self.halted:

@@ -14,10 +14,11 @@ from typing import Any
 import msgspec
 
 from core.errors import GatewayError
+from core.types import Endpoint
 from core.wire import ChatRequest, parse_chat_request
 from jobs.store import Line
 
-ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/responses": "responses"}
+ENDPOINTS: dict[str, Endpoint] = {"/v1/chat/completions": "chat", "/v1/responses": "responses"}
 MAX_ERRORS = 100  # reported per batch (the first ones); the count of the rest is said in the last
 
 _decode = msgspec.json.Decoder().decode
@@ -35,7 +36,7 @@ class Problem:
         return {"code": self.code, "message": self.message, "param": self.param, "line": self.line}
 
 
-Check = Callable[[ChatRequest, str], None]  # (request, endpoint kind): raises the GatewayError a call would
+Check = Callable[[ChatRequest, Endpoint], None]  # (request, endpoint): raises the GatewayError a call would
 
 
 def parse_input(data: bytes, endpoint: str, check: Check, *, max_lines: int,
@@ -75,7 +76,7 @@ def parse_input(data: bytes, endpoint: str, check: Check, *, max_lines: int,
     return lines, problems
 
 
-def _line(raw: str, number: int, endpoint: str, kind: str, check: Check,
+def _line(raw: str, number: int, endpoint: str, kind: Endpoint, check: Check,
           max_body_bytes: int) -> tuple[Line | None, Problem | None]:  # fmt: skip
     try:
         item = _decode(raw)

@@ -13,10 +13,13 @@ from billing.store import Principal
 from core.deadlines import Deadlines
 from core.errors import GatewayError, PayloadTooLarge, RequestTimeout, UnsupportedMediaType
 from core.sse import DONE, frame
+from core.types import Endpoint
 from core.wire import parse_chat_request
+from gateway.context import CONTEXT, CallContext
 from gateway.pipeline import ChatPipeline, Started
 from gateway.state import Gateway
 from gateway.stream import error_chunk, sse
+from router.logs import Trace, trace_of
 from router.replies import JSONBytes, LateSSE
 
 _encode = msgspec.json.Encoder().encode
@@ -61,29 +64,37 @@ async def read_json_body(request: Request, limit: int, seconds: float, deadlines
     return await read_body(request, limit, seconds, deadlines, too_large=too_large)
 
 
+def given_context(request: Request) -> CallContext | None:
+    """The context an in-process caller (the batch runner) put in the request's state, which no HTTP
+    request can do."""
+    given = (request.scope.get("state") or {}).get(CONTEXT)
+    return given if isinstance(given, CallContext) else None
+
+
 async def principal_of(gw: Gateway, request: Request) -> Principal:
-    """The caller: from the Authorization header, or set by an in-process caller (the batch runner),
-    which no HTTP request can do."""
-    state = request.scope.get("state") or {}
-    given = state.get("principal")
-    if isinstance(given, Principal):
-        return given
+    """The caller: from the Authorization header, or from an in-process caller's context."""
+    given = given_context(request)
+    if given is not None:
+        return given.principal
     return await gw.auth.authenticate(request.headers.get("authorization"))
 
 
-async def begin_call(gw: Gateway, request: Request) -> tuple[Principal, dict[str, Any], bytes]:
+async def begin_call(gw: Gateway, request: Request, endpoint: Endpoint) -> tuple[CallContext, Trace, bytes]:
     """The start of a model call endpoint: the gateway started, the caller authenticated (and noted
-    in the request's state for the access log: the key's id and group, never the key), the JSON body
-    read. Returns the caller, the request's state and the body."""
+    in the request's trace for the access log: the key's id and group, never the key), the JSON body
+    read. Returns the call's context, the request's trace and the body."""
     if not gw.started:
         await gw.start()
-    principal = await principal_of(gw, request)
-    state = request.scope.get("state") or {}
-    state["caller"] = principal
+    trace = trace_of(request.scope)
+    context = given_context(request)
+    if context is None:
+        principal = await gw.auth.authenticate(request.headers.get("authorization"))
+        context = CallContext(principal, trace.request_id or None, "api", endpoint)
+    trace.caller = context.principal
     body = await read_json_body(
         request, gw.settings.server.max_body_bytes, gw.settings.reliability.body_timeout, gw.deadlines
     )
-    return principal, state, body
+    return context, trace, body
 
 
 class ChatCompletions:
@@ -93,25 +104,23 @@ class ChatCompletions:
 
     async def handle(self, request: Request) -> Response:
         gw = self.gw
-        principal, state, body = await begin_call(gw, request)
+        context, trace, body = await begin_call(gw, request, "chat")
         raw, req = parse_chat_request(body)
-        state["model"] = req.model
-        start = self.pipeline.start(
-            principal, raw, req, len(body), source=state.get("source", "api"), request_id=state.get("request_id")
-        )
+        trace.model = req.model
+        start = self.pipeline.start(context, raw, req, len(body))
         if not req.stream:
             started = await start
-            state["provider"] = started.call.model.provider
+            trace.provider = started.call.model.provider
             return JSONBytes(_encode(await self.pipeline.complete(started)), extra=started.rate_headers)
         # A stream whose upstream is slow to answer (retries, fallbacks, a slow first byte) starts at
         # once with SSE keep-alive comments; until then an error is still a plain HTTP error.
-        return LateSSE(self._stream(start, state), gw.settings.reliability.stream_keepalive, _error_events)
+        return LateSSE(self._stream(start, trace), gw.settings.reliability.stream_keepalive, _error_events)
 
-    async def _stream(self, start: Awaitable[Started], state: dict[str, Any]) -> AsyncGenerator[Any, None]:
+    async def _stream(self, start: Awaitable[Started], trace: Trace) -> AsyncGenerator[Any, None]:
         """The SSE body: first the headers for the response start (once the upstream answered), then
         the chunks' bytes. Whatever ends it, a call that started is let go of (settled)."""
         started = await start
-        state["provider"] = started.call.model.provider  # for the access log
+        trace.provider = started.call.model.provider  # for the access log
         try:
             yield started.rate_headers or []
             inner = sse(self.pipeline.chunks(started, raw=True))

@@ -26,6 +26,7 @@ from gateway.state import Gateway
 from jobs.runner import JobRunner
 from jobs.store import FileRow, new_file_id
 from router.chat import principal_of, read_body
+from router.logs import trace_of
 from router.replies import JSONBytes
 
 _encode = msgspec.json.Encoder().encode
@@ -69,7 +70,7 @@ async def job_caller(gw: Gateway, request: Request) -> tuple[Principal, JobRunne
     if not gw.started:
         await gw.start()
     principal = await principal_of(gw, request)
-    request.scope.setdefault("state", {})["caller"] = principal  # the access log's key and group
+    trace_of(request.scope).caller = principal  # the access log's key and group
     if not isinstance(gw.jobs, JobRunner):
         raise NotFound("The Batch API is not enabled on this gateway.")
     return principal, gw.jobs

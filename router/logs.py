@@ -23,16 +23,37 @@ import queue
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from logging.handlers import QueueHandler
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 if TYPE_CHECKING:
+    from billing.store import Principal
     from core.config import ObservabilitySettings
     from core.types import Scope
 
 ACCESS = logging.getLogger("router.access")
+TRACE = "trace"  # the scope["state"] key of a request's Trace
+
+
+@dataclass(slots=True)
+class Trace:
+    """What one request's access-log line says beyond HTTP, filled in while it is served: its id
+    (``router.middleware.Front``), the caller once authenticated, the model asked for and the provider
+    that serves it (the endpoints)."""
+
+    request_id: str
+    caller: Principal | None = None
+    model: str | None = None
+    provider: str | None = None
+
+
+def trace_of(scope: Scope) -> Trace:
+    """The request's Trace (a blank one when no ``Front`` made it: an app called some other way)."""
+    trace = (scope.get("state") or {}).get(TRACE)
+    return trace if isinstance(trace, Trace) else Trace("")
 
 
 class _AccessLine(msgspec.Struct):
@@ -220,21 +241,20 @@ def setup(settings: ObservabilitySettings) -> None:
 
 
 def access(scope: Scope, status: int, seconds: float, stream: bool) -> None:
-    """The access-log line of one request. The endpoint leaves what it learnt in ``scope["state"]``:
-    ``request_id`` (middleware), ``caller`` (the principal), ``model``, ``provider``."""
-    state = scope.get("state") or {}
-    caller = state.get("caller") or state.get("principal")
+    """The access-log line of one request, with what the endpoint noted in its :class:`Trace`."""
+    trace = trace_of(scope)
+    caller = trace.caller
     client = scope.get("client")
     values = (  # ACCESS_FIELDS
         scope.get("method"),
         scope.get("path"),
         status,
         round(seconds * 1000, 3),
-        state.get("request_id"),
-        state.get("model"),
-        state.get("provider"),
-        getattr(caller, "group_name", None),
-        getattr(caller, "key_id", None),
+        trace.request_id or None,
+        trace.model,
+        trace.provider,
+        caller.group_name if caller is not None else None,
+        caller.key_id if caller is not None else None,
         stream,
         client[0] if client else None,
     )

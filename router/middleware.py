@@ -72,7 +72,7 @@ class Front:
         state = scope.get("state")
         if state is None:
             state = scope["state"] = {}
-        state["request_id"] = rid.decode()
+        state[logs.TRACE] = logs.Trace(rid.decode())
         status = 0
         stream = False
 

@@ -21,15 +21,16 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from adapters import openai_responses as wire
+from adapters import openai_responses
 from adapters.base import UpstreamRequest, map_upstream_error
 from billing.ledger import Meter
 from billing.pricing import worst_case
-from billing.store import Principal, UsageRecord
+from billing.store import UsageRecord
 from core.catalog import Model
 from core.errors import GatewayError, InvalidRequest, UpstreamError
 from core.sse import SSEDecoder, frame_event
 from core.wire import ChatRequest, ImagePart, ImageURL, Message
+from gateway.context import CallContext
 from gateway.pipeline import ChatPipeline, Started, open_upstream
 from gateway.responses_events import EventSynth
 from gateway.responses_translate import (
@@ -41,12 +42,11 @@ from gateway.responses_translate import (
     to_chat,
 )
 from gateway.state import Gateway
-from gateway.stream import Outcome
+from gateway.stream import StreamEnd
 from router.chat import begin_call
 from router.replies import SSE, JSONBytes
 
 SAMPLING = frozenset({"temperature", "top_p", "top_logprobs"})  # the Responses API's sampling options
-NATIVE = frozenset({"openai"})  # provider prefixes whose upstream serves POST /responses itself
 NO_POLL = (
     "this gateway does not offer GET /v1/responses/{id}, so a background response could never be polled "
     "(nor billed); omit 'background', or use 'stream: true' for a long answer"
@@ -60,11 +60,9 @@ _encode = msgspec.json.Encoder().encode
 class Ask:
     """One Responses call as it arrived."""
 
-    principal: Principal
+    context: CallContext
     body: dict[str, Any]
     size: int  # bytes of the body (bounds the prompt's tokens for the reservation)
-    source: str
-    request_id: str | None
 
     @property
     def model_id(self) -> str:
@@ -136,12 +134,12 @@ class Responses:
         self.pipeline = ChatPipeline(gateway)
 
     async def handle(self, request: Request) -> Response:
-        principal, state, raw = await begin_call(self.gw, request)
-        ask = Ask(principal, parse_body(raw), len(raw), state.get("source", "api"), state.get("request_id"))
-        state["model"] = ask.model_id
+        context, trace, raw = await begin_call(self.gw, request, "responses")
+        ask = Ask(context, parse_body(raw), len(raw))
+        trace.model = ask.model_id
         model = self.check(ask)
-        state["provider"] = model.provider
-        if model.provider in NATIVE:
+        trace.provider = model.provider
+        if self.gw.catalog.providers[model.provider].responses_api:
             return await self.native(ask, model)
         return await self.translated(ask)
 
@@ -157,7 +155,7 @@ class Responses:
                 code="image_input_unsupported",
             )
         try:
-            return self.pipeline.check(ask.principal, reserve_request(ask.body), "responses")
+            return self.pipeline.check(ask.context.principal, reserve_request(ask.body), "responses")
         except InvalidRequest as exc:
             if exc.param not in ("max_tokens", "max_completion_tokens"):
                 raise
@@ -167,15 +165,7 @@ class Responses:
     # -- every other group: translated through the chat pipeline ---------------------------------
     async def translated(self, ask: Ask) -> Response:
         chat = to_chat(ask.body)
-        started = await self.pipeline.start(
-            ask.principal,
-            chat,
-            chat_request(chat),
-            ask.size,
-            source=ask.source,
-            endpoint="responses",
-            request_id=ask.request_id,
-        )
+        started = await self.pipeline.start(ask.context, chat, chat_request(chat), ask.size)
         response = shell(ask.body, ask.model_id)
         if started.call.stream:
             return SSE(
@@ -206,16 +196,16 @@ class Responses:
         refuse_background(ask.body, NO_POLL)  # before anything is reserved or sent
         provider = self.gw.providers[model.provider]
         # rate limits as for chat calls: checked once, before anything is reserved or sent
-        limits = await self.gw.limits.admit(ask.principal, model, ask.size, reserve_request(ask.body))
+        limits = await self.gw.limits.admit(ask.context.principal, model, ask.size, reserve_request(ask.body))
         meter = await self.meter(ask, model)
         body = ask.body
         if model.reasoning:  # sampling options a reasoning model refuses (catalog data, as for chat)
             drop = SAMPLING.intersection(self.gw.catalog.providers[model.provider].reasoning_drop_fields)
             body = {name: value for name, value in body.items() if name not in drop}
-        response = await self.open(wire.build_request(provider, body, model.upstream), model, meter)
+        response = await self.open(openai_responses.build_request(provider, body, model.upstream), model, meter)
         if not ask.stream:
             return JSONBytes(_encode(await self.read(ask, model, response, meter)), extra=limits)
-        relay = wire.ResponsesRelay(ask.model_id, model.provider)
+        relay = openai_responses.ResponsesRelay(ask.model_id, model.provider)
 
         async def abandon() -> None:
             response.close()
@@ -224,7 +214,7 @@ class Responses:
         return SSE(relay_stream(relay, response, meter), limits, finalize=abandon)
 
     async def meter(self, ask: Ask, model: Model) -> Meter:
-        gw, who = self.gw, ask.principal
+        gw, who = self.gw, ask.context
         reservation = await gw.ledger.reserve(
             who.group_id, who.key_id, worst_case(model, ask.size, reserve_request(ask.body))
         )
@@ -233,10 +223,10 @@ class Responses:
             group_id=who.group_id,
             model=model.id,
             provider=model.provider,
-            endpoint="responses",
-            source=ask.source,
+            endpoint=who.endpoint,
+            source=who.source,
             stream=ask.stream,
-            request_id=ask.request_id,
+            request_id=who.request_id,
         )
         return Meter(gw.ledger, reservation, model, record, estimate_prompt(ask.body))
 
@@ -256,13 +246,13 @@ class Responses:
                 payload = await response.read()
             finally:
                 response.release()
-            data, usage = wire.parse_response(payload, ask.model_id, model.provider)
+            data, usage = openai_responses.parse_response(payload, ask.model_id, model.provider)
             error = data.get("error") if data.get("status") == "failed" else None
             message = str(error.get("message")) if isinstance(error, dict) else None
             await meter.finish(
                 usage,
                 "error" if message else "ok",
-                generated="" if usage else wire.output_text(data),
+                generated="" if usage else openai_responses.output_text(data),
                 error=message,
                 upstream_id=_upstream_id(response),
             )
@@ -270,12 +260,12 @@ class Responses:
 
 
 async def relay_stream(
-    relay: wire.ResponsesRelay, response: aiohttp.ClientResponse, meter: Meter
+    relay: openai_responses.ResponsesRelay, response: aiohttp.ClientResponse, meter: Meter
 ) -> AsyncGenerator[bytes, None]:
     """The upstream's events to the caller as they come; a stream that breaks off ends with a
     synthesised ``response.failed``. Settled exactly once, however the stream ends."""
     decoder = SSEDecoder()
-    outcome = Outcome()
+    outcome = StreamEnd()
     out: list[bytes] = []
     tail = b""
     try:
@@ -320,7 +310,7 @@ async def relay_stream(
 
 
 async def _settle(
-    meter: Meter, relay: wire.ResponsesRelay, outcome: Outcome, response: aiohttp.ClientResponse
+    meter: Meter, relay: openai_responses.ResponsesRelay, outcome: StreamEnd, response: aiohttp.ClientResponse
 ) -> None:
     await meter.finish(
         relay.usage,
