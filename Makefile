@@ -23,7 +23,7 @@ $(NODE_STAMP): $(CLIENTS)/package.json $(CLIENTS)/package-lock.json
 	touch $(NODE_STAMP)
 
 demo: install
-	$(BIN)/router demo $(if $(PORT),--port $(PORT))
+	$(BIN)/router demo $(if $(PORT),--port $(PORT)) $(if $(EMULATOR_PORT),--emulator-port $(EMULATOR_PORT)) $(if $(NEW_KEY),--new-key)
 
 run: install
 	$(BIN)/router serve $(if $(CONFIG),--config $(CONFIG))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import sqlite3
 import time
 from collections.abc import Callable
@@ -553,15 +554,22 @@ class SQLiteStore(Store):
 
         if self.path == ":memory:" or self._owner is not None:
             return
-        lock = open(self.path + ".gateway-lock", "w")  # noqa: SIM115 - held for the process's life
+        # "a+": opening must not empty the file while another process holds it (it names that process)
+        lock = open(self.path + ".gateway-lock", "a+")  # noqa: SIM115 - held for the process's life
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
+            lock.seek(0)
+            holder = lock.read().strip()
             lock.close()
             raise StoreError(
-                f"another gateway process already serves from {self.path}: SQLite takes one gateway per "
-                "database file (use PostgreSQL for several replicas)"
+                f"another gateway process{f' (pid {holder})' if holder.isdigit() else ''} already serves "
+                f"from {self.path}: SQLite takes one gateway per database file (use PostgreSQL for several "
+                "replicas)"
             ) from None
+        lock.truncate(0)
+        lock.write(str(os.getpid()))
+        lock.flush()
         self._owner = lock
 
     async def settle(self, reservation: Reservation, record: UsageRecord) -> int:

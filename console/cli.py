@@ -19,13 +19,14 @@ from core.config import Settings
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    console = sub.add_parser("console", help="the management console at /console")
-    csub = console.add_subparsers(dest="action", required=True)
+    console = sub.add_parser("console", help="the management console at /console: its admin password",
+                             description="The management console's admin password.")  # fmt: skip
+    csub = console.add_subparsers(dest="action", required=True, metavar="ACTION")
     for name, text in (
         ("set-password", "set the console's admin password (kept as an scrypt hash in the store)"),
         ("hash-password", "print an scrypt hash for [console] password_hash"),
     ):
-        cmd = csub.add_parser(name, help=text)
+        cmd = csub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
         cmd.add_argument("--stdin", action="store_true", help="read the password from standard input")
 
 

@@ -107,6 +107,7 @@ class ObservabilitySettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "debug", "info", "warning", "error"] = "INFO"
     log_format: Literal["json", "text", "none"] = "json"  # none: leave the router loggers to the host app
     access_log: bool = True  # one line per HTTP request on the `router.access` logger
+    access_log_file: str = ""  # write the access lines to this file (appended) instead of stderr
     metrics: bool = True  # serve GET /metrics
 
 

@@ -100,5 +100,9 @@ async def serve(app: web.Application, host: str = "127.0.0.1", port: int = 0) ->
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=4096)
-    await site.start()
+    try:
+        await site.start()
+    except OSError:  # the port is taken: nothing stays behind
+        await runner.cleanup()
+        raise
     return runner, runner.addresses[0][1]

@@ -33,13 +33,18 @@ FACTORIES: dict[str, tuple[Callable[[str], Emulator], str]] = {
 
 
 async def start_emulators(host: str = "127.0.0.1", first_port: int = 0) -> dict[str, Running]:
-    """Start every emulator; ``first_port`` 0 picks free ports, else consecutive ports from it."""
+    """Start every emulator; ``first_port`` 0 picks free ports, else consecutive ports from it. When a
+    port is taken, the ones already started stop again and the OSError is raised."""
     running: dict[str, Running] = {}
-    for offset, (prefix, (factory, root)) in enumerate(sorted(FACTORIES.items())):
-        key = f"emu-{prefix}-key"
-        emulator = factory(key)
-        runner, port = await serve(emulator.app, host, first_port + offset if first_port else 0)
-        running[prefix] = Running(prefix, f"http://{host}:{port}{root}", key, emulator, runner)
+    try:
+        for offset, (prefix, (factory, root)) in enumerate(sorted(FACTORIES.items())):
+            key = f"emu-{prefix}-key"
+            emulator = factory(key)
+            runner, port = await serve(emulator.app, host, first_port + offset if first_port else 0)
+            running[prefix] = Running(prefix, f"http://{host}:{port}{root}", key, emulator, runner)
+    except OSError:
+        await stop_emulators(running)
+        raise
     return running
 
 

@@ -25,6 +25,11 @@ def generate_key(prefix: str) -> str:
     return f"{prefix}-v1-{secrets.token_urlsafe(32)}"
 
 
+def key_form(prefix: str) -> re.Pattern[str]:
+    """What a key looks like: ``<prefix>-v1-`` and 32 to 128 url-safe characters."""
+    return re.compile(rf"^{re.escape(prefix)}-v1-[A-Za-z0-9_-]{{32,128}}$")
+
+
 def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
@@ -52,7 +57,7 @@ class Authenticator:
     def __init__(self, store: Store, prefix: str, cache_seconds: float = 2.0) -> None:
         self.store = store
         self.cache_seconds = cache_seconds
-        self._form = re.compile(rf"^{re.escape(prefix)}-v1-[A-Za-z0-9_-]{{32,128}}$")
+        self._form = key_form(prefix)
         self._cache: dict[str, tuple[Principal, float]] = {}
 
     def forget(self) -> None:

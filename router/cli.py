@@ -1,7 +1,7 @@
 """The ``router`` command: serve, demo, and the operator's groups / keys commands.
 
-    router serve [--config PATH] [--host H] [--port P]
-    router demo [--port P]
+    router serve [--config PATH] [--host H] [--port P] [--workers N]
+    router demo [--port P] [--emulator-port P] [--new-key] [--access-log PATH|-]
     router groups create NAME --credits N | list | show NAME | topup NAME AMOUNT
     router keys create --group NAME [--name LABEL] [--spend-cap N] [--models a,b] | list | revoke ID
     router usage [--group NAME] [--key ID] [--source api|job] [--limit N]
@@ -90,56 +90,86 @@ def _usage(args: argparse.Namespace, settings: Settings) -> None:
         print("* token counts estimated (the provider never reported usage, e.g. a stream the caller broke off)")
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="router", description="OpenAI-compatible multi-provider model router")
-    p.add_argument("--config", help="TOML settings file (default: $ROUTER_CONFIG, else built-in defaults)")
-    sub = p.add_subparsers(dest="command", required=True)
+EXAMPLES = """\
+examples:
+  router demo                                  gateway + emulated providers, a seeded key, on :8080
+  router serve --config router.toml            the gateway alone
+  router groups create acme --credits 500      a credit group
+  router keys create --group acme --name ci    an API key (printed once)
+  router usage --group acme --limit 20         the latest usage records
+  router COMMAND --help                        one command's options
+"""
 
-    serve = sub.add_parser("serve", help="run the gateway")
-    serve.add_argument("--config", dest="config_sub")
-    serve.add_argument("--host")
-    serve.add_argument("--port", type=int)
+
+def _config_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", dest="config_sub", metavar="PATH",
+                   help="TOML settings file (default: $ROUTER_CONFIG, else built-in defaults)")  # fmt: skip
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="router", description="OpenAI-compatible multi-provider model router",
+                                epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--config", metavar="PATH",
+                   help="TOML settings file (default: $ROUTER_CONFIG, else built-in defaults)")  # fmt: skip
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the gateway", description="Run the gateway (hypercorn).")
+    _config_option(serve)
+    serve.add_argument("--host", help="address to listen on (default: [server] host, 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port to listen on (default: [server] port, 8080)")
     serve.add_argument("--workers", type=int, help="processes sharing the port (default: [server] workers)")
     serve.add_argument("--fd", type=int, help=argparse.SUPPRESS)  # a worker: serve this inherited socket
 
-    demo = sub.add_parser("demo", help="run the gateway with emulated providers and a seeded key")
-    demo.add_argument("--config", dest="config_sub")
-    demo.add_argument("--host", default="127.0.0.1")
-    demo.add_argument("--port", type=int, default=8080)
+    demo = sub.add_parser("demo", help="run the gateway with emulated providers and a seeded key",
+                          description="The gateway and the five emulated providers in one process, with a "
+                          "group 'demo', its key and a console password kept in the data directory.")  # fmt: skip
+    _config_option(demo)
+    demo.add_argument("--host", default="127.0.0.1", help="address of the gateway and the emulators (default: %(default)s)")
+    demo.add_argument("--port", type=int, default=8080, help="the gateway's port (default: %(default)s)")
+    demo.add_argument("--emulator-port", type=int, default=0, metavar="PORT",
+                      help="first of the emulators' five consecutive ports (default: free ports)")  # fmt: skip
+    demo.add_argument("--new-key", action="store_true",
+                      help="issue a new demo key instead of reusing the one kept in the data directory")  # fmt: skip
+    demo.add_argument("--access-log", default="", metavar="PATH",
+                      help="where the access log goes (default: access.log in the data directory; - for this terminal)")  # fmt: skip
 
-    emus = sub.add_parser("emulators", help="run the five emulated providers")
-    emus.add_argument("--host", default="127.0.0.1")
-    emus.add_argument("--port", type=int, default=9100, help="first port; the providers take consecutive ports")
+    emus = sub.add_parser("emulators", help="run the five emulated providers alone (for benchmarks)",
+                          description="The five emulated providers, each on its own port, until Ctrl-C.")  # fmt: skip
+    emus.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    emus.add_argument("--port", type=int, default=9100, help="first port; the providers take consecutive ports (default: %(default)s)")
 
-    groups = sub.add_parser("groups", help="credit groups")
-    gsub = groups.add_subparsers(dest="action", required=True)
-    gc = gsub.add_parser("create")
-    gc.add_argument("name")
-    gc.add_argument("--credits", required=True)
-    gt = gsub.add_parser("topup")
-    gt.add_argument("name")
-    gt.add_argument("amount")
-    gsub.add_parser("list")
-    gs = gsub.add_parser("show", help="balance, reserved and spent credits of a group")
-    gs.add_argument("name")
+    groups = sub.add_parser("groups", help="credit groups: create, top up, list, show",
+                            description="Credit groups: every key spends from its group's balance.")  # fmt: skip
+    gsub = groups.add_subparsers(dest="action", required=True, metavar="ACTION")
+    gc = gsub.add_parser("create", help="a new group with a starting balance", description="Create a credit group.")
+    gc.add_argument("name", help="the group's name (unique)")
+    gc.add_argument("--credits", required=True, help="starting balance in credits (up to 9 decimals)")
+    gt = gsub.add_parser("topup", help="add credits to a group's balance", description="Add credits to a group.")
+    gt.add_argument("name", help="the group's name")
+    gt.add_argument("amount", help="credits to add (up to 9 decimals)")
+    gsub.add_parser("list", help="every group with its balance, reserved and spent credits",
+                    description="List every group.")  # fmt: skip
+    gs = gsub.add_parser("show", help="balance, reserved and spent credits of a group", description="Show one group.")
+    gs.add_argument("name", help="the group's name")
 
-    keys = sub.add_parser("keys", help="API keys")
-    ksub = keys.add_subparsers(dest="action", required=True)
-    kc = ksub.add_parser("create")
-    kc.add_argument("--group", required=True)
-    kc.add_argument("--name", default="")
-    kc.add_argument("--spend-cap", help="credits this key may spend in all")
-    kc.add_argument("--models", help="comma-separated model ids this key may use")
-    kr = ksub.add_parser("revoke")
-    kr.add_argument("id", type=int)
-    kl = ksub.add_parser("list")
-    kl.add_argument("--group")
+    keys = sub.add_parser("keys", help="API keys: create, list, revoke", description="API keys of the groups.")
+    ksub = keys.add_subparsers(dest="action", required=True, metavar="ACTION")
+    kc = ksub.add_parser("create", help="issue a key (printed once, alone on the last line)",
+                         description="Issue an API key; only its hash is stored, so it is shown once.")  # fmt: skip
+    kc.add_argument("--group", required=True, help="the group the key spends from")
+    kc.add_argument("--name", default="", help="a label for the key")
+    kc.add_argument("--spend-cap", metavar="CREDITS", help="credits this key may spend in all")
+    kc.add_argument("--models", help="comma-separated model ids this key may use (default: all)")
+    kr = ksub.add_parser("revoke", help="revoke a key at once", description="Revoke a key; its next call gets 401.")
+    kr.add_argument("id", type=int, help="the key's id (router keys list)")
+    kl = ksub.add_parser("list", help="keys with their hint, status and spend", description="List keys.")
+    kl.add_argument("--group", help="only this group's keys")
 
-    usage = sub.add_parser("usage", help="usage records, newest first")
-    usage.add_argument("--group")
-    usage.add_argument("--key", type=int, help="key id")
-    usage.add_argument("--source", choices=["api", "job"])
-    usage.add_argument("--limit", type=int, default=50)
+    usage = sub.add_parser("usage", help="usage records, newest first", description="Usage records, newest first.")
+    usage.add_argument("--group", help="only this group's calls")
+    usage.add_argument("--key", type=int, help="only this key's calls (its id)")
+    usage.add_argument("--source", choices=["api", "job"], help="only API calls or only batch-job lines")
+    usage.add_argument("--limit", type=int, default=50, help="how many records (default: %(default)s)")
 
     from console.cli import add_commands
 
@@ -170,10 +200,14 @@ def main(argv: list[str] | None = None) -> None:
             run(serve(create_app(settings), host, port, None, server.graceful_timeout, server.keep_alive_timeout,
                       fd=args.fd))  # fmt: skip
         elif args.command == "demo":
-            from router.demo import demo
+            from router.demo import DemoError, DemoOptions, demo
             from router.serve import run
 
-            run(demo(settings, args.host, args.port))
+            options = DemoOptions(args.host, args.port, args.emulator_port, args.new_key, args.access_log)
+            try:
+                run(demo(settings, options))
+            except DemoError as exc:
+                raise SystemExit(f"router demo: {exc}") from None
         elif args.command == "emulators":
             from router.demo import run_emulators_forever
             from router.serve import run

@@ -25,7 +25,8 @@ import threading
 import time
 from dataclasses import dataclass
 from logging.handlers import QueueHandler
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
 
 import msgspec
 
@@ -177,11 +178,13 @@ class _Enqueue(QueueHandler):
 
 class _Batches(threading.Thread):
     """Formats and writes queued records every ``interval`` seconds, all at once: the event loop only
-    appends to a queue (no wake-up of this thread, no hand-over of the GIL per record)."""
+    appends to a queue (no wake-up of this thread, no hand-over of the GIL per record). Access lines go
+    to ``access_out`` when there is one (``[observability] access_log_file``), else with the rest."""
 
-    def __init__(self, q: queue.SimpleQueue[Any], target: logging.Handler, interval: float = 0.05) -> None:
+    def __init__(self, q: queue.SimpleQueue[Any], target: logging.Handler, interval: float = 0.05,
+                 access_out: TextIO | None = None) -> None:  # fmt: skip
         super().__init__(name="router-logs", daemon=True)
-        self.q, self.target, self.interval = q, target, interval
+        self.q, self.target, self.interval, self.access_out = q, target, interval, access_out
         self.stopping = threading.Event()
 
     def run(self) -> None:
@@ -190,7 +193,8 @@ class _Batches(threading.Thread):
         self.flush()
 
     def flush(self) -> None:
-        lines = []
+        lines: list[str] = []
+        accesses = lines if self.access_out is None else []
         while True:
             try:
                 record = self.q.get_nowait()
@@ -198,21 +202,29 @@ class _Batches(threading.Thread):
                 break
             try:
                 if isinstance(record, tuple):  # an access line put here by access(): (created, values)
-                    lines.append(self.target.formatter.format_access(*record))  # type: ignore[union-attr]
+                    accesses.append(self.target.formatter.format_access(*record))  # type: ignore[union-attr]
+                elif record.name == ACCESS.name:
+                    accesses.append(self.target.format(record))
                 else:
                     lines.append(self.target.format(record))
             except Exception:  # noqa: BLE001 - a bad record must not stop the logs
                 lines.append(f"unformattable log record: {getattr(record, 'msg', record)!r}")
-        if lines:
-            try:
-                sys.stderr.write("\n".join(lines) + "\n")
-                sys.stderr.flush()
-            except (OSError, ValueError):
-                pass
+        _write(sys.stderr, lines)
+        if self.access_out is not None:
+            _write(self.access_out, accesses)
 
     def stop(self) -> None:
         self.stopping.set()
         self.join(2)
+
+
+def _write(out: TextIO, lines: list[str]) -> None:
+    if lines:
+        try:
+            out.write("\n".join(lines) + "\n")
+            out.flush()
+        except (OSError, ValueError):
+            pass
 
 
 _handler: _Enqueue | None = None
@@ -230,8 +242,13 @@ def setup(settings: ObservabilitySettings) -> None:
         return
     target = _Stderr()
     target.setFormatter(JsonFormatter() if settings.log_format == "json" else TextFormatter())
+    access_out = None
+    if settings.access_log_file:
+        path = Path(settings.access_log_file)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        access_out = path.open("a", encoding="utf-8")  # for the process's life
     q: queue.SimpleQueue[Any] = queue.SimpleQueue()
-    _listener = _Batches(q, target)
+    _listener = _Batches(q, target, access_out=access_out)
     _listener.start()
     atexit.register(_listener.stop)
     _handler = _Enqueue(q)

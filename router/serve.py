@@ -49,9 +49,30 @@ async def serve(app: ASGIApp, host: str, port: int, started: Callable[[], Awaita
         config.bind = [f"fd://{fd}"]  # a worker of serve_workers: the socket is its parent's
     task = asyncio.ensure_future(hypercorn_serve(app, config, shutdown_trigger=stop.wait))  # type: ignore[arg-type]
     if started is not None:
-        await asyncio.sleep(0.2)
+        await answering(host, port, task)
         await started()
     await task
+
+
+async def answering(host: str, port: int, server: asyncio.Future[None]) -> None:
+    """Return once ``host:port`` answers ``GET /healthz`` with 200: the port is bound and the app's
+    startup succeeded. When the server stops first, what it raised is raised here."""
+    probe = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    while not server.done():
+        try:
+            reader, writer = await asyncio.open_connection(probe, port)
+            try:
+                writer.write(b"GET /healthz HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n")
+                status = await asyncio.wait_for(reader.readline(), 10)
+            finally:
+                writer.close()
+            if status.startswith(b"HTTP/1.1 200"):
+                return
+        except (OSError, TimeoutError):
+            pass
+        await asyncio.wait([server], timeout=0.05)
+    await server
+    raise RuntimeError(f"the server on {host}:{port} stopped before it answered")
 
 
 # Cyclic GC for a serving process. With the default thresholds (700, 10, 10) a full collection

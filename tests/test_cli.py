@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import subprocess
@@ -58,3 +59,35 @@ def test_cli_and_gateway_share_the_store(stack: Stack, tmp_path) -> None:
         raise AssertionError("revoked key was accepted")
     except openai.AuthenticationError:
         pass
+
+
+def _commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], argparse.ArgumentParser, str | None]]:  # fmt: skip
+    """Every (sub)command under ``parser``: its words, its parser and the one-line help it is listed with."""
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            listed = {a.dest: a.help for a in action._choices_actions}
+            for name, sub in action.choices.items():
+                found.append(((*path, name), sub, listed.get(name)))
+                found.extend(_commands(sub, (*path, name)))
+    return found
+
+
+def test_every_command_and_option_has_a_line_of_help() -> None:
+    from router.cli import parser
+
+    top = parser()
+    commands = _commands(top)
+    assert {"groups create", "groups topup", "groups list", "keys create", "keys revoke", "keys list",
+            "console set-password"} <= {" ".join(words) for words, _, _ in commands}  # fmt: skip
+    for words, sub, listed in commands:
+        assert listed, f"router {' '.join(words)} is listed without help"
+        assert sub.description, f"router {' '.join(words)} --help has no description"
+        for action in sub._actions:
+            if action.option_strings or not isinstance(action, argparse._SubParsersAction):
+                assert action.help, f"router {' '.join(words)} {action.option_strings or action.dest}: no help"
+    shown = router("--help", cwd=".")
+    assert "examples:" in shown.stdout and "router demo" in shown.stdout
+    for command in ("serve", "demo"):
+        text = router(command, "--help", cwd=".").stdout
+        assert "--config PATH" in text and "CONFIG_SUB" not in text
