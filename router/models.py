@@ -76,4 +76,7 @@ class Models:
         model = self.gw.catalog.resolve(asked)
         if not may_use(principal, model.id, asked):
             raise not_found(asked)  # as OpenAI answers for a model the key cannot see
-        return JSONBytes(_encode(self._cards[model.id]))
+        found = self._cards[model.id]
+        if asked != model.id:  # the id sent is the id answered (claude/... stays claude/...)
+            found = msgspec.structs.replace(found, id=asked)
+        return JSONBytes(_encode(found))

@@ -43,19 +43,30 @@ def test_pricing_shows_the_cache_write_price_that_is_billed(client: openai.OpenA
     assert "cache_write" not in listed["mistral/mistral-large-latest"]["pricing"]  # none: billed as input
 
 
-def test_retrieve_resolves_prefix_alias(client: openai.OpenAI) -> None:
-    model = client.models.retrieve("claude/claude-sonnet-4-5")
-    assert model.id == "anthropic/claude-sonnet-4-5"
-    assert client.models.retrieve("gemini/gemini-2.5-pro").id == "google/gemini-2.5-pro"
+def test_retrieve_resolves_prefix_alias_and_echoes_the_id_sent(client: openai.OpenAI) -> None:
+    model = client.models.retrieve("claude/claude-haiku-4-5")
+    assert model.id == "claude/claude-haiku-4-5"  # as every answer echoes the model sent
+    assert model.model_dump(exclude={"id"}) == client.models.retrieve("anthropic/claude-haiku-4-5").model_dump(exclude={"id"})
+    assert client.models.retrieve("gemini/gemini-2.5-pro").id == "gemini/gemini-2.5-pro"
+    assert client.models.retrieve("anthropic/claude-haiku-4-5").id == "anthropic/claude-haiku-4-5"
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("openai/nope")
+
+
+def test_the_list_has_every_catalog_entry_snapshots_and_aliases(stack: Stack, client: openai.OpenAI) -> None:
+    """As OpenAI lists snapshots and aliases as models: each catalog entry once, under its own prefix."""
+    listed = {m.id: (m.model_extra or {}) for m in client.models.list()}
+    assert set(listed) == set(stack.gateway.catalog.models)
+    assert listed["openai/gpt-4o-2024-08-06"]["alias_of"] is None
+    assert listed["openai/gpt-4o"]["alias_of"] == "openai/gpt-4o-2024-08-06"
+    assert listed["anthropic/claude-sonnet-latest"]["alias_of"] == "anthropic/claude-sonnet-4-6"
 
 
 def test_models_follow_the_keys_allow_list(stack: Stack) -> None:
     allowed = ["anthropic/claude-sonnet-4-5", "openai/gpt-4o-mini"]
     client = stack.client(stack.key(models=allowed))
     assert [m.id for m in client.models.list()] == sorted(allowed)
-    assert client.models.retrieve("claude/claude-sonnet-4-5").id == "anthropic/claude-sonnet-4-5"
+    assert client.models.retrieve("claude/claude-sonnet-4-5").id == "claude/claude-sonnet-4-5"
     for hidden in ("openai/gpt-4o", "google/gemini-2.5-flash"):
         with pytest.raises(openai.NotFoundError) as info:
             client.models.retrieve(hidden)
