@@ -55,7 +55,7 @@ def test_second_gateway_on_one_sqlite_file_is_refused(stack: Stack, tmp_path: Pa
     try:
         second = subprocess.run([sys.executable, "-m", "router", "serve", "--config", str(config), "--port",
                                  str(free_port())], capture_output=True, text=True, timeout=30)  # fmt: skip
-        assert second.returncode != 0 and "another gateway process already serves" in second.stderr
+        assert second.returncode != 0 and f"another gateway process (pid {first.pid}) already serves" in second.stderr
         assert "reserved" in _cli(config, "groups", "list")  # the CLI still works beside the gateway
     finally:
         first.terminate()
