@@ -3,7 +3,7 @@
     build_request(call)          -> UpstreamRequest (url, headers, body bytes)
     parse_response(call, body)   -> (OpenAI chat.completion dict, TokenUsage | None)
     stream(call)                 -> StreamTranslator: feed(SSE event) -> [OpenAI chunk dicts]
-    error(status, body, headers) -> GatewayError (design §8)
+    error(status, body, headers) -> GatewayError (docs/architecture.md, Errors)
 
 The gateway then normalises what adapters return (ids, model echo, usage placement, chunk order) in
 one place, :mod:`gateway.stream`, so adapters only translate.
@@ -113,12 +113,12 @@ def error_message(body: bytes) -> tuple[str | None, str | None]:
     return None, None
 
 
-# An upstream's own account is out of credit (providers.md §8.7 18): never retried, unlike a rate limit
+# An upstream's own account is out of credit (docs/providers.md): never retried, unlike a rate limit
 OUT_OF_CREDIT = frozenset({"insufficient_quota", "billing_error", "FAILED_PRECONDITION"})
 
 
 def map_upstream_error(provider: str, status: int, body: bytes, headers: Mapping[str, str]) -> GatewayError:
-    """Design §8: what the caller sees for an upstream HTTP error."""
+    """What the caller sees for an upstream HTTP error (docs/architecture.md, Errors)."""
     message, code = error_message(body)
     said = f": {message}" if message else ""
     if status == 402 or code in OUT_OF_CREDIT:

@@ -6,7 +6,7 @@
 
 The body goes upstream as the caller wrote it, with ``model`` set to the upstream name; what comes back
 carries the caller's model id again (in the response object and in every event that carries one).
-Usage for billing is read from the final response (reference/providers.md §2.3, §2.5). Pure: no I/O.
+Usage for billing is read from the final response (docs/providers.md, OpenAI Responses). Pure: no I/O.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ NAMES = ["direct", "gateway", "bare", "gw-uvicorn", "bare-uvicorn", "gw-2workers
 LABELS = {"direct": "emulator direct", "gateway": "gateway", "bare": "bare proxy", "litellm": "litellm",
           "gw-uvicorn": "gw uvicorn", "bare-uvicorn": "bare uvicorn", "gw-2workers": "gw 2 workers"}  # fmt: skip
 # other ways to run the gateway, each over the floor of its own server and over LiteLLM (not budget checks:
-# design §9 is about one process of `router serve`)
+# the budget, docs/architecture.md, is about one process of `router serve`)
 ALT_RATIOS = (("gw-uvicorn", "bare-uvicorn"), ("gw-uvicorn", "litellm"), ("gw-2workers", "litellm"),
               ("gw-2workers", "bare"))  # fmt: skip
 FEW_SAMPLES = 30
@@ -65,7 +65,7 @@ def ratio(a: dict[str, Any], b: dict[str, Any]) -> float:
 
 
 def derive(results: dict[str, Any]) -> None:
-    """Adds ``ratios``, ``budget`` (design §9) and ``labels`` (the targets in order, for bench/plot.py)
+    """Adds ``ratios``, ``budget`` (docs/architecture.md, Performance budget) and ``labels`` (the targets in order, for bench/plot.py)
     to the results."""
     results["labels"] = {n: LABELS[n] for n in NAMES}
     ratios = []
@@ -251,7 +251,7 @@ def render(results: dict[str, Any]) -> str:
 
     if results.get("budget"):
         out.append("")
-        out.append("Budget (design §9)")
+        out.append("Budget (docs/architecture.md)")
         for b in results["budget"]:
             value = b["value"]
             shown = "-" if value is None else (f"{value:+.2f} ms" if b["unit"] == "ms" else f"{value:.2f}x")

@@ -1,5 +1,5 @@
 """The management console: server-rendered pages at ``/console`` and the admin JSON API at
-``/console/api`` (design §7). ``console_app(gateway)`` builds the sub-app that ``create_app`` mounts."""
+``/console/api``. ``console_app(gateway)`` builds the sub-app that ``create_app`` mounts."""
 
 from console.app import console_app
 

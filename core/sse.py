@@ -1,6 +1,6 @@
 """Server-Sent Events: an incremental decoder for upstream streams and the framing of our own events.
 
-The decoder follows the WHATWG event-stream grammar (reference/providers.md §7): CRLF, LF and lone CR
+The decoder follows the WHATWG event-stream grammar (docs/providers.md, Server-sent events): CRLF, LF and lone CR
 all end a line, also when a CR ends one network read and its LF starts the next; a blank line
 dispatches; ``:`` lines are comments; several ``data:`` lines join with ``\\n``. It works on bytes:
 lines are split at ASCII terminators, which never occur inside a UTF-8 multi-byte sequence, so a

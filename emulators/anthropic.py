@@ -1,5 +1,5 @@
 """Emulator of the Anthropic Messages API: ``POST /v1/messages`` (JSON and ``event:`` streams) and
-``GET /v1/models``, validated and answered in the real wire format (reference/providers.md §3).
+``GET /v1/models``, validated and answered in the real wire format (docs/providers.md, Anthropic).
 
 Like the real API it wants ``x-api-key`` and ``anthropic-version``, requires ``max_tokens``, rejects
 fields it does not know, roles other than user/assistant, empty content, unpaired ``tool_use`` /

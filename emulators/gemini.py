@@ -1,4 +1,4 @@
-"""Emulator of the Gemini API (Generative Language API ``v1beta``, reference/providers.md §4).
+"""Emulator of the Gemini API (Generative Language API ``v1beta``, docs/providers.md, Gemini).
 
 Serves ``POST /v1beta/models/{model}:generateContent``, ``:streamGenerateContent`` (with ``alt=sse``:
 data-only events, CRLF line ends, no ``[DONE]``, the connection simply closes; without ``alt``: one

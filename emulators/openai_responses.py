@@ -1,4 +1,4 @@
-"""Emulator of OpenAI's Responses API, ``POST /v1/responses`` (reference/providers.md §2), served by the
+"""Emulator of OpenAI's Responses API, ``POST /v1/responses`` (docs/providers.md, OpenAI Responses), served by the
 ``openai`` flavour of :class:`emulators.openai.OpenAIEmulator`.
 
 It validates like the real API (unknown parameters, ``max_output_tokens`` ≥ 16, flat function tools,

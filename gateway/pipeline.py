@@ -1,4 +1,4 @@
-"""The path of one chat call, without HTTP (design §3): the chat endpoint, the Responses endpoint for
+"""The path of one chat call, without HTTP (docs/architecture.md, the path of one call): the chat endpoint, the Responses endpoint for
 translated providers and the batch runner all go through it.
 
     start(context, raw, request)     resolve the model, check capabilities and permissions, reserve the
@@ -9,26 +9,24 @@ translated providers and the batch runner all go through it.
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
-from adapters.base import Adapter, Call, UpstreamRequest
+from adapters.base import Adapter, Call
 from billing.ledger import Meter
 from billing.pricing import worst_case
 from billing.store import Principal, UsageRecord
-from core import metrics
 from core.catalog import Model
-from core.errors import GatewayError, InvalidRequest, PermissionDenied, UpstreamTimeout, UpstreamUnavailable
+from core.errors import GatewayError, InvalidRequest, PermissionDenied, UpstreamUnavailable
 from core.types import Endpoint, Headers, new_id
 from core.wire import ChatRequest
 from gateway.auth import may_use
 from gateway.context import CallContext
-from gateway.reliability import backoff, breaker_failure, failover, retryable
+from gateway.reliability import failover, open_upstream
 from gateway.state import Gateway
 from gateway.stream import Shaper, chunks
 
@@ -220,48 +218,3 @@ class _Attempt:
             response = await open_upstream(gw, upstream, model.provider, adapter.error, self.deadline)
             upstream_id = response.headers.get("x-request-id") or response.headers.get("request-id")
             return Started(call, adapter, meter, response, completion_id(), upstream_id)
-
-
-async def open_upstream(gw: Gateway, upstream: UpstreamRequest, provider: str,
-                        to_error: Callable[[int, bytes, Mapping[str, str]], GatewayError],
-                        deadline: float) -> aiohttp.ClientResponse:  # fmt: skip
-    """Send ``upstream`` and return the response once its status is good, retrying what is worth
-    retrying (gateway/reliability.py) within ``deadline``, and keeping the provider's circuit breaker
-    informed. Before the first byte has gone to the caller, so a retry is invisible to it."""
-    rel = gw.settings.reliability
-    breaker = gw.breakers[provider]
-    target = gw.providers[provider]
-    attempt = 0
-    while True:
-        try:
-            with gw.deadlines.after(rel.first_byte_timeout):
-                response = await gw.transport.open(upstream, target)
-                if response.status >= 400:
-                    try:
-                        error_body = await response.read()
-                    finally:
-                        response.release()
-                    raise to_error(response.status, error_body, response.headers)
-        except TimeoutError:
-            metrics.upstream_error(provider, "timeout")
-            error: GatewayError = UpstreamTimeout(
-                f"The provider '{provider}' sent no answer within {rel.first_byte_timeout:g} s."
-            )
-        except GatewayError as exc:
-            error = exc
-        else:
-            breaker.success()
-            return response
-        if breaker_failure(error):
-            breaker.failure()
-        wait = backoff(attempt, rel.backoff_base, rel.backoff_max, error.headers.get("Retry-After"))
-        if not retryable(error) or attempt >= rel.max_retries or time.monotonic() + wait > deadline:
-            raise error
-        attempt += 1
-        retried(provider)
-        await asyncio.sleep(wait)
-
-
-def retried(provider: str) -> None:
-    """A retry happened (metrics hook)."""
-    metrics.retry(provider)

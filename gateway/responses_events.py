@@ -1,5 +1,5 @@
-"""Chat chunks → the Responses event sequence that OpenAI's Responses API emits (reference/providers.md
-§2.5), for the groups whose answers are translated from chat:
+"""Chat chunks → the Responses event sequence that OpenAI's Responses API emits (docs/providers.md,
+OpenAI Responses), for the groups whose answers are translated from chat:
 
     response.created, response.in_progress,
     per output item: response.output_item.added, then

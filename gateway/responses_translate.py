@@ -1,5 +1,5 @@
 """The Responses API for the provider groups that do not speak it (p2–p5): a request becomes a chat
-request, the chat answer becomes a Response object (reference/providers.md §2.2–2.4).
+request, the chat answer becomes a Response object (docs/providers.md, OpenAI Responses).
 
     to_chat(body)                   Responses request → chat request dict; a feature with no chat
                                     equivalent is a 400 that names it

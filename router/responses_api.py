@@ -1,4 +1,4 @@
-"""``POST /v1/responses`` for every provider group (design §3, reference/providers.md §2).
+"""``POST /v1/responses`` for every provider group (docs/architecture.md, the path of one call).
 
 Group p1 (OpenAI) speaks the Responses API itself: the body goes through to ``{base_url}/responses``
 (:mod:`adapters.openai_responses`), reserved before and settled after like a chat call, usage read from
@@ -31,7 +31,8 @@ from core.errors import GatewayError, InvalidRequest, UpstreamError
 from core.sse import SSEDecoder, frame_event
 from core.wire import ChatRequest, ImagePart, ImageURL, Message
 from gateway.context import CallContext
-from gateway.pipeline import ChatPipeline, Started, open_upstream
+from gateway.pipeline import ChatPipeline, Started
+from gateway.reliability import open_upstream
 from gateway.responses_events import EventSynth
 from gateway.responses_translate import (
     estimate_prompt,

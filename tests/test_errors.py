@@ -1,4 +1,4 @@
-"""Every bad input gets its clear OpenAI-shaped error, and the server keeps serving (design §8)."""
+"""Every bad input gets its clear OpenAI-shaped error, and the server keeps serving (README, Errors)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Hostile input: each case gets a clear error or a closed connection, never a crash or a leak, and
-the gateway keeps serving (design §8, issue 8)."""
+the gateway keeps serving (README, Errors; issue 8)."""
 
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ def new_call_id() -> str:
 
 
 def finish_reason(reason: str, has_calls: bool) -> str:
-    """Gemini ``finishReason`` → OpenAI ``finish_reason`` (§4.4): calls are known from the parts."""
+    """Gemini ``finishReason`` → OpenAI ``finish_reason``: calls are known from the parts."""
     if reason == "MAX_TOKENS":
         return "length"
     if reason in FILTERED or reason.startswith("IMAGE_"):
@@ -143,7 +143,7 @@ def parse(provider: str, call: Call, body: bytes) -> tuple[dict[str, Any], Token
     if not candidates and not blocked(data):
         raise UpstreamError(f"The provider '{provider}' returned no candidates.")
     choices = [_choice(c, i) for i, c in enumerate(candidates)]
-    if not choices:  # the prompt itself was blocked (§8.7 16): empty content, content_filter
+    if not choices:  # the prompt itself was blocked: empty content, content_filter
         choices = [
             {
                 "index": 0,
@@ -185,7 +185,7 @@ def _choice(candidate: dict[str, Any], position: int) -> dict[str, Any]:
 
 def upstream_error(provider: str, status: int, body: bytes, headers: Mapping[str, str]) -> GatewayError:
     if status == 400 and b"API_KEY_INVALID" in body:
-        status = 401  # Gemini says 400 for a bad key (§8.7 19): it is the gateway's credential
+        status = 401  # Gemini says 400 for a bad key: it is the gateway's credential
     if status == 429 and "retry-after" not in headers:  # Gemini has no header, only RetryInfo
         try:
             retry = _retry_after(error_of(_decode(body)))
