@@ -51,24 +51,48 @@ class Ledger:
 
     A call's answer does not wait for its settlement to be durable: the settlement is queued for the
     store's next group commit and the call's hold (its reservation) stays until that commit, so no
-    other call can spend it meanwhile. :meth:`drain` (the gateway's shutdown) waits for every queued
-    settlement; one that fails is logged with its usage record."""
+    other call can spend it meanwhile. Each settlement's future (``Meter.settled``) resolves once it
+    is durable; the store commits them in the order they were queued, so :meth:`settled_so_far`
+    waits for the last one queued. :meth:`watch` collects the settlements of one request id (a batch
+    line, run in-process, waits for its own call's); :meth:`drain` (the gateway's shutdown) waits for
+    every one. A settlement that fails is logged with its usage record."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self.pending: set[asyncio.Future[int]] = set()
+        self.pending: set[asyncio.Future[int]] = set()  # settlements queued and not yet durable
+        self.last: asyncio.Future[int] | None = None  # the settlement queued last
+        self._watched: dict[str, list[asyncio.Future[int]]] = {}
 
-    def queue(self, reservation: Reservation, record: UsageRecord) -> None:
-        """Settle without waiting: :meth:`settle_soon`, kept track of until it is durable."""
+    def queue(self, reservation: Reservation, record: UsageRecord) -> asyncio.Future[int]:
+        """Settle without waiting (the store may batch it with others); the future resolves once it
+        is durable."""
         settling = self.settle_soon(reservation, record, linger=True)
         self.pending.add(settling)
+        self.last = settling
         settling.add_done_callback(partial(self._settled, record))
+        if self._watched and record.request_id in self._watched:
+            self._watched[record.request_id].append(settling)
+        return settling
 
     def _settled(self, record: UsageRecord, done: asyncio.Future[int]) -> None:
         self.pending.discard(done)
         error = "cancelled" if done.cancelled() else done.exception()
         if error is not None:  # the charge is lost: its record goes to the log, to be put right by hand
             log.error("a settlement could not be stored (%r): %r", error, record)
+
+    def watch(self, request_id: str) -> None:
+        """From now until :meth:`unwatch`, collect the settlements of calls with this request id."""
+        self._watched.setdefault(request_id, [])
+
+    def unwatch(self, request_id: str) -> list[asyncio.Future[int]]:
+        """Stop collecting; the settlements collected since :meth:`watch`."""
+        return self._watched.pop(request_id, [])
+
+    async def settled_so_far(self) -> None:
+        """Wait until every settlement queued so far is durable (or failed)."""
+        last = self.last
+        if last is not None and not last.done():
+            await asyncio.wait((last,))
 
     async def drain(self) -> None:
         """Wait until every settlement queued so far is durable (or failed)."""
@@ -81,15 +105,18 @@ class Ledger:
             raise refused(result)
         return result
 
-    async def settle(self, reservation: Reservation, record: UsageRecord) -> int:
-        return await self.settle_soon(reservation, record)
-
     def settle_soon(
         self, reservation: Reservation, record: UsageRecord, linger: bool = False
     ) -> asyncio.Future[int]:
         """Start settling now (nothing can cancel it); the future resolves once it is durable.
         ``linger``: nobody waits for it (a store may then wait a little to batch it with others)."""
-        return asyncio.ensure_future(self.store.settle(reservation, record))
+        return self.store.settle_soon(reservation, record, linger)
+
+
+def ledger_for(store: Store) -> Ledger:
+    """The ledger for a store: held in this process's memory if it alone spends from the store
+    (SQLite), else in the store itself (PostgreSQL: reservations shared by the replicas)."""
+    return LocalLedger(store) if store.exclusive else Ledger(store)
 
 
 @dataclass(slots=True)
@@ -118,7 +145,7 @@ class LocalLedger(Ledger):
         self._ids = itertools.count(-1, -1)
 
     async def _read(self, group_id: int, key_id: int) -> tuple[_Holds, _Holds]:
-        balance, room = await self.store.ledger_state(group_id, key_id)  # type: ignore[attr-defined]
+        balance, room = await self.store.ledger_state(group_id, key_id)
         now = time.monotonic()
         group = self._groups.setdefault(group_id, _Holds(balance))
         key = self._keys.setdefault(key_id, _Holds(room))
@@ -152,7 +179,7 @@ class LocalLedger(Ledger):
     def settle_soon(
         self, reservation: Reservation, record: UsageRecord, linger: bool = False
     ) -> asyncio.Future[int]:
-        settled = self.store.settle_soon(reservation, record, linger)  # type: ignore[attr-defined]
+        settled = self.store.settle_soon(reservation, record, linger)
 
         def release(done: asyncio.Future[int]) -> None:
             charge = 0 if done.cancelled() or done.exception() is not None else done.result()
@@ -179,7 +206,8 @@ class Meter:
     prompt: dict[str, Any]  # the chat request (messages, tools, response_format), to estimate a prompt
     # whose usage the upstream never gave
     started: float = field(default_factory=time.monotonic)
-    settled: bool = False
+    finished: bool = False
+    settled: asyncio.Future[int] | None = None  # once finished: resolves when its settlement is durable
 
     def settles_on_failure(self) -> _SettlesOnFailure:
         """Around a step of the call (``async with``): if it fails, settle at once — ``error`` for a
@@ -192,9 +220,9 @@ class Meter:
                      prompt_usage: TokenUsage | None = None) -> None:  # fmt: skip
         """``prompt_usage``: the prompt's exact counts, when the upstream gave them before it stopped
         (Anthropic's ``message_start``); an estimate then counts only the output."""
-        if self.settled:
+        if self.finished:
             return
-        self.settled = True
+        self.finished = True
         record = self.record
         exact = usage is not None
         if usage is None and (generated or status == "interrupted"):
@@ -216,7 +244,7 @@ class Meter:
         record.ttft_ms = (first_token_at - self.started) * 1000 if first_token_at else None
         record.ts = time.time()
         metrics.call_settled(record)
-        self.ledger.queue(self.reservation, record)  # durable at the next group commit (see Ledger)
+        self.settled = self.ledger.queue(self.reservation, record)  # durable at the next group commit (see Ledger)
 
     def _estimate(self, generated: str, prompt: TokenUsage | None) -> TokenUsage:
         completion = tokens.count(generated)

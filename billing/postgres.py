@@ -1,29 +1,7 @@
 """PostgreSQL store: several gateway replicas share one database. Same tables, same results as
-:mod:`billing.sqlite`, on an asyncpg pool.
-
-The ledger goes through group commit: reservations and settlements queue up while a batch is being
-committed, then the next batch does them all in one transaction (one WAL flush for dozens of calls;
-a transaction per reservation would hold the group's row lock through its own flush, so one busy
-group could not go past the disk's flush rate). A batch is four round trips:
-
-1. ``BEGIN``;
-2. ``LOCK``: delete the reservations it settles, then lock the key rows, then the group rows it
-   touches (each in id order) and read them;
-3. work out every operation in Python, one after the other in the order they were submitted, with the
-   SQLite store's arithmetic (a reservation needs the key's cap and the group's balance; a charge is
-   capped at what the group has);
-4. ``APPLY``: the net change of each group with one conditional ``UPDATE`` (``WHERE balance + change
-   >= 0``), of each key, the new reservations and the usage records; then ``COMMIT``.
-
-The rows are locked before they are read, so no replica can move a balance between the reading and
-the writing; ``CHECK (balance >= 0)`` is the last guard. Every transaction takes its locks in the
-same order (reservations, keys, groups; ``reconcile`` takes reservations last, but with ``SKIP
-LOCKED``, so it never waits for one): replicas cannot deadlock each other, and if PostgreSQL still
-reported a deadlock the batch would be redone. An operation that fails (an unknown key, say) does
-not fail the others: the batch is rolled back and redone one operation per transaction.
-
-Timestamps of reservations come from the database clock, so ``reconcile(older_than=...)`` means the
-same on every replica.
+:mod:`billing.sqlite`, on one asyncpg pool (:class:`billing.postgres_pool.PostgresPool`) that the
+jobs store and the console share. Reservations and settlements go through the ledger's group commit
+(:mod:`billing.postgres_ledger`); everything else is a statement or a short transaction on the pool.
 """
 
 from __future__ import annotations
@@ -32,15 +10,27 @@ import asyncio
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
+from billing.history import History
+from billing.postgres_ledger import (
+    INTERRUPTED,
+    RECONCILE_CHUNK,
+    STALE,
+    TAKE_STALE,
+    LedgerCommits,
+    ReserveOp,
+    SettleOp,
+    apply,
+    lock,
+)
+from billing.postgres_pool import PostgresPool
+from billing.postgres_pool import migrate as pool_migrate
 from billing.store import (
     Group,
     KeyInfo,
-    ModelUsage,
     Principal,
     Refusal,
     Reservation,
@@ -49,8 +39,10 @@ from billing.store import (
     UsageRecord,
     principal_query,
     principal_row,
-    usage_record,
 )
+
+if TYPE_CHECKING:
+    from core.config import StoreSettings
 
 _PRINCIPAL_BY_HASH = principal_query("key_hash", "$1")
 
@@ -119,341 +111,17 @@ MIGRATIONS: list[str] = [
     CREATE INDEX usage_group_ts ON usage(group_id, id);
     CREATE INDEX usage_key_ts ON usage(key_id, ts);
     """,
+    # 3: the usage history's filters as index ranges (billing/history.py); the console used to add
+    # them on first use, under other names (kept, renamed)
+    """
+    ALTER INDEX IF EXISTS console_usage_group_source RENAME TO usage_group_source;
+    ALTER INDEX IF EXISTS console_usage_group_model RENAME TO usage_group_model;
+    ALTER INDEX IF EXISTS console_usage_key RENAME TO usage_key;
+    CREATE INDEX IF NOT EXISTS usage_group_source ON usage(group_id, source, id);
+    CREATE INDEX IF NOT EXISTS usage_group_model ON usage(group_id, model, id);
+    CREATE INDEX IF NOT EXISTS usage_key ON usage(key_id, id);
+    """,
 ]
-
-# usage columns and their types, in the order of ``usage_row``
-USAGE_TYPES: tuple[tuple[str, str], ...] = (
-    ("ts", "float8"), ("key_id", "int8"), ("group_id", "int8"), ("model", "text"), ("provider", "text"),
-    ("endpoint", "text"), ("source", "text"), ("stream", "bool"), ("prompt_tokens", "int8"),
-    ("completion_tokens", "int8"), ("cached_tokens", "int8"), ("cache_write_tokens", "int8"),
-    ("reasoning_tokens", "int8"), ("credits", "int8"), ("status", "text"), ("usage_exact", "bool"),
-    ("latency_ms", "float8"), ("ttft_ms", "float8"), ("upstream_request_id", "text"), ("request_id", "text"),
-    ("error", "text"),
-)  # fmt: skip
-USAGE_COLUMNS = ", ".join(name for name, _ in USAGE_TYPES)
-NOW = "extract(epoch FROM now())::float8"
-
-# -- the statements of a ledger batch -----------------------------------------------------------------
-# Delete the reservations being settled, then lock the keys, then the groups, each in id order, in one
-# round trip. The order is certain: each step's WHERE needs a count of the step before (an InitPlan,
-# run in full before the first row of the step is locked), and Append reads its branches in turn.
-LOCK = """
-WITH released AS (
-    DELETE FROM reservations WHERE id IN
-        (SELECT id FROM reservations WHERE id = ANY($1::int8[]) ORDER BY id FOR UPDATE)
-    RETURNING id
-), k AS MATERIALIZED (
-    SELECT id, spend_cap, spent, reserved FROM keys
-    WHERE id = ANY($2::int8[]) AND (SELECT count(*) FROM released) >= 0
-    ORDER BY id FOR NO KEY UPDATE
-), g AS MATERIALIZED (
-    SELECT id, balance, reserved, spent FROM groups
-    WHERE id = ANY($3::int8[]) AND (SELECT count(*) FROM k) >= 0
-    ORDER BY id FOR NO KEY UPDATE
-)
-SELECT 'r' AS kind, id, NULL::int8 AS a, NULL::int8 AS b, NULL::int8 AS c FROM released
-UNION ALL SELECT 'k', id, spend_cap, spent, reserved FROM k
-UNION ALL SELECT 'g', id, balance, reserved, spent FROM g
-"""
-_USAGE_ARGS = ", ".join(f"${n}::{kind}[]" for n, (_, kind) in enumerate(USAGE_TYPES, start=12))
-APPLY = f"""
-WITH g AS (
-    UPDATE groups AS g SET balance = g.balance + d.balance, reserved = g.reserved + d.reserved,
-                           spent = g.spent + d.spent
-    FROM unnest($1::int8[], $2::int8[], $3::int8[], $4::int8[]) AS d(id, balance, reserved, spent)
-    WHERE g.id = d.id AND g.balance + d.balance >= 0
-    RETURNING g.id
-), k AS (
-    UPDATE keys AS k SET reserved = k.reserved + d.reserved, spent = k.spent + d.spent
-    FROM unnest($5::int8[], $6::int8[], $7::int8[]) AS d(id, reserved, spent)
-    WHERE k.id = d.id
-    RETURNING k.id
-), r AS (
-    INSERT INTO reservations (group_id, key_id, amount, created_at)
-    SELECT x.group_id, x.key_id, x.amount, {NOW}
-    FROM unnest($8::int8[], $9::int8[], $10::int8[]) WITH ORDINALITY AS x(group_id, key_id, amount, n)
-    ORDER BY x.n
-    RETURNING id
-), u AS (
-    INSERT INTO usage ({USAGE_COLUMNS})
-    SELECT {USAGE_COLUMNS} FROM unnest({_USAGE_ARGS}) WITH ORDINALITY AS x({USAGE_COLUMNS}, n)
-    ORDER BY x.n
-)
-SELECT (SELECT count(*) FROM g) AS groups, (SELECT count(*) FROM k) AS keys,
-       array(SELECT id FROM r ORDER BY id) AS reservations, $11::int AS batch
-"""
-STALE = (
-    "SELECT id FROM reservations WHERE id > $1 AND ($2::float8 IS NULL OR created_at <= "
-    f"{NOW} - $2::float8) ORDER BY id LIMIT $3"
-)
-TAKE_STALE = (
-    "DELETE FROM reservations WHERE id IN "
-    "(SELECT id FROM reservations WHERE id = ANY($1::int8[]) ORDER BY id FOR UPDATE SKIP LOCKED) "
-    "RETURNING id, group_id, key_id, amount"
-)
-INTERRUPTED = "reservation left by a stopped process, released on restart"
-RETRIES = 5  # a batch that hits a deadlock (only possible with exotic call patterns) is redone
-RECONCILE_CHUNK = 500
-
-
-def usage_row(r: UsageRecord, credits: int, now: float) -> tuple[Any, ...]:
-    return (
-        r.ts or now, r.key_id, r.group_id, r.model, r.provider, r.endpoint, r.source, r.stream,
-        r.prompt_tokens, r.completion_tokens, r.cached_tokens, r.cache_write_tokens, r.reasoning_tokens,
-        credits, r.status, r.usage_exact, r.latency_ms, r.ttft_ms, r.upstream_request_id, r.request_id,
-        r.error,
-    )  # fmt: skip
-
-
-# -- one batch, worked out in Python ------------------------------------------------------------------
-@dataclass(slots=True)
-class ReserveOp:
-    group_id: int
-    key_id: int
-    amount: int
-
-
-@dataclass(slots=True)
-class SettleOp:
-    reservation: Reservation
-    record: UsageRecord
-
-
-Op = ReserveOp | SettleOp
-
-
-@dataclass(slots=True)
-class Row:
-    """A locked group (balance, reserved, spent) or key (spend_cap in ``cap``, spent, reserved) row."""
-
-    balance: int = 0
-    reserved: int = 0
-    spent: int = 0
-    cap: int | None = None
-
-
-@dataclass(slots=True)
-class Plan:
-    """What a batch does to the rows it has locked: each operation in turn, as the SQLite store would
-    do it; the net changes are then written at once."""
-
-    released: set[int]  # reservations this batch deleted, not yet claimed by a settlement
-    keys: dict[int, Row]
-    groups: dict[int, Row]
-    now: float = field(default_factory=time.time)
-    start: dict[tuple[str, int], tuple[int, int, int]] = field(default_factory=dict)
-    reservations: list[tuple[int, int, int]] = field(default_factory=list)
-    usage: list[tuple[Any, ...]] = field(default_factory=list)
-
-    def remember(self) -> None:
-        """Note the rows as read, to write only the net changes at the end."""
-        for kind, rows in (("g", self.groups), ("k", self.keys)):
-            for rid, row in rows.items():
-                self.start[kind, rid] = (row.balance, row.reserved, row.spent)
-
-    def run(self, op: Op) -> Refusal | int:
-        """A refusal, the index of a new reservation (reserve) or the charge (settle)."""
-        if isinstance(op, ReserveOp):
-            return self.reserve(op.group_id, op.key_id, op.amount)
-        return self.settle(op.reservation, op.record)
-
-    def reserve(self, group_id: int, key_id: int, amount: int) -> Refusal | int:
-        key = self.keys.get(key_id)
-        if key is not None and key.cap is not None and key.spent + key.reserved + amount > key.cap:
-            return Refusal("key_cap", max(key.cap - key.spent - key.reserved, 0), amount)
-        group = self.groups.get(group_id)
-        if group is None or group.balance < amount:
-            return Refusal("balance", group.balance if group else 0, amount)
-        if key is None:
-            raise StoreError(f"no key with id {key_id}")
-        if amount < 0:
-            raise StoreError("a reservation cannot be negative")
-        group.balance -= amount
-        group.reserved += amount
-        key.reserved += amount
-        self.reservations.append((group_id, key_id, amount))
-        return len(self.reservations) - 1
-
-    def settle(self, reservation: Reservation, record: UsageRecord) -> int:
-        group = self.groups.get(reservation.group_id)
-        if group is None:
-            raise StoreError(f"no group with id {reservation.group_id}")
-        held = reservation.amount if reservation.id in self.released else 0  # settled twice, or reconciled
-        if group.reserved < held:
-            raise StoreError("the reservation holds more than its group has reserved")
-        self.released.discard(reservation.id)
-        charge = min(record.credits, group.balance + held)
-        group.reserved -= held
-        group.balance += held - charge
-        group.spent += charge
-        key = self.keys.get(reservation.key_id)
-        if key is not None:
-            key.reserved -= held
-            key.spent += charge
-        self.usage.append(usage_row(record, charge, self.now))
-        return charge
-
-    def args(self) -> list[Any]:
-        """The parameters of ``APPLY``: net changes per group and key, new rows as columns."""
-        groups = [(gid, r.balance - b, r.reserved - res, r.spent - s)
-                  for gid, r in self.groups.items() for b, res, s in [self.start["g", gid]]]  # fmt: skip
-        keys = [(kid, r.reserved - res, r.spent - s)
-                for kid, r in self.keys.items() for _, res, s in [self.start["k", kid]]]  # fmt: skip
-        groups = [g for g in groups if any(g[1:])]
-        keys = [k for k in keys if any(k[1:])]
-        return [
-            *columns(groups, 4), *columns(keys, 3), *columns(self.reservations, 3),
-            len(groups), *columns(self.usage, len(USAGE_TYPES)),
-        ]  # fmt: skip
-
-
-def columns(rows: list[tuple[Any, ...]], width: int) -> list[list[Any]]:
-    return [list(column) for column in zip(*rows, strict=True)] if rows else [[] for _ in range(width)]
-
-
-async def run_batch(conn: asyncpg.Connection, ops: Sequence[Op]) -> list[Any]:
-    """One transaction for ``ops``; returns each operation's result. Raises if any fails."""
-    settled = sorted({op.reservation.id for op in ops if isinstance(op, SettleOp)})
-    key_ids = sorted({op.key_id if isinstance(op, ReserveOp) else op.reservation.key_id for op in ops})
-    group_ids = sorted({op.group_id if isinstance(op, ReserveOp) else op.reservation.group_id for op in ops})
-    async with conn.transaction():
-        plan = await lock(conn, settled, key_ids, group_ids)
-        results = [plan.run(op) for op in ops]
-        new_ids = await apply(conn, plan)
-    return [Reservation(new_ids[r], *plan.reservations[r]) if isinstance(op, ReserveOp) and isinstance(r, int)
-            else r for op, r in zip(ops, results, strict=True)]  # fmt: skip
-
-
-async def lock(conn: asyncpg.Connection, settled: list[int], key_ids: list[int], group_ids: list[int],
-               ) -> Plan:  # fmt: skip
-    """Take the reservations being settled, lock the keys, then the groups, and read them."""
-    plan = Plan(set(), {}, {})
-    for kind, rid, a, b, c in await conn.fetch(LOCK, settled, key_ids, group_ids):
-        if kind == "r":
-            plan.released.add(rid)
-        elif kind == "k":
-            plan.keys[rid] = Row(cap=a, spent=b, reserved=c)
-        else:
-            plan.groups[rid] = Row(balance=a, reserved=b, spent=c)
-    plan.remember()
-    return plan
-
-
-async def apply(conn: asyncpg.Connection, plan: Plan) -> list[int]:
-    row = await conn.fetchrow(APPLY, *plan.args())
-    assert row is not None
-    if row["groups"] != row["batch"]:  # cannot happen: the rows are locked and the plan kept them >= 0
-        raise StoreError("a group's balance would go below zero")
-    return list(row["reservations"])
-
-
-# -- group commit -------------------------------------------------------------------------------------
-class GroupCommit:
-    """Many ledger operations, one transaction: operations queue up while a batch commits, then the
-    next batch takes them all; every caller awaits its own operation's commit."""
-
-    def __init__(self, store: PostgresStore, limit: int = 1024) -> None:
-        self.store = store
-        self.limit = limit
-        self.pending: list[tuple[Op, asyncio.Future[Any]]] = []
-        self.task: asyncio.Task[None] | None = None
-        self.conn: asyncpg.Connection | None = None  # the batches' own, kept from one batch to the next
-        self.batches = 0
-
-    def submit(self, op: Op) -> asyncio.Future[Any]:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        self.pending.append((op, future))
-        if self.task is None:
-            self.task = loop.create_task(self._drain())
-        return future
-
-    async def close(self) -> None:
-        """Once every queued operation is committed (or failed), give the connection back."""
-        while self.task is not None:
-            await asyncio.wait({self.task})
-        if self.conn is not None:
-            conn, self.conn = self.conn, None
-            await self.store.db.release(conn)
-
-    async def _connection(self) -> asyncpg.Connection:
-        if self.conn is not None and not usable(self.conn):  # lost (server restarted?): take another
-            conn, self.conn = self.conn, None
-            await self.store.db.release(conn)  # nothing to do if the pool has taken it back
-        if self.conn is None:
-            self.conn = await self.store.db.acquire()
-        return self.conn
-
-    async def _drain(self) -> None:
-        try:
-            while self.pending:
-                conn = await self._connection()
-                batch, self.pending = self.pending[: self.limit], self.pending[self.limit :]
-                await self._commit(conn, batch)
-        except BaseException as exc:  # no connection (or cancelled): the queued callers get the error
-            batch, self.pending = self.pending, []
-            fail(batch, exc)
-            if not isinstance(exc, Exception):
-                raise
-        finally:
-            self.task = None
-
-    async def _commit(self, conn: asyncpg.Connection, batch: list[tuple[Op, asyncio.Future[Any]]]) -> None:
-        try:
-            results = await self._attempt(conn, [op for op, _ in batch])
-        except BaseException as exc:  # nothing committed: every caller gets the error
-            fail(batch, exc)
-            if not isinstance(exc, Exception):
-                raise
-            return
-        self.batches += 1
-        for (op, future), (ok, value) in zip(batch, results, strict=True):
-            if ok and isinstance(op, SettleOp):
-                op.record.credits = value  # the actual charge, once it is committed
-            if future.done():
-                continue
-            if ok:
-                future.set_result(value)
-            else:
-                future.set_exception(value)
-
-    async def _attempt(self, conn: asyncpg.Connection, ops: list[Op]) -> list[tuple[bool, Any]]:
-        """``(True, result)`` or ``(False, error)`` for each operation. If one fails, the batch is
-        rolled back and each operation redone in its own transaction: one failure fails only itself."""
-        try:
-            return [(True, r) for r in await self._retrying(conn, ops)]
-        except (StoreError, asyncpg.PostgresError) as exc:
-            if len(ops) == 1:
-                return [(False, exc)]
-        return [(await self._attempt(conn, [op]))[0] for op in ops]
-
-    @staticmethod
-    async def _retrying(conn: asyncpg.Connection, ops: list[Op]) -> list[Any]:
-        for attempt in range(1, RETRIES + 1):
-            try:
-                return await run_batch(conn, ops)
-            except asyncpg.DeadlockDetectedError:
-                if attempt == RETRIES:
-                    raise
-        raise AssertionError("unreachable")
-
-
-def usable(conn: asyncpg.Connection) -> bool:
-    try:
-        return not conn.is_closed()
-    except asyncpg.InterfaceError:  # the pool took it back when it was closed
-        return False
-
-
-def fail(batch: list[tuple[Op, asyncio.Future[Any]]], exc: BaseException) -> None:
-    for _, future in batch:
-        if future.done():
-            continue
-        if isinstance(exc, asyncio.CancelledError):
-            future.cancel()
-        else:
-            future.set_exception(exc)
-
 
 # -- the store ----------------------------------------------------------------------------------------
 GROUP_COLS = "id, name, balance, reserved, spent, created_at"
@@ -478,55 +146,37 @@ def key_of(row: Sequence[Any]) -> KeyInfo:
 async def migrate(conn: asyncpg.Connection) -> None:
     """Bring the schema up to date; replicas starting together take turns on an advisory lock."""
     async with conn.transaction():
-        await conn.execute("SELECT pg_advisory_xact_lock($1::int8)", MIGRATION_LOCK)
-        await conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
-        version = await conn.fetchval("SELECT version FROM schema_version")
-        if version is None:
-            version = 0
-            await conn.execute("INSERT INTO schema_version VALUES (0)")
-        for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
-            await conn.execute(script)
-            await conn.execute("UPDATE schema_version SET version = $1", number)
+        await pool_migrate(conn, MIGRATION_LOCK, "schema_version", MIGRATIONS)
 
 
 class PostgresStore(Store):
-    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 8) -> None:
+    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 10) -> None:
         self.url = url
-        self.min_size = min_size
-        self.max_size = max_size
-        self.pool: asyncpg.Pool | None = None  # None until open (the console runs its queries on it)
-        self.commits = GroupCommit(self)
+        self.db = PostgresPool(url, min_size=min_size, max_size=max_size)
+        self.history = History(self.db)
+        self.commits = LedgerCommits(self.db)
 
     @property
-    def db(self) -> asyncpg.Pool:
-        """The pool, once the store is open."""
-        if self.pool is None:
-            raise StoreError("store is not open")
-        return self.pool
+    def database(self) -> PostgresPool:
+        return self.db
 
     async def open(self) -> None:
-        if self.pool is not None:
+        if self.db.is_open:
             return
+        await self.db.open()
         try:
-            pool = await asyncpg.create_pool(self.url, min_size=self.min_size, max_size=self.max_size)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            raise StoreError(f"cannot connect to PostgreSQL ({exc})") from exc
-        try:
-            async with pool.acquire() as conn:
-                await migrate(conn)
+            await self.db.migrate("schema_version", MIGRATIONS, MIGRATION_LOCK)
         except BaseException:
-            await pool.close()
+            await self.db.close()
             raise
-        self.pool = pool
-
-    async def ping(self) -> None:
-        await self.db.fetchval("SELECT 1")
 
     async def close(self) -> None:
-        if self.pool is not None:
+        if self.db.is_open:
             await self.commits.close()
-            pool, self.pool = self.pool, None
-            await pool.close()
+            await self.db.close()
+
+    async def serve(self, settings: StoreSettings) -> None:
+        await self.reconcile(older_than=settings.stale_reservation_seconds)
 
     # -- groups ---------------------------------------------------------------------------------
     async def create_group(self, name: str, credits: int) -> Group:
@@ -560,16 +210,9 @@ class PostgresStore(Store):
         return group_of(row)
 
     # -- keys -----------------------------------------------------------------------------------
-    async def create_key(
-        self,
-        group: str,
-        name: str,
-        key_hash: str,
-        hint: str,
-        spend_cap: int | None = None,
-        allowed_models: list[str] | None = None,
-    ) -> KeyInfo:
-        async with self.db.acquire() as conn, conn.transaction():
+    async def create_key(self, group: str, name: str, key_hash: str, hint: str, spend_cap: int | None = None,
+                         allowed_models: list[str] | None = None) -> KeyInfo:  # fmt: skip
+        async with self.db.transaction() as conn:
             group_id = await conn.fetchval("SELECT id FROM groups WHERE name = $1", group)
             if group_id is None:
                 raise StoreError(f"no group named {group!r}")
@@ -594,7 +237,7 @@ class PostgresStore(Store):
                          ) -> KeyInfo:  # fmt: skip
         if spend_cap is not None and spend_cap < 0:
             raise StoreError("a spend cap cannot be negative")
-        async with self.db.acquire() as conn, conn.transaction():
+        async with self.db.transaction() as conn:
             status = await conn.execute(
                 "UPDATE keys SET spend_cap = $1, allowed_models = $2 WHERE id = $3",
                 spend_cap, json.dumps(allowed_models) if allowed_models else None, key_id,
@@ -602,6 +245,10 @@ class PostgresStore(Store):
             if status == "UPDATE 0":
                 raise StoreError(f"no key with id {key_id}")
             return key_of(await conn.fetchrow(KEY_SQL + " WHERE k.id = $1", key_id))
+
+    async def get_key(self, key_id: int) -> KeyInfo | None:
+        row = await self.db.fetchrow(KEY_SQL + " WHERE k.id = $1", key_id)
+        return key_of(row) if row else None
 
     async def list_keys(self, group: str | None = None) -> list[KeyInfo]:
         if group is None:
@@ -618,14 +265,23 @@ class PostgresStore(Store):
         result: Reservation | Refusal = await self.commits.submit(ReserveOp(group_id, key_id, amount))
         return result
 
-    async def settle(self, reservation: Reservation, record: UsageRecord) -> int:
-        charge: int = await self.commits.submit(SettleOp(reservation, record))
-        return charge
+    def settle_soon(self, reservation: Reservation, record: UsageRecord, linger: bool = False) -> asyncio.Future[int]:
+        return self.commits.submit(SettleOp(reservation, record))
+
+    async def ledger_state(self, group_id: int, key_id: int) -> tuple[int, int | None]:
+        row = await self.db.fetchrow(
+            "SELECT g.balance, k.spend_cap - k.spent - k.reserved FROM groups g, keys k "
+            "WHERE g.id = $1 AND k.id = $2",
+            group_id, key_id,
+        )  # fmt: skip
+        if row is None:
+            raise StoreError(f"no group {group_id} or key {key_id}")
+        return row[0], row[1]
 
     async def reconcile(self, older_than: float | None = None) -> int:
         released = 0
         last = 0
-        async with self.db.acquire() as conn:
+        async with self.db.connection() as conn:
             while True:  # ends: each round looks only past the last id it saw
                 ids = [r[0] for r in await conn.fetch(STALE, last, older_than, RECONCILE_CHUNK)]
                 if not ids:
@@ -649,32 +305,3 @@ class PostgresStore(Store):
                 plan.settle(Reservation(rid, group_id, key_id, amount), record)
             await apply(conn, plan)
         return len(taken)
-
-    async def usage(self, group: str | None = None, key_id: int | None = None, source: str | None = None,
-                    limit: int = 100, before_id: int | None = None) -> list[UsageRecord]:  # fmt: skip
-        where: list[str] = []
-        args: list[Any] = []
-        for clause, value in (
-            ("group_id = (SELECT id FROM groups WHERE name = ${})", group),
-            ("key_id = ${}", key_id),
-            ("source = ${}", source),
-            ("id < ${}", before_id),
-        ):
-            if value is not None:
-                args.append(value)
-                where.append(clause.format(len(args)))
-        sql = f"SELECT id, {USAGE_COLUMNS} FROM usage"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += f" ORDER BY id DESC LIMIT ${len(args) + 1}"
-        return [usage_record(r) for r in await self.db.fetch(sql, *args, limit)]
-
-    async def usage_by_model(self, key_id: int, since: float = 0.0, until: float | None = None,
-                             ) -> list[ModelUsage]:  # fmt: skip
-        rows = await self.db.fetch(
-            "SELECT model, count(*), sum(prompt_tokens)::int8, sum(completion_tokens)::int8, "
-            "sum(credits)::int8 FROM usage WHERE key_id = $1 AND ts >= $2 AND ts <= $3 "
-            'GROUP BY model ORDER BY model COLLATE "C"',
-            key_id, since, until if until is not None else float("inf"),
-        )  # fmt: skip
-        return [ModelUsage(*r) for r in rows]

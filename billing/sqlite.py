@@ -1,7 +1,9 @@
-"""SQLite store: the embedded default. One connection, owned by one worker thread, in WAL mode.
+"""SQLite store: the embedded default. One connection, owned by one worker thread, in WAL mode
+(:class:`billing.sqlite_thread.SQLiteThread`, shared with the jobs store and the console), and the
+group commits of the ledger on a second connection of the event loop's own.
 
-Every operation runs on that thread (never on the event loop); the schema is versioned and migrated
-on open. Several processes may share the file (the CLI beside a running gateway): WAL and a busy
+Every other operation runs on that thread (never on the event loop); the schema is versioned and
+migrated on open. Several processes may share the file (the CLI beside a running gateway): WAL and a busy
 timeout make that safe.
 """
 
@@ -16,13 +18,14 @@ import time
 from collections.abc import Callable
 from functools import partial
 from itertools import groupby
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from billing.history import History
 from billing.sqlite_thread import SQLiteThread
 from billing.store import (
+    USAGE_LIST,
     Group,
     KeyInfo,
-    ModelUsage,
     Principal,
     Refusal,
     Reservation,
@@ -31,8 +34,11 @@ from billing.store import (
     UsageRecord,
     principal_query,
     principal_row,
-    usage_record,
+    usage_values,
 )
+
+if TYPE_CHECKING:
+    from core.config import StoreSettings
 
 T = TypeVar("T")
 log = logging.getLogger("router.store")
@@ -100,24 +106,20 @@ MIGRATIONS: list[str] = [
     CREATE INDEX usage_group_ts ON usage(group_id, id);
     CREATE INDEX usage_key_ts ON usage(key_id, ts);
     """,
+    # 3: the usage history's filters as index ranges (billing/history.py); the console used to add
+    # them on first use, under other names
+    """
+    DROP INDEX IF EXISTS console_usage_group_source;
+    DROP INDEX IF EXISTS console_usage_group_model;
+    DROP INDEX IF EXISTS console_usage_key;
+    CREATE INDEX usage_group_source ON usage(group_id, source, id);
+    CREATE INDEX usage_group_model ON usage(group_id, model, id);
+    CREATE INDEX usage_key ON usage(key_id, id);
+    """,
 ]
 
-USAGE_COLUMNS = (
-    "ts, key_id, group_id, model, provider, endpoint, source, stream, prompt_tokens, completion_tokens, "
-    "cached_tokens, cache_write_tokens, reasoning_tokens, credits, status, usage_exact, latency_ms, ttft_ms, "
-    "upstream_request_id, request_id, error"
-)
-_ROW_MARKS = f"({', '.join('?' * 21)})"
-_ROWS_PER_INSERT = 32766 // 21  # SQLite's default limit on bound parameters per statement
-
-
-def usage_row(r: UsageRecord) -> tuple:
-    return (
-        r.ts or time.time(), r.key_id, r.group_id, r.model, r.provider, r.endpoint, r.source, int(r.stream),
-        r.prompt_tokens, r.completion_tokens, r.cached_tokens, r.cache_write_tokens, r.reasoning_tokens,
-        r.credits, r.status, int(r.usage_exact), r.latency_ms, r.ttft_ms, r.upstream_request_id, r.request_id,
-        r.error,
-    )  # fmt: skip
+_ROW_MARKS = f"({', '.join('?' * len(USAGE_LIST.split(', ')))})"
+_ROWS_PER_INSERT = 32766 // len(USAGE_LIST.split(", "))  # SQLite's default limit on bound parameters per statement
 
 
 class GroupCommit:
@@ -261,11 +263,12 @@ def settle_rows(db: sqlite3.Connection, settles: list[tuple[Reservation, UsageRe
             total[1] += charge
         record.credits = charge
         charges.append(charge)
-    rows = [usage_row(record) for _, record in settles]
+    now = time.time()
+    rows = [usage_values(record, record.credits, now) for _, record in settles]
     for at in range(0, len(rows), _ROWS_PER_INSERT):
         part = rows[at : at + _ROWS_PER_INSERT]
         values = ", ".join([_ROW_MARKS] * len(part))
-        db.execute(f"INSERT INTO usage ({USAGE_COLUMNS}) VALUES {values}", [v for row in part for v in row])
+        db.execute(f"INSERT INTO usage ({USAGE_LIST}) VALUES {values}", [v for row in part for v in row])
     for g, (h, c) in groups.items():
         if h or c:
             db.execute(
@@ -318,10 +321,13 @@ def sqlite_path(url: str) -> str:
 
 
 class SQLiteStore(Store):
+    exclusive = True  # one gateway process per file (lock_owner): admission is held in its memory
+
     def __init__(self, url: str) -> None:
         self.url = url
         self.path = sqlite_path(url)
-        self.thread = SQLiteThread(self.path, name="sqlite-store", migrations=MIGRATIONS)
+        self.thread = SQLiteThread(self.path)
+        self.history = History(self.thread)
         self.commits = GroupCommit(self)
         self._owner: Any = None  # the gateway's file lock, see lock_owner
         self._here: sqlite3.Connection | None = None  # the event loop's connection (group commits)
@@ -332,13 +338,19 @@ class SQLiteStore(Store):
     async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         return await self.thread.run(fn)
 
-    async def ping(self) -> None:
-        await self.run(lambda db: db.execute("SELECT 1").fetchone())
+    @property
+    def database(self) -> SQLiteThread:
+        return self.thread
 
     async def open(self) -> None:
         await self.thread.open()
+        await self.thread.migrate("schema_version", MIGRATIONS)
         if self._here is None:
             self._here = self.thread.connect_here()
+
+    async def serve(self, settings: StoreSettings) -> None:
+        self.lock_owner()  # one gateway per SQLite file
+        await self.reconcile()  # reservations of an older version's crash, if any
 
     async def close(self) -> None:
         await self.commits.flush()  # settle what is queued before closing
@@ -439,15 +451,8 @@ class SQLiteStore(Store):
             revoked_at=row[6], spend_cap=row[7], spent=row[8], allowed_models=allowed,
         )  # fmt: skip
 
-    async def create_key(
-        self,
-        group: str,
-        name: str,
-        key_hash: str,
-        hint: str,
-        spend_cap: int | None = None,
-        allowed_models: list[str] | None = None,
-    ) -> KeyInfo:
+    async def create_key(self, group: str, name: str, key_hash: str, hint: str, spend_cap: int | None = None,
+                         allowed_models: list[str] | None = None) -> KeyInfo:  # fmt: skip
         def fn(db: sqlite3.Connection) -> KeyInfo:
             row = db.execute("SELECT id FROM groups WHERE name = ?", (group,)).fetchone()
             if row is None:
@@ -483,6 +488,13 @@ class SQLiteStore(Store):
             if cur.rowcount == 0:
                 raise StoreError(f"no key with id {key_id}")
             return self._key(db.execute(self._KEY_SQL + " WHERE k.id = ?", (key_id,)).fetchone())
+
+        return await self.run(fn)
+
+    async def get_key(self, key_id: int) -> KeyInfo | None:
+        def fn(db: sqlite3.Connection) -> KeyInfo | None:
+            row = db.execute(self._KEY_SQL + " WHERE k.id = ?", (key_id,)).fetchone()
+            return self._key(row) if row else None
 
         return await self.run(fn)
 
@@ -572,9 +584,6 @@ class SQLiteStore(Store):
         lock.flush()
         self._owner = lock
 
-    async def settle(self, reservation: Reservation, record: UsageRecord) -> int:
-        return await self.settle_soon(reservation, record)
-
     def settle_soon(
         self, reservation: Reservation, record: UsageRecord, linger: bool = False
     ) -> asyncio.Future[int]:
@@ -599,41 +608,5 @@ class SQLiteStore(Store):
                 db.execute("ROLLBACK")
                 raise
             return len(rows)
-
-        return await self.run(fn)
-
-    async def usage(self, group: str | None = None, key_id: int | None = None, source: str | None = None,
-                    limit: int = 100, before_id: int | None = None) -> list[UsageRecord]:  # fmt: skip
-        def fn(db: sqlite3.Connection) -> list[UsageRecord]:
-            where: list[str] = []
-            args: list[object] = []
-            if group is not None:
-                where.append("group_id = (SELECT id FROM groups WHERE name = ?)")
-                args.append(group)
-            if key_id is not None:
-                where.append("key_id = ?")
-                args.append(key_id)
-            if source is not None:
-                where.append("source = ?")
-                args.append(source)
-            if before_id is not None:
-                where.append("id < ?")
-                args.append(before_id)
-            sql = f"SELECT id, {USAGE_COLUMNS} FROM usage"
-            if where:
-                sql += " WHERE " + " AND ".join(where)
-            sql += " ORDER BY id DESC LIMIT ?"
-            return [usage_record(r) for r in db.execute(sql, (*args, limit)).fetchall()]
-
-        return await self.run(fn)
-
-    async def usage_by_model(self, key_id: int, since: float = 0.0, until: float | None = None) -> list[ModelUsage]:
-        def fn(db: sqlite3.Connection) -> list[ModelUsage]:
-            rows = db.execute(
-                "SELECT model, COUNT(*), SUM(prompt_tokens), SUM(completion_tokens), SUM(credits) FROM usage "
-                "WHERE key_id = ? AND ts >= ? AND ts <= ? GROUP BY model ORDER BY model",
-                (key_id, since, until if until is not None else float("inf")),
-            ).fetchall()
-            return [ModelUsage(*r) for r in rows]
 
         return await self.run(fn)

@@ -1,9 +1,18 @@
-"""One SQLite connection owned by one worker thread, migrated when it opens.
+"""One SQLite connection owned by one worker thread: the database handle of a SQLite store.
 
 Every statement runs on that thread (never on the event loop): ``run(fn)`` calls ``fn(connection)``
 there. The file is in WAL mode with a busy timeout, so other processes (the CLI beside a gateway)
-can share it. ``migrations`` are SQL scripts applied in order, the version kept in ``version_table``.
-Used by the billing store and the jobs store, each with its own connection and version table.
+can share it. One handle serves everyone on the file: the billing store opens it, and the jobs store
+and the console run on the same thread and connection. Each of them migrates its own tables with
+``migrate(version_table, scripts)``.
+
+The connection is ``synchronous=FULL``: a batch line's claim (jobs) must be on disk before its call
+goes upstream, even through a power cut. The billing store's group commits run on a second connection
+of the event loop's own (:meth:`connect_here`), ``synchronous=NORMAL``.
+
+A statement that fails because the database is locked past the busy timeout or cannot be read or
+written (I/O error, disk full, file gone) raises :class:`billing.store.StoreDown`; other errors
+(constraint violations, SQL mistakes) pass through unchanged.
 """
 
 from __future__ import annotations
@@ -13,20 +22,28 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
+
+from billing.store import StoreDown
 
 T = TypeVar("T")
+BUSY_TIMEOUT_MS = 10_000
+# SQLITE_BUSY, LOCKED, READONLY, IOERR, CORRUPT, FULL, CANTOPEN, PROTOCOL, NOTADB and their extended codes
+_DOWN = frozenset({5, 6, 8, 10, 11, 13, 14, 15, 26})
+
+
+def down(exc: sqlite3.Error) -> bool:
+    """Whether ``exc`` says the database cannot be used now (rather than that a statement is wrong)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF in _DOWN
 
 
 class SQLiteThread:
-    def __init__(self, path: str, *, name: str, migrations: Sequence[str], version_table: str = "schema_version",
-                 synchronous: str = "NORMAL", foreign_keys: bool = True) -> None:  # fmt: skip
+    dialect = "sqlite"
+
+    def __init__(self, path: str, *, name: str = "sqlite-store") -> None:
         self.path = path
         self.name = name
-        self.migrations = migrations
-        self.version_table = version_table
-        self.synchronous = synchronous
-        self.foreign_keys = foreign_keys
         self._executor: ThreadPoolExecutor | None = None
         self._db: sqlite3.Connection | None = None
 
@@ -41,7 +58,19 @@ class SQLiteThread:
 
     def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         assert self._db is not None
-        return fn(self._db)
+        try:
+            return fn(self._db)
+        except sqlite3.Error as exc:
+            if down(exc):
+                raise StoreDown(f"the SQLite database {self.path} cannot be used now ({exc})") from exc
+            raise
+
+    # -- dialect-neutral SQL (``?`` placeholders), for queries shared with PostgreSQL ---------------
+    async def select(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return await self.run(lambda db: db.execute(sql, tuple(args)).fetchall())
+
+    async def write(self, sql: str, args: Sequence[Any] = ()) -> None:
+        await self.run(lambda db: db.execute(sql, tuple(args)))
 
     async def open(self) -> None:
         if self._executor is not None:
@@ -66,14 +95,12 @@ class SQLiteThread:
     def _connect(self) -> None:
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10.0)
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000)
         db.execute("PRAGMA journal_mode=WAL")
-        db.execute(f"PRAGMA synchronous={self.synchronous}")
-        if self.foreign_keys:
-            db.execute("PRAGMA foreign_keys=ON")
-        db.execute("PRAGMA busy_timeout=10000")
+        db.execute("PRAGMA synchronous=FULL")
+        db.execute("PRAGMA foreign_keys=ON")
+        db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         self._db = db
-        self._migrate(db)
 
     def connect_here(self) -> sqlite3.Connection | None:
         """A second connection, for the calling thread (the event loop's): it never waits for a lock
@@ -83,28 +110,32 @@ class SQLiteThread:
         if self.path == ":memory:":
             return None
         db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=0)
-        db.execute(f"PRAGMA synchronous={self.synchronous}")
-        if self.foreign_keys:
-            db.execute("PRAGMA foreign_keys=ON")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.execute("PRAGMA foreign_keys=ON")
         db.execute("PRAGMA busy_timeout=0")
         db.execute("PRAGMA wal_autocheckpoint=0")
         return db
 
-    def _migrate(self, db: sqlite3.Connection) -> None:
-        table = self.version_table
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            db.execute(f"CREATE TABLE IF NOT EXISTS {table} (version INTEGER NOT NULL)")
-            row = db.execute(f"SELECT version FROM {table}").fetchone()
-            version = row[0] if row else 0
-            if row is None:
-                db.execute(f"INSERT INTO {table} VALUES (0)")
-            for number, script in enumerate(self.migrations[version:], start=version + 1):
-                for statement in script.split(";"):
-                    if statement.strip():
-                        db.execute(statement)
-                db.execute(f"UPDATE {table} SET version = ?", (number,))
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
+    async def migrate(self, version_table: str, migrations: Sequence[str]) -> None:
+        """Apply the scripts of ``migrations`` not yet applied, in order, in one transaction; the
+        number applied is kept in ``version_table``."""
+        await self.run(lambda db: _migrate(db, version_table, migrations))
+
+
+def _migrate(db: sqlite3.Connection, table: str, migrations: Sequence[str]) -> None:
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        db.execute(f"CREATE TABLE IF NOT EXISTS {table} (version INTEGER NOT NULL)")
+        row = db.execute(f"SELECT version FROM {table}").fetchone()
+        version = row[0] if row else 0
+        if row is None:
+            db.execute(f"INSERT INTO {table} VALUES (0)")
+        for number, script in enumerate(migrations[version:], start=version + 1):
+            for statement in script.split(";"):
+                if statement.strip():
+                    db.execute(statement)
+            db.execute(f"UPDATE {table} SET version = ?", (number,))
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise

@@ -1,22 +1,50 @@
 """The store interface: groups, keys, balances, reservations and usage, behind one async API.
 
 Implementations: :mod:`billing.sqlite` (embedded default) and :mod:`billing.postgres` (several
-replicas). ``open_store(url)`` picks one from the store URL.
+replicas). ``open_store(url)`` picks one from the store URL. Each store owns one database handle
+(``store.database``: :class:`billing.sqlite_thread.SQLiteThread` or
+:class:`billing.postgres_pool.PostgresPool`), which the jobs store and the console share; the usage
+history is queried through ``store.history`` (:class:`billing.history.History`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, fields
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from billing.history import History
+    from core.config import StoreSettings
 
 T = TypeVar("T")
 
 
 class StoreError(Exception):
     """A store operation could not be done (unknown group, duplicate name, ...)."""
+
+
+class StoreDown(Exception):
+    """The store cannot be used now (unreachable, locked past its busy timeout, an I/O error): the
+    operation may succeed later. Callers answer 503 ``store_unavailable``; settlements are retried."""
+
+
+class Database(Protocol):
+    """What the stores' database handles share: dialect-neutral SQL with ``?`` placeholders (the usage
+    history, the console's settings), on the one handle of the store, and migrations of one owner's
+    tables (its scripts, the number applied kept in its own ``version_table``)."""
+
+    dialect: str
+
+    async def migrate(self, version_table: str, migrations: Sequence[str]) -> None: ...
+
+    async def select(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
+
+    async def write(self, sql: str, args: Sequence[Any] = ()) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,15 +127,34 @@ class UsageRecord:
     id: int = 0
 
 
-def usage_record(row: Any) -> UsageRecord:
-    """A ``usage`` row (``id`` then the columns in design §6 order), from any of the stores."""
-    return UsageRecord(
-        id=row[0], ts=row[1], key_id=row[2], group_id=row[3], model=row[4], provider=row[5], endpoint=row[6],
-        source=row[7], stream=bool(row[8]), prompt_tokens=row[9], completion_tokens=row[10], cached_tokens=row[11],
-        cache_write_tokens=row[12], reasoning_tokens=row[13], credits=row[14], status=row[15],
-        usage_exact=bool(row[16]), latency_ms=row[17], ttft_ms=row[18], upstream_request_id=row[19],
-        request_id=row[20], error=row[21],
-    )  # fmt: skip
+# The columns of the ``usage`` table are the fields of UsageRecord (``id`` aside), in this order; every
+# store writes and reads them from here.
+USAGE_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(UsageRecord) if f.name != "id")
+USAGE_TYPES: dict[str, str] = {f.name: str(f.type) for f in fields(UsageRecord) if f.name != "id"}
+USAGE_LIST = ", ".join(USAGE_COLUMNS)
+USAGE_SELECT = "id, " + USAGE_LIST  # a row of it is read by usage_record
+_CREDITS = USAGE_COLUMNS.index("credits")
+_TS = USAGE_COLUMNS.index("ts")
+_BOOLS = tuple(n for n, kind in USAGE_TYPES.items() if kind == "bool")
+_values = attrgetter(*USAGE_COLUMNS)
+
+
+def usage_values(record: UsageRecord, credits: int, now: float) -> tuple[Any, ...]:
+    """The values of a record's usage row, in USAGE_COLUMNS order, charging ``credits`` (stamped
+    ``now`` if the record has no time yet)."""
+    values = list(_values(record))
+    values[_CREDITS] = credits
+    if not values[_TS]:
+        values[_TS] = now
+    return tuple(values)
+
+
+def usage_record(row: Sequence[Any]) -> UsageRecord:
+    """A row of ``SELECT {USAGE_SELECT} FROM usage``, from any of the stores."""
+    record = UsageRecord(**dict(zip(USAGE_COLUMNS, row[1:], strict=True)), id=row[0])
+    for name in _BOOLS:  # SQLite keeps them as 0 / 1
+        setattr(record, name, bool(getattr(record, name)))
+    return record
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,18 +184,38 @@ class ModelUsage:
 
 
 class Store(ABC):
+    """Groups, keys and the ledger, on one database (``database``: the handle the jobs store and the
+    console share; ``history``: the usage records read back).
+
+    ``exclusive``: one gateway process alone spends from this store (SQLite), so its admission can be
+    held in that process's memory (:class:`billing.ledger.LocalLedger`, chosen by
+    :func:`billing.ledger.ledger_for`); otherwise every reservation is a row in the store, shared by
+    the replicas."""
+
     url: str
+    exclusive: ClassVar[bool] = False
+    history: History
+
+    @property
+    @abstractmethod
+    def database(self) -> Database:
+        """The store's one database handle (billing, jobs and the console run on it)."""
 
     @abstractmethod
     async def open(self) -> None: ...
 
     @abstractmethod
-    async def close(self) -> None: ...
+    async def close(self) -> None:
+        """Commit what is queued, then close the database handle."""
 
     async def ping(self) -> None:
-        """A trivial query, for readiness probes: raises if the store cannot answer. Stores override
-        it with something cheaper (``SELECT 1``)."""
-        await self.get_group("")
+        """A trivial query, for readiness probes: raises if the store cannot answer."""
+        await self.database.select("SELECT 1")
+
+    @abstractmethod
+    async def serve(self, settings: StoreSettings) -> None:
+        """Make this process a gateway spending from the store (after ``open``): release what a
+        stopped gateway left held, and (SQLite) take the lock that makes it the only one."""
 
     # groups
     @abstractmethod
@@ -165,15 +232,8 @@ class Store(ABC):
 
     # keys
     @abstractmethod
-    async def create_key(
-        self,
-        group: str,
-        name: str,
-        key_hash: str,
-        hint: str,
-        spend_cap: int | None = None,
-        allowed_models: list[str] | None = None,
-    ) -> KeyInfo: ...
+    async def create_key(self, group: str, name: str, key_hash: str, hint: str, spend_cap: int | None = None,
+                         allowed_models: list[str] | None = None) -> KeyInfo: ...  # fmt: skip
 
     @abstractmethod
     async def revoke_key(self, key_id: int) -> bool: ...
@@ -182,6 +242,9 @@ class Store(ABC):
     async def update_key(self, key_id: int, spend_cap: int | None, allowed_models: list[str] | None) -> KeyInfo:
         """Set a key's spend cap (nano-credits, None = no cap) and model allow-list (None = every model);
         raises StoreError if there is no such key."""
+
+    @abstractmethod
+    async def get_key(self, key_id: int) -> KeyInfo | None: ...
 
     @abstractmethod
     async def list_keys(self, group: str | None = None) -> list[KeyInfo]: ...
@@ -197,22 +260,33 @@ class Store(ABC):
         key's spend cap) allow it; never lets a balance go below zero, whatever runs concurrently."""
 
     @abstractmethod
+    async def ledger_state(self, group_id: int, key_id: int) -> tuple[int, int | None]:
+        """The group's balance and the key's room under its spend cap (None: no cap), as committed."""
+
+    @abstractmethod
+    def settle_soon(self, reservation: Reservation, record: UsageRecord, linger: bool = False) -> asyncio.Future[int]:
+        """Start settling now: release the reservation, charge ``record.credits`` (capped at what the
+        group has: the balance never goes below zero) and insert the usage record. The future
+        resolves with the charge once it is durable. ``linger``: nobody waits for it, so the store
+        may wait a little to commit it with others."""
+
     async def settle(self, reservation: Reservation, record: UsageRecord) -> int:
-        """Release the reservation, charge ``record.credits`` (capped at what the group has: the
-        balance never goes below zero) and insert the usage record, durably. Returns the charge."""
+        """:meth:`settle_soon`, waited for."""
+        return await self.settle_soon(reservation, record)
 
     @abstractmethod
     async def reconcile(self, older_than: float | None = None) -> int:
         """Release reservations left by a crashed process (all, or those older than ``older_than``
         seconds), each leaving an ``interrupted`` usage record. Returns how many."""
 
-    @abstractmethod
+    # usage
     async def usage(self, group: str | None = None, key_id: int | None = None, source: str | None = None,
                     limit: int = 100, before_id: int | None = None) -> list[UsageRecord]:  # fmt: skip
         """Usage records, newest first."""
+        return await self.history.usage(group, key_id, source, limit, before_id)
 
-    @abstractmethod
-    async def usage_by_model(self, key_id: int, since: float = 0.0, until: float | None = None) -> list[ModelUsage]: ...
+    async def usage_by_model(self, key_id: int, since: float = 0.0, until: float | None = None) -> list[ModelUsage]:
+        return await self.history.usage_by_model(key_id, since, until)
 
 
 def open_store(url: str) -> Store:
@@ -221,7 +295,7 @@ def open_store(url: str) -> Store:
 
         return SQLiteStore(url)
     if url.startswith(("postgres://", "postgresql://")):
-        from billing.postgres import PostgresStore  # type: ignore[import-not-found]
+        from billing.postgres import PostgresStore
 
         return PostgresStore(url)
     raise StoreError(f"unsupported store URL {url!r}: use sqlite:///path or postgresql://...")

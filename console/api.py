@@ -33,12 +33,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from billing.history import Filter
 from billing.store import Group, KeyInfo, StoreError, UsageRecord
 from console import auth, forms
 from console.app import Console, console_of
 from console.forms import Invalid
 from console.pages import key_or_404
-from console.queries import Filter
 from core.money import to_credits
 from gateway.auth import new_key
 
@@ -314,7 +314,7 @@ async def group_usage(c: Console, request: Request) -> Response:
     limit = number(p, "limit", int) or 100
     if not 1 <= limit <= 1000:
         raise Invalid("limit", "'limit' is between 1 and 1000.")
-    page = await c.queries.history(f, limit, before=number(p, "before", int), after=number(p, "after", int))
+    page = await c.history.history(f, limit, before=number(p, "before", int), after=number(p, "after", int))
     return JSONResponse(
         {"data": [usage_json(r) for r in page.rows], "older": page.older, "newer": page.newer}
     )
@@ -329,7 +329,7 @@ async def group_buckets(c: Console, request: Request) -> Response:
     count = int((until - since) // width) + (1 if (until - since) % width else 0)
     if width < 60 or not 1 <= count <= 1000:
         raise Invalid("width", "Pick a width of at least 60 seconds and at most 1000 buckets.")
-    buckets = await c.queries.buckets(f, since, width, count)
+    buckets = await c.history.buckets(f, since, width, count)
     return JSONResponse(
         {
             "width": width,
@@ -349,7 +349,7 @@ async def group_buckets(c: Console, request: Request) -> Response:
 async def key_usage(c: Console, request: Request) -> Response:
     info = await key_of(c, request)
     p = request.query_params
-    rows = await c.queries.key_models(info.id, info.group_id, number(p, "since"), number(p, "until"))
+    rows = await c.history.key_models(info.id, info.group_id, number(p, "since"), number(p, "until"))
     return JSONResponse(
         {
             "key_id": info.id,

@@ -24,6 +24,8 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
+from billing.history import History
+from billing.store import Store
 from console import auth
 from console.forms import MAX_FORM_BYTES, form_data
 from console.queries import Queries, queries_for
@@ -86,14 +88,18 @@ class Console:
         )
 
     @property
-    def store(self) -> Any:
+    def store(self) -> Store:
         return self.gateway.store
 
     @property
     def queries(self) -> Queries:
-        if self._queries is None:  # on first use: a store the console cannot query only fails the console
+        if self._queries is None:
             self._queries = queries_for(self.gateway.store)
         return self._queries
+
+    @property
+    def history(self) -> History:
+        return self.gateway.store.history
 
     def model_ids(self) -> list[str]:
         return sorted(m.id for m in self.gateway.catalog.models.values())
@@ -269,7 +275,7 @@ class SettledFirst:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            await self.gateway.ledger.drain()
+            await self.gateway.ledger.settled_so_far()
         await self.app(scope, receive, send)
 
 

@@ -8,7 +8,7 @@ import math
 from collections.abc import Sequence
 from html import escape
 
-from console.queries import Bucket
+from billing.history import Bucket
 from core.money import to_credits
 
 WIDTHS = (60, 300, 900, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 7 * 86400, 30 * 86400)

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from urllib.parse import parse_qs, urlencode
 
-from console.queries import Filter
+from billing.history import Filter
 from core.money import to_credits, to_nano
 
 MAX_FORM_BYTES = 64 * 1024

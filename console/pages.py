@@ -241,13 +241,9 @@ async def create_key(c: Console, request: Request, form: dict[str, str]) -> Resp
 # -- keys -----------------------------------------------------------------------------------------
 async def key_or_404(c: Console, key_id: str) -> KeyInfo:
     if key_id.isdigit() and len(key_id) < 19:
-        rows = await c.queries.fetch(
-            "SELECT g.name FROM keys k JOIN groups g ON g.id = k.group_id WHERE k.id = ?", (int(key_id),)
-        )
-        if rows:
-            for info in await c.store.list_keys(rows[0][0]):
-                if info.id == int(key_id):
-                    return info  # type: ignore[no-any-return]
+        info = await c.store.get_key(int(key_id))
+        if info is not None:
+            return info
     raise HTTPException(404, f"No key with id {key_id}.")
 
 
@@ -260,7 +256,7 @@ async def key_page(c: Console, request: Request, status: int = 200, **context: A
     except Invalid as exc:
         errors[exc.field] = exc.message
         chosen = forms.period({}, default="30d")
-    rows = await c.queries.key_models(info.id, info.group_id, chosen.since, chosen.until)
+    rows = await c.history.key_models(info.id, info.group_id, chosen.since, chosen.until)
     totals = {
         field: sum(getattr(r, field) for r in rows)
         for field in (
@@ -326,15 +322,15 @@ async def usage(c: Console, request: Request) -> Response:
     errors: dict[str, str] = {}
     h = forms.history(dict(request.query_params), errors)
     f = h.filter(group.id)
-    result = await c.queries.history(f, h.limit, before=h.before, after=h.after)
+    result = await c.history.history(f, h.limit, before=h.before, after=h.after)
     until = f.until if f.until is not None else time.time()
-    since = f.since if f.since is not None else await c.queries.first_ts(group.id)
+    since = f.since if f.since is not None else await c.history.first_ts(group.id)
     chart = ""
     if since is not None and until > since:
         width = charts.bucket_width(until - since)
         count = max(1, min(int((until - since) // width) + 1, charts.MAX_BUCKETS + 1))
         start = until - count * width
-        buckets = await c.queries.buckets(f, start, width, count)
+        buckets = await c.history.buckets(f, start, width, count)
         chart = charts.svg(buckets, width)
         totals = (sum(b.calls for b in buckets), sum(b.credits for b in buckets))
     else:
@@ -432,7 +428,7 @@ async def usage_csv(c: Console, request: Request) -> Response:
         out = io.StringIO()
         writer = csv.writer(out)
         writer.writerow(CSV_COLUMNS)
-        async for rows in c.queries.export(h.filter(group.id), c.settings.csv_max_rows):
+        async for rows in c.history.export(h.filter(group.id), c.settings.csv_max_rows):
             for r in rows:
                 writer.writerow(csv_row(r, keys))
             yield out.getvalue()

@@ -11,8 +11,7 @@ from typing import Protocol
 
 from adapters import Adapter, adapter_for
 from adapters.transport import ObservedTransport
-from billing.ledger import Ledger, LocalLedger
-from billing.sqlite import SQLiteStore
+from billing.ledger import ledger_for
 from billing.store import Store, open_store
 from core.config import ResolvedProvider, Settings
 from core.deadlines import Deadlines
@@ -38,7 +37,7 @@ class Gateway:
         self.transport = ObservedTransport()  # the shared transport, counting failed upstream attempts
         # SQLite: one gateway per file, so admission is held in this process's memory (no store round
         # trip per call); PostgreSQL: reservations are atomic updates in the store, shared by replicas
-        self.ledger = LocalLedger(self.store) if isinstance(self.store, SQLiteStore) else Ledger(self.store)
+        self.ledger = ledger_for(self.store)
         self.limits = RateLimiter(settings.limits)
         self.deadlines = Deadlines()  # the call path's timeouts (body, first byte)
         rel = settings.reliability
@@ -57,11 +56,7 @@ class Gateway:
         async with self._lock:
             if not self.started:
                 await self.store.open()
-                if isinstance(self.store, SQLiteStore):
-                    self.store.lock_owner()  # one gateway per SQLite file
-                    await self.store.reconcile()  # reservations of an older version's crash, if any
-                else:
-                    await self.store.reconcile(older_than=self.settings.store.stale_reservation_seconds)
+                await self.store.serve(self.settings.store)
                 await self.transport.start()
                 if self.jobs is not None:
                     await self.jobs.start()

@@ -144,8 +144,9 @@ class Job:
             line = await store.claim_line(b.id, self.owner, time.time())
             if line is None:
                 return
+            settlements: list[asyncio.Future[int]] = []
             try:
-                outcome = await self.call(line)
+                outcome = await self.call(line, settlements)
             except asyncio.CancelledError:  # shutting down past the grace period
                 outcome = error_line(line.custom_id, "interrupted", INTERRUPTED)
                 await store.finish_line(b.id, line.line_no, self.owner, outcome, time.time())
@@ -155,10 +156,12 @@ class Job:
                 outcome = error_line(line.custom_id, "internal_error", "The gateway failed to run this request.", 500)
             # the call's settlement is durable before the line is: a line in the output is a line billed,
             # also when the process is killed right after (API answers do not wait: billing/ledger.py)
-            await self.runner.gw.ledger.drain()
+            if settlements:
+                await asyncio.wait(settlements)
             await store.finish_line(b.id, line.line_no, self.owner, outcome, time.time())
 
-    async def call(self, line: Line) -> Outcome:
+    async def call(self, line: Line, settlements: list[asyncio.Future[int]]) -> Outcome:
+        """The line's call (a 429 tried again); the settlements of its attempts go to ``settlements``."""
         principal = self.principal
         if principal is None:
             return error_line(line.custom_id, "invalid_api_key", "The API key that created this batch has been "
@@ -167,12 +170,16 @@ class Job:
         timeout = self.runner.settings.line_timeout
         for attempt in range(RATE_LIMIT_RETRIES + 1):
             rid = request_id()
+            ledger = self.runner.gw.ledger
+            ledger.watch(rid)
             try:
                 async with asyncio.timeout(timeout):
                     context = CallContext(principal, rid, "job", ENDPOINTS[self.batch.endpoint], self.batch.id)
                     answer = await call_app(self.runner.app, self.batch.endpoint, body, context)
             except TimeoutError:
                 return error_line(line.custom_id, "timeout", f"The request took longer than {timeout:g} s.", 504, rid)
+            finally:
+                settlements += ledger.unwatch(rid)
             if answer.status != 429 or attempt == RATE_LIMIT_RETRIES or self.halted:
                 break
             rel = self.runner.gw.settings.reliability

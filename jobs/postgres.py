@@ -1,6 +1,7 @@
-"""The jobs store on PostgreSQL: its own asyncpg pool on the billing database, the same tables as
-:mod:`jobs.sqlite`, file contents as ``bytea``. Migrations run on open under an advisory lock (its own
-lock id and ``jobs_schema_version`` table), so replicas starting together migrate once.
+"""The jobs store on PostgreSQL: the billing store's pool (:class:`billing.postgres_pool.PostgresPool`),
+the same tables as :mod:`jobs.sqlite`, file contents as ``bytea``. Migrations run on open under an
+advisory lock (its own lock id and ``jobs_schema_version`` table), so replicas starting together
+migrate once.
 
 Leases use the database clock, so every replica agrees on when one has run out. A batch is claimed
 with ``FOR UPDATE SKIP LOCKED``: two replicas looking at once never take the same batch.
@@ -11,8 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import asyncpg
-
+from billing.postgres_pool import PostgresPool
 from billing.store import Principal, principal_query, principal_row
 from jobs.store import (
     BATCH_COLUMNS,
@@ -23,7 +23,6 @@ from jobs.store import (
     FileRow,
     Final,
     JobStore,
-    JobStoreError,
     Line,
     LineState,
     Outcome,
@@ -120,50 +119,12 @@ def _count(status: str) -> int:
     return int(status.rsplit(" ", 1)[-1])
 
 
-async def migrate(conn: asyncpg.Connection) -> None:
-    async with conn.transaction():
-        await conn.execute("SELECT pg_advisory_xact_lock($1::int8)", MIGRATION_LOCK)
-        await conn.execute("CREATE TABLE IF NOT EXISTS jobs_schema_version (version INTEGER NOT NULL)")
-        version = await conn.fetchval("SELECT version FROM jobs_schema_version")
-        if version is None:
-            await conn.execute("INSERT INTO jobs_schema_version VALUES (0)")
-            version = 0
-        for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
-            await conn.execute(script)
-            await conn.execute("UPDATE jobs_schema_version SET version = $1", number)
-
-
 class PostgresJobStore(JobStore):
-    def __init__(self, url: str, *, max_size: int = 4) -> None:
-        self.url = url
-        self.max_size = max_size
-        self._pool: asyncpg.Pool | None = None
-
-    @property
-    def pool(self) -> asyncpg.Pool:
-        if self._pool is None:
-            raise JobStoreError("the jobs store is not open")
-        return self._pool
+    def __init__(self, pool: PostgresPool) -> None:
+        self.pool = pool
 
     async def open(self) -> None:
-        if self._pool is not None:
-            return
-        try:
-            pool = await asyncpg.create_pool(self.url, min_size=1, max_size=self.max_size)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            raise JobStoreError(f"cannot connect to the jobs store: {exc}") from None
-        try:
-            async with pool.acquire() as conn:
-                await migrate(conn)
-        except BaseException:
-            await pool.close()
-            raise
-        self._pool = pool
-
-    async def close(self) -> None:
-        if self._pool is not None:
-            pool, self._pool = self._pool, None
-            await pool.close()
+        await self.pool.migrate("jobs_schema_version", MIGRATIONS, MIGRATION_LOCK)
 
     # -- callers --------------------------------------------------------------------------------------
     async def principal_by_id(self, key_id: int) -> Principal | None:
@@ -215,7 +176,7 @@ class PostgresJobStore(JobStore):
         return [batch_of(r) for r in rows]
 
     async def cancel_batch(self, group_id: int, batch_id: str, now: int) -> BatchRow | None:
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self.pool.transaction() as conn:
             await conn.execute(
                 "UPDATE batches SET status = 'cancelling', cancelling_at = $1 WHERE id = $2 AND group_id = $3 "
                 "AND status IN ('validating', 'in_progress')",
@@ -257,7 +218,7 @@ class PostgresJobStore(JobStore):
 
     # -- the run of one batch -------------------------------------------------------------------------
     async def start_batch(self, batch_id: str, owner: str, lines: list[Line], now: int) -> bool:
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self.pool.transaction() as conn:
             status = await conn.execute(
                 "UPDATE batches SET status = CASE status WHEN 'validating' THEN 'in_progress' ELSE status END, "
                 "in_progress_at = $1, total = $2 WHERE id = $3 AND lease_owner = $4 "
@@ -312,7 +273,7 @@ class PostgresJobStore(JobStore):
     async def finish_line(self, batch_id: str, line_no: int, owner: str | None, outcome: Outcome,
                           now: float) -> bool:  # fmt: skip
         t = outcome.tokens
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self.pool.transaction() as conn:
             status = await conn.execute(
                 "UPDATE batch_lines SET state = $1, result = $2, finished_at = $3 WHERE batch_id = $4 "
                 "AND line_no = $5 AND state = 'running' AND ($6::text IS NULL OR owner = $6)",
@@ -338,7 +299,7 @@ class PostgresJobStore(JobStore):
     async def finalize(self, batch_id: str, owner: str, final: Final) -> bool:
         stamp = f"{final.status}_at"
         assert stamp in TIMESTAMPS
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self.pool.transaction() as conn:
             status = await conn.execute(
                 f"UPDATE batches SET status = $1, {stamp} = $2, completed = $3, failed = $4, output_file_id = $5, "
                 f"error_file_id = $6, lease_owner = NULL, lease_until = NULL WHERE id = $7 AND lease_owner = $8 "

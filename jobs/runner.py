@@ -37,9 +37,8 @@ class JobRunner:
         self.gw = gateway
         self.app = app  # the gateway's own ASGI app: every line is one in-process call to it
         self.settings = gateway.settings.jobs
-        url = gateway.settings.store.url
-        self.store = store or open_job_store(url, self.settings.data_dir)
-        self.exclusive = url.startswith("sqlite")
+        self.store = store or open_job_store(gateway.store, self.settings.data_dir)
+        self.exclusive = gateway.store.exclusive  # one gateway per database: every lease left is a dead one's
         self.name = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self._claims = itertools.count(1)
         self.jobs: dict[str, tuple[Job, asyncio.Task[None]]] = {}
@@ -77,7 +76,6 @@ class JobRunner:
                 task.cancel()
             if pending:
                 await asyncio.wait(pending)
-        await self.store.close()
 
     async def _run(self) -> None:
         assert self._wake is not None

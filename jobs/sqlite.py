@@ -1,9 +1,10 @@
-"""The jobs store on SQLite: its own connection to the billing database file, on its own worker thread,
-in WAL mode, with its own schema version (``jobs_schema_version``). File contents live on disk in the
-files directory (written to a temporary name, flushed, then renamed); the database holds their rows.
+"""The jobs store on SQLite: the billing store's database handle (its connection and worker thread,
+:class:`billing.sqlite_thread.SQLiteThread`), with its own schema version (``jobs_schema_version``).
+File contents live on disk in the files directory (written to a temporary name, flushed, then
+renamed); the database holds their rows.
 
-``synchronous=FULL`` on this connection: a line's claim is on disk before its call goes upstream, so
-not even a power cut can make a line run twice. (The billing connection keeps its own setting.)
+That connection is ``synchronous=FULL``: a line's claim is on disk before its call goes upstream, so
+not even a power cut can make a line run twice.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from billing.sqlite import sqlite_path
 from billing.sqlite_thread import SQLiteThread
 from billing.store import Principal, principal_query, principal_row
 from jobs.store import (
@@ -111,14 +111,10 @@ _OPEN = f"status IN ({', '.join(repr(s) for s in OPEN)})"
 
 
 class SQLiteJobStore(JobStore):
-    def __init__(self, url: str, files_dir: str = "") -> None:
-        self.url = url
-        self.path = sqlite_path(url)
-        base = Path(self.path).parent if self.path != ":memory:" else Path("data")
+    def __init__(self, thread: SQLiteThread, files_dir: str = "") -> None:
+        self.thread = thread
+        base = Path(thread.path).parent if thread.path != ":memory:" else Path("data")
         self.files_dir = Path(files_dir) if files_dir else base / "files"
-        # synchronous=FULL: a line's "started" mark must survive even a power cut (never run twice)
-        self.thread = SQLiteThread(self.path, name="sqlite-jobs", migrations=MIGRATIONS,
-                                   version_table="jobs_schema_version", synchronous="FULL", foreign_keys=False)  # fmt: skip
 
     # -- plumbing -------------------------------------------------------------------------------------
     async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
@@ -143,10 +139,9 @@ class SQLiteJobStore(JobStore):
 
     async def open(self) -> None:
         self.files_dir.mkdir(parents=True, exist_ok=True)
-        await self.thread.open()
-
-    async def close(self) -> None:
-        await self.thread.close()
+        if not self.thread.is_open:
+            raise JobStoreError("the billing store's database is not open")
+        await self.thread.migrate("jobs_schema_version", MIGRATIONS)
 
     def _file_path(self, file_id: str) -> Path:
         return self.files_dir / file_id

@@ -1,8 +1,8 @@
 """The jobs store: files, batches and their lines, behind one small async interface.
 
-Implementations: :mod:`jobs.sqlite` (its own connection and worker thread on the billing database
-file; file contents on disk) and :mod:`jobs.postgres` (its own asyncpg pool; file contents as
-``bytea``). Both use the same database as the billing store (``[store] url``) and only read its
+Implementations: :mod:`jobs.sqlite` (file contents on disk) and :mod:`jobs.postgres` (file contents as
+``bytea``). Both run on the billing store's database handle (``store.database``: one connection and
+thread, or one pool, per process), migrate tables of their own on it and only read the billing
 ``keys`` and ``groups`` tables (:meth:`JobStore.principal_by_id`).
 
 A line's life: ``pending`` → ``running`` (claimed, written durably *before* its call goes upstream) →
@@ -18,7 +18,9 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
-from billing.store import Principal
+from billing.postgres_pool import PostgresPool
+from billing.sqlite_thread import SQLiteThread
+from billing.store import Principal, Store
 
 OPEN = ("validating", "in_progress", "finalizing", "cancelling")  # a runner still has work to do
 
@@ -150,14 +152,9 @@ class Final:
 
 
 class JobStore(ABC):
-    url: str
-
     @abstractmethod
     async def open(self) -> None:
-        """Connect and migrate the jobs tables."""
-
-    @abstractmethod
-    async def close(self) -> None: ...
+        """Migrate the jobs tables (on the billing store's database handle, opened by that store)."""
 
     # -- callers ------------------------------------------------------------------------------------
     @abstractmethod
@@ -250,18 +247,19 @@ class JobStore(ABC):
         the lines and the lease — all at once."""
 
 
-def open_job_store(url: str, files_dir: str = "") -> JobStore:
-    """The jobs store on the billing store's database. ``files_dir``: where the SQLite store keeps file
-    contents (empty: a ``files`` directory beside the database file)."""
-    if url.startswith("sqlite://"):
+def open_job_store(store: Store, files_dir: str = "") -> JobStore:
+    """The jobs store on the billing store's database handle. ``files_dir``: where the SQLite store
+    keeps file contents (empty: a ``files`` directory beside the database file)."""
+    db = store.database
+    if isinstance(db, SQLiteThread):
         from jobs.sqlite import SQLiteJobStore
 
-        return SQLiteJobStore(url, files_dir)
-    if url.startswith(("postgres://", "postgresql://")):
+        return SQLiteJobStore(db, files_dir)
+    if isinstance(db, PostgresPool):
         from jobs.postgres import PostgresJobStore
 
-        return PostgresJobStore(url)
-    raise JobStoreError(f"unsupported store URL {url!r}: use sqlite:///path or postgresql://...")
+        return PostgresJobStore(db)
+    raise JobStoreError(f"the Batch API has no store for a {type(db).__name__} database")
 
 
 def new_file_id() -> str:

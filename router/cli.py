@@ -17,7 +17,7 @@ import argparse
 import asyncio
 import sys
 
-from billing.store import StoreError, with_store
+from billing.store import StoreDown, StoreError, with_store
 from core.catalog import ConfigError
 from core.config import Settings, load_settings
 from core.money import to_credits as nano_to_credits
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
             from console.cli import run as console_command
 
             console_command(args, settings)
-    except StoreError as exc:
+    except (StoreError, StoreDown) as exc:
         raise SystemExit(f"error: {exc}") from None
 
 

@@ -298,12 +298,11 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 async def stores(store_url: str, tmp_path: Path) -> AsyncIterator[tuple[Store, JobStore]]:
     billing = open_store(store_url)
     await billing.open()
-    job_store = open_job_store(store_url, str(tmp_path / "files"))
+    job_store = open_job_store(billing, str(tmp_path / "files"))
     await job_store.open()
     try:
         yield billing, job_store
     finally:
-        await job_store.close()
         await billing.close()
 
 

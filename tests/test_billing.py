@@ -325,8 +325,10 @@ async def test_a_settlement_that_cannot_be_stored_is_logged_with_its_usage_recor
     from billing.store import Reservation
 
     class BrokenStore:
-        async def settle(self, reservation: Reservation, record: UsageRecord) -> int:
-            raise RuntimeError("disk full")
+        def settle_soon(self, reservation: Reservation, record: UsageRecord, linger: bool) -> asyncio.Future[int]:
+            failed: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+            failed.set_exception(RuntimeError("disk full"))
+            return failed
 
     ledger = Ledger(BrokenStore())  # type: ignore[arg-type]
     record = UsageRecord(key_id=7, group_id=3, model="openai/gpt-4o-mini", provider="openai", credits=1234,

@@ -23,12 +23,13 @@ from urllib.parse import urlencode
 import openai
 import pytest
 
+from billing.history import Bucket, Filter, History
 from billing.sqlite import SQLiteStore
 from billing.store import Store, UsageRecord
 from console import auth, charts, forms
 from console.app import Console
 from console.cli import store_password
-from console.queries import Filter, Queries, queries_for
+from console.queries import Queries, queries_for
 from core.catalog import ConfigError
 from core.config import ConsoleSettings, ReliabilitySettings, Settings, StoreSettings, parse_settings
 from tests.conftest import Raw, Stack
@@ -682,9 +683,10 @@ def seed(
     ]
 
 
-async def check_queries(q: Queries) -> dict[str, Any]:
+async def check_queries(store: Store) -> dict[str, Any]:
     """The same questions on any store seeded with ``seed(500)``; the answers, to compare stores."""
-    await q.ready()
+    q: History = store.history
+    settings: Queries = queries_for(store)
     out: dict[str, Any] = {}
     start = 1_700_000_000.0
     all_pages: list[int] = []
@@ -717,11 +719,11 @@ async def check_queries(q: Queries) -> dict[str, Any]:
     exported = [r.id async for chunk in q.export(Filter(1, source="job"), 1000, chunk=7) for r in chunk]
     assert len(exported) == 50
     assert (
-        await q.setting_or_default("x", "first") == "first"
-        and await q.setting_or_default("x", "2nd") == "first"
+        await settings.setting_or_default("x", "first") == "first"
+        and await settings.setting_or_default("x", "2nd") == "first"
     )
-    await q.set_setting("x", "third")
-    assert await q.get_setting("x") == "third" and await q.get_setting("nothing") is None
+    await settings.set_setting("x", "third")
+    assert await settings.get_setting("x") == "third" and await settings.get_setting("nothing") is None
     return out
 
 
@@ -744,7 +746,7 @@ def test_queries_on_sqlite_and_postgres(tmp_path: Path) -> None:
                     data,
                 )
             )
-            return await check_queries(queries_for(store))
+            return await check_queries(store)
         finally:
             await store.close()
 
@@ -756,18 +758,17 @@ def test_queries_on_sqlite_and_postgres(tmp_path: Path) -> None:
             await conn.execute(f"CREATE DATABASE {name}")
         finally:
             await conn.close()
-        store: Store = PostgresStore(f"postgresql://postgres@127.0.0.1:5432/{name}")
+        store = PostgresStore(f"postgresql://postgres@127.0.0.1:5432/{name}")
         try:
             await store.open()
             pg = [(*r[:7], bool(r[7]), *r[8:15], bool(r[15]), *r[16:]) for r in data]
-            await store.pool.executemany(  # type: ignore[attr-defined]
-                f"INSERT INTO usage ({COLUMNS}) VALUES ({', '.join(f'${n}' for n in range(1, 22))})",
-                pg,
-            )
-            q = queries_for(store)
-            result = await check_queries(q)
-            indexes = await q.fetch("SELECT indexname FROM pg_indexes WHERE tablename = 'usage'")
-            assert {"console_usage_group_source", "console_usage_key"} <= {r[0] for r in indexes}
+            async with store.db.connection() as conn:
+                await conn.executemany(
+                    f"INSERT INTO usage ({COLUMNS}) VALUES ({', '.join(f'${n}' for n in range(1, 22))})", pg
+                )
+            result = await check_queries(store)
+            indexes = await store.database.select("SELECT indexname FROM pg_indexes WHERE tablename = 'usage'")
+            assert {"usage_group_source", "usage_group_model", "usage_key"} <= {r[0] for r in indexes}
             return result
         finally:
             await store.close()
@@ -809,8 +810,7 @@ def test_history_stays_fast_with_a_million_rows(tmp_path: Path) -> None:
     async def measure() -> dict[str, float]:
         await store.open()
         try:
-            q = queries_for(store)
-            await q.ready()  # builds the console's indexes once
+            q = store.history
             timings: dict[str, float] = {}
 
             async def timed(name: str, coro: Any) -> Any:
@@ -847,8 +847,6 @@ def test_history_stays_fast_with_a_million_rows(tmp_path: Path) -> None:
 
 
 def test_chart_svg() -> None:
-    from console.queries import Bucket
-
     assert charts.bucket_width(86400) == 3600 and charts.bucket_width(7 * 86400) == 3 * 3600
     assert charts.bucket_width(60) == 60 and charts.bucket_width(10**9) >= 30 * 86400
     assert charts.nice_max(0) == 1 and charts.nice_max(7) == 10 and charts.nice_max(1.2e9) == 2e9

@@ -27,7 +27,8 @@ import asyncpg
 import openai
 import pytest
 
-from billing.postgres import MIGRATIONS, PostgresStore, migrate, usable
+from billing.postgres import MIGRATIONS, PostgresStore, migrate
+from billing.postgres_ledger import usable
 from billing.store import Refusal, Reservation, Store, StoreError, UsageRecord, open_store
 from emulators.registry import Running, start_emulators, stop_emulators
 from tests.conftest import ADMIN_URL, Stack, free_port, pg_admin, run_sync
@@ -413,7 +414,7 @@ async def test_schema_version_and_constraints(pg_url: str) -> None:
     store = PostgresStore(pg_url)
     await store.open()
     try:
-        async with store.db.acquire() as conn:
+        async with store.db.connection() as conn:
             assert await conn.fetchval("SELECT version FROM schema_version") == len(MIGRATIONS)
             await conn.execute("INSERT INTO groups (name, balance, created_at) VALUES ('g', 5, 0)")
             with pytest.raises(asyncpg.CheckViolationError):
@@ -432,7 +433,7 @@ async def test_the_ledger_takes_a_new_connection_when_its_own_is_lost(pg_url: st
         first = await store.reserve(group_id, key_id, 100)
         assert isinstance(first, Reservation) and store.commits.conn is not None
         pid = store.commits.conn.get_server_pid()
-        async with store.db.acquire() as conn:
+        async with store.db.connection() as conn:
             assert await conn.fetchval("SELECT pg_terminate_backend($1)", pid)
         for _ in range(100):  # until the client has seen the connection close
             if not usable(store.commits.conn):

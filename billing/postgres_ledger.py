@@ -1,0 +1,367 @@
+"""The PostgreSQL store's ledger: reservations and settlements by group commit.
+
+Reservations and settlements go through group commit: reservations and settlements queue up while a batch is being
+committed, then the next batch does them all in one transaction (one WAL flush for dozens of calls;
+a transaction per reservation would hold the group's row lock through its own flush, so one busy
+group could not go past the disk's flush rate). A batch is four round trips:
+
+1. ``BEGIN``;
+2. ``LOCK``: delete the reservations it settles, then lock the key rows, then the group rows it
+   touches (each in id order) and read them;
+3. work out every operation in Python, one after the other in the order they were submitted, with the
+   SQLite store's arithmetic (a reservation needs the key's cap and the group's balance; a charge is
+   capped at what the group has);
+4. ``APPLY``: the net change of each group with one conditional ``UPDATE`` (``WHERE balance + change
+   >= 0``), of each key, the new reservations and the usage records; then ``COMMIT``.
+
+The rows are locked before they are read, so no replica can move a balance between the reading and
+the writing; ``CHECK (balance >= 0)`` is the last guard. Every transaction takes its locks in the
+same order (reservations, keys, groups; ``reconcile`` takes reservations last, but with ``SKIP
+LOCKED``, so it never waits for one): replicas cannot deadlock each other, and if PostgreSQL still
+reported a deadlock the batch would be redone. An operation that fails (an unknown key, say) does
+not fail the others: the batch is rolled back and redone one operation per transaction.
+
+Timestamps of reservations come from the database clock, so ``reconcile(older_than=...)`` means the
+same on every replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+
+from billing.postgres_pool import PostgresPool
+from billing.store import (
+    USAGE_COLUMNS,
+    USAGE_LIST,
+    USAGE_TYPES,
+    Refusal,
+    Reservation,
+    StoreError,
+    UsageRecord,
+    usage_values,
+)
+
+_PG = {"int": "int8", "str": "text", "float": "float8", "bool": "bool", "float | None": "float8",
+       "str | None": "text"}  # fmt: skip
+USAGE_PG = tuple(_PG[USAGE_TYPES[name]] for name in USAGE_COLUMNS)  # the usage columns' types, in order
+NOW = "extract(epoch FROM now())::float8"
+
+# -- the statements of a ledger batch -----------------------------------------------------------------
+# Delete the reservations being settled, then lock the keys, then the groups, each in id order, in one
+# round trip. The order is certain: each step's WHERE needs a count of the step before (an InitPlan,
+# run in full before the first row of the step is locked), and Append reads its branches in turn.
+LOCK = """
+WITH released AS (
+    DELETE FROM reservations WHERE id IN
+        (SELECT id FROM reservations WHERE id = ANY($1::int8[]) ORDER BY id FOR UPDATE)
+    RETURNING id
+), k AS MATERIALIZED (
+    SELECT id, spend_cap, spent, reserved FROM keys
+    WHERE id = ANY($2::int8[]) AND (SELECT count(*) FROM released) >= 0
+    ORDER BY id FOR NO KEY UPDATE
+), g AS MATERIALIZED (
+    SELECT id, balance, reserved, spent FROM groups
+    WHERE id = ANY($3::int8[]) AND (SELECT count(*) FROM k) >= 0
+    ORDER BY id FOR NO KEY UPDATE
+)
+SELECT 'r' AS kind, id, NULL::int8 AS a, NULL::int8 AS b, NULL::int8 AS c FROM released
+UNION ALL SELECT 'k', id, spend_cap, spent, reserved FROM k
+UNION ALL SELECT 'g', id, balance, reserved, spent FROM g
+"""
+_USAGE_ARGS = ", ".join(f"${n}::{kind}[]" for n, kind in enumerate(USAGE_PG, start=12))
+APPLY = f"""
+WITH g AS (
+    UPDATE groups AS g SET balance = g.balance + d.balance, reserved = g.reserved + d.reserved,
+                           spent = g.spent + d.spent
+    FROM unnest($1::int8[], $2::int8[], $3::int8[], $4::int8[]) AS d(id, balance, reserved, spent)
+    WHERE g.id = d.id AND g.balance + d.balance >= 0
+    RETURNING g.id
+), k AS (
+    UPDATE keys AS k SET reserved = k.reserved + d.reserved, spent = k.spent + d.spent
+    FROM unnest($5::int8[], $6::int8[], $7::int8[]) AS d(id, reserved, spent)
+    WHERE k.id = d.id
+    RETURNING k.id
+), r AS (
+    INSERT INTO reservations (group_id, key_id, amount, created_at)
+    SELECT x.group_id, x.key_id, x.amount, {NOW}
+    FROM unnest($8::int8[], $9::int8[], $10::int8[]) WITH ORDINALITY AS x(group_id, key_id, amount, n)
+    ORDER BY x.n
+    RETURNING id
+), u AS (
+    INSERT INTO usage ({USAGE_LIST})
+    SELECT {USAGE_LIST} FROM unnest({_USAGE_ARGS}) WITH ORDINALITY AS x({USAGE_LIST}, n)
+    ORDER BY x.n
+)
+SELECT (SELECT count(*) FROM g) AS groups, (SELECT count(*) FROM k) AS keys,
+       array(SELECT id FROM r ORDER BY id) AS reservations, $11::int AS batch
+"""
+STALE = (
+    "SELECT id FROM reservations WHERE id > $1 AND ($2::float8 IS NULL OR created_at <= "
+    f"{NOW} - $2::float8) ORDER BY id LIMIT $3"
+)
+TAKE_STALE = (
+    "DELETE FROM reservations WHERE id IN "
+    "(SELECT id FROM reservations WHERE id = ANY($1::int8[]) ORDER BY id FOR UPDATE SKIP LOCKED) "
+    "RETURNING id, group_id, key_id, amount"
+)
+INTERRUPTED = "reservation left by a stopped process, released on restart"
+RETRIES = 5  # a batch that hits a deadlock (only possible with exotic call patterns) is redone
+RECONCILE_CHUNK = 500
+
+
+# -- one batch, worked out in Python ------------------------------------------------------------------
+@dataclass(slots=True)
+class ReserveOp:
+    group_id: int
+    key_id: int
+    amount: int
+
+
+@dataclass(slots=True)
+class SettleOp:
+    reservation: Reservation
+    record: UsageRecord
+
+
+Op = ReserveOp | SettleOp
+
+
+@dataclass(slots=True)
+class Row:
+    """A locked group (balance, reserved, spent) or key (spend_cap in ``cap``, spent, reserved) row."""
+
+    balance: int = 0
+    reserved: int = 0
+    spent: int = 0
+    cap: int | None = None
+
+
+@dataclass(slots=True)
+class Plan:
+    """What a batch does to the rows it has locked: each operation in turn, as the SQLite store would
+    do it; the net changes are then written at once."""
+
+    released: set[int]  # reservations this batch deleted, not yet claimed by a settlement
+    keys: dict[int, Row]
+    groups: dict[int, Row]
+    now: float = field(default_factory=time.time)
+    start: dict[tuple[str, int], tuple[int, int, int]] = field(default_factory=dict)
+    reservations: list[tuple[int, int, int]] = field(default_factory=list)
+    usage: list[tuple[Any, ...]] = field(default_factory=list)
+
+    def remember(self) -> None:
+        """Note the rows as read, to write only the net changes at the end."""
+        for kind, rows in (("g", self.groups), ("k", self.keys)):
+            for rid, row in rows.items():
+                self.start[kind, rid] = (row.balance, row.reserved, row.spent)
+
+    def run(self, op: Op) -> Refusal | int:
+        """A refusal, the index of a new reservation (reserve) or the charge (settle)."""
+        if isinstance(op, ReserveOp):
+            return self.reserve(op.group_id, op.key_id, op.amount)
+        return self.settle(op.reservation, op.record)
+
+    def reserve(self, group_id: int, key_id: int, amount: int) -> Refusal | int:
+        key = self.keys.get(key_id)
+        if key is not None and key.cap is not None and key.spent + key.reserved + amount > key.cap:
+            return Refusal("key_cap", max(key.cap - key.spent - key.reserved, 0), amount)
+        group = self.groups.get(group_id)
+        if group is None or group.balance < amount:
+            return Refusal("balance", group.balance if group else 0, amount)
+        if key is None:
+            raise StoreError(f"no key with id {key_id}")
+        if amount < 0:
+            raise StoreError("a reservation cannot be negative")
+        group.balance -= amount
+        group.reserved += amount
+        key.reserved += amount
+        self.reservations.append((group_id, key_id, amount))
+        return len(self.reservations) - 1
+
+    def settle(self, reservation: Reservation, record: UsageRecord) -> int:
+        group = self.groups.get(reservation.group_id)
+        if group is None:
+            raise StoreError(f"no group with id {reservation.group_id}")
+        held = reservation.amount if reservation.id in self.released else 0  # settled twice, or reconciled
+        if group.reserved < held:
+            raise StoreError("the reservation holds more than its group has reserved")
+        self.released.discard(reservation.id)
+        charge = min(record.credits, group.balance + held)
+        group.reserved -= held
+        group.balance += held - charge
+        group.spent += charge
+        key = self.keys.get(reservation.key_id)
+        if key is not None:
+            key.reserved -= held
+            key.spent += charge
+        self.usage.append(usage_values(record, charge, self.now))
+        return charge
+
+    def args(self) -> list[Any]:
+        """The parameters of ``APPLY``: net changes per group and key, new rows as columns."""
+        groups = [(gid, r.balance - b, r.reserved - res, r.spent - s)
+                  for gid, r in self.groups.items() for b, res, s in [self.start["g", gid]]]  # fmt: skip
+        keys = [(kid, r.reserved - res, r.spent - s)
+                for kid, r in self.keys.items() for _, res, s in [self.start["k", kid]]]  # fmt: skip
+        groups = [g for g in groups if any(g[1:])]
+        keys = [k for k in keys if any(k[1:])]
+        return [
+            *columns(groups, 4), *columns(keys, 3), *columns(self.reservations, 3),
+            len(groups), *columns(self.usage, len(USAGE_COLUMNS)),
+        ]  # fmt: skip
+
+
+def columns(rows: list[tuple[Any, ...]], width: int) -> list[list[Any]]:
+    return [list(column) for column in zip(*rows, strict=True)] if rows else [[] for _ in range(width)]
+
+
+async def run_batch(conn: asyncpg.Connection, ops: Sequence[Op]) -> list[Any]:
+    """One transaction for ``ops``; returns each operation's result. Raises if any fails."""
+    settled = sorted({op.reservation.id for op in ops if isinstance(op, SettleOp)})
+    key_ids = sorted({op.key_id if isinstance(op, ReserveOp) else op.reservation.key_id for op in ops})
+    group_ids = sorted({op.group_id if isinstance(op, ReserveOp) else op.reservation.group_id for op in ops})
+    async with conn.transaction():
+        plan = await lock(conn, settled, key_ids, group_ids)
+        results = [plan.run(op) for op in ops]
+        new_ids = await apply(conn, plan)
+    return [Reservation(new_ids[r], *plan.reservations[r]) if isinstance(op, ReserveOp) and isinstance(r, int)
+            else r for op, r in zip(ops, results, strict=True)]  # fmt: skip
+
+
+async def lock(conn: asyncpg.Connection, settled: list[int], key_ids: list[int], group_ids: list[int],
+               ) -> Plan:  # fmt: skip
+    """Take the reservations being settled, lock the keys, then the groups, and read them."""
+    plan = Plan(set(), {}, {})
+    for kind, rid, a, b, c in await conn.fetch(LOCK, settled, key_ids, group_ids):
+        if kind == "r":
+            plan.released.add(rid)
+        elif kind == "k":
+            plan.keys[rid] = Row(cap=a, spent=b, reserved=c)
+        else:
+            plan.groups[rid] = Row(balance=a, reserved=b, spent=c)
+    plan.remember()
+    return plan
+
+
+async def apply(conn: asyncpg.Connection, plan: Plan) -> list[int]:
+    row = await conn.fetchrow(APPLY, *plan.args())
+    assert row is not None
+    if row["groups"] != row["batch"]:  # cannot happen: the rows are locked and the plan kept them >= 0
+        raise StoreError("a group's balance would go below zero")
+    return list(row["reservations"])
+
+
+# -- group commit -------------------------------------------------------------------------------------
+class LedgerCommits:
+    """Many ledger operations, one transaction: operations queue up while a batch commits, then the
+    next batch takes them all; every caller awaits its own operation's commit."""
+
+    def __init__(self, db: PostgresPool, limit: int = 1024) -> None:
+        self.db = db
+        self.limit = limit
+        self.pending: list[tuple[Op, asyncio.Future[Any]]] = []
+        self.task: asyncio.Task[None] | None = None
+        self.conn: asyncpg.Connection | None = None  # the batches' own, kept from one batch to the next
+        self.batches = 0
+
+    def submit(self, op: Op) -> asyncio.Future[Any]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self.pending.append((op, future))
+        if self.task is None:
+            self.task = loop.create_task(self._drain())
+        return future
+
+    async def close(self) -> None:
+        """Once every queued operation is committed (or failed), give the connection back."""
+        while self.task is not None:
+            await asyncio.wait({self.task})
+        if self.conn is not None:
+            conn, self.conn = self.conn, None
+            await self.db.release(conn)
+
+    async def _connection(self) -> asyncpg.Connection:
+        if self.conn is not None and not usable(self.conn):  # lost (server restarted?): take another
+            conn, self.conn = self.conn, None
+            await self.db.release(conn)  # nothing to do if the pool has taken it back
+        if self.conn is None:
+            self.conn = await self.db.acquire()
+        return self.conn
+
+    async def _drain(self) -> None:
+        try:
+            while self.pending:
+                conn = await self._connection()
+                batch, self.pending = self.pending[: self.limit], self.pending[self.limit :]
+                await self._commit(conn, batch)
+        except BaseException as exc:  # no connection (or cancelled): the queued callers get the error
+            batch, self.pending = self.pending, []
+            fail(batch, exc)
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            self.task = None
+
+    async def _commit(self, conn: asyncpg.Connection, batch: list[tuple[Op, asyncio.Future[Any]]]) -> None:
+        try:
+            results = await self._attempt(conn, [op for op, _ in batch])
+        except BaseException as exc:  # nothing committed: every caller gets the error
+            fail(batch, exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        self.batches += 1
+        for (op, future), (ok, value) in zip(batch, results, strict=True):
+            if ok and isinstance(op, SettleOp):
+                op.record.credits = value  # the actual charge, once it is committed
+            if future.done():
+                continue
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(value)
+
+    async def _attempt(self, conn: asyncpg.Connection, ops: list[Op]) -> list[tuple[bool, Any]]:
+        """``(True, result)`` or ``(False, error)`` for each operation. If one fails, the batch is
+        rolled back and each operation redone in its own transaction: one failure fails only itself."""
+        try:
+            return [(True, r) for r in await self._retrying(conn, ops)]
+        except (StoreError, asyncpg.PostgresError) as exc:
+            if len(ops) == 1:
+                return [(False, exc)]
+        return [(await self._attempt(conn, [op]))[0] for op in ops]
+
+    @staticmethod
+    async def _retrying(conn: asyncpg.Connection, ops: list[Op]) -> list[Any]:
+        for attempt in range(1, RETRIES + 1):
+            try:
+                return await run_batch(conn, ops)
+            except asyncpg.DeadlockDetectedError:
+                if attempt == RETRIES:
+                    raise
+        raise AssertionError("unreachable")
+
+
+def usable(conn: asyncpg.Connection) -> bool:
+    try:
+        return not conn.is_closed()
+    except asyncpg.InterfaceError:  # the pool took it back when it was closed
+        return False
+
+
+def fail(batch: list[tuple[Op, asyncio.Future[Any]]], exc: BaseException) -> None:
+    for _, future in batch:
+        if future.done():
+            continue
+        if isinstance(exc, asyncio.CancelledError):
+            future.cancel()
+        else:
+            future.set_exception(exc)
+
+

@@ -1,0 +1,167 @@
+"""One asyncpg pool: the database handle of a PostgreSQL store, shared by billing, jobs and the console.
+
+The billing store opens it; the jobs store and the console run their statements on it and migrate
+their own tables with ``migrate(lock, version_table, scripts)`` (replicas starting together take
+turns on an advisory lock). An error that means the database cannot be reached now (connection
+refused, lost or terminated, the server shutting down or starting, too many connections, a timeout)
+raises :class:`billing.store.StoreDown`; other errors (constraints, SQL) pass through unchanged.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import asyncpg
+
+from billing.store import StoreDown
+
+# the server is gone, going, starting, full, read-only (a standby after failover) or cancelled us
+_DOWN: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    asyncpg.InterfaceError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.exceptions.InsufficientResourcesError,
+    asyncpg.exceptions.ReadOnlySQLTransactionError,
+)
+
+
+def down(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database cannot be used now (rather than that a statement is wrong)."""
+    return isinstance(exc, _DOWN) and not isinstance(exc, StoreDown)
+
+
+def lost(exc: BaseException, what: str = "PostgreSQL") -> StoreDown:
+    return StoreDown(f"{what} cannot be reached ({type(exc).__name__}: {exc})")
+
+
+def pg_sql(sql: str) -> str:
+    """``?`` placeholders to ``$1, $2, ...`` (dialect-neutral SQL has no ``?`` anywhere else)."""
+    parts = sql.split("?")
+    return "".join(f"{part}${n}" for n, part in enumerate(parts[:-1], start=1)) + parts[-1]
+
+
+class PostgresPool:
+    dialect = "postgresql"
+
+    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 10) -> None:
+        self.url = url
+        self.min_size = min_size
+        self.max_size = max_size
+        self._pool: asyncpg.Pool | None = None
+
+    @property
+    def is_open(self) -> bool:
+        return self._pool is not None
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        if self._pool is None:
+            raise StoreDown("the PostgreSQL store is not open")
+        return self._pool
+
+    async def open(self) -> None:
+        if self._pool is not None:
+            return
+        try:
+            self._pool = await asyncpg.create_pool(self.url, min_size=self.min_size, max_size=self.max_size)
+        except Exception as exc:
+            if down(exc) or isinstance(exc, asyncpg.PostgresError):
+                raise StoreDown(f"cannot connect to PostgreSQL ({exc})") from exc
+            raise
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            await pool.close()
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[asyncpg.Connection]:
+        """A connection of the pool for several statements (``async with db.connection() as conn``)."""
+        try:
+            async with self.pool.acquire() as conn:
+                yield conn
+        except Exception as exc:
+            if down(exc):
+                raise lost(exc) from exc
+            raise
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[asyncpg.Connection]:
+        """A connection in a transaction, committed when the block ends (rolled back if it raises)."""
+        async with self.connection() as conn, conn.transaction():
+            yield conn
+
+    async def acquire(self) -> asyncpg.Connection:
+        """A connection kept by its user across many batches (the ledger's); give it back with
+        :meth:`release`."""
+        try:
+            return await self.pool.acquire()
+        except Exception as exc:
+            if down(exc):
+                raise lost(exc) from exc
+            raise
+
+    async def release(self, conn: asyncpg.Connection) -> None:
+        if self._pool is not None:
+            try:
+                await self._pool.release(conn)
+            except Exception as exc:  # a connection already gone: nothing to give back
+                if not down(exc):
+                    raise
+
+    async def _call(self, method: str, sql: str, args: Sequence[Any]) -> Any:
+        try:
+            return await getattr(self.pool, method)(sql, *args)
+        except Exception as exc:
+            if down(exc):
+                raise lost(exc) from exc
+            raise
+
+    # native SQL ($1 placeholders), as asyncpg's pool takes it
+    async def fetch(self, sql: str, *args: Any) -> list[Any]:
+        rows: list[Any] = await self._call("fetch", sql, args)
+        return rows
+
+    async def fetchrow(self, sql: str, *args: Any) -> Any:
+        return await self._call("fetchrow", sql, args)
+
+    async def fetchval(self, sql: str, *args: Any) -> Any:
+        return await self._call("fetchval", sql, args)
+
+    async def execute(self, sql: str, *args: Any) -> str:
+        status: str = await self._call("execute", sql, args)
+        return status
+
+    # dialect-neutral SQL (``?`` placeholders), for queries shared with SQLite
+    async def select(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return [tuple(r) for r in await self._call("fetch", pg_sql(sql), args)]
+
+    async def write(self, sql: str, args: Sequence[Any] = ()) -> None:
+        await self._call("execute", pg_sql(sql), args)
+
+    async def migrate(self, version_table: str, migrations: Sequence[str], lock: int | None = None) -> None:
+        """Bring a schema up to date under an advisory lock (``lock``, else one named after
+        ``version_table``: replicas starting together take turns); the number of scripts applied is
+        kept in ``version_table``."""
+        if lock is None:
+            lock = zlib.crc32(version_table.encode())
+        async with self.transaction() as conn:
+            await migrate(conn, lock, version_table, migrations)
+
+
+async def migrate(conn: asyncpg.Connection, lock: int, table: str, migrations: Sequence[str]) -> None:
+    """On ``conn``, in its transaction: the scripts of ``migrations`` not yet applied, in order."""
+    await conn.execute("SELECT pg_advisory_xact_lock($1::int8)", lock)
+    await conn.execute(f"CREATE TABLE IF NOT EXISTS {table} (version INTEGER NOT NULL)")
+    version = await conn.fetchval(f"SELECT version FROM {table}")
+    if version is None:
+        version = 0
+        await conn.execute(f"INSERT INTO {table} VALUES (0)")
+    for number, script in enumerate(migrations[version:], start=version + 1):
+        await conn.execute(script)
+        await conn.execute(f"UPDATE {table} SET version = $1", number)
