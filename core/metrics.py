@@ -18,14 +18,17 @@ time; the rarer ones are prometheus_client metrics.
     router_upstream_retries_total{provider}              :func:`retry`, called by the retry loop
     router_rate_limited_total{limit}                     refused calls: key_rpm, key_tpm, group_rpm, group_tpm
     router_ratelimit_backend_errors_total                the rate limit store could not be asked
+    router_circuit_state{provider,state}                 1 for each provider's breaker state (closed,
+                                                         open, half_open), 0 for the other two
 
 No label ever holds key material: keys appear nowhere, groups and models only by name.
 """
 
 from __future__ import annotations
 
+import weakref
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter
@@ -133,6 +136,38 @@ class _CallPath(Collector):
 
 
 REGISTRY.register(_CallPath())
+
+
+class Circuits(Protocol):
+    """What the circuit state metric reads (gateway.reliability.Breakers)."""
+
+    def states(self) -> Mapping[str, str]: ...
+
+
+_circuits: weakref.WeakSet[Any] = weakref.WeakSet()
+CIRCUIT_STATES = ("closed", "open", "half_open")
+
+
+def watch_circuits(source: Circuits) -> None:
+    """Report ``source``'s breaker states at every scrape (for as long as it lives)."""
+    _circuits.add(source)
+
+
+class _CircuitState(Collector):
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily("router_circuit_state", "Circuit breaker state per provider (1 = current).",
+                                   labels=["provider", "state"])  # fmt: skip
+        states: dict[str, str] = {}
+        for source in list(_circuits):
+            states.update(source.states())
+        for provider, state in sorted(states.items()):
+            current = state.replace("-", "_")
+            for name in CIRCUIT_STATES:
+                family.add_metric([provider, name], 1.0 if name == current else 0.0)
+        yield family
+
+
+REGISTRY.register(_CircuitState())
 
 UPSTREAM_ERRORS = Counter(
     "router_upstream_errors",

@@ -26,7 +26,7 @@ from core.types import Endpoint, Headers, new_id
 from core.wire import ChatRequest
 from gateway.auth import may_use
 from gateway.context import CallContext
-from gateway.reliability import failover, open_upstream
+from gateway.reliability import REFUSED, circuit_open, failover, open_upstream
 from gateway.state import Gateway
 from gateway.stream import Shaper, chunks
 
@@ -126,11 +126,10 @@ class ChatPipeline:
                 continue  # a fallback this call cannot use
             if n == 0:  # rate limits: once per call (429 here is final: no fallback), before any reserve
                 limit_headers = await gw.limits.admit(principal, model, body_size, req)
-            if not gw.breakers[model.provider].allow():
-                last = UpstreamUnavailable(
-                    f"The provider '{model.provider}' keeps failing and is skipped for a while (circuit open).",
-                    code="circuit_open",
-                )
+            breaker = gw.breakers[model.provider]
+            ticket = breaker.allow()
+            if ticket == REFUSED:
+                last = circuit_open(model.provider)
                 continue
             attempt = _Attempt(self, context, raw, req, body_size, model, model_id, deadline)
             try:
@@ -141,6 +140,9 @@ class ChatPipeline:
                 if not failover(exc) or n == len(ids) - 1 or time.monotonic() >= deadline:
                     raise
                 last = exc
+            finally:  # a probe that ended without a verdict on the provider (402, 4xx, a hang-up): let it go
+                if ticket:
+                    breaker.release(ticket)
         raise last or UpstreamUnavailable("No upstream could serve this call.")
 
     async def complete(self, started: Started) -> dict[str, Any]:

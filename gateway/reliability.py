@@ -9,7 +9,11 @@ circuit breaker per provider.
     backoff     base × 2^attempt, capped, times a jitter factor in (0.5, 1]; an upstream Retry-After
                 (seconds) is honoured when it fits in what is left of the deadline
     breaker     after ``threshold`` consecutive failures a provider is skipped for ``cooldown``
-                seconds, then one probe call is let through: success closes it, failure opens it again
+                seconds, then one probe call is let through: success closes it, failure opens it again.
+                Only the provider's own failures count (5xx, connection failures, timeouts, its refusal
+                of our credentials or credit). A probe that ends any other way (the caller's 402 or 4xx,
+                the caller hanging up, an upstream 4xx or 429) is released: the next call probes again.
+                A probe that is never released (a bug) expires after ``probe_timeout`` seconds.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -32,6 +36,7 @@ from core.errors import (
     UpstreamFinal,
     UpstreamQuotaExceeded,
     UpstreamTimeout,
+    UpstreamUnavailable,
 )
 
 if TYPE_CHECKING:
@@ -64,32 +69,50 @@ def backoff(attempt: int, base: float, cap: float, retry_after: str | None = Non
     return min(cap, base * (2**attempt)) * (0.5 + random.random() / 2)
 
 
-class Breaker:
-    __slots__ = ("threshold", "cooldown", "failures", "open_until", "probing")
+REFUSED = -1  # Breaker.allow: the circuit is open (or its one probe is in flight)
+PASS = 0  # Breaker.allow: closed, the call goes through; a positive number is a probe's ticket
 
-    def __init__(self, threshold: int, cooldown: float) -> None:
+
+class Breaker:
+    __slots__ = ("threshold", "cooldown", "probe_timeout", "failures", "open_until", "probe", "probe_until",
+                 "_tickets")  # fmt: skip
+
+    def __init__(self, threshold: int, cooldown: float, probe_timeout: float = 300.0) -> None:
         self.threshold = threshold
         self.cooldown = cooldown
+        self.probe_timeout = probe_timeout
         self.failures = 0
         self.open_until = 0.0
-        self.probing = False
+        self.probe = 0  # the ticket of the probe in flight (half-open), 0 if none
+        self.probe_until = 0.0
+        self._tickets = 0
 
-    def allow(self, now: float | None = None) -> bool:
+    def allow(self, now: float | None = None) -> int:
+        """``PASS``, ``REFUSED``, or a probe's ticket (> 0), which the caller must hand back to
+        :meth:`release` however the call ends (``success``/``failure`` also end the probe)."""
         if self.failures < self.threshold:
-            return True
+            return PASS
         now = time.monotonic() if now is None else now
-        if now < self.open_until or self.probing:
-            return False
-        self.probing = True  # half-open: this call is the probe
-        return True
+        if now < self.open_until or (self.probe and now < self.probe_until):
+            return REFUSED
+        self._tickets += 1  # half-open: this call is the probe (an expired probe is replaced)
+        self.probe = self._tickets
+        self.probe_until = now + self.probe_timeout
+        return self.probe
+
+    def release(self, ticket: int) -> None:
+        """The call holding ``ticket`` is over; if it was still the probe (no outcome was reported:
+        it ended for a reason that says nothing about the provider), the next call probes again."""
+        if ticket > 0 and ticket == self.probe:
+            self.probe = 0
 
     def success(self) -> None:
         self.failures = 0
-        self.probing = False
+        self.probe = 0
 
     def failure(self, now: float | None = None) -> None:
         self.failures += 1
-        self.probing = False
+        self.probe = 0
         if self.failures >= self.threshold:
             self.open_until = (time.monotonic() if now is None else now) + self.cooldown
 
@@ -101,16 +124,32 @@ class Breaker:
 
 
 class Breakers:
-    def __init__(self, threshold: int, cooldown: float) -> None:
+    """One breaker per provider; ``states()`` for /readyz and /metrics."""
+
+    def __init__(self, threshold: int, cooldown: float, probe_timeout: float = 300.0,
+                 providers: Iterable[str] = ()) -> None:  # fmt: skip
         self.threshold = threshold
         self.cooldown = cooldown
+        self.probe_timeout = probe_timeout
         self._by_provider: dict[str, Breaker] = {}
+        for provider in providers:
+            self[provider]
+        metrics.watch_circuits(self)
 
     def __getitem__(self, provider: str) -> Breaker:
         breaker = self._by_provider.get(provider)
         if breaker is None:
-            breaker = self._by_provider[provider] = Breaker(self.threshold, self.cooldown)
+            breaker = self._by_provider[provider] = Breaker(self.threshold, self.cooldown, self.probe_timeout)
         return breaker
+
+    def states(self) -> dict[str, str]:
+        return {provider: b.state for provider, b in sorted(self._by_provider.items())}
+
+
+def circuit_open(provider: str) -> UpstreamUnavailable:
+    return UpstreamUnavailable(
+        f"The provider '{provider}' keeps failing and is skipped for a while (circuit open).", code="circuit_open"
+    )
 
 
 async def open_upstream(gw: Gateway, upstream: UpstreamRequest, provider: str,

@@ -41,7 +41,9 @@ class Gateway:
         self.limits = RateLimiter(settings.limits)
         self.deadlines = Deadlines()  # the call path's timeouts (body, first byte)
         rel = settings.reliability
-        self.breakers = Breakers(rel.breaker_threshold, rel.breaker_cooldown)
+        # a probe that nobody reports on (a bug) frees the provider after the longest a call can take
+        self.breakers = Breakers(rel.breaker_threshold, rel.breaker_cooldown, rel.deadline + rel.first_byte_timeout,
+                                 self.catalog.providers)  # fmt: skip
         self.auth = Authenticator(self.store, settings.server.key_prefix, settings.server.auth_cache_seconds)
         self.adapters: dict[str, Adapter] = {}  # provider prefix → its adapter (every provider has one)
         self.providers: dict[str, ResolvedProvider] = {}

@@ -7,6 +7,11 @@ replica often costs the upstreams next to nothing. 200 with the details when rea
 
 ``[health] upstreams`` says how many providers must be reachable: ``all`` (default), ``any`` or
 ``none`` (not checked). A provider counts as configured when the settings name it or it has a key.
+
+``circuits`` reports each provider's circuit breaker (``closed``, ``open``, ``half-open``), live, and
+does not change readiness: an open circuit means one provider keeps failing, and every replica sees
+the same provider, so taking replicas out of the load balancer for it would only stop the calls to the
+other providers too. Alert on ``router_circuit_state`` in /metrics instead.
 """
 
 from __future__ import annotations
@@ -127,6 +132,7 @@ class Readiness:
 
     async def endpoint(self, request: Request) -> Response:
         ready, details = await self.check()
+        details = {**details, "circuits": self.gw.breakers.states()}  # live, not cached
         return JSONBytes(
             _encode(details), status_code=200 if ready else 503, headers={"cache-control": "no-store"}
         )

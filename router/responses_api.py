@@ -32,7 +32,7 @@ from core.sse import SSEDecoder, frame_event
 from core.wire import ChatRequest, ImagePart, ImageURL, Message
 from gateway.context import CallContext
 from gateway.pipeline import ChatPipeline, Started
-from gateway.reliability import open_upstream
+from gateway.reliability import REFUSED, circuit_open, open_upstream
 from gateway.responses_events import EventSynth
 from gateway.responses_translate import (
     estimate_prompt,
@@ -198,12 +198,20 @@ class Responses:
         provider = self.gw.providers[model.provider]
         # rate limits as for chat calls: checked once, before anything is reserved or sent
         limits = await self.gw.limits.admit(ask.context.principal, model, ask.size, reserve_request(ask.body))
-        meter = await self.meter(ask, model)
-        body = ask.body
-        if model.reasoning:  # sampling options a reasoning model refuses (catalog data, as for chat)
-            drop = SAMPLING.intersection(self.gw.catalog.providers[model.provider].reasoning_drop_fields)
-            body = {name: value for name, value in body.items() if name not in drop}
-        response = await self.open(openai_responses.build_request(provider, body, model.upstream), model, meter)
+        breaker = self.gw.breakers[model.provider]
+        ticket = breaker.allow()
+        if ticket == REFUSED:
+            raise circuit_open(model.provider)
+        try:
+            meter = await self.meter(ask, model)
+            body = ask.body
+            if model.reasoning:  # sampling options a reasoning model refuses (catalog data, as for chat)
+                drop = SAMPLING.intersection(self.gw.catalog.providers[model.provider].reasoning_drop_fields)
+                body = {name: value for name, value in body.items() if name not in drop}
+            response = await self.open(openai_responses.build_request(provider, body, model.upstream), model, meter)
+        finally:  # a probe that ended without a verdict on the provider (402, 4xx, a hang-up): let it go
+            if ticket:
+                breaker.release(ticket)
         if not ask.stream:
             return JSONBytes(_encode(await self.read(ask, model, response, meter)), extra=limits)
         relay = openai_responses.ResponsesRelay(ask.model_id, model.provider)

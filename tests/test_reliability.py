@@ -13,8 +13,8 @@ import pytest
 
 from core.catalog import NANO
 from core.config import ReliabilitySettings, ResolvedProvider, Settings, StoreSettings
-from gateway.reliability import Breaker, Breakers, backoff
-from tests.conftest import Stack, free_port
+from gateway.reliability import PASS, REFUSED, Breaker, Breakers, backoff
+from tests.conftest import Stack, free_port, raw_request
 
 EXTRA = """
 [[models]]
@@ -45,7 +45,7 @@ def rstack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 def _fresh_breakers(rstack: Stack) -> Iterator[None]:
     gw = rstack.gateway
     saved = dict(gw.providers)
-    gw.breakers = Breakers(3, 0.5)
+    gw.breakers = Breakers(3, 0.5, 30, gw.providers)
     yield
     gw.providers.update(saved)
     rstack.close_clients()
@@ -229,15 +229,69 @@ def test_backoff_and_breaker_units() -> None:
     assert backoff(0, 0.25, 4, "2") == 2.0
     assert 0.125 <= backoff(0, 0.25, 4) <= 0.25
     assert 2.0 <= backoff(10, 0.25, 4) <= 4.0
-    b = Breaker(threshold=2, cooldown=10)
+    b = Breaker(threshold=2, cooldown=10, probe_timeout=100)
     b.failure(now=0)
-    assert b.allow(now=1)
+    assert b.allow(now=1) == PASS
     b.failure(now=1)
-    assert not b.allow(now=5)
-    assert b.allow(now=11)  # half-open probe
-    assert not b.allow(now=11)  # one probe at a time
+    assert b.allow(now=5) == REFUSED
+    probe = b.allow(now=11)  # half-open: this call is the probe
+    assert probe > 0
+    assert b.allow(now=11) == REFUSED  # one probe at a time
+    b.release(probe)  # it ended without a verdict (the caller's 402, a hang-up): the next call probes
+    second = b.allow(now=12)
+    assert second > 0 and second != probe
+    b.release(probe)  # a stale ticket releases nothing
+    assert b.allow(now=12) == REFUSED
+    assert b.allow(now=200) > 0  # a probe nobody released expires
     b.success()
-    assert b.allow(now=12) and b.state == "closed"
+    assert b.allow(now=201) == PASS and b.state == "closed"
+
+
+def _open_circuit(rstack: Stack, model: str = "upstage/solar-mini") -> None:
+    prefix = model.split("/")[0]
+    good = rstack.gateway.providers[prefix]
+    _dead(rstack, prefix)
+    with pytest.raises(openai.InternalServerError):  # 3 attempts = 3 failures: the circuit opens
+        rstack.client().chat.completions.create(model=model, messages=[{"role": "user", "content": "x"}])
+    assert rstack.gateway.breakers[prefix].state == "open"
+    rstack.gateway.providers[prefix] = good  # the upstream is back
+    time.sleep(0.55)  # cool-down over: the next call is the probe
+
+
+def test_a_probe_refused_with_402_does_not_hold_the_circuit_open(rstack: Stack) -> None:
+    """A caller who cannot pay is the probe: its 402 says nothing about the provider, so the next
+    caller probes (and closes the circuit) instead of getting circuit_open forever."""
+    _open_circuit(rstack)
+    broke = rstack.client(rstack.key(credits=0))
+    with pytest.raises(openai.APIStatusError) as info:
+        broke.chat.completions.create(model="upstage/solar-mini", messages=[{"role": "user", "content": "x"}])
+    assert info.value.status_code == 402
+    out = rstack.client().chat.completions.create(model="upstage/solar-mini", messages=[{"role": "user", "content": "x"}])
+    assert out.choices[0].message.content
+    assert rstack.gateway.breakers["upstage"].state == "closed"
+
+
+def test_a_probe_whose_caller_hangs_up_before_the_first_byte_is_released(rstack: Stack) -> None:
+    _open_circuit(rstack, "mistral/mistral-small-latest")
+    text = _raw_stream(rstack, rstack.key(), "x [slow:400] [tokens:2]", stop_after=b": keep-alive")
+    assert text.startswith("HTTP/1.1 200")  # then the caller hung up while the upstream was still silent
+    time.sleep(0.5)
+    out = rstack.client().chat.completions.create(model="mistral/mistral-small-latest",
+                                                  messages=[{"role": "user", "content": "x"}])  # fmt: skip
+    assert out.choices[0].message.content
+    assert rstack.gateway.breakers["mistral"].state == "closed"
+
+
+def test_circuit_state_in_readyz_and_metrics(rstack: Stack) -> None:
+    _dead(rstack, "upstage")
+    with pytest.raises(openai.InternalServerError):
+        rstack.client().chat.completions.create(model="upstage/solar-mini", messages=[{"role": "user", "content": "x"}])
+    ready = raw_request(rstack, "GET", "/readyz")
+    assert ready.json()["circuits"]["upstage"] == "open" and ready.json()["circuits"]["openai"] == "closed"
+    scrape = raw_request(rstack, "GET", "/metrics").text
+    assert 'router_circuit_state{provider="upstage",state="open"} 1.0' in scrape
+    assert 'router_circuit_state{provider="upstage",state="closed"} 0.0' in scrape
+    assert 'router_circuit_state{provider="openai",state="closed"} 1.0' in scrape
 
 
 
