@@ -22,7 +22,6 @@ input), with the exact integer of nano-credits beside them (``balance_nano``). E
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Awaitable, Callable
 from decimal import Decimal
@@ -39,6 +38,8 @@ from console import auth, forms
 from console.app import Console, console_of
 from console.forms import Invalid
 from console.pages import key_or_404
+from core.errors import InvalidRequest
+from core.inputs import INT64_MAX, decode_json, finite, natural
 from core.money import to_credits
 from gateway.auth import new_key
 
@@ -118,9 +119,9 @@ async def body(request: Request) -> dict[str, Any]:
         if len(raw) > MAX_BODY:
             raise AdminError(413, "The body is too large.", "request_too_large")
     try:
-        data = json.loads(raw or b"{}")
-    except (ValueError, UnicodeDecodeError):
-        raise AdminError(400, "The body is not valid JSON.", "invalid_json") from None
+        data = decode_json(raw or b"{}")
+    except InvalidRequest as exc:
+        raise AdminError(400, exc.message, "invalid_json") from None
     if not isinstance(data, dict):
         raise AdminError(400, "The body must be a JSON object.", "invalid_json")
     return data
@@ -202,16 +203,23 @@ async def key_of(c: Console, request: Request) -> KeyInfo:
         raise AdminError(404, f"No key with id {request.path_params['key_id']}.", "key_not_found") from None
 
 
+MAX_SECONDS = 1e11  # timestamps and widths (year 5138): beyond any use, within every column's range
+
+
 def number(params: Any, name: str, kind: type = float) -> Any:
+    """The query parameter ``name``: None when absent; a non-negative integer up to 2**63 - 1
+    (``kind=int``: ids and cursors, as the stores take them) or a finite float up to ``MAX_SECONDS``."""
     text = params.get(name)
     if text in (None, ""):
         return None
-    try:
-        value = kind(text)
-    except ValueError:
-        raise Invalid(name, f"'{name}' must be a number.") from None
-    if value < 0:
-        raise Invalid(name, f"'{name}' cannot be negative.")
+    if kind is int:
+        value: float | None = natural(text)
+        if value is None:
+            raise Invalid(name, f"'{name}' must be a whole number from 0 to {INT64_MAX}.")
+        return value
+    value = finite(text)
+    if value is None or not 0 <= value <= MAX_SECONDS:
+        raise Invalid(name, f"'{name}' must be a number from 0 to {MAX_SECONDS:.0f}.")
     return value
 
 

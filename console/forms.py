@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from urllib.parse import parse_qs, urlencode
 
 from billing.history import Filter
+from core.inputs import natural
 from core.money import to_credits, to_nano
 
 MAX_FORM_BYTES = 64 * 1024
@@ -190,9 +191,10 @@ def cursor(text: str, field: str) -> int | None:
     text = text.strip()
     if not text:
         return None
-    if not text.isdigit() or len(text) > 19:
+    value = natural(text)
+    if value is None:
         raise Invalid(field, "Not a page cursor.")
-    return int(text)
+    return value
 
 
 def history(params: dict[str, str], errors: dict[str, str]) -> History:
@@ -216,7 +218,8 @@ def history(params: dict[str, str], errors: dict[str, str]) -> History:
         model = ""
     key_id = take("key", lambda: cursor(params.get("key", ""), "key"), None)
     limit_text = params.get("limit", "50").strip() or "50"
-    limit = int(limit_text) if limit_text.isdigit() and int(limit_text) in PAGE_SIZES else 50
+    limit = natural(limit_text) or 50
+    limit = limit if limit in PAGE_SIZES else 50
     before = take("before", lambda: cursor(params.get("before", ""), "before"), None)
     after = take("after", lambda: cursor(params.get("after", ""), "after"), None)
     return History(source, chosen, model, key_id, limit, before, after)

@@ -23,6 +23,7 @@ from billing.store import Group, KeyInfo, StoreError, UsageRecord
 from console import auth, charts, forms
 from console.app import Console, action, console_of, page, read_form, refused, same_origin, when
 from console.forms import Invalid
+from core.inputs import natural
 from core.money import to_credits
 from gateway.auth import new_key
 
@@ -240,8 +241,9 @@ async def create_key(c: Console, request: Request, form: dict[str, str]) -> Resp
 
 # -- keys -----------------------------------------------------------------------------------------
 async def key_or_404(c: Console, key_id: str) -> KeyInfo:
-    if key_id.isdigit() and len(key_id) < 19:
-        info = await c.store.get_key(int(key_id))
+    number = natural(key_id)
+    if number is not None:
+        info = await c.store.get_key(number)
         if info is not None:
             return info
     raise HTTPException(404, f"No key with id {key_id}.")

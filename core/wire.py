@@ -14,6 +14,7 @@ import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
 from core.errors import InvalidRequest
+from core.inputs import decode_json
 
 # ------------------------------------------------------------------ inbound: chat completion request
 
@@ -163,23 +164,12 @@ class ChatRequest(Base):
         return False
 
 
-_json_decode = msgspec.json.Decoder().decode
 _AT = re.compile(r" - at `\$\.?(.*)`$")
 
 
 def parse_chat_request(body: bytes) -> tuple[dict[str, Any], ChatRequest]:
     """Decode and validate a chat request; returns the raw dict (for pass-through) and the struct."""
-    try:
-        raw = _json_decode(body)
-    except msgspec.DecodeError as exc:
-        raise InvalidRequest(
-            f"We could not parse the JSON body of your request ({exc}). The body must be a JSON object.",
-            code="invalid_json",
-        ) from None
-    except UnicodeDecodeError:
-        raise InvalidRequest("The JSON body is not valid UTF-8.", code="invalid_json") from None
-    except RecursionError:
-        raise InvalidRequest("The JSON body is nested too deeply.", code="invalid_json") from None
+    raw = decode_json(body)
     if not isinstance(raw, dict):
         raise InvalidRequest("The request body must be a JSON object.", code="invalid_json")
     for required in ("model", "messages"):

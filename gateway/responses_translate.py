@@ -82,6 +82,14 @@ def _check_fields(body: dict[str, Any]) -> None:
 # ------------------------------------------------------------------ input → messages
 
 
+def _kind(obj: dict[str, Any], where: str, default: str | None = None) -> str | None:
+    """``obj['type']``: a string, or ``default`` when absent; anything else is the caller's error."""
+    kind = obj.get("type", default)
+    if kind is not None and not isinstance(kind, str):
+        raise InvalidRequest(f"'{where}.type' must be a string.", param=f"{where}.type", code="invalid_type")
+    return kind
+
+
 def _text_of(part: dict[str, Any], where: str) -> str:
     text = part.get("text") if part.get("type") != "refusal" else part.get("refusal")
     if not isinstance(text, str):
@@ -104,8 +112,9 @@ def _image(part: dict[str, Any], where: str) -> dict[str, Any]:
             code="invalid_value",
         )
     image: dict[str, Any] = {"url": url}
-    if part.get("detail") in DETAILS:
-        image["detail"] = part["detail"]
+    detail = part.get("detail")
+    if isinstance(detail, str) and detail in DETAILS:
+        image["detail"] = detail
     return {"type": "image_url", "image_url": image}
 
 
@@ -119,7 +128,9 @@ def _content(content: Any, role: str, where: str) -> str | list[dict[str, Any]]:
     parts: list[dict[str, Any]] = []
     for j, part in enumerate(content):
         at = f"{where}[{j}]"
-        kind = part.get("type") if isinstance(part, dict) else None
+        if not isinstance(part, dict):
+            raise InvalidRequest(f"'{at}' must be a content part object.", param=at, code="invalid_type")
+        kind = _kind(part, at)
         if kind in TEXT_PARTS or kind == "refusal":
             parts.append({"type": "text", "text": _text_of(part, at)})
         elif kind == "input_image" and role != "assistant":
@@ -134,7 +145,8 @@ def _content(content: Any, role: str, where: str) -> str | list[dict[str, Any]]:
 
 
 def _message(item: dict[str, Any], where: str) -> dict[str, Any]:
-    role = ROLES.get(item.get("role"))  # type: ignore[arg-type]
+    given = item.get("role")
+    role = ROLES.get(given) if isinstance(given, str) else None
     if role is None:
         raise InvalidRequest(
             f"'{where}.role' must be one of user, assistant, system, developer.",
@@ -191,7 +203,7 @@ def _item(item: Any, out: list[dict[str, Any]], where: str) -> None:
         return
     if not isinstance(item, dict):
         raise InvalidRequest(f"'{where}' must be an input item object.", param=where, code="invalid_value")
-    kind = item.get("type", "message")
+    kind = _kind(item, where, "message")
     if kind == "message":
         out.append(_message(item, where))
     elif kind == "function_call":
@@ -240,7 +252,7 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
         raise InvalidRequest("'tools' must be a list.", param="tools", code="invalid_value")
     out = []
     for i, tool in enumerate(tools):
-        kind = tool.get("type") if isinstance(tool, dict) else None
+        kind = _kind(tool, f"tools[{i}]") if isinstance(tool, dict) else None
         if kind != "function":
             raise _refuse(
                 f"The tool type {kind!r} (tools[{i}]) is a built-in tool of OpenAI's Responses API: "

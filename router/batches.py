@@ -22,6 +22,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from core.errors import GatewayError, InvalidRequest, NotFound
+from core.inputs import decode_json
 from gateway.state import Gateway
 from jobs.store import BatchRow, new_batch_id
 from jobs.validate import ENDPOINTS
@@ -45,9 +46,6 @@ class CreateBatch(msgspec.Struct):
     completion_window: str
     metadata: dict[str, str] | None = None
     output_expires_after: dict[str, Any] | None = None
-
-
-_create = msgspec.json.Decoder(CreateBatch)
 
 
 class BatchErrors(msgspec.Struct, omit_defaults=False):
@@ -124,8 +122,11 @@ def batch_object(b: BatchRow) -> BatchObject:
 
 
 def parse_create(raw: bytes) -> CreateBatch:
+    data = decode_json(raw)
+    if not isinstance(data, dict):
+        raise InvalidRequest("The request body must be a JSON object.", code="invalid_json")
     try:
-        body = _create.decode(raw)
+        body = msgspec.convert(data, CreateBatch)
     except msgspec.ValidationError as exc:
         text = str(exc)
         param = text.rpartition("`$.")[2].rstrip("`").split(".")[0] if "`$." in text else None
@@ -134,8 +135,6 @@ def parse_create(raw: bytes) -> CreateBatch:
             raise InvalidRequest(f"Missing required parameter: '{param}'.", param=param,
                                  code="missing_required_parameter") from None  # fmt: skip
         raise InvalidRequest(f"Invalid request: {text}.", param=param, code="invalid_value") from None
-    except msgspec.DecodeError as exc:
-        raise InvalidRequest(f"We could not parse the JSON body of your request ({exc}).", code="invalid_json") from None
     if body.endpoint not in ENDPOINTS:
         raise InvalidRequest(f"Unsupported endpoint {body.endpoint!r}: this gateway runs batches of "
                              f"{' and '.join(ENDPOINTS)}.", param="endpoint", code="invalid_value")  # fmt: skip

@@ -12,6 +12,7 @@ from starlette.responses import Response
 from billing.store import Principal
 from core.deadlines import Deadlines
 from core.errors import GatewayError, PayloadTooLarge, RequestTimeout, UnsupportedMediaType
+from core.inputs import natural
 from core.sse import DONE, frame
 from core.types import Endpoint
 from core.wire import parse_chat_request
@@ -30,7 +31,7 @@ async def read_body(request: Request, limit: int, seconds: float, deadlines: Dea
     """The whole body, at most ``limit`` bytes (413, and the connection closed: the rest is never read)
     within ``seconds`` (408). Read from the ASGI ``receive`` itself, not ``Request.stream()``."""
     length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
+    if length is not None and (natural(length) or 0) > limit:
         raise PayloadTooLarge(too_large, code=code, headers={"Connection": "close"})
     receive = request.receive
     chunks: list[bytes] = []

@@ -22,6 +22,7 @@ from starlette.responses import Response
 from billing.store import Principal
 from core.deadlines import Deadlines
 from core.errors import InvalidRequest, NotFound, PayloadTooLarge, UnsupportedMediaType
+from core.inputs import natural
 from gateway.state import Gateway
 from jobs.runner import JobRunner
 from jobs.store import FileRow, new_file_id
@@ -80,9 +81,10 @@ def int_param(request: Request, name: str, default: int, low: int, high: int) ->
     value = request.query_params.get(name)
     if value is None:
         return default
-    if not value.isdigit() or not low <= int(value) <= high:
+    number = natural(value)
+    if number is None or not low <= number <= high:
         raise InvalidRequest(f"'{name}' must be an integer from {low} to {high}.", param=name, code="invalid_value")
-    return int(value)
+    return number
 
 
 # -- multipart ---------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from billing.pricing import worst_case
 from billing.store import UsageRecord
 from core.catalog import Model
 from core.errors import GatewayError, InvalidRequest, UpstreamError
+from core.inputs import decode_json
 from core.sse import SSEDecoder, frame_event
 from core.wire import ChatRequest, ImagePart, ImageURL, Message
 from gateway.context import CallContext
@@ -53,7 +54,6 @@ NO_POLL = (
     "(nor billed); omit 'background', or use 'stream: true' for a long answer"
 )
 
-_decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
 
 
@@ -75,13 +75,7 @@ class Ask:
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
-    try:
-        body = _decode(raw)
-    except msgspec.DecodeError as exc:
-        raise InvalidRequest(
-            f"We could not parse the JSON body of your request ({exc}). The body must be a JSON object.",
-            code="invalid_json",
-        ) from None
+    body = decode_json(raw)
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.", code="invalid_json")
     if not isinstance(body.get("model"), str) or not body["model"]:

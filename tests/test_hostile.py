@@ -122,3 +122,57 @@ def test_fuzzed_requests_never_5xx(stack: Stack, body: dict) -> None:
     assert r.status < 500, (r.status, r.text[:300])
     if r.status >= 400:
         assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def _responses(stack: Stack, body: bytes, key: str) -> tuple[int, dict]:
+    r = raw_request(stack, "POST", "/v1/responses", body,
+                    {"Authorization": f"Bearer {key}", "Content-Type": "application/json"})  # fmt: skip
+    return r.status, r.json()
+
+
+def test_responses_bad_bodies_are_400s_naming_the_field(stack: Stack) -> None:
+    key = stack.key()
+    status, body = _responses(stack, b'{"model":"mistral/mistral-small-latest","input":"\xff\xfe"}', key)
+    assert status == 400 and body["error"]["code"] == "invalid_json"
+    for depth in (129, 1_000, 20_000):
+        deep = b'{"model":"mistral/mistral-small-latest","input":"x","metadata":' + b"[" * depth + b"]" * depth + b"}"
+        status, body = _responses(stack, deep, key)
+        assert status == 400 and body["error"]["code"] == "invalid_json" and "nested" in body["error"]["message"]
+    cases = {
+        "input[0].role": {"input": [{"role": {"x": 1}, "content": "hi"}]},
+        "input[0].content[0].type": {"input": [{"role": "user", "content": [{"type": {"x": 1}, "text": "hi"}]}]},
+        "input[0].type": {"input": [{"type": ["message"], "role": "user", "content": "hi"}]},
+        "input[0].content[0]": {"input": [{"role": "user", "content": [["input_text"]]}]},
+        "tools[0].type": {"input": "hi", "tools": [{"type": {"function": 1}, "name": "f"}]},
+    }
+    for param, fields in cases.items():
+        status, body = _responses(stack, json.dumps({"model": "mistral/mistral-small-latest", **fields}).encode(), key)
+        assert status == 400 and body["error"]["param"] == param, (param, status, body)
+    detail = {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:image/png;base64,AA",
+                                                      "detail": {"x": 1}}]}]}  # fmt: skip
+    status, _ = _responses(stack, json.dumps({"model": "mistral/pixtral-large-latest", **detail}).encode(), key)
+    assert status < 500
+
+
+def test_chat_nesting_is_bounded_where_the_body_is_read(stack: Stack) -> None:
+    """msgspec decodes up to ~970 levels, and everything after it that walks the body (convert, the
+    upstream's encoder, the translators) recurses on a deeper stack; such a body used to go upstream
+    (or, a few levels deeper, fail with a 500). The depth is bounded where the body is decoded."""
+    for depth in (129, 900, 960):
+        deep = b'{"model":"openai/gpt-4o-mini","messages":[{"role":"user","content":"x"}],"metadata":' + b"[" * depth + b"]" * depth + b"}"
+        status, body = _post(stack, deep, stack.key())
+        assert status == 400 and body["error"]["code"] == "invalid_json", (depth, status, body)
+    ok = b'{"model":"openai/gpt-4o-mini","messages":[{"role":"user","content":"x"}],"metadata":' + b"[" * 100 + b"]" * 100 + b"}"
+    assert _post(stack, ok, stack.key())[0] == 200
+
+
+def test_files_and_batches_bad_parameters_are_400s(stack: Stack) -> None:
+    key = {"Authorization": f"Bearer {stack.key()}"}
+    for query in ("limit=%C2%B2", "limit=99999999999999999999999", "limit=-1"):  # "²".isdigit() is True
+        r = raw_request(stack, "GET", f"/v1/files?{query}", headers=key)
+        assert r.status == 400 and r.json()["error"]["param"] == "limit", (query, r.status, r.text[:200])
+        r = raw_request(stack, "GET", f"/v1/batches?{query}", headers=key)
+        assert r.status == 400 and r.json()["error"]["param"] == "limit", (query, r.status, r.text[:200])
+    for body in (b'{"input_file_id":"\xff"}', b"[" * 5_000, b'{"metadata":' + b"[" * 2_000 + b"]" * 2_000 + b"}"):
+        r = raw_request(stack, "POST", "/v1/batches", body, {**key, "Content-Type": "application/json"})
+        assert r.status == 400 and r.json()["error"]["code"] == "invalid_json", (r.status, r.text[:200])

@@ -1,0 +1,84 @@
+"""Reading untrusted input so that nothing a caller sends can raise anything but an ``InvalidRequest``.
+
+    decode_json(body)         a JSON document: valid UTF-8, at most ``MAX_DEPTH`` arrays/objects deep
+    natural(text, high)       an ASCII decimal integer in [0, high], else None ("²".isdigit() is True,
+                              and int("²") raises; SQLite takes integers up to 2**63 - 1)
+    finite(text)              a float that is neither NaN nor infinite, else None
+
+Depth is bounded because everything after the decoder that walks a body (msgspec's convert and encode,
+the token estimate, the translators) recurses, on a stack that is deeper than the decoder's was: a
+body nested 990 deep decodes and then fails to encode. 128 levels is far more than any request needs
+(OpenAI's structured outputs allow 10 levels of schema nesting) and is checked without a walk unless
+the body holds more than 128 brackets at all.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import msgspec
+
+from core.errors import InvalidRequest
+
+MAX_DEPTH = 128
+INT64_MAX = 2**63 - 1
+
+_decode = msgspec.json.Decoder().decode
+
+
+def decode_json(body: bytes | str) -> Any:
+    """The decoded document, or ``InvalidRequest`` (code ``invalid_json``) saying what is wrong."""
+    try:
+        value = _decode(body)
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(
+            f"We could not parse the JSON body of your request ({exc}). The body must be a JSON object.",
+            code="invalid_json",
+        ) from None
+    except UnicodeDecodeError:
+        raise InvalidRequest("The JSON body is not valid UTF-8.", code="invalid_json") from None
+    except RecursionError:
+        raise InvalidRequest(f"The JSON body is nested more than {MAX_DEPTH} levels deep.", code="invalid_json") from None
+    if isinstance(body, bytes | bytearray):
+        brackets = body.count(b"{") + body.count(b"[")
+    else:
+        brackets = body.count("{") + body.count("[")
+    if brackets > MAX_DEPTH and too_deep(value, MAX_DEPTH):
+        raise InvalidRequest(f"The JSON body is nested more than {MAX_DEPTH} levels deep.", code="invalid_json")
+    return value
+
+
+def too_deep(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests more than ``limit`` lists/dicts (iteratively: no recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        for child in children:
+            if isinstance(child, dict | list):
+                stack.append((child, depth + 1))
+    return False
+
+
+def natural(text: str | None, high: int = INT64_MAX) -> int | None:
+    """``text`` as an integer from 0 to ``high`` if it is one (ASCII digits only), else None."""
+    if not text or len(text) > 19 or not text.isascii() or not text.isdigit():
+        return None
+    value = int(text)
+    return value if value <= high else None
+
+
+def finite(text: str | None) -> float | None:
+    """``text`` as a finite float, else None (NaN, infinities and overflow like 1e400 are not numbers)."""
+    if not text or len(text) > 64:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None

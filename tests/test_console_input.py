@@ -1,0 +1,64 @@
+"""Bad input to the console and its admin API: every one is a 4xx naming the field (JSON, OpenAI-shaped,
+on the API; the form's error on the pages), never a plain-text 500."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.conftest import Stack
+from tests.test_console import TOKEN, Client, admin, console_stack
+
+
+@pytest.fixture(scope="module")
+def istack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    s = console_stack(tmp_path_factory.mktemp("console-input"))
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def _error(r: object) -> dict:
+    body = r.json()  # type: ignore[attr-defined]
+    assert set(body["error"]) == {"message", "type", "param", "code"}, body
+    return body["error"]  # type: ignore[no-any-return]
+
+
+def test_admin_api_query_numbers_out_of_range(istack: Stack) -> None:
+    api = Client(istack)
+    assert api.api("POST", "/groups", {"name": "numbers", "credits": "1"}).status == 201
+    cases = [
+        ("/groups/numbers/usage?before=99999999999999999999999", "before"),  # OverflowError in SQLite
+        ("/groups/numbers/usage?after=9223372036854775808", "after"),
+        ("/groups/numbers/usage?key=%C2%B2", "key"),  # "²".isdigit() is True, int("²") raises
+        ("/groups/numbers/usage?limit=1e3", "limit"),
+        ("/groups/numbers/usage?since=nan", "since"),
+        ("/groups/numbers/usage?until=-inf", "until"),
+        ("/groups/numbers/usage/buckets?width=nan", "width"),
+        ("/groups/numbers/usage/buckets?width=inf", "width"),
+        ("/groups/numbers/usage/buckets?width=1e400", "width"),
+        ("/groups/numbers/usage/buckets?since=1e300", "since"),
+        ("/keys/99999999999999999999999/usage?since=nan", None),
+    ]
+    for path, param in cases:
+        r = api.api("GET", path)
+        assert 400 <= r.status < 500, (path, r.status, r.text[:200])
+        assert _error(r)["param"] == param, (path, r.text[:200])
+    r = api.request("POST", "/console/api/groups", b"[" * 5_000, {"authorization": f"Bearer {TOKEN}",
+                                                                  "content-type": "application/json"})  # fmt: skip
+    assert r.status == 400 and _error(r)["code"] == "invalid_json"
+    r = api.request("POST", "/console/api/groups", b'{"name": "\xff"}', {"authorization": f"Bearer {TOKEN}",
+                                                                          "content-type": "application/json"})  # fmt: skip
+    assert r.status == 400 and _error(r)["code"] == "invalid_json"
+
+
+def test_console_pages_with_absurd_cursors(istack: Stack) -> None:
+    web = admin(istack)
+    assert Client(istack).api("POST", "/groups", {"name": "cursors", "credits": "1"}).status == 201
+    for query in ("before=9999999999999999999", "after=%C2%B2", "key=99999999999999999999", "limit=%C2%B2"):
+        r = web.get(f"/console/groups/cursors/usage?{query}")
+        assert r.status < 500, (query, r.status, r.text[:300])
+    assert web.get("/console/keys/%C2%B2").status == 404
+    assert web.get("/console/keys/99999999999999999999").status == 404
