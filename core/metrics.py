@@ -145,7 +145,7 @@ class Circuits(Protocol):
 
 
 _circuits: weakref.WeakSet[Any] = weakref.WeakSet()
-CIRCUIT_STATES = ("closed", "open", "half_open")
+CIRCUIT_STATES = ("closed", "half_open", "open")  # from best to worst
 
 
 def watch_circuits(source: Circuits) -> None:
@@ -157,11 +157,14 @@ class _CircuitState(Collector):
     def collect(self) -> Iterator[Metric]:
         family = GaugeMetricFamily("router_circuit_state", "Circuit breaker state per provider (1 = current).",
                                    labels=["provider", "state"])  # fmt: skip
-        states: dict[str, str] = {}
+        states: dict[str, str] = {}  # several gateways in one process (tests, mounts): the worst state
         for source in list(_circuits):
-            states.update(source.states())
-        for provider, state in sorted(states.items()):
-            current = state.replace("-", "_")
+            for provider, state in source.states().items():
+                state = state.replace("-", "_")
+                if CIRCUIT_STATES.index(state) > CIRCUIT_STATES.index(states.get(provider, "closed")):
+                    states[provider] = state
+                states.setdefault(provider, state)
+        for provider, current in sorted(states.items()):
             for name in CIRCUIT_STATES:
                 family.add_metric([provider, name], 1.0 if name == current else 0.0)
         yield family
