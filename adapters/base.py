@@ -19,7 +19,7 @@ from typing import Any, ClassVar, NamedTuple
 import msgspec
 
 from core.catalog import Model, ProviderSpec
-from core.config import ResolvedProvider
+from core.deployments import Deployment
 from core.errors import (
     GatewayError,
     InvalidRequest,
@@ -41,11 +41,16 @@ class Call:
 
     model_id: str  # as the caller wrote it; echoed back
     model: Model
-    provider: ResolvedProvider
+    provider: Deployment  # the deployment that serves it: address, key, kind
     raw: dict[str, Any]  # the decoded request body, unknown fields included
     request: ChatRequest
     stream: bool
     include_usage: bool
+
+    @property
+    def upstream_model(self) -> str:
+        """The model's name at the deployment serving the call (the catalog's, unless renamed there)."""
+        return self.provider.upstream_name(self.model)
 
 
 USER_AGENT = "model-router"  # sent upstream with every request (aiohttp's own otherwise)

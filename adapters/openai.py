@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import string
 from typing import Any
+from urllib.parse import quote
 
 import msgspec
 
@@ -91,7 +92,8 @@ class OpenAIAdapter(Adapter):
     def build_request(self, call: Call) -> UpstreamRequest:
         spec = self.spec
         body = dict(call.raw)
-        body["model"] = call.model.upstream
+        target = call.provider
+        body["model"] = name = call.upstream_model
         if call.model.reasoning and spec.reasoning_cap_field and "max_tokens" in body:
             cap = body.pop("max_tokens")
             body.setdefault(spec.reasoning_cap_field, cap)
@@ -112,11 +114,16 @@ class OpenAIAdapter(Adapter):
                 body.pop(field, None)
         if spec.tool_call_ids == "alnum9" and isinstance(body.get("messages"), list):
             body["messages"] = alnum9_ids(body["messages"])
-        headers = {"Authorization": f"Bearer {call.provider.api_key}", "Content-Type": "application/json",
-                   "User-Agent": USER_AGENT}  # fmt: skip
+        if target.kind == "azure":  # Azure OpenAI: the deployment in the path, its key in api-key
+            url = f"{target.base_url}/openai/deployments/{quote(name, safe='')}/chat/completions?api-version={quote(target.api_version, safe='')}"
+            headers = {"api-key": target.api_key, "Content-Type": "application/json", "User-Agent": USER_AGENT}
+        else:
+            url = f"{target.base_url}/chat/completions"
+            headers = {"Authorization": f"Bearer {target.api_key}", "Content-Type": "application/json",
+                       "User-Agent": USER_AGENT}  # fmt: skip
         if call.stream:
             headers["Accept"] = "text/event-stream"
-        return UpstreamRequest(f"{call.provider.base_url}/chat/completions", headers, _encode(body))
+        return UpstreamRequest(url, headers, _encode(body))
 
     def _finish(self, reason: Any) -> Any:
         if reason == "error":
@@ -180,6 +187,8 @@ class _OpenAIStream(StreamTranslator):
         if usage:
             self.usage_raw = usage
             self.usage = usage_from_openai(usage)
+        elif not chunk.get("choices"):
+            return []  # no choice and no usage: an annotation (Azure's prompt_filter_results frame)
         for choice in chunk.get("choices") or ():
             if isinstance(choice, dict):
                 if choice.get("finish_reason") is not None:

@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 
 from adapters.base import UpstreamRequest
-from core.config import ResolvedProvider
+from core.deployments import Deployment
 from core.errors import GatewayError, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from core.metrics import upstream_error
 
@@ -35,7 +35,7 @@ class Transport:
             await self._session.close()
             self._session = None
 
-    def _timeout(self, provider: ResolvedProvider) -> aiohttp.ClientTimeout:
+    def _timeout(self, provider: Deployment) -> aiohttp.ClientTimeout:
         key = (provider.connect_timeout, provider.read_timeout)
         timeout = self._timeouts.get(key)
         if timeout is None:
@@ -43,7 +43,7 @@ class Transport:
             self._timeouts[key] = timeout
         return timeout
 
-    async def open(self, request: UpstreamRequest, provider: ResolvedProvider) -> aiohttp.ClientResponse:
+    async def open(self, request: UpstreamRequest, provider: Deployment) -> aiohttp.ClientResponse:
         if self._session is None:
             await self.start()
         assert self._session is not None
@@ -63,7 +63,7 @@ class ObservedTransport(Transport):
     """The shared transport, counting failed upstream attempts (every attempt, retries included)."""
 
     async def open(
-        self, request: UpstreamRequest, provider: ResolvedProvider, *args: Any, **kwargs: Any
+        self, request: UpstreamRequest, provider: Deployment, *args: Any, **kwargs: Any
     ) -> aiohttp.ClientResponse:
         try:
             response = await super().open(request, provider, *args, **kwargs)

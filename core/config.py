@@ -30,6 +30,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from core.catalog import Catalog, ConfigError
+from core.deployments import Deployment, DeploymentSettings, Strategy, canonical, check, resolve
 
 
 class ServerSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -54,10 +55,30 @@ class StoreSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 class ProviderSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``[providers.X]``: one provider group. ``base_url`` / ``api_key`` are its single account (one
+    deployment named after the group); ``deployments`` lists several instead (core/deployments.py)."""
+
     base_url: str | None = None
     api_key: str | None = None
     connect_timeout: float = 10.0
     read_timeout: float = 600.0
+    deployments: list[DeploymentSettings] = []
+    routing: Strategy = "simple-shuffle"  # how a call picks among the deployments (gateway/routing.py)
+    model_routing: dict[str, Strategy] = {}  # a model's own strategy (keys: model names of the group)
+    sticky: bool = False  # keep a conversation on one deployment while it is not cooling down
+
+
+class RoutingSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``[routing]``: how deployments are weighed and rested (gateway/routing.py). The state they share
+    (calls in flight, RPM/TPM, cooldowns, latency) lives in ``[limits] redis_url`` when it is set."""
+
+    cooldown: Annotated[float, msgspec.Meta(ge=0)] = 5.0  # seconds a deployment rests after a 429 that
+    # gave no Retry-After (a Retry-After is honoured, up to max_cooldown)
+    max_cooldown: Annotated[float, msgspec.Meta(gt=0)] = 300.0
+    exploration: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.1  # latency: share of calls sent at random
+    latency_weight: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.3  # a new sample's weight in the average
+    sticky_messages: Annotated[int, msgspec.Meta(ge=1)] = 2  # the first messages that name a conversation
+    redis_prefix: str = "router:dep"
 
 
 class ReliabilitySettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -153,6 +174,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     server: ServerSettings = msgspec.field(default_factory=ServerSettings)
     store: StoreSettings = msgspec.field(default_factory=StoreSettings)
     providers: dict[str, ProviderSettings] = {}
+    routing: RoutingSettings = msgspec.field(default_factory=RoutingSettings)
     catalog: CatalogSettings = msgspec.field(default_factory=CatalogSettings)
     reliability: ReliabilitySettings = msgspec.field(default_factory=ReliabilitySettings)
     limits: LimitsSettings = msgspec.field(default_factory=LimitsSettings)
@@ -164,22 +186,25 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     def load_catalog(self) -> Catalog:
         return Catalog.load(Path(self.catalog.path) if self.catalog.path else None)
 
-    def provider(self, prefix: str, catalog: Catalog) -> ResolvedProvider:
-        """Base URL and key of one provider: file, then environment, then catalog default."""
+    def deployments(self, prefix: str, catalog: Catalog) -> list[Deployment]:
+        """One provider group's deployments, credentials read (a ConfigError names a deployment whose
+        key cannot be had). The single-account form: file, then environment, then catalog default."""
         spec = catalog.providers[prefix]
         own = self.providers.get(prefix, ProviderSettings())
+        timeouts = (own.connect_timeout, own.read_timeout)
+        if own.deployments:
+            return [resolve(prefix, spec.protocol, spec.base_url, d, catalog, timeouts) for d in own.deployments]
         env_url = os.environ.get(f"ROUTER_{prefix.upper()}_BASE_URL")
         base_url = (env_url or own.base_url or spec.base_url).rstrip("/")
         api_key = own.api_key or os.environ.get(spec.api_key_env, "")
-        return ResolvedProvider(prefix, base_url, api_key, own.connect_timeout, own.read_timeout)
+        return [Deployment(prefix, base_url, api_key, *timeouts)]
+
+    def provider(self, prefix: str, catalog: Catalog) -> Deployment:
+        """The group's first deployment (its only one in the single-account form)."""
+        return self.deployments(prefix, catalog)[0]
 
 
-class ResolvedProvider(msgspec.Struct, frozen=True):
-    prefix: str
-    base_url: str
-    api_key: str
-    connect_timeout: float
-    read_timeout: float
+ResolvedProvider = Deployment  # its name before a provider had several deployments
 
 
 def load_settings(path: str | os.PathLike[str] | None = None) -> Settings:
@@ -204,11 +229,17 @@ def parse_settings(raw: dict, source: str = "config") -> Settings:
     except msgspec.ValidationError as exc:
         raise ConfigError(f"{source}: {exc}") from None
     catalog = settings.load_catalog()
-    for prefix in settings.providers:
+    for prefix, own in settings.providers.items():
         if prefix not in catalog.providers:
             known = ", ".join(sorted(catalog.providers))
             raise ConfigError(f"{source}: unknown provider `providers.{prefix}` (known: {known})")
+        if own.deployments and (own.base_url or own.api_key):
+            raise ConfigError(f"{source}: providers.{prefix}: base_url and api_key belong to each of its "
+                              "deployments when it lists deployments")  # fmt: skip
+        check(prefix, catalog.providers[prefix].protocol, own.deployments, catalog, source)
+        for name in own.model_routing:
+            canonical(prefix, name, catalog, f"{source}: providers.{prefix}.model_routing")
     return settings
 
 
-__all__ = ["ConfigError", "Settings", "load_settings", "parse_settings", "ResolvedProvider"]
+__all__ = ["ConfigError", "Deployment", "Settings", "load_settings", "parse_settings", "ResolvedProvider"]

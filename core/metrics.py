@@ -20,6 +20,12 @@ time; the rarer ones are prometheus_client metrics.
     router_ratelimit_backend_errors_total                the rate limit store could not be asked
     router_circuit_state{provider,state}                 1 for each provider's breaker state (closed,
                                                          open, half_open), 0 for the other two
+    router_deployment_calls_total{provider,deployment,outcome}   upstream attempts: ok | error | rate_limited
+    router_deployment_latency_seconds{provider,deployment}       time to the upstream's answer (its headers)
+    router_deployment_in_flight{provider,deployment}             this replica's calls on it now
+    router_deployment_cooldowns_total{provider,deployment}       rests begun (a 429, a Retry-After)
+    router_deployment_cooling{provider,deployment}               1 while it rests (as this replica knows)
+    router_routing_state_errors_total                    the shared deployment state (Redis) could not be asked
 
 No label ever holds key material: keys appear nowhere, groups and models only by name.
 """
@@ -267,3 +273,94 @@ def exposition(accept: str | None) -> tuple[bytes, str]:
     """The registry in the format the scraper asked for: (body, content type)."""
     encoder, content_type = choose_encoder(accept or "")
     return encoder(REGISTRY), content_type
+
+
+class _Deployment:
+    """One deployment's attempts, latency, calls in flight and cooldowns."""
+
+    __slots__ = ("outcomes", "latency", "in_flight", "cooldowns")
+
+    def __init__(self) -> None:
+        self.outcomes: dict[str, int] = {}
+        self.latency = _Histogram(_LATENCY)
+        self.in_flight = 0
+        self.cooldowns = 0
+
+
+_deployments: dict[tuple[str, str], _Deployment] = {}
+_resting: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+class Resting(Protocol):
+    """What the cooling gauge reads (gateway.dispatch.Router): (provider, deployment) -> seconds."""
+
+    def resting(self) -> Mapping[tuple[str, str], float]: ...
+
+
+def _deployment(provider: str, name: str) -> _Deployment:
+    d = _deployments.get((provider, name))
+    if d is None:
+        d = _deployments[(provider, name)] = _Deployment()
+    return d
+
+
+def deployment_call(provider: str, name: str, outcome: str, seconds: float | None = None) -> None:
+    """An upstream attempt on a deployment ended: ``ok`` (its answer came after ``seconds``),
+    ``error`` or ``rate_limited``."""
+    d = _deployment(provider, name)
+    d.outcomes[outcome] = d.outcomes.get(outcome, 0) + 1
+    if seconds is not None:
+        d.latency.observe(seconds)
+
+
+def deployment_flight(provider: str, name: str, delta: int) -> None:
+    _deployment(provider, name).in_flight += delta
+
+
+def deployment_cooldown(provider: str, name: str) -> None:
+    _deployment(provider, name).cooldowns += 1
+
+
+def watch_deployments(source: Resting) -> None:
+    """Report ``source``'s resting deployments at every scrape (for as long as it lives)."""
+    _resting.add(source)
+
+
+class _Deployments(Collector):
+    def collect(self) -> Iterator[Metric]:
+        labels = ["provider", "deployment"]
+        calls = CounterMetricFamily("router_deployment_calls", "Upstream attempts by deployment and outcome.",
+                                    labels=[*labels, "outcome"])  # fmt: skip
+        latency = HistogramMetricFamily("router_deployment_latency_seconds",
+                                        "Time from sending to a deployment to its answer's headers.", labels=labels)  # fmt: skip
+        flight = GaugeMetricFamily("router_deployment_in_flight", "Calls on a deployment now (this replica).",
+                                   labels=labels)  # fmt: skip
+        cooldowns = CounterMetricFamily("router_deployment_cooldowns", "Rests a deployment began.", labels=labels)
+        cooling = GaugeMetricFamily("router_deployment_cooling", "1 while a deployment rests.", labels=labels)
+        for (provider, name), d in list(_deployments.items()):
+            for outcome, count in list(d.outcomes.items()):
+                calls.add_metric([provider, name, outcome], count)
+            if any(d.latency.counts):
+                latency.add_metric([provider, name], d.latency.buckets(), d.latency.total)
+            flight.add_metric([provider, name], d.in_flight)
+            cooldowns.add_metric([provider, name], d.cooldowns)
+        resting: dict[tuple[str, str], float] = {}
+        for source in list(_resting):
+            for key, seconds in source.resting().items():
+                resting[key] = max(resting.get(key, 0.0), seconds)
+        for (provider, name), seconds in sorted(resting.items()):
+            cooling.add_metric([provider, name], 1.0 if seconds > 0 else 0.0)
+        yield from (calls, latency, flight, cooldowns, cooling)
+
+
+REGISTRY.register(_Deployments())
+
+ROUTING_ERRORS = Counter(
+    "router_routing_state_errors",
+    "Deployment state checks that could not reach their store (Redis).",
+    registry=REGISTRY,
+)
+
+
+def routing_state_error() -> None:
+    ROUTING_ERRORS.inc()

@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from emulators.common import Emulator, decode, encode, nth, pause, play, random_id
+from emulators.common import Emulator, decode, encode, nth, pause, play, random_id, retry_after
 from emulators.directives import Directives, count_tokens, directives, fake_arguments, reply_pieces
 
 # id -> (display name, max output tokens, created_at)
@@ -371,8 +371,8 @@ def sse(event: str, data: dict[str, Any]) -> bytes:
 
 
 class AnthropicEmulator(Emulator):
-    def __init__(self, api_key: str = "emu-key") -> None:
-        super().__init__(api_key, max_body=32 * 1024 * 1024)
+    def __init__(self, api_key: str = "emu-key", rpm: int = 0) -> None:
+        super().__init__(api_key, max_body=32 * 1024 * 1024, rpm=rpm)
         self.cache: set[str] = set()  # prompt-cache prefixes written so far
         self.app.router.add_post("/v1/messages", self.messages)
         self.app.router.add_get("/v1/models", self.models)
@@ -432,6 +432,9 @@ class AnthropicEmulator(Emulator):
         if not isinstance(body, dict):
             return self.error(400, "The request body must be a JSON object.")
         self.received(body)
+        if (wait := self.over_limit()) is not None:
+            return self.error(429, "Number of requests has exceeded your per-minute rate limit",
+                              {"retry-after": retry_after(wait), "anthropic-ratelimit-requests-remaining": "0"})  # fmt: skip
         try:
             model, turns = check_request(body)
         except Rejected as exc:

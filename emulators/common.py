@@ -5,8 +5,10 @@ received (for tests), JSON codecs, ids, and writing a stream as the fault direct
 from __future__ import annotations
 
 import asyncio
+import math
 import secrets
 import string
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,17 +21,61 @@ encode = msgspec.json.Encoder().encode
 decode = msgspec.json.Decoder().decode
 
 
+class Rpm:
+    """A provider's requests-per-minute limit, enforced the way providers say they do it: over short
+    periods (a limit of 600 RPM admits about 10 requests in any second, not 600 at once). ``wait()``
+    is None for a request admitted (and counted), else the seconds until one would be."""
+
+    BURST = 1.0  # seconds' worth of requests admitted back to back
+
+    def __init__(self, rpm: int = 0, clock: Any = time.monotonic) -> None:
+        self.rpm = rpm
+        self.clock = clock
+        self._tat = 0.0  # theoretical arrival time of the next request (GCRA)
+
+    def wait(self) -> float | None:
+        if not self.rpm:
+            return None
+        now = self.clock()
+        interval = 60.0 / self.rpm
+        tat = max(self._tat, now)
+        allow_at = tat + interval - max(self.BURST, interval)
+        if allow_at > now:
+            return allow_at - now
+        self._tat = tat + interval
+        return None
+
+
+def retry_after(seconds: float) -> str:
+    """A Retry-After header's value: whole seconds, at least 1 (as the providers send it)."""
+    return str(max(math.ceil(seconds), 1))
+
+
 class Emulator:
     """One emulated provider: ``app`` serves its API, which accepts ``api_key``; ``requests`` keeps the
-    last 50 bodies it received."""
+    last 50 bodies it received, ``served`` counts the requests it answered without a rate limit
+    refusal and ``refused`` those it refused over its ``rpm`` (0: no limit)."""
 
-    def __init__(self, api_key: str, max_body: int) -> None:
+    def __init__(self, api_key: str, max_body: int, rpm: int = 0) -> None:
         self.api_key = api_key
         self.requests: list[dict[str, Any]] = []
         self.app = web.Application(client_max_size=max_body)
+        self.limit = Rpm(rpm)
+        self.served = 0
+        self.refused = 0
 
     def received(self, body: dict[str, Any]) -> None:
         self.requests = [*self.requests[-49:], body]
+
+    def over_limit(self) -> float | None:
+        """None if this request is within the emulator's RPM (it is counted as served), else the
+        seconds until one would be (it is counted as refused)."""
+        wait = self.limit.wait()
+        if wait is None:
+            self.served += 1
+        else:
+            self.refused += 1
+        return wait
 
 
 def random_id(n: int, alphabet: str = string.ascii_letters + string.digits) -> str:

@@ -24,7 +24,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from emulators.common import Emulator, decode, encode, pause, play, random_id
+from emulators.common import Emulator, decode, encode, pause, play, random_id, retry_after
 from emulators.directives import Directives, count_tokens, directives, fake_arguments, reply_pieces
 
 ROOT = "/v1beta"
@@ -87,7 +87,7 @@ def error(code: int, message: str, status: str, details: list[dict[str, Any]] | 
     return web.Response(status=code, body=encode({"error": err}), content_type="application/json")
 
 
-def fault(status: int) -> web.Response:
+def fault(status: int, retry_delay: str = "1s") -> web.Response:
     if status == 402:  # billing required (or the free tier is not offered in the caller's region)
         return error(400, "Gemini API free tier is not available in your country. Please enable billing on your "
                      "project in Google AI Studio.", "FAILED_PRECONDITION")  # fmt: skip
@@ -117,7 +117,7 @@ def fault(status: int) -> web.Response:
                         }
                     ],
                 },
-                {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "1s"},
+                {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": retry_delay},
             ],
         )
     if status in (503, 529):
@@ -297,8 +297,8 @@ class Plan:
 
 
 class GeminiEmulator(Emulator):
-    def __init__(self, api_key: str = "emu-key") -> None:
-        super().__init__(api_key, max_body=64 * 1024 * 1024)
+    def __init__(self, api_key: str = "emu-key", rpm: int = 0) -> None:
+        super().__init__(api_key, max_body=64 * 1024 * 1024, rpm=rpm)
         self.app.router.add_post(ROOT + "/models/{target}", self.post)
         self.app.router.add_get(ROOT + "/models", self.list_models)
         self.app.router.add_get(ROOT + "/models/{target}", self.get_model)
@@ -452,6 +452,8 @@ class GeminiEmulator(Emulator):
         if not isinstance(body, dict):
             return error(400, "Invalid JSON payload received. Expected an object.", "INVALID_ARGUMENT")
         self.received(body)
+        if method != "countTokens" and (wait := self.over_limit()) is not None:
+            return fault(429, f"{retry_after(wait)}s")  # Gemini says when in RetryInfo, not in Retry-After
         if method == "countTokens" and isinstance(get(body, "generateContentRequest"), dict):
             body = get(body, "generateContentRequest")
         if model not in MODELS and not _MODEL_NAME.fullmatch(model):

@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from emulators.common import Emulator, decode, encode, pause, play, random_id
+from emulators.common import Emulator, decode, encode, pause, play, random_id, retry_after
 from emulators.directives import Directives, Flakiness, count_tokens, directives, fake_arguments, reply_pieces
 from emulators.openai_responses import ResponsesHandler
 
@@ -36,15 +36,18 @@ def _text(content: Any) -> str:
 
 
 class OpenAIEmulator(Emulator):
-    def __init__(self, flavour: str = "openai", api_key: str = "emu-key") -> None:
+    def __init__(self, flavour: str = "openai", api_key: str = "emu-key", rpm: int = 0) -> None:
         assert flavour in ("openai", "upstage", "mistral")
-        super().__init__(api_key, max_body=64 * 1024 * 1024)
+        super().__init__(api_key, max_body=64 * 1024 * 1024, rpm=rpm)
         self.flavour = flavour
         self.streams: list[tuple[str, int]] = []  # ("complete" | "disconnected", events written)
         self.flakiness = Flakiness()
+        self.routes()
+
+    def routes(self) -> None:
         self.app.router.add_post("/v1/chat/completions", self.chat)
         self.app.router.add_get("/v1/models", self.models)
-        if flavour == "openai":  # only OpenAI serves the Responses API
+        if self.flavour == "openai":  # only OpenAI serves the Responses API
             self.responses = ResponsesHandler(self)
             self.app.router.add_post("/v1/responses", self.responses.handle)
 
@@ -63,11 +66,16 @@ class OpenAIEmulator(Emulator):
                               "https://platform.openai.com/docs/guides/error-codes/api-errors.",
                               "insufficient_quota", "insufficient_quota")  # fmt: skip
         if status == 429:
-            return self.error(429, "Rate limit reached for requests", "requests", "rate_limit_exceeded",
-                              {"retry-after": "1", "x-ratelimit-remaining-requests": "0"})  # fmt: skip
+            return self.rate_limited(1.0)
         if status == 529:
             return self.error(529, "The server is overloaded", "server_error")
         return self.error(status, "The server had an error while processing your request.", "server_error")
+
+    def rate_limited(self, wait: float) -> web.Response:
+        """429 over the request rate limit, with the wait in retry-after (whole seconds)."""
+        return self.error(429, f"Rate limit reached for requests per min (RPM): Limit {self.limit.rpm or 1}. "
+                          f"Please try again in {wait:.3f}s.", "requests", "rate_limit_exceeded",
+                          {"retry-after": retry_after(wait), "x-ratelimit-remaining-requests": "0"})  # fmt: skip
 
     def _authorised(self, request: web.Request) -> bool:
         return request.headers.get("Authorization") == f"Bearer {self.api_key}"
@@ -152,14 +160,26 @@ class OpenAIEmulator(Emulator):
     async def chat(self, request: web.Request) -> web.StreamResponse:
         if not self._authorised(request):
             return self.error(401, "Incorrect API key provided.", "invalid_request_error", "invalid_api_key")
-        raw = await request.read()
+        body = await self.body(request)
+        if isinstance(body, web.Response):
+            return body
+        return await self.answer(request, body)
+
+    async def body(self, request: web.Request) -> dict[str, Any] | web.Response:
+        """The request's JSON object (recorded), or the error answer."""
         try:
-            body = decode(raw)
+            body = decode(await request.read())
         except msgspec.DecodeError:
             return self.error(400, "We could not parse the JSON body of your request.", "invalid_request_error")
         if not isinstance(body, dict):
             return self.error(400, "The body must be a JSON object.", "invalid_request_error")
         self.received(body)
+        return body
+
+    async def answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        wait = self.over_limit()
+        if wait is not None:
+            return self.rate_limited(wait)
         invalid = self._validate(body)
         if invalid is not None:
             return invalid
@@ -209,7 +229,15 @@ class OpenAIEmulator(Emulator):
         if self.flavour == "openai":
             out["system_fingerprint"] = "fp_emulator"
             out["service_tier"] = "default"
+        self.annotate(out)
         return web.Response(body=encode(out), content_type="application/json", headers={"x-request-id": "req_" + random_id(16)})
+
+    def annotate(self, out: dict[str, Any]) -> None:
+        """An answer or a stream chunk as built, before it is sent (a flavour may add its fields)."""
+
+    def preamble(self) -> list[bytes]:
+        """Stream events before the first chunk."""
+        return []
 
     async def _stream(self, request: web.Request, body: dict[str, Any], d: Directives, cid: str, created: int,
                       pieces: list[str], thinking: list[str], finish: str, tool_call: dict[str, Any] | None,
@@ -229,9 +257,11 @@ class OpenAIEmulator(Emulator):
                 chunk["usage"] = last_usage
             elif mistral and last_usage is not None:
                 chunk["usage"] = last_usage
+            self.annotate(chunk)
             return b"data: " + encode(chunk) + b"\n\n"
 
-        events: list[bytes] = [event({"role": "assistant", "content": ""})]
+        lead = self.preamble()
+        events: list[bytes] = [*lead, event({"role": "assistant", "content": ""})]
         for piece in thinking:
             if mistral:
                 events.append(event({"content": [{"type": "thinking", "thinking": [{"type": "text", "text": piece}]}]}))
@@ -254,10 +284,10 @@ class OpenAIEmulator(Emulator):
             if include_usage:
                 events.append(event(None, last_usage=usage, empty=True))
         events.append(b"data: [DONE]\n\n")
-        if d.malformed and len(events) > 2:
-            events[2] = b'data: {"id": "broken", "choices": [\n\n'
-        fail = (2, b'data: {"error": {"message": "The server had an error while processing your request.", "type": "server_error", "param": null, "code": null}}\n\n') if d.midfail else None
-        ended, written = await play(request, response, events, d, d.cut + 1 if d.cut is not None else None, fail)
+        if d.malformed and len(events) > 2 + len(lead):
+            events[2 + len(lead)] = b'data: {"id": "broken", "choices": [\n\n'
+        fail = (2 + len(lead), b'data: {"error": {"message": "The server had an error while processing your request.", "type": "server_error", "param": null, "code": null}}\n\n') if d.midfail else None
+        ended, written = await play(request, response, events, d, d.cut + 1 + len(lead) if d.cut is not None else None, fail)
         if ended in ("complete", "disconnected"):
             self.streams = [*self.streams[-49:], (ended, written)]
         return response

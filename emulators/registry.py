@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from emulators.anthropic import AnthropicEmulator
+from emulators.azure import AzureOpenAIEmulator
 from emulators.common import Emulator, serve
 from emulators.gemini import GeminiEmulator
 from emulators.openai import OpenAIEmulator
@@ -15,11 +16,12 @@ from emulators.openai import OpenAIEmulator
 
 @dataclass
 class Running:
-    prefix: str
+    prefix: str  # the provider group it serves
     base_url: str
     api_key: str
     emulator: Emulator
     runner: web.AppRunner
+    name: str = ""  # its name among the group's deployments (the prefix for the group's own emulator)
 
 
 # prefix -> (factory(api_key) -> the emulator, path of the API root)
@@ -31,17 +33,29 @@ FACTORIES: dict[str, tuple[Callable[[str], Emulator], str]] = {
     "google": (GeminiEmulator, "/v1beta"),
 }
 
+# More deployments of a group, each with its own key (the demo's openai/ has three): name -> (prefix,
+# factory(api_key), path of the API root). ``second`` allows 60 requests a minute, then answers 429.
+DEPLOYMENTS: dict[str, tuple[str, Callable[[str], Emulator], str]] = {
+    "second": ("openai", lambda key: OpenAIEmulator("openai", key, rpm=60), "/v1"),
+    "azure": ("openai", AzureOpenAIEmulator, ""),
+}
 
-async def start_emulators(host: str = "127.0.0.1", first_port: int = 0) -> dict[str, Running]:
-    """Start every emulator; ``first_port`` 0 picks free ports, else consecutive ports from it. When a
-    port is taken, the ones already started stop again and the OSError is raised."""
+
+async def start_emulators(host: str = "127.0.0.1", first_port: int = 0,
+                          deployments: bool = False) -> dict[str, Running]:  # fmt: skip
+    """Start every emulator (with ``deployments``, the extra ones too, under their names); ``first_port``
+    0 picks free ports, else consecutive ports from it. When a port is taken, the ones already started
+    stop again and the OSError is raised."""
+    plan = [(prefix, prefix, factory, root) for prefix, (factory, root) in sorted(FACTORIES.items())]
+    if deployments:
+        plan += [(name, prefix, factory, root) for name, (prefix, factory, root) in DEPLOYMENTS.items()]
     running: dict[str, Running] = {}
     try:
-        for offset, (prefix, (factory, root)) in enumerate(sorted(FACTORIES.items())):
-            key = f"emu-{prefix}-key"
+        for offset, (name, prefix, factory, root) in enumerate(plan):
+            key = f"emu-{name}-key"
             emulator = factory(key)
             runner, port = await serve(emulator.app, host, first_port + offset if first_port else 0)
-            running[prefix] = Running(prefix, f"http://{host}:{port}{root}", key, emulator, runner)
+            running[name] = Running(prefix, f"http://{host}:{port}{root}", key, emulator, runner, name)
     except OSError:
         await stop_emulators(running)
         raise

@@ -13,9 +13,11 @@ from adapters import Adapter, adapter_for
 from adapters.transport import ObservedTransport
 from billing.ledger import ledger_for
 from billing.store import Store, open_store
-from core.config import ResolvedProvider, Settings
+from core.config import Settings
 from core.deadlines import Deadlines
+from core.deployments import Deployment
 from gateway.auth import Authenticator
+from gateway.dispatch import router_for
 from gateway.ratelimit import RateLimiter
 from gateway.reliability import Breakers
 
@@ -46,10 +48,12 @@ class Gateway:
                                  self.catalog.providers)  # fmt: skip
         self.auth = Authenticator(self.store, settings.server.key_prefix, settings.server.auth_cache_seconds)
         self.adapters: dict[str, Adapter] = {}  # provider prefix → its adapter (every provider has one)
-        self.providers: dict[str, ResolvedProvider] = {}
+        self.deployments: dict[str, list[Deployment]] = {}  # provider prefix → its deployments
         for prefix, spec in self.catalog.providers.items():
-            self.providers[prefix] = settings.provider(prefix, self.catalog)
+            self.deployments[prefix] = settings.deployments(prefix, self.catalog)
             self.adapters[prefix] = adapter_for(prefix, spec)
+        self.providers = {prefix: deps[0] for prefix, deps in self.deployments.items()}  # each group's first
+        self.router = router_for(settings, self.catalog, self.deployments)  # which deployment serves a call
         self.jobs: Service | None = None  # the Batch API's runner (jobs/), set by create_app
         self.started = False
         self._lock = asyncio.Lock()
@@ -71,6 +75,7 @@ class Gateway:
                     await self.jobs.stop()  # first: lines in flight still use the transport and the ledger
                 await self.transport.close()
                 await self.limits.close()
+                await self.router.close()
                 while self.ledger.pending:  # every call's settlement durable before the store closes
                     await self.ledger.drain()
                 await self.store.close()

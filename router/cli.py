@@ -121,13 +121,13 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--fd", type=int, help=argparse.SUPPRESS)  # a worker: serve this inherited socket
 
     demo = sub.add_parser("demo", help="run the gateway with emulated providers and a seeded key",
-                          description="The gateway and the five emulated providers in one process, with a "
+                          description="The gateway and the emulated providers (openai/ with three deployments) in one process, with a "
                           "group 'demo', its key and a console password kept in the data directory.")  # fmt: skip
     _config_option(demo)
     demo.add_argument("--host", default="127.0.0.1", help="address of the gateway and the emulators (default: %(default)s)")
     demo.add_argument("--port", type=int, default=8080, help="the gateway's port (default: %(default)s)")
     demo.add_argument("--emulator-port", type=int, default=0, metavar="PORT",
-                      help="first of the emulators' five consecutive ports (default: free ports)")  # fmt: skip
+                      help="first of the emulators' seven consecutive ports (default: free ports)")  # fmt: skip
     demo.add_argument("--new-key", action="store_true",
                       help="issue a new demo key instead of reusing the one kept in the data directory")  # fmt: skip
     demo.add_argument("--access-log", default="", metavar="PATH",

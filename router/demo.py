@@ -30,7 +30,9 @@ from console.cli import store_password
 from console.queries import queries_for
 from core.catalog import NANO
 from core.config import ProviderSettings, Settings
-from emulators.registry import FACTORIES, Running, start_emulators, stop_emulators
+from core.deployments import DeploymentSettings
+from emulators.azure import AzureOpenAIEmulator
+from emulators.registry import DEPLOYMENTS, FACTORIES, Running, start_emulators, stop_emulators
 from gateway.auth import generate_key, hash_key, key_form, new_key
 from router.app import create_app
 from router.serve import serve
@@ -56,10 +58,38 @@ class DemoOptions:
 
 
 def with_emulators(settings: Settings, running: dict[str, Running]) -> Settings:
+    """``settings`` with every provider group served by its emulator, except the groups whose
+    deployments the settings list (they say where each one is)."""
     providers = dict(settings.providers)
     for prefix, item in running.items():
-        providers[prefix] = ProviderSettings(base_url=item.base_url, api_key=item.api_key)
+        if item.name != item.prefix:
+            continue  # another deployment of a group (demo_deployments)
+        own = providers.get(prefix)
+        if own is not None and own.deployments:
+            continue
+        if own is not None:
+            providers[prefix] = msgspec.structs.replace(own, base_url=item.base_url, api_key=item.api_key)
+        else:
+            providers[prefix] = ProviderSettings(base_url=item.base_url, api_key=item.api_key)
     return msgspec.structs.replace(settings, providers=providers)
+
+
+def demo_deployments(settings: Settings, running: dict[str, Running]) -> Settings:
+    """openai/ served by three deployments of its emulators, each with its own key: the group's own
+    emulator, ``second`` (60 requests a minute, then 429s) and an Azure OpenAI resource."""
+    extra = [r for r in running.values() if r.name != r.prefix and r.prefix == "openai"]
+    if not extra:
+        return settings
+    main = running["openai"]
+    items = [DeploymentSettings(name="primary", base_url=main.base_url, api_key=main.api_key, weight=2)]
+    for item in extra:
+        azure = isinstance(item.emulator, AzureOpenAIEmulator)
+        items.append(DeploymentSettings(name=item.name, base_url=item.base_url, api_key=item.api_key,
+                                        kind="azure" if azure else None, api_version="2024-10-21" if azure else None,
+                                        rpm=60 if item.name == "second" else 0))  # fmt: skip
+    own = msgspec.structs.replace(settings.providers.get("openai", ProviderSettings()), base_url=None, api_key=None,
+                                  deployments=items)  # fmt: skip
+    return msgspec.structs.replace(settings, providers={**settings.providers, "openai": own})
 
 
 def data_dir(settings: Settings) -> Path:
@@ -94,9 +124,9 @@ def bind(host: str, port: int) -> socket.socket:
 
 async def emulators(host: str, first_port: int) -> dict[str, Running]:
     try:
-        return await start_emulators(host, first_port)
+        return await start_emulators(host, first_port, deployments=True)
     except OSError as exc:
-        last = first_port + len(FACTORIES) - 1
+        last = first_port + len(FACTORIES) + len(DEPLOYMENTS) - 1
         why = "one is in use" if exc.errno == errno.EADDRINUSE else exc.strerror
         raise DemoError(f"the emulators' ports {first_port}-{last} on {host} are not all free ({why}): choose "
                         "others: make demo EMULATOR_PORT=N (router demo --emulator-port N)") from None  # fmt: skip
@@ -170,10 +200,15 @@ def demo_settings(settings: Settings, directory: Path, access_log: str) -> Setti
 
 def banner(base: str, running: dict[str, Running], key: str, directory: Path, console: str, access: str) -> str:
     origin = base.removesuffix("/v1")
-    providers = ", ".join(f"{p} :{r.base_url.split(':')[-1].split('/')[0]}" for p, r in sorted(running.items()))
+    def port(r: Running) -> str:
+        return r.base_url.split(":")[-1].split("/")[0]
+
+    providers = ", ".join(f"{p} :{port(r)}" for p, r in sorted(running.items()) if r.name == r.prefix)
+    deployments = ", ".join(f"{r.name} :{port(r)}" for r in running.values() if r.name != r.prefix)
     return f"""
   Model router demo: gateway on {base}
   Emulated providers: {providers}
+  openai/ deployments: primary (the openai emulator), {deployments or 'none'}
   API key (group '{DEMO_GROUP}', kept in {directory / KEY_FILE}; make demo NEW_KEY=1 for another):
     {key}
   Console: {origin}/console
@@ -202,7 +237,8 @@ async def demo(settings: Settings, options: DemoOptions) -> None:
         sock.close()
         raise
     try:
-        settings = demo_settings(with_emulators(settings, running), directory, options.access_log)
+        settings = demo_deployments(with_emulators(settings, running), running)
+        settings = demo_settings(settings, directory, options.access_log)
         app = create_app(settings)
         gateway = app.state.gateway
         try:

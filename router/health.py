@@ -6,7 +6,11 @@ Ready means the store answers a trivial query and the configured providers accep
 replica often costs the upstreams next to nothing. 200 with the details when ready, else 503.
 
 ``[health] upstreams`` says how many providers must be reachable: ``all`` (default), ``any`` or
-``none`` (not checked). A provider counts as configured when the settings name it or it has a key.
+``none`` (not checked). A provider counts as configured when the settings name it or it has a key;
+each of its deployments is probed (``upstreams`` is keyed by deployment: the provider's prefix for the
+single-account form, ``prefix/name`` otherwise). ``deployments`` reports, live, how long each one still
+cools down (after a 429) and its calls in flight as this replica knows them; it does not change
+readiness (a cooling deployment is a routing matter: the others serve).
 
 ``circuits`` reports each provider's circuit breaker (``closed``, ``open``, ``half-open``), live, and
 does not change readiness: an open circuit means one provider keeps failing, and every replica sees
@@ -64,9 +68,10 @@ class Readiness:
     def targets(self) -> dict[str, tuple[str, int]]:
         settings = self.gw.settings
         return {
-            prefix: address(p.base_url)
-            for prefix, p in sorted(self.gw.providers.items())
-            if prefix in settings.providers or p.api_key
+            dep.key: address(dep.base_url)
+            for prefix, deps in sorted(self.gw.deployments.items())
+            for dep in deps
+            if prefix in settings.providers or dep.api_key
         }
 
     async def check(self) -> tuple[bool, dict[str, Any]]:
@@ -132,7 +137,8 @@ class Readiness:
 
     async def endpoint(self, request: Request) -> Response:
         ready, details = await self.check()
-        details = {**details, "circuits": self.gw.breakers.states()}  # live, not cached
+        # live, not cached
+        details = {**details, "circuits": self.gw.breakers.states(), "deployments": self.gw.router.report()}
         return JSONBytes(
             _encode(details), status_code=200 if ready else 503, headers={"cache-control": "no-store"}
         )

@@ -43,12 +43,13 @@ TRACE = "trace"  # the scope["state"] key of a request's Trace
 class Trace:
     """What one request's access-log line says beyond HTTP, filled in while it is served: its id
     (``router.middleware.Front``), the caller once authenticated, the model asked for and the provider
-    that serves it (the endpoints)."""
+    and deployment that serve it (the endpoints)."""
 
     request_id: str
     caller: Principal | None = None
     model: str | None = None
     provider: str | None = None
+    deployment: str | None = None  # the provider's deployment that served (core/deployments.py)
 
 
 def trace_of(scope: Scope) -> Trace:
@@ -71,6 +72,7 @@ class _AccessLine(msgspec.Struct):
     request_id: str | None
     model: str | None
     provider: str | None
+    deployment: str | None
     group: str | None
     key_id: int | None
     stream: bool
@@ -270,6 +272,7 @@ def access(scope: Scope, status: int, seconds: float, stream: bool) -> None:
         trace.request_id or None,
         trace.model,
         trace.provider,
+        trace.deployment,
         caller.group_name if caller is not None else None,
         caller.key_id if caller is not None else None,
         stream,

@@ -9,7 +9,7 @@ import itertools
 import os
 import socket
 import threading
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -19,6 +19,8 @@ import pytest
 from billing.store import Store, open_store
 from core.catalog import NANO
 from core.config import ReliabilitySettings, Settings, StoreSettings
+from emulators.common import Emulator
+from emulators.common import serve as serve_emulator
 from emulators.registry import Running, start_emulators, stop_emulators
 from gateway.auth import new_key
 from router.app import create_app
@@ -36,10 +38,19 @@ def free_port() -> int:
 
 
 class Stack:
-    """Emulators + gateway on loopback. ``run`` executes a coroutine on the stack's loop."""
+    """Emulators + gateway on loopback. ``run`` executes a coroutine on the stack's loop.
 
-    def __init__(self, tmp: Path, settings: Settings | None = None) -> None:
+    ``extra``: more emulator instances (a provider's several deployments), started before the gateway
+    on free ports; ``configure`` then gets their URLs (``http://127.0.0.1:PORT``, by name) and returns
+    the gateway's settings."""
+
+    def __init__(self, tmp: Path, settings: Settings | None = None, extra: dict[str, Emulator] | None = None,
+                 configure: Callable[[dict[str, str]], Settings] | None = None) -> None:  # fmt: skip
         self.tmp = tmp
+        self.extra = extra or {}
+        self.extra_urls: dict[str, str] = {}
+        self._configure = configure
+        self._extra_runners: list[Any] = []
         # the shared stack does not retry and never opens a circuit: the fault tests stay independent
         # (tests/test_reliability.py builds its own stacks for those)
         self.base_settings = settings or Settings(
@@ -75,6 +86,12 @@ class Stack:
         from hypercorn.asyncio import serve
 
         self.emulators: dict[str, Running] = await start_emulators()
+        for name, emulator in self.extra.items():
+            runner, port = await serve_emulator(emulator.app)
+            self._extra_runners.append(runner)
+            self.extra_urls[name] = f"http://127.0.0.1:{port}"
+        if self._configure is not None:
+            self.base_settings = self._configure(self.extra_urls)
         self.settings = with_emulators(self.base_settings, self.emulators)
         self.store: Store = open_store(self.settings.store.url)
         await self.store.open()
@@ -102,6 +119,8 @@ class Stack:
             await self._served
             await self.store.close()
             await stop_emulators(self.emulators)
+            for runner in self._extra_runners:
+                await runner.cleanup()
 
         self.run(_stop())
         self.loop.call_soon_threadsafe(self.loop.stop)

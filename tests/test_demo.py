@@ -99,7 +99,7 @@ def banner_value(banner: str, pattern: str) -> str:
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Demo, int, int]]:
     cwd = tmp_path_factory.mktemp("demo")
-    port, emulators = free_port(), free_ports(5)
+    port, emulators = free_port(), free_ports(7)
     running = Demo(cwd, "--port", str(port), "--emulator-port", str(emulators))
     running.banner()
     yield running, port, emulators
@@ -110,7 +110,7 @@ def test_banner_key_emulator_ports_and_console_sign_in(demo: tuple[Demo, int, in
     running, port, first = demo
     banner = running.banner()
     assert f"gateway on http://127.0.0.1:{port}/v1" in banner
-    for offset in range(5):  # the emulators listen on the ports asked for, and the banner names them
+    for offset in range(7):  # the emulators listen on the ports asked for, and the banner names them
         assert f":{first + offset}" in banner
         socket.create_connection(("127.0.0.1", first + offset), timeout=5).close()
     key = banner_value(banner, r"\n\s+(sk-mr-v1-\S+)\n")
@@ -170,7 +170,7 @@ def test_busy_emulator_ports_are_one_line_and_create_nothing(tmp_path: Path) -> 
         first = busy.getsockname()[1] - 2
         output = Demo(tmp_path, "--port", str(free_port()), "--emulator-port", str(first)).failure()
     assert len(output.strip().splitlines()) == 1, output
-    assert f"ports {first}-{first + 4}" in output and "EMULATOR_PORT=" in output
+    assert f"ports {first}-{first + 6}" in output and "EMULATOR_PORT=" in output
     assert not (tmp_path / "data").exists()
 
 

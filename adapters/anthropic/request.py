@@ -330,7 +330,7 @@ def json_tool(raw: dict[str, Any]) -> Block | None:
 
 def request_body(call: Call) -> dict[str, Any]:
     system, turns = conversation(call.request, call.raw)
-    body: dict[str, Any] = {"model": call.model.upstream, "max_tokens": max_tokens(call), "messages": turns}
+    body: dict[str, Any] = {"model": call.upstream_model, "max_tokens": max_tokens(call), "messages": turns}
     if system:
         body["system"] = _system(system)
     _sampling(call, body)

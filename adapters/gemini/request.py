@@ -289,5 +289,5 @@ def build(call: Call) -> UpstreamRequest:
     headers = {"x-goog-api-key": call.provider.api_key, "Content-Type": "application/json", "User-Agent": USER_AGENT}
     if call.stream:
         headers["Accept"] = "text/event-stream"
-    url = f"{call.provider.base_url}/models/{call.model.upstream}:{method}"
+    url = f"{call.provider.base_url}/models/{call.upstream_model}:{method}"
     return UpstreamRequest(url, headers, _encode(body))

@@ -1,0 +1,170 @@
+"""What routing knows of each deployment, and the one atomic step that puts a call on one.
+
+Per deployment: its calls in flight, its time to first byte (a moving average), how long it is
+cooling down (after a 429: its Retry-After), and its RPM/TPM ceilings as GCRA buckets (the rate
+limits' algorithm, gateway/ratelimit.py). Two backends implement :class:`UpstreamState`:
+
+    MemoryState                        one process: plain attributes on the event loop
+    gateway.upstream_state_redis       several replicas sharing one Redis: one Lua script per call
+
+``acquire(order, tokens)`` walks ``order`` and puts the call on the first deployment that is not
+cooling down and has room under its ceilings (taking one request and ``tokens`` from its buckets,
+counting it in flight), atomically; or answers how long until one could take it. ``release`` ends
+the call's hold, with what it taught: its latency, and a cooldown if it was refused. It never waits:
+the Redis backend sends it with the next round trip.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+
+from core import metrics
+from core.deployments import Deployment
+from gateway.ratelimit import PERIOD, gcra
+from gateway.routing import IDLE, Load
+
+
+class Lease:
+    """One call's hold on a deployment, from ``acquire`` to ``release`` (``end``: by the state that
+    gave it, with the latency the call measured)."""
+
+    __slots__ = ("deployment", "owner", "token", "opened_at", "latency", "released")
+
+    def __init__(self, deployment: Deployment, owner: UpstreamState, token: str = "") -> None:
+        self.deployment = deployment
+        self.owner = owner
+        self.token = token  # the call's name in the shared in-flight set (Redis)
+        self.opened_at = time.monotonic()
+        self.latency: float | None = None  # seconds from acquire to the upstream's answer
+        self.released = False
+        metrics.deployment_flight(deployment.prefix, deployment.name, 1)
+
+    def end(self, *_: object) -> None:
+        """The call is over (any arguments are ignored: it may be a callback's)."""
+        self.owner.release(self, self.latency)
+
+
+class UpstreamState(ABC):
+    shared = False  # the state is every replica's (Redis), not this process's alone
+
+    @abstractmethod
+    def load(self, dep: Deployment) -> Load:
+        """What is known now of ``dep``'s load (no I/O)."""
+
+    @abstractmethod
+    def cooling(self, dep: Deployment) -> float:
+        """Seconds ``dep`` still cools down, as far as this replica knows (no I/O)."""
+
+    @abstractmethod
+    async def acquire(self, order: Sequence[Deployment], tokens: int) -> Lease | float:
+        """A lease on the first deployment of ``order`` that can take the call now, or the seconds
+        until the earliest could (``math.inf``: none ever could, the call exceeds every ceiling)."""
+
+    def release(self, lease: Lease, latency: float | None = None, cooldown: float = 0.0) -> None:
+        """The call is over: out of flight, ``latency`` (seconds to first byte) into the average, and
+        ``cooldown`` seconds of rest for the deployment if it was refused. Idempotent, never waits."""
+        if lease.owner is not self:  # given by another state (Redis's local stand-in)
+            lease.owner.release(lease, latency, cooldown)
+            return
+        if lease.released:
+            return
+        lease.released = True
+        metrics.deployment_flight(lease.deployment.prefix, lease.deployment.name, -1)
+        self._release(lease, latency, cooldown)
+
+    @abstractmethod
+    def _release(self, lease: Lease, latency: float | None, cooldown: float) -> None: ...
+
+    async def close(self) -> None:
+        return None
+
+
+class _Dep:
+    __slots__ = ("in_flight", "latency", "cool_until", "rpm_tat", "tpm_tat")
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.latency: float | None = None
+        self.cool_until = 0.0
+        self.rpm_tat = 0.0
+        self.tpm_tat = 0.0
+
+
+def room(dep: Deployment, rpm_tat: float, tpm_tat: float, now: float, tokens: int) -> tuple[float, float, float]:
+    """(wait, new rpm TAT, new tpm TAT): ``wait`` 0 if both ceilings have room for the call."""
+    wait = 0.0
+    if dep.rpm:
+        ok, rpm_tat, state = gcra(max(rpm_tat, now), now, dep.rpm, 1)
+        wait = max(wait, state.retry_after)
+    if dep.tpm:
+        ok, tpm_tat, state = gcra(max(tpm_tat, now), now, dep.tpm, tokens)
+        wait = max(wait, state.retry_after)
+    return wait, rpm_tat, tpm_tat
+
+
+def headroom(dep: Deployment, rpm_tat: float, tpm_tat: float, now: float) -> float:
+    """The least unused fraction of ``dep``'s ceilings (1.0 without any)."""
+    left = 1.0
+    if dep.rpm:
+        left = min(left, 1.0 - max(rpm_tat - now, 0.0) / PERIOD)
+    if dep.tpm:
+        left = min(left, 1.0 - max(tpm_tat - now, 0.0) / PERIOD)
+    return max(left, 0.0)
+
+
+class MemoryState(UpstreamState):
+    """One process's state. The event loop runs one ``acquire`` at a time and it never awaits, so it
+    is atomic without a lock."""
+
+    def __init__(self, alpha: float = 0.3, clock: Callable[[], float] = time.monotonic) -> None:
+        self.alpha = alpha  # a new latency sample's weight in the average
+        self.clock = clock
+        self._deps: dict[str, _Dep] = {}
+
+    def _of(self, dep: Deployment) -> _Dep:
+        state = self._deps.get(dep.key)
+        if state is None:
+            state = self._deps[dep.key] = _Dep()
+        return state
+
+    def load(self, dep: Deployment) -> Load:
+        state = self._deps.get(dep.key)
+        if state is None:
+            return IDLE
+        return Load(state.in_flight, state.latency, headroom(dep, state.rpm_tat, state.tpm_tat, self.clock()))
+
+    def cooling(self, dep: Deployment) -> float:
+        state = self._deps.get(dep.key)
+        return max(state.cool_until - self.clock(), 0.0) if state is not None else 0.0
+
+    async def acquire(self, order: Sequence[Deployment], tokens: int) -> Lease | float:
+        return self.acquire_now(order, tokens)
+
+    def acquire_now(self, order: Sequence[Deployment], tokens: int) -> Lease | float:
+        now = self.clock()
+        soonest = math.inf
+        for dep in order:
+            state = self._of(dep)
+            if state.cool_until > now:
+                soonest = min(soonest, state.cool_until - now)
+                continue
+            if dep.rpm or dep.tpm:
+                wait, rpm_tat, tpm_tat = room(dep, state.rpm_tat, state.tpm_tat, now, tokens)
+                if wait:
+                    soonest = min(soonest, wait)
+                    continue
+                state.rpm_tat, state.tpm_tat = rpm_tat, tpm_tat
+            state.in_flight += 1
+            return Lease(dep, self)
+        return soonest
+
+    def _release(self, lease: Lease, latency: float | None, cooldown: float) -> None:
+        state = self._of(lease.deployment)
+        state.in_flight -= 1
+        if latency is not None:
+            state.latency = latency if state.latency is None else state.latency + self.alpha * (latency - state.latency)
+        if cooldown > 0:
+            state.cool_until = max(state.cool_until, self.clock() + cooldown)

@@ -1,0 +1,252 @@
+"""The shared deployment state: every replica's calls in flight, cooldowns, latencies and RPM/TPM
+ceilings in one Redis (gateway/upstream_state.py says what they are).
+
+A call costs one round trip: ``acquire`` is one ``EVALSHA`` of :data:`ACQUIRE`, which walks the
+call's order of deployments and takes the first that is not cooling down and has room under its
+ceilings, atomically, and answers every candidate's load (kept as this replica's view for the next
+call's strategy). ``release`` (:data:`RELEASE`) is never waited for: it goes with the next round trip.
+Acquires and releases that arrive while a round trip is in flight are pipelined together into the
+next one, on one connection. Time comes from the Redis server (``TIME``), so replicas with skewed
+clocks agree.
+
+Per deployment, one hash (``cool``: end of its cooldown, ``rt`` / ``tt``: the TATs of its RPM / TPM
+buckets, all in server microseconds; ``lat``: its latency average in seconds) and one sorted set (the
+calls in flight, each scored with the time it stops counting: a replica that dies leaves nothing
+behind for longer than :data:`LEASE_SECONDS`). All of a provider group's keys share one hash tag,
+so the scripts also run on a Redis Cluster.
+
+When Redis cannot be reached, calls are routed on this process's own state (MemoryState) and the
+failure is logged (at most every 10 s) and counted in ``router_routing_state_errors_total``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import math
+import secrets
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import redis.asyncio as redis
+from redis.exceptions import NoScriptError
+
+from core import metrics
+from core.deployments import Deployment
+from gateway.routing import IDLE, Load
+from gateway.upstream_state import Lease, MemoryState, UpstreamState
+
+LEASE_SECONDS = 900  # a call in flight counts this long at most (a crashed replica's calls, then none)
+KEEP_MS = 3_600_000  # a deployment's hash lives this long after its last write (its latency is kept)
+
+# KEYS[2i-1], KEYS[2i]: the hash and the in-flight set of candidate i.  ARGV[1]: the call's tokens,
+# ARGV[2]: its lease token, ARGV[3]: lease seconds, then per candidate its RPM and TPM ceilings.
+# Returns {chosen (1-based; 0: none), soonest wait in µs (-1: never), then per candidate:
+# in flight, latency (seconds, "" if unknown), cooldown left (µs), headroom (millionths)}.
+ACQUIRE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local period = 60000000
+local tokens = tonumber(ARGV[1])
+local n = #KEYS / 2
+local chosen, soonest = 0, -1
+local out = {0, -1}
+for i = 1, n do
+  local h, f = KEYS[2 * i - 1], KEYS[2 * i]
+  local rpm, tpm = tonumber(ARGV[2 + 2 * i]), tonumber(ARGV[3 + 2 * i])
+  local v = redis.call('HMGET', h, 'cool', 'rt', 'tt', 'lat')
+  local cool = tonumber(v[1]) or 0
+  local rt = math.max(tonumber(v[2]) or now, now)
+  local tt = math.max(tonumber(v[3]) or now, now)
+  redis.call('ZREMRANGEBYSCORE', f, '-inf', now)
+  if chosen == 0 then
+    local wait, never = 0, false
+    local nrt, ntt = rt, tt
+    if cool > now then
+      wait = cool - now
+    else
+      if rpm > 0 then
+        nrt = rt + period / rpm
+        if nrt - period > now then wait = math.max(wait, nrt - period - now) end
+      end
+      if tpm > 0 then
+        if tokens > tpm then never = true end
+        ntt = tt + tokens * period / tpm
+        if ntt - period > now then wait = math.max(wait, ntt - period - now) end
+      end
+    end
+    if not never and wait == 0 then
+      chosen = i
+      rt, tt = nrt, ntt
+      if rpm > 0 then redis.call('HSET', h, 'rt', string.format('%.0f', rt)) end
+      if tpm > 0 then redis.call('HSET', h, 'tt', string.format('%.0f', tt)) end
+      redis.call('ZADD', f, now + tonumber(ARGV[3]) * 1000000, ARGV[2])
+      redis.call('PEXPIRE', h, KEEP)
+      redis.call('PEXPIRE', f, tonumber(ARGV[3]) * 1000)
+    elseif not never and (soonest < 0 or wait < soonest) then
+      soonest = wait
+    end
+  end
+  local left = 1
+  if rpm > 0 then left = math.min(left, 1 - (rt - now) / period) end
+  if tpm > 0 then left = math.min(left, 1 - (tt - now) / period) end
+  if left < 0 then left = 0 end
+  out[4 * i - 1] = redis.call('ZCARD', f)
+  out[4 * i] = v[4] or ''
+  out[4 * i + 1] = math.max(cool - now, 0)
+  out[4 * i + 2] = math.floor(left * 1000000)
+end
+out[1] = chosen
+out[2] = math.ceil(soonest)
+return out
+""".replace("KEEP", str(KEEP_MS))
+
+# KEYS: the deployment's hash and in-flight set.  ARGV: lease token, latency seconds ("" if none),
+# cooldown µs, the latency sample's weight.
+RELEASE = """
+redis.call('ZREM', KEYS[2], ARGV[1])
+if ARGV[2] ~= '' then
+  local s = tonumber(ARGV[2])
+  local old = tonumber(redis.call('HGET', KEYS[1], 'lat'))
+  if old then s = old + tonumber(ARGV[4]) * (s - old) end
+  redis.call('HSET', KEYS[1], 'lat', string.format('%.6f', s))
+end
+local cooldown = tonumber(ARGV[3])
+if cooldown > 0 then
+  local t = redis.call('TIME')
+  local till = tonumber(t[1]) * 1000000 + tonumber(t[2]) + cooldown
+  local cur = tonumber(redis.call('HGET', KEYS[1], 'cool')) or 0
+  if till > cur then redis.call('HSET', KEYS[1], 'cool', string.format('%.0f', till)) end
+end
+redis.call('PEXPIRE', KEYS[1], KEEP)
+return 1
+""".replace("KEEP", str(KEEP_MS))
+
+SCRIPTS = {hashlib.sha1(s.encode()).hexdigest(): s for s in (ACQUIRE, RELEASE)}
+_ACQUIRE_SHA, _RELEASE_SHA = SCRIPTS
+_US = 1_000_000
+log = logging.getLogger("gateway.routing")
+
+Op = tuple[str, list[str], list[Any], "asyncio.Future[Any] | None"]  # (sha, keys, args, waiter)
+
+
+class RedisState(UpstreamState):
+    shared = True
+
+    def __init__(self, url: str, prefix: str = "router:dep", timeout: float = 0.25, alpha: float = 0.3,
+                 lease_seconds: int = LEASE_SECONDS) -> None:  # fmt: skip
+        self.prefix = prefix.rstrip(":")
+        self.timeout = timeout
+        self.alpha = alpha
+        self.lease_seconds = lease_seconds
+        self.client: Any = redis.Redis.from_url(
+            url, socket_timeout=timeout, socket_connect_timeout=max(timeout, 1.0), health_check_interval=30
+        )
+        self.local = MemoryState(alpha)  # while Redis cannot be reached
+        self._loads: dict[str, Load] = {}
+        self._cool_until: dict[str, float] = {}  # monotonic, as of the last answer
+        self._keys: dict[str, tuple[str, str]] = {}
+        self._pending: list[Op] = []
+        self._flusher: asyncio.Task[None] | None = None
+        self._warned = 0.0
+
+    def _names(self, dep: Deployment) -> tuple[str, str]:
+        names = self._keys.get(dep.key)
+        if names is None:  # one hash tag per provider group: a Redis Cluster keeps its keys together
+            base = f"{self.prefix}:{{{dep.prefix}}}:{dep.key}"
+            names = self._keys[dep.key] = (base, base + ":f")
+        return names
+
+    def load(self, dep: Deployment) -> Load:
+        return self._loads.get(dep.key, IDLE)
+
+    def cooling(self, dep: Deployment) -> float:
+        return max(self._cool_until.get(dep.key, 0.0) - time.monotonic(), self.local.cooling(dep))
+
+    async def acquire(self, order: Sequence[Deployment], tokens: int) -> Lease | float:
+        token = secrets.token_hex(8)
+        keys: list[str] = []
+        args: list[Any] = [tokens, token, self.lease_seconds]
+        for dep in order:
+            keys += self._names(dep)
+            args += (dep.rpm, dep.tpm)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queue((_ACQUIRE_SHA, keys, args, future))
+        try:
+            out = await future
+        except Exception as exc:  # Redis is out of reach: this process routes on what it knows
+            self._failed(exc)
+            return self.local.acquire_now(order, tokens)
+        now = time.monotonic()
+        for i, dep in enumerate(order):
+            in_flight, latency, cool, left = out[4 * i + 2 : 4 * i + 6]
+            lat = float(latency) if latency not in (b"", "") else None
+            self._loads[dep.key] = Load(int(in_flight), lat, int(left) / _US)
+            self._cool_until[dep.key] = now + int(cool) / _US
+        chosen = int(out[0])
+        if chosen:
+            return Lease(order[chosen - 1], self, token)
+        return math.inf if int(out[1]) < 0 else int(out[1]) / _US
+
+    def _release(self, lease: Lease, latency: float | None, cooldown: float) -> None:
+        if cooldown > 0:  # this replica avoids it at once, before Redis has heard
+            self._cool_until[lease.deployment.key] = max(self._cool_until.get(lease.deployment.key, 0.0),
+                                                         time.monotonic() + cooldown)  # fmt: skip
+        args = [lease.token, "" if latency is None else f"{latency:.6f}", int(cooldown * _US), self.alpha]
+        self._queue((_RELEASE_SHA, list(self._names(lease.deployment)), args, None))
+
+    def _queue(self, op: Op) -> None:
+        self._pending.append(op)
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.ensure_future(self._flush())
+
+    async def _flush(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending, []
+            try:
+                async with asyncio.timeout(self.timeout):
+                    results = await self._run(batch)
+                    missing = [n for n, r in enumerate(results) if isinstance(r, NoScriptError)]
+                    if missing:  # first use, or the server was restarted or flushed its scripts
+                        for script in SCRIPTS.values():
+                            await self.client.script_load(script)
+                        again = await self._run([batch[n] for n in missing])
+                        for n, result in zip(missing, again, strict=True):
+                            results[n] = result
+            except Exception as exc:  # every waiter learns why; lost releases expire with their lease
+                for *_, future in batch:
+                    if future is not None and not future.done():
+                        future.set_exception(exc)
+                    elif future is None:
+                        self._failed(exc)
+                continue
+            for (*_, future), result in zip(batch, results, strict=True):
+                if future is None:
+                    if isinstance(result, Exception):
+                        self._failed(result)
+                elif not future.done():
+                    if isinstance(result, Exception):
+                        future.set_exception(result)
+                    else:
+                        future.set_result(result)
+
+    async def _run(self, batch: list[Op]) -> list[Any]:
+        async with self.client.pipeline(transaction=False) as pipe:
+            for sha, keys, args, _ in batch:
+                pipe.evalsha(sha, len(keys), *keys, *args)
+            return list(await pipe.execute(raise_on_error=False))
+
+    def _failed(self, exc: BaseException) -> None:
+        metrics.routing_state_error()
+        now = time.monotonic()
+        if now - self._warned > 10:
+            self._warned = now
+            log.warning("routing state unavailable in Redis (%s: %s); deployments are chosen on this "
+                        "process's own state", type(exc).__name__, exc)  # fmt: skip
+
+    async def close(self) -> None:
+        if self._flusher is not None and not self._flusher.done():
+            await asyncio.wait((self._flusher,), timeout=self.timeout * 2 + 1)
+        await self.client.aclose()
