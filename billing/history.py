@@ -38,6 +38,7 @@ INDEXES = (  # (name, columns) of the usage table's indexes that end in id, crea
     ("usage_group_source", "group_id, source, id"),
     ("usage_group_model", "group_id, model, id"),
     ("usage_key", "key_id, id"),
+    ("usage_group_deployment", "group_id, deployment, id"),
 )
 
 
@@ -49,6 +50,7 @@ class Filter:
     key_id: int | None = None
     since: float | None = None
     until: float | None = None  # exclusive
+    deployment: str | None = None  # the provider's deployment that served
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,12 +149,15 @@ class History:
             index, where, args = "usage_key", ["key_id = ?", "group_id = ?"], [f.key_id, f.group_id]
         elif f.model is not None:
             index, where, args = "usage_group_model", ["group_id = ?", "model = ?"], [f.group_id, f.model]
+        elif f.deployment is not None:
+            index, where, args = "usage_group_deployment", ["group_id = ?", "deployment = ?"], [f.group_id, f.deployment]
         elif f.source is not None:
             index, where, args = "usage_group_source", ["group_id = ?", "source = ?"], [f.group_id, f.source]
         else:
             index, where, args = "usage_group_ts", ["group_id = ?"], [f.group_id]
         for clause, value in (
             ("model = ?", f.model),
+            ("deployment = ?", f.deployment),
             ("source = ?", f.source),
             ("ts >= ?", f.since),
             ("ts < ?", f.until),
@@ -226,7 +231,7 @@ class History:
 
     async def buckets(self, f: Filter, start: float, width: float, count: int) -> list[Bucket]:
         """Calls and credits per bucket of ``width`` seconds from ``start`` (``count`` buckets)."""
-        f = Filter(f.group_id, f.source, f.model, f.key_id, start, start + width * count)
+        f = Filter(f.group_id, f.source, f.model, f.key_id, start, start + width * count, f.deployment)
         lo, hi = await self.id_range(f.since, f.until)
         expr = "CAST((ts - ?) / ? AS INTEGER)" if self.sqlite else "floor((ts - ?) / ?)::int8"
         calls = [0] * count

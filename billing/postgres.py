@@ -121,6 +121,11 @@ MIGRATIONS: list[str] = [
     CREATE INDEX IF NOT EXISTS usage_group_model ON usage(group_id, model, id);
     CREATE INDEX IF NOT EXISTS usage_key ON usage(key_id, id);
     """,
+    # 4: the deployment that served each call (a provider's several accounts: core/deployments.py)
+    """
+    ALTER TABLE usage ADD COLUMN deployment TEXT NOT NULL DEFAULT '';
+    CREATE INDEX usage_group_deployment ON usage(group_id, deployment, id);
+    """,
 ]
 
 # -- the store ----------------------------------------------------------------------------------------

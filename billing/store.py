@@ -107,6 +107,7 @@ class UsageRecord:
     group_id: int
     model: str
     provider: str
+    deployment: str = ""  # the provider's deployment that served (core/deployments.py); "" before one did
     endpoint: str = "chat"
     source: str = "api"  # api | job
     stream: bool = False
