@@ -36,7 +36,7 @@ from core.config import ProviderSettings, RoutingSettings, Settings
 from core.deployments import Deployment, Strategy, canonical
 from core.errors import GatewayError, RateLimited, UpstreamTimeout, UpstreamUnavailable
 from gateway import routing
-from gateway.reliability import backoff, breaker_failure, failover, retried, retryable
+from gateway.reliability import REFUSED, backoff, breaker_failure, circuit_open, failover, retried, retryable
 from gateway.upstream_state import Lease, MemoryState, UpstreamState
 
 if TYPE_CHECKING:
@@ -181,10 +181,7 @@ async def open_on(gw: Gateway, model: Model, build: Callable[[Deployment], Upstr
     while True:
         usable = tuple(d for d in deps if d.key not in skipped and gw.breakers[d.key].state != "open")
         if not usable:
-            raise last or UpstreamUnavailable(
-                f"The provider '{pool.prefix}' keeps failing and is skipped for a while (circuit open).",
-                code="circuit_open",
-            )
+            raise last or circuit_open(pool.prefix)
         order = router.order(pool, model, usable, state, conversation)
         if tried:  # deployments not tried yet come first, in the strategy's order
             order = [d for d in order if d.key not in tried] + [d for d in order if d.key in tried]
@@ -204,7 +201,8 @@ async def open_on(gw: Gateway, model: Model, build: Callable[[Deployment], Upstr
         waited = False
         dep = got.deployment
         breaker = gw.breakers[dep.key]
-        if not breaker.allow():  # half-open, and its one probe is in flight
+        ticket = breaker.allow()
+        if ticket == REFUSED:  # half-open, and its one probe is another call's
             got.owner.release(got)
             skipped.add(dep.key)
             continue
@@ -217,6 +215,9 @@ async def open_on(gw: Gateway, model: Model, build: Callable[[Deployment], Upstr
             got.latency = time.monotonic() - got.opened_at
             metrics.deployment_call(dep.prefix, dep.name, "ok", got.latency)
             return Opened(response, got)
+        finally:  # a probe that ended without a verdict (a 429, a 4xx, the caller gone): the next probes
+            if ticket:
+                breaker.release(ticket)
         rest = router.cooldown(error)
         got.owner.release(got, cooldown=rest)
         metrics.deployment_call(dep.prefix, dep.name, "rate_limited" if isinstance(error, RateLimited) else "error")
