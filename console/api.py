@@ -193,7 +193,7 @@ async def group_of(c: Console, request: Request) -> Group:
     group = await c.store.get_group(request.path_params["name"])
     if group is None:
         raise AdminError(404, f"No group named {request.path_params['name']!r}.", "group_not_found")
-    return group  # type: ignore[no-any-return]
+    return group
 
 
 async def key_of(c: Console, request: Request) -> KeyInfo:

@@ -18,7 +18,7 @@ from console.queries import queries_for
 from core.config import Settings
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_commands(sub: argparse._SubParsersAction) -> None:
     console = sub.add_parser("console", help="the management console at /console: its admin password",
                              description="The management console's admin password.")  # fmt: skip
     csub = console.add_subparsers(dest="action", required=True, metavar="ACTION")

@@ -10,12 +10,16 @@ from __future__ import annotations
 import calendar
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 from urllib.parse import parse_qs, urlencode
 
 from billing.history import Filter
 from core.inputs import natural
 from core.money import to_credits, to_nano
+
+T = TypeVar("T")
 
 MAX_FORM_BYTES = 64 * 1024
 AMOUNT = re.compile(r"^\d{1,12}(\.\d{1,9})?$")
@@ -200,7 +204,7 @@ def cursor(text: str, field: str) -> int | None:
 def history(params: dict[str, str], errors: dict[str, str]) -> History:
     """The filters of the usage page; a bad one is reported in ``errors`` and falls back to its default."""
 
-    def take(field: str, parse, default):  # type: ignore[no-untyped-def]
+    def take(field: str, parse: Callable[[], T], default: T) -> T:
         try:
             return parse()
         except Invalid as exc:

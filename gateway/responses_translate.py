@@ -395,7 +395,8 @@ def _estimate_part(part: dict[str, Any]) -> dict[str, Any]:
 
 def shell(body: dict[str, Any], model_id: str) -> dict[str, Any]:
     """The Response object before any output; requested options are echoed as the API does."""
-    reasoning = body.get("reasoning") if isinstance(body.get("reasoning"), dict) else {}
+    asked = body.get("reasoning")
+    reasoning = asked if isinstance(asked, dict) else {}
     return {
         "id": item_id("resp"),
         "object": "response",
@@ -411,7 +412,7 @@ def shell(body: dict[str, Any], model_id: str) -> dict[str, Any]:
         "output": [],
         "parallel_tool_calls": body.get("parallel_tool_calls") is not False,
         "previous_response_id": None,
-        "reasoning": {"effort": reasoning.get("effort"), "summary": None},  # type: ignore[union-attr]
+        "reasoning": {"effort": reasoning.get("effort"), "summary": None},
         "service_tier": "default",
         "store": False,
         "temperature": body.get("temperature"),

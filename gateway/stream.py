@@ -205,7 +205,7 @@ class Shaper:
         }
 
 
-class LastBatch(list):  # type: ignore[type-arg]
+class LastBatch(list):
     """The last batch of :func:`chunks` (nothing follows it)."""
 
 

@@ -20,6 +20,7 @@ import os
 import secrets
 import socket
 from contextlib import suppress
+from functools import partial
 from typing import TYPE_CHECKING
 
 from core.types import ASGIApp
@@ -98,8 +99,8 @@ class JobRunner:
             job = Job(self, batch, owner)
             task = asyncio.create_task(job.run(), name=f"batch-{batch.id}")
             self.jobs[batch.id] = (job, task)
-            task.add_done_callback(lambda _, bid=batch.id: self._done(bid))  # type: ignore[misc]
+            task.add_done_callback(partial(self._done, batch.id))
 
-    def _done(self, batch_id: str) -> None:
+    def _done(self, batch_id: str, _task: object = None) -> None:
         self.jobs.pop(batch_id, None)
         self.poke()  # a slot is free

@@ -156,13 +156,13 @@ class TextFormatter(_LineFormatter):
         return text
 
 
-class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+class _Stderr(logging.StreamHandler):
     """Writes to whatever ``sys.stderr`` is when the record is written."""
 
     def __init__(self) -> None:
         super().__init__(sys.stderr)
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> Any:
         return sys.stderr
 
@@ -187,6 +187,9 @@ class _Batches(threading.Thread):
                  access_out: TextIO | None = None) -> None:  # fmt: skip
         super().__init__(name="router-logs", daemon=True)
         self.q, self.target, self.interval, self.access_out = q, target, interval, access_out
+        formatter = target.formatter
+        assert isinstance(formatter, _LineFormatter)  # setup() gives the target one of ours
+        self.formatter = formatter  # it formats the access lines access() queues as tuples
         self.stopping = threading.Event()
 
     def run(self) -> None:
@@ -204,7 +207,7 @@ class _Batches(threading.Thread):
                 break
             try:
                 if isinstance(record, tuple):  # an access line put here by access(): (created, values)
-                    accesses.append(self.target.formatter.format_access(*record))  # type: ignore[union-attr]
+                    accesses.append(self.formatter.format_access(*record))
                 elif record.name == ACCESS.name:
                     accesses.append(self.target.format(record))
                 else:

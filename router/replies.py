@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from typing import cast
 
 from starlette.responses import Response
 
@@ -109,7 +110,8 @@ class LateSSE(SSE):
 
     def __init__(self, stream: AsyncGenerator[bytes | Headers, None], keepalive: float,
                  failed: Callable[[GatewayError], bytes]) -> None:  # fmt: skip
-        super().__init__(stream)  # type: ignore[arg-type]
+        # begin() takes the headers, its first item; SSE.__call__ then sends the rest, all bytes
+        super().__init__(cast(AsyncGenerator[bytes, None], stream))
         self.keepalive = keepalive
         self.failed = failed
 

@@ -9,8 +9,8 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import TYPE_CHECKING, Any
 
 from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config
@@ -47,6 +47,8 @@ async def serve(app: ASGIApp, host: str, port: int, started: Callable[[], Awaita
     config = hypercorn_config(host, port, graceful_timeout, keep_alive_timeout)
     if fd is not None:
         config.bind = [f"fd://{fd}"]  # a worker of serve_workers: the socket is its parent's
+    # hypercorn types the ASGI scope and messages as TypedDicts, Starlette and we as mutable mappings:
+    # the same dicts at run time, two spellings mypy cannot reconcile
     task = asyncio.ensure_future(hypercorn_serve(app, config, shutdown_trigger=stop.wait))  # type: ignore[arg-type]
     if started is not None:
         await answering(host, port, task)
@@ -93,14 +95,14 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-def run(main: Awaitable[None]) -> None:
+def run(main: Coroutine[Any, Any, None]) -> None:
     tune_gc()
     try:
         import uvloop
 
-        uvloop.run(main)  # type: ignore[arg-type]
+        uvloop.run(main)
     except ImportError:
-        asyncio.run(main)  # type: ignore[arg-type]
+        asyncio.run(main)
 
 
 def serve_workers(settings: Settings, config: str | None, host: str, port: int, workers: int) -> int:

@@ -8,29 +8,35 @@ import socket
 import time
 
 import openai
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import Stack, raw_request
 
 
-def _post(stack: Stack, body: bytes, key: str) -> tuple[int, dict]:
-    r = raw_request(stack, "POST", "/v1/chat/completions", body,
-                    {"Authorization": f"Bearer {key}", "Content-Type": "application/json"})  # fmt: skip
+def _post(stack: Stack, body: bytes, key: str, path: str = "/v1/chat/completions") -> tuple[int, dict]:
+    r = raw_request(stack, "POST", path, body, {"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
     return r.status, r.json()
 
 
-def test_deeply_nested_json(stack: Stack) -> None:
+ENDPOINTS = pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses"])
+CALL = b'{"model":"openai/gpt-4o-mini","messages":[{"role":"user","content":"x"}],"input":"x",'
+
+
+@ENDPOINTS
+def test_deeply_nested_json(stack: Stack, path: str) -> None:
     key = stack.key()
-    deep = b'{"model":"openai/gpt-4o-mini","messages":[{"role":"user","content":"x"}],"metadata":' + b"[" * 200_000 + b"]" * 200_000 + b"}"
-    status, body = _post(stack, deep, key)
+    deep = CALL + b'"metadata":' + b"[" * 200_000 + b"]" * 200_000 + b"}"
+    status, body = _post(stack, deep, key, path)
     assert status == 400 and body["error"]["code"] == "invalid_json"
-    status, body = _post(stack, b"[" * 100_000, key)
-    assert status == 400
+    status, body = _post(stack, b"[" * 100_000, key, path)
+    assert status == 400 and body["error"]["code"] == "invalid_json"
 
 
-def test_invalid_utf8(stack: Stack) -> None:
-    status, body = _post(stack, b'{"model":"openai/gpt-4o-mini","messages":[{"role":"user","content":"\xff\xfe"}]}', stack.key())
+@ENDPOINTS
+def test_invalid_utf8(stack: Stack, path: str) -> None:
+    status, body = _post(stack, CALL + b'"user":"\xff\xfe"}', stack.key(), path)
     assert status == 400 and body["error"]["code"] == "invalid_json"
 
 
