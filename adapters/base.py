@@ -82,6 +82,12 @@ class StreamTranslator(ABC):
     def feed(self, event: Event) -> list[dict[str, Any]]: ...
 
 
+def upstream_request_id(headers: Mapping[str, str]) -> str | None:
+    """The upstream's own id of a request, for the usage record: ``x-request-id`` (OpenAI and the
+    OpenAI-compatible providers) or ``request-id`` (Anthropic)."""
+    return headers.get("x-request-id") or headers.get("request-id")
+
+
 class UpstreamStreamError(UpstreamFinal):
     """The upstream reported an error inside a stream that had already started."""
 

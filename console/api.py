@@ -133,34 +133,20 @@ def amount_text(value: Any, field: str) -> str:
     return format(Decimal(str(value)), "f") if isinstance(value, float) else str(value)
 
 
+def amount(name: str, nano: int | None) -> dict[str, Any]:
+    """A money field as the API shows it: a credit string, and the exact nano-credits beside it."""
+    return {name: None if nano is None else to_credits(nano), f"{name}_nano": nano}
+
+
 def group_json(g: Group) -> dict[str, Any]:
-    return {
-        "id": g.id,
-        "name": g.name,
-        "balance": to_credits(g.balance),
-        "balance_nano": g.balance,
-        "reserved": to_credits(g.reserved),
-        "reserved_nano": g.reserved,
-        "spent": to_credits(g.spent),
-        "spent_nano": g.spent,
-        "created_at": g.created_at,
-    }
+    return {"id": g.id, "name": g.name, **amount("balance", g.balance), **amount("reserved", g.reserved),
+            **amount("spent", g.spent), "created_at": g.created_at}  # fmt: skip
 
 
 def key_json(k: KeyInfo) -> dict[str, Any]:
-    return {
-        "id": k.id,
-        "group": k.group_name,
-        "name": k.name,
-        "hint": k.hint,
-        "created_at": k.created_at,
-        "revoked_at": k.revoked_at,
-        "spend_cap": None if k.spend_cap is None else to_credits(k.spend_cap),
-        "spend_cap_nano": k.spend_cap,
-        "spent": to_credits(k.spent),
-        "spent_nano": k.spent,
-        "allowed_models": list(k.allowed_models) if k.allowed_models else None,
-    }
+    return {"id": k.id, "group": k.group_name, "name": k.name, "hint": k.hint, "created_at": k.created_at,
+            "revoked_at": k.revoked_at, **amount("spend_cap", k.spend_cap), **amount("spent", k.spent),
+            "allowed_models": list(k.allowed_models) if k.allowed_models else None}  # fmt: skip
 
 
 def usage_json(r: UsageRecord) -> dict[str, Any]:

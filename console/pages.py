@@ -61,6 +61,11 @@ async def login_form(request: Request) -> Response:
     return response
 
 
+def notice(request: Request) -> str:
+    """The line that confirms what the last form did (``?ok=...`` after its redirect)."""
+    return NOTICES.get(request.query_params.get("ok", ""), "")
+
+
 async def login_page(c: Console, request: Request, error: str = "", status: int = 200) -> Response:
     target = request.query_params.get("next", "")
     configured = bool(auth.admin_token(c.settings) or await c.password_hash())
@@ -121,14 +126,12 @@ async def groups_page(c: Console, request: Request, status: int = 200, **context
         "groups.html",
         status=status,
         groups=groups,
-        notice=NOTICES.get(request.query_params.get("ok", ""), ""),
+        notice=notice(request),
         **context,
     )
 
 
-@page
-async def groups(c: Console, request: Request) -> Response:
-    return await groups_page(c, request)
+groups = page(groups_page)
 
 
 @action
@@ -197,7 +200,7 @@ async def group_page(c: Console, request: Request, name: str, status: int = 200,
         group=group,
         keys=keys,
         models=c.model_ids(),
-        notice=NOTICES.get(request.query_params.get("ok", ""), ""),
+        notice=notice(request),
         **context,
     )
 
@@ -287,14 +290,12 @@ async def key_page(c: Console, request: Request, status: int = 200, **context: A
         errors=errors,
         values=values,
         models=c.model_ids(),
-        notice=NOTICES.get(request.query_params.get("ok", ""), ""),
+        notice=notice(request),
         **context,
     )
 
 
-@page
-async def key(c: Console, request: Request) -> Response:
-    return await key_page(c, request)
+key = page(key_page)
 
 
 @action

@@ -62,24 +62,15 @@ class Directives:
     text: str = ""
 
 
+_NUMBERS = {"slow": "slow_ms", "delay": "delay_ms"}  # [name:N] → the field it sets (else the same name)
+
+
 def directives(text: str) -> Directives:
     d = Directives()
     for match in _DIRECTIVE.finditer(text):
         name, value, flag = match.group(1), match.group(2), match.group(3)
-        if name == "fault":
-            d.fault = int(value)
-        elif name == "slow":
-            d.slow_ms = int(value)
-        elif name == "delay":
-            d.delay_ms = int(value)
-        elif name == "cut":
-            d.cut = int(value)
-        elif name == "tokens":
-            d.tokens = int(value)
-        elif name == "flaky":
-            d.flaky = int(value)
-        elif name == "limited":
-            d.limited = int(value)
+        if name:
+            setattr(d, _NUMBERS.get(name, name), int(value))
         elif flag:
             setattr(d, flag, True)
     d.text = _DIRECTIVE.sub("", text).strip()

@@ -16,7 +16,7 @@ from typing import Any
 
 import aiohttp
 
-from adapters.base import Adapter, Call
+from adapters.base import Adapter, Call, upstream_request_id
 from billing.ledger import Meter
 from billing.pricing import worst_case
 from billing.store import Principal, UsageRecord
@@ -218,5 +218,4 @@ class _Attempt:
         meter = Meter(gw.ledger, reservation, model, record, self.raw)
         async with meter.settles_on_failure():
             response = await open_upstream(gw, upstream, model.provider, adapter.error, self.deadline)
-            upstream_id = response.headers.get("x-request-id") or response.headers.get("request-id")
-            return Started(call, adapter, meter, response, completion_id(), upstream_id)
+            return Started(call, adapter, meter, response, completion_id(), upstream_request_id(response.headers))

@@ -24,11 +24,12 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from adapters.base import Call, StreamTranslator
+from adapters.base import Call, StreamTranslator, upstream_request_id
 from billing.ledger import Meter
 from core.errors import GatewayError, UpstreamError
 from core.sse import DONE, SSEDecoder, frame
 from core.types import CallStatus
+from core.wire import TokenUsage
 
 _encode = msgspec.json.Encoder().encode
 
@@ -75,6 +76,14 @@ class StreamEnd:
     status: CallStatus = "ok"
     first_token_at: float | None = None
     error: str | None = None
+
+    async def settle(self, meter: Meter, usage: TokenUsage | None, generated: str, response: aiohttp.ClientResponse,
+                     prompt_usage: TokenUsage | None = None) -> None:  # fmt: skip
+        """Settle the stream's call (a no-op once it is settled): ``usage`` if the upstream said it,
+        else an estimate from what was ``generated`` (and the prompt's counts, if told early)."""
+        await meter.finish(usage, self.status, generated=generated, error=self.error,
+                           first_token_at=self.first_token_at, upstream_id=upstream_request_id(response.headers),
+                           prompt_usage=prompt_usage)  # fmt: skip
 
 
 class Shaper:
@@ -272,7 +281,7 @@ async def chunks(
         if outcome.status == "ok" and call.include_usage and translator.usage is not None:
             usage = translator.usage_raw if translator.usage_raw is not None else translator.usage.openai()
             out.append(shaper.usage_chunk(usage))
-        await _settle(meter, translator, shaper, outcome, response)
+        await outcome.settle(meter, translator.usage, shaper.generated(), response, translator.prompt_usage)
         yield LastBatch(out)
     except (GeneratorExit, asyncio.CancelledError):
         outcome.status = "interrupted"
@@ -282,7 +291,7 @@ async def chunks(
             response.close()  # drop the connection: the rest of the upstream stream is not read
         else:
             response.release()
-        await _settle(meter, translator, shaper, outcome, response)
+        await outcome.settle(meter, translator.usage, shaper.generated(), response, translator.prompt_usage)
 
 
 def _unread(response: aiohttp.ClientResponse) -> bytes:
@@ -309,16 +318,3 @@ async def sse(batches: AsyncGenerator[list[Any], None]) -> AsyncGenerator[bytes,
         yield DONE
     finally:
         await batches.aclose()
-
-
-async def _settle(meter: Meter, translator: StreamTranslator, shaper: Shaper, outcome: StreamEnd,
-                  response: aiohttp.ClientResponse) -> None:  # fmt: skip
-    await meter.finish(
-        translator.usage,
-        outcome.status,
-        generated=shaper.generated(),
-        error=outcome.error,
-        first_token_at=outcome.first_token_at,
-        upstream_id=response.headers.get("x-request-id") or response.headers.get("request-id"),
-        prompt_usage=translator.prompt_usage,
-    )

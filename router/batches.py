@@ -27,7 +27,7 @@ from gateway.state import Gateway
 from jobs.store import BatchRow, new_batch_id
 from jobs.validate import ENDPOINTS
 from router.chat import read_json_body
-from router.files import Files, int_param, job_caller
+from router.files import Files, int_param, job_caller, list_page
 from router.replies import JSONBytes
 
 _encode = msgspec.json.Encoder().encode
@@ -99,14 +99,6 @@ class BatchObject(msgspec.Struct, kw_only=True, omit_defaults=False):
     metadata: dict[str, str] | None
 
 
-class BatchList(msgspec.Struct, omit_defaults=False):
-    data: list[BatchObject]
-    first_id: str | None
-    last_id: str | None
-    has_more: bool
-    object: str = "list"
-
-
 def batch_object(b: BatchRow) -> BatchObject:
     usage = BatchUsage(b.input_tokens, InputDetails(b.cached_tokens), b.output_tokens,
                        OutputDetails(b.reasoning_tokens), b.input_tokens + b.output_tokens)  # fmt: skip
@@ -175,8 +167,7 @@ class Batches:
         limit = int_param(request, "limit", 20, 1, 100)
         rows = await runner.store.list_batches(principal.group_id, request.query_params.get("after"), limit + 1)
         data = [batch_object(r) for r in rows[:limit]]
-        page = BatchList(data, data[0].id if data else None, data[-1].id if data else None, len(rows) > limit)
-        return JSONBytes(_encode(page))
+        return JSONBytes(_encode(list_page(data, len(rows) > limit)))
 
     async def retrieve(self, request: Request) -> Response:
         principal, runner = await job_caller(self.gw, request)

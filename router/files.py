@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import time
+from typing import Generic, Protocol, TypeVar
 
 import msgspec
 from starlette.requests import Request
@@ -47,12 +48,26 @@ class FileObject(msgspec.Struct, kw_only=True, omit_defaults=False):
     status_details: str | None = None
 
 
-class FileList(msgspec.Struct, omit_defaults=False):
-    data: list[FileObject]
+class Identified(Protocol):
+    @property
+    def id(self) -> str: ...
+
+
+Item = TypeVar("Item", bound=Identified)
+
+
+class ListPage(msgspec.Struct, Generic[Item], omit_defaults=False):
+    """One page of an OpenAI list (files, batches); ``after=<last_id>`` asks for the next."""
+
+    data: list[Item]
     first_id: str | None
     last_id: str | None
     has_more: bool
     object: str = "list"
+
+
+def list_page(data: list[Item], more: bool) -> ListPage[Item]:
+    return ListPage(data, data[0].id if data else None, data[-1].id if data else None, more)
 
 
 class FileDeleted(msgspec.Struct, omit_defaults=False):
@@ -185,8 +200,7 @@ class Files:
         rows = await runner.store.list_files(principal.group_id, request.query_params.get("purpose"),
                                              request.query_params.get("after"), limit + 1, order == "asc")  # fmt: skip
         data = [file_object(r) for r in rows[:limit]]
-        page = FileList(data, data[0].id if data else None, data[-1].id if data else None, len(rows) > limit)
-        return JSONBytes(_encode(page))
+        return JSONBytes(_encode(list_page(data, len(rows) > limit)))
 
     async def retrieve(self, request: Request) -> Response:
         principal, runner = await job_caller(self.gw, request)

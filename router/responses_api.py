@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from adapters import openai_responses
-from adapters.base import UpstreamRequest, map_upstream_error
+from adapters.base import UpstreamRequest, map_upstream_error, upstream_request_id
 from billing.ledger import Meter
 from billing.pricing import worst_case
 from billing.store import UsageRecord
@@ -117,10 +117,6 @@ def chat_request(chat: dict[str, Any]) -> ChatRequest:
 
 def frames(events: list[dict[str, Any]]) -> bytes:
     return b"".join([frame_event(event["type"], _encode(event)) for event in events])
-
-
-def _upstream_id(response: aiohttp.ClientResponse) -> str | None:
-    return response.headers.get("x-request-id") or response.headers.get("request-id")
 
 
 class Responses:
@@ -257,7 +253,7 @@ class Responses:
                 "error" if message else "ok",
                 generated="" if usage else openai_responses.output_text(data),
                 error=message,
-                upstream_id=_upstream_id(response),
+                upstream_id=upstream_request_id(response.headers),
             )
             return data
 
@@ -298,7 +294,7 @@ async def relay_stream(
             )
         if relay.error is not None:
             outcome.status, outcome.error = "error", relay.error
-        await _settle(meter, relay, outcome, response)
+        await outcome.settle(meter, relay.usage, relay.generated_text(), response)
         if out or tail:
             yield b"".join(out) + tail
     except (GeneratorExit, asyncio.CancelledError):
@@ -309,17 +305,4 @@ async def relay_stream(
             response.close()  # drop the connection: the rest of the upstream stream is not read
         else:
             response.release()
-        await _settle(meter, relay, outcome, response)
-
-
-async def _settle(
-    meter: Meter, relay: openai_responses.ResponsesRelay, outcome: StreamEnd, response: aiohttp.ClientResponse
-) -> None:
-    await meter.finish(
-        relay.usage,
-        outcome.status,
-        generated=relay.generated_text(),
-        error=outcome.error,
-        first_token_at=outcome.first_token_at,
-        upstream_id=_upstream_id(response),
-    )
+        await outcome.settle(meter, relay.usage, relay.generated_text(), response)

@@ -7,8 +7,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import secrets
 import socket
+import subprocess
 import threading
+import time
+import urllib.request
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -28,6 +32,13 @@ from router.demo import with_emulators
 from router.serve import hypercorn_config
 
 T = TypeVar("T")
+ONE_PER_PROVIDER = [  # a model of each provider group (p1..p5)
+    "openai/gpt-4o-mini",
+    "anthropic/claude-haiku-4-5",
+    "google/gemini-2.5-flash",
+    "upstage/solar-mini",
+    "mistral/mistral-small-latest",
+]
 _names = itertools.count(1)
 
 
@@ -199,6 +210,40 @@ def raw_request(stack: Stack, method: str, path: str, body: bytes | None = None,
         conn.close()
 
 
+def http_post(key: str, body: bytes, path: str = "/v1/chat/completions", close: bool = False) -> bytes:
+    """The bytes of an HTTP/1.1 POST of ``body`` as ``key``, for tests that read (or break off) the
+    answer on a socket of their own."""
+    head = [f"POST {path} HTTP/1.1", "Host: x", f"Authorization: Bearer {key}", "Content-Type: application/json",
+            f"Content-Length: {len(body)}", *(["Connection: close"] if close else [])]  # fmt: skip
+    return "\r\n".join([*head, "", ""]).encode() + body
+
+
+def break_off(port: int, request: bytes, marker: bytes, count: int) -> None:
+    """Send ``request`` on a socket of its own, read the answer until ``marker`` has come ``count``
+    times, then hang up: a caller breaking a stream off."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(request)
+        received = b""
+        while received.count(marker) < count:
+            received += sock.recv(65536)
+
+
+def wait_healthy(port: int, proc: subprocess.Popen[bytes], log: Path | None = None, seconds: float = 30) -> None:
+    """Return once the gateway process on ``port`` answers ``GET /healthz``; fail (with its log) if it
+    exits or takes longer than ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"gateway on port {port} exited with {proc.returncode}: {log.read_text() if log else ''}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError(f"gateway on port {port} did not start: {log.read_text() if log else ''}")
+
+
 @pytest.fixture(autouse=True)
 def _close_clients(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
@@ -228,3 +273,50 @@ async def pg_admin(url: str, *statements: str) -> None:
             await conn.execute(statement)
     finally:
         await conn.close()
+
+
+_schemas = itertools.count(1)
+
+
+class Postgres:
+    """The session's test database; ``fresh_url()`` gives each test an empty schema of its own."""
+
+    def __init__(self, admin_url: str, database: str) -> None:
+        self.admin_url = admin_url
+        self.database = database
+        self.url = f"{admin_url.rsplit('/', 1)[0]}/{database}"
+
+    def fresh_url(self) -> str:
+        schema = f"t{next(_schemas)}"
+        run_sync(pg_admin(self.url, f"CREATE SCHEMA {schema}"))
+        return f"{self.url}?search_path={schema}"
+
+
+@pytest.fixture(scope="session")
+def pg() -> Iterator[Postgres]:
+    """A throwaway database for the session's PostgreSQL tests (dropped after); they never skip."""
+    import asyncpg
+
+    database = f"router_test_{secrets.token_hex(4)}"
+    try:
+        run_sync(pg_admin(ADMIN_URL, f"CREATE DATABASE {database}"))
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        pytest.fail(
+            f"PostgreSQL is not reachable at {ADMIN_URL} ({type(exc).__name__}: {exc}). "
+            "The PostgreSQL tests need a server there (or its URL in $ROUTER_TEST_POSTGRES); "
+            "they do not skip.",
+            pytrace=False,
+        )
+    try:
+        yield Postgres(ADMIN_URL, database)
+    finally:
+        run_sync(pg_admin(ADMIN_URL, f"DROP DATABASE IF EXISTS {database} WITH (FORCE)"))
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty store of each kind: a SQLite file, a PostgreSQL schema of its own."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/router.db"
+    postgres: Postgres = request.getfixturevalue("pg")
+    return postgres.fresh_url()

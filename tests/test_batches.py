@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any, Literal
 from typing import Final as Const
 
-import asyncpg
 import openai
 import pytest
 from aiohttp import web
@@ -33,7 +32,7 @@ from core.config import JobsSettings, ReliabilitySettings, Settings, StoreSettin
 from emulators.common import serve as serve_emulator
 from emulators.registry import FACTORIES
 from jobs.store import BatchRow, FileRow, Final, JobStore, Line, Outcome, Tokens, open_job_store
-from tests.conftest import ADMIN_URL, Stack, free_port, pg_admin, run_sync
+from tests.conftest import Postgres, Stack, free_port, run_sync
 from tests.test_crash import _cli, _serve
 
 CHAT: Const[Literal["/v1/chat/completions"]] = "/v1/chat/completions"
@@ -271,29 +270,6 @@ def test_uploads_and_creates_that_are_refused(jobs: Stack) -> None:
 
 
 # -- the jobs store, on SQLite and PostgreSQL -------------------------------------------------------------
-@pytest.fixture(scope="session")
-def jobs_pg() -> Iterator[str]:
-    database = f"router_jobs_{secrets.token_hex(4)}"
-    try:
-        run_sync(pg_admin(ADMIN_URL, f"CREATE DATABASE {database}"))
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-        pytest.fail(f"PostgreSQL is not reachable at {ADMIN_URL} ({exc}); these tests do not skip.", pytrace=False)
-    try:
-        yield f"{ADMIN_URL.rsplit('/', 1)[0]}/{database}"
-    finally:
-        run_sync(pg_admin(ADMIN_URL, f"DROP DATABASE IF EXISTS {database} WITH (FORCE)"))
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/router.db"
-    base: str = request.getfixturevalue("jobs_pg")
-    schema = f"s{secrets.token_hex(4)}"
-    run_sync(pg_admin(base, f"CREATE SCHEMA {schema}"))
-    return f"{base}?search_path={schema}"
-
-
 @pytest.fixture
 async def stores(store_url: str, tmp_path: Path) -> AsyncIterator[tuple[Store, JobStore]]:
     billing = open_store(store_url)
@@ -416,11 +392,9 @@ async def test_store_cancel(stores: tuple[Store, JobStore]) -> None:
 
 
 # -- several replicas on one PostgreSQL -------------------------------------------------------------------
-def test_replicas_run_a_job_once_and_take_over(jobs_pg: str, tmp_path: Path) -> None:
-    schema = f"r{secrets.token_hex(4)}"
-    run_sync(pg_admin(jobs_pg, f"CREATE SCHEMA {schema}"))
+def test_replicas_run_a_job_once_and_take_over(pg: Postgres, tmp_path: Path) -> None:
     settings = Settings(
-        store=StoreSettings(url=f"{jobs_pg}?search_path={schema}"),
+        store=StoreSettings(url=pg.fresh_url()),
         reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9),
         jobs=JobsSettings(poll_interval=0.05, concurrency=2, stop_grace=5.0, lease_seconds=2.0),
     )

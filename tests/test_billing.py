@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 
 import openai
@@ -14,7 +13,7 @@ from billing.pricing import cost, worst_case
 from billing.store import UsageRecord
 from core.catalog import NANO, Prices
 from core.wire import ChatRequest, TokenUsage
-from tests.conftest import Stack
+from tests.conftest import Stack, break_off, http_post
 
 
 def test_cost_of_each_price_kind() -> None:
@@ -107,13 +106,7 @@ def test_stream_broken_off_by_the_client_is_billed(stack: Stack) -> None:
     key = stack.key(group=group)
     body = json.dumps({"model": "openai/gpt-4o-mini", "stream": True, "max_tokens": 400,
                        "messages": [{"role": "user", "content": "long [tokens:300] [delay:20]"}]}).encode()  # fmt: skip
-    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
-    with socket.create_connection(("127.0.0.1", stack.port)) as sock:
-        sock.sendall(head + body)
-        received = b""
-        while received.count(b"data: ") < 12:
-            received += sock.recv(65536)
+    break_off(stack.port, http_post(key, body), b"data: ", 12)
     [record] = _wait_records(stack, group, 1)
     assert record.status == "interrupted" and not record.usage_exact
     assert 10 <= record.completion_tokens < 300  # what was generated, not the whole answer
@@ -128,14 +121,7 @@ TOOLS = [{"type": "function", "function": {"name": f"lookup_{n}", "description":
 
 
 def _break_off(stack: Stack, key: str, call: dict[str, object], events: int = 12) -> None:
-    body = json.dumps({**call, "stream": True}).encode()
-    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
-    with socket.create_connection(("127.0.0.1", stack.port)) as sock:
-        sock.sendall(head + body)
-        received = b""
-        while received.count(b"data: ") < events:
-            received += sock.recv(65536)
+    break_off(stack.port, http_post(key, json.dumps({**call, "stream": True}).encode()), b"data: ", events)
 
 
 @pytest.mark.parametrize("model", ["anthropic/claude-haiku-4-5", "openai/gpt-4o-mini", "mistral/mistral-small-latest"])

@@ -8,15 +8,9 @@ import json
 import openai
 import pytest
 
-from tests.conftest import Stack
+from tests.conftest import ONE_PER_PROVIDER, Stack
 
-MODELS = [
-    "openai/gpt-4o-mini",
-    "anthropic/claude-haiku-4-5",
-    "google/gemini-2.5-flash",
-    "upstage/solar-mini",
-    "mistral/mistral-small-latest",
-]
+MODELS = ONE_PER_PROVIDER
 IMAGE_MODELS = {"openai/gpt-5-mini", "anthropic/claude-haiku-4-5", "google/gemini-2.5-flash", "mistral/mistral-small-latest"}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]  # fmt: skip

@@ -13,7 +13,7 @@ from typing import Any
 
 import openai
 
-from tests.conftest import Stack, free_port
+from tests.conftest import Stack, free_port, http_post
 
 
 def _cli(config: Path, *args: str) -> str:
@@ -69,10 +69,9 @@ def test_killed_mid_stream_then_restart_reconciles(stack: Stack, tmp_path: Path)
     try:
         body = (b'{"model":"openai/gpt-4o-mini","stream":true,"max_tokens":500,'
                 b'"messages":[{"role":"user","content":"slow [tokens:100] [delay:100]"}]}')  # fmt: skip
-        head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
-                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
+        request = http_post(key, body)
         with socket.create_connection(("127.0.0.1", port)) as sock:
-            sock.sendall(head + body)
+            sock.sendall(request)
             received = b""
             while received.count(b"data: ") < 3:
                 received += sock.recv(65536)

@@ -5,17 +5,14 @@ from __future__ import annotations
 import socket
 import time
 
-from tests.conftest import Stack
+from tests.conftest import Stack, http_post
 
 
 def test_disconnect_stops_the_upstream(stack: Stack) -> None:
     key = stack.key()
     body = (b'{"model":"openai/gpt-4o-mini","stream":true,'
             b'"messages":[{"role":"user","content":"long [tokens:200] [delay:50]"}]}')  # fmt: skip
-    request = (
-        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-    ).encode() + body
+    request = http_post(key, body)
     emulator = stack.emulator("openai")
     before = len(emulator.streams)
     sock = socket.create_connection(("127.0.0.1", stack.port))

@@ -9,7 +9,6 @@ database ``router_test_<random>`` (one schema per test in it) and drops it at th
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import os
 import secrets
@@ -17,8 +16,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
-import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -31,52 +28,16 @@ from billing.postgres import MIGRATIONS, PostgresStore, migrate
 from billing.postgres_ledger import usable
 from billing.store import Refusal, Reservation, Store, StoreError, UsageRecord, open_store
 from emulators.registry import Running, start_emulators, stop_emulators
-from tests.conftest import ADMIN_URL, Stack, free_port, pg_admin, run_sync
+from tests.conftest import Postgres, Stack, free_port, wait_healthy
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "openai/gpt-4o-mini"
-_schemas = itertools.count(1)
 
 
-class Postgres:
-    """The session's test database; ``fresh_url()`` gives each test an empty schema of its own."""
-
-    def __init__(self, admin_url: str, database: str) -> None:
-        self.admin_url = admin_url
-        self.database = database
-        self.url = f"{admin_url.rsplit('/', 1)[0]}/{database}"
-
-    def fresh_url(self) -> str:
-        schema = f"t{next(_schemas)}"
-        run_sync(pg_admin(self.url, f"CREATE SCHEMA {schema}"))
-        return f"{self.url}?search_path={schema}"
-
-
-@pytest.fixture(scope="session")
-def pg() -> Iterator[Postgres]:
-    database = f"router_test_{secrets.token_hex(4)}"
-    try:
-        run_sync(pg_admin(ADMIN_URL, f"CREATE DATABASE {database}"))
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-        pytest.fail(
-            f"PostgreSQL is not reachable at {ADMIN_URL} ({type(exc).__name__}: {exc}). "
-            "tests/test_postgres.py needs a server there (or its URL in $ROUTER_TEST_POSTGRES); "
-            "it does not skip.",
-            pytrace=False,
-        )
-    try:
-        yield Postgres(ADMIN_URL, database)
-    finally:
-        run_sync(pg_admin(ADMIN_URL, f"DROP DATABASE IF EXISTS {database} WITH (FORCE)"))
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/router.db"
-    postgres: Postgres = request.getfixturevalue("pg")
-    return postgres.fresh_url()
+@pytest.fixture
+def url(store_url: str) -> str:
+    return store_url
 
 
 @pytest.fixture
@@ -543,17 +504,8 @@ class Cluster:
         proc = subprocess.Popen(command, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         self.procs.append(proc)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise AssertionError(f"gateway exited: {(self.tmp / f'gateway-{port}.log').read_text()}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as resp:
-                    if resp.status == 200:
-                        return proc, f"http://127.0.0.1:{port}/v1"
-            except OSError:
-                time.sleep(0.05)
-        raise AssertionError(f"gateway did not start: {(self.tmp / f'gateway-{port}.log').read_text()}")
+        wait_healthy(port, proc, self.tmp / f"gateway-{port}.log")
+        return proc, f"http://127.0.0.1:{port}/v1"
 
     def stop_all(self) -> None:
         for proc in self.procs:

@@ -10,7 +10,6 @@ import secrets
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -27,7 +26,7 @@ from core.errors import RateLimited
 from gateway.ratelimit import NEVER, Bucket, duration, gcra
 from gateway.ratelimit_memory import MemoryBackend
 from gateway.ratelimit_redis import RedisBackend
-from tests.conftest import ADMIN_URL, Stack, free_port, pg_admin, run_sync
+from tests.conftest import ADMIN_URL, Stack, free_port, pg_admin, run_sync, wait_healthy
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 ROOT = Path(__file__).resolve().parent.parent
@@ -363,20 +362,6 @@ def _router(config: Path, *args: str) -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
-def _wait_ready(port: int, proc: subprocess.Popen[bytes], seconds: float = 30) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"gateway on port {port} exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            time.sleep(0.1)
-    raise RuntimeError(f"gateway on port {port} did not start")
-
-
 def _chat(port: int, key: str, text: str) -> tuple[int, dict[str, str]]:
     body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": text}]}).encode()
     request = urllib.request.Request(
@@ -445,7 +430,7 @@ def test_two_gateways_share_one_allowance_through_redis(tmp_path: Path, redis_pr
                 )
             )
         for port, proc in zip(ports, procs, strict=True):
-            _wait_ready(port, proc)
+            wait_healthy(port, proc)
         marker = f"shared-{secrets.token_hex(4)}"
         results = [_chat(ports[n % 2], key, f"{marker} {n}") for n in range(7)]
         statuses = [status for status, _ in results]

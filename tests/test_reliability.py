@@ -14,7 +14,7 @@ import pytest
 from core.catalog import NANO
 from core.config import ReliabilitySettings, ResolvedProvider, Settings, StoreSettings
 from gateway.reliability import PASS, REFUSED, Breaker, Breakers, backoff
-from tests.conftest import Stack, free_port, raw_request
+from tests.conftest import Stack, free_port, http_post, raw_request
 
 EXTRA = """
 [[models]]
@@ -167,10 +167,9 @@ def test_keepalive_comments_while_a_stream_waits(rstack: Stack) -> None:
     key = rstack.key()
     body = json.dumps({"model": "mistral/mistral-small-latest", "stream": True,
                        "messages": [{"role": "user", "content": "wait [slow:450] [tokens:2]"}]}).encode()  # fmt: skip
-    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()  # fmt: skip
+    request = http_post(key, body, close=True)
     with socket.create_connection(("127.0.0.1", rstack.port)) as sock:
-        sock.sendall(head + body)
+        sock.sendall(request)
         received = b""
         while True:
             piece = sock.recv(65536)
@@ -188,11 +187,10 @@ def _raw_stream(rstack: Stack, key: str, content: str, stop_after: bytes | None 
     up to that text, and then the socket is closed)."""
     body = json.dumps({"model": "mistral/mistral-small-latest", "stream": True,
                        "messages": [{"role": "user", "content": content}]}).encode()  # fmt: skip
-    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()  # fmt: skip
+    request = http_post(key, body, close=True)
     received = b""
     with socket.create_connection(("127.0.0.1", rstack.port)) as sock:
-        sock.sendall(head + body)
+        sock.sendall(request)
         while stop_after is None or stop_after not in received:
             piece = sock.recv(65536)
             if not piece:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import json
-import socket
 import struct
 import time
 import zlib
@@ -23,15 +22,9 @@ from core.sse import Event
 from core.wire import TokenUsage
 from gateway.responses_events import EventSynth
 from gateway.responses_translate import shell, to_chat
-from tests.conftest import Stack, raw_request
+from tests.conftest import ONE_PER_PROVIDER, Stack, break_off, http_post, raw_request
 
-MODELS = [
-    "openai/gpt-4o-mini",
-    "anthropic/claude-haiku-4-5",
-    "google/gemini-2.5-flash",
-    "upstage/solar-mini",
-    "mistral/mistral-small-latest",
-]
+MODELS = ONE_PER_PROVIDER
 TRANSLATED = MODELS[1:]
 TOOLS = [
     {
@@ -316,15 +309,7 @@ def test_client_disconnect_mid_stream_is_billed(stack: Stack, model: str) -> Non
     group = stack.group(1)
     key = stack.key(group=group)
     body = json.dumps({"model": model, "stream": True, "input": "long [tokens:300] [delay:20]"}).encode()
-    head = (
-        f"POST /v1/responses HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-    ).encode()
-    with socket.create_connection(("127.0.0.1", stack.port)) as sock:
-        sock.sendall(head + body)
-        received = b""
-        while received.count(b"response.output_text.delta\ndata: ") < 10:
-            received += sock.recv(65536)
+    break_off(stack.port, http_post(key, body, "/v1/responses"), b"response.output_text.delta\ndata: ", 10)
     [record] = _records(stack, group, 1)
     assert record.status == "interrupted" and not record.usage_exact and record.endpoint == "responses"
     assert 8 <= record.completion_tokens < 300 and record.prompt_tokens > 0 and record.credits > 0

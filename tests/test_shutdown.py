@@ -8,17 +8,16 @@ import threading
 import time
 from pathlib import Path
 
-from tests.conftest import Stack, free_port
+from tests.conftest import Stack, free_port, http_post
 from tests.test_crash import _cli, _config_with_key, _serve
 
 
 def _stream(port: int, key: str, out: list[bytes], started: threading.Event) -> None:
     body = (b'{"model":"openai/gpt-4o-mini","stream":true,'
             b'"messages":[{"role":"user","content":"drain me [tokens:20] [delay:80]"}]}')  # fmt: skip
-    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()  # fmt: skip
+    request = http_post(key, body, close=True)
     with socket.create_connection(("127.0.0.1", port)) as sock:
-        sock.sendall(head + body)
+        sock.sendall(request)
         sock.settimeout(20)
         data = b""
         while piece := sock.recv(65536):

@@ -165,16 +165,22 @@ def parse(provider: str, call: Call, body: bytes) -> tuple[dict[str, Any], Token
     return out, usage
 
 
+def with_parts(out: dict[str, Any], parts: Parts) -> dict[str, Any]:
+    """``out`` (a message or a delta) with a candidate's reasoning, tool calls and images, if any."""
+    if parts.thoughts:
+        out[REASONING] = parts.thoughts
+    if parts.calls:
+        out["tool_calls"] = parts.calls
+    if parts.images:
+        out["images"] = parts.images
+    return out
+
+
 def _choice(candidate: dict[str, Any], position: int) -> dict[str, Any]:
-    text, thoughts, calls, images = read_parts(candidate.get("content"))
-    message: dict[str, Any] = {"role": "assistant", "content": None if calls and not text else text}
-    if thoughts:
-        message[REASONING] = thoughts
-    if calls:
-        message["tool_calls"] = calls
-    if images:
-        message["images"] = images
-    reason = finish_reason(str(candidate.get("finishReason") or "STOP"), bool(calls))
+    parts = read_parts(candidate.get("content"))
+    content = None if parts.calls and not parts.text else parts.text
+    message = with_parts({"role": "assistant", "content": content}, parts)
+    reason = finish_reason(str(candidate.get("finishReason") or "STOP"), bool(parts.calls))
     return {
         "index": candidate.get("index", position),
         "message": message,

@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from adapters.base import REASONING, StreamTranslator, UpstreamStreamError
+from adapters.base import StreamTranslator, UpstreamStreamError
 from adapters.gemini.response import (
     blocked,
     error_of,
@@ -18,6 +18,7 @@ from adapters.gemini.response import (
     finish_reason,
     read_parts,
     usage_from_gemini,
+    with_parts,
 )
 from core.sse import Event
 
@@ -67,20 +68,13 @@ class GeminiStream(StreamTranslator):
         index = candidate.get("index", position)
         if index in self.done:
             return None
-        text, thoughts, calls, images = read_parts(candidate.get("content"))
-        delta: dict[str, Any] = {}
-        if thoughts:
-            delta[REASONING] = thoughts
-        if text:
-            delta["content"] = text
-        if images:
-            delta["images"] = images
-        if calls:
+        parts = read_parts(candidate.get("content"))
+        if parts.calls:
             first = self.calls.get(index, 0)
-            for offset, tool_call in enumerate(calls):
+            for offset, tool_call in enumerate(parts.calls):
                 tool_call["index"] = first + offset
-            self.calls[index] = first + len(calls)
-            delta["tool_calls"] = calls
+            self.calls[index] = first + len(parts.calls)
+        delta = with_parts({"content": parts.text} if parts.text else {}, parts)
         reason = candidate.get("finishReason")
         finish = None
         if reason:
