@@ -235,6 +235,10 @@ BAD_LINES: list[tuple[str, list[Any], int, str]] = [
     ("no messages", [{"custom_id": "a", "method": "POST", "url": CHAT, "body": {"model": MIXED[0]}}], 1,
      "missing_required_parameter"),
     ("stream", [request("a", MIXED[0], "hi", stream=True)], 1, "invalid_value"),
+    ("nested too deeply", [request("a", MIXED[0], "hi"), '{"custom_id": "b", "body": ' + "[" * 5000 + "]" * 5000 + "}"], 2,
+     "invalid_json_line"),  # it crashed the validation (RecursionError): the batch never left validating
+    ("nested deeply", [{"custom_id": "a", "method": "POST", "url": CHAT, "body": {"model": MIXED[0], "messages": [
+        {"role": "user", "content": "hi"}], "metadata": json.loads("[" * 500 + "]" * 500)}}], 1, "invalid_json_line"),
 ]  # fmt: skip
 
 
