@@ -101,7 +101,7 @@ def principal_row(row: Any) -> Principal | None:
 
 @dataclass(slots=True)
 class UsageRecord:
-    """One call, as design §6 lists it. ``credits`` is what was charged, in nano-credits."""
+    """One call, as the README lists it ("Usage records"). ``credits`` is what was charged, in nano-credits."""
 
     key_id: int
     group_id: int
