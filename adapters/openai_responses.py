@@ -2,7 +2,8 @@
 
     build_request(provider, body, upstream_model)  -> UpstreamRequest to ``POST {base_url}/responses``
     parse_response(body, model_id, provider)       -> (Response dict with the caller's model id, usage)
-    ResponsesRelay.feed(SSE event)                 -> the caller's SSE frames (``event:`` + ``data:``)
+    ResponsesRelay.feed(SSE event)                 -> the caller's SSE frames (``event:`` + ``data:``); the
+                                                      terminal event is held back as ``terminal`` (a dict)
 
 The body goes upstream as the caller wrote it, with ``model`` set to the upstream name; what comes back
 carries the caller's model id again (in the response object and in every event that carries one).
@@ -104,9 +105,11 @@ def _error_message(data: dict[str, Any]) -> str:
 
 class ResponsesRelay:
     """One upstream Responses event stream → the caller's frames. After the stream: ``finished`` (a
-    terminal event came), ``usage`` (from it), ``error`` (what went wrong upstream, if anything)."""
+    terminal event came), ``terminal`` (that event, not framed: its owner frames it), ``usage`` (from
+    it), ``error`` (what went wrong upstream, if anything)."""
 
-    __slots__ = ("error", "finished", "generated", "model_id", "provider", "sequence", "snapshot", "usage")
+    __slots__ = ("error", "finished", "generated", "model_id", "provider", "sequence", "snapshot", "terminal",
+                 "usage")  # fmt: skip
 
     def __init__(self, model_id: str, provider: str) -> None:
         self.model_id = model_id
@@ -116,6 +119,7 @@ class ResponsesRelay:
         self.error: str | None = None
         self.sequence = -1
         self.snapshot: dict[str, Any] | None = None  # the last response object seen
+        self.terminal: dict[str, Any] | None = None
         self.generated: list[str] = []
 
     def feed(self, event: Event) -> list[bytes]:
@@ -148,10 +152,13 @@ class ResponsesRelay:
             if kind == "response.failed":
                 error = response.get("error")
                 self.error = str(error.get("message")) if isinstance(error, dict) else "the response failed"
+            data["type"] = kind
+            self.terminal = data
+            return []
         return [frame_event(kind, _encode(data))]
 
-    def fail(self, message: str) -> bytes:
-        """The terminal ``response.failed`` frame for a stream the upstream did not end properly."""
+    def fail(self, message: str) -> dict[str, Any]:
+        """The terminal ``response.failed`` event for a stream the upstream did not end properly."""
         response = dict(
             self.snapshot
             or {
@@ -168,7 +175,8 @@ class ResponsesRelay:
         self.sequence += 1
         self.finished = True
         event = {"type": "response.failed", "sequence_number": self.sequence, "response": response}
-        return frame_event("response.failed", _encode(event))
+        self.terminal = event
+        return event
 
     def generated_text(self) -> str:
         return "".join(self.generated)

@@ -152,7 +152,7 @@ def duration(seconds: float) -> str:
 
 
 class RateLimiter:
-    """The admission check of :class:`gateway.pipeline.ChatPipeline` (limits, then the reservation: docs/architecture.md, the path of one call)."""
+    """The admission check of :class:`gateway.pipeline.Pipeline` (limits, then the reservation: docs/architecture.md, the path of one call)."""
 
     def __init__(self, settings: LimitsSettings, backend: Backend | None = None) -> None:
         self.settings = settings

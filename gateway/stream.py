@@ -1,4 +1,5 @@
-"""The stream path: upstream SSE bytes → adapter chunks → one normalised OpenAI chunk stream.
+"""The chat stream: upstream SSE bytes → adapter chunks → one normalised OpenAI chunk stream (the
+chat codec's :class:`~gateway.codec.Reader`, relayed by :mod:`gateway.relay`).
 
 Whatever the provider, the caller sees: a first chunk with ``delta.role``, text (and tool-call, and
 ``reasoning_content``) chunks, exactly one chunk per choice whose ``finish_reason`` is set and whose
@@ -8,28 +9,24 @@ id the caller sent. An upstream failure after the first byte becomes one ``data:
 event followed by ``data: [DONE]``.
 
 The common chunk of an OpenAI-protocol upstream (one choice, text only) is already in that shape: for
-the chat endpoint (``chunks(..., raw=True)``) it is passed through as bytes with only its head (id,
+the chat endpoint (``ChatReader(..., raw=True)``) it is passed through as bytes with only its head (id,
 object, created, model) swapped for ours and its ``usage`` key kept or dropped as the caller asked
 (:meth:`Shaper.pass_through`); any other chunk goes through the translator and :meth:`Shaper.shape`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import msgspec
 
-from adapters.base import Call, StreamTranslator, upstream_request_id
-from billing.ledger import Meter
-from core.errors import GatewayError, UpstreamError
-from core.sse import DONE, SSEDecoder, frame
-from core.types import CallStatus
+from adapters.base import Call, StreamTranslator
+from core.errors import GatewayError
+from core.sse import DONE, SSEDecoder
 from core.wire import TokenUsage
+from gateway.codec import Reader
+from gateway.relay import LastBatch
 
 _encode = msgspec.json.Encoder().encode
 
@@ -61,6 +58,8 @@ class _Plain(msgspec.Struct):
 _decode_plain = msgspec.json.Decoder(_Plain).decode
 _FINISH = frozenset({"stop", "length", "tool_calls", "content_filter", "function_call"})
 _NO_USAGE = b',"usage":null}'
+_CUT = -len(_NO_USAGE)
+_FIRST, _BETWEEN, _LAST = b"data: ", b"\n\ndata: ", b"\n\n"  # SSE frames of several data events
 
 
 def _chunk_head(completion_id: str, created: int, model: str) -> bytes:
@@ -69,27 +68,11 @@ def _chunk_head(completion_id: str, created: int, model: str) -> bytes:
         _encode(completion_id), created, _encode(model))
 
 
-@dataclass(slots=True)
-class StreamEnd:
-    """How a stream ended, for its usage record."""
-
-    status: CallStatus = "ok"
-    first_token_at: float | None = None
-    error: str | None = None
-
-    async def settle(self, meter: Meter, usage: TokenUsage | None, generated: str, response: aiohttp.ClientResponse,
-                     prompt_usage: TokenUsage | None = None) -> None:  # fmt: skip
-        """Settle the stream's call (a no-op once it is settled): ``usage`` if the upstream said it,
-        else an estimate from what was ``generated`` (and the prompt's counts, if told early)."""
-        await meter.finish(usage, self.status, generated=generated, error=self.error,
-                           first_token_at=self.first_token_at, upstream_id=upstream_request_id(response.headers),
-                           prompt_usage=prompt_usage)  # fmt: skip
-
-
 class Shaper:
     """Normalises adapter chunks into the order and shape the caller is promised."""
 
-    __slots__ = ("call", "completion_id", "created", "finished", "role_sent", "text_parts", "_head", "_upstream")
+    __slots__ = ("call", "completion_id", "created", "finished", "role_sent", "text_parts", "_head", "_upstream",
+                 "_usage")  # fmt: skip
 
     def __init__(self, call: Call, completion_id: str, created: int) -> None:
         self.call = call
@@ -100,6 +83,7 @@ class Shaper:
         self.text_parts: list[str] = []  # kept for estimating usage when the upstream never says
         self._head = _chunk_head(completion_id, created, call.model_id)
         self._upstream: tuple[Any, bytes] = (None, b"")  # (id, created, model) of the last chunk, its head
+        self._usage = call.include_usage
 
     def pass_through(self, data: bytes) -> bytes | None:
         """The upstream OpenAI chunk ``data`` as the caller's chunk (JSON bytes), if it is already in
@@ -124,16 +108,17 @@ class Shaper:
                 return None
             self._upstream = (key, _chunk_head(chunk.id, chunk.created, chunk.model))
         head = self._upstream[1]
+        n = len(head)
         # fields between model and choices (_stamp moves them after choices), or no finish_reason
         # key (the general path adds it): not as promised
-        if not data.startswith(head) or not data.startswith(b',"choices":', len(head)) or b'"finish_reason"' not in data:
+        if not data.startswith(head) or not data.startswith(b',"choices":', n) or b'"finish_reason"' not in data:
             return None
         if data.endswith(_NO_USAGE):  # usage last (where _stamp puts it), and null
-            body = data[len(head) :] if self.call.include_usage else data[len(head) : -len(_NO_USAGE)] + b"}"
+            body = data[n:] if self._usage else data[n:_CUT] + b"}"
         elif b'"usage"' in data:
             return None
         else:
-            body = data[len(head) : -1] + _NO_USAGE if self.call.include_usage else data[len(head) :]
+            body = data[n:-1] + _NO_USAGE if self._usage else data[n:]
         self.role_sent.add(index)
         if reason is not None:
             self.finished.add(index)
@@ -214,95 +199,61 @@ class Shaper:
         }
 
 
-class LastBatch(list):
-    """The last batch of :func:`chunks` (nothing follows it)."""
-
-
 def error_chunk(exc: GatewayError) -> dict[str, Any]:
     return {"error": {"message": exc.message, "type": exc.type, "param": None, "code": exc.code}}
 
 
-async def chunks(
-    call: Call,
-    translator: StreamTranslator,
-    response: aiohttp.ClientResponse,
-    shaper: Shaper,
-    meter: Meter,
-    raw: bool = False,
-) -> AsyncGenerator[list[Any], None]:
-    """The caller's chunks, a batch per upstream network read. The last batch (a :class:`LastBatch`,
-    with what the last read brought) ends with the usage chunk (if asked) or an ``{"error": ...}``
-    chunk. The call is settled exactly once, however the stream ends: before the last batch when it
-    ends normally, in ``finally`` when the consumer went away. A chunk is a dict, or with ``raw`` (the
-    consumer only encodes them) possibly the ``bytes`` of its JSON (:meth:`Shaper.pass_through`)."""
-    decoder = SSEDecoder()
-    out: list[Any] = []
-    outcome = StreamEnd()
-    fast = raw and translator.passthrough
-    try:
-        try:
-            async for data in response.content.iter_any():
-                for event in decoder.feed(data):
-                    if fast:
-                        piece = shaper.pass_through(event.data)
-                        if piece is not None:
-                            out.append(piece)
-                            continue
-                    for chunk in translator.feed(event):
-                        shaper.shape(chunk, out)
-                if out and outcome.first_token_at is None:
-                    outcome.first_token_at = time.monotonic()
-                if translator.finished:
-                    break  # what this read brought goes out with the end of the stream, in one piece
-                if out:
-                    yield out
-                    out = []
-            else:
-                for event in decoder.close():
-                    for chunk in translator.feed(event):
-                        shaper.shape(chunk, out)
-            if not shaper.finished:
-                raise UpstreamError(
-                    f"The provider '{call.model.provider}' ended the stream before the answer was complete."
-                )
-        except GatewayError as exc:
-            outcome.status, outcome.error = "error", exc.message
-            out.append(error_chunk(exc))
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            try:  # what the upstream sent before it failed is still the caller's (and billed)
-                for event in decoder.feed(_unread(response)):
-                    for chunk in translator.feed(event):
-                        shaper.shape(chunk, out)
-            except GatewayError:
-                pass
-            outcome.status = "error"
-            outcome.error = f"connection to provider lost: {type(exc).__name__}"
-            out.append(error_chunk(UpstreamError(f"The connection to the provider '{call.model.provider}' was lost mid-stream.")))
-        if outcome.status == "ok" and call.include_usage and translator.usage is not None:
+class ChatReader(Reader):
+    """An upstream stream (any adapter's translator) → the caller's chat chunks, in the promised
+    order (:class:`Shaper`). ``raw``: the consumer only encodes them, so a plain OpenAI chunk may be
+    passed on as the ``bytes`` of its JSON (:meth:`Shaper.pass_through`)."""
+
+    __slots__ = ("call", "translator", "shaper", "decoder", "fast")
+
+    def __init__(self, call: Call, translator: StreamTranslator, shaper: Shaper, raw: bool) -> None:
+        self.call = call
+        self.translator = translator
+        self.shaper = shaper
+        self.decoder = SSEDecoder()
+        self.fast = raw and translator.passthrough
+
+    def feed(self, data: bytes, out: list[Any]) -> None:
+        shaper, translator, fast = self.shaper, self.translator, self.fast
+        for event in self.decoder.feed(data):
+            if fast:
+                piece = shaper.pass_through(event.data)
+                if piece is not None:
+                    out.append(piece)
+                    continue
+            for chunk in translator.feed(event):
+                shaper.shape(chunk, out)
+        self.finished = translator.finished
+
+    def close(self, out: list[Any]) -> None:
+        for event in self.decoder.close():
+            for chunk in self.translator.feed(event):
+                self.shaper.shape(chunk, out)
+        self.finished = self.translator.finished
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.shaper.finished)  # a finish chunk came (the upstream may end without [DONE])
+
+    def reported(self) -> tuple[TokenUsage | None, TokenUsage | None]:
+        return self.translator.usage, self.translator.prompt_usage
+
+    def end(self) -> list[Any]:
+        translator = self.translator
+        if self.call.include_usage and translator.usage is not None:
             usage = translator.usage_raw if translator.usage_raw is not None else translator.usage.openai()
-            out.append(shaper.usage_chunk(usage))
-        await outcome.settle(meter, translator.usage, shaper.generated(), response, translator.prompt_usage)
-        yield LastBatch(out)
-    except (GeneratorExit, asyncio.CancelledError):
-        outcome.status = "interrupted"
-        raise
-    finally:
-        if not translator.finished or outcome.status != "ok":
-            response.close()  # drop the connection: the rest of the upstream stream is not read
-        else:
-            response.release()
-        await outcome.settle(meter, translator.usage, shaper.generated(), response, translator.prompt_usage)
+            return [self.shaper.usage_chunk(usage)]
+        return []
 
+    def fail(self, exc: GatewayError) -> list[Any]:
+        return [error_chunk(exc)]
 
-def _unread(response: aiohttp.ClientResponse) -> bytes:
-    """Bytes aiohttp received but will not hand out once the connection failed (its ``readany``
-    raises the failure before looking at its buffer)."""
-    buffer = getattr(response.content, "_buffer", None)
-    if not buffer:
-        return b""
-    data = b"".join(buffer)
-    buffer.clear()
-    return data
+    def generated(self) -> str:
+        return self.shaper.generated()
 
 
 async def sse(batches: AsyncGenerator[list[Any], None]) -> AsyncGenerator[bytes, None]:
@@ -310,7 +261,8 @@ async def sse(batches: AsyncGenerator[list[Any], None]) -> AsyncGenerator[bytes,
     ``data: [DONE]``."""
     try:
         async for batch in batches:
-            data = b"".join([frame(c if c.__class__ is bytes else _encode(c)) for c in batch])
+            # b"data: " + chunk + b"\n\n" per chunk, in one join
+            data = _FIRST + _BETWEEN.join([c if c.__class__ is bytes else _encode(c) for c in batch]) + _LAST if batch else b""
             if isinstance(batch, LastBatch):
                 yield data + DONE  # the last batch and the end in one write
                 return

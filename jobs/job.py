@@ -22,7 +22,7 @@ from billing.store import Principal
 from core.types import Endpoint
 from core.wire import ChatRequest
 from gateway.context import CallContext
-from gateway.pipeline import ChatPipeline
+from gateway.pipeline import Pipeline
 from gateway.reliability import backoff
 from jobs.calls import call_app, error_line, output_line, request_id
 from jobs.store import BatchRow, FileRow, Final, Line, Outcome, new_file_id
@@ -117,7 +117,7 @@ class Job:
 
     def model_check(self, principal: Principal) -> Check:
         """The checks a call makes before it reserves: model, endpoint, images, output ceiling, allow-list."""
-        pipeline = ChatPipeline(self.runner.gw)
+        pipeline = Pipeline(self.runner.gw)
 
         def check(request: ChatRequest, kind: Endpoint) -> None:
             pipeline.check(principal, request, kind)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Awaitable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -16,8 +16,9 @@ from core.inputs import natural
 from core.sse import DONE, frame
 from core.types import Endpoint
 from core.wire import parse_chat_request
+from gateway.chat_codec import ChatCodec
 from gateway.context import CONTEXT, CallContext
-from gateway.pipeline import ChatPipeline, Started
+from gateway.pipeline import Pipeline, Started
 from gateway.state import Gateway
 from gateway.stream import error_chunk, sse
 from router.logs import Trace, trace_of
@@ -98,42 +99,50 @@ async def begin_call(gw: Gateway, request: Request, endpoint: Endpoint) -> tuple
     return context, trace, body
 
 
+Encoder = Callable[[AsyncGenerator[list[Any], None]], AsyncGenerator[bytes, None]]
+
+
+async def streamed(pipeline: Pipeline, start: Awaitable[Started], trace: Trace,
+                   encode: Encoder) -> AsyncGenerator[Any, None]:  # fmt: skip
+    """The body of a :class:`LateSSE` for any endpoint: first the headers for the response start
+    (once the upstream answered), then the stream's bytes (``encode`` of the relayed pieces).
+    Whatever ends it, a call that started is let go of (settled)."""
+    started = await start
+    trace.provider = started.model.provider  # for the access log
+    try:
+        yield started.rate_headers or []
+        inner = encode(pipeline.relay(started))
+        try:
+            async for piece in inner:
+                yield piece
+        finally:
+            await inner.aclose()
+    finally:
+        await pipeline.abandon(started)  # (nothing to do if the stream was settled)
+
+
 class ChatCompletions:
     def __init__(self, gateway: Gateway) -> None:
         self.gw = gateway
-        self.pipeline = ChatPipeline(gateway)
+        self.pipeline = Pipeline(gateway)
 
     async def handle(self, request: Request) -> Response:
         gw = self.gw
         context, trace, body = await begin_call(gw, request, "chat")
         raw, req = parse_chat_request(body)
         trace.model = req.model
-        start = self.pipeline.start(context, raw, req, len(body))
-        if not req.stream:
+        codec = ChatCodec(raw, req, len(body), raw_chunks=True)
+        start = self.pipeline.start(context, codec)
+        if not codec.stream:
             started = await start
-            trace.provider = started.call.model.provider
-            return JSONBytes(_encode(await self.pipeline.complete(started)), extra=started.rate_headers)
+            trace.provider = started.model.provider
+            answer = await self.pipeline.complete(started)
+            return JSONBytes(_encode(answer.body), extra=started.rate_headers)
         # A stream whose upstream is slow to answer (retries, fallbacks, a slow first byte) starts at
         # once with SSE keep-alive comments; until then an error is still a plain HTTP error.
-        return LateSSE(self._stream(start, trace), gw.settings.reliability.stream_keepalive, _error_events)
-
-    async def _stream(self, start: Awaitable[Started], trace: Trace) -> AsyncGenerator[Any, None]:
-        """The SSE body: first the headers for the response start (once the upstream answered), then
-        the chunks' bytes. Whatever ends it, a call that started is let go of (settled)."""
-        started = await start
-        trace.provider = started.call.model.provider  # for the access log
-        try:
-            yield started.rate_headers or []
-            inner = sse(self.pipeline.chunks(started, raw=True))
-            try:
-                async for piece in inner:
-                    yield piece
-            finally:
-                await inner.aclose()
-        finally:
-            await self.pipeline.abandon(started)  # (nothing to do if the stream was settled)
+        stream = streamed(self.pipeline, start, trace, sse)
+        return LateSSE(stream, gw.settings.reliability.stream_keepalive, _error_events)
 
 
 def _error_events(exc: GatewayError) -> bytes:
     return frame(_encode(error_chunk(exc))) + DONE
-

@@ -182,12 +182,15 @@ def test_keepalive_comments_while_a_stream_waits(rstack: Stack) -> None:
     assert "data: [DONE]" in text
 
 
-def _raw_stream(rstack: Stack, key: str, content: str, stop_after: bytes | None = None) -> str:
-    """POST a streamed chat call over a plain socket; everything received (or, with ``stop_after``,
-    up to that text, and then the socket is closed)."""
-    body = json.dumps({"model": "mistral/mistral-small-latest", "stream": True,
-                       "messages": [{"role": "user", "content": content}]}).encode()  # fmt: skip
-    request = http_post(key, body, close=True)
+def _raw_stream(rstack: Stack, key: str, content: str, stop_after: bytes | None = None, *,
+                model: str = "mistral/mistral-small-latest", path: str = "/v1/chat/completions") -> str:  # fmt: skip
+    """POST a streamed call over a plain socket (chat; ``path="/v1/responses"``: ``content`` is the
+    input); everything received (or, with ``stop_after``, up to that text, and then the socket is closed)."""
+    if path == "/v1/responses":
+        body = json.dumps({"model": model, "stream": True, "input": content}).encode()
+    else:
+        body = json.dumps({"model": model, "stream": True, "messages": [{"role": "user", "content": content}]}).encode()
+    request = http_post(key, body, path, close=True)
     received = b""
     with socket.create_connection(("127.0.0.1", rstack.port)) as sock:
         sock.sendall(request)
@@ -327,3 +330,62 @@ def test_an_upstream_out_of_credit_falls_back(rstack: Stack) -> None:
                                                   extra_body={"models": ["mistral/mistral-small-latest"]})  # fmt: skip
     assert out.model == "mistral/mistral-small-latest"
     assert _requests_with(rstack, "openai", text) == 1
+
+
+# -- /v1/responses goes through the same lifecycle: breaker, fallbacks, keep-alives ---------------------
+
+PATH = "/v1/responses"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_native_responses_fall_back_to_a_translated_model(rstack: Stack, stream: bool) -> None:
+    """An openai/* call (native pass-through) whose upstream is down falls back to the request's
+    ``models`` list, here a Claude model (translated): the caller gets a Responses answer either way,
+    billed at the model that served."""
+    _dead(rstack, "openai")
+    group = rstack.group(10)
+    client = rstack.client(rstack.key(group=group))
+    extra = {"models": ["anthropic/claude-haiku-4-5"]}
+    if stream:
+        with client.responses.stream(model="openai/gpt-4o-mini", input="hi [tokens:3]", extra_body=extra) as events:
+            out = events.get_final_response()
+    else:
+        out = client.responses.create(model="openai/gpt-4o-mini", input="hi [tokens:3]", extra_body=extra)
+    assert out.status == "completed" and out.model == "anthropic/claude-haiku-4-5"
+    assert len(out.output_text.split()) == 3
+    assert "models" not in rstack.emulator("anthropic").requests[-1]
+    records = rstack.run(rstack.store.usage(group=group))
+    served = next(r for r in records if r.status == "ok")
+    assert served.provider == "anthropic" and served.endpoint == "responses" and served.credits > 0
+    assert {r.provider for r in records if r.status == "error"} == {"openai"}
+
+
+def test_native_responses_consult_the_circuit_breaker(rstack: Stack) -> None:
+    _dead(rstack, "openai")
+    client = rstack.client()
+    with pytest.raises(openai.InternalServerError):  # 3 attempts, 3 failures: the circuit opens
+        client.responses.create(model="openai/gpt-4o-mini", input="x")
+    assert rstack.gateway.breakers["openai"].state == "open"
+    began = time.monotonic()
+    with pytest.raises(openai.InternalServerError) as info:
+        client.responses.create(model="openai/gpt-4o-mini", input="x")
+    assert info.value.code == "circuit_open" and time.monotonic() - began < 0.2  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("model", ["openai/gpt-4o-mini", "google/gemini-2.5-flash"])
+def test_responses_streams_send_keepalives_while_the_upstream_is_slow(rstack: Stack, model: str) -> None:
+    text = _raw_stream(rstack, rstack.key(), f"wait {time.time()} [slow:450] [tokens:2]", model=model, path=PATH)
+    assert text.startswith("HTTP/1.1 200")
+    assert text.index(": keep-alive") < text.index("event: response.created")
+    assert "event: response.completed" in text
+
+
+def test_a_responses_stream_failing_after_keepalives_is_an_error_event(rstack: Stack) -> None:
+    text = _raw_stream(rstack, rstack.key(), f"{time.time()} [slow:300] [fault:500]", model="openai/gpt-4o-mini",
+                       path=PATH)  # fmt: skip
+    assert text.startswith("HTTP/1.1 200")
+    error = text.index("event: error\ndata: ")
+    assert text.index(": keep-alive") < error
+    event = json.loads(text[error:].split("data: ", 1)[1].split("\n", 1)[0])
+    assert event["type"] == "error" and event["code"] == "upstream_error" and event["message"]
+    assert "response.created" not in text

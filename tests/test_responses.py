@@ -657,7 +657,7 @@ def test_relay_rewrites_the_model_and_ends_a_broken_stream() -> None:
         )
     )
     assert not relay.finished and relay.error == "overloaded" and relay.generated_text() == "Hi"
-    tail = json.loads(relay.fail("ended early").split(b"\ndata: ")[1])
+    tail = relay.fail("ended early")
     assert tail["type"] == "response.failed" and tail["sequence_number"] == 3
     assert tail["response"]["id"] == "resp_1" and tail["response"]["error"]["message"] == "overloaded"
     assert relay.feed(Event(None, b"[DONE]")) == []
@@ -677,6 +677,7 @@ def test_relay_reads_usage_from_the_terminal_event() -> None:
         "sequence_number": 5,
         "response": {"id": "resp_1", "object": "response", "model": "o3-2025-04-16", "usage": usage},
     }
-    relay.feed(Event("response.completed", json.dumps(done).encode()))
-    assert relay.finished and relay.error is None
+    assert relay.feed(Event("response.completed", json.dumps(done).encode())) == []  # held for its owner
+    assert relay.finished and relay.error is None and relay.terminal is not None
+    assert relay.terminal["response"]["model"] == "openai/o3"  # the caller's model id
     assert relay.usage == TokenUsage(prompt=100, completion=10, cached=40, reasoning=4)

@@ -1,0 +1,99 @@
+"""The chat codec: ``POST /v1/chat/completions`` (and the translated Responses legs) through any
+adapter. The answer is an OpenAI ``chat.completion`` in one key order whatever the provider; a stream
+is the normalised chunk stream of :mod:`gateway.stream`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from adapters.base import Adapter, Call
+from core.catalog import Model
+from core.errors import GatewayError
+from core.types import Endpoint, new_id
+from core.wire import ChatRequest
+from gateway.codec import Answer, Codec, Leg, fallback_list
+from gateway.state import Gateway
+from gateway.stream import ChatReader, Shaper
+
+
+def completion_id() -> str:
+    return "chatcmpl-" + new_id()
+
+
+def answer_text(data: dict[str, Any]) -> str:
+    parts = []
+    for choice in data.get("choices") or ():
+        message = choice.get("message") or {}
+        for field in ("content", "reasoning_content"):
+            if isinstance(message.get(field), str):
+                parts.append(message[field])
+    return "".join(parts)
+
+
+class ChatCodec(Codec):
+    """A chat request: ``raw`` is its decoded body (unknown fields pass through), ``req`` its view."""
+
+    def __init__(self, raw: dict[str, Any], req: ChatRequest, size: int, endpoint: Endpoint = "chat",
+                 raw_chunks: bool = False) -> None:  # fmt: skip
+        # (Codec's fields set here directly: this runs on every chat call)
+        self.view, self.size, self.stream, self.endpoint = req, size, bool(req.stream), endpoint
+        self.models = fallback_list(raw) if "models" in raw or "route" in raw else []
+        self.raw = raw
+        self.raw_chunks = raw_chunks  # the consumer only encodes the chunks: plain ones may be bytes
+
+    def leg(self, gw: Gateway, model: Model, model_id: str) -> ChatLeg:
+        req = self.view
+        stream = self.stream
+        call = Call(
+            model_id=model_id,
+            model=model,
+            provider=gw.providers[model.provider],
+            raw=self.raw,
+            request=req,
+            stream=stream,
+            include_usage=bool(stream and req.stream_options and req.stream_options.include_usage),
+        )
+        return ChatLeg(call, gw.adapters[model.provider], self.raw_chunks)
+
+
+class ChatLeg(Leg):
+    __slots__ = ("call", "adapter", "raw_chunks")
+
+    def __init__(self, call: Call, adapter: Adapter, raw_chunks: bool) -> None:
+        super().__init__(call.model, call.model_id, adapter.build_request(call))
+        self.call = call
+        self.adapter = adapter
+        self.raw_chunks = raw_chunks
+
+    @property
+    def prompt(self) -> dict[str, Any]:
+        return self.call.raw
+
+    def error(self, status: int, body: bytes, headers: Mapping[str, str]) -> GatewayError:
+        return self.adapter.error(status, body, headers)
+
+    def answer(self, payload: bytes) -> Answer:
+        data, usage = self.adapter.parse_response(self.call, payload)
+        pop = data.pop
+        created = pop("created", None)
+        pop("id", None), pop("object", None), pop("model", None)
+        body = {  # the same key order whatever the provider; the upstream's other fields after ours
+            "id": completion_id(),
+            "object": "chat.completion",
+            "created": created or int(time.time()),
+            "model": self.call.model_id,
+            "choices": pop("choices"),
+            "usage": pop("usage", None) or (usage.openai() if usage is not None else None),
+            **data,
+        }
+        return Answer(body, usage)
+
+    def generated(self, body: dict[str, Any]) -> str:
+        return answer_text(body)
+
+    def reader(self) -> ChatReader:
+        call = self.call
+        shaper = Shaper(call, completion_id(), int(time.time()))
+        return ChatReader(call, self.adapter.stream(call), shaper, self.raw_chunks)

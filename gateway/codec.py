@@ -1,0 +1,146 @@
+"""The seam between the call lifecycle and an endpoint's wire (docs/architecture.md, "Codecs").
+
+The pipeline (:mod:`gateway.pipeline`) does what every model call does — resolve the candidates,
+check, rate-limit, consult the breaker, reserve, open the upstream with retries and fallbacks, relay,
+settle once — and asks a codec only what differs between endpoints and wire protocols:
+
+    Codec      one call as its endpoint received it: the endpoint, the chat-shaped ``view`` that the
+               checks, the rate limits and the worst case read, the prompt's size bound, stream or
+               not; ``leg(model)`` for each candidate model
+    Leg        that call for one candidate, in that model's wire protocol: the upstream request, how
+               an upstream error maps, how the answer is read (``answer``) or streamed (``reader``)
+    Reader     one upstream stream: network bytes in, the caller's pieces out; it knows when the
+               upstream ended properly, the usage it reported, and the pieces that end the caller's
+               stream (after a proper end, or after a failure)
+
+Chat (:mod:`gateway.chat_codec`) and Responses (:mod:`gateway.responses_codec`: native pass-through
+or translated through a chat leg) are codecs; the next endpoint is one more.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from core.catalog import Model
+from core.errors import GatewayError, InvalidRequest
+from core.types import Endpoint
+from core.wire import ChatRequest, TokenUsage
+
+if TYPE_CHECKING:
+    from adapters.base import UpstreamRequest
+    from gateway.state import Gateway
+
+
+class Answer(NamedTuple):
+    """A non-stream answer: the caller's body, the usage the upstream reported, and an error the
+    upstream reported inside a 200 (a Responses object with ``status: failed``)."""
+
+    body: dict[str, Any]
+    usage: TokenUsage | None
+    error: str | None = None
+
+
+class Reader(ABC):
+    """One upstream stream → the caller's pieces (chunk dicts or their bytes, or SSE frames).
+
+    While and after the stream: ``finished`` (the upstream ended it properly), ``error`` (a failure it
+    reported in-band, even in a proper end); :meth:`reported` gives the usage it reported."""
+
+    finished = False
+    error: str | None = None
+
+    @abstractmethod
+    def reported(self) -> tuple[TokenUsage | None, TokenUsage | None]:
+        """The usage the upstream reported, and the prompt's counts if it told them before the end."""
+
+    @property
+    def complete(self) -> bool:
+        """The answer is whole (checked when the upstream stream is over)."""
+        return self.finished
+
+    def start(self) -> list[Any]:
+        """Pieces that open the caller's stream, before anything came from upstream."""
+        return []
+
+    @abstractmethod
+    def feed(self, data: bytes, out: list[Any]) -> None:
+        """One network read of the upstream stream: its pieces appended to ``out`` (those before a
+        failure stay there when it raises)."""
+
+    @abstractmethod
+    def close(self, out: list[Any]) -> None:
+        """The upstream closed its stream: what its last bytes held, appended to ``out``."""
+
+    @abstractmethod
+    def end(self) -> list[Any]:
+        """The pieces that end the caller's stream after a proper end (a usage chunk, ...)."""
+
+    @abstractmethod
+    def fail(self, exc: GatewayError) -> list[Any]:
+        """The pieces that end the caller's stream after ``exc`` broke it off."""
+
+    @abstractmethod
+    def generated(self) -> str:
+        """Everything generated so far, as text (to estimate its tokens when no usage came)."""
+
+
+class Leg(ABC):
+    """One call for one candidate model, in that model's wire protocol."""
+
+    __slots__ = ("model", "model_id", "upstream")
+
+    def __init__(self, model: Model, model_id: str, upstream: UpstreamRequest) -> None:
+        self.model = model
+        self.model_id = model_id  # as the caller (or its fallback list) wrote it; echoed back
+        self.upstream = upstream
+
+    @property
+    @abstractmethod
+    def prompt(self) -> dict[str, Any]:
+        """The prompt, chat-shaped (messages, tools, response_format), to estimate its tokens."""
+
+    @abstractmethod
+    def error(self, status: int, body: bytes, headers: Mapping[str, str]) -> GatewayError: ...
+
+    @abstractmethod
+    def answer(self, payload: bytes) -> Answer:
+        """The upstream's non-stream body → the caller's answer."""
+
+    @abstractmethod
+    def generated(self, body: dict[str, Any]) -> str:
+        """The text of an answer (to estimate its tokens when the upstream gave no usage)."""
+
+    @abstractmethod
+    def reader(self) -> Reader: ...
+
+
+class Codec(ABC):
+    """One call as its endpoint received it."""
+
+    endpoint: Endpoint
+    image_param = "messages"  # the field a 400 about images names
+    cap_param = "max_tokens"  # the field a 400 about the output cap names
+
+    def __init__(self, view: ChatRequest, size: int, stream: bool, models: list[str]) -> None:
+        self.view = view  # chat-shaped: model, images, output cap (checks, rate limits, worst case)
+        self.size = size  # an upper bound of the prompt's bytes (the body's, or the expanded conversation's)
+        self.stream = stream
+        self.models = models  # the request's own fallbacks (``models``), after its model
+
+    @abstractmethod
+    def leg(self, gw: Gateway, model: Model, model_id: str) -> Leg:
+        """The call for one candidate model (pure; a GatewayError if this model cannot take it)."""
+
+
+def fallback_list(body: dict[str, Any]) -> list[str]:
+    """The request's own ``models`` list (as OpenRouter accepts it), taken out of ``body`` with
+    ``route``: they are ours, never sent upstream."""
+    extra = body.pop("models", None)
+    body.pop("route", None)
+    if extra is None:
+        return []
+    if not isinstance(extra, list) or not all(isinstance(m, str) for m in extra) or len(extra) > 8:
+        raise InvalidRequest("'models' must be a list of at most 8 model ids.", param="models")
+    return extra

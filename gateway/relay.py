@@ -1,0 +1,113 @@
+"""Relaying one upstream stream to the caller, for every endpoint: the stream half of the call
+lifecycle (gateway/pipeline.py). What the pieces are is the codec's :class:`~gateway.codec.Reader`'s
+business; how the stream ends, and that the call is settled exactly once, is this loop's.
+
+A batch of pieces goes out per upstream network read. The last batch (a :class:`LastBatch`: nothing
+follows it) holds what the last read brought and the reader's end — after a proper end its ``end()``,
+after a failure its ``fail(exc)``: an upstream error in-band, a stream that stopped before its end, a
+lost connection (what arrived before the loss is still relayed, and billed). The call is settled
+before the last batch goes out, or in ``finally`` when the consumer went away (``interrupted``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from adapters.base import upstream_request_id
+from billing.ledger import Meter
+from core.errors import GatewayError, UpstreamError
+from core.types import CallStatus
+from gateway.codec import Reader
+
+
+@dataclass(slots=True)
+class StreamEnd:
+    """How a stream ended, for its usage record."""
+
+    status: CallStatus = "ok"
+    first_token_at: float | None = None
+    error: str | None = None
+
+
+class LastBatch(list):
+    """The last batch of :func:`relay` (nothing follows it)."""
+
+
+async def relay(reader: Reader, response: aiohttp.ClientResponse, meter: Meter,
+                provider: str) -> AsyncGenerator[list[Any], None]:  # fmt: skip
+    """The caller's pieces, a batch per upstream read, ending with a :class:`LastBatch`."""
+    outcome = StreamEnd()
+    out = reader.start()
+    try:
+        try:
+            async for data in response.content.iter_any():
+                reader.feed(data, out)
+                if out and outcome.first_token_at is None:
+                    outcome.first_token_at = time.monotonic()
+                if reader.finished:
+                    break  # what this read brought goes out with the end of the stream, in one piece
+                if out:
+                    yield out
+                    out = []
+            else:
+                reader.close(out)
+            if not reader.complete:
+                raise UpstreamError(f"The provider '{provider}' ended the stream before the answer was complete.")
+            tail = reader.end()
+        except GatewayError as exc:
+            outcome.status, outcome.error = "error", exc.message
+            tail = reader.fail(exc)
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            try:  # what the upstream sent before it failed is still the caller's (and billed)
+                reader.feed(_unread(response), out)
+            except GatewayError:
+                pass
+            outcome.status = "error"
+            outcome.error = f"connection to provider lost: {type(exc).__name__}"
+            tail = reader.fail(UpstreamError(f"The connection to the provider '{provider}' was lost mid-stream."))
+        if reader.error is not None and outcome.status == "ok":  # reported in-band, in a proper end
+            outcome.status, outcome.error = "error", reader.error
+        await _settle(meter, reader, outcome, response)
+        out += tail
+        yield LastBatch(out)
+    except (GeneratorExit, asyncio.CancelledError):
+        outcome.status = "interrupted"
+        raise
+    finally:
+        if not reader.finished or outcome.status != "ok":
+            response.close()  # drop the connection: the rest of the upstream stream is not read
+        else:
+            response.release()
+        await _settle(meter, reader, outcome, response)
+
+
+def _unread(response: aiohttp.ClientResponse) -> bytes:
+    """Bytes aiohttp received but will not hand out once the connection failed (its ``readany``
+    raises the failure before looking at its buffer)."""
+    buffer = getattr(response.content, "_buffer", None)
+    if not buffer:
+        return b""
+    data = b"".join(buffer)
+    buffer.clear()
+    return data
+
+
+async def _settle(meter: Meter, reader: Reader, outcome: StreamEnd, response: aiohttp.ClientResponse) -> None:
+    if meter.finished:
+        return
+    usage, prompt_usage = reader.reported()
+    await meter.finish(
+        usage,
+        outcome.status,
+        generated=reader.generated(),
+        error=outcome.error,
+        first_token_at=outcome.first_token_at,
+        upstream_id=upstream_request_id(response.headers),
+        prompt_usage=prompt_usage,
+    )

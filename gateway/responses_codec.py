@@ -1,0 +1,263 @@
+"""The Responses codec: ``POST /v1/responses`` for every group, one codec whose legs differ by the
+serving model's provider (docs/architecture.md, "Codecs"):
+
+    native      the provider speaks the Responses API itself (catalog: ``responses_api``): the body goes
+                through to ``{base_url}/responses`` (:mod:`adapters.openai_responses`), usage read from
+                the final response
+    translated  any other provider: Responses → chat request (:mod:`gateway.responses_translate`) → a
+                chat leg (:mod:`gateway.chat_codec`) → a Response object, or streamed, the event
+                sequence the native API emits (:mod:`gateway.responses_events`)
+
+A call's candidates may mix both (a fallback of an OpenAI model on another provider). A stream's
+pieces are SSE frames (``bytes``) and, last, its terminal event as a :class:`Terminal`, left unframed
+so the endpoint can keep the final response before the caller sees it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from adapters import openai_responses
+from adapters.base import map_upstream_error
+from core.catalog import Model
+from core.errors import GatewayError, InvalidRequest
+from core.sse import SSEDecoder, frame_event
+from core.wire import ChatRequest, ImagePart, ImageURL, Message, TokenUsage
+from gateway.chat_codec import ChatCodec, ChatLeg
+from gateway.codec import Answer, Codec, Leg, Reader, fallback_list
+from gateway.responses_events import EventSynth
+from gateway.responses_translate import estimate_prompt, from_completion, image_urls, shell, to_chat
+from gateway.state import Gateway
+from gateway.stream import ChatReader, error_chunk
+
+SAMPLING = frozenset({"temperature", "top_p", "top_logprobs"})  # the Responses API's sampling options
+
+_encode = msgspec.json.Encoder().encode
+
+
+@dataclass(slots=True)
+class Terminal:
+    """The terminal event of a Responses stream (``response.completed``, ``.incomplete``, ``.failed``)."""
+
+    event: dict[str, Any]
+
+    @property
+    def response(self) -> dict[str, Any]:
+        return self.event["response"]  # type: ignore[no-any-return]
+
+    def frame(self) -> bytes:
+        return frame_event(self.event["type"], _encode(self.event))
+
+
+def frames(events: list[dict[str, Any]]) -> bytes:
+    return b"".join([frame_event(event["type"], _encode(event)) for event in events])
+
+
+def reserve_request(body: dict[str, Any]) -> ChatRequest:
+    """The chat-shaped view of a Responses call that the checks, rate limits and worst case read."""
+    urls = image_urls(body)
+    parts: list[Any] = [ImagePart(image_url=ImageURL(url=url)) for url in urls]
+    cap = body.get("max_output_tokens")
+    return ChatRequest(
+        model=str(body["model"]),
+        messages=[Message(role="user", content=parts)] if parts else [],
+        max_completion_tokens=cap if isinstance(cap, int) and cap > 0 else None,
+    )
+
+
+def chat_request(chat: dict[str, Any]) -> ChatRequest:
+    try:
+        return msgspec.convert(chat, ChatRequest)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        path = text.rpartition(" - at `$.")[2].rstrip("`") if " - at `$." in text else ""
+        field = path.split("[", 1)[0].split(".", 1)[0]
+        param = {"max_tokens": "max_output_tokens", "messages": "input"}.get(field, field) or None
+        message = text.partition(" - at `")[0]
+        raise InvalidRequest(
+            f"Invalid value for '{param}': {message}." if param else f"Invalid request: {message}.",
+            param=param,
+            code="invalid_value",
+        ) from None
+
+
+class ResponsesCodec(Codec):
+    """A Responses request (``body``, decoded; ``size``: an upper bound of its prompt's bytes)."""
+
+    endpoint = "responses"
+    image_param = "input"
+    cap_param = "max_output_tokens"
+
+    def __init__(self, body: dict[str, Any], size: int) -> None:
+        models = fallback_list(body)
+        super().__init__(reserve_request(body), size, bool(body.get("stream")), models)
+        self.body = body
+        self._translated: tuple[dict[str, Any], ChatRequest] | None = None
+
+    def leg(self, gw: Gateway, model: Model, model_id: str) -> Leg:
+        if gw.catalog.providers[model.provider].responses_api:
+            return NativeLeg(gw, model, model_id, self.body)
+        if self._translated is None:  # (the same for every translated candidate)
+            chat = to_chat(self.body)
+            self._translated = chat, chat_request(chat)
+        chat, req = self._translated
+        inner = ChatCodec(chat, req, self.size, "responses").leg(gw, model, model_id)
+        return TranslatedLeg(inner, shell(self.body, model_id))
+
+
+class NativeLeg(Leg):
+    __slots__ = ("body", "provider")
+
+    def __init__(self, gw: Gateway, model: Model, model_id: str, body: dict[str, Any]) -> None:
+        if model.reasoning:  # sampling options a reasoning model refuses (catalog data, as for chat)
+            drop = SAMPLING.intersection(gw.catalog.providers[model.provider].reasoning_drop_fields)
+            body = {name: value for name, value in body.items() if name not in drop}
+        upstream = openai_responses.build_request(gw.providers[model.provider], body, model.upstream)
+        super().__init__(model, model_id, upstream)
+        self.body = body
+        self.provider = model.provider
+
+    @property
+    def prompt(self) -> dict[str, Any]:
+        return estimate_prompt(self.body)
+
+    def error(self, status: int, body: bytes, headers: Mapping[str, str]) -> GatewayError:
+        return map_upstream_error(self.provider, status, body, headers)
+
+    def answer(self, payload: bytes) -> Answer:
+        data, usage = openai_responses.parse_response(payload, self.model_id, self.provider)
+        error = data.get("error") if data.get("status") == "failed" else None
+        return Answer(data, usage, str(error.get("message")) if isinstance(error, dict) else None)
+
+    def generated(self, body: dict[str, Any]) -> str:
+        return openai_responses.output_text(body)
+
+    def reader(self) -> NativeReader:
+        return NativeReader(openai_responses.ResponsesRelay(self.model_id, self.provider))
+
+
+class NativeReader(Reader):
+    """The upstream's own events, relayed (model rewritten), the terminal one held back."""
+
+    __slots__ = ("relay", "decoder")
+
+    def __init__(self, relay: openai_responses.ResponsesRelay) -> None:
+        self.relay = relay
+        self.decoder = SSEDecoder()
+
+    def feed(self, data: bytes, out: list[Any]) -> None:
+        self._events(self.decoder.feed(data), out)
+
+    def close(self, out: list[Any]) -> None:
+        self._events(self.decoder.close(), out)
+
+    def _events(self, events: list[Any], out: list[Any]) -> None:
+        relay = self.relay
+        try:
+            for event in events:
+                out += relay.feed(event)
+        finally:
+            self.finished, self.error = relay.finished, relay.error
+
+    def reported(self) -> tuple[TokenUsage | None, TokenUsage | None]:
+        return self.relay.usage, None
+
+    def end(self) -> list[Any]:
+        return [Terminal(self.relay.terminal)] if self.relay.terminal is not None else []
+
+    def fail(self, exc: GatewayError) -> list[Any]:
+        event = self.relay.fail(exc.message)
+        self.error = self.relay.error
+        return [Terminal(event)]
+
+    def generated(self) -> str:
+        return self.relay.generated_text()
+
+
+class TranslatedLeg(Leg):
+    __slots__ = ("inner", "shell")
+
+    def __init__(self, inner: ChatLeg, response: dict[str, Any]) -> None:
+        super().__init__(inner.model, inner.model_id, inner.upstream)
+        self.inner = inner
+        self.shell = response  # the Response object before any output
+
+    @property
+    def prompt(self) -> dict[str, Any]:
+        return self.inner.prompt
+
+    def error(self, status: int, body: bytes, headers: Mapping[str, str]) -> GatewayError:
+        return self.inner.error(status, body, headers)
+
+    def answer(self, payload: bytes) -> Answer:
+        completion = self.inner.answer(payload)
+        return Answer(from_completion(completion.body, self.shell), completion.usage)
+
+    def generated(self, body: dict[str, Any]) -> str:
+        return openai_responses.output_text(body)
+
+    def reader(self) -> SynthReader:
+        return SynthReader(self.inner.reader(), EventSynth(self.shell))
+
+
+class SynthReader(Reader):
+    """A chat stream (:class:`~gateway.stream.ChatReader`) → the Responses event sequence."""
+
+    __slots__ = ("inner", "synth")
+
+    def __init__(self, inner: ChatReader, synth: EventSynth) -> None:
+        self.inner = inner
+        self.synth = synth
+
+    def start(self) -> list[Any]:
+        return [frames(self.synth.start())]
+
+    def feed(self, data: bytes, out: list[Any]) -> None:
+        chunks: list[Any] = []
+        try:
+            self.inner.feed(data, chunks)
+        finally:
+            self._chunks(chunks, out)
+
+    def close(self, out: list[Any]) -> None:
+        chunks: list[Any] = []
+        try:
+            self.inner.close(chunks)
+        finally:
+            self._chunks(chunks, out)
+
+    def _chunks(self, chunks: list[Any], out: list[Any]) -> None:
+        self.finished = self.inner.finished
+        synth = self.synth
+        events = [event for chunk in chunks for event in synth.feed(chunk)]
+        if events:
+            out.append(frames(events))
+
+    @property
+    def complete(self) -> bool:
+        return self.inner.complete
+
+    def reported(self) -> tuple[TokenUsage | None, TokenUsage | None]:
+        return self.inner.reported()
+
+    def end(self) -> list[Any]:
+        synth = self.synth
+        for chunk in self.inner.end():  # the usage chunk
+            synth.feed(chunk)
+        return self._terminal(synth.finish())
+
+    def fail(self, exc: GatewayError) -> list[Any]:
+        return self._terminal(self.synth.feed(error_chunk(exc)))
+
+    @staticmethod
+    def _terminal(events: list[dict[str, Any]]) -> list[Any]:
+        head = [frames(events[:-1])] if len(events) > 1 else []
+        return [*head, Terminal(events[-1])] if events else head
+
+    def generated(self) -> str:
+        return self.inner.generated()
+
