@@ -66,7 +66,15 @@ class Ledger:
     def queue(self, reservation: Reservation, record: UsageRecord) -> asyncio.Future[int]:
         """Settle without waiting (the store may batch it with others); the future resolves once it
         is durable."""
-        settling = self.settle_soon(reservation, record, linger=True)
+        return self._track(self.settle_soon(reservation, record, linger=True), record)
+
+    def record(self, record: UsageRecord) -> asyncio.Future[int]:
+        """Store the record of a call refused before anything was reserved (status ``rejected``), as a
+        settlement of nothing: no charge, queued and tracked like any other."""
+        nothing = Reservation(0, record.group_id, record.key_id, 0)
+        return self._track(self.store.settle_soon(nothing, record, linger=True), record)
+
+    def _track(self, settling: asyncio.Future[int], record: UsageRecord) -> asyncio.Future[int]:
         self.pending.add(settling)
         self.last = settling
         settling.add_done_callback(partial(self._settled, record))
@@ -270,6 +278,7 @@ class _SettlesOnFailure:
         if exc is None:
             return
         if isinstance(exc, GatewayError):
+            self.meter.record.error_code = exc.code or exc.type
             await self.meter.finish(None, "error", error=exc.message)
         else:
             await self.meter.finish(None, "interrupted", error="the call did not complete")

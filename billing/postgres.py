@@ -126,6 +126,15 @@ MIGRATIONS: list[str] = [
     ALTER TABLE usage ADD COLUMN deployment TEXT NOT NULL DEFAULT '';
     CREATE INDEX usage_group_deployment ON usage(group_id, deployment, id);
     """,
+    # 5: the error's code, the batch of a job's line and the caller's end user (the request's
+    # ``user``) on each record; the history's filters on them, and on status, as index ranges
+    """
+    ALTER TABLE usage ADD COLUMN error_code TEXT, ADD COLUMN batch_id TEXT, ADD COLUMN end_user TEXT;
+    CREATE INDEX usage_group_status ON usage(group_id, status, id);
+    CREATE INDEX usage_batch ON usage(batch_id, id) WHERE batch_id IS NOT NULL;
+    CREATE INDEX usage_group_user ON usage(group_id, end_user, id) WHERE end_user IS NOT NULL;
+    CREATE INDEX usage_request ON usage(request_id);
+    """,
 ]
 
 # -- the store ----------------------------------------------------------------------------------------

@@ -101,7 +101,12 @@ def principal_row(row: Any) -> Principal | None:
 
 @dataclass(slots=True)
 class UsageRecord:
-    """One call, as the README lists it ("Usage records"). ``credits`` is what was charged, in nano-credits."""
+    """One call, as the README lists it ("Usage records"). ``credits`` is what was charged, in
+    nano-credits. ``status``: ``ok``, ``error`` (it failed after its reservation: upstream, timeout),
+    ``interrupted`` (the caller went away, or the gateway stopped) or ``rejected`` (refused before
+    anything was reserved: a bad request, a model it may not use, a rate limit, too few credits; never
+    charged). ``error_code`` is the OpenAI-shaped error's code; ``batch_id`` the batch of a job's line;
+    ``end_user`` the request's ``user``."""
 
     key_id: int
     group_id: int
@@ -117,13 +122,16 @@ class UsageRecord:
     cache_write_tokens: int = 0
     reasoning_tokens: int = 0
     credits: int = 0
-    status: str = "ok"  # ok | error | interrupted
+    status: str = "ok"  # ok | error | interrupted | rejected
     usage_exact: bool = True
     latency_ms: float = 0.0
     ttft_ms: float | None = None
     upstream_request_id: str | None = None
     request_id: str | None = None
     error: str | None = None
+    error_code: str | None = None
+    batch_id: str | None = None
+    end_user: str | None = None
     ts: float = 0.0
     id: int = 0
 

@@ -16,7 +16,7 @@ Headers = list[tuple[bytes, bytes]]
 
 Endpoint = Literal["chat", "responses"]  # which of our model endpoints a call came through (catalog: endpoints)
 Source = Literal["api", "job"]  # an HTTP caller, or a line of a batch (jobs/)
-CallStatus = Literal["ok", "error", "interrupted"]  # how a call ended, in its usage record
+CallStatus = Literal["ok", "error", "interrupted", "rejected"]  # how a call ended, in its usage record
 
 
 _ids = random.Random()

@@ -3,17 +3,24 @@
 The HTTP layer builds it from the authenticated request (``source="api"``); the batch runner builds it
 for each line (``source="job"``, the batch's id) and hands it to the gateway's own app in the ASGI
 scope's state, under :data:`CONTEXT`, where no HTTP request can put anything. The pipeline reads the
-caller, the endpoint and the ids from it, and the usage record is written from it.
+caller, the endpoint and the ids from it, and the usage record is written from it: :meth:`record`
+once something is reserved (the ledger settles it), :meth:`rejected` for a call refused before that,
+so that every call made with a key leaves exactly one record.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from typing import Any
 
-from billing.store import Principal
+from billing.store import Principal, UsageRecord
+from core.errors import GatewayError
 from core.types import Endpoint, Source
 
 CONTEXT = "call"  # the scope["state"] key of an in-process call's context (jobs/calls.py)
+MAX_USER = 256  # characters of the request's ``user`` kept on the record
+MAX_MODEL = 128  # characters of an unknown model id kept on a rejected call's record
 
 
 @dataclass(slots=True)
@@ -22,7 +29,9 @@ class CallContext:
     request_id: str | None = None  # our x-request-id of the call
     source: Source = "api"
     endpoint: Endpoint = "chat"
-    batch_id: str | None = None  # the batch a job line belongs to (usage records have no column for it yet)
+    batch_id: str | None = None  # the batch a job line belongs to
+    end_user: str | None = None  # the request's ``user``, once its body is read (see :func:`end_user`)
+    metered: bool = False  # a usage record was made for a reservation: the ledger will store it
 
     @property
     def group_id(self) -> int:
@@ -31,3 +40,31 @@ class CallContext:
     @property
     def key_id(self) -> int:
         return self.principal.key_id
+
+    def record(self, model: str, provider: str, stream: bool) -> UsageRecord:
+        """The usage record of this call, for a reservation just made (the meter fills in the rest)."""
+        self.metered = True
+        p = self.principal
+        return UsageRecord(
+            key_id=p.key_id, group_id=p.group_id, model=model, provider=provider, endpoint=self.endpoint,
+            source=self.source, stream=stream, request_id=self.request_id, batch_id=self.batch_id,
+            end_user=self.end_user,
+        )  # fmt: skip
+
+    def rejected(self, exc: GatewayError, model: str, provider: str, stream: bool, began: float) -> UsageRecord:
+        """The record of a call refused before anything was reserved: status ``rejected``, no credits,
+        the error's code and message (``began``: ``time.perf_counter()`` when the request arrived)."""
+        record = self.record(model[:MAX_MODEL], provider, stream)
+        record.status = "rejected"
+        record.error = exc.message
+        record.error_code = exc.code or exc.type
+        record.latency_ms = (time.perf_counter() - began) * 1000
+        record.ts = time.time()
+        return record
+
+
+def end_user(body: dict[str, Any]) -> str | None:
+    """The end user a request names (OpenAI's ``user``), if it is a string; at most ``MAX_USER``
+    characters of it."""
+    user = body.get("user")
+    return user[:MAX_USER] if isinstance(user, str) and user else None

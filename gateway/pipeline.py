@@ -24,7 +24,7 @@ import aiohttp
 from adapters.base import upstream_request_id
 from billing.ledger import Meter
 from billing.pricing import worst_case
-from billing.store import Principal, UsageRecord
+from billing.store import Principal
 from core.catalog import Model
 from core.errors import GatewayError, InvalidRequest, PermissionDenied, UpstreamUnavailable
 from core.types import Endpoint, Headers
@@ -140,10 +140,7 @@ class Pipeline:
         # (rate limits were checked once per call, in start(), before the first candidate)
         amount = worst_case(model, codec.size, codec.view, leg.upstream.max_output)
         reservation = await gw.ledger.reserve(context.group_id, context.key_id, amount)
-        record = UsageRecord(
-            key_id=context.key_id, group_id=context.group_id, model=model.id, provider=model.provider,
-            endpoint=context.endpoint, source=context.source, stream=codec.stream, request_id=context.request_id,
-        )  # fmt: skip
+        record = context.record(model.id, model.provider, codec.stream)
         meter = Meter(gw.ledger, reservation, model, record, leg.prompt)
         async with meter.settles_on_failure():
             response = await open_upstream(gw, leg.upstream, model.provider, leg.error, deadline)

@@ -62,6 +62,7 @@ async def relay(reader: Reader, response: aiohttp.ClientResponse, meter: Meter,
             tail = reader.end()
         except GatewayError as exc:
             outcome.status, outcome.error = "error", exc.message
+            meter.record.error_code = exc.code or exc.type
             tail = reader.fail(exc)
         except (TimeoutError, aiohttp.ClientError) as exc:
             try:  # what the upstream sent before it failed is still the caller's (and billed)
@@ -70,6 +71,7 @@ async def relay(reader: Reader, response: aiohttp.ClientResponse, meter: Meter,
                 pass
             outcome.status = "error"
             outcome.error = f"connection to provider lost: {type(exc).__name__}"
+            meter.record.error_code = UpstreamError.code
             tail = reader.fail(UpstreamError(f"The connection to the provider '{provider}' was lost mid-stream."))
         if reader.error is not None and outcome.status == "ok":  # reported in-band, in a proper end
             outcome.status, outcome.error = "error", reader.error

@@ -21,13 +21,13 @@ from billing.store import Store
 from console import console_app
 from core.config import Settings
 from core.errors import GatewayError, MethodNotAllowed, NotFound
-from core.types import ASGIApp
+from core.types import ASGIApp, Scope
 from gateway.state import Gateway
 from jobs.runner import JobRunner
 from router import batches, logs
-from router.chat import ChatCompletions
+from router.chat import ChatCompletions, record_refusal
 from router.health import Readiness, metrics_endpoint
-from router.middleware import Front, cors, endpoint_app
+from router.middleware import ErrorApp, Front, cors, endpoint_app
 from router.models import Models
 from router.replies import JSONBytes
 from router.responses_api import Responses
@@ -53,6 +53,18 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return _error_response(GatewayError(str(exc.detail)))
 
 
+def _answerer(gateway: Gateway) -> ErrorApp:
+    """Front's answer to an exception of a model call endpoint; a call refused before anything was
+    reserved is recorded first (``rejected``)."""
+
+    def answer(exc: Exception, scope: Scope) -> ASGIApp:
+        if isinstance(exc, GatewayError):
+            record_refusal(gateway, logs.trace_of(scope), exc)
+        return _answer(exc)
+
+    return answer
+
+
 def _answer(exc: Exception) -> Response:
     """The error response of an exception (a GatewayError's own, or a generic 500)."""
     if isinstance(exc, GatewayError):
@@ -75,15 +87,16 @@ class RouterApp(Starlette):
     CORS, when configured, outside that."""
 
     def __init__(self, *, fast: dict[str, ASGIApp], access_log: bool, cors_origins: list[str],
-                 **kwargs: Any) -> None:  # fmt: skip
+                 on_error: ErrorApp, **kwargs: Any) -> None:  # fmt: skip
         self.fast = fast
+        self.on_error = on_error
         self.access_log = access_log
         self.cors_origins = cors_origins
         super().__init__(**kwargs)
 
     def build_middleware_stack(self) -> ASGIApp:
         front = Front(
-            super().build_middleware_stack(), access_log=self.access_log, fast=self.fast, on_error=_answer
+            super().build_middleware_stack(), access_log=self.access_log, fast=self.fast, on_error=self.on_error
         )
         return cors(front, self.cors_origins)  # outside Front: preflights of the fast paths too
 
@@ -107,6 +120,7 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
         # POST on these two is answered by Front directly; the routes answer other methods (405)
         fast={"/v1/chat/completions": endpoint_app(chat), "/v1/responses": endpoint_app(responses)},
         access_log=obs.access_log,
+        on_error=_answerer(gateway),
         cors_origins=gateway.settings.server.cors_origins,
         routes=[
             Route("/v1/chat/completions", chat, methods=["POST"]),

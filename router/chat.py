@@ -17,7 +17,7 @@ from core.sse import DONE, frame
 from core.types import Endpoint
 from core.wire import parse_chat_request
 from gateway.chat_codec import ChatCodec
-from gateway.context import CONTEXT, CallContext
+from gateway.context import CONTEXT, CallContext, end_user
 from gateway.pipeline import Pipeline, Started
 from gateway.state import Gateway
 from gateway.stream import error_chunk, sse
@@ -93,6 +93,7 @@ async def begin_call(gw: Gateway, request: Request, endpoint: Endpoint) -> tuple
         principal = await gw.auth.authenticate(request.headers.get("authorization"))
         context = CallContext(principal, trace.request_id or None, "api", endpoint)
     trace.caller = context.principal
+    trace.context = context
     body = await read_json_body(
         request, gw.settings.server.max_body_bytes, gw.settings.reliability.body_timeout, gw.deadlines
     )
@@ -130,7 +131,8 @@ class ChatCompletions:
         gw = self.gw
         context, trace, body = await begin_call(gw, request, "chat")
         raw, req = parse_chat_request(body)
-        trace.model = req.model
+        trace.model, trace.stream = req.model, bool(req.stream)
+        context.end_user = end_user(raw)
         codec = ChatCodec(raw, req, len(body), raw_chunks=True)
         start = self.pipeline.start(context, codec)
         if not codec.stream:
@@ -142,6 +144,22 @@ class ChatCompletions:
         # once with SSE keep-alive comments; until then an error is still a plain HTTP error.
         stream = streamed(self.pipeline, start, trace, sse)
         return LateSSE(stream, gw.settings.reliability.stream_keepalive, _error_events)
+
+
+def record_refusal(gw: Gateway, trace: Trace, exc: GatewayError) -> None:
+    """A model call refused before anything was reserved for it (a bad body, a model it may not use,
+    a rate limit, too few credits, an open circuit) still leaves a usage record: status ``rejected``,
+    no credits, the error's code. Calls whose caller is unknown (401) have no group to record it in."""
+    context = trace.context
+    if context is None or context.metered:
+        return
+    asked = trace.model or ""
+    try:
+        model = gw.catalog.resolve(asked)
+        name, provider = model.id, model.provider
+    except GatewayError:
+        name, provider = asked, ""
+    gw.ledger.record(context.rejected(exc, name, provider, trace.stream, trace.began))
 
 
 def _error_events(exc: GatewayError) -> bytes:

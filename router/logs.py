@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from billing.store import Principal
     from core.config import ObservabilitySettings
     from core.types import Scope
+    from gateway.context import CallContext
 
 ACCESS = logging.getLogger("router.access")
 TRACE = "trace"  # the scope["state"] key of a request's Trace
@@ -43,13 +44,17 @@ TRACE = "trace"  # the scope["state"] key of a request's Trace
 class Trace:
     """What one request's access-log line says beyond HTTP, filled in while it is served: its id
     (``router.middleware.Front``), the caller once authenticated, the model asked for and the provider
-    and deployment that serve it (the endpoints)."""
+    and deployment that serve it (the endpoints); for a model call, its context (a call refused before
+    anything was reserved is recorded from it: ``router.chat.record_refusal``)."""
 
     request_id: str
+    began: float = 0.0  # time.perf_counter() when the request arrived
     caller: Principal | None = None
     model: str | None = None
     provider: str | None = None
     deployment: str | None = None  # the provider's deployment that served (core/deployments.py)
+    context: CallContext | None = None  # a model call's context, once its caller is known
+    stream: bool = False  # the call asked for a stream
 
 
 def trace_of(scope: Scope) -> Trace:

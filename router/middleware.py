@@ -34,7 +34,7 @@ _PROBES = frozenset({"/healthz", "/readyz", "/metrics"})  # answered probes and 
 
 log = logging.getLogger("router")
 
-ErrorApp = Callable[[Exception], ASGIApp]  # the response (an ASGI app) that answers an exception
+ErrorApp = Callable[[Exception, Scope], ASGIApp]  # the response (an ASGI app) that answers an exception
 
 
 def route_path(scope: Scope) -> str:
@@ -72,7 +72,7 @@ class Front:
         state = scope.get("state")
         if state is None:
             state = scope["state"] = {}
-        state[logs.TRACE] = logs.Trace(rid.decode())
+        state[logs.TRACE] = logs.Trace(rid.decode(), began)
         status = 0
         stream = False
 
@@ -103,7 +103,7 @@ class Front:
                         raise  # the answer has begun: the server drops the connection
                     if not isinstance(exc, GatewayError):
                         log.exception("unhandled error on %s", path)
-                    await self.on_error(exc)(scope, receive, observe)
+                    await self.on_error(exc, scope)(scope, receive, observe)
             else:
                 await self.app(scope, receive, observe)
         except asyncio.CancelledError:

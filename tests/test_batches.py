@@ -192,7 +192,11 @@ def test_credit_exhaustion_fails_the_rest_with_402(jobs: Stack) -> None:
     state = jobs.run(jobs.store.get_group(group))
     assert state is not None and state.balance >= 0 and state.reserved == 0
     assert state.spent <= int(0.0025 * 10**9)
-    assert len(jobs.run(jobs.store.usage(group=group, source="job"))) == counts.completed
+    records = jobs.run(jobs.store.usage(group=group, source="job"))
+    assert len([r for r in records if r.status == "ok"]) == counts.completed
+    refused = [r for r in records if r.status == "rejected"]  # every line has its record, refused ones too
+    assert len(refused) == counts.failed and {r.error_code for r in refused} == {"insufficient_credits"}
+    assert {r.batch_id for r in records} == {batch.id} and sum(r.credits for r in refused) == 0
 
 
 def test_revoked_key_stops_its_job_with_401s(jobs: Stack) -> None:

@@ -82,7 +82,9 @@ def test_402_before_any_upstream_call(stack: Stack) -> None:
     assert isinstance(body, dict) and body["code"] == "insufficient_credits"
     assert "0.0001" in info.value.message and "needs up to" in info.value.message
     assert len(emulator.requests) == before
-    assert _records(stack, group) == []
+    assert [(r.status, r.credits, r.error_code, r.model) for r in _records(stack, group)] == [
+        ("rejected", 0, "insufficient_credits", "openai/gpt-4o")
+    ]  # recorded, not charged
     assert _group(stack, group).balance == 100_000
 
 
@@ -341,7 +343,8 @@ def test_reservation_covers_the_output_cap_the_adapter_raised(stack: Stack) -> N
     with pytest.raises(openai.APIStatusError) as info:
         stack.client(stack.key(group=poor)).chat.completions.create(**call)  # type: ignore[call-overload]
     assert info.value.status_code == 402 and len(emulator.requests) == before
-    assert _group(stack, poor).balance == 30_000_000 and _records(stack, poor) == []
+    assert _group(stack, poor).balance == 30_000_000
+    assert [(r.status, r.credits) for r in _records(stack, poor)] == [("rejected", 0)]
 
     rich = stack.group(1)
     out = stack.client(stack.key(group=rich)).chat.completions.create(**call)  # type: ignore[call-overload]

@@ -42,7 +42,7 @@ def failing(exc: BaseException, after_start: bool = False) -> ASGIApp:
     return app
 
 
-def error_answer(exc: Exception) -> ASGIApp:
+def error_answer(exc: Exception, scope: Scope) -> ASGIApp:
     status = exc.status if isinstance(exc, GatewayError) else 500
     return answering(status, body=exc.render() if isinstance(exc, GatewayError) else b'{"error":{}}')
 

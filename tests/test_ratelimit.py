@@ -247,7 +247,9 @@ def test_key_rpm_refuses_with_retry_after_and_sends_nothing_upstream(lstack: Sta
     assert _sent_upstream(lstack, marker) == 0
     after = lstack.run(lstack.store.get_group(group))
     assert (after.balance, after.reserved) == (before.balance, before.reserved)  # nothing reserved
-    assert len(lstack.run(lstack.store.usage(group=group))) == records  # nor recorded
+    refusal = lstack.run(lstack.store.usage(group=group))  # recorded as refused, not charged
+    assert len(refusal) == records + 1
+    assert (refusal[0].status, refusal[0].credits, refusal[0].error_code) == ("rejected", 0, "rate_limit_exceeded")
 
 
 def test_group_rpm_is_shared_by_the_groups_keys(lstack: Stack) -> None:

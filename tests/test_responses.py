@@ -301,7 +301,10 @@ def test_402_before_any_upstream_call(stack: Stack, model: str) -> None:
             model=model, input="hi", max_output_tokens=16_000
         )
     assert info.value.status_code == 402 and info.value.code == "insufficient_credits"  # type: ignore[attr-defined]
-    assert stack.run(stack.store.usage(group=group, limit=10)) == []
+    records = stack.run(stack.store.usage(group=group, limit=10))
+    assert [(r.status, r.credits, r.error_code, r.endpoint) for r in records] == [
+        ("rejected", 0, "insufficient_credits", "responses")
+    ]
 
 
 @pytest.mark.parametrize("model", ["openai/gpt-4o-mini", "upstage/solar-mini"])
@@ -391,7 +394,8 @@ def test_background_is_refused_for_openai_before_anything_is_sent(stack: Stack) 
         assert isinstance(body, dict) and body["type"] == "invalid_request_error"
         assert info.value.param == "background" and "GET /v1/responses/{id}" in info.value.message
     assert not any("bg-marker" in json.dumps(r) for r in stack.emulator("openai").requests)
-    assert stack.run(stack.store.usage(group=group, limit=10)) == []
+    records = stack.run(stack.store.usage(group=group, limit=10))  # recorded as refused, nothing charged
+    assert [(r.status, r.credits, r.stream) for r in records] == [("rejected", 0, True), ("rejected", 0, False)]
     g = stack.run(stack.store.get_group(group))
     assert g.reserved == 0 and g.spent == 0
     assert client.responses.create(model="openai/gpt-4o-mini", input="hi", background=False).output_text
