@@ -47,7 +47,7 @@ class Terminal:
 
     @property
     def response(self) -> dict[str, Any]:
-        return self.event["response"]  # type: ignore[no-any-return]
+        return self.event["response"]
 
     def frame(self) -> bytes:
         return frame_event(self.event["type"], _encode(self.event))
