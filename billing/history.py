@@ -26,31 +26,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from billing.store import USAGE_SELECT, Database, ModelUsage, UsageRecord, usage_record
+from billing.usage_filter import Filter, where
+
+__all__ = ["Bucket", "Filter", "History", "ModelRow", "Page"]
 
 SKEW = 600.0  # seconds of timestamp disorder tolerated between ids
 CHUNK = 50_000  # SQLite: ids per aggregate window
-INDEXES = (  # (name, columns) of the usage table's indexes that end in id, created by the migrations
-    ("usage_group_ts", "group_id, id"),
-    ("usage_group_source", "group_id, source, id"),
-    ("usage_group_model", "group_id, model, id"),
-    ("usage_key", "key_id, id"),
-    ("usage_group_deployment", "group_id, deployment, id"),
-)
-
-
-@dataclass(frozen=True, slots=True)
-class Filter:
-    group_id: int
-    source: str | None = None  # "api" | "job" | None (all)
-    model: str | None = None
-    key_id: int | None = None
-    since: float | None = None
-    until: float | None = None  # exclusive
-    deployment: str | None = None  # the provider's deployment that served
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,33 +127,7 @@ class History:
 
     # -- history ------------------------------------------------------------------------------------
     def _where(self, f: Filter, lo: int | None, hi: int | None) -> tuple[str, list[Any]]:
-        """The FROM and WHERE of a filter, on the index that serves it best (SQLite is told which)."""
-        where: list[str]
-        args: list[Any]
-        if f.key_id is not None:
-            index, where, args = "usage_key", ["key_id = ?", "group_id = ?"], [f.key_id, f.group_id]
-        elif f.model is not None:
-            index, where, args = "usage_group_model", ["group_id = ?", "model = ?"], [f.group_id, f.model]
-        elif f.deployment is not None:
-            index, where, args = "usage_group_deployment", ["group_id = ?", "deployment = ?"], [f.group_id, f.deployment]
-        elif f.source is not None:
-            index, where, args = "usage_group_source", ["group_id = ?", "source = ?"], [f.group_id, f.source]
-        else:
-            index, where, args = "usage_group_ts", ["group_id = ?"], [f.group_id]
-        for clause, value in (
-            ("model = ?", f.model),
-            ("deployment = ?", f.deployment),
-            ("source = ?", f.source),
-            ("ts >= ?", f.since),
-            ("ts < ?", f.until),
-            ("id >= ?", lo),
-            ("id < ?", hi),
-        ):
-            if value is not None and clause not in where:
-                where.append(clause)
-                args.append(value)
-        source = f"usage INDEXED BY {index}" if self.sqlite else "usage"
-        return f"FROM {source} WHERE " + " AND ".join(where), args
+        return where(f, lo, hi, self.sqlite)
 
     async def history(self, f: Filter, limit: int = 50, before: int | None = None, after: int | None = None) -> Page:
         lo, hi = await self.id_range(f.since, f.until)
@@ -217,7 +176,7 @@ class History:
             before = rows[-1][0]
 
     # -- aggregates -----------------------------------------------------------------------------------
-    async def _windows(self, lo: int | None, hi: int | None) -> list[tuple[int | None, int | None]]:
+    async def windows(self, lo: int | None, hi: int | None) -> list[tuple[int | None, int | None]]:
         """Id windows to aggregate over: one for PostgreSQL, ``CHUNK``-sized ones for SQLite."""
         if not self.sqlite:
             return [(lo, hi)]
@@ -231,12 +190,12 @@ class History:
 
     async def buckets(self, f: Filter, start: float, width: float, count: int) -> list[Bucket]:
         """Calls and credits per bucket of ``width`` seconds from ``start`` (``count`` buckets)."""
-        f = Filter(f.group_id, f.source, f.model, f.key_id, start, start + width * count, f.deployment)
+        f = replace(f, since=start, until=start + width * count)
         lo, hi = await self.id_range(f.since, f.until)
         expr = "CAST((ts - ?) / ? AS INTEGER)" if self.sqlite else "floor((ts - ?) / ?)::int8"
         calls = [0] * count
         credits = [0] * count
-        for a, b in await self._windows(lo, hi):
+        for a, b in await self.windows(lo, hi):
             base, args = self._where(f, a, b)
             sql = f"SELECT {expr} AS b, count(*), sum(credits) {base} GROUP BY 1"
             for n, c, s in await self._select(sql, (start, width, *args)):
@@ -254,7 +213,7 @@ class History:
         f = Filter(group_id, key_id=key_id, since=since, until=until)
         lo, hi = await self.id_range(since, until)
         totals: dict[str, list[int]] = {}
-        for a, b in await self._windows(lo, hi):
+        for a, b in await self.windows(lo, hi):
             base, args = self._where(f, a, b)
             sql = (
                 "SELECT model, count(*), sum(prompt_tokens), sum(completion_tokens), sum(cached_tokens), "

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
+from billing import rollup
 from billing.history import History
 from billing.postgres_ledger import (
     INTERRUPTED,
@@ -135,6 +136,8 @@ MIGRATIONS: list[str] = [
     CREATE INDEX usage_group_user ON usage(group_id, end_user, id) WHERE end_user IS NOT NULL;
     CREATE INDEX usage_request ON usage(request_id);
     """,
+    # 6: the hourly rollup of the usage records, for aggregates over long periods (billing/rollup.py)
+    rollup.migration(sqlite=False),
 ]
 
 # -- the store ----------------------------------------------------------------------------------------

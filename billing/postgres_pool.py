@@ -144,6 +144,16 @@ class PostgresPool:
     async def write(self, sql: str, args: Sequence[Any] = ()) -> None:
         await self._call("execute", pg_sql(sql), args)
 
+    async def atomic(self, steps: Sequence[tuple[str, Sequence[Any]]]) -> list[int]:
+        """Run the statements in one transaction (all or none); the rows each changed."""
+        counts: list[int] = []
+        async with self.transaction() as conn:
+            for sql, args in steps:
+                status = await conn.execute(pg_sql(sql), *args)
+                tail = status.rsplit(" ", 1)[-1]
+                counts.append(int(tail) if tail.isdigit() else 0)
+        return counts
+
     async def migrate(self, version_table: str, migrations: Sequence[str], lock: int | None = None) -> None:
         """Bring a schema up to date under an advisory lock (``lock``, else one named after
         ``version_table``: replicas starting together take turns); the number of scripts applied is

@@ -20,6 +20,7 @@ from functools import partial
 from itertools import groupby
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from billing import rollup
 from billing.history import History
 from billing.sqlite_thread import SQLiteThread
 from billing.store import (
@@ -132,6 +133,8 @@ MIGRATIONS: list[str] = [
     CREATE INDEX usage_group_user ON usage(group_id, end_user, id) WHERE end_user IS NOT NULL;
     CREATE INDEX usage_request ON usage(request_id);
     """,
+    # 6: the hourly rollup of the usage records, for aggregates over long periods (billing/rollup.py)
+    rollup.migration(sqlite=True),
 ]
 
 _ROW_MARKS = f"({', '.join('?' * len(USAGE_LIST.split(', ')))})"

@@ -72,6 +72,10 @@ class SQLiteThread:
     async def write(self, sql: str, args: Sequence[Any] = ()) -> None:
         await self.run(lambda db: db.execute(sql, tuple(args)))
 
+    async def atomic(self, steps: Sequence[tuple[str, Sequence[Any]]]) -> list[int]:
+        """Run the statements in one transaction (all or none); the rows each changed."""
+        return await self.run(lambda db: _atomic(db, steps))
+
     async def open(self) -> None:
         if self._executor is not None:
             return
@@ -120,6 +124,17 @@ class SQLiteThread:
         """Apply the scripts of ``migrations`` not yet applied, in order, in one transaction; the
         number applied is kept in ``version_table``."""
         await self.run(lambda db: _migrate(db, version_table, migrations))
+
+
+def _atomic(db: sqlite3.Connection, steps: Sequence[tuple[str, Sequence[Any]]]) -> list[int]:
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        counts = [db.execute(sql, tuple(args)).rowcount for sql, args in steps]
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    return counts
 
 
 def _migrate(db: sqlite3.Connection, table: str, migrations: Sequence[str]) -> None:

@@ -46,6 +46,10 @@ class Database(Protocol):
 
     async def write(self, sql: str, args: Sequence[Any] = ()) -> None: ...
 
+    async def atomic(self, steps: Sequence[tuple[str, Sequence[Any]]]) -> list[int]:
+        """Run the statements in one transaction (all or none); the rows each changed."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class Group:
