@@ -49,6 +49,7 @@ class Job:
         self.stopping = False  # the runner is shutting down: claim nothing more
         self.lost = False  # the lease is no longer ours
         self.principal: Principal | None = None
+        self.crashed = False  # the run raised: the runner backs off before taking this batch up again
 
     @property
     def halted(self) -> bool:
@@ -60,7 +61,8 @@ class Job:
         try:
             done = await self._run()
         except Exception:
-            log.exception("batch %s: the run failed; it is taken up again after its lease", self.batch.id)
+            self.crashed = True
+            log.exception("batch %s: the run failed; it is taken up again after a back-off", self.batch.id)
         finally:
             keeper.cancel()
             await asyncio.gather(keeper, return_exceptions=True)
@@ -101,10 +103,15 @@ class Job:
             lines = []
         else:
             settings = self.runner.gw.settings
-            lines, problems = await asyncio.to_thread(
-                parse_input, data, b.endpoint, self.model_check(self.principal),
-                max_lines=settings.jobs.max_lines, max_body_bytes=settings.server.max_body_bytes,
-            )  # fmt: skip
+            try:
+                lines, problems = await asyncio.to_thread(
+                    parse_input, data, b.endpoint, self.model_check(self.principal),
+                    max_lines=settings.jobs.max_lines, max_body_bytes=settings.server.max_body_bytes,
+                )  # fmt: skip
+            except Exception as exc:  # a bug of ours on this file: fail the batch once, do not retry it for ever
+                log.exception("batch %s: its input file could not be validated", b.id)
+                problems = [Problem("invalid_file", f"The input file could not be validated ({type(exc).__name__}).")]
+                lines = []
         if problems:
             await self.store.fail_batch(b.id, self.owner, [p.data() for p in problems], now)
             log.info("batch %s failed validation (%d errors)", b.id, len(problems))

@@ -7,6 +7,11 @@ one PostgreSQL each batch has one runner at a time; a replica that dies leaves i
 others once their leases run out. On SQLite (one gateway per database file) every lease left in the
 file is from a process that is gone, so they are all let go on start: a restart resumes at once.
 
+A batch whose run fails (the store could not read its file, a bug) is let go and not claimed again by
+this process for a back-off that doubles with each consecutive failure, from 1 s (or ``poll_interval``)
+up to ``MAX_BACKOFF`` seconds, so one broken batch costs a log line now and then instead of a busy loop (it
+used to be released and re-claimed some 800 times a second). Other replicas keep their own back-off.
+
 On shutdown the runner stops claiming lines, gives the lines in flight ``stop_grace`` seconds to
 finish, then cancels them (they are failed as interrupted, never run again) and lets its leases go.
 """
@@ -19,6 +24,7 @@ import logging
 import os
 import secrets
 import socket
+import time
 from contextlib import suppress
 from functools import partial
 from typing import TYPE_CHECKING
@@ -32,6 +38,31 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("router.jobs")
 
+MAX_BACKOFF = 300.0  # seconds: the longest a failing batch waits before this process tries it again
+
+
+class Backoff:
+    """Consecutive failures per batch, and until when each is left alone."""
+
+    def __init__(self, base: float, cap: float = MAX_BACKOFF) -> None:
+        self.base, self.cap = base, cap
+        self._failures: dict[str, tuple[int, float]] = {}
+
+    def failed(self, batch_id: str) -> float:
+        """One more failure; returns the seconds the batch is now left alone."""
+        count = self._failures.get(batch_id, (0, 0.0))[0] + 1
+        wait = min(self.cap, self.base * 2 ** (count - 1))
+        self._failures[batch_id] = (count, time.monotonic() + wait)
+        return wait
+
+    def succeeded(self, batch_id: str) -> None:
+        self._failures.pop(batch_id, None)
+
+    def waiting(self) -> list[str]:
+        """The batches not to claim now."""
+        now = time.monotonic()
+        return [batch_id for batch_id, (_, until) in self._failures.items() if until > now]
+
 
 class JobRunner:
     def __init__(self, gateway: Gateway, app: ASGIApp, store: JobStore | None = None) -> None:
@@ -43,6 +74,7 @@ class JobRunner:
         self.name = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self._claims = itertools.count(1)
         self.jobs: dict[str, tuple[Job, asyncio.Task[None]]] = {}
+        self.backoff = Backoff(max(1.0, self.settings.poll_interval))
         self.stopping = False
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.Task[None] | None = None
@@ -93,7 +125,8 @@ class JobRunner:
     async def _claim(self) -> None:
         while len(self.jobs) < self.settings.max_jobs and not self.stopping:
             owner = f"{self.name}:{next(self._claims)}"
-            batch = await self.store.claim_batch(owner, self.settings.lease_seconds, list(self.jobs))
+            batch = await self.store.claim_batch(owner, self.settings.lease_seconds,
+                                                 [*self.jobs, *self.backoff.waiting()])  # fmt: skip
             if batch is None:
                 return
             job = Job(self, batch, owner)
@@ -102,5 +135,10 @@ class JobRunner:
             task.add_done_callback(partial(self._done, batch.id))
 
     def _done(self, batch_id: str, _task: object = None) -> None:
-        self.jobs.pop(batch_id, None)
+        job, _ = self.jobs.pop(batch_id, (None, None))
+        if job is not None and job.crashed:
+            wait = self.backoff.failed(batch_id)
+            log.warning("batch %s: left alone for %.0f s before it is tried again", batch_id, wait)
+        else:
+            self.backoff.succeeded(batch_id)
         self.poke()  # a slot is free

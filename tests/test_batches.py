@@ -534,3 +534,46 @@ def test_killed_mid_job_resumes_and_runs_each_line_at_most_once(tmp_path: Path) 
                 proc.kill()
                 proc.wait(10)
         emulators.stop()
+
+
+# -- a batch that cannot be validated or run -------------------------------------------------------------
+def _run_failures(caplog: pytest.LogCaptureFixture, batch_id: str) -> int:
+    return sum(1 for r in caplog.records if batch_id in r.getMessage() and "the run failed" in r.getMessage())
+
+
+def test_a_line_nested_20000_deep_fails_the_batch_once(jobs: Stack, caplog: pytest.LogCaptureFixture) -> None:
+    """It raised RecursionError in validation: the lease was released and the batch re-claimed ~800
+    times a second, stuck in validating. Now it fails once, with the line's error."""
+    client = jobs.client(jobs.key())
+    deep = '{"custom_id": "deep", "method": "POST", "url": "/v1/chat/completions", "body": {"model": ' \
+           '"openai/gpt-4o-mini", "messages": ' + "[" * 20_000 + "]" * 20_000 + "}}"  # fmt: skip
+    created = submit(client, [deep, request("ok", "openai/gpt-4o-mini", "hi")])
+    batch = wait(client, created.id)
+    assert batch.status == "failed"
+    [error] = batch.errors.data
+    assert error.code == "invalid_json_line" and error.line == 1 and "nested" in error.message
+    time.sleep(0.3)
+    assert _run_failures(caplog, created.id) == 0
+
+
+def test_a_batch_whose_run_keeps_failing_backs_off(jobs: Stack, caplog: pytest.LogCaptureFixture) -> None:
+    """The store cannot read the input file (here: a directory where the file should be, which even
+    root cannot read): each run fails. The runner backs off (1 s, 2 s, 4 s, ...) instead of re-claiming
+    the batch at once, and runs it once the file is readable again."""
+    client = jobs.client(jobs.key())
+    content = jsonl([request("r1", "openai/gpt-4o-mini", "hi")])
+    upload = client.files.create(file=("batch.jsonl", content), purpose="batch")
+    path = jobs.tmp / "files" / upload.id
+    path.unlink()
+    path.mkdir()
+    try:
+        created = client.batches.create(input_file_id=upload.id, endpoint=CHAT, completion_window="24h")
+        time.sleep(2.5)
+        failures = _run_failures(caplog, created.id)
+        assert 1 <= failures <= 3, failures  # 0 s, 1 s, 3 s (it was hundreds a second)
+        assert client.batches.retrieve(created.id).status == "validating"
+    finally:
+        path.rmdir()
+        path.write_bytes(content)
+    batch = wait(client, created.id, seconds=30)
+    assert batch.status == "completed" and batch.request_counts.completed == 1
