@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import hmac
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -134,7 +135,25 @@ class Console:
         self._cached.clear()
 
     async def session(self, request: Request) -> auth.Session | None:
-        return auth.read_session(request.cookies.get(COOKIE), await self.secret())
+        """The request's session; a logged-in one only while its row in the store says so (not logged
+        out, and logged in with the credentials that are current)."""
+        session = auth.read_session(request.cookies.get(COOKIE), await self.secret())
+        if session is not None and session.admin:
+            held = await self.queries.session_credential(session.sid_hash)
+            if held is None or not hmac.compare_digest(held, await self.fingerprint()):
+                return None
+        return session
+
+    async def fingerprint(self) -> str:
+        return auth.fingerprint(await self.password_hash(), auth.admin_token(self.settings))
+
+    async def log_in(self) -> auth.Session:
+        session = auth.Session.logged_in(self.settings.session_seconds)
+        await self.queries.session_start(session.sid_hash, await self.fingerprint(), session.expires)
+        return session
+
+    async def log_out(self, session: auth.Session) -> None:
+        await self.queries.session_end(session.sid_hash)
 
     async def check_login(self, password: str) -> bool:
         token = auth.admin_token(self.settings)

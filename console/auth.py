@@ -6,9 +6,12 @@ CSRF tokens bound to the session, and login throttling.
 - **Admin token**: ``[console] admin_token`` (or ``$ROUTER_CONSOLE_TOKEN``). It opens the admin JSON API
   (``Authorization: Bearer ...``) and is also accepted on the login form. An API key is never a login.
 - **Sessions**: a cookie holding ``payload.signature`` (HMAC-SHA256 over the payload with the session
-  secret). The payload says whether the session is logged in, when it expires and its CSRF token.
-  Every visitor of the login page gets an anonymous session, so the login form has a CSRF token too.
-  Setting a new password rotates the stored secret: every open session ends.
+  secret). The payload says whether the session is logged in, when it expires, its CSRF token and, once
+  logged in, its random id. Every visitor of the login page gets an anonymous session, so the login form
+  has a CSRF token too. A logged-in session is also a row in the store (console/queries.py, by the
+  SHA-256 of its id, with a fingerprint of the credentials it logged in with): logout deletes the row, so
+  a copy of the cookie is worthless at once, on every replica; setting a new password (or changing
+  ``password_hash`` or the admin token) ends every session, since their fingerprint no longer matches.
 - **CSRF**: every form carries the session's token in a hidden field; a POST whose token does not
   match, or whose ``Origin`` is another site, is refused (403).
 - **Throttling**: failed logins (and bad admin tokens) are counted per client IP and for all IPs
@@ -105,6 +108,7 @@ class Session:
     admin: bool
     csrf: str
     expires: float
+    sid: str = ""  # a logged-in session's id (its SHA-256 is its row in the store)
 
     @staticmethod
     def anonymous(lifetime: float) -> Session:
@@ -112,12 +116,22 @@ class Session:
 
     @staticmethod
     def logged_in(lifetime: float) -> Session:
-        """A new session (new CSRF token) for a successful login: nothing carries over."""
-        return Session(True, secrets.token_urlsafe(24), time.time() + lifetime)
+        """A new session (new id, new CSRF token) for a successful login: nothing carries over."""
+        return Session(True, secrets.token_urlsafe(24), time.time() + lifetime, secrets.token_urlsafe(24))
+
+    @property
+    def sid_hash(self) -> str:
+        return hashlib.sha256(self.sid.encode()).hexdigest()
+
+
+def fingerprint(password_hash: str, token: str) -> str:
+    """What a session logged in against: a change of either credential ends it."""
+    return hashlib.sha256(f"{password_hash}\0{token}".encode()).hexdigest()
 
 
 def sign_session(session: Session, secret: str) -> str:
-    payload = _b64(json.dumps({"a": session.admin, "c": session.csrf, "e": int(session.expires)}).encode())
+    data = {"a": session.admin, "c": session.csrf, "e": int(session.expires), "s": session.sid}
+    payload = _b64(json.dumps(data).encode())
     mac = hmac.new(secret.encode(), payload.encode(), hashlib.sha256).digest()
     return f"{payload}.{_b64(mac)}"
 
@@ -132,10 +146,10 @@ def read_session(cookie: str | None, secret: str) -> Session | None:
         if not hmac.compare_digest(_unb64(mac), expected):
             return None
         data = json.loads(_unb64(payload))
-        session = Session(bool(data["a"]), str(data["c"]), float(data["e"]))
+        session = Session(bool(data["a"]), str(data["c"]), float(data["e"]), str(data.get("s") or ""))
     except (ValueError, KeyError, TypeError, binascii.Error):
         return None
-    if session.expires < time.time() or not session.csrf:
+    if session.expires < time.time() or not session.csrf or (session.admin and not session.sid):
         return None
     return session
 

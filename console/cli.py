@@ -46,7 +46,8 @@ def read_password(from_stdin: bool) -> str:
 async def store_password(store: Store, hashed: str) -> None:
     queries = queries_for(store)
     await queries.set_setting(auth.PASSWORD_SETTING, hashed)
-    await queries.set_setting(auth.SECRET_SETTING, secrets.token_urlsafe(32))  # ends every open session
+    await queries.set_setting(auth.SECRET_SETTING, secrets.token_urlsafe(32))
+    await queries.sessions_end_all()  # every open session ends, on every replica, also with [console] session_secret
 
 
 def run(args: argparse.Namespace, settings: Settings) -> None:
@@ -64,4 +65,4 @@ def run(args: argparse.Namespace, settings: Settings) -> None:
             "note: [console] password_hash in the config takes precedence over the stored password",
             file=sys.stderr,
         )
-    print("console password set; open sessions are logged out (within a few seconds)")
+    print("console password set; every open session is logged out")

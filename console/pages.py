@@ -94,7 +94,7 @@ async def login(request: Request) -> Response:
         c.throttle.failed(ip)
         return await login_page(c, request, "Wrong password.", 401)
     c.throttle.succeeded(ip)
-    fresh = auth.Session.logged_in(c.settings.session_seconds)
+    fresh = await c.log_in()
     response = RedirectResponse(safe_next(request, form.get("next", "")), status_code=303)
     await c.set_cookie(response, request, fresh)
     return response
@@ -106,6 +106,7 @@ async def _form(request: Request) -> dict[str, str] | None:
 
 @action
 async def logout(c: Console, request: Request, form: dict[str, str]) -> Response:
+    await c.log_out(request.state.session)  # a replayed copy of the cookie opens nothing from now on
     response = c.redirect(request, "/login")
     await c.set_cookie(response, request, None)
     return response

@@ -1,5 +1,7 @@
 """The console's own data: its settings (the admin password's hash, the session secret) in a table of
-its own, ``console_settings``, on the store's database handle. Everything else the console shows it
+its own, ``console_settings``, and the logged-in sessions in ``console_sessions`` (the SHA-256 of each
+session id, the credential it logged in with, its expiry: shared by every replica, so a logout or a new
+password ends a session everywhere at once), on the store's database handle. Everything else the console shows it
 reads through the store: groups and keys, and the usage history (``store.history``,
 :mod:`billing.history`).
 """
@@ -15,6 +17,9 @@ MIGRATIONS = [
     # 1: the settings (IF NOT EXISTS: earlier versions created the table without a version)
     "CREATE TABLE IF NOT EXISTS console_settings "
     "(name TEXT PRIMARY KEY, value TEXT NOT NULL, updated_at DOUBLE PRECISION NOT NULL)",
+    # 2: logged-in sessions, by the SHA-256 of their id
+    "CREATE TABLE console_sessions "
+    "(id TEXT PRIMARY KEY, credential TEXT NOT NULL, expires DOUBLE PRECISION NOT NULL)",
 ]
 
 
@@ -57,6 +62,31 @@ class Queries:
         value = await self.get_setting(name)
         assert value is not None
         return value
+
+
+    # -- sessions (ids are stored hashed: a leaked table opens nothing) ------------------------------
+    async def session_start(self, sid_hash: str, credential: str, expires: float) -> None:
+        await self.ready()
+        await self.db.write("DELETE FROM console_sessions WHERE expires < ?", (time.time(),))
+        await self.db.write(
+            "INSERT INTO console_sessions (id, credential, expires) VALUES (?, ?, ?)", (sid_hash, credential, expires)
+        )
+
+    async def session_credential(self, sid_hash: str) -> str | None:
+        """The credential fingerprint a live session logged in with, or None (ended, expired, unknown)."""
+        await self.ready()
+        rows = await self.db.select(
+            "SELECT credential FROM console_sessions WHERE id = ? AND expires >= ?", (sid_hash, time.time())
+        )
+        return str(rows[0][0]) if rows else None
+
+    async def session_end(self, sid_hash: str) -> None:
+        await self.ready()
+        await self.db.write("DELETE FROM console_sessions WHERE id = ?", (sid_hash,))
+
+    async def sessions_end_all(self) -> None:
+        await self.ready()
+        await self.db.write("DELETE FROM console_sessions")
 
 
 def queries_for(store: Store) -> Queries:

@@ -281,6 +281,33 @@ def test_login_logout_and_a_forged_cookie(cstack: Stack) -> None:
     assert web.get("/console/groups").status == 303
 
 
+def test_logout_ends_the_session_on_the_server(cstack: Stack) -> None:
+    """A copy of the cookie taken before logout (a shared machine, a proxy log) opened the console for
+    the rest of its 8 hours; the session is a row in the store, and logout deletes it."""
+    web = admin(cstack)
+    copy = Client(cstack)
+    copy.cookies = dict(web.cookies)
+    assert copy.get("/console/groups").status == 200
+    assert web.post("/console/logout", {}).status == 303
+    assert copy.get("/console/groups").status == 303  # the replayed cookie opens nothing
+    assert copy.post("/console/groups", {"name": "after-logout", "credits": "1"}, csrf=None).status in (303, 403)
+    assert cstack.run(cstack.store.get_group("after-logout")) is None
+
+
+def test_a_new_password_ends_sessions_signed_with_a_configured_secret(tmp_path: Path) -> None:
+    """With [console] session_secret set, rotating the stored secret changed nothing: the old cookie
+    stayed valid after a password change. The sessions' rows end with the credentials they used."""
+    stack = console_stack(tmp_path, session_secret="a-fixed-secret-for-every-replica-0123")
+    try:
+        web = admin(stack)
+        assert web.get("/console/groups").status == 200
+        stack.run(store_password(stack.store, auth.hash_password("another password 42")))
+        console_of(stack).forget()  # the password hash is cached a few seconds
+        assert web.get("/console/groups").status == 303
+    finally:
+        stack.stop()
+
+
 def test_a_new_password_ends_every_session(cstack: Stack) -> None:
     web = admin(cstack)
     assert web.get("/console/groups").status == 200
@@ -367,7 +394,8 @@ def test_sessions_and_passwords() -> None:
     assert not auth.verify_password(PASSWORD, "scrypt$1$2$3$!!$!!") and not auth.verify_password("x", "plain")
     s = auth.Session.logged_in(60)
     cookie = auth.sign_session(s, "secret")
-    assert auth.read_session(cookie, "secret") == auth.Session(True, s.csrf, float(int(s.expires)))
+    assert auth.read_session(cookie, "secret") == auth.Session(True, s.csrf, float(int(s.expires)), s.sid)
+    assert auth.read_session(auth.sign_session(auth.Session(True, "c", time.time() + 60), "secret"), "secret") is None  # no id
     assert auth.read_session(cookie, "other secret") is None
     assert (
         auth.read_session(auth.sign_session(auth.Session(True, "c", time.time() - 1), "secret"), "secret")
