@@ -76,20 +76,22 @@ def guarded(handler: API) -> Callable[[Request], Awaitable[Response]]:
         if not expected:
             return error(
                 403,
-                "The admin API is off: set [console] admin_token (or $ROUTER_CONSOLE_TOKEN).",
+                f"The admin API is off: set [console] admin_token (or $ROUTER_CONSOLE_TOKEN), at least "
+                f"{auth.MIN_TOKEN} characters.",
                 "admin_api_disabled",
-            )
-        ip = request.client.host if request.client else "unknown"
-        wait = c.throttle.retry_after(ip)
-        if wait is not None:
-            return error(
-                429,
-                f"Too many failed attempts: retry in {wait} seconds.",
-                "too_many_attempts",
-                **{"retry-after": str(wait)},
             )
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not auth.token_matches(given.strip(), expected):
+            # only bad tokens are throttled: a flood of them from one proxy never locks out the real one
+            ip = request.client.host if request.client else "unknown"
+            wait = c.throttle.retry_after(ip)
+            if wait is not None:
+                return error(
+                    429,
+                    f"Too many failed attempts: retry in {wait} seconds.",
+                    "too_many_attempts",
+                    **{"retry-after": str(wait)},
+                )
             c.throttle.failed(ip)
             return error(
                 401,
@@ -228,7 +230,7 @@ async def list_groups(c: Console, request: Request) -> Response:
 
 async def create_group(c: Console, request: Request) -> Response:
     data = await body(request)
-    name = forms.name(str(data.get("name", "")), "name", "group")
+    name = forms.group_name(str(data.get("name", "")), "name")
     amount = forms.credits(amount_text(data.get("credits", "0"), "credits"), "credits")
     assert amount is not None
     return JSONResponse(group_json(await c.store.create_group(name, amount)), status_code=201)

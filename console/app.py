@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 HERE = Path(__file__).resolve().parent
 COOKIE = "mr_console"
+DEVICE_COOKIE = "mr_console_device"  # this browser has logged in before (console/auth.py, Throttling)
 CACHE_SECONDS = 5.0  # how soon a password set by the CLI (in the store) takes effect
 CSS = (HERE / "static" / "console.css").read_bytes()
 SECURITY_HEADERS = [
@@ -161,6 +162,20 @@ class Console:
             return True
         stored = await self.password_hash()
         return bool(stored) and await asyncio.to_thread(auth.verify_password, password, stored)
+
+    async def device(self, request: Request) -> str | None:
+        return auth.read_device(request.cookies.get(DEVICE_COOKIE), await self.secret())
+
+    async def set_device_cookie(self, response: Response, request: Request) -> None:
+        response.set_cookie(
+            DEVICE_COOKIE,
+            auth.new_device(await self.secret()),
+            max_age=int(auth.DEVICE_SECONDS),
+            path=request.scope.get("root_path") or "/",
+            secure=self.settings.secure_cookies,
+            httponly=True,
+            samesite="strict",
+        )
 
     async def set_cookie(self, response: Response, request: Request, session: auth.Session | None) -> None:
         path = request.scope.get("root_path") or "/"

@@ -14,9 +14,17 @@ CSRF tokens bound to the session, and login throttling.
   ``password_hash`` or the admin token) ends every session, since their fingerprint no longer matches.
 - **CSRF**: every form carries the session's token in a hidden field; a POST whose token does not
   match, or whose ``Origin`` is another site, is refused (403).
-- **Throttling**: failed logins (and bad admin tokens) are counted per client IP and for all IPs
-  together over a sliding window; past either limit, attempts are refused (429) without checking the
-  credential. Counted in this process (each replica counts its own).
+- **Throttling**: failed logins (and bad admin tokens) are counted over a sliding window, so that
+  guessing is slow, without letting a guesser lock the real admin out:
+  - the login form counts per client IP and for all IPs together; past either limit, attempts are
+    refused (429) without checking the credential (no scrypt work for a guesser). But a browser that
+    has logged in before holds a signed *device cookie* (OWASP's defence against lockout attacks), and
+    its attempts are counted on that device alone: five bad tries from behind the same proxy, or a
+    global flood, do not lock out the admin's own browser;
+  - the admin API checks the token first (constant time, no scrypt) and lets a valid one through
+    whatever the counts say; bad tokens are counted per IP and refused with 429 past the limit. A token
+    must be at least ``MIN_TOKEN`` characters, so that guessing it is hopeless even unthrottled.
+  Counted in this process (each replica counts its own).
 """
 
 from __future__ import annotations
@@ -32,9 +40,11 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from core.config import ConsoleSettings
+from core.config import MIN_ADMIN_TOKEN, ConsoleSettings
 
 SCRYPT_N, SCRYPT_R, SCRYPT_P = 2**14, 8, 1
+MIN_TOKEN = MIN_ADMIN_TOKEN  # characters of an admin token (secrets.token_urlsafe(24) has 32)
+DEVICE_SECONDS = 365 * 86400.0
 MIN_PASSWORD = 8
 MAX_PASSWORD = 1024
 PASSWORD_SETTING = "admin_password"
@@ -91,7 +101,10 @@ def password_problem(password: str) -> str | None:
 
 
 def admin_token(settings: ConsoleSettings) -> str:
-    return settings.admin_token or os.environ.get("ROUTER_CONSOLE_TOKEN", "")
+    """The admin token ("" when none, or when $ROUTER_CONSOLE_TOKEN is too short to be one: the
+    config's is checked when it is loaded)."""
+    token = settings.admin_token or os.environ.get("ROUTER_CONSOLE_TOKEN", "")
+    return token if len(token) >= MIN_TOKEN else ""
 
 
 def token_matches(given: str, expected: str) -> bool:
@@ -129,15 +142,14 @@ def fingerprint(password_hash: str, token: str) -> str:
     return hashlib.sha256(f"{password_hash}\0{token}".encode()).hexdigest()
 
 
-def sign_session(session: Session, secret: str) -> str:
-    data = {"a": session.admin, "c": session.csrf, "e": int(session.expires), "s": session.sid}
+def _sign(data: dict[str, object], secret: str) -> str:
     payload = _b64(json.dumps(data).encode())
     mac = hmac.new(secret.encode(), payload.encode(), hashlib.sha256).digest()
     return f"{payload}.{_b64(mac)}"
 
 
-def read_session(cookie: str | None, secret: str) -> Session | None:
-    """The session in a cookie, if its signature holds and it has not expired."""
+def _signed(cookie: str | None, secret: str) -> dict[str, object] | None:
+    """The data of a cookie made by ``_sign``, if its signature holds."""
     if not cookie or len(cookie) > 4096 or "." not in cookie:
         return None
     payload, _, mac = cookie.partition(".")
@@ -146,8 +158,39 @@ def read_session(cookie: str | None, secret: str) -> Session | None:
         if not hmac.compare_digest(_unb64(mac), expected):
             return None
         data = json.loads(_unb64(payload))
-        session = Session(bool(data["a"]), str(data["c"]), float(data["e"]), str(data.get("s") or ""))
-    except (ValueError, KeyError, TypeError, binascii.Error):
+    except (ValueError, binascii.Error):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def sign_session(session: Session, secret: str) -> str:
+    return _sign({"a": session.admin, "c": session.csrf, "e": int(session.expires), "s": session.sid}, secret)
+
+
+def new_device(secret: str) -> str:
+    """A device cookie: this browser has logged in before (its failed logins are counted apart)."""
+    return _sign({"d": secrets.token_urlsafe(16), "e": int(time.time() + DEVICE_SECONDS)}, secret)
+
+
+def read_device(cookie: str | None, secret: str) -> str | None:
+    """The device id in a device cookie, if it is genuine and not expired."""
+    data = _signed(cookie, secret)
+    try:
+        if data is None or float(data["e"]) < time.time():  # type: ignore[arg-type]
+            return None
+        return str(data["d"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def read_session(cookie: str | None, secret: str) -> Session | None:
+    """The session in a cookie, if its signature holds and it has not expired."""
+    data = _signed(cookie, secret)
+    if data is None:
+        return None
+    try:
+        session = Session(bool(data["a"]), str(data["c"]), float(data["e"]), str(data.get("s") or ""))  # type: ignore[arg-type]
+    except (ValueError, KeyError, TypeError):
         return None
     if session.expires < time.time() or not session.csrf or (session.admin and not session.sid):
         return None
@@ -164,7 +207,8 @@ def csrf_ok(session: Session | None, token: str | None) -> bool:
 
 # -- throttling -----------------------------------------------------------------------------------
 class Throttle:
-    """Failed attempts per IP and overall, in a sliding window."""
+    """Failed attempts per key (a client IP, or a device) and overall, in a sliding window. Attempts
+    with ``overall=False`` (a known device's) neither count toward nor wait for the overall limit."""
 
     MAX_IPS = 10_000
 
@@ -179,12 +223,12 @@ class Throttle:
         while attempts and attempts[0] <= now - self.window:
             attempts.popleft()
 
-    def retry_after(self, ip: str) -> int | None:
+    def retry_after(self, ip: str, overall: bool = True) -> int | None:
         """Seconds to wait if ``ip`` (or everyone) is throttled now, else None."""
         now = time.monotonic()
         self._prune(self._all, now)
         waits: list[float] = []
-        if len(self._all) >= self.overall:
+        if overall and len(self._all) >= self.overall:
             waits.append(self._all[-self.overall] + self.window - now)
         mine = self._ips.get(ip)
         if mine is not None:
@@ -195,7 +239,7 @@ class Throttle:
                 del self._ips[ip]
         return max(1, int(max(waits)) + 1) if waits else None
 
-    def failed(self, ip: str) -> None:
+    def failed(self, ip: str, overall: bool = True) -> None:
         now = time.monotonic()
         if len(self._ips) >= self.MAX_IPS and ip not in self._ips:
             for other in list(self._ips):
@@ -205,7 +249,8 @@ class Throttle:
             if len(self._ips) >= self.MAX_IPS:
                 self._ips.pop(next(iter(self._ips)))
         self._ips.setdefault(ip, collections.deque()).append(now)
-        self._all.append(now)
+        if overall:
+            self._all.append(now)
         while len(self._all) > self.overall * 2:
             self._all.popleft()
 

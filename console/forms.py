@@ -16,14 +16,13 @@ from typing import TypeVar
 from urllib.parse import parse_qs, urlencode
 
 from billing.history import Filter
-from core.inputs import natural
+from core.inputs import group_name_problem, natural
 from core.money import to_credits, to_nano
 
 T = TypeVar("T")
 
 MAX_FORM_BYTES = 64 * 1024
 AMOUNT = re.compile(r"^\d{1,12}(\.\d{1,9})?$")
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 MODEL = re.compile(r"^[a-z0-9][a-z0-9._:/-]{0,127}$")
 DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 PERIODS: dict[str, tuple[str, float | None]] = {
@@ -64,13 +63,11 @@ def credits(text: str, field: str, *, positive: bool = False, allow_empty: bool 
     return nano
 
 
-def name(text: str, field: str, what: str) -> str:
+def group_name(text: str, field: str) -> str:
     text = text.strip()
-    if not NAME.match(text):
-        raise Invalid(
-            field,
-            f"A {what} name is 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit.",
-        )
+    problem = group_name_problem(text)
+    if problem is not None:
+        raise Invalid(field, problem)
     return text
 
 

@@ -84,19 +84,23 @@ async def login(request: Request) -> Response:
         await c.set_cookie(response, request, fresh)
         return response
     request.state.session = session
-    ip = client_ip(request)
-    wait = c.throttle.retry_after(ip)
+    # a browser that logged in before counts its failures on its own (console/auth.py, Throttling)
+    device = await c.device(request)
+    who, overall = (f"device:{device}", False) if device else (client_ip(request), True)
+    wait = c.throttle.retry_after(who, overall)
     if wait is not None:
         response = await login_page(c, request, f"Too many failed logins: try again in {wait} seconds.", 429)
         response.headers["retry-after"] = str(wait)
         return response
     if not await c.check_login(form.get("password", "")):
-        c.throttle.failed(ip)
+        c.throttle.failed(who, overall)
         return await login_page(c, request, "Wrong password.", 401)
-    c.throttle.succeeded(ip)
+    c.throttle.succeeded(who)
     fresh = await c.log_in()
     response = RedirectResponse(safe_next(request, form.get("next", "")), status_code=303)
     await c.set_cookie(response, request, fresh)
+    if device is None:
+        await c.set_device_cookie(response, request)
     return response
 
 
@@ -140,7 +144,7 @@ async def create_group(c: Console, request: Request, form: dict[str, str]) -> Re
     errors: dict[str, str] = {}
     name = amount = None
     try:
-        name = forms.name(form.get("name", ""), "name", "group")
+        name = forms.group_name(form.get("name", ""), "name")
     except Invalid as exc:
         errors[exc.field] = exc.message
     try:

@@ -138,12 +138,16 @@ class HealthSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     cache_seconds: float = 5.0
 
 
+MIN_ADMIN_TOKEN = 24  # a valid admin token always opens the admin API: it must be too long to guess
+
+
 class ConsoleSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """``[console]``: the management console at /console (console/). The admin logs in with the password
     set by ``router console set-password`` (stored scrypt-hashed) or with ``admin_token``, which also
     opens the admin JSON API (``Authorization: Bearer ...``; else ``$ROUTER_CONSOLE_TOKEN``)."""
 
     enabled: bool = True
+    # empty, or at least 24 characters (a valid token always opens the API, so it must not be guessable)
     admin_token: str = ""
     password_hash: str = ""  # an scrypt hash as `router console hash-password` prints it; else the store's
     session_secret: str = ""  # signs session cookies; empty: a random one kept in the store
@@ -228,6 +232,9 @@ def parse_settings(raw: dict, source: str = "config") -> Settings:
         settings = msgspec.convert(raw, Settings)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"{source}: {exc}") from None
+    if 0 < len(settings.console.admin_token) < MIN_ADMIN_TOKEN:
+        raise ConfigError(f"{source}: console.admin_token must be at least {MIN_ADMIN_TOKEN} characters "
+                          "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')")  # fmt: skip
     catalog = settings.load_catalog()
     for prefix, own in settings.providers.items():
         if prefix not in catalog.providers:

@@ -77,6 +77,7 @@ class GatewayError(Exception):
 class InvalidRequest(GatewayError):
     status = 400
     type = "invalid_request_error"
+    code = "invalid_request"  # when no more precise code is given: a 400 never says "code": null
 
 
 class Unauthorized(GatewayError):

@@ -4,6 +4,8 @@
     natural(text, high)       an ASCII decimal integer in [0, high], else None ("²".isdigit() is True,
                               and int("²") raises; SQLite takes integers up to 2**63 - 1)
     finite(text)              a float that is neither NaN nor infinite, else None
+    group_name_problem(name)  why ``name`` cannot name a group (the CLI, the admin API and the console
+                              share this one rule: a group's name is a path segment of the console)
 
 Depth is bounded because everything after the decoder that walks a body (msgspec's convert and encode,
 the token estimate, the translators) recurses, on a stack that is deeper than the decoder's was: a
@@ -15,6 +17,7 @@ the body holds more than 128 brackets at all.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import msgspec
@@ -23,6 +26,9 @@ from core.errors import InvalidRequest
 
 MAX_DEPTH = 128
 INT64_MAX = 2**63 - 1
+
+GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+GROUP_NAME_RULE = "A group name is 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit."
 
 _decode = msgspec.json.Decoder().decode
 
@@ -82,3 +88,8 @@ def finite(text: str | None) -> float | None:
     except ValueError:
         return None
     return value if math.isfinite(value) else None
+
+
+def group_name_problem(name: str) -> str | None:
+    """None if ``name`` is a valid group name, else the rule it breaks."""
+    return None if GROUP_NAME.fullmatch(name) else GROUP_NAME_RULE

@@ -142,5 +142,5 @@ def fallback_list(body: dict[str, Any]) -> list[str]:
     if extra is None:
         return []
     if not isinstance(extra, list) or not all(isinstance(m, str) for m in extra) or len(extra) > 8:
-        raise InvalidRequest("'models' must be a list of at most 8 model ids.", param="models")
+        raise InvalidRequest("'models' must be a list of at most 8 model ids.", param="models", code="invalid_value")
     return extra

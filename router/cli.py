@@ -20,6 +20,7 @@ import sys
 from billing.store import StoreDown, StoreError, with_store
 from core.catalog import ConfigError
 from core.config import Settings, load_settings
+from core.inputs import group_name_problem
 from core.money import to_credits as nano_to_credits
 from core.money import to_nano
 from gateway.auth import new_key
@@ -34,6 +35,9 @@ def credits_to_nano(text: str) -> int:
 
 def _groups(args: argparse.Namespace, settings: Settings) -> None:
     if args.action == "create":
+        problem = group_name_problem(args.name)  # the console's and the admin API's rule
+        if problem is not None:
+            raise SystemExit(f"error: {problem}")
         amount = credits_to_nano(args.credits)
         group = asyncio.run(with_store(settings.store.url, lambda s: s.create_group(args.name, amount)))
         print(f"group {group.name} (id {group.id}) created with {nano_to_credits(group.balance)} credits")

@@ -43,6 +43,17 @@ def test_groups_and_keys_lifecycle(tmp_path) -> None:
     assert missing.returncode != 0 and "no group named 'nobody'" in missing.stderr
 
 
+def test_group_names_follow_the_consoles_rule(tmp_path) -> None:
+    """One rule for group names everywhere: the CLI created 'a/b', which the console could not reach
+    (a '/' in a path segment) and refused to create itself."""
+    cwd = str(tmp_path)
+    for bad in ("a/b", "_under", "sp ace", "x" * 65, "é"):
+        out = router("groups", "create", bad, "--credits", "1", cwd=cwd)
+        assert out.returncode != 0 and "A group name is 1 to 64" in out.stderr, (bad, out.stderr)
+    assert "a/b" not in router("groups", "list", cwd=cwd).stdout
+    assert router("groups", "create", "team.a_b-1", "--credits", "1", cwd=cwd).returncode == 0
+
+
 def test_cli_and_gateway_share_the_store(stack: Stack, tmp_path) -> None:
     config = tmp_path / "router.toml"
     config.write_text(f'[store]\nurl = "{stack.settings.store.url}"\n')

@@ -363,10 +363,40 @@ def test_login_is_throttled(cstack: Stack) -> None:
         blocked = web.post("/console/login", {"password": PASSWORD}, csrf=web.csrf("/console/login"))
         assert blocked.status == 429 and "Too many failed logins" in blocked.text
         assert int(blocked.headers["retry-after"]) > 0
-        assert web.get("/console/groups").status == 303  # the right password did not get in
-        assert web.api("GET", "/groups").status == 429  # the same IP is held off the API too
+        assert web.get("/console/groups").status == 303  # a browser never logged in before: not even the right one
+        assert web.api("GET", "/groups", token="wrong-token").status == 429  # bad tokens from this IP too
     finally:
         console.throttle.succeeded("127.0.0.1")
+    assert admin(cstack).get("/console/groups").status == 200
+
+
+def test_a_lockout_from_the_same_ip_does_not_lock_out_the_admin(cstack: Stack) -> None:
+    """Failed logins were counted per IP and checked before the credential, so five bad tries from
+    behind the admin's own proxy locked the admin out for five minutes. The admin's browser (it has
+    logged in before: a signed device cookie) and the admin token on the API still get in."""
+    console = console_of(cstack)
+    browser = admin(cstack)  # logged in once: it holds the device cookie
+    assert "mr_console_device" in browser.cookies
+    assert browser.post("/console/logout", {}).status == 303
+    try:
+        attacker = Client(cstack)
+        attacker.get("/console/login")
+        for _ in range(3):
+            attacker.post("/console/login", {"password": "guess"}, csrf=attacker.csrf("/console/login"))
+        assert attacker.login().status == 429  # the IP is locked (3 attempts per IP in this stack)
+        for _ in range(3):
+            assert attacker.api("GET", "/groups", token="guess-" + "x" * 30).status in (401, 429)
+        assert browser.login().status == 303  # the admin's browser gets in
+        assert browser.get("/console/groups").status == 200
+        assert Client(cstack).api("GET", "/groups").status == 200  # and the valid token does
+        # the device counts its own failures: its bad tries lock it, and only it
+        browser.post("/console/logout", {})
+        for _ in range(3):
+            assert browser.login("not the password").status == 401
+        assert browser.login().status == 429
+    finally:
+        console.throttle._ips.clear()
+        console.throttle._all.clear()
     assert admin(cstack).get("/console/groups").status == 200
 
 
@@ -406,8 +436,10 @@ def test_sessions_and_passwords() -> None:
 
 
 def test_config_console_table() -> None:
-    s = parse_settings({"console": {"admin_token": "t", "session_seconds": 60, "login_attempts_per_ip": 2}})
-    assert s.console.admin_token == "t" and s.console.session_seconds == 60
+    s = parse_settings({"console": {"admin_token": TOKEN, "session_seconds": 60, "login_attempts_per_ip": 2}})
+    assert s.console.admin_token == TOKEN and s.console.session_seconds == 60
+    with pytest.raises(ConfigError, match="at least 24 characters"):
+        parse_settings({"console": {"admin_token": "short"}})  # a valid token always gets in: no guessable one
     with pytest.raises(ConfigError, match="console"):
         parse_settings({"console": {"admin_tokn": "t"}})
     with pytest.raises(ConfigError):

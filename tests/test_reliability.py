@@ -123,9 +123,10 @@ def test_catalog_fallback_and_stream(rstack: Stack) -> None:
 
 
 def test_bad_request_does_not_fall_back(rstack: Stack) -> None:
-    with pytest.raises(openai.BadRequestError):
+    with pytest.raises(openai.BadRequestError) as info:
         rstack.client().chat.completions.create(model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "x"}],
                                                 extra_body={"models": "not-a-list"})  # fmt: skip
+    assert info.value.code == "invalid_value" and info.value.param == "models"  # type: ignore[attr-defined]
 
 
 def test_circuit_opens_then_probes_back(rstack: Stack) -> None:
