@@ -6,7 +6,8 @@ model, and the console's call history, chart and CSV export.
   page at a time with keyset pagination on ``usage.id`` (``id < before`` / ``id > after``): a page
   costs the same at the millionth row as at the first.
 - ``buckets``: calls and credits per time bucket, for the chart.
-- ``key_models`` / ``usage_by_model``: one key's usage per model over a period.
+- ``key_models`` / ``usage_by_model``: one key's usage per model over a period; ``totals``: a
+  filter's usage per model or per deployment.
 
 Speed with millions of rows comes from two things. (1) Indexes of billing's schema that end in
 ``id``, so every filter is an index range read in id order: ``(group_id, id)``, ``(group_id,
@@ -53,8 +54,10 @@ class Bucket:
 
 
 @dataclass(frozen=True, slots=True)
-class ModelRow:
-    model: str
+class Totals:
+    """One group of :meth:`History.totals`: its name (a model, or a deployment) and what it summed."""
+
+    name: str
     calls: int
     prompt_tokens: int
     completion_tokens: int
@@ -209,20 +212,26 @@ class History:
         rows = await self._select("SELECT ts FROM usage WHERE group_id = ? ORDER BY id LIMIT 1", (group_id,))
         return float(rows[0][0]) if rows else None
 
-    async def key_models(self, key_id: int, group_id: int, since: float | None, until: float | None) -> list[ModelRow]:
-        f = Filter(group_id, key_id=key_id, since=since, until=until)
-        lo, hi = await self.id_range(since, until)
+    async def key_models(self, key_id: int, group_id: int, since: float | None, until: float | None) -> list[Totals]:
+        """One key's usage per model over a period."""
+        return await self.totals(Filter(group_id, key_id=key_id, since=since, until=until), "model")
+
+    async def totals(self, f: Filter, by: str) -> list[Totals]:
+        """Calls, tokens, credits and failures per ``by`` (``model`` or ``deployment``) of a filter's rows."""
+        if by not in ("model", "deployment"):
+            raise ValueError(f"no totals by {by!r}")
+        lo, hi = await self.id_range(f.since, f.until)
         totals: dict[str, list[int]] = {}
         for a, b in await self.windows(lo, hi):
             base, args = self._where(f, a, b)
             sql = (
-                "SELECT model, count(*), sum(prompt_tokens), sum(completion_tokens), sum(cached_tokens), "
+                f"SELECT {by}, count(*), sum(prompt_tokens), sum(completion_tokens), sum(cached_tokens), "
                 f"sum(reasoning_tokens), sum(credits), sum(CASE WHEN status = 'ok' THEN 0 ELSE 1 END) {base} "
-                "GROUP BY model"
+                f"GROUP BY {by}"
             )
-            for model, *numbers in await self._select(sql, args):
-                row = totals.setdefault(model, [0] * 7)
+            for name, *numbers in await self._select(sql, args):
+                row = totals.setdefault(name, [0] * 7)
                 for i, value in enumerate(numbers):
                     row[i] += int(value or 0)
             await asyncio.sleep(0)
-        return [ModelRow(model, *totals[model]) for model in sorted(totals)]
+        return [Totals(name, *totals[name]) for name in sorted(totals)]

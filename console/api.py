@@ -158,6 +158,7 @@ def usage_json(r: UsageRecord) -> dict[str, Any]:
         "key_id": r.key_id,
         "model": r.model,
         "provider": r.provider,
+        "deployment": r.deployment,
         "endpoint": r.endpoint,
         "source": r.source,
         "stream": r.stream,
@@ -300,7 +301,10 @@ def usage_filter(request: Request, group_id: int) -> Filter:
     if source not in (None, "api", "job"):
         raise Invalid("source", "'source' is api or job (or absent for all).")
     model = (p.get("model") or "").strip().lower() or None
-    return Filter(group_id, source, model, number(p, "key", int), number(p, "since"), number(p, "until"))
+    deployment = (p.get("deployment") or "").strip() or None
+    if deployment is not None and not forms.NAME.match(deployment):
+        raise Invalid("deployment", "'deployment' is a deployment's name (letters, digits, . _ -).")
+    return Filter(group_id, source, model, number(p, "key", int), number(p, "since"), number(p, "until"), deployment)
 
 
 async def group_usage(c: Console, request: Request) -> Response:
@@ -351,7 +355,7 @@ async def key_usage(c: Console, request: Request) -> Response:
             "key_id": info.id,
             "models": [
                 {
-                    "model": r.model,
+                    "model": r.name,
                     "calls": r.calls,
                     "errors": r.errors,
                     "prompt_tokens": r.prompt_tokens,

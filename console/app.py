@@ -106,6 +106,10 @@ class Console:
     def model_ids(self) -> list[str]:
         return sorted(m.id for m in self.gateway.catalog.models.values())
 
+    def deployment_names(self) -> list[str]:
+        """The names of every provider's deployments (the usage filter offers them)."""
+        return sorted({d.name for deps in self.gateway.deployments.values() for d in deps})
+
     async def ensure(self) -> None:
         if not self.gateway.started:
             await self.gateway.start()

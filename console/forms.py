@@ -156,6 +156,7 @@ class History:
     limit: int
     before: int | None
     after: int | None
+    deployment: str = ""  # the provider's deployment that served ("": any)
 
     def filter(self, group_id: int) -> Filter:
         return Filter(
@@ -165,6 +166,7 @@ class History:
             self.key_id,
             self.period.since,
             self.period.until,
+            self.deployment or None,
         )
 
     def query(self, **changes: object) -> str:
@@ -175,6 +177,7 @@ class History:
             "from": self.period.start,
             "to": self.period.end,
             "model": self.model,
+            "deployment": self.deployment,
             "key": self.key_id,
             "limit": self.limit,
         }
@@ -217,10 +220,14 @@ def history(params: dict[str, str], errors: dict[str, str]) -> History:
     if model and not MODEL.match(model):
         errors["model"] = "Not a model id."
         model = ""
+    deployment = params.get("deployment", "").strip()
+    if deployment and not NAME.match(deployment):  # as core.deployments names them
+        errors["deployment"] = "Not a deployment name."
+        deployment = ""
     key_id = take("key", lambda: cursor(params.get("key", ""), "key"), None)
     limit_text = params.get("limit", "50").strip() or "50"
     limit = natural(limit_text) or 50
     limit = limit if limit in PAGE_SIZES else 50
     before = take("before", lambda: cursor(params.get("before", ""), "before"), None)
     after = take("after", lambda: cursor(params.get("after", ""), "after"), None)
-    return History(source, chosen, model, key_id, limit, before, after)
+    return History(source, chosen, model, key_id, limit, before, after, deployment)

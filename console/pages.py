@@ -344,6 +344,7 @@ async def usage(c: Console, request: Request) -> Response:
     else:
         totals = (0, 0)
     keys = {k.id: k for k in await c.store.list_keys(group.name)}
+    by_deployment = await c.history.totals(f, "deployment")
     return c.render(
         request,
         "usage.html",
@@ -357,6 +358,8 @@ async def usage(c: Console, request: Request) -> Response:
         errors=errors,
         periods=forms.PERIODS,
         models=c.model_ids(),
+        deployments=c.deployment_names(),
+        by_deployment=by_deployment,
         page_sizes=forms.PAGE_SIZES,
     )
 
@@ -368,6 +371,7 @@ CSV_COLUMNS = [
     "key_name",
     "model",
     "provider",
+    "deployment",
     "endpoint",
     "source",
     "stream",
@@ -404,6 +408,7 @@ def csv_row(r: UsageRecord, keys: dict[int, KeyInfo]) -> list[Any]:
             name,
             r.model,
             r.provider,
+            r.deployment,
             r.endpoint,
             r.source,
             int(r.stream),

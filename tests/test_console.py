@@ -775,7 +775,7 @@ async def check_queries(store: Store) -> dict[str, Any]:
     assert sum(b.calls for b in buckets) == 250 and buckets[0].calls == 50
     out["buckets"] = [(b.calls, b.credits) for b in buckets]
     rows = await q.key_models(1, 1, start, start + 500)
-    out["models"] = [(r.model, r.calls, r.prompt_tokens, r.completion_tokens, r.credits) for r in rows]
+    out["models"] = [(r.name, r.calls, r.prompt_tokens, r.completion_tokens, r.credits) for r in rows]
     exported = [r.id async for chunk in q.export(Filter(1, source="job"), 1000, chunk=7) for r in chunk]
     assert len(exported) == 50
     assert (
