@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 
 from adapters.base import USER_AGENT, UpstreamRequest, UpstreamStreamError
-from core.config import ResolvedProvider
+from core.deployments import Deployment
 from core.errors import UpstreamError
 from core.sse import Event, frame_event
 from core.wire import TokenUsage
@@ -41,7 +41,7 @@ GENERATED = frozenset(
 )
 
 
-def build_request(provider: ResolvedProvider, body: dict[str, Any], upstream_model: str) -> UpstreamRequest:
+def build_request(provider: Deployment, body: dict[str, Any], upstream_model: str) -> UpstreamRequest:
     out = dict(body)
     out["model"] = upstream_model
     headers = {"Authorization": f"Bearer {provider.api_key}", "Content-Type": "application/json", "User-Agent": USER_AGENT}

@@ -349,9 +349,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def extras(args: argparse.Namespace) -> None:
-    """The ledger's settlement rate per store, N concurrent slow streams through one process, and the
-    instructions per call of the gateway and the bare proxy (noise-free, unlike req/s)."""
-    from bench import instructions, ledger, streams
+    """The ledger's settlement rate per store, N concurrent slow streams through one process, three
+    rate-limited deployments against one, and the instructions per call of the gateway and the bare
+    proxy (noise-free, unlike req/s)."""
+    from bench import deployments, instructions, ledger, streams
 
     say("ledger settlement benchmark (SQLite and PostgreSQL)")
     try:
@@ -364,6 +365,11 @@ def extras(args: argparse.Namespace) -> None:
         streams.main(["--streams", str(n), "--tokens", "30" if args.quick else "90"], exit_after=False)
     except Exception as exc:  # noqa: BLE001
         print(f"streams benchmark failed: {exc}", flush=True)
+    say("3 deployments limited to R RPM each against 1, offered 2.5 R")
+    try:
+        print(deployments.report(deployments.run(15.0 if args.quick else 30.0)), flush=True)
+    except Exception as exc:  # noqa: BLE001
+        print(f"deployments benchmark failed: {exc}", flush=True)
     say("instructions per call under callgrind: gateway and bare proxy")
     try:
         instructions.main(["--calls", "100", "--servers", "bare,gateway"] if args.quick else ["--calls", "300"])

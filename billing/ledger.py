@@ -11,6 +11,7 @@ import asyncio
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -216,6 +217,7 @@ class Meter:
     started: float = field(default_factory=time.monotonic)
     finished: bool = False
     settled: asyncio.Future[int] | None = None  # once finished: resolves when its settlement is durable
+    on_finish: Callable[[], None] | None = None  # told once the call is over (the deployment's lease)
 
     def settles_on_failure(self) -> _SettlesOnFailure:
         """Around a step of the call (``async with``): if it fails, settle at once — ``error`` for a
@@ -231,6 +233,8 @@ class Meter:
         if self.finished:
             return
         self.finished = True
+        if self.on_finish is not None:
+            self.on_finish()
         record = self.record
         exact = usage is not None
         if usage is None and (generated or status == "interrupted"):

@@ -208,9 +208,6 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         return self.deployments(prefix, catalog)[0]
 
 
-ResolvedProvider = Deployment  # its name before a provider had several deployments
-
-
 def load_settings(path: str | os.PathLike[str] | None = None) -> Settings:
     """Read settings from ``path``, else ``$ROUTER_CONFIG``, else built-in defaults."""
     if path is None:
@@ -249,4 +246,4 @@ def parse_settings(raw: dict, source: str = "config") -> Settings:
     return settings
 
 
-__all__ = ["ConfigError", "Deployment", "Settings", "load_settings", "parse_settings", "ResolvedProvider"]
+__all__ = ["ConfigError", "Deployment", "Settings", "load_settings", "parse_settings"]

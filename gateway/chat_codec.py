@@ -10,10 +10,12 @@ from typing import Any
 
 from adapters.base import Adapter, Call
 from core.catalog import Model
+from core.deployments import Deployment
 from core.errors import GatewayError
 from core.types import Endpoint, new_id
 from core.wire import ChatRequest
 from gateway.codec import Answer, Codec, Leg, fallback_list
+from gateway.routing import conversation
 from gateway.state import Gateway
 from gateway.stream import ChatReader, Shaper
 
@@ -43,13 +45,16 @@ class ChatCodec(Codec):
         self.raw = raw
         self.raw_chunks = raw_chunks  # the consumer only encodes the chunks: plain ones may be bytes
 
-    def leg(self, gw: Gateway, model: Model, model_id: str) -> ChatLeg:
+    def conversation(self, key_id: int, first: int) -> bytes:
+        return conversation(key_id, self.raw, first)
+
+    def leg(self, gw: Gateway, model: Model, model_id: str, deployment: Deployment) -> ChatLeg:
         req = self.view
         stream = self.stream
         call = Call(
             model_id=model_id,
             model=model,
-            provider=gw.providers[model.provider],
+            provider=deployment,
             raw=self.raw,
             request=req,
             stream=stream,

@@ -30,6 +30,7 @@ from core.wire import ChatRequest, TokenUsage
 
 if TYPE_CHECKING:
     from adapters.base import UpstreamRequest
+    from core.deployments import Deployment
     from gateway.state import Gateway
 
 
@@ -130,8 +131,18 @@ class Codec(ABC):
         self.models = models  # the request's own fallbacks (``models``), after its model
 
     @abstractmethod
-    def leg(self, gw: Gateway, model: Model, model_id: str) -> Leg:
-        """The call for one candidate model (pure; a GatewayError if this model cannot take it)."""
+    def leg(self, gw: Gateway, model: Model, model_id: str, deployment: Deployment) -> Leg:
+        """The call for one candidate model on one of its provider's deployments (pure; a
+        GatewayError if this model cannot take it)."""
+
+    def deployments(self, gw: Gateway, model: Model) -> tuple[Deployment, ...]:
+        """The deployments that may serve this call of ``model`` (gateway/dispatch.py picks)."""
+        return gw.router.pools[model.provider].serving(model)
+
+    @abstractmethod
+    def conversation(self, key_id: int, first: int) -> bytes:
+        """What names this call's conversation for sticky routing: the request as the caller sent it
+        to :func:`gateway.routing.conversation`."""
 
 
 def fallback_list(body: dict[str, Any]) -> list[str]:

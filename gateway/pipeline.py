@@ -4,9 +4,10 @@ and wire protocols is a codec's (gateway/codec.py); the stages are here, once:
 
     start(context, codec)    for each candidate model (the one asked for, the request's ``models``,
                              the catalog's fallbacks): resolve and check it, rate limits (once per
-                             call), the provider's circuit breaker, reserve the worst case (402), open
-                             the upstream with retries; a failure is settled at once and the next
-                             candidate tried if a fallback may help
+                             call), skip it if every deployment's circuit is open, reserve the worst
+                             case (402), open the upstream on one of the provider's deployments,
+                             moving between them and retrying (gateway/dispatch.py); a failure is
+                             settled at once and the next candidate tried if a fallback may help
     complete(started)        non-stream: the caller's answer, settled
     relay(started)           stream: batches of the caller's pieces, settled exactly once
     abandon(started)         the consumer went away before reading: settled as interrupted
@@ -21,11 +22,12 @@ from typing import Any
 
 import aiohttp
 
-from adapters.base import upstream_request_id
+from adapters.base import UpstreamRequest, upstream_request_id
 from billing.ledger import Meter
-from billing.pricing import worst_case
+from billing.pricing import input_ceiling, output_ceiling, worst_case
 from billing.store import Principal
 from core.catalog import Model
+from core.deployments import Deployment
 from core.errors import GatewayError, InvalidRequest, PermissionDenied, UpstreamUnavailable
 from core.types import Endpoint, Headers
 from core.wire import ChatRequest
@@ -33,7 +35,7 @@ from gateway.auth import may_use
 from gateway.codec import Answer, Codec, Leg
 from gateway.context import CallContext
 from gateway.relay import relay
-from gateway.reliability import REFUSED, circuit_open, failover, open_upstream
+from gateway.reliability import circuit_open, closed, failover, no_deployment, open_upstream
 from gateway.state import Gateway
 
 
@@ -46,6 +48,7 @@ class Started:
     response: aiohttp.ClientResponse
     upstream_id: str | None
     rate_headers: Headers | None = None  # x-ratelimit-* for the HTTP response (gateway/ratelimit.py)
+    deployment: str = ""  # the name of the provider's deployment that answered
 
     @property
     def model(self) -> Model:
@@ -109,33 +112,33 @@ class Pipeline:
             try:
                 model = self.check(principal, codec.view, codec.endpoint, model_id,
                                    image_param=codec.image_param, cap_param=codec.cap_param)  # fmt: skip
-                leg = codec.leg(gw, model, model_id)
+                deployments = codec.deployments(gw, model)
+                if not deployments:
+                    raise no_deployment(model)
+                leg = codec.leg(gw, model, model_id, deployments[0])
             except GatewayError:
                 if n == 0:
                     raise
                 continue  # a fallback this call cannot use
             if n == 0:  # rate limits: once per call (429 here is final: no fallback), before any reserve
                 limit_headers = await gw.limits.admit(principal, model, codec.size, codec.view)
-            breaker = gw.breakers[model.provider]
-            ticket = breaker.allow()
-            if ticket == REFUSED:
+            if not closed(gw.breakers, deployments):  # every circuit open: nothing reserved for it
                 last = circuit_open(model.provider)
                 continue
             try:
-                started = await self._open(context, codec, leg, deadline)
+                started = await self._open(context, codec, leg, deployments, deadline)
                 started.rate_headers = limit_headers
                 return started
             except GatewayError as exc:
                 if not failover(exc) or n == len(ids) - 1 or time.monotonic() >= deadline:
                     raise
                 last = exc
-            finally:  # a probe that ended without a verdict on the provider (402, 4xx, a hang-up): let it go
-                if ticket:
-                    breaker.release(ticket)
         raise last or UpstreamUnavailable("No upstream could serve this call.")
 
-    async def _open(self, context: CallContext, codec: Codec, leg: Leg, deadline: float) -> Started:
-        """One candidate: reserve at its prices, open its upstream with retries, settle on failure."""
+    async def _open(self, context: CallContext, codec: Codec, leg: Leg, deployments: tuple[Deployment, ...],
+                    deadline: float) -> Started:  # fmt: skip
+        """One candidate: reserve at its prices, open its upstream on one of ``deployments`` (``leg`` is
+        the call on the first), settle on failure."""
         gw, model = self.gw, leg.model
         # (rate limits were checked once per call, in start(), before the first candidate)
         amount = worst_case(model, codec.size, codec.view, leg.upstream.max_output)
@@ -143,8 +146,22 @@ class Pipeline:
         record = context.record(model.id, model.provider, codec.stream)
         meter = Meter(gw.ledger, reservation, model, record, leg.prompt)
         async with meter.settles_on_failure():
-            response = await open_upstream(gw, leg.upstream, model.provider, leg.error, deadline)
-            return Started(leg, meter, response, upstream_request_id(response.headers))
+            legs = {deployments[0].key: leg}
+
+            def build(deployment: Deployment) -> UpstreamRequest:
+                record.deployment = deployment.name  # the last one tried, if none answers
+                found = legs.get(deployment.key)
+                if found is None:
+                    found = legs[deployment.key] = codec.leg(gw, model, leg.model_id, deployment)
+                return found.upstream
+
+            pool = gw.router.pools[model.provider]
+            tokens = input_ceiling(codec.size, codec.view) + output_ceiling(model, codec.view) if pool.tokens else 0
+            sticky = codec.conversation(context.key_id, gw.settings.routing.sticky_messages) if pool.sticky else None
+            response, lease = await open_upstream(gw, model, deployments, build, leg.error, deadline, tokens, sticky)
+            meter.on_finish = lease.end
+            return Started(legs[lease.deployment.key], meter, response, upstream_request_id(response.headers),
+                           deployment=lease.deployment.name)  # fmt: skip
 
     async def complete(self, started: Started) -> Answer:
         """The whole answer of a non-stream call, settled."""

@@ -1,14 +1,21 @@
-"""Keeping calls alive when an upstream stumbles: which failures to retry, how long to wait, and a
-circuit breaker per provider.
+"""Keeping calls alive when an upstream stumbles: which failures to retry, how long to wait, moving
+to another deployment of the provider, and a circuit breaker per deployment.
 
-    open_upstream  sends one upstream request, retrying what is worth retrying, and keeps the
-                provider's circuit breaker informed
+    open_upstream  sends a call to one of its provider's deployments (gateway/dispatch.py orders
+                them), moving to the next at once on a failure a fallback model might not have,
+                before any retry or fallback model; retrying what is worth retrying once every
+                deployment was tried; and keeps each deployment's circuit breaker and rest informed.
+                A deployment's 429 rests it, for that model, for its Retry-After (``[routing]
+                cooldown`` without one), as does any failure that says when to come back; when every
+                deployment rests or is at its RPM/TPM ceiling the call waits for the first to come back
+                (a retry) or is a 429 with that Retry-After. A model one deployment alone serves does
+                not rest: the retries honour the upstream's Retry-After, as they always did.
     retryable   upstream 429 / 500 / 502 / 503 / 504 / 529, connection failures, first-byte timeouts —
                 only before the first byte has gone to the caller, within the request's deadline
     failover    what a fallback model may not have (gateway.pipeline tries the next candidate)
     backoff     base × 2^attempt, capped, times a jitter factor in (0.5, 1]; an upstream Retry-After
                 (seconds) is honoured when it fits in what is left of the deadline
-    breaker     after ``threshold`` consecutive failures a provider is skipped for ``cooldown``
+    breaker     after ``threshold`` consecutive failures a deployment is skipped for ``cooldown``
                 seconds, then one probe call is let through: success closes it, failure opens it again.
                 Only the provider's own failures count (5xx, connection failures, timeouts, its refusal
                 of our credentials or credit). A probe that ends any other way (the caller's 402 or 4xx,
@@ -19,15 +26,18 @@ circuit breaker per provider.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import aiohttp
 
 from adapters.base import UpstreamRequest
 from core import metrics
+from core.catalog import Model
+from core.deployments import Deployment
 from core.errors import (
     GatewayError,
     RateLimited,
@@ -38,9 +48,15 @@ from core.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
+from gateway.upstream_state import Lease
 
 if TYPE_CHECKING:
     from gateway.state import Gateway
+
+
+class Opened(NamedTuple):
+    response: aiohttp.ClientResponse
+    lease: Lease  # released when the call ends (its latency into the deployment's average)
 
 
 def retryable(exc: GatewayError) -> bool:
@@ -146,50 +162,138 @@ class Breakers:
         return {provider: b.state for provider, b in sorted(self._by_provider.items())}
 
 
+def closed(breakers: Breakers, deps: tuple[Deployment, ...], skipped: set[str] | frozenset[str] = frozenset(),
+           ) -> tuple[Deployment, ...]:  # fmt: skip
+    """The deployments whose circuit is not open (and not ``skipped``), in their order."""
+    if len(deps) == 1:  # the usual case: one deployment
+        return deps if deps[0].key not in skipped and breakers[deps[0].key].state != "open" else ()
+    return tuple(d for d in deps if d.key not in skipped and breakers[d.key].state != "open")
+
+
 def circuit_open(provider: str) -> UpstreamUnavailable:
     return UpstreamUnavailable(
         f"The provider '{provider}' keeps failing and is skipped for a while (circuit open).", code="circuit_open"
     )
 
 
-async def open_upstream(gw: Gateway, upstream: UpstreamRequest, provider: str,
-                        to_error: Callable[[int, bytes, Mapping[str, str]], GatewayError],
-                        deadline: float) -> aiohttp.ClientResponse:  # fmt: skip
-    """Send ``upstream`` and return the response once its status is good, retrying what is worth
-    retrying (:func:`retryable`) within ``deadline``, and keeping the provider's circuit breaker
-    informed. Before the first byte has gone to the caller, so a retry is invisible to it."""
+def all_busy(prefix: str, model_id: str, wait: float) -> RateLimited:
+    if wait == math.inf:
+        return RateLimited(f"The call is larger than the tokens-per-minute ceiling of every deployment of the "
+                           f"provider '{prefix}' that serves `{model_id}`; send a shorter prompt or lower max_tokens.")  # fmt: skip
+    seconds = max(math.ceil(wait), 1)
+    return RateLimited(
+        f"Every deployment of the provider '{prefix}' that serves `{model_id}` is cooling down or at its rate "
+        f"ceiling; retry in {seconds} s.",
+        headers={"Retry-After": str(seconds), "retry-after-ms": str(max(math.ceil(wait * 1000), 1))},
+    )
+
+
+def no_deployment(model: Model) -> UpstreamUnavailable:
+    return UpstreamUnavailable(f"No deployment of the provider '{model.provider}' serves `{model.id}`.",
+                               code="no_deployment")  # fmt: skip
+
+
+async def open_upstream(gw: Gateway, model: Model, deps: tuple[Deployment, ...],
+                  build: Callable[[Deployment], UpstreamRequest],
+                  to_error: Callable[[int, bytes, Mapping[str, str]], GatewayError], deadline: float,
+                  tokens: int = 0, conversation: bytes | None = None) -> Opened:  # fmt: skip
+    """Send the call to one of ``deps`` (deployments of ``model``'s provider that serve it) and return
+    the response once its status is good, moving between deployments and retrying as the module says,
+    within ``deadline``. ``build`` is the call's request for a deployment; ``conversation``: the
+    sticky order's digest (gateway/routing.py), if the provider routes conversations."""
+    if not deps:
+        raise no_deployment(model)
+    router = gw.router
+    pool = router.pools[model.provider]
+    state = router.state(pool)
+    key = model.alias_of or model.id  # rests and latencies are per model
+    several = len(deps) > 1  # a rest only helps when another deployment can serve meanwhile
     rel = gw.settings.reliability
-    breaker = gw.breakers[provider]
-    target = gw.providers[provider]
+    tried: set[str] = set()  # failed this call: the others first
+    skipped: set[str] = set()  # their circuit's one probe is another call's
     attempt = 0
+    waited = False  # the last step was a wait for a deployment to come back (that retry is spent)
+    last: GatewayError | None = None
     while True:
+        usable = closed(gw.breakers, deps, skipped)
+        if not usable:
+            raise last or circuit_open(pool.prefix)
+        order = router.order(pool, model, usable, state, conversation)
+        if tried:  # deployments not tried yet come first, in the strategy's order
+            order = [d for d in order if d.key not in tried] + [d for d in order if d.key in tried]
+        got = await state.acquire(order, key, tokens) if pool.shared else router.local.acquire_now(order, key, tokens)
+        if not isinstance(got, Lease):  # every one rests or is at its ceiling: wait for the first back
+            busy = all_busy(pool.prefix, model.id, got)
+            if time.monotonic() + got > deadline:
+                raise busy
+            if waited:  # this wait ends the retry the last failure already counted
+                waited = False
+            elif attempt >= rel.max_retries:
+                raise busy
+            else:
+                attempt += 1
+                retried(model.provider)
+            await asyncio.sleep(got)
+            continue
+        waited = False
+        dep = got.deployment
+        breaker = gw.breakers[dep.key]
+        ticket = breaker.allow()
+        if ticket == REFUSED:  # half-open, and its one probe is another call's
+            got.owner.release(got)
+            skipped.add(dep.key)
+            continue
         try:
-            with gw.deadlines.after(rel.first_byte_timeout):
-                response = await gw.transport.open(upstream, target)
-                if response.status >= 400:
-                    try:
-                        error_body = await response.read()
-                    finally:
-                        response.release()
-                    raise to_error(response.status, error_body, response.headers)
-        except TimeoutError:
-            metrics.upstream_error(provider, "timeout")
-            error: GatewayError = UpstreamTimeout(
-                f"The provider '{provider}' sent no answer within {rel.first_byte_timeout:g} s."
-            )
+            response = await _send(gw, build(dep), dep, to_error)
         except GatewayError as exc:
             error = exc
         else:
             breaker.success()
-            return response
+            got.latency = time.monotonic() - got.opened_at
+            metrics.deployment_call(dep.prefix, dep.name, "ok", got.latency)
+            return Opened(response, got)
+        finally:  # a probe that ended without a verdict (a 429, a 4xx, the caller gone): the next probes
+            if ticket:
+                breaker.release(ticket)
+        rest = router.cooldown(error) if several else 0.0
+        got.owner.release(got, cooldown=rest)
+        metrics.deployment_call(dep.prefix, dep.name, "rate_limited" if isinstance(error, RateLimited) else "error")
+        if rest:
+            metrics.deployment_cooldown(dep.prefix, dep.name)
         if breaker_failure(error):
             breaker.failure()
+        if not failover(error):
+            raise error
+        last = error
+        tried.add(dep.key)
+        if any(d.key not in tried and d.key not in skipped for d in deps):
+            continue  # another deployment may serve at once: no backoff, no retry spent
         wait = backoff(attempt, rel.backoff_base, rel.backoff_max, error.headers.get("Retry-After"))
         if not retryable(error) or attempt >= rel.max_retries or time.monotonic() + wait > deadline:
             raise error
         attempt += 1
-        retried(provider)
+        retried(model.provider)
+        waited = True
         await asyncio.sleep(wait)
+
+
+async def _send(gw: Gateway, upstream: UpstreamRequest, dep: Deployment,
+                to_error: Callable[[int, bytes, Mapping[str, str]], GatewayError]) -> aiohttp.ClientResponse:  # fmt: skip
+    """One attempt: the response once its headers say it succeeded, else the error it means."""
+    first_byte = gw.settings.reliability.first_byte_timeout
+    try:
+        with gw.deadlines.after(first_byte):
+            response = await gw.transport.open(upstream, dep)
+            if response.status >= 400:
+                try:
+                    body = await response.read()
+                finally:
+                    response.release()
+                raise to_error(response.status, body, response.headers)
+            return response
+    except TimeoutError:
+        metrics.upstream_error(dep.prefix, "timeout")
+        raise UpstreamTimeout(f"The provider '{dep.prefix}' sent no answer within {first_byte:g} s.") from None
 
 
 def retried(provider: str) -> None:

@@ -24,6 +24,7 @@ import msgspec
 from adapters import openai_responses
 from adapters.base import map_upstream_error
 from core.catalog import Model
+from core.deployments import Deployment
 from core.errors import GatewayError, InvalidRequest
 from core.sse import SSEDecoder, frame_event
 from core.wire import ChatRequest, ImagePart, ImageURL, Message, TokenUsage
@@ -31,6 +32,7 @@ from gateway.chat_codec import ChatCodec, ChatLeg
 from gateway.codec import Answer, Codec, Leg, Reader, fallback_list
 from gateway.responses_events import EventSynth
 from gateway.responses_translate import estimate_prompt, from_completion, image_urls, shell, to_chat
+from gateway.routing import conversation
 from gateway.state import Gateway
 from gateway.stream import ChatReader, error_chunk
 
@@ -98,25 +100,36 @@ class ResponsesCodec(Codec):
         self.body = body
         self._translated: tuple[dict[str, Any], ChatRequest] | None = None
 
-    def leg(self, gw: Gateway, model: Model, model_id: str) -> Leg:
-        if gw.catalog.providers[model.provider].responses_api:
-            return NativeLeg(gw, model, model_id, self.body)
+    def leg(self, gw: Gateway, model: Model, model_id: str, deployment: Deployment) -> Leg:
+        if gw.catalog.providers[model.provider].responses_api and not deployment.kind:
+            return NativeLeg(gw, model, model_id, self.body, deployment)
         if self._translated is None:  # (the same for every translated candidate)
             chat = to_chat(self.body)
             self._translated = chat, chat_request(chat)
         chat, req = self._translated
-        inner = ChatCodec(chat, req, self.size, "responses").leg(gw, model, model_id)
+        inner = ChatCodec(chat, req, self.size, "responses").leg(gw, model, model_id, deployment)
         return TranslatedLeg(inner, shell(self.body, model_id))
+
+    def conversation(self, key_id: int, first: int) -> bytes:
+        return conversation(key_id, self.body, first)
+
+    def deployments(self, gw: Gateway, model: Model) -> tuple[Deployment, ...]:
+        """Where the provider speaks the Responses API, its deployments that do (an Azure one is
+        reached through chat), unless none serves the model."""
+        serving = super().deployments(gw, model)
+        if gw.catalog.providers[model.provider].responses_api:
+            return tuple(d for d in serving if not d.kind) or serving
+        return serving
 
 
 class NativeLeg(Leg):
     __slots__ = ("body", "provider")
 
-    def __init__(self, gw: Gateway, model: Model, model_id: str, body: dict[str, Any]) -> None:
+    def __init__(self, gw: Gateway, model: Model, model_id: str, body: dict[str, Any], deployment: Deployment) -> None:
         if model.reasoning:  # sampling options a reasoning model refuses (catalog data, as for chat)
             drop = SAMPLING.intersection(gw.catalog.providers[model.provider].reasoning_drop_fields)
             body = {name: value for name, value in body.items() if name not in drop}
-        upstream = openai_responses.build_request(gw.providers[model.provider], body, model.upstream)
+        upstream = openai_responses.build_request(deployment, body, deployment.upstream_name(model))
         super().__init__(model, model_id, upstream)
         self.body = body
         self.provider = model.provider

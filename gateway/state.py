@@ -42,10 +42,6 @@ class Gateway:
         self.ledger = ledger_for(self.store)
         self.limits = RateLimiter(settings.limits)
         self.deadlines = Deadlines()  # the call path's timeouts (body, first byte)
-        rel = settings.reliability
-        # a probe that nobody reports on (a bug) frees the provider after the longest a call can take
-        self.breakers = Breakers(rel.breaker_threshold, rel.breaker_cooldown, rel.deadline + rel.first_byte_timeout,
-                                 self.catalog.providers)  # fmt: skip
         self.auth = Authenticator(self.store, settings.server.key_prefix, settings.server.auth_cache_seconds)
         self.adapters: dict[str, Adapter] = {}  # provider prefix → its adapter (every provider has one)
         self.deployments: dict[str, list[Deployment]] = {}  # provider prefix → its deployments
@@ -54,6 +50,11 @@ class Gateway:
             self.adapters[prefix] = adapter_for(prefix, spec)
         self.providers = {prefix: deps[0] for prefix, deps in self.deployments.items()}  # each group's first
         self.router = router_for(settings, self.catalog, self.deployments)  # which deployment serves a call
+        rel = settings.reliability
+        # one circuit per deployment (its key: the provider's prefix in the single-account form); a probe
+        # that nobody reports on (a bug) frees it after the longest a call can take
+        self.breakers = Breakers(rel.breaker_threshold, rel.breaker_cooldown, rel.deadline + rel.first_byte_timeout,
+                                 [d.key for deps in self.deployments.values() for d in deps])  # fmt: skip
         self.jobs: Service | None = None  # the Batch API's runner (jobs/), set by create_app
         self.started = False
         self._lock = asyncio.Lock()

@@ -1,14 +1,15 @@
 """What routing knows of each deployment, and the one atomic step that puts a call on one.
 
-Per deployment: its calls in flight, its time to first byte (a moving average), how long it is
-cooling down (after a 429: its Retry-After), and its RPM/TPM ceilings as GCRA buckets (the rate
-limits' algorithm, gateway/ratelimit.py). Two backends implement :class:`UpstreamState`:
+Per deployment: its calls in flight and its RPM/TPM ceilings as GCRA buckets (the rate limits'
+algorithm, gateway/ratelimit.py). Per deployment and model: how long it rests (after a 429: its
+Retry-After; providers limit each model apart, and an Azure deployment is one model) and its time
+to first byte (a moving average: models differ). Two backends implement :class:`UpstreamState`:
 
     MemoryState                        one process: plain attributes on the event loop
     gateway.upstream_state_redis       several replicas sharing one Redis: one Lua script per call
 
-``acquire(order, tokens)`` walks ``order`` and puts the call on the first deployment that is not
-cooling down and has room under its ceilings (taking one request and ``tokens`` from its buckets,
+``acquire(order, model, tokens)`` walks ``order`` and puts the call on the first deployment that
+does not rest for ``model`` and has room under its ceilings (taking one request and ``tokens`` from its buckets,
 counting it in flight), atomically; or answers how long until one could take it. ``release`` ends
 the call's hold, with what it taught: its latency, and a cooldown if it was refused. It never waits:
 the Redis backend sends it with the next round trip.
@@ -31,10 +32,11 @@ class Lease:
     """One call's hold on a deployment, from ``acquire`` to ``release`` (``end``: by the state that
     gave it, with the latency the call measured)."""
 
-    __slots__ = ("deployment", "owner", "token", "opened_at", "latency", "released")
+    __slots__ = ("deployment", "model", "owner", "token", "opened_at", "latency", "released")
 
-    def __init__(self, deployment: Deployment, owner: UpstreamState, token: str = "") -> None:
+    def __init__(self, deployment: Deployment, model: str, owner: UpstreamState, token: str = "") -> None:
         self.deployment = deployment
+        self.model = model  # the canonical id of the model called (rests and latencies are per model)
         self.owner = owner
         self.token = token  # the call's name in the shared in-flight set (Redis)
         self.opened_at = time.monotonic()
@@ -51,21 +53,23 @@ class UpstreamState(ABC):
     shared = False  # the state is every replica's (Redis), not this process's alone
 
     @abstractmethod
-    def load(self, dep: Deployment) -> Load:
-        """What is known now of ``dep``'s load (no I/O)."""
+    def load(self, dep: Deployment, model: str) -> Load:
+        """What is known now of ``dep``'s load, serving ``model`` (no I/O)."""
 
     @abstractmethod
-    def cooling(self, dep: Deployment) -> float:
-        """Seconds ``dep`` still cools down, as far as this replica knows (no I/O)."""
+    def resting(self, dep: Deployment) -> dict[str, float]:
+        """The models ``dep`` rests for, and the seconds left, as far as this replica knows (no I/O)."""
 
     @abstractmethod
-    async def acquire(self, order: Sequence[Deployment], tokens: int) -> Lease | float:
-        """A lease on the first deployment of ``order`` that can take the call now, or the seconds
-        until the earliest could (``math.inf``: none ever could, the call exceeds every ceiling)."""
+    async def acquire(self, order: Sequence[Deployment], model: str, tokens: int) -> Lease | float:
+        """A lease on the first deployment of ``order`` that can take a call of ``model`` now, or the
+        seconds until the earliest could (``math.inf``: none ever could, the call exceeds every
+        ceiling)."""
 
     def release(self, lease: Lease, latency: float | None = None, cooldown: float = 0.0) -> None:
         """The call is over: out of flight, ``latency`` (seconds to first byte) into the average, and
-        ``cooldown`` seconds of rest for the deployment if it was refused. Idempotent, never waits."""
+        ``cooldown`` seconds of rest for the deployment and model if it was refused. Idempotent,
+        never waits."""
         if lease.owner is not self:  # given by another state (Redis's local stand-in)
             lease.owner.release(lease, latency, cooldown)
             return
@@ -83,14 +87,14 @@ class UpstreamState(ABC):
 
 
 class _Dep:
-    __slots__ = ("in_flight", "latency", "cool_until", "rpm_tat", "tpm_tat")
+    __slots__ = ("in_flight", "rpm_tat", "tpm_tat", "rest_until", "latency")
 
     def __init__(self) -> None:
         self.in_flight = 0
-        self.latency: float | None = None
-        self.cool_until = 0.0
         self.rpm_tat = 0.0
         self.tpm_tat = 0.0
+        self.rest_until: dict[str, float] = {}  # model -> when its rest ends
+        self.latency: dict[str, float] = {}  # model -> seconds to first byte, moving average
 
 
 def room(dep: Deployment, rpm_tat: float, tpm_tat: float, now: float, tokens: int) -> tuple[float, float, float]:
@@ -130,27 +134,33 @@ class MemoryState(UpstreamState):
             state = self._deps[dep.key] = _Dep()
         return state
 
-    def load(self, dep: Deployment) -> Load:
+    def load(self, dep: Deployment, model: str) -> Load:
         state = self._deps.get(dep.key)
         if state is None:
             return IDLE
-        return Load(state.in_flight, state.latency, headroom(dep, state.rpm_tat, state.tpm_tat, self.clock()))
+        return Load(state.in_flight, state.latency.get(model),
+                    headroom(dep, state.rpm_tat, state.tpm_tat, self.clock()))  # fmt: skip
 
-    def cooling(self, dep: Deployment) -> float:
+    def resting(self, dep: Deployment) -> dict[str, float]:
         state = self._deps.get(dep.key)
-        return max(state.cool_until - self.clock(), 0.0) if state is not None else 0.0
+        if state is None or not state.rest_until:
+            return {}
+        now = self.clock()
+        return {model: until - now for model, until in state.rest_until.items() if until > now}
 
-    async def acquire(self, order: Sequence[Deployment], tokens: int) -> Lease | float:
-        return self.acquire_now(order, tokens)
+    async def acquire(self, order: Sequence[Deployment], model: str, tokens: int) -> Lease | float:
+        return self.acquire_now(order, model, tokens)
 
-    def acquire_now(self, order: Sequence[Deployment], tokens: int) -> Lease | float:
+    def acquire_now(self, order: Sequence[Deployment], model: str, tokens: int) -> Lease | float:
         now = self.clock()
         soonest = math.inf
         for dep in order:
             state = self._of(dep)
-            if state.cool_until > now:
-                soonest = min(soonest, state.cool_until - now)
-                continue
+            if state.rest_until:
+                until = state.rest_until.get(model, 0.0)
+                if until > now:
+                    soonest = min(soonest, until - now)
+                    continue
             if dep.rpm or dep.tpm:
                 wait, rpm_tat, tpm_tat = room(dep, state.rpm_tat, state.tpm_tat, now, tokens)
                 if wait:
@@ -158,13 +168,17 @@ class MemoryState(UpstreamState):
                     continue
                 state.rpm_tat, state.tpm_tat = rpm_tat, tpm_tat
             state.in_flight += 1
-            return Lease(dep, self)
+            return Lease(dep, model, self)
         return soonest
 
     def _release(self, lease: Lease, latency: float | None, cooldown: float) -> None:
         state = self._of(lease.deployment)
         state.in_flight -= 1
+        model = lease.model
         if latency is not None:
-            state.latency = latency if state.latency is None else state.latency + self.alpha * (latency - state.latency)
+            old = state.latency.get(model)
+            state.latency[model] = latency if old is None else old + self.alpha * (latency - old)
         if cooldown > 0:
-            state.cool_until = max(state.cool_until, self.clock() + cooldown)
+            now = self.clock()
+            state.rest_until = {m: t for m, t in state.rest_until.items() if t > now}  # the ended ones go
+            state.rest_until[model] = max(state.rest_until.get(model, 0.0), now + cooldown)

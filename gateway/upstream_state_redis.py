@@ -9,10 +9,10 @@ Acquires and releases that arrive while a round trip is in flight are pipelined 
 next one, on one connection. Time comes from the Redis server (``TIME``), so replicas with skewed
 clocks agree.
 
-Per deployment, one hash (``cool``: end of its cooldown, ``rt`` / ``tt``: the TATs of its RPM / TPM
-buckets, all in server microseconds; ``lat``: its latency average in seconds) and one sorted set (the
-calls in flight, each scored with the time it stops counting: a replica that dies leaves nothing
-behind for longer than :data:`LEASE_SECONDS`). All of a provider group's keys share one hash tag,
+Per deployment, one hash (``rt`` / ``tt``: the TATs of its RPM / TPM buckets; ``c:<model>``: the end
+of its rest for that model, all in server microseconds; ``l:<model>``: its latency average for that
+model in seconds) and one sorted set (the calls in flight, each scored with the time it stops
+counting: a replica that dies leaves nothing behind for longer than :data:`LEASE_SECONDS`). All of a provider group's keys share one hash tag,
 so the scripts also run on a Redis Cluster.
 
 When Redis cannot be reached, calls are routed on this process's own state (MemoryState) and the
@@ -42,7 +42,8 @@ LEASE_SECONDS = 900  # a call in flight counts this long at most (a crashed repl
 KEEP_MS = 3_600_000  # a deployment's hash lives this long after its last write (its latency is kept)
 
 # KEYS[2i-1], KEYS[2i]: the hash and the in-flight set of candidate i.  ARGV[1]: the call's tokens,
-# ARGV[2]: its lease token, ARGV[3]: lease seconds, then per candidate its RPM and TPM ceilings.
+# ARGV[2]: its lease token, ARGV[3]: lease seconds, ARGV[4]: its model, then per candidate its RPM
+# and TPM ceilings.
 # Returns {chosen (1-based; 0: none), soonest wait in µs (-1: never), then per candidate:
 # in flight, latency (seconds, "" if unknown), cooldown left (µs), headroom (millionths)}.
 ACQUIRE = """
@@ -50,13 +51,14 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local period = 60000000
 local tokens = tonumber(ARGV[1])
+local cfield, lfield = 'c:' .. ARGV[4], 'l:' .. ARGV[4]
 local n = #KEYS / 2
 local chosen, soonest = 0, -1
 local out = {0, -1}
 for i = 1, n do
   local h, f = KEYS[2 * i - 1], KEYS[2 * i]
-  local rpm, tpm = tonumber(ARGV[2 + 2 * i]), tonumber(ARGV[3 + 2 * i])
-  local v = redis.call('HMGET', h, 'cool', 'rt', 'tt', 'lat')
+  local rpm, tpm = tonumber(ARGV[3 + 2 * i]), tonumber(ARGV[4 + 2 * i])
+  local v = redis.call('HMGET', h, cfield, 'rt', 'tt', lfield)
   local cool = tonumber(v[1]) or 0
   local rt = math.max(tonumber(v[2]) or now, now)
   local tt = math.max(tonumber(v[3]) or now, now)
@@ -104,21 +106,21 @@ return out
 """.replace("KEEP", str(KEEP_MS))
 
 # KEYS: the deployment's hash and in-flight set.  ARGV: lease token, latency seconds ("" if none),
-# cooldown µs, the latency sample's weight.
+# cooldown µs, the latency sample's weight, the model.
 RELEASE = """
 redis.call('ZREM', KEYS[2], ARGV[1])
 if ARGV[2] ~= '' then
   local s = tonumber(ARGV[2])
-  local old = tonumber(redis.call('HGET', KEYS[1], 'lat'))
+  local old = tonumber(redis.call('HGET', KEYS[1], 'l:' .. ARGV[5]))
   if old then s = old + tonumber(ARGV[4]) * (s - old) end
-  redis.call('HSET', KEYS[1], 'lat', string.format('%.6f', s))
+  redis.call('HSET', KEYS[1], 'l:' .. ARGV[5], string.format('%.6f', s))
 end
 local cooldown = tonumber(ARGV[3])
 if cooldown > 0 then
   local t = redis.call('TIME')
   local till = tonumber(t[1]) * 1000000 + tonumber(t[2]) + cooldown
-  local cur = tonumber(redis.call('HGET', KEYS[1], 'cool')) or 0
-  if till > cur then redis.call('HSET', KEYS[1], 'cool', string.format('%.0f', till)) end
+  local cur = tonumber(redis.call('HGET', KEYS[1], 'c:' .. ARGV[5])) or 0
+  if till > cur then redis.call('HSET', KEYS[1], 'c:' .. ARGV[5], string.format('%.0f', till)) end
 end
 redis.call('PEXPIRE', KEYS[1], KEEP)
 return 1
@@ -145,8 +147,8 @@ class RedisState(UpstreamState):
             url, socket_timeout=timeout, socket_connect_timeout=max(timeout, 1.0), health_check_interval=30
         )
         self.local = MemoryState(alpha)  # while Redis cannot be reached
-        self._loads: dict[str, Load] = {}
-        self._cool_until: dict[str, float] = {}  # monotonic, as of the last answer
+        self._loads: dict[tuple[str, str], Load] = {}  # (deployment, model), as of the last answer
+        self._rest_until: dict[tuple[str, str], float] = {}  # monotonic
         self._keys: dict[str, tuple[str, str]] = {}
         self._pending: list[Op] = []
         self._flusher: asyncio.Task[None] | None = None
@@ -159,16 +161,20 @@ class RedisState(UpstreamState):
             names = self._keys[dep.key] = (base, base + ":f")
         return names
 
-    def load(self, dep: Deployment) -> Load:
-        return self._loads.get(dep.key, IDLE)
+    def load(self, dep: Deployment, model: str) -> Load:
+        return self._loads.get((dep.key, model), IDLE)
 
-    def cooling(self, dep: Deployment) -> float:
-        return max(self._cool_until.get(dep.key, 0.0) - time.monotonic(), self.local.cooling(dep))
+    def resting(self, dep: Deployment) -> dict[str, float]:
+        now = time.monotonic()
+        out = {m: until - now for (key, m), until in list(self._rest_until.items()) if key == dep.key and until > now}
+        for m, seconds in self.local.resting(dep).items():
+            out[m] = max(out.get(m, 0.0), seconds)
+        return out
 
-    async def acquire(self, order: Sequence[Deployment], tokens: int) -> Lease | float:
+    async def acquire(self, order: Sequence[Deployment], model: str, tokens: int) -> Lease | float:
         token = secrets.token_hex(8)
         keys: list[str] = []
-        args: list[Any] = [tokens, token, self.lease_seconds]
+        args: list[Any] = [tokens, token, self.lease_seconds, model]
         for dep in order:
             keys += self._names(dep)
             args += (dep.rpm, dep.tpm)
@@ -178,23 +184,26 @@ class RedisState(UpstreamState):
             out = await future
         except Exception as exc:  # Redis is out of reach: this process routes on what it knows
             self._failed(exc)
-            return self.local.acquire_now(order, tokens)
+            return self.local.acquire_now(order, model, tokens)
         now = time.monotonic()
         for i, dep in enumerate(order):
-            in_flight, latency, cool, left = out[4 * i + 2 : 4 * i + 6]
+            in_flight, latency, rest, left = out[4 * i + 2 : 4 * i + 6]
             lat = float(latency) if latency not in (b"", "") else None
-            self._loads[dep.key] = Load(int(in_flight), lat, int(left) / _US)
-            self._cool_until[dep.key] = now + int(cool) / _US
+            self._loads[(dep.key, model)] = Load(int(in_flight), lat, int(left) / _US)
+            if int(rest):
+                self._rest_until[(dep.key, model)] = now + int(rest) / _US
+            else:
+                self._rest_until.pop((dep.key, model), None)
         chosen = int(out[0])
         if chosen:
-            return Lease(order[chosen - 1], self, token)
+            return Lease(order[chosen - 1], model, self, token)
         return math.inf if int(out[1]) < 0 else int(out[1]) / _US
 
     def _release(self, lease: Lease, latency: float | None, cooldown: float) -> None:
-        if cooldown > 0:  # this replica avoids it at once, before Redis has heard
-            self._cool_until[lease.deployment.key] = max(self._cool_until.get(lease.deployment.key, 0.0),
-                                                         time.monotonic() + cooldown)  # fmt: skip
-        args = [lease.token, "" if latency is None else f"{latency:.6f}", int(cooldown * _US), self.alpha]
+        if cooldown > 0:  # this replica's view has it at once (Redis's, with the next round trip)
+            key = (lease.deployment.key, lease.model)
+            self._rest_until[key] = max(self._rest_until.get(key, 0.0), time.monotonic() + cooldown)
+        args = [lease.token, "" if latency is None else f"{latency:.6f}", int(cooldown * _US), self.alpha, lease.model]
         self._queue((_RELEASE_SHA, list(self._names(lease.deployment)), args, None))
 
     def _queue(self, op: Op) -> None:

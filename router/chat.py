@@ -110,6 +110,7 @@ async def streamed(pipeline: Pipeline, start: Awaitable[Started], trace: Trace,
     Whatever ends it, a call that started is let go of (settled)."""
     started = await start
     trace.provider = started.model.provider  # for the access log
+    trace.deployment = started.deployment
     try:
         yield started.rate_headers or []
         inner = encode(pipeline.relay(started))
@@ -138,6 +139,7 @@ class ChatCompletions:
         if not codec.stream:
             started = await start
             trace.provider = started.model.provider
+            trace.deployment = started.deployment
             answer = await self.pipeline.complete(started)
             return JSONBytes(_encode(answer.body), extra=started.rate_headers)
         # A stream whose upstream is slow to answer (retries, fallbacks, a slow first byte) starts at

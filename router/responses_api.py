@@ -76,6 +76,7 @@ class Responses:
         if not codec.stream:
             started = await start
             trace.provider = started.model.provider
+            trace.deployment = started.deployment
             answer = await self.pipeline.complete(started)
             return JSONBytes(_encode(answer.body), extra=started.rate_headers)
         stream = streamed(self.pipeline, start, trace, events)

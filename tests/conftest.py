@@ -23,6 +23,7 @@ import pytest
 from billing.store import Store, open_store
 from core.catalog import NANO
 from core.config import ReliabilitySettings, Settings, StoreSettings
+from core.deployments import Deployment
 from emulators.common import Emulator
 from emulators.common import serve as serve_emulator
 from emulators.registry import Running, start_emulators, stop_emulators
@@ -176,6 +177,20 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 def client(stack: Stack) -> Iterator[openai.OpenAI]:
     yield stack.client()
     stack.close_clients()
+
+
+def use_deployment(gateway: Any, deployment: Deployment) -> Deployment:
+    """Serve ``deployment``'s provider group with it alone, from now on (a test swapping an upstream:
+    another address, key or timeout); returns the one it replaces."""
+    from core.config import ProviderSettings
+    from gateway.dispatch import Pool
+
+    prefix = deployment.prefix
+    old = gateway.providers[prefix]
+    gateway.providers[prefix] = deployment
+    gateway.deployments[prefix] = [deployment]
+    gateway.router.pools[prefix] = Pool(prefix, [deployment], ProviderSettings(), gateway.catalog)
+    return old
 
 
 class Raw:

@@ -19,7 +19,7 @@ import pytest
 from adapters.anthropic import AnthropicAdapter, AnthropicStream, finish_reason, tool_choice
 from adapters.base import Call, UpstreamStreamError
 from core.catalog import Catalog
-from core.config import ResolvedProvider
+from core.deployments import Deployment
 from core.errors import InvalidRequest, UpstreamError
 from core.sse import SSEDecoder
 from core.wire import parse_chat_request
@@ -28,7 +28,7 @@ from tests.conftest import Stack
 FIXTURES = Path(__file__).parent / "fixtures" / "anthropic"
 CATALOG = Catalog.load()
 ADAPTER = AnthropicAdapter("anthropic", CATALOG.providers["anthropic"])
-PROVIDER = ResolvedProvider("anthropic", "http://upstream.test/v1", "sk-ant-test", 5.0, 60.0)
+PROVIDER = Deployment("anthropic", "http://upstream.test/v1", "sk-ant-test", 5.0, 60.0)
 SDK_MODEL = "claude-haiku-4-5"  # the SDK warns (DeprecationWarning) on retiring models such as sonnet 4.5
 MODELS = ["anthropic/claude-sonnet-4-5", "claude/claude-haiku-4-5"]
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}

@@ -112,3 +112,14 @@ def test_the_plain_sdk_through_the_gateway_to_an_azure_deployment(azure_stack: S
     with pytest.raises(openai.BadRequestError) as refused:
         client.chat.completions.create(model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "[filtered]"}])
     assert refused.value.code == "content_filter"
+
+
+def test_responses_through_an_azure_deployment_go_through_chat(azure_stack: Stack) -> None:
+    client = azure_stack.client()
+    emulator = azure_stack.extra["azure"]
+    before = emulator.served
+    out = client.responses.create(model="openai/gpt-4o-mini", input="Hello")
+    assert out.output_text and out.model == "openai/gpt-4o-mini" and out.usage is not None
+    assert emulator.served == before + 1 and emulator.requests[-1]["model"] == "mini-eu"  # Azure's chat
+    events = list(client.responses.create(model="openai/gpt-4o-mini", input="Hello", stream=True))
+    assert events[0].type == "response.created" and events[-1].type == "response.completed"

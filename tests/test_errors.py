@@ -201,33 +201,32 @@ def test_upstream_failure_mid_stream_is_an_sse_error_event(stack: Stack) -> None
 
 
 def test_upstream_credentials_rejected_blames_the_gateway(stack: Stack) -> None:
-    from core.config import ResolvedProvider
+    from core.deployments import Deployment
+    from tests.conftest import use_deployment
 
     gw = stack.gateway
-    good = gw.providers["upstage"]
-    gw.providers["upstage"] = ResolvedProvider(good.prefix, good.base_url, "wrong-key", 5, 30)
+    good = use_deployment(gw, Deployment("upstage", gw.providers["upstage"].base_url, "wrong-key", 5, 30))
     try:
         with pytest.raises(openai.APIStatusError) as info:
             stack.client().chat.completions.create(model="upstage/solar-mini", messages=[{"role": "user", "content": "x"}])
         assert info.value.status_code == 502
         assert "gateway" in info.value.message and "not a problem with your API key" in info.value.message
     finally:
-        gw.providers["upstage"] = good
+        use_deployment(gw, good)
 
 
 def test_unreachable_upstream_is_503(stack: Stack) -> None:
-    from core.config import ResolvedProvider
-    from tests.conftest import free_port
+    from core.deployments import Deployment
+    from tests.conftest import free_port, use_deployment
 
     gw = stack.gateway
-    good = gw.providers["mistral"]
-    gw.providers["mistral"] = ResolvedProvider(good.prefix, f"http://127.0.0.1:{free_port()}/v1", "k", 2, 30)
+    good = use_deployment(gw, Deployment("mistral", f"http://127.0.0.1:{free_port()}/v1", "k", 2, 30))
     try:
         with pytest.raises(openai.InternalServerError) as info:
             stack.client().chat.completions.create(model="mistral/codestral-latest", messages=[{"role": "user", "content": "x"}])
         assert info.value.status_code == 503
     finally:
-        gw.providers["mistral"] = good
+        use_deployment(gw, good)
 
 
 def test_unknown_path_and_method(stack: Stack) -> None:

@@ -21,7 +21,7 @@ from google.genai import types
 from adapters.base import Call, UpstreamStreamError
 from adapters.gemini import GeminiAdapter, GeminiStream, finish_reason, usage_from_gemini
 from core.catalog import Catalog
-from core.config import ResolvedProvider
+from core.deployments import Deployment
 from core.errors import InvalidRequest, RateLimited, UpstreamError, UpstreamUnavailable
 from core.sse import Event, SSEDecoder
 from core.wire import parse_chat_request
@@ -54,7 +54,7 @@ KOREAN = "안녕하세요, 서울의 날씨는 맑습니다. 한국어 스트리
 
 def make_call(body: dict[str, Any], model: str = "google/gemini-2.5-flash") -> Call:
     raw, request = parse_chat_request(json.dumps({"model": model, **body}).encode())
-    provider = ResolvedProvider(
+    provider = Deployment(
         prefix="google",
         base_url="http://gemini.test/v1beta",
         api_key="g-key",

@@ -14,7 +14,7 @@ from adapters import ADAPTERS
 from adapters.base import Call, StreamTranslator, UpstreamStreamError
 from adapters.openai import alnum9
 from core.catalog import Catalog
-from core.config import ResolvedProvider
+from core.deployments import Deployment
 from core.errors import UpstreamError
 from core.sse import SSEDecoder
 from core.wire import parse_chat_request
@@ -31,7 +31,7 @@ def make_call(body: dict[str, Any], model: str = "openai/gpt-4o-mini") -> Call:
     raw, request = parse_chat_request(json.dumps({"model": model, **body}).encode())
     stream = bool(request.stream)
     include = bool(stream and request.stream_options and request.stream_options.include_usage)
-    provider = ResolvedProvider(model.split("/")[0], "http://upstream.test/v1", "sk-test", 5.0, 60.0)
+    provider = Deployment(model.split("/")[0], "http://upstream.test/v1", "sk-test", 5.0, 60.0)
     return Call(model, CATALOG.resolve(model), provider, raw, request, stream, include)
 
 

@@ -12,9 +12,10 @@ import openai
 import pytest
 
 from core.catalog import NANO
-from core.config import ReliabilitySettings, ResolvedProvider, Settings, StoreSettings
+from core.config import ReliabilitySettings, Settings, StoreSettings
+from core.deployments import Deployment
 from gateway.reliability import PASS, REFUSED, Breaker, Breakers, backoff
-from tests.conftest import Stack, free_port, http_post, raw_request
+from tests.conftest import Stack, free_port, http_post, raw_request, use_deployment
 
 EXTRA = """
 [[models]]
@@ -47,13 +48,14 @@ def _fresh_breakers(rstack: Stack) -> Iterator[None]:
     saved = dict(gw.providers)
     gw.breakers = Breakers(3, 0.5, 30, gw.providers)
     yield
-    gw.providers.update(saved)
+    for deployment in saved.values():
+        use_deployment(gw, deployment)
     rstack.close_clients()
 
 
 def _dead(rstack: Stack, prefix: str) -> None:
     good = rstack.gateway.providers[prefix]
-    rstack.gateway.providers[prefix] = ResolvedProvider(prefix, f"http://127.0.0.1:{free_port()}/v1", good.api_key, 1, 5)
+    use_deployment(rstack.gateway, Deployment(prefix, f"http://127.0.0.1:{free_port()}/v1", good.api_key, 1, 5))
 
 
 def _requests_with(rstack: Stack, prefix: str, text: str) -> int:
@@ -141,7 +143,7 @@ def test_circuit_opens_then_probes_back(rstack: Stack) -> None:
     with pytest.raises(openai.InternalServerError) as info:
         client.chat.completions.create(model="upstage/solar-mini", messages=[{"role": "user", "content": "x"}])
     assert info.value.code == "circuit_open" and time.monotonic() - began < 0.2  # type: ignore[attr-defined]
-    rstack.gateway.providers["upstage"] = good  # the upstream comes back
+    use_deployment(rstack.gateway, good)  # the upstream comes back
     time.sleep(0.55)  # cool-down over: the next call is the probe
     assert client.chat.completions.create(model="upstage/solar-mini", messages=[{"role": "user", "content": "x"}])
     assert rstack.gateway.breakers["upstage"].state == "closed"
@@ -158,7 +160,7 @@ def test_first_byte_timeout(rstack: Stack) -> None:
 
 def test_idle_gap_between_chunks_times_out(rstack: Stack) -> None:
     good = rstack.gateway.providers["openai"]
-    rstack.gateway.providers["openai"] = ResolvedProvider("openai", good.base_url, good.api_key, 1, 0.3)
+    use_deployment(rstack.gateway, Deployment("openai", good.base_url, good.api_key, 1, 0.3))
     with pytest.raises(openai.APIError):
         list(rstack.client().chat.completions.create(model="openai/gpt-4o-mini", stream=True,
                                                      messages=[{"role": "user", "content": "x [tokens:5] [delay:1000]"}]))  # fmt: skip
@@ -256,7 +258,7 @@ def _open_circuit(rstack: Stack, model: str = "upstage/solar-mini") -> None:
     with pytest.raises(openai.InternalServerError):  # 3 attempts = 3 failures: the circuit opens
         rstack.client().chat.completions.create(model=model, messages=[{"role": "user", "content": "x"}])
     assert rstack.gateway.breakers[prefix].state == "open"
-    rstack.gateway.providers[prefix] = good  # the upstream is back
+    use_deployment(rstack.gateway, good)  # the upstream is back
     time.sleep(0.55)  # cool-down over: the next call is the probe
 
 

@@ -93,31 +93,35 @@ def test_sticky_order_is_stable_weighted_and_moves_only_a_lost_deployments_conve
         assert moved == first if first != "c" else moved == deps[order[1]].name
 
 
-def test_memory_state_skips_cooling_deployments_and_full_ceilings() -> None:
+M = "openai/gpt-4o-mini"
+
+
+def test_memory_state_skips_resting_deployments_and_full_ceilings() -> None:
     now = [1000.0]
     state = MemoryState(alpha=0.5, clock=lambda: now[0])
     limited = dep("l", rpm=2)
-    first = state.acquire_now([A, B], 0)
-    assert isinstance(first, Lease) and first.deployment is A and state.load(A).in_flight == 1
+    first = state.acquire_now([A, B], M, 0)
+    assert isinstance(first, Lease) and first.deployment is A and state.load(A, M).in_flight == 1
     state.release(first, cooldown=10.0)
     state.release(first, cooldown=99.0)  # idempotent
-    assert state.load(A).in_flight == 0 and state.cooling(A) == 10.0
-    second = state.acquire_now([A, B], 0)
-    assert isinstance(second, Lease) and second.deployment is B  # A rests
-    assert state.acquire_now([A], 0) == 10.0  # nothing can take it: how long until one could
+    assert state.load(A, M).in_flight == 0 and state.resting(A) == {M: 10.0}
+    second = state.acquire_now([A, B], M, 0)
+    assert isinstance(second, Lease) and second.deployment is B  # A rests for this model
+    other = state.acquire_now([A, B], "openai/gpt-4o", 0)
+    assert isinstance(other, Lease) and other.deployment is A  # not for another (providers limit models apart)
+    assert state.acquire_now([A], M, 0) == 10.0  # nothing can take it: how long until one could
     now[0] += 10.0
-    assert isinstance(state.acquire_now([A], 0), Lease)
-    takes = [state.acquire_now([limited], 0) for _ in range(3)]  # a bucket of 2 a minute
+    assert isinstance(state.acquire_now([A], M, 0), Lease) and state.resting(A) == {}
+    takes = [state.acquire_now([limited], M, 0) for _ in range(3)]  # a bucket of 2 a minute
     assert [isinstance(t, Lease) for t in takes] == [True, True, False] and takes[2] == pytest.approx(30.0)
-    assert state.load(limited).headroom == 0.0 and state.load(A).headroom == 1.0
-    assert state.acquire_now([dep("t", tpm=100)], 101) == math.inf  # more than the ceiling itself
-    lease = state.acquire_now([B], 0)
-    assert isinstance(lease, Lease)
-    state.release(lease, latency=0.2)
-    lease = state.acquire_now([B], 0)
-    assert isinstance(lease, Lease)
-    state.release(lease, latency=0.4)
-    assert state.load(B).latency == pytest.approx(0.3)  # a moving average
+    assert state.load(limited, M).headroom == 0.0 and state.load(A, M).headroom == 1.0
+    assert state.acquire_now([dep("t", tpm=100)], M, 101) == math.inf  # more than the ceiling itself
+    for sample in (0.2, 0.4):
+        lease = state.acquire_now([B], M, 0)
+        assert isinstance(lease, Lease)
+        state.release(lease, latency=sample)
+    assert state.load(B, M).latency == pytest.approx(0.3)  # a moving average, per model
+    assert state.load(B, "openai/gpt-4o").latency is None
 
 
 async def _redis_state(prefix: str, url: str = REDIS):  # type: ignore[no-untyped-def]
@@ -132,23 +136,25 @@ def test_redis_state_is_shared_by_replicas() -> None:
         one, two = await _redis_state(prefix), await _redis_state(prefix)
         limited = dep("l", rpm=3)
         try:
-            held = [await s.acquire([limited], 0) for s in (one, two, one)]
+            held = [await s.acquire([limited], M, 0) for s in (one, two, one)]
             assert all(isinstance(h, Lease) for h in held)
-            refused = await two.acquire([limited], 0)  # the fourth call this minute, on either replica
+            refused = await two.acquire([limited], M, 0)  # the fourth call this minute, on either replica
             assert refused == pytest.approx(20.0, abs=0.5)
-            lease = await one.acquire([A, B], 0)
+            lease = await one.acquire([A, B], M, 0)
             assert isinstance(lease, Lease) and lease.deployment is A
-            assert two.load(A).in_flight == 0  # two has not asked yet
-            other = await two.acquire([A, B], 0)
-            assert isinstance(other, Lease) and two.load(A).in_flight == 2  # its own and one's call
+            assert two.load(A, M).in_flight == 0  # two has not asked yet
+            other = await two.acquire([A, B], M, 0)
+            assert isinstance(other, Lease) and two.load(A, M).in_flight == 2  # its own and one's call
             one.release(lease, cooldown=30.0)  # A answered 429: it rests, for every replica
             two.release(other, latency=0.25)
             await asyncio.sleep(0.05)  # releases go with the next round trip, or on their own
-            moved = await two.acquire([A, B], 0)
+            moved = await two.acquire([A, B], M, 0)
             assert isinstance(moved, Lease) and moved.deployment is B
-            assert two.cooling(A) == pytest.approx(30.0, abs=1.0) and two.load(A).latency == pytest.approx(0.25)
-            assert two.load(A).in_flight == 0
-            assert await one.acquire([dep("t", tpm=100)], 101) == math.inf
+            assert two.resting(A)[M] == pytest.approx(30.0, abs=1.0) and two.load(A, M).latency == pytest.approx(0.25)
+            assert two.load(A, M).in_flight == 0
+            elsewhere = await two.acquire([A, B], "openai/gpt-4o", 0)
+            assert isinstance(elsewhere, Lease) and elsewhere.deployment is A  # the rest is for one model
+            assert await one.acquire([dep("t", tpm=100)], M, 101) == math.inf
         finally:
             await one.close()
             await two.close()
@@ -160,11 +166,11 @@ def test_redis_out_of_reach_routes_on_the_process_own_state() -> None:
     async def scenario() -> None:
         state = await _redis_state("test:dep:down", "redis://127.0.0.1:1/0")
         try:
-            lease = await state.acquire([A, B], 0)
+            lease = await state.acquire([A, B], M, 0)
             assert isinstance(lease, Lease) and lease.owner is state.local
             state.release(lease, cooldown=5.0)
-            lease = await state.acquire([A, B], 0)
-            assert isinstance(lease, Lease) and lease.deployment is B  # the local cooldown holds
+            lease = await state.acquire([A, B], M, 0)
+            assert isinstance(lease, Lease) and lease.deployment is B  # the local rest holds
         finally:
             await state.close()
 

@@ -1,0 +1,322 @@
+"""Deployments on the call path, through a real gateway and several instances of the OpenAI emulator
+(each with its own key, some told an RPM): weights over 2,000 calls, a deployment answering 429s
+rested for its Retry-After while the others serve, sticky conversations, every deployment resting,
+two replicas sharing ceilings in Redis, and the deployment in the usage record, the access log,
+/metrics and /readyz."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import secrets
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from core.config import ReliabilitySettings, Settings, parse_settings
+from emulators.openai import OpenAIEmulator
+from tests.conftest import Stack, raw_request
+
+REDIS = "redis://127.0.0.1:6379/0"
+TOKEN = "admin-token-for-deployment-tests"
+CHEAP = {"model": "openai/gpt-4o-mini", "max_tokens": 1}
+
+
+def configure(tmp: Path, names: list[str], *, reliability: dict[str, Any] | None = None,
+              limits: dict[str, Any] | None = None, routing: dict[str, Any] | None = None,
+              **provider: Any) -> Callable[[dict[str, str]], Settings]:  # fmt: skip
+    """Settings whose openai/ group is one deployment per extra emulator; ``provider`` holds the group's
+    other fields, ``<name>`` keys a deployment's own (weight, rpm, ...)."""
+
+    def build(urls: dict[str, str]) -> Settings:
+        items = [{"name": name, "base_url": urls[name] + "/v1", "api_key": f"key-{name}", **provider.pop(name, {})}
+                 for name in names]  # fmt: skip
+        raw: dict[str, Any] = {
+            "store": {"url": f"sqlite:///{tmp}/router.db"},
+            "console": {"admin_token": TOKEN},
+            "reliability": {"max_retries": 0, "breaker_threshold": 10**9, **(reliability or {})},
+            "providers": {"openai": {"deployments": items, **provider}},
+            "routing": routing or {},
+        }
+        if limits:
+            raw["limits"] = limits
+        return parse_settings(raw, "test")
+
+    return build
+
+
+def emulators(*names: str, **rpm: int) -> dict[str, OpenAIEmulator]:
+    return {name: OpenAIEmulator("openai", f"key-{name}", rpm=rpm.get(name, 0)) for name in names}
+
+
+def start(tmp: Path, extra: dict[str, OpenAIEmulator], build: Callable[[dict[str, str]], Settings]) -> Stack:
+    return Stack(tmp, extra=extra, configure=build).start()  # type: ignore[arg-type]
+
+
+def metric(stack: Stack, sample: str) -> float:
+    """The value of one sample of /metrics (0 if absent): metrics belong to the process, so tests
+    compare before and after."""
+    for line in raw_request(stack, "GET", "/metrics").text.splitlines():
+        if line.startswith(sample + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def served(stack: Stack) -> dict[str, int]:
+    return {name: e.served for name, e in stack.extra.items()}
+
+
+@pytest.fixture(scope="module")
+def weighted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    tmp = tmp_path_factory.mktemp("weighted")
+    build = configure(tmp, ["a", "b", "c"], a={"weight": 1}, b={"weight": 2}, c={"weight": 5})
+    stack = start(tmp, emulators("a", "b", "c"), build)
+    yield stack
+    stack.stop()
+
+
+async def _many(stack: Stack, key: str, n: int, concurrency: int = 32) -> list[Any]:
+    client = openai.AsyncOpenAI(base_url=stack.base_url, api_key=key, max_retries=0)
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(i: int) -> Any:
+        async with gate:
+            return await client.chat.completions.create(messages=[{"role": "user", "content": f"n{i} [tokens:1]"}], **CHEAP)
+
+    try:
+        return await asyncio.gather(*(one(i) for i in range(n)))
+    finally:
+        await client.close()
+
+
+def test_weights_are_respected_over_2000_calls(weighted: Stack) -> None:
+    n = 2000
+    key = weighted.key(credits=1000)
+    answers = asyncio.run(_many(weighted, key, n))
+    assert all(a.choices[0].message.content for a in answers)
+    counts = served(weighted)
+    assert sum(counts.values()) == n
+    for name, share in (("a", 1 / 8), ("b", 2 / 8), ("c", 5 / 8)):  # within 5 standard deviations
+        assert abs(counts[name] - n * share) <= 5 * math.sqrt(n * share * (1 - share)), counts
+    # the usage records name the deployment that served each call
+    records = weighted.run(weighted.store.usage(limit=n + 10))
+    assert Counter(r.deployment for r in records) == Counter(counts)
+    assert {r.provider for r in records} == {"openai"}
+
+
+def test_native_responses_are_routed_too(weighted: Stack) -> None:
+    group = weighted.group(10)
+    client = weighted.client(weighted.key(group=group))
+    for i in range(6):
+        out = client.responses.create(model="openai/gpt-4o-mini", input=f"Hello {i}", max_output_tokens=16)
+        assert out.output_text
+    records = weighted.run(weighted.store.usage(group=group))
+    assert len(records) == 6 and {r.endpoint for r in records} == {"responses"}
+    assert {r.deployment for r in records} <= {"a", "b", "c"} and all(r.deployment for r in records)
+
+
+def test_the_console_filters_usage_by_deployment_and_sums_each(weighted: Stack) -> None:
+    from tests.test_console import Client
+
+    group = weighted.group(100)
+    asyncio.run(_many(weighted, weighted.key(group=group), 40, concurrency=8))
+    api = Client(weighted)
+    everything = api.api("GET", f"/groups/{group}/usage?limit=100", token=TOKEN).json()["data"]
+    counts = Counter(r["deployment"] for r in everything)
+    assert sum(counts.values()) == 40 and set(counts) <= {"a", "b", "c"}
+    name, most = counts.most_common(1)[0]
+    only = api.api("GET", f"/groups/{group}/usage?limit=100&deployment={name}", token=TOKEN).json()["data"]
+    assert len(only) == most and {r["deployment"] for r in only} == {name}
+    assert api.api("GET", f"/groups/{group}/usage?deployment=no%20such", token=TOKEN).status == 400
+    assert api.login(TOKEN).status == 303
+    page = api.get(f"/console/groups/{group}/usage?deployment={name}").text
+    assert f"· deployment {name}" in page and f"<option selected>{name}</option>" in page
+    table = api.get(f"/console/groups/{group}/usage").text.split('id="by-deployment"')[1].split("</table>")[0]
+    for deployment, calls in counts.items():
+        assert f">{deployment}</a></td><td class=\"num\">{calls}</td>" in table
+    csv = api.get(f"/console/groups/{group}/usage.csv?deployment={name}").text.splitlines()
+    assert "deployment" in csv[0].split(",") and len(csv) == most + 1
+
+
+def test_metrics_readyz_and_access_log_name_deployments(weighted: Stack) -> None:
+    from tests.test_observability import Lines
+
+    client = weighted.client()
+    before = served(weighted)
+    lines = Lines()
+    logging.getLogger("router.access").addHandler(lines)
+    try:
+        client.chat.completions.create(messages=[{"role": "user", "content": "Hi"}], extra_headers={"x-request-id": "dep-log-1"},
+                                       **CHEAP)  # fmt: skip
+        entry = lines.find("dep-log-1")
+    finally:
+        logging.getLogger("router.access").removeHandler(lines)
+    (name,) = [n for n, count in served(weighted).items() if count != before[n]]
+    assert entry["deployment"] == name and entry["provider"] == "openai"
+    text = raw_request(weighted, "GET", "/metrics").text
+    assert f'router_deployment_calls_total{{deployment="{name}",outcome="ok",provider="openai"}}' in text
+    assert f'router_deployment_in_flight{{deployment="{name}",provider="openai"}} 0.0' in text
+    ready = raw_request(weighted, "GET", "/readyz").json()
+    assert {"openai/a", "openai/b", "openai/c", "anthropic"} <= set(ready["upstreams"])
+    assert ready["deployments"]["openai/a"] == {"in_flight": 0, "resting": {}}
+    assert ready["circuits"]["openai/b"] == "closed"
+
+
+def test_a_deployment_answering_429_rests_for_its_retry_after_and_callers_never_see_it(tmp_path: Path) -> None:
+    # 'a' takes 20 requests a minute: after one, it answers 429 with Retry-After 3 (s); 'b' has room.
+    # 'a' weighs 3: it would take most calls if it did not rest
+    stack = start(tmp_path, emulators("a", "b", a=20), configure(tmp_path, ["a", "b"], a={"weight": 3}))
+    try:
+        client = stack.client()
+        a = stack.extra["a"]
+        rests = 'router_deployment_cooldowns_total{deployment="a",provider="openai"}'
+        before = metric(stack, rests)
+        first = time.monotonic()
+        for i in range(20):  # well within the 3 s 'a' rests
+            out = client.chat.completions.create(messages=[{"role": "user", "content": f"q{i}"}], **CHEAP)
+            assert out.choices[0].message.content
+        assert time.monotonic() - first < 2.5, "the calls took longer than the rest: the test proves nothing"
+        assert (a.served, a.refused) == (1, 1)  # one 429, then left alone while it rests
+        assert stack.extra["b"].served == 19
+        assert metric(stack, rests) == before + 1
+        time.sleep(3.2)  # the rest is over: 'a' serves again
+        for i in range(12):
+            client.chat.completions.create(messages=[{"role": "user", "content": f"r{i}"}], **CHEAP)
+        assert a.served >= 2
+    finally:
+        stack.stop()
+
+
+def test_every_deployment_resting_is_a_429_with_the_earliest_retry_after_or_the_fallback(tmp_path: Path) -> None:
+    build = configure(tmp_path, ["a", "b"], a={"rpm": 1}, b={"rpm": 2}, routing={"max_cooldown": 300})
+    stack = start(tmp_path, emulators("a", "b"), build)
+    try:
+        client = stack.client()
+        for i in range(2):  # one each: both at their ceiling (1 and 2 a minute, a bucket of one minute)
+            client.chat.completions.create(messages=[{"role": "user", "content": f"q{i}"}], **CHEAP)
+        client.chat.completions.create(messages=[{"role": "user", "content": "q3"}], **CHEAP)  # b's second
+        with pytest.raises(openai.RateLimitError) as refused:
+            client.chat.completions.create(messages=[{"role": "user", "content": "q4"}], **CHEAP)
+        after = int(refused.value.response.headers["retry-after"])
+        assert 25 <= after <= 30  # b's next room, the earliest (a's is a minute away)
+        assert "cooling down or at its rate ceiling" in refused.value.message
+        fallback = client.chat.completions.create(messages=[{"role": "user", "content": "q5"}],
+                                                  extra_body={"models": ["mistral/mistral-small-latest"]}, **CHEAP)  # fmt: skip
+        assert fallback.model == "mistral/mistral-small-latest"
+        assert served(stack) == {"a": 1, "b": 2}
+    finally:
+        stack.stop()
+
+
+def test_sticky_routing_keeps_a_10_turn_conversation_on_one_deployment(tmp_path: Path) -> None:
+    stack = start(tmp_path, emulators("a", "b", "c"), configure(tmp_path, ["a", "b", "c"], sticky=True))
+    try:
+        client = stack.client()
+        firsts: set[str] = set()
+        for conversation in range(12):
+            before = served(stack)
+            messages = [{"role": "system", "content": f"You are helper {conversation}."}]
+            for turn in range(10):
+                messages.append({"role": "user", "content": f"turn {turn}"})
+                out = client.chat.completions.create(messages=messages, **CHEAP)  # type: ignore[arg-type]
+                messages.append({"role": "assistant", "content": out.choices[0].message.content or ""})
+            moved = {n: c - before[n] for n, c in served(stack).items() if c != before[n]}
+            assert list(moved.values()) == [10], moved  # all ten turns on one deployment
+            firsts |= set(moved)
+        assert len(firsts) > 1  # and different conversations on different deployments
+        for user in ("u-1", "u-2", "u-3"):  # Responses calls chained by the caller's user: one deployment each
+            group = stack.group(10)
+            chained = stack.client(stack.key(group=group))
+            for turn in range(5):
+                chained.responses.create(model="openai/gpt-4o-mini", input=f"turn {turn}", user=user, max_output_tokens=16)
+            records = stack.run(stack.store.usage(group=group))
+            assert len(records) == 5 and len({r.deployment for r in records}) == 1
+    finally:
+        stack.stop()
+
+
+def test_two_replicas_share_the_ceilings_and_rests_in_redis(tmp_path: Path) -> None:
+    prefix = f"test:dep:{secrets.token_hex(4)}"
+    shared = {"limits": {"redis_url": REDIS}, "routing": {"redis_prefix": prefix}}
+    one = start(tmp_path / "one", emulators("a", "b"),
+                configure(tmp_path / "one", ["a", "b"], a={"rpm": 3}, b={"rpm": 3}, **shared))  # type: ignore[arg-type]
+    urls = {name: url for name, url in one.extra_urls.items()}
+
+    def second(_: dict[str, str]) -> Settings:
+        return configure(tmp_path / "two", ["a", "b"], a={"rpm": 3}, b={"rpm": 3}, **shared)(urls)  # type: ignore[arg-type]
+
+    two = Stack(tmp_path / "two", configure=second).start()
+    try:
+        clients = [one.client(), two.client()]
+        for i in range(6):  # alternating replicas: 3 a minute on each deployment, all replicas together
+            clients[i % 2].chat.completions.create(messages=[{"role": "user", "content": f"q{i}"}], **CHEAP)
+        for client in clients:
+            with pytest.raises(openai.RateLimitError):
+                client.chat.completions.create(messages=[{"role": "user", "content": "more"}], **CHEAP)
+        assert (one.extra["a"].served, one.extra["b"].served) == (3, 3)
+    finally:
+        two.stop()
+        one.stop()
+
+
+def test_a_rest_begun_on_one_replica_is_kept_by_the_other(tmp_path: Path) -> None:
+    prefix = f"test:dep:{secrets.token_hex(4)}"
+    shared = {"limits": {"redis_url": REDIS}, "routing": {"redis_prefix": prefix}}
+    # 'a' answers 429 (Retry-After 3 s) after its first call; 'b' has room. 'a' weighs 10: both
+    # replicas would send it nearly every call if it did not rest
+    one = start(tmp_path / "one", emulators("a", "b", a=20),
+                configure(tmp_path / "one", ["a", "b"], a={"weight": 10}, **shared))  # type: ignore[arg-type]
+    urls = dict(one.extra_urls)
+    two = Stack(tmp_path / "two", configure=lambda _: configure(tmp_path / "two", ["a", "b"], a={"weight": 10},
+                                                                **shared)(urls)).start()  # type: ignore[arg-type]  # fmt: skip
+    try:
+        first, other = one.client(), two.client()
+        a = one.extra["a"]
+        for i in range(10):
+            first.chat.completions.create(messages=[{"role": "user", "content": f"q{i}"}], **CHEAP)
+            if a.refused:
+                break
+        assert a.refused == 1
+        for i in range(10):  # the other replica never tries 'a' while it rests
+            other.chat.completions.create(messages=[{"role": "user", "content": f"r{i}"}], **CHEAP)
+        assert a.refused == 1 and a.served == 1
+    finally:
+        two.stop()
+        one.stop()
+
+
+def test_default_single_deployment_settings_need_no_redis_round_trip(tmp_path: Path) -> None:
+    settings = Settings(limits=parse_settings({"limits": {"redis_url": REDIS}}).limits,
+                        reliability=ReliabilitySettings())  # fmt: skip
+    from gateway.state import Gateway
+
+    gw = Gateway(settings)
+    assert gw.router.shared is gw.router.local  # nothing worth sharing: no Redis client at all
+
+
+def test_each_deployment_has_its_own_circuit(tmp_path: Path) -> None:
+    from tests.conftest import free_port
+
+    def build(urls: dict[str, str]) -> Settings:
+        urls = {**urls, "dead": f"http://127.0.0.1:{free_port()}"}  # nothing listens there
+        return configure(tmp_path, ["dead", "b"], reliability={"breaker_threshold": 2, "breaker_cooldown": 60},
+                         dead={"weight": 10})(urls)  # fmt: skip
+
+    stack = start(tmp_path, emulators("b"), build)
+    try:
+        client = stack.client()
+        for i in range(8):  # every call served: the dead deployment's failures move it to 'b'
+            assert client.chat.completions.create(messages=[{"role": "user", "content": f"q{i}"}], **CHEAP)
+        circuits = raw_request(stack, "GET", "/readyz").json()["circuits"]
+        assert circuits["openai/dead"] == "open" and circuits["openai/b"] == "closed"
+        failed = metric(stack, 'router_deployment_calls_total{deployment="dead",outcome="error",provider="openai"}')
+        assert failed == 2  # two failures opened it; then it was skipped, not tried
+        assert stack.extra["b"].served == 8
+    finally:
+        stack.stop()
