@@ -33,7 +33,7 @@ from typing import Any
 from billing.store import USAGE_SELECT, Database, ModelUsage, UsageRecord, usage_record
 from billing.usage_filter import Filter, where
 
-__all__ = ["Bucket", "Filter", "History", "ModelRow", "Page"]
+__all__ = ["Bucket", "Filter", "History", "Page", "Totals"]
 
 SKEW = 600.0  # seconds of timestamp disorder tolerated between ids
 CHUNK = 50_000  # SQLite: ids per aggregate window

@@ -5,8 +5,8 @@ A call costs one round trip: ``acquire`` is one ``EVALSHA`` of :data:`ACQUIRE`, 
 call's order of deployments and takes the first that is not cooling down and has room under its
 ceilings, atomically, and answers every candidate's load (kept as this replica's view for the next
 call's strategy). ``release`` (:data:`RELEASE`) is never waited for: it goes with the next round trip.
-Acquires and releases that arrive while a round trip is in flight are pipelined together into the
-next one, on one connection. Time comes from the Redis server (``TIME``), so replicas with skewed
+Acquires and releases that arrive while a round trip is in flight go together in the next one, on
+one connection (gateway/redis_scripts.py). Time comes from the Redis server (``TIME``), so replicas with skewed
 clocks agree.
 
 Per deployment, one hash (``rt`` / ``tt``: the TATs of its RPM / TPM buckets; ``c:<model>``: the end
@@ -21,8 +21,6 @@ failure is logged (at most every 10 s) and counted in ``router_routing_state_err
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
 import logging
 import math
 import secrets
@@ -31,10 +29,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis.asyncio as redis
-from redis.exceptions import NoScriptError
 
 from core import metrics
 from core.deployments import Deployment
+from gateway.redis_scripts import ScriptPipe, sha
 from gateway.routing import IDLE, Load
 from gateway.upstream_state import Lease, MemoryState, UpstreamState
 
@@ -126,12 +124,9 @@ redis.call('PEXPIRE', KEYS[1], KEEP)
 return 1
 """.replace("KEEP", str(KEEP_MS))
 
-SCRIPTS = {hashlib.sha1(s.encode()).hexdigest(): s for s in (ACQUIRE, RELEASE)}
-_ACQUIRE_SHA, _RELEASE_SHA = SCRIPTS
+_ACQUIRE_SHA, _RELEASE_SHA = sha(ACQUIRE), sha(RELEASE)
 _US = 1_000_000
 log = logging.getLogger("gateway.routing")
-
-Op = tuple[str, list[str], list[Any], "asyncio.Future[Any] | None"]  # (sha, keys, args, waiter)
 
 
 class RedisState(UpstreamState):
@@ -150,8 +145,7 @@ class RedisState(UpstreamState):
         self._loads: dict[tuple[str, str], Load] = {}  # (deployment, model), as of the last answer
         self._rest_until: dict[tuple[str, str], float] = {}  # monotonic
         self._keys: dict[str, tuple[str, str]] = {}
-        self._pending: list[Op] = []
-        self._flusher: asyncio.Task[None] | None = None
+        self.pipe = ScriptPipe(self.client, [ACQUIRE, RELEASE], timeout, self._failed)
         self._warned = 0.0
 
     def _names(self, dep: Deployment) -> tuple[str, str]:
@@ -178,10 +172,8 @@ class RedisState(UpstreamState):
         for dep in order:
             keys += self._names(dep)
             args += (dep.rpm, dep.tpm)
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._queue((_ACQUIRE_SHA, keys, args, future))
         try:
-            out = await future
+            out = await self.pipe.call(_ACQUIRE_SHA, keys, args)
         except Exception as exc:  # Redis is out of reach: this process routes on what it knows
             self._failed(exc)
             return self.local.acquire_now(order, model, tokens)
@@ -204,48 +196,7 @@ class RedisState(UpstreamState):
             key = (lease.deployment.key, lease.model)
             self._rest_until[key] = max(self._rest_until.get(key, 0.0), time.monotonic() + cooldown)
         args = [lease.token, "" if latency is None else f"{latency:.6f}", int(cooldown * _US), self.alpha, lease.model]
-        self._queue((_RELEASE_SHA, list(self._names(lease.deployment)), args, None))
-
-    def _queue(self, op: Op) -> None:
-        self._pending.append(op)
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.ensure_future(self._flush())
-
-    async def _flush(self) -> None:
-        while self._pending:
-            batch, self._pending = self._pending, []
-            try:
-                async with asyncio.timeout(self.timeout):
-                    results = await self._run(batch)
-                    missing = [n for n, r in enumerate(results) if isinstance(r, NoScriptError)]
-                    if missing:  # first use, or the server was restarted or flushed its scripts
-                        for script in SCRIPTS.values():
-                            await self.client.script_load(script)
-                        again = await self._run([batch[n] for n in missing])
-                        for n, result in zip(missing, again, strict=True):
-                            results[n] = result
-            except Exception as exc:  # every waiter learns why; lost releases expire with their lease
-                for *_, future in batch:
-                    if future is not None and not future.done():
-                        future.set_exception(exc)
-                    elif future is None:
-                        self._failed(exc)
-                continue
-            for (*_, future), result in zip(batch, results, strict=True):
-                if future is None:
-                    if isinstance(result, Exception):
-                        self._failed(result)
-                elif not future.done():
-                    if isinstance(result, Exception):
-                        future.set_exception(result)
-                    else:
-                        future.set_result(result)
-
-    async def _run(self, batch: list[Op]) -> list[Any]:
-        async with self.client.pipeline(transaction=False) as pipe:
-            for sha, keys, args, _ in batch:
-                pipe.evalsha(sha, len(keys), *keys, *args)
-            return list(await pipe.execute(raise_on_error=False))
+        self.pipe.send(_RELEASE_SHA, self._names(lease.deployment), args)
 
     def _failed(self, exc: BaseException) -> None:
         metrics.routing_state_error()
@@ -256,6 +207,5 @@ class RedisState(UpstreamState):
                         "process's own state", type(exc).__name__, exc)  # fmt: skip
 
     async def close(self) -> None:
-        if self._flusher is not None and not self._flusher.done():
-            await asyncio.wait((self._flusher,), timeout=self.timeout * 2 + 1)
+        await self.pipe.close()
         await self.client.aclose()

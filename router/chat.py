@@ -103,14 +103,21 @@ async def begin_call(gw: Gateway, request: Request, endpoint: Endpoint) -> tuple
 Encoder = Callable[[AsyncGenerator[list[Any], None]], AsyncGenerator[bytes, None]]
 
 
+async def answered(pipeline: Pipeline, start: Awaitable[Started], trace: Trace) -> Response:
+    """A non-stream call's answer for any endpoint, once its upstream answered, settled."""
+    started = await start
+    trace.served(started.model.provider, started.deployment)  # for the access log
+    answer = await pipeline.complete(started)
+    return JSONBytes(_encode(answer.body), extra=started.rate_headers)
+
+
 async def streamed(pipeline: Pipeline, start: Awaitable[Started], trace: Trace,
                    encode: Encoder) -> AsyncGenerator[Any, None]:  # fmt: skip
     """The body of a :class:`LateSSE` for any endpoint: first the headers for the response start
     (once the upstream answered), then the stream's bytes (``encode`` of the relayed pieces).
     Whatever ends it, a call that started is let go of (settled)."""
     started = await start
-    trace.provider = started.model.provider  # for the access log
-    trace.deployment = started.deployment
+    trace.served(started.model.provider, started.deployment)  # for the access log
     try:
         yield started.rate_headers or []
         inner = encode(pipeline.relay(started))
@@ -137,11 +144,7 @@ class ChatCompletions:
         codec = ChatCodec(raw, req, len(body), raw_chunks=True)
         start = self.pipeline.start(context, codec)
         if not codec.stream:
-            started = await start
-            trace.provider = started.model.provider
-            trace.deployment = started.deployment
-            answer = await self.pipeline.complete(started)
-            return JSONBytes(_encode(answer.body), extra=started.rate_headers)
+            return await answered(self.pipeline, start, trace)
         # A stream whose upstream is slow to answer (retries, fallbacks, a slow first byte) starts at
         # once with SSE keep-alive comments; until then an error is still a plain HTTP error.
         stream = streamed(self.pipeline, start, trace, sse)

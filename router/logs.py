@@ -53,6 +53,10 @@ class Trace:
     model: str | None = None
     provider: str | None = None
     deployment: str | None = None  # the provider's deployment that served (core/deployments.py)
+
+    def served(self, provider: str, deployment: str) -> None:
+        """The provider and deployment that answered the call."""
+        self.provider, self.deployment = provider, deployment
     context: CallContext | None = None  # a model call's context, once its caller is known
     stream: bool = False  # the call asked for a stream
 

@@ -20,8 +20,8 @@ from gateway.pipeline import Pipeline
 from gateway.responses_codec import ResponsesCodec, Terminal
 from gateway.responses_translate import refuse_background
 from gateway.state import Gateway
-from router.chat import begin_call, streamed
-from router.replies import JSONBytes, LateSSE
+from router.chat import answered, begin_call, streamed
+from router.replies import LateSSE
 
 NO_POLL = (
     "this gateway does not offer GET /v1/responses/{id}, so a background response could never be polled "
@@ -74,10 +74,6 @@ class Responses:
         codec = ResponsesCodec(body, len(raw))
         start = self.pipeline.start(context, codec)
         if not codec.stream:
-            started = await start
-            trace.provider = started.model.provider
-            trace.deployment = started.deployment
-            answer = await self.pipeline.complete(started)
-            return JSONBytes(_encode(answer.body), extra=started.rate_headers)
+            return await answered(self.pipeline, start, trace)
         stream = streamed(self.pipeline, start, trace, events)
         return LateSSE(stream, gw.settings.reliability.stream_keepalive, _error_event)

@@ -1,0 +1,92 @@
+"""Many small Lua script calls on one Redis connection, for the state replicas share (rate limits,
+gateway/ratelimit_redis.py; deployments, gateway/upstream_state_redis.py).
+
+Calls that arrive while a round trip is in flight go together in the next one (a pipeline of
+``EVALSHA``, not a transaction), so a burst costs few round trips and there is no pool to exhaust. A
+script the server does not have (first use, or it restarted or flushed its scripts) is loaded and
+its calls sent again. ``call`` is awaited for its answer; ``send`` is not (its failure goes to
+``on_error``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from redis.exceptions import NoScriptError
+
+Op = tuple[str, Sequence[str], Sequence[Any], "asyncio.Future[Any] | None"]  # (sha, keys, args, waiter)
+
+
+def sha(script: str) -> str:
+    return hashlib.sha1(script.encode()).hexdigest()
+
+
+class ScriptPipe:
+    def __init__(self, client: Any, scripts: Iterable[str], timeout: float,
+                 on_error: Callable[[BaseException], None] | None = None) -> None:  # fmt: skip
+        self.client = client
+        self.scripts = list(scripts)
+        self.timeout = timeout  # seconds per round trip before its calls fail
+        self.on_error = on_error
+        self._pending: list[Op] = []
+        self._flusher: asyncio.Task[None] | None = None
+
+    def call(self, script_sha: str, keys: Sequence[str], args: Sequence[Any]) -> asyncio.Future[Any]:
+        """The script's answer, with the next round trip (an exception if the round trip failed)."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queue((script_sha, keys, args, future))
+        return future
+
+    def send(self, script_sha: str, keys: Sequence[str], args: Sequence[Any]) -> None:
+        """Run the script with the next round trip; nobody waits for it."""
+        self._queue((script_sha, keys, args, None))
+
+    def _queue(self, op: Op) -> None:
+        self._pending.append(op)
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.ensure_future(self._flush())
+
+    async def _flush(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending, []
+            try:
+                async with asyncio.timeout(self.timeout):
+                    results = await self._run(batch)
+                    missing = [n for n, r in enumerate(results) if isinstance(r, NoScriptError)]
+                    if missing:  # first use, or the server was restarted or flushed its scripts
+                        for script in self.scripts:
+                            await self.client.script_load(script)
+                        again = await self._run([batch[n] for n in missing])
+                        for n, result in zip(missing, again, strict=True):
+                            results[n] = result
+            except Exception as exc:  # every waiter learns why
+                for *_, future in batch:
+                    self._settle(future, exc)
+                continue
+            for (*_, future), result in zip(batch, results, strict=True):
+                self._settle(future, result)
+
+    def _settle(self, future: asyncio.Future[Any] | None, result: Any) -> None:
+        failed = isinstance(result, BaseException)
+        if future is None:
+            if failed and self.on_error is not None:
+                self.on_error(result)
+        elif not future.done():  # (done: its caller went away)
+            if failed:
+                future.set_exception(result)
+            else:
+                future.set_result(result)
+
+    async def _run(self, batch: list[Op]) -> list[Any]:
+        async with self.client.pipeline(transaction=False) as pipe:
+            for script_sha, keys, args, _ in batch:
+                pipe.evalsha(script_sha, len(keys), *keys, *args)
+            return list(await pipe.execute(raise_on_error=False))
+
+    async def close(self) -> None:
+        """Let the round trip in flight (and what queued behind it) finish, for a while."""
+        if self._flusher is not None and not self._flusher.done():
+            await asyncio.wait((self._flusher,), timeout=self.timeout * 2 + 1)
