@@ -38,6 +38,7 @@ from console import auth, forms
 from console.app import Console, console_of
 from console.forms import Invalid
 from console.pages import key_or_404
+from core.deployments import is_name
 from core.errors import InvalidRequest
 from core.inputs import INT64_MAX, decode_json, finite, natural
 from core.money import to_credits
@@ -302,7 +303,7 @@ def usage_filter(request: Request, group_id: int) -> Filter:
         raise Invalid("source", "'source' is api or job (or absent for all).")
     model = (p.get("model") or "").strip().lower() or None
     deployment = (p.get("deployment") or "").strip() or None
-    if deployment is not None and not forms.NAME.match(deployment):
+    if deployment is not None and not is_name(deployment):
         raise Invalid("deployment", "'deployment' is a deployment's name (letters, digits, . _ -).")
     return Filter(group_id, source, model, number(p, "key", int), number(p, "since"), number(p, "until"), deployment)
 

@@ -16,6 +16,7 @@ from typing import TypeVar
 from urllib.parse import parse_qs, urlencode
 
 from billing.history import Filter
+from core.deployments import is_name
 from core.inputs import group_name_problem, natural
 from core.money import to_credits, to_nano
 
@@ -221,7 +222,7 @@ def history(params: dict[str, str], errors: dict[str, str]) -> History:
         errors["model"] = "Not a model id."
         model = ""
     deployment = params.get("deployment", "").strip()
-    if deployment and not NAME.match(deployment):  # as core.deployments names them
+    if deployment and not is_name(deployment):
         errors["deployment"] = "Not a deployment name."
         deployment = ""
     key_id = take("key", lambda: cursor(params.get("key", ""), "key"), None)

@@ -34,6 +34,7 @@ read is an error naming the deployment) and never appear in a repr, a log line o
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
@@ -57,12 +58,14 @@ NEEDS_BASE_URL = frozenset({"azure"})  # kinds with no default address: the reso
 NEEDS_API_VERSION = frozenset({"azure"})
 
 PerMinute = Annotated[int, msgspec.Meta(ge=0)]
+NAME = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"  # a deployment's name
+is_name = re.compile(NAME).match
 
 
 class DeploymentSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """``[[providers.X.deployments]]``: one upstream account or endpoint of a provider group."""
 
-    name: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")]
+    name: Annotated[str, msgspec.Meta(pattern=NAME)]
     kind: str | None = None  # default: the group's own API (its wire protocol); openai: also "azure"
     base_url: str | None = None  # default: the catalog's address of the group (azure: required)
     api_key: str | None = None  # inline; prefer api_key_env or api_key_file
