@@ -214,6 +214,19 @@ class Analysis:
         totals = await self.totals(Filter(group_id), ("model",))
         return [m for (m,), _ in sorted(totals.items(), key=lambda kv: (-kv[1].calls, kv[0][0])) if m]
 
+    async def batches(self, ids: list[str]) -> dict[str, Totals]:
+        """The totals of the calls of each of these batches so far (one index range each)."""
+        if not ids:
+            return {}
+        marks = ", ".join("?" * len(ids))
+        source = "usage INDEXED BY usage_batch" if self.sqlite else "usage"
+        rows = await self.db.select(
+            f"SELECT batch_id, {RAW_COUNTS} FROM {source} WHERE batch_id IN ({marks}) GROUP BY batch_id", ids
+        )
+        out: dict[Key, Totals] = {}
+        _collect(rows, 1, out)
+        return {str(k[0]): t for k, t in out.items()}
+
     async def last_used(self, key_ids: list[int]) -> dict[int, float]:
         """When each of these keys was last used (keys never used are left out)."""
         if not key_ids:

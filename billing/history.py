@@ -208,9 +208,21 @@ class History:
             await asyncio.sleep(0)
         return [Bucket(start + i * width, calls[i], credits[i]) for i in range(count)]
 
-    async def first_ts(self, group_id: int) -> float | None:
-        rows = await self._select("SELECT ts FROM usage WHERE group_id = ? ORDER BY id LIMIT 1", (group_id,))
+    async def first_ts(self, f: Filter) -> float | None:
+        """When the oldest record of the filter was made."""
+        base, args = self._where(f, *(await self.id_range(f.since, f.until)))
+        rows = await self._select(f"SELECT ts {base} ORDER BY id LIMIT 1", args)
         return float(rows[0][0]) if rows else None
+
+    async def count(self, f: Filter, cap: int) -> int:
+        """How many records the filter has, counting no further than ``cap`` (then ``cap + 1``)."""
+        base, args = self._where(f, *(await self.id_range(f.since, f.until)))
+        rows = await self._select(f"SELECT count(*) FROM (SELECT 1 {base} LIMIT ?) AS matches", (*args, cap + 1))
+        return int(rows[0][0])
+
+    async def record(self, usage_id: int) -> UsageRecord | None:
+        rows = await self._select(f"SELECT {USAGE_SELECT} FROM usage WHERE id = ?", (usage_id,))
+        return usage_record(rows[0]) if rows else None
 
     async def key_models(self, key_id: int, group_id: int, since: float | None, until: float | None) -> list[Totals]:
         """One key's usage per model over a period."""

@@ -3,8 +3,8 @@
 Four tables, each the counts (calls, failed, rejected, credits, tokens) of the records per period and
 per combination of some of their fields (a :class:`Level`):
 
-    usage_daily        per UTC day,  group, key, model, provider, endpoint, source
-    usage_hourly       per UTC hour, group, key, model, provider, endpoint, source
+    usage_daily        per UTC day,  group, key, model, provider, deployment, endpoint, source
+    usage_hourly       per UTC hour, group, key, model, provider, deployment, endpoint, source
     usage_daily_groups   per UTC day,  group, source
     usage_hourly_groups  per UTC hour, group, source
 
@@ -39,7 +39,7 @@ HOUR, DAY = 3600, 86400
 LAG = 600.0  # seconds: records stamped more recently than this are left above the watermark
 CHUNK = 20_000  # ids per refresh transaction (SQLite: the store's thread is held that long)
 EVERY = 15.0  # seconds between refreshes started by readers
-WIDE = ("group_id", "key_id", "model", "provider", "endpoint", "source")
+WIDE = ("group_id", "key_id", "model", "provider", "deployment", "endpoint", "source")
 COUNTS = ("calls", "errors", "rejected", "credits", "prompt_tokens", "completion_tokens", "cached_tokens",
           "reasoning_tokens")  # fmt: skip
 # the counts of a set of usage records, in COUNTS order
@@ -102,6 +102,13 @@ LEVELS = (
 def hour_of(sqlite: bool) -> str:
     """SQL: the start of a record's UTC hour, from its ``ts``."""
     return "(CAST(ts / 3600 AS INTEGER) * 3600)" if sqlite else "(floor(ts / 3600) * 3600)::int8"
+
+
+def rebuild(sqlite: bool) -> str:
+    """A migration that drops the rollups and makes them anew, empty, with the watermark at 0: they
+    are derived from the usage table, so a change of their shape costs one refresh from the start."""
+    drops = [f"DROP TABLE IF EXISTS {level.table}" for level in LEVELS] + ["DROP TABLE IF EXISTS usage_rollup"]
+    return ";\n".join([*drops, migration(sqlite)])
 
 
 def migration(sqlite: bool) -> str:

@@ -133,8 +133,10 @@ MIGRATIONS: list[str] = [
     CREATE INDEX usage_group_user ON usage(group_id, end_user, id) WHERE end_user IS NOT NULL;
     CREATE INDEX usage_request ON usage(request_id);
     """,
-    # 6: the hourly rollup of the usage records, for aggregates over long periods (billing/rollup.py)
+    # 6: the rollups of the usage records, for aggregates over long periods (billing/rollup.py)
     rollup.migration(sqlite=True),
+    # 7: the rollups keep the deployment too (rebuilt from the usage table at the next refresh)
+    rollup.rebuild(sqlite=True),
 ]
 
 _ROW_MARKS = f"({', '.join('?' * len(USAGE_LIST.split(', ')))})"

@@ -37,7 +37,7 @@ from billing.store import Group, KeyInfo, StoreError, UsageRecord
 from console import auth, forms
 from console.app import Console, console_of
 from console.forms import Invalid
-from console.pages import key_or_404
+from console.keys import key_or_404
 from core.deployments import is_name
 from core.errors import InvalidRequest
 from core.inputs import INT64_MAX, decode_json, finite, natural

@@ -2,14 +2,15 @@
 
 ``console_app(gateway)`` builds it around the gateway's store and settings. Pages are in
 :mod:`console.pages`, the admin JSON API in :mod:`console.api`; this module holds what they share:
-the ``Console`` object (templates, queries, credentials, throttle), the ``page`` / ``action``
-wrappers (login required; forms also need the session's CSRF token), and the security headers.
+the ``Console`` object (templates, queries, credentials, throttle, aggregates), the ``page`` /
+``action`` wrappers (login required; forms also need the session's CSRF token), the security headers
+(scripts only from the console itself: ``console.js``, which the pages do not need to work) and a
+``Server-Timing`` header on every answer (``app;dur=`` milliseconds spent serving it).
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime
 import hmac
 import time
 from collections.abc import Awaitable, Callable
@@ -25,12 +26,12 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
+from billing.analysis import Analysis
 from billing.history import History
 from billing.store import Store
-from console import auth
+from console import auth, display, prefs
 from console.forms import MAX_FORM_BYTES, form_data
 from console.queries import Queries, queries_for
-from core.money import to_credits
 from core.types import ASGIApp, Message, Receive, Scope, Send
 
 if TYPE_CHECKING:
@@ -40,11 +41,11 @@ HERE = Path(__file__).resolve().parent
 COOKIE = "mr_console"
 DEVICE_COOKIE = "mr_console_device"  # this browser has logged in before (console/auth.py, Throttling)
 CACHE_SECONDS = 5.0  # how soon a password set by the CLI (in the store) takes effect
-CSS = (HERE / "static" / "console.css").read_bytes()
+STATIC = {name: (HERE / "static" / name).read_bytes() for name in ("console.css", "console.js")}
 SECURITY_HEADERS = [
     (
         b"content-security-policy",
-        b"default-src 'none'; style-src 'self'; img-src 'self' data:; "
+        b"default-src 'none'; style-src 'self'; script-src 'self'; img-src 'self' data:; "
         b"form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
     ),
     (b"x-frame-options", b"DENY"),
@@ -56,14 +57,10 @@ Handler = Callable[["Console", Request], Awaitable[Response]]
 FormHandler = Callable[["Console", Request, dict[str, str]], Awaitable[Response]]
 
 
-def when(ts: float | None) -> str:
-    if ts is None:
-        return ""
-    return datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def tokens(n: int | None) -> str:
-    return "" if n is None else f"{n:,}"
+@jinja2.pass_context
+def _when(context: Any, ts: float | None) -> str:
+    """A time on the zone the admin chose (the page's ``zone``)."""
+    return display.when(ts, context.get("zone", display.UTC))
 
 
 class Console:
@@ -83,11 +80,18 @@ class Console:
             lstrip_blocks=True,
         )
         self.env.filters.update(
-            credits=lambda n: "" if n is None else to_credits(n),
-            tokens=tokens,
-            when=when,
+            credits=display.exact,
+            fixed=display.fixed,
+            places=display.places,
+            tokens=display.count,
+            count=display.count,
+            ms=display.ms,
+            when=_when,
+            iso=display.iso,
             q=lambda s: quote(str(s), safe=""),
         )
+        self.env.globals.update(percent=display.percent)
+        self._analysis: Analysis | None = None
 
     @property
     def store(self) -> Store:
@@ -102,6 +106,12 @@ class Console:
     @property
     def history(self) -> History:
         return self.gateway.store.history
+
+    @property
+    def analysis(self) -> Analysis:
+        if self._analysis is None:
+            self._analysis = Analysis(self.gateway.store.history)
+        return self._analysis
 
     def model_ids(self) -> list[str]:
         return sorted(m.id for m in self.gateway.catalog.models.values())
@@ -202,14 +212,31 @@ class Console:
     def render(self, request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:
         session: auth.Session | None = getattr(request.state, "session", None)
         base = request.scope.get("root_path", "")
+        zone = prefs.zone_of(request)
+        context.setdefault("zone", zone)
         html = self.env.get_template(template).render(
             base=base,
             csrf=session.csrf if session else "",
             admin=bool(session and session.admin),
             path=request.url.path,
+            current=request.url.path + (f"?{request.url.query}" if request.url.query else ""),
+            zone_name=display.zone_label(zone, time.time()),
             **context,
         )
         return HTMLResponse(html, status_code=status, headers={"cache-control": "no-store"})
+
+    @staticmethod
+    def base(request: Request) -> str:
+        """Where the console is mounted (``/console``)."""
+        return str(request.scope.get("root_path", ""))
+
+    def safe(self, request: Request, target: str, default: str) -> str:
+        """``target`` if it is a page of this console, else ``default`` (a console path): where a form
+        may send the browser back to."""
+        base = self.base(request)
+        if target.startswith(base + "/") and not target.startswith("//") and "\\" not in target:
+            return target
+        return base + default
 
     def redirect(self, request: Request, path: str, **query: Any) -> RedirectResponse:
         url = request.scope.get("root_path", "") + path
@@ -282,11 +309,18 @@ def action(handler: FormHandler) -> Callable[[Request], Awaitable[Response]]:
     return page(checked)
 
 
-async def css(request: Request) -> Response:
-    return Response(CSS, media_type="text/css", headers={"cache-control": "public, max-age=3600"})
+async def static(request: Request) -> Response:
+    name = request.path_params["name"]
+    if name not in STATIC:
+        raise HTTPException(404)
+    kind = "text/css" if name.endswith(".css") else "text/javascript"
+    return Response(STATIC[name], media_type=kind, headers={"cache-control": "public, max-age=3600"})
 
 
-class SecurityHeaders:
+class Headers:
+    """The security headers, and ``Server-Timing: app;dur=<ms>`` (the time from the request to its
+    headers: the console bench reads it), on every answer."""
+
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
@@ -294,10 +328,12 @@ class SecurityHeaders:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        began = time.perf_counter()
 
         async def with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", ()), *SECURITY_HEADERS]
+                spent = f"app;dur={(time.perf_counter() - began) * 1000:.1f}".encode()
+                message["headers"] = [*message.get("headers", ()), *SECURITY_HEADERS, (b"server-timing", spent)]
             await send(message)
 
         await self.app(scope, receive, with_headers)
@@ -341,8 +377,8 @@ def console_app(gateway: Gateway) -> Starlette:
     from console import api, pages
 
     app = Starlette(
-        routes=[Route("/static/console.css", css, methods=["GET"]), *pages.routes(), *api.routes()],
-        middleware=[Middleware(SecurityHeaders), Middleware(SettledFirst, gateway=gateway)],
+        routes=[Route("/static/{name}", static, methods=["GET"]), *pages.routes(), *api.routes()],
+        middleware=[Middleware(Headers), Middleware(SettledFirst, gateway=gateway)],
         exception_handlers={HTTPException: http_error},
     )
     app.state.console = Console(gateway)

@@ -1,105 +1,146 @@
 """The usage chart: credits (bars, left axis) and calls (line, right axis) per time bucket, drawn on the
-server as inline SVG. No script, no external asset; every bar has a ``<title>`` (a hover tooltip)."""
+server as inline SVG. No script, no external asset.
+
+Axes end on round numbers (steps of 1, 2, 2.5 or 5 times a power of ten; whole calls), bucket labels
+are the buckets' true starts on the zone's clock (:mod:`console.periods`), at round clock times.
+Hovering a bucket (anywhere over its column) highlights it and shows its figures (an SVG ``<title>``);
+the same figures are in a table below the chart, for screen readers and for copying. A period without
+calls gets a line saying so, not an empty frame.
+"""
 
 from __future__ import annotations
 
-import datetime
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from html import escape
+from zoneinfo import ZoneInfo
 
-from billing.history import Bucket
-from core.money import to_credits
+from console import display
+from console.periods import Buckets
+from core.catalog import NANO
 
-WIDTHS = (60, 300, 900, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 7 * 86400, 30 * 86400)
-MAX_BUCKETS = 60
-W, H = 920, 280
-LEFT, RIGHT, TOP, BOTTOM = 84, 64, 16, 40
-
-
-def bucket_width(span: float) -> int:
-    """The smallest standard bucket that covers ``span`` seconds in at most ``MAX_BUCKETS`` buckets."""
-    for width in WIDTHS:
-        if span / width <= MAX_BUCKETS:
-            return width
-    return int(math.ceil(span / MAX_BUCKETS))
+# viewBox width and height, labels on the time axis, width of a character of the axes' text
+SIZES = {"wide": (920, 290, 8, 7.0), "narrow": (420, 270, 4, 9.0)}
+TOP, BOTTOM = 14, 46
+TICKS = 4
 
 
-def nice_max(value: float) -> float:
-    """A round axis maximum at or above ``value``."""
-    if value <= 0:
+@dataclass(frozen=True, slots=True)
+class Point:
+    calls: int
+    credits: int  # nano-credits
+    failed: int  # failed or rejected
+
+
+def nice_step(maximum: float, whole: bool = False) -> float:
+    """A round step for about ``TICKS`` ticks up to ``maximum``."""
+    if maximum <= 0:
         return 1.0
-    exp = 10 ** math.floor(math.log10(value))
-    for step in (1, 2, 2.5, 5, 10):
-        if step * exp >= value:
-            return float(step * exp)
-    return float(10 * exp)
+    raw = maximum / TICKS
+    exp = 10 ** math.floor(math.log10(raw))
+    for m in ((1, 2, 5, 10) if whole else (1, 2, 2.5, 5, 10)):
+        if m * exp >= raw - 1e-12:
+            step = m * exp
+            return max(1.0, round(step)) if whole else step
+    return 10 * exp  # (not reached)
 
 
-def _when(ts: float, width: float) -> str:
-    d = datetime.datetime.fromtimestamp(ts, datetime.UTC)
-    if width >= 86400:
-        return d.strftime("%Y-%m-%d")
-    if width >= 3600:
-        return d.strftime("%m-%d %H:00")
-    return d.strftime("%H:%M")
+def _decimals(step: float) -> int:
+    """Decimals that show every multiple of ``step`` exactly."""
+    for d in range(0, 10):
+        if abs(round(step, d) - step) < 1e-12 * max(1.0, step):
+            return d
+    return 9
 
 
-def _credits_label(nano: float) -> str:
-    return to_credits(int(round(nano)))
+def _credits_tick(value: float, decimals: int) -> str:
+    return f"{value:,.{decimals}f}"
 
 
-def svg(buckets: Sequence[Bucket], width: float, title: str = "Credits and calls over time") -> str:
-    if not buckets:
-        return ""
-    plot_w, plot_h = W - LEFT - RIGHT, H - TOP - BOTTOM
-    max_credits = nice_max(max(b.credits for b in buckets))
-    max_calls = nice_max(max(b.calls for b in buckets))
-    if max_calls % 4:  # calls are whole: ticks at quarters of the axis should be too
-        max_calls = float(4 * math.ceil(max_calls / 4))
-    step = plot_w / len(buckets)
-    bar = max(step * 0.7, 1.0)
+def empty(zone: ZoneInfo) -> str:
+    return '<p class="empty chart-empty">No calls in this period.</p>'
+
+
+def svg(b: Buckets, points: Sequence[Point], title: str) -> str:
+    """The chart (drawn twice: for wide and for narrow screens, the stylesheet shows one) and its
+    data table, or an empty-state line."""
+    zone = display.zone_label(b.zone, b.edges[0])
+    if not any(p.calls for p in points):
+        return empty(b.zone)
+    drawings = "".join(_draw(b, points, title, zone, size) for size in SIZES)
+    return drawings + table(b, points, zone)
+
+
+def _draw(b: Buckets, points: Sequence[Point], title: str, zone: str, size: str) -> str:
+    W, H, most, char = SIZES[size]
+    credits = [p.credits / NANO for p in points]
+    credit_step = nice_step(max(credits))
+    credit_max = credit_step * max(1, math.ceil(max(credits) / credit_step - 1e-9))
+    call_step = nice_step(max(p.calls for p in points), whole=True)
+    call_max = call_step * max(1, math.ceil(max(p.calls for p in points) / call_step))
+    decimals = _decimals(credit_step)
+    labels = [_credits_tick(credit_step * i, decimals) for i in range(TICKS + 2)]
+    left = 16 + char * max(len(label) for label in labels)
+    right = 16 + char * len(f"{int(call_max):,}")
+    plot_w, plot_h = W - left - right, H - TOP - BOTTOM
+    n = len(points)
+    step = plot_w / n
+    bar = max(step * 0.72, 1.0)
     out = [
-        f'<svg class="chart" role="img" viewBox="0 0 {W} {H}" xmlns="http://www.w3.org/2000/svg" '
-        f'aria-label="{escape(title)}"><title>{escape(title)}</title>',
+        f'<svg class="chart {size}" role="img" viewBox="0 0 {W} {H}" xmlns="http://www.w3.org/2000/svg" '
+        f'aria-labelledby="chart-title-{size}"><title id="chart-title-{size}">{escape(title)}</title>'
     ]
-    for i in range(5):  # grid and axis labels
-        frac = i / 4
-        y = TOP + plot_h * (1 - frac)
-        out.append(f'<line class="grid" x1="{LEFT}" y1="{y:.1f}" x2="{W - RIGHT}" y2="{y:.1f}"/>')
+    ticks = int(round(credit_max / credit_step))
+    for i in range(ticks + 1):
+        y = TOP + plot_h * (1 - i / ticks)
+        out.append(f'<line class="grid" x1="{left}" y1="{y:.1f}" x2="{W - right}" y2="{y:.1f}"/>')
+        out.append(f'<text class="axis credits" x="{left - 8}" y="{y + 4:.1f}" text-anchor="end">'
+                   f"{_credits_tick(credit_step * i, decimals)}</text>")  # fmt: skip
+    call_ticks = int(round(call_max / call_step))
+    for i in range(call_ticks + 1):
+        y = TOP + plot_h * (1 - i / call_ticks)
+        out.append(f'<text class="axis calls" x="{W - right + 8}" y="{y + 4:.1f}">{int(call_step * i):,}</text>')
+    line: list[str] = []
+    for i, p in enumerate(points):
+        x = left + i * step
+        h = plot_h * credits[i] / credit_max
+        cx, cy = x + step / 2, TOP + plot_h * (1 - p.calls / call_max)
+        line.append(f"{cx:.1f},{cy:.1f}")
+        tip = (f"{b.label(i, long=True)} ({zone}): {p.calls:,} calls"
+               f"{f' ({p.failed:,} failed or rejected)' if p.failed else ''}, {display.exact(p.credits)} credits")  # fmt: skip
         out.append(
-            f'<text class="axis credits" x="{LEFT - 8}" y="{y + 4:.1f}" text-anchor="end">'
-            f"{escape(_credits_label(max_credits * frac))}</text>"
+            f'<g class="bucket"><rect class="hit" x="{x:.1f}" y="{TOP}" width="{step:.1f}" height="{plot_h}"/>'
+            f'<rect class="bar" x="{x + (step - bar) / 2:.1f}" y="{TOP + plot_h - h:.1f}" width="{bar:.1f}" '
+            f'height="{h:.1f}"/><title>{escape(tip)}</title></g>'
         )
-        calls = max_calls * frac
-        calls_text = f"{calls:,.0f}" if calls == int(calls) else f"{calls:,.1f}"
-        out.append(f'<text class="axis calls" x="{W - RIGHT + 8}" y="{y + 4:.1f}">{calls_text}</text>')
-    points: list[str] = []
-    labels_every = max(1, math.ceil(len(buckets) / 8))
-    for i, b in enumerate(buckets):
-        x = LEFT + i * step + (step - bar) / 2
-        h = plot_h * b.credits / max_credits
-        tip = f"{_when(b.start, width)}: {to_credits(b.credits)} credits, {b.calls} calls"
-        out.append(
-            f'<rect class="bar" x="{x:.1f}" y="{TOP + plot_h - h:.1f}" width="{bar:.1f}" height="{h:.1f}">'
-            f"<title>{escape(tip)}</title></rect>"
-        )
-        cx = LEFT + i * step + step / 2
-        cy = TOP + plot_h * (1 - b.calls / max_calls)
-        points.append(f"{cx:.1f},{cy:.1f}")
-        if i % labels_every == 0:
-            out.append(
-                f'<text class="axis" x="{cx:.1f}" y="{H - BOTTOM + 18}" text-anchor="middle">'
-                f"{escape(_when(b.start, width))}</text>"
-            )
-    out.append(f'<polyline class="line" points="{" ".join(points)}"/>')
-    for point in points:
-        px, py = point.split(",")
-        out.append(f'<circle class="dot" cx="{px}" cy="{py}" r="2.5"/>')
-    out.append(
-        f'<line class="axisline" x1="{LEFT}" y1="{TOP + plot_h}" x2="{W - RIGHT}" y2="{TOP + plot_h}"/>'
-    )
-    out.append(f'<text class="legend credits" x="{LEFT}" y="{H - 6}">■ credits (left)</text>')
-    out.append(f'<text class="legend calls" x="{LEFT + 130}" y="{H - 6}">● calls (right)</text>')
+    out.append(f'<polyline class="line" points="{" ".join(line)}"/>')
+    if n <= (45 if size == "wide" else 24):
+        out += [f'<circle class="dot" cx="{pt.split(",")[0]}" cy="{pt.split(",")[1]}" r="2.5"/>' for pt in line]
+    out.append(f'<line class="axisline" x1="{left}" y1="{TOP + plot_h}" x2="{W - right}" y2="{TOP + plot_h}"/>')
+    for i in b.ticks(most):
+        x = left + i * step
+        out.append(f'<line class="tick" x1="{x:.1f}" y1="{TOP + plot_h}" x2="{x:.1f}" y2="{TOP + plot_h + 5}"/>')
+        out.append(f'<text class="axis" x="{x:.1f}" y="{H - BOTTOM + 19}" text-anchor="start">{escape(b.label(i))}</text>')
+    out.append(f'<text class="legend credits" x="{left}" y="{H - 8}">▮ credits (left)</text>')
+    out.append(f'<text class="legend calls" x="{left + 16 * char}" y="{H - 8}">● calls (right)</text>')
+    if size == "wide":
+        out.append(f'<text class="legend" x="{W - right}" y="{H - 8}" text-anchor="end">{escape(zone)}</text>')
     out.append("</svg>")
     return "".join(out)
+
+
+def table(b: Buckets, points: Sequence[Point], zone: str) -> str:
+    """The chart's figures as a table (folded away under the chart)."""
+    rows = "".join(
+        f'<tr data-start="{b.edges[i]:.0f}"><td>{escape(b.label(i, long=True))}</td><td class="num">{p.calls:,}</td>'
+        f'<td class="num">{p.failed:,}</td><td class="num" title="{display.exact(p.credits)}">'
+        f"{display.exact(p.credits)}</td></tr>"
+        for i, p in enumerate(points)
+    )
+    return (
+        '<details class="chart-data"><summary>The chart\'s figures</summary><div class="table-wrap" tabindex="0">'
+        f'<table class="data" id="chart-data"><thead><tr><th scope="col">Bucket ({escape(zone)})</th>'
+        '<th scope="col" class="num">Calls</th><th scope="col" class="num">Failed or rejected</th>'
+        f'<th scope="col" class="num">Credits</th></tr></thead><tbody>{rows}</tbody></table></div></details>'
+    )

@@ -20,6 +20,8 @@ MIGRATIONS = [
     # 2: logged-in sessions, by the SHA-256 of their id
     "CREATE TABLE console_sessions "
     "(id TEXT PRIMARY KEY, credential TEXT NOT NULL, expires DOUBLE PRECISION NOT NULL)",
+    # 3: one-time messages across a redirect (console/flash.py)
+    "CREATE TABLE console_flash (token TEXT PRIMARY KEY, sealed TEXT NOT NULL, expires DOUBLE PRECISION NOT NULL)",
 ]
 
 

@@ -7,6 +7,7 @@ mounted inside another application whose lifespan does not reach ours.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Protocol
 
 from adapters import Adapter, adapter_for
@@ -29,6 +30,46 @@ class Service(Protocol):
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
+
+
+class BatchView(Protocol):
+    """What the console reads of a batch (``jobs.store.BatchRow`` has these and more)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def group_id(self) -> int: ...
+
+    @property
+    def status(self) -> str: ...
+
+    @property
+    def total(self) -> int: ...
+
+
+class LineView(Protocol):
+    """A failed line of a batch (``jobs.store.LineState``)."""
+
+    @property
+    def line_no(self) -> int: ...
+
+    @property
+    def result(self) -> str | None: ...
+
+
+class BatchBook(Protocol):
+    """The batches, as the console shows them across groups (the batch runner, set by the HTTP layer:
+    ``router.app``)."""
+
+    async def browse(self, group_id: int | None, status: str | None, before: str | None,
+                     limit: int) -> Sequence[BatchView]: ...  # fmt: skip
+
+    async def batch(self, batch_id: str) -> BatchView | None: ...
+
+    async def failed_lines(self, batch_id: str, limit: int) -> Sequence[LineView]: ...
+
+    async def cancel(self, batch: BatchView) -> BatchView | None: ...
 
 
 class Gateway:
@@ -56,6 +97,7 @@ class Gateway:
         self.breakers = Breakers(rel.breaker_threshold, rel.breaker_cooldown, rel.deadline + rel.first_byte_timeout,
                                  [d.key for deps in self.deployments.values() for d in deps])  # fmt: skip
         self.jobs: Service | None = None  # the Batch API's runner (jobs/), set by create_app
+        self.batches: BatchBook | None = None  # the same runner, as the console reads it
         self.started = False
         self._lock = asyncio.Lock()
 

@@ -175,6 +175,14 @@ class PostgresJobStore(JobStore):
         )  # fmt: skip
         return [batch_of(r) for r in rows]
 
+    async def browse(self, group_id: int | None, status: str | None, before: str | None, limit: int) -> list[BatchRow]:
+        rows = await self.pool.fetch(
+            _BATCH + " WHERE ($1::int8 IS NULL OR group_id = $1) AND ($2::text IS NULL OR status = $2) AND "
+            "($3::text IS NULL OR seq < (SELECT seq FROM batches WHERE id = $3)) ORDER BY seq DESC LIMIT $4",
+            group_id, status, before, limit,
+        )  # fmt: skip
+        return [batch_of(r) for r in rows]
+
     async def cancel_batch(self, group_id: int, batch_id: str, now: int) -> BatchRow | None:
         async with self.pool.transaction() as conn:
             await conn.execute(
@@ -294,6 +302,14 @@ class PostgresJobStore(JobStore):
             "SELECT line_no, custom_id, state, result FROM batch_lines WHERE batch_id = $1 ORDER BY line_no",
             batch_id,
         )
+        return [LineState(*r) for r in rows]
+
+    async def failed_lines(self, batch_id: str, limit: int) -> list[LineState]:
+        rows = await self.pool.fetch(
+            "SELECT line_no, custom_id, state, result FROM batch_lines WHERE batch_id = $1 AND state = 'failed' "
+            "ORDER BY line_no LIMIT $2",
+            batch_id, limit,
+        )  # fmt: skip
         return [LineState(*r) for r in rows]
 
     async def finalize(self, batch_id: str, owner: str, final: Final) -> bool:

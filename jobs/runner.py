@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import os
 import secrets
@@ -31,10 +32,10 @@ from typing import TYPE_CHECKING
 
 from core.types import ASGIApp
 from jobs.job import Job
-from jobs.store import JobStore, open_job_store
+from jobs.store import BatchRow, JobStore, LineState, open_job_store
 
 if TYPE_CHECKING:
-    from gateway.state import Gateway
+    from gateway.state import BatchView, Gateway
 
 log = logging.getLogger("router.jobs")
 
@@ -90,6 +91,35 @@ class JobRunner:
         self.stopping = False
         self._wake = asyncio.Event()
         self._loop = asyncio.create_task(self._run(), name="batch-runner")
+
+    # -- the console's view (gateway.state.BatchBook) ------------------------------------------------
+    async def browse(self, group_id: int | None, status: str | None, before: str | None, limit: int) -> list[BatchRow]:
+        return await self.store.browse(group_id, status, before, limit)
+
+    async def batch(self, batch_id: str) -> BatchRow | None:
+        return await self.store.get_batch(None, batch_id)
+
+    async def failed_lines(self, batch_id: str, limit: int) -> list[LineState]:
+        """The first failed lines: from the batch's lines while it runs, from its error file once it
+        has ended (its lines are gone then; an error file's lines have no line number: 0)."""
+        lines = await self.store.failed_lines(batch_id, limit)
+        batch = None if lines else await self.store.get_batch(None, batch_id)
+        if batch is None or batch.error_file_id is None:
+            return lines
+        data = await self.store.file_content(batch.group_id, batch.error_file_id) or b""
+        for raw in data.split(b"\n", limit)[:limit]:
+            try:
+                custom_id = str(json.loads(raw).get("custom_id", ""))
+            except (ValueError, AttributeError):
+                continue
+            lines.append(LineState(0, custom_id, "failed", raw.decode("utf-8", "replace")))
+        return lines
+
+    async def cancel(self, batch: BatchView) -> BatchRow | None:
+        """Cancel a batch as its owner could (``POST /v1/batches/{id}/cancel``)."""
+        row = await self.store.cancel_batch(batch.group_id, batch.id, int(time.time()))
+        self.poke()
+        return row
 
     def poke(self) -> None:
         """There may be new work (a batch created or cancelled here): look now."""

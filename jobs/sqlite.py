@@ -242,6 +242,16 @@ class SQLiteJobStore(JobStore):
 
         return await self.run(fn)
 
+    async def browse(self, group_id: int | None, status: str | None, before: str | None, limit: int) -> list[BatchRow]:
+        where, args = ["1 = 1"], []
+        for clause, value in (("group_id = ?", group_id), ("status = ?", status),
+                              ("seq < (SELECT seq FROM batches WHERE id = ?)", before)):  # fmt: skip
+            if value is not None:
+                where.append(clause)
+                args.append(value)
+        sql = f"{_BATCH} WHERE {' AND '.join(where)} ORDER BY seq DESC LIMIT ?"
+        return await self.run(lambda db: [batch_of(r) for r in db.execute(sql, (*args, limit)).fetchall()])
+
     async def cancel_batch(self, group_id: int, batch_id: str, now: int) -> BatchRow | None:
         def fn(db: sqlite3.Connection) -> BatchRow | None:
             db.execute(
@@ -399,6 +409,11 @@ class SQLiteJobStore(JobStore):
             return [LineState(*r) for r in rows]
 
         return await self.run(fn)
+
+    async def failed_lines(self, batch_id: str, limit: int) -> list[LineState]:
+        sql = ("SELECT line_no, custom_id, state, result FROM batch_lines WHERE batch_id = ? AND state = 'failed' "
+               "ORDER BY line_no LIMIT ?")  # fmt: skip
+        return await self.run(lambda db: [LineState(*r) for r in db.execute(sql, (batch_id, limit)).fetchall()])
 
     async def finalize(self, batch_id: str, owner: str, final: Final) -> bool:
         # the files go to disk first: a crash before the commit leaves at most an unreferenced file

@@ -192,6 +192,11 @@ class JobStore(ABC):
         """Up to ``limit`` batches of the group, newest first, after the batch ``after``."""
 
     @abstractmethod
+    async def browse(self, group_id: int | None, status: str | None, before: str | None, limit: int) -> list[BatchRow]:
+        """Up to ``limit`` batches, newest first, older than the batch ``before``: of one group or of
+        all (``None``), of one status or of any (the console's list)."""
+
+    @abstractmethod
     async def cancel_batch(self, group_id: int, batch_id: str, now: int) -> BatchRow | None:
         """``validating``/``in_progress`` → ``cancelling``; returns the batch as it now is."""
 
@@ -240,6 +245,10 @@ class JobStore(ABC):
 
     @abstractmethod
     async def line_states(self, batch_id: str) -> list[LineState]: ...
+
+    @abstractmethod
+    async def failed_lines(self, batch_id: str, limit: int) -> list[LineState]:
+        """The first ``limit`` failed lines of a batch, with their error lines."""
 
     @abstractmethod
     async def finalize(self, batch_id: str, owner: str, final: Final) -> bool:

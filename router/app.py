@@ -137,5 +137,5 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
         lifespan=lifespan,
     )
     app.state.gateway = gateway
-    gateway.jobs = JobRunner(gateway, app)  # runs batch lines as in-process calls to this app
+    gateway.jobs = gateway.batches = JobRunner(gateway, app)  # runs batch lines as in-process calls to this app
     return app

@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -16,7 +17,7 @@ import pytest
 from bench.usage_rows import load, rows_of
 from billing import analysis
 from billing.analysis import Analysis, Totals, percentile
-from billing.store import UsageRecord, open_store
+from billing.store import Store, UsageRecord, open_store
 from billing.usage_filter import Filter
 
 T0 = 1_790_000_000.0  # a whole hour
@@ -60,6 +61,18 @@ def expected(recs: list[UsageRecord], f: Filter, by: tuple[str, ...]) -> dict[tu
     return dict(out)
 
 
+@asynccontextmanager
+async def loaded(store_url: str, recs: list[UsageRecord]) -> AsyncIterator[tuple[Store, Analysis]]:
+    """A store holding ``recs``, and the aggregates over it."""
+    store = open_store(store_url)
+    await store.open()
+    try:
+        await load(store, rows_of(recs))
+        yield store, Analysis(store.history)
+    finally:
+        await store.close()
+
+
 QUESTIONS: list[tuple[Filter, tuple[str, ...]]] = [
     (Filter(), ()),
     (Filter(), ("hour",)),
@@ -77,11 +90,7 @@ def test_totals_equal_the_records_whatever_the_watermark(store_url: str) -> None
     recs = records(3000, 10)
 
     async def go() -> None:
-        store = open_store(store_url)
-        await store.open()
-        try:
-            await load(store, rows_of(recs))
-            a = Analysis(store.history)
+        async with loaded(store_url, recs) as (store, a):
             a.rollup._refreshed = float("inf")  # no refresh by readers: the watermarks below are the test's
 
             async def check() -> None:
@@ -97,8 +106,6 @@ def test_totals_equal_the_records_whatever_the_watermark(store_url: str) -> None
             await check()
             rolled = await store.database.select("SELECT sum(calls) FROM usage_hourly")
             assert int(rolled[0][0]) == len(recs)  # each record counted once
-        finally:
-            await store.close()
 
     asyncio.run(go())
 
@@ -133,11 +140,7 @@ def test_percentiles_exact_and_sampled(store_url: str, monkeypatch: pytest.Monke
         return {p: percentile(values, p) for p in (50, 90, 99)}
 
     async def go() -> None:
-        store = open_store(store_url)
-        await store.open()
-        try:
-            await load(store, rows_of(recs))
-            a = Analysis(store.history)
+        async with loaded(store_url, recs) as (store, a):
             group = Filter(1)
             answered = (await a.total(group)).ok
             got = await a.latency(group, answered)
@@ -152,7 +155,5 @@ def test_percentiles_exact_and_sampled(store_url: str, monkeypatch: pytest.Monke
             for p in (50, 90):
                 assert sampled.latency[p] == pytest.approx(truth[p], rel=0.1)
             assert sampled == await a.latency(Filter(), (await a.total(Filter())).ok)  # stable
-        finally:
-            await store.close()
 
     asyncio.run(go())

@@ -6,14 +6,12 @@ throttled; the JSON API needs the admin token. The history queries are checked o
 from __future__ import annotations
 
 import asyncio
-import csv
 import http.client
 import io
 import json
 import re
 import sqlite3
 import time
-import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from http.cookies import SimpleCookie
 from pathlib import Path
@@ -23,15 +21,22 @@ from urllib.parse import urlencode
 import openai
 import pytest
 
-from billing.history import Bucket, Filter, History
+from billing.history import Filter, History
 from billing.sqlite import SQLiteStore
 from billing.store import Store, UsageRecord
-from console import auth, charts, forms
+from console import auth
 from console.app import Console
 from console.cli import store_password
 from console.queries import Queries, queries_for
 from core.catalog import ConfigError
-from core.config import ConsoleSettings, ReliabilitySettings, Settings, StoreSettings, parse_settings
+from core.config import (
+    ConsoleSettings,
+    JobsSettings,
+    ReliabilitySettings,
+    Settings,
+    StoreSettings,
+    parse_settings,
+)
 from tests.conftest import Raw, Stack
 
 TOKEN = "admin-token-for-tests-0123456789"
@@ -51,6 +56,7 @@ def console_stack(tmp: Path, **console: Any) -> Stack:
         store=StoreSettings(url=f"sqlite:///{tmp}/router.db"),
         reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9),
         console=ConsoleSettings(admin_token=TOKEN, **console),
+        jobs=JobsSettings(poll_interval=0.05, concurrency=4, stop_grace=1.0),
     )
     stack = Stack(tmp, settings).start()
     stack.run(store_password(stack.store, auth.hash_password(PASSWORD)))
@@ -190,9 +196,18 @@ GET_PAGES = [
     "/console/",
     "/console/groups",
     "/console/groups/{g}",
+    "/console/groups/{g}/keys",
+    "/console/groups/{g}/calls",
+    "/console/groups/{g}/calls.csv",
     "/console/groups/{g}/usage",
-    "/console/groups/{g}/usage.csv",
+    "/console/keys",
     "/console/keys/{k}",
+    "/console/keys/{k}/revoke",
+    "/console/calls?request=x",
+    "/console/calls/1",
+    "/console/batches",
+    "/console/batches/batch_x",
+    "/console/display",
 ]
 FORMS = [
     "/console/groups",
@@ -200,6 +215,8 @@ FORMS = [
     "/console/groups/{g}/keys",
     "/console/keys/{k}/update",
     "/console/keys/{k}/revoke",
+    "/console/batches/batch_x/cancel",
+    "/console/display",
     "/console/logout",
 ]
 
@@ -262,7 +279,7 @@ def test_login_logout_and_a_forged_cookie(cstack: Stack) -> None:
             {"password": PASSWORD, "next": "https://evil.example/"},
             csrf=other.csrf("/console/login"),
         ).headers["location"]
-        == "/console/groups"
+        == "/console/"
     )
     # the admin token logs in too
     tok = Client(cstack)
@@ -475,172 +492,6 @@ def test_cli_sets_the_password(
 
     hashed, secret = asyncio.run(stored())
     assert hashed and auth.verify_password("a much longer password", hashed) and secret
-
-
-# -- groups and keys ------------------------------------------------------------------------------
-def test_groups_create_topup_and_validation(cstack: Stack, web: Client) -> None:
-    created = web.post("/console/groups", {"name": "acme-1", "credits": "12.000000001"})
-    assert created.status == 303 and created.headers["location"] == "/console/groups/acme-1?ok=created"
-    page = web.get("/console/groups/acme-1?ok=created")
-    assert "Group created." in page.text and "12.000000001" in page.text
-    for fields, message in [
-        ({"name": "bad name!", "credits": "1"}, "A group name is 1 to 64"),
-        ({"name": "ok-name", "credits": "abc"}, "is not an amount of credits"),
-        ({"name": "ok-name", "credits": "1.0000000001"}, "is not an amount of credits"),
-        ({"name": "acme-1", "credits": "1"}, "already exists"),
-    ]:
-        r = web.post("/console/groups", fields)
-        assert r.status == 400 and message in texts(r.text), (fields, texts(r.text)[:300])
-        assert 'aria-invalid="true"' in r.text
-    assert cstack.run(cstack.store.get_group("ok-name")) is None
-    # top up from the group page and from the list
-    assert web.post("/console/groups/acme-1/topup", {"amount": "0.5", "back": "group"}).status == 303
-    assert (
-        web.post("/console/groups/acme-1/topup", {"amount": "1", "back": "list"}).headers["location"]
-        == "/console/groups?ok=topped-up"
-    )
-    assert cstack.run(cstack.store.get_group("acme-1")).balance == 13_500_000_001  # type: ignore[union-attr]
-    listing = web.get("/console/groups")
-    assert "13.500000001" in listing.text
-    for amount, message in [("-5", "is not an amount"), ("0", "more than zero"), ("", "Enter an amount")]:
-        r = web.post("/console/groups/acme-1/topup", {"amount": amount, "back": "list"})
-        assert r.status == 400 and message in texts(r.text)
-        r = web.post("/console/groups/acme-1/topup", {"amount": amount, "back": "group"})
-        assert r.status == 400 and message in texts(r.text)
-    assert web.post("/console/groups/nobody/topup", {"amount": "1"}).status == 404
-    assert web.get("/console/groups/nobody").status == 404
-    assert web.get("/console/keys/999999").status == 404
-    assert web.get("/console/nothing-here").status == 404
-
-
-def test_keys_create_once_caps_allow_list_and_revoke(cstack: Stack, web: Client) -> None:
-    group = cstack.group(50)
-    r = web.post(f"/console/groups/{group}/keys", {"label": "ci", "spend_cap": "", "models": ""})
-    assert r.status == 200 and "shown only this once" in r.text and r.headers["cache-control"] == "no-store"
-    key = re.search(r'id="new-key">([^<]+)<', r.text).group(1)  # type: ignore[union-attr]
-    assert key.startswith("sk-mr-v1-")
-    assert key not in web.get(f"/console/groups/{group}").text  # never again
-    info = cstack.run(cstack.store.list_keys(group))[0]
-    client = cstack.client(key)
-    assert client.chat.completions.create(model=MODEL, messages=HI).choices
-    for fields, message in [
-        ({"label": "x", "spend_cap": "lots"}, "is not an amount of credits"),
-        ({"label": "x", "models": "openai/no-such-model"}, "Unknown model"),
-        ({"label": "x" * 65}, "at most 64"),
-    ]:
-        bad = web.post(f"/console/groups/{group}/keys", fields)
-        assert bad.status == 400 and message in texts(bad.text), texts(bad.text)[:300]
-    assert len(cstack.run(cstack.store.list_keys(group))) == 1
-    # caps and allow-list
-    bad = web.post(f"/console/keys/{info.id}/update", {"spend_cap": "-1", "models": ""})
-    assert bad.status == 400 and "is not an amount" in texts(bad.text)
-    bad = web.post(f"/console/keys/{info.id}/update", {"spend_cap": "", "models": "nope/nope"})
-    assert bad.status == 400 and "Unknown model" in texts(bad.text)
-    ok = web.post(
-        f"/console/keys/{info.id}/update", {"spend_cap": "2.5", "models": "anthropic/claude-sonnet-4-6\n"}
-    )
-    assert ok.status == 303
-    page = web.get(ok.headers["location"])
-    assert "Key updated." in page.text and "2.5" in page.text and "anthropic/claude-sonnet-4-6" in page.text
-    updated = cstack.run(cstack.store.list_keys(group))[0]
-    assert updated.spend_cap == 2_500_000_000 and updated.allowed_models == ("anthropic/claude-sonnet-4-6",)
-    with pytest.raises(openai.PermissionDeniedError):  # applied at once, not after the auth cache expires
-        client.chat.completions.create(model=MODEL, messages=HI)
-    assert web.post(f"/console/keys/{info.id}/update", {"spend_cap": "", "models": ""}).status == 303
-    assert client.chat.completions.create(model=MODEL, messages=HI).choices
-    # revoke: the next call is refused at once
-    revoked = web.post(f"/console/keys/{info.id}/revoke", {})
-    assert revoked.status == 303 and "Key revoked" in web.get(revoked.headers["location"]).text
-    with pytest.raises(openai.AuthenticationError):
-        client.chat.completions.create(model=MODEL, messages=HI)
-
-
-# -- usage analysis -------------------------------------------------------------------------------
-def test_usage_history_toggle_filters_pages_chart_csv(cstack: Stack, web: Client) -> None:
-    group = cstack.group(100)
-    k1 = cstack.key(group=group, name="one")
-    cstack.key(group=group, name="two")
-    keys = cstack.run(cstack.store.list_keys(group))
-    c1 = cstack.client(k1)
-    for _ in range(3):
-        c1.chat.completions.create(model=MODEL, messages=HI)
-    cstack.client(cstack.key(group=group, name="three")).chat.completions.create(
-        model="mistral/mistral-small-latest", messages=HI
-    )
-    for _ in range(2):
-        job_record(cstack, group, keys[1].id, credits=5_000_000_001)
-    base = f"/console/groups/{group}/usage"
-    everything = web.get(base)
-    assert everything.status == 200
-    rows = re.findall(r"<tr>\s*<td class=\"nowrap\">", everything.text)
-    assert len(rows) == 6
-    assert "<svg" in everything.text and "5.000000001" in everything.text
-    jobs = web.get(base + "?source=job")
-    assert jobs.text.count('class="tag job"') == 2 and 'class="tag api"' not in jobs.text
-    assert 'aria-current="page">Jobs' in jobs.text
-    api = web.get(base + "?source=api")
-    assert api.text.count('class="tag api"') == 4 and 'class="tag job"' not in api.text
-    by_model = web.get(base + "?model=mistral/mistral-small-latest")
-    assert by_model.text.count('<td class="nowrap">') == 1
-    by_key = web.get(base + f"?key={keys[0].id}")
-    assert by_key.text.count('<td class="nowrap">') == 3
-    past = web.get(base + "?period=custom&from=2020-01-01&to=2020-01-31")
-    assert "No calls match these filters." in past.text
-    bad = web.get(base + "?period=custom&from=2020-13-45&model=!!&key=x")
-    assert bad.status == 400 and "is not a date" in texts(bad.text) and "Not a model id" in texts(bad.text)
-    # pagination: newest first, older/newer links (keyset)
-    for _ in range(25):
-        job_record(cstack, group, keys[1].id, credits=1)
-    first = web.get(base + "?limit=25")
-    older = re.search(r'rel="next" href="([^"]+)"', first.text)
-    assert older and "before=" in older.group(1) and 'rel="prev"' not in first.text
-    second = web.get(older.group(1).replace("&amp;", "&"))
-    assert second.text.count('<td class="nowrap">') == 6
-    assert 'rel="next"' not in second.text
-    newer = re.search(r'rel="prev" href="([^"]+)"', second.text)
-    assert newer and "after=" in newer.group(1)
-    back = web.get(newer.group(1).replace("&amp;", "&"))
-    assert back.text.count('<td class="nowrap">') == 25 and 'rel="prev"' not in back.text
-    # CSV of the filtered history, every row (not one page)
-    export = web.get(base + ".csv?source=job&limit=25")
-    assert export.status == 200 and export.headers["content-type"].startswith("text/csv")
-    assert "attachment" in export.headers["content-disposition"]
-    table = list(csv.DictReader(io.StringIO(export.text)))
-    assert len(table) == 27 and {r["source"] for r in table} == {"job"}
-    assert table[-1]["credits"] == "5.000000001" and table[-1]["key_name"] == "two"
-    assert int(table[0]["id"]) > int(table[-1]["id"])
-    assert web.get(base + ".csv?period=nope").status == 400
-
-
-def test_key_usage_by_model(cstack: Stack, web: Client) -> None:
-    group = cstack.group(100)
-    key = cstack.key(group=group)
-    info = cstack.run(cstack.store.list_keys(group))[0]
-    client = cstack.client(key)
-    for model in (MODEL, MODEL, "anthropic/claude-sonnet-4-6"):
-        client.chat.completions.create(model=model, messages=HI)
-    job_record(cstack, group, info.id, model="google/gemini-2.5-flash", credits=7)
-    page = web.get(f"/console/keys/{info.id}")
-    assert page.status == 200
-    expected = cstack.run(cstack.store.usage_by_model(info.id))
-    table = page.text.split('id="by-model"')[1].split("</table>")[0]
-    body = table.split("<tbody>")[1].split("</tbody>")[0]
-    assert body.count("<tr>") == len(expected) == 3
-    for m in expected:
-        row = body.split(f"<td>{m.model}</td>")[1].split("</tr>")[0]
-        cells = re.findall(r'<td class="num">([^<]*)</td>', row)
-        assert (
-            cells[0] == str(m.calls)
-            and cells[2] == f"{m.prompt_tokens:,}"
-            and cells[4] == f"{m.completion_tokens:,}"
-        )
-        assert cells[6] == forms.show(m.credits)
-    assert "Total" in table
-    assert (
-        "No calls with this key"
-        in web.get(f"/console/keys/{info.id}?period=custom&from=2001-01-01&to=2001-01-02").text
-    )
-    assert web.get(f"/console/keys/{info.id}?period=custom&from=2001-02-01&to=2001-01-02").status == 200
 
 
 # -- the admin JSON API ---------------------------------------------------------------------------
@@ -904,14 +755,3 @@ def test_history_stays_fast_with_a_million_rows(tmp_path: Path) -> None:
     timings = asyncio.run(measure())
     slow = {name: round(t, 3) for name, t in timings.items() if t > 0.5}
     assert not slow, timings
-
-
-def test_chart_svg() -> None:
-    assert charts.bucket_width(86400) == 3600 and charts.bucket_width(7 * 86400) == 3 * 3600
-    assert charts.bucket_width(60) == 60 and charts.bucket_width(10**9) >= 30 * 86400
-    assert charts.nice_max(0) == 1 and charts.nice_max(7) == 10 and charts.nice_max(1.2e9) == 2e9
-    svg = charts.svg([Bucket(1_700_000_000 + i * 3600, i, i * 10**9) for i in range(24)], 3600)
-    tree = ET.fromstring(svg)  # well-formed
-    ns = "{http://www.w3.org/2000/svg}"
-    assert len(tree.findall(f"{ns}rect")) == 24 and tree.find(f"{ns}polyline") is not None
-    assert "23 credits, 23 calls" in svg and charts.svg([], 60) == ""

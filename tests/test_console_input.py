@@ -60,5 +60,11 @@ def test_console_pages_with_absurd_cursors(istack: Stack) -> None:
     for query in ("before=9999999999999999999", "after=%C2%B2", "key=99999999999999999999", "limit=%C2%B2"):
         r = web.get(f"/console/groups/cursors/usage?{query}")
         assert r.status < 500, (query, r.status, r.text[:300])
+    for path in ("/console/groups/cursors/calls?page=%C2%B2&from=99999-01-01&stream=maybe&limit=10%00",
+                 "/console/groups/cursors/calls?to=0001-01-01&key=-1&after=-5", "/console/keys?period=%C2%B2&sort=x",
+                 "/console/batches?before=" + "x" * 5000 + "&status=%00", "/console/?from=1970-01-01&source=%FF",
+                 "/console/calls?request=" + "r" * 10_000, "/console/calls/99999999999999999999", "/console/calls/%C2%B2"):  # fmt: skip
+        r = web.get(path)
+        assert 200 <= r.status < 500 and r.status != 500, (path[:80], r.status, r.text[:300])
     assert web.get("/console/keys/%C2%B2").status == 404
     assert web.get("/console/keys/99999999999999999999").status == 404

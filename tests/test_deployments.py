@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import re
 import secrets
 import time
 from collections import Counter
@@ -136,10 +137,10 @@ def test_the_console_filters_usage_by_deployment_and_sums_each(weighted: Stack) 
     assert api.api("GET", f"/groups/{group}/usage?deployment=no%20such", token=TOKEN).status == 400
     assert api.login(TOKEN).status == 303
     page = api.get(f"/console/groups/{group}/usage?deployment={name}").text
-    assert f"· deployment {name}" in page and f"<option selected>{name}</option>" in page
-    table = api.get(f"/console/groups/{group}/usage").text.split('id="by-deployment"')[1].split("</table>")[0]
+    assert f"deployment: <strong>{name}</strong>" in page and f"<option selected>{name}</option>" in page
+    table = api.get(f"/console/groups/{group}/calls").text.split('id="by-deployment"')[1].split("</table>")[0]
     for deployment, calls in counts.items():
-        assert f">{deployment}</a></td><td class=\"num\">{calls}</td>" in table
+        assert re.search(rf">{deployment}</a></td>\s*<td class=\"num\">{calls}</td>", table), (deployment, table)
     csv = api.get(f"/console/groups/{group}/usage.csv?deployment={name}").text.splitlines()
     assert "deployment" in csv[0].split(",") and len(csv) == most + 1
 

@@ -1,0 +1,155 @@
+"""The calls: a group's call history (the Jobs/API toggle, every filter, the period's chart, pages with
+their numbers, the CSV of what is shown), one call with every field of its record, and finding a call
+by its request id across groups.
+
+The history is read newest first, one page at a time, with keyset pagination on the usage id (a page
+costs the same at the millionth record as at the first); the oldest page is one query too
+(``after=0``). The CSV has every column, the exact credits and ISO 8601 times in UTC.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import time
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Any
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from billing.store import KeyInfo, UsageRecord
+from billing.usage_filter import Filter
+from console import display, filters, prefs, views
+from console.app import Console, page, refused
+from console.filters import CallsQuery
+from console.groups import group_or_404, quote_name
+from core.inputs import natural
+
+CSV_COLUMNS = [
+    "id", "time", "group_id", "key_id", "key_name", "model", "provider", "deployment", "endpoint", "source", "batch_id",
+    "stream", "prompt_tokens", "completion_tokens", "cached_tokens", "cache_write_tokens", "reasoning_tokens",
+    "credits", "status", "error_code", "usage_exact", "latency_ms", "ttft_ms", "request_id", "upstream_request_id",
+    "end_user", "error",
+]  # fmt: skip
+
+
+async def query_of(c: Console, request: Request, group_id: int, errors: dict[str, str]) -> tuple[CallsQuery, Filter, list[str]]:
+    """The page's query, its filter (the model filter resolved), and the models the group called."""
+    q = filters.parse(dict(request.query_params), prefs.zone_of(request), time.time(), errors)
+    used = await c.analysis.models_used(group_id)
+    models = None
+    if q.model:
+        models = filters.resolve_models(q.model, c.gateway.catalog, used)
+        if not models:
+            errors["model"] = f"No model matches “{q.model}”: pick one of the models this group called."
+    return q, q.filter(group_id, models), used
+
+
+@page
+async def calls(c: Console, request: Request) -> Response:
+    group = await group_or_404(c, request.path_params["name"])
+    errors: dict[str, str] = {}
+    q, f, used = await query_of(c, request, group.id, errors)
+    zone = prefs.zone_of(request)
+    shown = await views.summary(c, f, q.period, zone, f"Credits and calls of {group.name}, {q.period.label}",
+                                latency=False)  # fmt: skip
+    f = replace(f, since=shown.since)
+    result, pager = await views.page_of(c, f, q.limit, q.page, q.before, q.after)
+    keys = {k.id: k for k in await c.store.list_keys(group.name)}
+    by_deployment = await views.breakdown(c, f, "deployment", "By deployment", lambda d: d or "(none)",
+                                          lambda d: f"{c.base(request)}/groups/{quote_name(group.name)}/calls?{q.query(deployment=d or None)}")  # fmt: skip
+    return c.render(
+        request, "calls.html", by_deployment=by_deployment, deployments=c.deployment_names(), status=400 if errors else 200, group=group, q=q, f=f, page=result, pager=pager,
+        keys=keys, shown=shown, errors=errors, models=used, tab="calls", page_sizes=filters.PAGE_SIZES,
+        statuses=filters.STATUSES, providers=sorted(c.gateway.catalog.providers), zone=zone,
+        places=display.places(r.credits for r in result.rows), here=f"{c.base(request)}/groups/{quote_name(group.name)}/calls",
+    )  # fmt: skip
+
+
+def cell(value: Any) -> Any:
+    """Text that a spreadsheet would run as a formula gets a leading quote."""
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + value
+    return value
+
+
+def csv_row(r: UsageRecord, keys: dict[int, KeyInfo]) -> list[Any]:
+    name = keys[r.key_id].name if r.key_id in keys else ""
+    values = (
+        r.id, display.iso(r.ts), r.group_id, r.key_id, name, r.model, r.provider, r.deployment, r.endpoint, r.source,
+        r.batch_id or "", int(r.stream), r.prompt_tokens, r.completion_tokens, r.cached_tokens, r.cache_write_tokens,
+        r.reasoning_tokens, display.exact(r.credits), r.status, r.error_code or "", int(r.usage_exact),
+        round(r.latency_ms, 1), "" if r.ttft_ms is None else round(r.ttft_ms, 1), r.request_id or "",
+        r.upstream_request_id or "", r.end_user or "", r.error or "",
+    )  # fmt: skip
+    return [cell(v) for v in values]
+
+
+@page
+async def calls_csv(c: Console, request: Request) -> Response:
+    group = await group_or_404(c, request.path_params["name"])
+    errors: dict[str, str] = {}
+    q, f, _ = await query_of(c, request, group.id, errors)
+    if errors:
+        return refused(c, request, " ".join(errors.values()), 400)
+    keys = {k.id: k for k in await c.store.list_keys(group.name)}
+
+    async def body() -> AsyncIterator[str]:
+        out = io.StringIO()
+        writer = csv.writer(out)
+        writer.writerow(CSV_COLUMNS)
+        async for rows in c.history.export(f, c.settings.csv_max_rows):
+            for r in rows:
+                writer.writerow(csv_row(r, keys))
+            yield out.getvalue()
+            out.seek(0)
+            out.truncate()
+        if out.getvalue():
+            yield out.getvalue()
+
+    filename = f"usage-{group.name}-{q.source}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.csv"
+    return StreamingResponse(
+        body(),
+        media_type="text/csv; charset=utf-8",
+        headers={"content-disposition": f'attachment; filename="{filename}"', "cache-control": "no-store"},
+    )
+
+
+@page
+async def call(c: Console, request: Request) -> Response:
+    number = natural(request.path_params["call_id"])
+    record = await c.history.record(number) if number is not None else None
+    if record is None:
+        raise HTTPException(404, f"No call with id {request.path_params['call_id']}.")
+    key = await c.store.get_key(record.key_id)
+    group = key.group_name if key else None
+    return c.render(request, "call.html", r=record, key=key, group=group, places=display.places([record.credits]))
+
+
+@page
+async def find(c: Console, request: Request) -> Response:
+    """``/calls?request=<id>``: the call with this request id (its page if there is one call)."""
+    wanted = request.query_params.get("request", "").strip()[:256]
+    found: list[UsageRecord] = []
+    if wanted:
+        found = (await c.history.history(Filter(request_id=wanted), 20)).rows
+    if len(found) == 1:
+        return c.redirect(request, f"/calls/{found[0].id}")
+    groups = {g.id: g.name for g in await c.store.list_groups()}
+    return c.render(request, "find.html", wanted=wanted, found=found, groups=groups,
+                    places=display.places(r.credits for r in found))  # fmt: skip
+
+
+def routes() -> list[Route]:
+    return [
+        Route("/groups/{name}/calls", calls, methods=["GET"]),
+        Route("/groups/{name}/calls.csv", calls_csv, methods=["GET"]),
+        Route("/groups/{name}/usage", calls, methods=["GET"]),  # (the page's earlier address)
+        Route("/groups/{name}/usage.csv", calls_csv, methods=["GET"]),
+        Route("/calls", find, methods=["GET"]),
+        Route("/calls/{call_id}", call, methods=["GET"]),
+    ]
