@@ -19,7 +19,9 @@ inserts count rows only under that token (on PostgreSQL the second one waits for
 lock, then finds the watermark moved and inserts nothing).
 
 Nothing on a call's path touches the rollups: they are caught up when aggregates are read (at most
-every ``EVERY`` seconds) and by :meth:`Rollup.refresh` (the bench, after loading a million rows).
+every ``EVERY`` seconds; a reader rolls up at most ``max_ids`` records itself and leaves the rest to a
+task of the process, so the first page after a long quiet time does not wait for all of them) and by
+:meth:`Rollup.refresh` (the bench, after loading a million rows).
 Readers add the records above the watermark from the ``usage`` table itself (billing/analysis.py).
 """
 
@@ -128,6 +130,8 @@ class Rollup:
         self.sqlite = history.sqlite
         self._lock = asyncio.Lock()
         self._refreshed = 0.0
+        self._behind = False  # the last refresh stopped at max_ids, short of its target
+        self._task: asyncio.Task[int] | None = None
         self._rolls = [level.roll(self.sqlite) for level in LEVELS]
 
     async def rolled(self) -> int:
@@ -143,6 +147,7 @@ class Rollup:
             self._refreshed = time.monotonic()
             target = await self.history.first_id_at(now - LAG) - 1
             rolled = await self.rolled()
+            self._behind = max_ids is not None and target > rolled + max_ids
             if max_ids is not None:
                 target = min(target, rolled + max_ids)
             while rolled < target:
@@ -161,5 +166,16 @@ class Rollup:
         """The watermark, refreshed first if the last refresh is more than ``EVERY`` seconds old (a
         reader's: at most ``max_ids`` records rolled up now; the rest are read from ``usage``)."""
         if time.monotonic() - self._refreshed > EVERY:
-            return await self.refresh(max_ids=max_ids)
+            rolled = await self.refresh(max_ids=max_ids)
+            if self._behind and (self._task is None or self._task.done()):
+                self._task = asyncio.get_running_loop().create_task(self.refresh(), name="usage-rollup")
+                self._task.add_done_callback(_quiet)
+            return rolled
         return await self.rolled()
+
+
+def _quiet(task: asyncio.Task[int]) -> None:
+    """A background refresh that failed (the store went away, or closed at shutdown) is simply tried
+    again by the next reader."""
+    if not task.cancelled():
+        task.exception()

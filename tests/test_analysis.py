@@ -110,6 +110,20 @@ def test_totals_equal_the_records_whatever_the_watermark(store_url: str) -> None
     asyncio.run(go())
 
 
+def test_a_reader_rolls_up_a_little_and_leaves_the_rest_to_a_task(tmp_path: Any) -> None:
+    recs = records(3000, 10, seed=5)
+
+    async def go() -> None:
+        async with loaded(f"sqlite:///{tmp_path}/r.db", recs) as (_, a):
+            assert await a.rollup.fresh(max_ids=500) == 500  # the reader's share
+            task = a.rollup._task
+            assert task is not None
+            assert await task == len(recs) == await a.rollup.rolled()  # the rest, meanwhile
+            assert await a.totals(Filter(), ("hour",)) == expected(recs, Filter(), ("hour",))
+
+    asyncio.run(go())
+
+
 def test_concurrent_refreshes_count_each_record_once(store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("billing.rollup.CHUNK", 97)
     recs = records(2000, 6, seed=3)
