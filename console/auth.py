@@ -148,6 +148,13 @@ def _sign(data: dict[str, object], secret: str) -> str:
     return f"{payload}.{_b64(mac)}"
 
 
+def _number(value: object) -> float:
+    """A number read from signed cookie data (a TypeError, like float(), for anything else)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"not a number: {value!r}")
+    return float(value)
+
+
 def _signed(cookie: str | None, secret: str) -> dict[str, object] | None:
     """The data of a cookie made by ``_sign``, if its signature holds."""
     if not cookie or len(cookie) > 4096 or "." not in cookie:
@@ -176,7 +183,7 @@ def read_device(cookie: str | None, secret: str) -> str | None:
     """The device id in a device cookie, if it is genuine and not expired."""
     data = _signed(cookie, secret)
     try:
-        if data is None or float(data["e"]) < time.time():  # type: ignore[arg-type]
+        if data is None or _number(data["e"]) < time.time():
             return None
         return str(data["d"])
     except (KeyError, TypeError, ValueError):
@@ -189,7 +196,7 @@ def read_session(cookie: str | None, secret: str) -> Session | None:
     if data is None:
         return None
     try:
-        session = Session(bool(data["a"]), str(data["c"]), float(data["e"]), str(data.get("s") or ""))  # type: ignore[arg-type]
+        session = Session(bool(data["a"]), str(data["c"]), _number(data["e"]), str(data.get("s") or ""))
     except (ValueError, KeyError, TypeError):
         return None
     if session.expires < time.time() or not session.csrf or (session.admin and not session.sid):

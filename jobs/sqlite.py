@@ -14,6 +14,7 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -154,6 +155,10 @@ class SQLiteJobStore(JobStore):
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, path)
+
+    def _write_file_on(self, file_id: str, data: bytes, db: sqlite3.Connection) -> None:
+        """``_write_file`` as a job of the store's thread (which serialises it with the commits)."""
+        self._write_file(file_id, data)
 
     # -- callers --------------------------------------------------------------------------------------
     async def principal_by_id(self, key_id: int) -> Principal | None:
@@ -419,7 +424,7 @@ class SQLiteJobStore(JobStore):
         # the files go to disk first: a crash before the commit leaves at most an unreferenced file
         for file, data in ((final.output, final.output_data), (final.error, final.error_data)):
             if file is not None:
-                await self.run(lambda db, f=file, d=data: self._write_file(f.id, d))  # type: ignore[misc]
+                await self.run(partial(self._write_file_on, file.id, data))
         stamp = f"{final.status}_at"
         assert stamp in TIMESTAMPS
 
