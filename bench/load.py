@@ -44,13 +44,16 @@ class Target:
     key: str
     model: str
     modes: tuple[bool, ...] = (False, True)  # latency mode: non-stream and/or stream
+    headers: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, text: str) -> Target:
-        """NAME,URL,KEY,MODEL[,nonstream|stream]"""
-        name, url, key, model, *only = text.split(",")
+        """NAME,URL,KEY,MODEL[,nonstream|stream][,header=NAME:VALUE]..."""
+        name, url, key, model, *rest = text.split(",")
+        only = [r for r in rest if r in ("stream", "nonstream")]
+        headers = dict(r.removeprefix("header=").split(":", 1) for r in rest if r.startswith("header="))
         modes = (only[0] == "stream",) if only else (False, True)
-        return cls(name, url, key, model, modes)
+        return cls(name, url, key, model, modes, headers)
 
 
 @dataclass
@@ -71,7 +74,7 @@ def body_bytes(model: str, stream: bool, tokens: int) -> bytes:
 
 
 def headers_for(target: Target) -> dict[str, str]:
-    return {"Authorization": f"Bearer {target.key}", "Content-Type": "application/json"}
+    return {"Authorization": f"Bearer {target.key}", "Content-Type": "application/json", **target.headers}
 
 
 async def one_request(session: aiohttp.ClientSession, url: str, data: bytes, headers: dict[str, str],

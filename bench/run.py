@@ -23,7 +23,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from bench import benchvenv, report
+from bench import benchvenv, portkey, report
 from bench.procs import Proc, StartError, cpu_seconds, peak_rss_kb, stop_all
 from bench.stack import (
     REDIS_URL,
@@ -68,6 +68,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="short run (about a minute): same figures, fewer samples")
     p.add_argument("--no-litellm", action="store_true", help="leave LiteLLM out (no side venv install)")
     p.add_argument("--litellm-version", default=benchvenv.LITELLM_VERSION)
+    p.add_argument("--no-portkey", action="store_true", help="leave Portkey's gateway out (no npm install)")
     p.add_argument("--clients", default="32,256", help="concurrency levels for throughput, comma-separated")
     p.add_argument("--duration", type=float, help="seconds measured per throughput run (default 3, quick 1)")
     p.add_argument("--rounds", type=int, help="throughput runs per target and setting, interleaved (default 3, quick 1)")
@@ -260,7 +261,12 @@ def main(argv: list[str] | None = None) -> int:
     if bench_venv.litellm_problem:
         unavailable["litellm"] = bench_venv.litellm_problem
         say(f"  LiteLLM left out: {bench_venv.litellm_problem}")
+    portkey_version, why = (None, "skipped (--no-portkey)") if args.no_portkey else portkey.ensure(RESULTS / "portkey-install.log")
+    if why:
+        unavailable["portkey"] = why
+        say(f"  Portkey left out: {why}")
     results["versions"] = versions(bench_venv)
+    results["versions"]["portkey"] = portkey_version
 
     procs: list[Proc] = []
     targets: list[Target] = []
@@ -268,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     pg_name = f"router_bench_{os.getpid()}"
     interrupted = False
     try:
-        say("starting the emulators, then the gateway, the bare proxy" + (" and LiteLLM" if bench_venv.litellm_version else ""))
+        peers = [name for name, on in (("LiteLLM", bench_venv.litellm_version), ("Portkey", portkey_version)) if on]
+        say("starting the emulators, then the gateway, the bare proxy" + "".join(f", {p}" for p in peers))
         emulator, emulators = start_emulators(RESULTS)
         procs.append(emulator)
         base_url, upstream_key = emulators["openai"]
@@ -277,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
         try:  # LiteLLM first: it takes the longest to boot
             if bench_venv.litellm_version:
                 starting.append(start_litellm(RESULTS, tmp, bench_venv.litellm, base_url, upstream_key))
+            if portkey_version:
+                starting.append(portkey.start_portkey(RESULTS, base_url, upstream_key))
             starting.append(start_gateway(RESULTS, tmp, emulators))
             starting.append(start_bare(RESULTS, base_url, upstream_key))
             if not args.no_alt:

@@ -33,10 +33,12 @@ class Target:
     key: str
     model: str
     modes: list[bool] = field(default_factory=lambda: [False, True])  # stream off / on: what works
+    headers: dict[str, str] = field(default_factory=dict)  # sent with every call besides the key
 
     def spec(self) -> str:
         only = "" if len(self.modes) != 1 else (",stream" if self.modes[0] else ",nonstream")
-        return f"{self.name},{self.url},{self.key},{self.model}{only}"
+        extra = "".join(f",header={name}:{value}" for name, value in self.headers.items())
+        return f"{self.name},{self.url},{self.key},{self.model}{only}{extra}"
 
 
 def router_cmd() -> list[str]:
@@ -213,7 +215,7 @@ def start_litellm(logs: Path, tmp: Path, litellm: Path, upstream: str, upstream_
 
 def health_url(target: Target) -> str:
     base = target.url.split("/v1/", 1)[0]
-    return base + ("/health/liveliness" if target.name == "litellm" else "/healthz")
+    return base + {"litellm": "/health/liveliness", "portkey": "/"}.get(target.name, "/healthz")
 
 
 def wait_ready(target: Target, timeout: float) -> None:
@@ -227,7 +229,7 @@ def smoke(target: Target) -> dict[bool, str]:
         what = "stream" if stream else "non-stream"
         body = {"model": target.model, "stream": stream, "messages": [{"role": "user", "content": "Hi [tokens:3]"}]}
         request = urllib.request.Request(target.url, data=json.dumps(body).encode(), method="POST", headers={
-            "Authorization": f"Bearer {target.key}", "Content-Type": "application/json"})  # fmt: skip
+            "Authorization": f"Bearer {target.key}", "Content-Type": "application/json", **target.headers})  # fmt: skip
         try:
             with urllib.request.urlopen(request, timeout=30) as response:
                 text = response.read().decode(errors="replace")
