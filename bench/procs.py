@@ -39,7 +39,10 @@ class Proc:
 
 
 def port_is_free(port: int) -> bool:
+    """Whether a server could listen on ``port``: with SO_REUSEADDR, as the servers bind (socket.create_server,
+    aiohttp, hypercorn), so a port whose old connections wait in TIME_WAIT counts as free."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
