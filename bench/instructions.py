@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -33,7 +34,18 @@ from typing import Any, NamedTuple
 from bench import benchvenv
 from bench.load import body_bytes
 from bench.procs import stop_all
-from bench.stack import ROOT, Target, start_bare, start_emulators, start_gateway, start_litellm, wait_ready
+from bench.stack import (
+    REDIS_URL,
+    ROOT,
+    Target,
+    drop_pg_database,
+    pg_database,
+    start_bare,
+    start_emulators,
+    start_gateway,
+    start_litellm,
+    wait_ready,
+)
 
 RESULTS = Path(__file__).with_name("results")
 MODES = (("non-stream", False), ("stream", True))
@@ -44,6 +56,7 @@ class Server(NamedTuple):
     floor: str  # the bare proxy it is compared with
     features: tuple[bool, bool, bool] | None  # the gateway's (rate limits, their headers, access log); None: bare
     server: str = "hypercorn"
+    shared: bool = False  # the scale-out path: PostgreSQL store, rate limits and routing state in Redis
 
 
 SERVERS = {
@@ -54,10 +67,12 @@ SERVERS = {
     "gw-no-limits-log": Server("gateway, no rate limits, no access log", "bare", (False, False, False)),
     "bare-uvicorn": Server("bare proxy under uvicorn", "bare-uvicorn", None, "uvicorn"),
     "gw-uvicorn": Server("gateway under uvicorn, every feature", "bare-uvicorn", (True, True, True), "uvicorn"),
+    # compared with the same gateway on SQLite: what the path replicas use costs a call's process
+    "gw-postgres": Server("gateway on PostgreSQL + Redis", "gateway", (True, True, True), shared=True),
     # not in the default set: LiteLLM starts for minutes under callgrind, and a call costs it ~25x ours
     "litellm": Server("LiteLLM proxy (from .bench-venv)", "bare", None, "litellm"),
 }
-DEFAULT = [name for name in SERVERS if name != "litellm"]
+DEFAULT = [name for name in SERVERS if name != "litellm"]  # gw-postgres needs PostgreSQL and Redis
 
 
 def callgrind(out: Path) -> list[str]:
@@ -102,7 +117,7 @@ async def drive(target: Target, stream: bool, calls: int, concurrency: int) -> N
 
 def measure(name: str, emulators: dict[str, tuple[str, str]], tmp: Path, calls: int, concurrency: int) -> dict[str, float]:
     """k instructions per call of server ``name``, per mode."""
-    label, _, features, server = SERVERS[name]
+    label, _, features, server, shared = SERVERS[name]
     out = tmp / "callgrind" / name
     out.parent.mkdir(parents=True, exist_ok=True)
     logs = tmp / "logs"
@@ -117,9 +132,10 @@ def measure(name: str, emulators: dict[str, tuple[str, str]], tmp: Path, calls: 
         target = start_bare(logs, base, key, server, wrap=callgrind(out))
     else:
         limits, limit_headers, access_log = features
+        store_url = pg_database(f"router_instr_{os.getpid()}") if shared else None
         target = start_gateway(logs, tmp, emulators, "gateway" if server == "hypercorn" else "gw-uvicorn",
-                               limits=limits, limit_headers=limit_headers, access_log=access_log,
-                               wrap=callgrind(out), home=name)  # fmt: skip
+                               store_url, REDIS_URL if shared else None, limits=limits, limit_headers=limit_headers,
+                               access_log=access_log, wrap=callgrind(out), home=name)  # fmt: skip
     try:
         wait_ready(target, 900 if server == "litellm" else 180)  # (python under valgrind starts in 10-30 s)
         pid = target.proc.popen.pid
@@ -135,11 +151,14 @@ def measure(name: str, emulators: dict[str, tuple[str, str]], tmp: Path, calls: 
         return figures
     finally:
         stop_all([target.proc])
+        if shared:
+            drop_pg_database(f"router_instr_{os.getpid()}")
 
 
 def report(results: dict[str, dict[str, float]]) -> str:
-    lines = ["Instructions per call (callgrind, thousands), and against the bare proxy on the same server",
-             f"  {'server':40s} " + " ".join(f"{mode:>12s} {'x bare':>7s}" for mode, _ in MODES)]  # fmt: skip
+    lines = ["Instructions per call (callgrind, thousands), and against its floor: the bare proxy on the same server "
+             "(the gateway on SQLite for gw-postgres)",
+             f"  {'server':40s} " + " ".join(f"{mode:>12s} {'x floor':>7s}" for mode, _ in MODES)]  # fmt: skip
     for name, figures in results.items():
         floor = results.get(SERVERS[name].floor, {})
         cells = []
@@ -148,6 +167,11 @@ def report(results: dict[str, dict[str, float]]) -> str:
             cells.append(f"{figures[mode]:12,.0f} {times:>7s}")
         lines.append(f"  {SERVERS[name].label:40s} " + " ".join(cells))
     gateway, bare, litellm = results.get("gateway"), results.get("bare"), results.get("litellm")
+    shared = results.get("gw-postgres")
+    if gateway and shared:
+        for mode, _ in MODES:
+            lines.append(f"  {mode}: a call on PostgreSQL + Redis executes {shared[mode] / gateway[mode]:.2f}x the "
+                         "instructions of the same call on SQLite, in the gateway's process")  # fmt: skip
     if gateway and litellm:
         for mode, _ in MODES:
             lines.append(f"  {mode}: a call through LiteLLM executes {litellm[mode] / gateway[mode]:.1f}x the gateway's instructions")
