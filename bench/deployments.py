@@ -27,7 +27,7 @@ import aiohttp
 
 from billing.store import open_store
 from core.catalog import NANO
-from core.config import Settings, StoreSettings, parse_settings
+from core.config import ServerSettings, Settings, StoreSettings, parse_settings
 from emulators.common import serve
 from emulators.openai import OpenAIEmulator
 from gateway.auth import new_key
@@ -70,7 +70,7 @@ async def one_row(count: int, declared: bool, rpm: int, seconds: float) -> dict[
         app = create_app(config)
         stop = asyncio.Event()
         sock_port = await _free_port()
-        hc = hypercorn_config("127.0.0.1", sock_port)
+        hc = hypercorn_config(ServerSettings(port=sock_port))
         hc.errorlog = None
         served_task = asyncio.ensure_future(hypercorn_serve(app, hc, shutdown_trigger=stop.wait))  # type: ignore[arg-type]
         try:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import weakref
 from bisect import bisect_left
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sized
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter
@@ -364,3 +364,45 @@ ROUTING_ERRORS = Counter(
 
 def routing_state_error() -> None:
     ROUTING_ERRORS.inc()
+
+
+class ConnectionCounts(Protocol):
+    """What the connection metrics read (router.connections.Limits)."""
+
+    @property
+    def open(self) -> Sized: ...
+    @property
+    def idle(self) -> Sized: ...
+    @property
+    def evicted(self) -> int: ...
+    @property
+    def refused(self) -> int: ...
+    @property
+    def max_connections(self) -> int: ...
+
+
+_connections: list[ConnectionCounts] = []
+
+
+def watch_connections(source: ConnectionCounts) -> None:
+    """Report the process's client connections (the last caps installed) at every scrape."""
+    _connections[:] = [source]
+
+
+class _Connections(Collector):
+    def collect(self) -> Iterator[Metric]:
+        if not _connections:
+            return
+        source = _connections[0]
+        yield GaugeMetricFamily("router_connections_open", "Client connections open now.", value=len(source.open))
+        yield GaugeMetricFamily("router_connections_idle", "Client connections open with no request in flight.",
+                                value=len(source.idle))  # fmt: skip
+        yield GaugeMetricFamily("router_connections_max", "The cap on open client connections.",
+                                value=source.max_connections)  # fmt: skip
+        yield CounterMetricFamily("router_connections_evicted", "Idle connections closed to make room for new ones.",
+                                  value=source.evicted)  # fmt: skip
+        yield CounterMetricFamily("router_connections_refused",
+                                  "Connections answered 503 because every open one was busy.", value=source.refused)  # fmt: skip
+
+
+REGISTRY.register(_Connections())

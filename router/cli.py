@@ -17,6 +17,8 @@ import argparse
 import asyncio
 import sys
 
+import msgspec
+
 from billing.store import StoreDown, StoreError, with_store
 from core.catalog import ConfigError
 from core.config import Settings, load_settings
@@ -201,8 +203,7 @@ def main(argv: list[str] | None = None) -> None:
                 from router.serve import serve_workers
 
                 raise SystemExit(serve_workers(settings, config, host, port, workers))
-            run(serve(create_app(settings), host, port, None, server.graceful_timeout, server.keep_alive_timeout,
-                      fd=args.fd))  # fmt: skip
+            run(serve(create_app(settings), msgspec.structs.replace(server, host=host, port=port), fd=args.fd))
         elif args.command == "demo":
             from router.demo import DemoError, DemoOptions, demo
             from router.serve import run

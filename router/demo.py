@@ -258,9 +258,8 @@ async def demo(settings: Settings, options: DemoOptions) -> None:
         async def started() -> None:
             print(banner(base, running, key, directory, console, access), flush=True)
 
-        server = settings.server
-        await serve(app, options.host, options.port, started, server.graceful_timeout, server.keep_alive_timeout,
-                    fd=sock.detach())  # fmt: skip
+        server = msgspec.structs.replace(settings.server, host=options.host, port=options.port)
+        await serve(app, server, started, fd=sock.detach())
     finally:
         sock.close()
         await stop_emulators(running)

@@ -15,28 +15,31 @@ from typing import TYPE_CHECKING, Any
 from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config
 
+from core.config import ServerSettings
 from core.types import ASGIApp
+from router import connections
 
 if TYPE_CHECKING:
     from core.config import Settings
 
 
-def hypercorn_config(host: str, port: int, graceful_timeout: float = 30.0, keep_alive_timeout: float = 75.0) -> Config:
+def hypercorn_config(server: ServerSettings) -> Config:
     config = Config()
-    config.bind = [f"{host}:{port}"]
+    config.bind = [f"{server.host}:{server.port}"]
     config.accesslog = None
     config.errorlog = "-"
-    config.keep_alive_timeout = keep_alive_timeout  # also bounds a request head sent byte by byte
+    config.keep_alive_timeout = server.keep_alive_timeout  # also bounds a request head sent byte by byte
     config.backlog = 4096
-    config.graceful_timeout = graceful_timeout  # SIGTERM: open streams get this long to finish
+    config.graceful_timeout = server.graceful_timeout  # SIGTERM: open streams get this long to finish
     config.h11_max_incomplete_size = 16 * 1024  # request line + headers
     return config
 
 
-async def serve(app: ASGIApp, host: str, port: int, started: Callable[[], Awaitable[None]] | None = None,
-                graceful_timeout: float = 30.0, keep_alive_timeout: float = 75.0, fd: int | None = None) -> None:  # fmt: skip
-    """Serve until SIGINT/SIGTERM; then stop accepting, let open requests finish (up to
-    ``graceful_timeout``), run the app's shutdown (which settles every call), and return."""
+async def serve(app: ASGIApp, server: ServerSettings, started: Callable[[], Awaitable[None]] | None = None,
+                fd: int | None = None) -> None:  # fmt: skip
+    """Serve on ``server.host:port`` until SIGINT/SIGTERM; then stop accepting, let open requests
+    finish (up to ``graceful_timeout``), run the app's shutdown (which settles every call), and
+    return. Client connections are bounded and closed when the client goes (router/connections.py)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -44,14 +47,15 @@ async def serve(app: ASGIApp, host: str, port: int, started: Callable[[], Awaita
             loop.add_signal_handler(sig, stop.set)
         except (NotImplementedError, RuntimeError):
             pass
-    config = hypercorn_config(host, port, graceful_timeout, keep_alive_timeout)
+    config = hypercorn_config(server)
+    connections.install(server.max_connections, server.max_idle_connections)
     if fd is not None:
         config.bind = [f"fd://{fd}"]  # a worker of serve_workers: the socket is its parent's
     # hypercorn types the ASGI scope and messages as TypedDicts, Starlette and we as mutable mappings:
     # the same dicts at run time, two spellings mypy cannot reconcile
     task = asyncio.ensure_future(hypercorn_serve(app, config, shutdown_trigger=stop.wait))  # type: ignore[arg-type]
     if started is not None:
-        await answering(host, port, task)
+        await answering(server.host, server.port, task)
         await started()
     await task
 

@@ -22,7 +22,7 @@ import pytest
 
 from billing.store import Store, open_store
 from core.catalog import NANO
-from core.config import ReliabilitySettings, Settings, StoreSettings
+from core.config import ReliabilitySettings, ServerSettings, Settings, StoreSettings
 from core.deployments import Deployment
 from emulators.common import Emulator
 from emulators.common import serve as serve_emulator
@@ -110,7 +110,7 @@ class Stack:
         self.app = create_app(self.settings)
         self.gateway = self.app.state.gateway
         self._stop = asyncio.Event()
-        config = hypercorn_config("127.0.0.1", self.port)
+        config = hypercorn_config(ServerSettings(port=self.port))
         config.errorlog = None
         config.graceful_timeout = 1.0
         self._served = asyncio.ensure_future(serve(self.app, config, shutdown_trigger=self._stop.wait))  # type: ignore[arg-type]

@@ -12,7 +12,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Mount, Route
 
 from billing.store import open_store
-from core.config import Settings, StoreSettings
+from core.config import ServerSettings, Settings, StoreSettings
 from gateway.auth import new_key
 from router.app import create_app
 from router.serve import hypercorn_config
@@ -36,7 +36,7 @@ def test_mounted_under_a_prefix(stack: Stack, tmp_path) -> None:
         await store.create_group("host", 10**12)
         key, _ = await new_key(store, settings, "host", "mounted")
         await store.close()
-        config = hypercorn_config("127.0.0.1", port)
+        config = hypercorn_config(ServerSettings(port=port))
         config.graceful_timeout = 1.0
         served = asyncio.ensure_future(serve(host, config, shutdown_trigger=stop.wait))  # type: ignore[arg-type]
         await asyncio.sleep(0.3)

@@ -1,0 +1,176 @@
+"""Client connections under hypercorn: closed as soon as the client has gone, and bounded in number.
+
+Two things hypercorn 0.18 does not do, which let one client exhaust the process:
+
+- **A client's EOF on an idle connection.** hypercorn's ``TCPServer.run`` leaves its task group only
+  when every task in it has ended, and the keep-alive timer is one of them: a connection the client
+  closed while idle kept its socket (CLOSE-WAIT) for ``keep_alive_timeout`` (75 s). 20,000
+  connect-then-close cycles in 17 s took the process to its descriptor limit, and every request,
+  ``/healthz`` included, got an empty reply. :class:`GuardedTCPServer` stops the keep-alive timer as
+  soon as the reading loop sees the end of the stream.
+- **How many connections.** There is no cap: each idle connection costs memory (~25 KB) and a
+  descriptor, and a call in flight a second descriptor (its upstream). :class:`Limits` caps both the
+  open connections (``[server] max_connections``, by default what the descriptor limit allows with
+  an upstream socket per connection) and the idle ones (``max_idle_connections``: open, no request in
+  flight, a request head not yet complete included). A new connection over either cap first closes
+  the connection idle the longest (an HTTP/1.1 client expects an idle connection to be closed and
+  opens another); when every connection is busy it is answered ``503`` with ``Retry-After`` and
+  closed. So a flood of idle or half-open connections cannot shut out a real caller or ``/healthz``.
+
+hypercorn builds its ``TCPServer`` by name in ``hypercorn.asyncio.run``; :func:`install` puts ours
+there (once per process: descriptors are the process's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+from typing import Any
+
+import hypercorn.asyncio.run as hypercorn_run
+from hypercorn.asyncio.tcp_server import TCPServer
+from hypercorn.asyncio.worker_context import AsyncioSingleTask
+
+from core import metrics
+
+log = logging.getLogger("router.connections")
+
+# descriptors kept for what is not a client connection: the listening socket, the store, logs, the
+# emulators of the demo, the interpreter's own
+RESERVED_FDS = 64
+_REFUSAL_BODY = (
+    b'{"error":{"message":"The server has too many open connections; retry shortly.",'
+    b'"type":"server_error","param":null,"code":"too_many_connections"}}'
+)
+REFUSAL = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
+    b"connection: close\r\ncontent-length: %d\r\n\r\n%b" % (len(_REFUSAL_BODY), _REFUSAL_BODY)
+)
+
+
+def default_max_connections() -> int:
+    """What the descriptor limit allows: a client socket and an upstream socket per connection."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        soft = 1_048_576
+    return max((soft - RESERVED_FDS) // 2, 16)
+
+
+class Limits:
+    """The process's client connections: every open one, and the idle ones oldest first."""
+
+    def __init__(self, max_connections: int, max_idle: int) -> None:
+        self.max_connections = max_connections
+        self.max_idle = max_idle
+        self.open: set[GuardedTCPServer] = set()
+        self.idle: dict[GuardedTCPServer, None] = {}  # insertion order: idle the longest first
+        self.evicted = 0
+        self.refused = 0
+
+    def admit(self, conn: GuardedTCPServer) -> bool:
+        """Make room for ``conn`` (closing the connection idle the longest if a cap is reached);
+        False if every open connection is busy and there is no room."""
+        while len(self.open) >= self.max_connections or len(self.idle) >= self.max_idle:
+            if not self.idle:
+                if len(self.open) < self.max_connections:
+                    break  # only the idle cap was reached, and nothing is idle any more
+                self.refused += 1
+                return False
+            oldest = next(iter(self.idle))
+            self.quiet(oldest)
+            self.open.discard(oldest)
+            self.evicted += 1
+            oldest.evict()
+        self.open.add(conn)
+        self.idle[conn] = None  # a new connection is idle until its first request arrives
+        return True
+
+    def busy(self, conn: GuardedTCPServer) -> None:
+        self.idle.pop(conn, None)
+
+    def quiet(self, conn: GuardedTCPServer) -> None:
+        """``conn`` has ended, or is to be closed: no longer a candidate for eviction."""
+        self.idle.pop(conn, None)
+
+    def resting(self, conn: GuardedTCPServer) -> None:
+        if conn in self.open:
+            self.idle[conn] = None
+
+    def leave(self, conn: GuardedTCPServer) -> None:
+        self.open.discard(conn)
+        self.idle.pop(conn, None)
+
+
+_limits: Limits | None = None
+
+
+class _IdleTimer(AsyncioSingleTask):
+    """hypercorn's keep-alive timer of one connection, which runs exactly while the connection is
+    idle: its starts and stops tell :class:`Limits` which connections may be closed to make room
+    (without a hook on every event the connection sends)."""
+
+    def __init__(self, conn: GuardedTCPServer) -> None:
+        super().__init__()
+        self.conn = conn
+
+    async def restart(self, task_group: Any, action: Any) -> None:
+        if _limits is not None:
+            _limits.resting(self.conn)
+        await super().restart(task_group, action)
+
+    async def stop(self) -> None:
+        if _limits is not None:
+            _limits.busy(self.conn)
+        await super().stop()
+
+
+class GuardedTCPServer(TCPServer):
+    """hypercorn's connection, which lets go of its socket when the client has gone and counts in
+    the process's :class:`Limits`."""
+
+    async def run(self) -> None:
+        limits = _limits
+        if limits is not None and not limits.admit(self):
+            await self._refuse()
+            return
+        try:
+            await super().run()
+        finally:
+            if limits is not None:
+                limits.leave(self)
+
+    async def _read_data(self) -> None:
+        await super()._read_data()
+        # the client has gone (or the connection was closed): its keep-alive timer would hold the task
+        # group, and with it the socket, for keep_alive_timeout
+        await self.idle_task.stop()
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.idle_task = _IdleTimer(self)
+
+    def evict(self) -> None:
+        """Close this idle connection to make room for a new one: its reading loop sees the end."""
+        self.writer.close()
+
+    async def _refuse(self) -> None:
+        try:
+            self.writer.write(REFUSAL)
+            self.writer.close()
+            await asyncio.wait_for(self.writer.wait_closed(), 1.0)
+        except (OSError, RuntimeError, TimeoutError):
+            pass
+
+
+def install(max_connections: int, max_idle: int) -> Limits:
+    """Serve hypercorn's connections as :class:`GuardedTCPServer` under these caps (0: the default
+    for ``max_connections``). The last call's caps apply to the whole process."""
+    global _limits
+    limits = Limits(max_connections or default_max_connections(), max_idle)
+    if _limits is not None:  # a second gateway in one process: the connections stay counted
+        limits.open, limits.idle = _limits.open, _limits.idle
+    _limits = limits
+    setattr(hypercorn_run, "TCPServer", GuardedTCPServer)  # noqa: B010 - a module attribute of hypercorn, replaced on purpose
+    metrics.watch_connections(limits)
+    return limits

@@ -1,0 +1,144 @@
+"""One client cannot exhaust the server's connections (router/connections.py), through a real
+``router serve`` process with a small descriptor limit so the floods are quick."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from tests.conftest import Stack, free_port, wait_healthy
+from tests.test_crash import _config_with_key
+
+NOFILE = 400  # the served process's descriptor limit: (400 - 64) // 2 = 168 connections by default
+
+
+def _serve(config: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
+    def small_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (NOFILE, NOFILE))
+
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "router", "serve", "--config", str(config), "--port", str(port)],
+                                stdout=out, stderr=subprocess.STDOUT, preexec_fn=small_limit)  # fmt: skip
+    wait_healthy(port, proc, log)
+    return proc
+
+
+def _fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _healthz_ms(port: int) -> float:
+    began = time.perf_counter()
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:
+        assert response.status == 200
+    return (time.perf_counter() - began) * 1000
+
+
+def _metric(port: int, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def test_connections_closed_by_the_client_let_go_of_their_socket_at_once(stack: Stack, tmp_path: Path) -> None:
+    """3,000 connect-then-close cycles, many times the descriptor limit: each socket is let go when
+    the client closes (hypercorn kept it in CLOSE-WAIT for keep_alive_timeout, 75 s, until the
+    process ran out of descriptors and answered nothing, /healthz included)."""
+    config, _ = _config_with_key(tmp_path, f"sqlite:///{tmp_path}/r.db", stack.emulators["openai"], "flood", 10)
+    port = free_port()
+    proc = _serve(config, port, tmp_path / "gw.log")
+    try:
+        before = _fds(proc.pid)
+        during: list[float] = []
+        for i in range(3000):
+            socket.create_connection(("127.0.0.1", port)).close()
+            if i % 500 == 499:
+                during.append(_healthz_ms(port))
+        deadline = time.monotonic() + 5
+        while _fds(proc.pid) > before + 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _fds(proc.pid) <= before + 2
+        assert max(during) < 2000, during
+        assert _healthz_ms(port) < 1000
+    finally:
+        proc.terminate()
+        proc.wait(15)
+
+
+def test_idle_connections_past_the_cap_make_room_for_new_ones(stack: Stack, tmp_path: Path) -> None:
+    """Idle connections and half-sent request heads past max_idle_connections: the one idle longest
+    is closed for each new one, so /healthz still answers and the descriptors stay bounded."""
+    config, key = _config_with_key(tmp_path, f"sqlite:///{tmp_path}/r.db", stack.emulators["openai"], "idle", 10,
+                                   "[server]\nmax_idle_connections = 40\n")  # fmt: skip
+    port = free_port()
+    proc = _serve(config, port, tmp_path / "gw.log")
+    held: list[socket.socket] = []
+    try:
+        for i in range(300):  # more than the process has descriptors for
+            sock = socket.create_connection(("127.0.0.1", port))
+            if i % 2:
+                sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")  # a head never finished
+            held.append(sock)
+        assert _healthz_ms(port) < 1000
+        assert _fds(proc.pid) < 40 + 30
+        assert _metric(port, "router_connections_evicted_total") >= 300 - 40
+        # a real call on a fresh connection is served
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/chat/completions", method="POST",
+            data=json.dumps({"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}).encode(),
+            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})  # fmt: skip
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert response.status == 200
+    finally:
+        for sock in held:
+            sock.close()
+        proc.terminate()
+        proc.wait(15)
+
+
+def test_a_connection_past_the_cap_with_every_one_busy_gets_503(stack: Stack, tmp_path: Path) -> None:
+    """max_connections busy with streams: the next connection is answered 503 with Retry-After (not
+    left to hang or to take a descriptor the process does not have); once they end, calls are served."""
+    config, key = _config_with_key(tmp_path, f"sqlite:///{tmp_path}/r.db", stack.emulators["openai"], "busy", 10,
+                                   "[server]\nmax_connections = 4\n")  # fmt: skip
+    port = free_port()
+    proc = _serve(config, port, tmp_path / "gw.log")
+    body = json.dumps({"model": "openai/gpt-4o-mini", "stream": True,
+                       "messages": [{"role": "user", "content": "hold on [tokens:4] [delay:400]"}]}).encode()  # fmt: skip
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    finished: list[int] = []
+
+    def stream() -> None:
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body, headers=headers)
+        with urllib.request.urlopen(request, timeout=30) as response:
+            response.read()
+            finished.append(response.status)
+
+    try:
+        threads = [threading.Thread(target=stream) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.6)  # every stream has started: four busy connections
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = sock.recv(4096).decode()
+        assert answer.startswith("HTTP/1.1 503"), answer
+        assert "retry-after: 1" in answer.lower() and '"code":"too_many_connections"' in answer
+        for thread in threads:
+            thread.join(30)
+        assert finished == [200, 200, 200, 200]
+        assert _healthz_ms(port) < 1000
+        assert _metric(port, "router_connections_refused_total") >= 1
+    finally:
+        proc.terminate()
+        proc.wait(15)
