@@ -361,6 +361,7 @@ async def http_error(request: Request, exc: Exception) -> Response:
                 "error": {
                     "message": str(exc.detail),
                     "type": "invalid_request_error",
+                    "param": None,
                     "code": "not_found" if exc.status_code == 404 else "invalid_request",
                 }
             },

@@ -24,7 +24,7 @@ from core.errors import GatewayError, MethodNotAllowed, NotFound
 from core.types import ASGIApp, Scope
 from gateway.state import Gateway
 from jobs.runner import JobRunner
-from router import batches, logs
+from router import batches, logs, openapi
 from router.chat import ChatCompletions, record_refusal
 from router.health import Readiness, metrics_endpoint
 from router.middleware import ErrorApp, Front, cors, endpoint_app
@@ -101,6 +101,10 @@ class RouterApp(Starlette):
         return cors(front, self.cors_origins)  # outside Front: preflights of the fast paths too
 
 
+async def _openapi(request: Request) -> Response:
+    return Response(openapi.encoded(), media_type="application/json")
+
+
 def create_app(settings: Settings | None = None, *, store: Store | None = None) -> Starlette:
     gateway = Gateway(settings or Settings(), store=store)
     models = Models(gateway)
@@ -129,6 +133,7 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
             Route("/v1/models/{model:path}", models.retrieve, methods=["GET"]),
             Route("/healthz", _health, methods=["GET"]),
             Route("/readyz", Readiness(gateway).endpoint, methods=["GET"]),
+            Route("/openapi.json", _openapi, methods=["GET"]),
             *([Route("/metrics", metrics_endpoint, methods=["GET"])] if obs.metrics else []),
             *([Mount("/console", app=console_app(gateway))] if gateway.settings.console.enabled else []),
             *batches.routes(gateway),  # /v1/files, /v1/batches

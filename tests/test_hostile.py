@@ -130,6 +130,41 @@ def test_fuzzed_requests_never_5xx(stack: Stack, body: dict) -> None:
         assert set(r.json()["error"]) == {"message", "type", "param", "code"}
 
 
+PART = st.one_of(
+    st.fixed_dictionaries({"type": st.sampled_from(["input_text", "output_text", "input_image", "input_file", "x"])},
+                          optional={"text": JSONISH, "image_url": JSONISH, "detail": JSONISH}),
+    JSONISH,
+)  # fmt: skip
+ITEM = st.one_of(
+    st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "system", "developer", "tool", "wizard"])},
+                          optional={"type": st.just("message"), "content": st.one_of(st.text(max_size=20), st.lists(PART, max_size=3), JSONISH)}),
+    st.fixed_dictionaries({"type": st.sampled_from(["function_call", "function_call_output", "item_reference", "reasoning", "x"])},
+                          optional={"call_id": JSONISH, "name": JSONISH, "arguments": JSONISH, "output": JSONISH, "id": JSONISH}),
+    JSONISH,
+)  # fmt: skip
+RESPONSES_REQUEST = st.fixed_dictionaries(
+    {"model": st.one_of(st.sampled_from(["openai/gpt-4o-mini", "anthropic/claude-haiku-4-5", "google/gemini-2.5-flash",
+                                         "mistral/mistral-small-latest", "nope/x"]), st.integers()),
+     "input": st.one_of(st.text(max_size=30), st.lists(ITEM, max_size=3), JSONISH)},
+    optional={"instructions": JSONISH, "max_output_tokens": st.one_of(st.integers(min_value=-5, max_value=50), JSONISH),
+              "temperature": JSONISH, "stream": st.booleans(), "tools": st.one_of(st.lists(JSONISH, max_size=2), JSONISH),
+              "tool_choice": JSONISH, "text": JSONISH, "reasoning": JSONISH, "store": JSONISH,
+              "previous_response_id": JSONISH, "extra": JSONISH},
+)  # fmt: skip
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=RESPONSES_REQUEST)
+def test_fuzzed_responses_requests_never_5xx(stack: Stack, body: dict) -> None:
+    key = stack.key() if not hasattr(stack, "_fuzz_key") else stack._fuzz_key  # type: ignore[attr-defined]
+    stack._fuzz_key = key  # type: ignore[attr-defined]
+    r = raw_request(stack, "POST", "/v1/responses", json.dumps(body).encode(),
+                    {"Authorization": f"Bearer {key}", "Content-Type": "application/json"})  # fmt: skip
+    assert r.status < 500, (r.status, r.text[:300])
+    if r.status >= 400:
+        assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+
+
 def _responses(stack: Stack, body: bytes, key: str) -> tuple[int, dict]:
     r = raw_request(stack, "POST", "/v1/responses", body,
                     {"Authorization": f"Bearer {key}", "Content-Type": "application/json"})  # fmt: skip
