@@ -1,0 +1,96 @@
+"""Redis stopped under a running gateway, then started again: a redis-server of the test's own (never
+the shared one), a real gateway whose rate limits and deployment state live in it."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from core.config import LimitsSettings, ReliabilitySettings, Settings, StoreSettings
+from core.metrics import RATELIMIT_ERRORS
+from tests.conftest import Stack, free_port
+
+
+class RedisServer:
+    def __init__(self, tmp: Path) -> None:
+        self.port = free_port()
+        self.tmp = tmp
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen([shutil.which("redis-server") or "redis-server", "--port", str(self.port),
+                                      "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(self.tmp)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if subprocess.run(["redis-cli", "-p", str(self.port), "ping"], capture_output=True).stdout.strip() == b"PONG":
+                return
+            time.sleep(0.05)
+        raise AssertionError("redis-server did not start")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(5)
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path)
+    server.start()
+    try:
+        yield server
+    finally:
+        if server.proc is not None and server.proc.poll() is None:
+            server.kill()
+
+
+def test_rate_limits_fail_open_while_redis_is_down_and_hold_again_once_it_is_back(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """While Redis is down every call is answered (admitted unchecked: [limits] fail_open, the default),
+    each one counted in router_ratelimit_backend_errors_total and logged at most every 10 s; no 5xx.
+    Once Redis is back the limits hold again, with a fresh window (Redis kept nothing on disk)."""
+    settings = Settings(store=StoreSettings(url=f"sqlite:///{tmp_path}/router.db"),
+                        reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9),
+                        limits=LimitsSettings(key_rpm=3, redis_url=redis_server.url, redis_timeout=0.2,
+                                              redis_prefix=f"t{redis_server.port}:"))  # fmt: skip
+    stack = Stack(tmp_path, settings).start()
+    try:
+        client = stack.client()
+        ask = {"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
+        for _ in range(3):
+            client.chat.completions.create(**ask)  # type: ignore[call-overload]
+        with pytest.raises(openai.RateLimitError):  # the limit is counted in Redis
+            client.chat.completions.create(**ask)  # type: ignore[call-overload]
+
+        redis_server.kill()
+        errors = RATELIMIT_ERRORS._value.get()
+        answered = [client.chat.completions.create(**ask).choices[0].message.content for _ in range(6)]  # type: ignore[call-overload]
+        assert all(answered)  # over the limit, and served: the limits cannot be checked
+        assert RATELIMIT_ERRORS._value.get() >= errors + 6
+
+        redis_server.start()  # the same port, empty
+        deadline = time.monotonic() + 10
+        while True:  # the client reconnects on its next command
+            try:
+                for _ in range(4):
+                    client.chat.completions.create(**ask)  # type: ignore[call-overload]
+            except openai.RateLimitError:
+                break
+            assert time.monotonic() < deadline, "the limits never held again after Redis came back"
+        records = stack.run(stack.store.database.select("SELECT status, COUNT(*) FROM usage GROUP BY status"))
+        counts = dict(records)
+        assert counts.get("ok", 0) >= 3 + 6 + 3 and counts.get("error", 0) == 0
+    finally:
+        stack.stop()
