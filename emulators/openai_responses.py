@@ -72,6 +72,24 @@ class Plan:
     call_ids: list[str] = field(default_factory=list)
 
 
+# fields the handler reads, with the JSON types the API accepts for them
+_TYPES: tuple[tuple[str, tuple[type, ...], str], ...] = (
+    ("previous_response_id", (str,), "a string"),
+    ("instructions", (str,), "a string"),
+    ("input", (str, list), "a string or an array"),
+    ("tools", (list,), "an array"),
+    ("tool_choice", (str, dict), "a string or an object"),
+    ("text", (dict,), "an object"),
+    ("reasoning", (dict,), "an object"),
+    ("metadata", (dict,), "an object"),
+    ("store", (bool,), "a boolean"),
+    ("stream", (bool,), "a boolean"),
+    ("background", (bool,), "a boolean"),
+    ("parallel_tool_calls", (bool,), "a boolean"),
+    ("user", (str,), "a string"),
+)
+
+
 class ResponsesHandler:
     """``emulator`` is the OpenAIEmulator that owns the app: its key, error envelope, request log."""
 
@@ -86,6 +104,11 @@ class ResponsesHandler:
             raise Invalid(400, f"Unknown parameter: '{unknown[0]}'.", unknown[0], "unknown_parameter")
         if not isinstance(body.get("model"), str):
             raise _missing("model")
+        for name, kinds, expected in _TYPES:  # as the API answers a field of the wrong type
+            value = body.get(name)
+            if value is not None and (not isinstance(value, kinds) or isinstance(value, bool) and bool not in kinds):
+                raise Invalid(400, f"Invalid type for '{name}': expected {expected}, but got a value of another type "
+                              "instead.", name, "invalid_type")  # fmt: skip
         cap = body.get("max_output_tokens")
         if cap is not None and (not isinstance(cap, int) or cap < 16):
             raise Invalid(

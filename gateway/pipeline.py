@@ -28,7 +28,14 @@ from billing.pricing import input_ceiling, output_ceiling, worst_case
 from billing.store import Principal
 from core.catalog import Model
 from core.deployments import Deployment
-from core.errors import GatewayError, InvalidRequest, PermissionDenied, UpstreamUnavailable
+from core.errors import (
+    GatewayError,
+    InvalidRequest,
+    PermissionDenied,
+    UpstreamError,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
 from core.types import Endpoint, Headers
 from core.wire import ChatRequest
 from gateway.auth import may_use
@@ -169,6 +176,12 @@ class Pipeline:
         async with meter.settles_on_failure():
             try:
                 payload = await response.read()
+            except (TimeoutError, aiohttp.ClientError) as exc:  # the body broke off: nothing to bill
+                provider = started.model.provider
+                if isinstance(exc, TimeoutError):
+                    raise UpstreamTimeout(f"The provider '{provider}' stopped sending its answer.") from None
+                raise UpstreamError(f"The connection to the provider '{provider}' was lost while it answered "
+                                    f"({type(exc).__name__}).") from None  # fmt: skip
             finally:
                 response.release()
             answer = leg.answer(payload)

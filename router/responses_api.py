@@ -41,6 +41,9 @@ def parse_body(raw: bytes) -> dict[str, Any]:
         )
     if body.get("stream") not in (None, True, False):
         raise InvalidRequest("'stream' must be a boolean.", param="stream", code="invalid_type")
+    if "input" in body and not isinstance(body["input"], (str, list)):
+        raise InvalidRequest("Invalid type for 'input': expected a string or an array of input items.",
+                             param="input", code="invalid_type")  # fmt: skip
     return body
 
 

@@ -4,6 +4,7 @@ the gateway keeps serving (README, Errors; issue 8)."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 
@@ -118,7 +119,8 @@ REQUEST = st.fixed_dictionaries(
 )  # fmt: skip
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "150")), deadline=None, derandomize=not os.environ.get("FUZZ_EXAMPLES"),
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(body=REQUEST)
 def test_fuzzed_requests_never_5xx(stack: Stack, body: dict) -> None:
     key = stack.key() if not hasattr(stack, "_fuzz_key") else stack._fuzz_key  # type: ignore[attr-defined]
@@ -153,7 +155,8 @@ RESPONSES_REQUEST = st.fixed_dictionaries(
 )  # fmt: skip
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "150")), deadline=None, derandomize=not os.environ.get("FUZZ_EXAMPLES"),
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(body=RESPONSES_REQUEST)
 def test_fuzzed_responses_requests_never_5xx(stack: Stack, body: dict) -> None:
     key = stack.key() if not hasattr(stack, "_fuzz_key") else stack._fuzz_key  # type: ignore[attr-defined]
