@@ -17,11 +17,13 @@ from functools import partial
 from typing import Any
 
 from billing import tokens
+from billing.durable import Durable
+from billing.journal import Journal
 from billing.pricing import cost
-from billing.store import Refusal, Reservation, Store, UsageRecord
+from billing.store import Hold, Refusal, Reservation, Store, StoreDown, UsageRecord
 from core import metrics
 from core.catalog import NANO, Model
-from core.errors import GatewayError, InsufficientCredits
+from core.errors import GatewayError, InsufficientCredits, StoreUnavailable
 from core.wire import TokenUsage
 
 log = logging.getLogger("router.ledger")
@@ -56,10 +58,14 @@ class Ledger:
     is durable; the store commits them in the order they were queued, so :meth:`settled_so_far`
     waits for the last one queued. :meth:`watch` collects the settlements of one request id (a batch
     line, run in-process, waits for its own call's); :meth:`drain` (the gateway's shutdown) waits for
-    every one. A settlement that fails is logged with its usage record."""
+    every one. A settlement the store cannot take now is retried, then journaled (``durable``:
+    billing/durable.py); one the store refuses for what it is (an unknown group) is logged with its
+    usage record. While the store cannot take a reservation, :meth:`reserve` raises
+    ``StoreUnavailable`` (503 ``store_unavailable``): nothing is sent upstream unreserved."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, give_up: float = 5.0) -> None:
         self.store = store
+        self.durable = Durable(store, give_up)
         self.pending: set[asyncio.Future[int]] = set()  # settlements queued and not yet durable
         self.last: asyncio.Future[int] | None = None  # the settlement queued last
         self._watched: dict[str, list[asyncio.Future[int]]] = {}
@@ -73,7 +79,7 @@ class Ledger:
         """Store the record of a call refused before anything was reserved (status ``rejected``), as a
         settlement of nothing: no charge, queued and tracked like any other."""
         nothing = Reservation(0, record.group_id, record.key_id, 0)
-        return self._track(self.store.settle_soon(nothing, record, linger=True), record)
+        return self._track(self.durable.settle(nothing, record, True), record)
 
     def _track(self, settling: asyncio.Future[int], record: UsageRecord) -> asyncio.Future[int]:
         self.pending.add(settling)
@@ -108,8 +114,22 @@ class Ledger:
         if self.pending:
             await asyncio.wait(set(self.pending))
 
-    async def reserve(self, group_id: int, key_id: int, amount: int) -> Reservation:
-        result = await self.store.reserve(group_id, key_id, amount)
+    async def start(self, journal: Journal | None) -> None:
+        """Open the settlement journal and replay what it holds (the gateway's start)."""
+        metrics.watch_ledger(self)
+        await self.durable.start(journal)
+
+    async def close(self) -> None:
+        await self.durable.close()
+
+    async def reserve(self, group_id: int, key_id: int, amount: int, hold: Hold | None = None) -> Reservation:
+        """``hold``: what a replica's crash would leave to record (the store keeps it with the hold)."""
+        try:
+            result = await self.store.reserve(group_id, key_id, amount, hold)
+        except StoreDown as exc:
+            metrics.store_error("reserve")
+            log.warning("a reservation could not be made: %s", exc)
+            raise StoreUnavailable() from None
         if isinstance(result, Refusal):
             raise refused(result)
         return result
@@ -119,13 +139,14 @@ class Ledger:
     ) -> asyncio.Future[int]:
         """Start settling now (nothing can cancel it); the future resolves once it is durable.
         ``linger``: nobody waits for it (a store may then wait a little to batch it with others)."""
-        return self.store.settle_soon(reservation, record, linger)
+        return self.durable.settle(reservation, record, linger)
 
 
-def ledger_for(store: Store) -> Ledger:
+def ledger_for(store: Store, give_up: float = 5.0) -> Ledger:
     """The ledger for a store: held in this process's memory if it alone spends from the store
-    (SQLite), else in the store itself (PostgreSQL: reservations shared by the replicas)."""
-    return LocalLedger(store) if store.exclusive else Ledger(store)
+    (SQLite), else in the store itself (PostgreSQL: reservations shared by the replicas). ``give_up``:
+    seconds a settlement is retried before it goes to the journal."""
+    return LocalLedger(store, give_up=give_up) if store.exclusive else Ledger(store, give_up)
 
 
 @dataclass(slots=True)
@@ -146,8 +167,8 @@ class LocalLedger(Ledger):
     the hold. Nothing is ever reserved in the store, so a crash leaves nothing to reconcile: the
     balance is exactly what was charged."""
 
-    def __init__(self, store: Store, refresh: float = 2.0) -> None:
-        super().__init__(store)
+    def __init__(self, store: Store, refresh: float = 2.0, give_up: float = 5.0) -> None:
+        super().__init__(store, give_up)
         self.refresh = refresh
         self._groups: dict[int, _Holds] = {}
         self._keys: dict[int, _Holds] = {}
@@ -162,6 +183,14 @@ class LocalLedger(Ledger):
         key.limit, key.read_at = room, now
         return group, key
 
+    async def _reread(self, group_id: int, key_id: int) -> tuple[_Holds, _Holds]:
+        try:
+            return await self._read(group_id, key_id)
+        except StoreDown as exc:
+            metrics.store_error("reserve")
+            log.warning("the ledger's balance could not be read: %s", exc)
+            raise StoreUnavailable() from None
+
     def _refusal(self, group: _Holds, key: _Holds, amount: int) -> Refusal | None:
         if key.limit is not None and key.limit - key.held < amount:
             return Refusal("key_cap", max(key.limit - key.held, 0), amount)
@@ -170,14 +199,14 @@ class LocalLedger(Ledger):
             return Refusal("balance", max(group.limit - group.held, 0), amount)
         return None
 
-    async def reserve(self, group_id: int, key_id: int, amount: int) -> Reservation:
+    async def reserve(self, group_id: int, key_id: int, amount: int, hold: Hold | None = None) -> Reservation:
         group, key = self._groups.get(group_id), self._keys.get(key_id)
         now = time.monotonic()
         if group is None or key is None or now - group.read_at > self.refresh or now - key.read_at > self.refresh:
-            group, key = await self._read(group_id, key_id)
+            group, key = await self._reread(group_id, key_id)
         refusal = self._refusal(group, key, amount)
         if refusal is not None:
-            group, key = await self._read(group_id, key_id)  # a top-up may have come since
+            group, key = await self._reread(group_id, key_id)  # a top-up may have come since
             refusal = self._refusal(group, key, amount)
             if refusal is not None:
                 raise refused(refusal)
@@ -188,7 +217,7 @@ class LocalLedger(Ledger):
     def settle_soon(
         self, reservation: Reservation, record: UsageRecord, linger: bool = False
     ) -> asyncio.Future[int]:
-        settled = self.store.settle_soon(reservation, record, linger)
+        settled = self.durable.settle(reservation, record, linger)
 
         def release(done: asyncio.Future[int]) -> None:
             charge = 0 if done.cancelled() or done.exception() is not None else done.result()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -16,11 +17,12 @@ import asyncpg
 
 from billing import rollup
 from billing.history import History
+from billing.leases import Leases, release
 from billing.postgres_ledger import (
+    APPLIED,
     INTERRUPTED,
     RECONCILE_CHUNK,
     STALE,
-    TAKE_STALE,
     LedgerCommits,
     ReserveOp,
     SettleOp,
@@ -31,6 +33,7 @@ from billing.postgres_pool import PostgresPool
 from billing.postgres_pool import migrate as pool_migrate
 from billing.store import (
     Group,
+    Hold,
     KeyInfo,
     Principal,
     Refusal,
@@ -41,9 +44,13 @@ from billing.store import (
     principal_query,
     principal_row,
 )
+from core import metrics
 
 if TYPE_CHECKING:
+    from billing.journal import Entry
     from core.config import StoreSettings
+
+log = logging.getLogger("router.store")
 
 _PRINCIPAL_BY_HASH = principal_query("key_hash", "$1")
 
@@ -140,6 +147,22 @@ MIGRATIONS: list[str] = [
     rollup.migration(sqlite=False),
     # 7: the rollups keep the deployment too (rebuilt from the usage table at the next refresh)
     rollup.rebuild(sqlite=False),
+    # 8: holds as leases (billing/leases.py): each replica's heartbeat, and on each reservation the
+    # replica holding it and its call (for the record written if that replica dies); the journaled
+    # settlements applied (billing/journal.py), each at most once
+    """
+    CREATE TABLE replicas (
+        id TEXT PRIMARY KEY,
+        started_at DOUBLE PRECISION NOT NULL,
+        heartbeat DOUBLE PRECISION NOT NULL,
+        pid INTEGER NOT NULL,
+        host TEXT NOT NULL
+    );
+    ALTER TABLE reservations ADD COLUMN replica TEXT, ADD COLUMN model TEXT, ADD COLUMN provider TEXT,
+        ADD COLUMN request_id TEXT;
+    CREATE INDEX reservations_replica ON reservations(replica, id);
+    CREATE TABLE journal_applied (id TEXT PRIMARY KEY, ts DOUBLE PRECISION NOT NULL);
+    """,
 ]
 
 # -- the store ----------------------------------------------------------------------------------------
@@ -174,6 +197,7 @@ class PostgresStore(Store):
         self.db = PostgresPool(url, min_size=min_size, max_size=max_size)
         self.history = History(self.db)
         self.commits = LedgerCommits(self.db)
+        self.leases: Leases | None = None  # once serving (billing/leases.py)
 
     @property
     def database(self) -> PostgresPool:
@@ -191,11 +215,21 @@ class PostgresStore(Store):
 
     async def close(self) -> None:
         if self.db.is_open:
+            if self.leases is not None:
+                await self.leases.stop()
             await self.commits.close()
+            if self.leases is not None:
+                await self.leases.leave()  # every hold of this replica settled: its row goes
+                self.leases = None
             await self.db.close()
 
     async def serve(self, settings: StoreSettings) -> None:
+        """Release the holds older than ``stale_reservation_seconds`` (a crash's, whoever held them),
+        then take part in the leases: heartbeat, and release the holds of replicas that stopped."""
         await self.reconcile(older_than=settings.stale_reservation_seconds)
+        self.leases = Leases(self.db, grace=settings.lease_grace_seconds, every=settings.heartbeat_seconds)
+        self.commits.replica = self.leases.replica
+        await self.leases.start()
 
     # -- groups ---------------------------------------------------------------------------------
     async def create_group(self, name: str, credits: int) -> Group:
@@ -280,12 +314,32 @@ class PostgresStore(Store):
         return principal_row(await self.db.fetchrow(_PRINCIPAL_BY_HASH, key_hash))
 
     # -- ledger ---------------------------------------------------------------------------------
-    async def reserve(self, group_id: int, key_id: int, amount: int) -> Reservation | Refusal:
-        result: Reservation | Refusal = await self.commits.submit(ReserveOp(group_id, key_id, amount))
+    async def reserve(self, group_id: int, key_id: int, amount: int, hold: Hold | None = None,
+                      ) -> Reservation | Refusal:  # fmt: skip
+        result: Reservation | Refusal = await self.commits.submit(ReserveOp(group_id, key_id, amount, hold))
         return result
 
     def settle_soon(self, reservation: Reservation, record: UsageRecord, linger: bool = False) -> asyncio.Future[int]:
         return self.commits.submit(SettleOp(reservation, record))
+
+    def settle_again(self, reservation: Reservation, record: UsageRecord) -> asyncio.Future[int]:
+        return self.commits.submit(SettleOp(reservation, record, once=True))
+
+    async def replay(self, entries: Sequence[Entry]) -> dict[str, bool]:
+        async with self.db.transaction() as conn:
+            fresh = {r[0] for r in await conn.fetch(APPLIED, [e.id for e in entries])}
+            todo = [e for e in entries if e.id in fresh]
+            plan = await lock(conn, sorted({e.reservation.id for e in todo if e.reservation.id > 0}),
+                              sorted({e.reservation.key_id for e in todo}),
+                              sorted({e.reservation.group_id for e in todo}))  # fmt: skip
+            done = dict.fromkeys((e.id for e in entries), False)
+            for entry in todo:
+                try:
+                    done[entry.id] = plan.settle(entry.reservation, entry.record, once=True) is not None
+                except StoreError as exc:
+                    log.error("a journaled settlement was refused (%r): %r", exc, entry.record)
+            await apply(conn, plan, self.commits.replica)
+        return done
 
     async def ledger_state(self, group_id: int, key_id: int) -> tuple[int, int | None]:
         row = await self.db.fetchrow(
@@ -304,23 +358,9 @@ class PostgresStore(Store):
             while True:  # ends: each round looks only past the last id it saw
                 ids = [r[0] for r in await conn.fetch(STALE, last, older_than, RECONCILE_CHUNK)]
                 if not ids:
+                    if released:
+                        metrics.holds_released("restart", released)
                     return released
                 last = ids[-1]
-                released += await self._release(conn, ids)
+                released += await release(conn, ids, INTERRUPTED)
 
-    @staticmethod
-    async def _release(conn: asyncpg.Connection, ids: list[int]) -> int:
-        """Release these reservations, unless another replica holds or has released them already."""
-        async with conn.transaction():
-            rows = await conn.fetch(
-                "SELECT DISTINCT group_id, key_id FROM reservations WHERE id = ANY($1::int8[])", ids
-            )
-            plan = await lock(conn, [], sorted({r[1] for r in rows}), sorted({r[0] for r in rows}))
-            taken = await conn.fetch(TAKE_STALE, ids)  # rows another replica has locked are skipped
-            for rid, group_id, key_id, amount in taken:
-                plan.released.add(rid)
-                record = UsageRecord(key_id=key_id, group_id=group_id, model="", provider="",
-                                     status="interrupted", usage_exact=False, error=INTERRUPTED)  # fmt: skip
-                plan.settle(Reservation(rid, group_id, key_id, amount), record)
-            await apply(conn, plan)
-        return len(taken)

@@ -35,11 +35,12 @@ from typing import Any
 
 import asyncpg
 
-from billing.postgres_pool import PostgresPool
+from billing.postgres_pool import PostgresPool, down, lost
 from billing.store import (
     USAGE_COLUMNS,
     USAGE_LIST,
     USAGE_TYPES,
+    Hold,
     Refusal,
     Reservation,
     StoreError,
@@ -75,6 +76,7 @@ UNION ALL SELECT 'k', id, spend_cap, spent, reserved FROM k
 UNION ALL SELECT 'g', id, balance, reserved, spent FROM g
 """
 _USAGE_ARGS = ", ".join(f"${n}::{kind}[]" for n, kind in enumerate(USAGE_PG, start=12))
+_HOLDS = 12 + len(USAGE_PG)  # then the replica and each new reservation's model, provider and request id
 APPLY = f"""
 WITH g AS (
     UPDATE groups AS g SET balance = g.balance + d.balance, reserved = g.reserved + d.reserved,
@@ -88,9 +90,10 @@ WITH g AS (
     WHERE k.id = d.id
     RETURNING k.id
 ), r AS (
-    INSERT INTO reservations (group_id, key_id, amount, created_at)
-    SELECT x.group_id, x.key_id, x.amount, {NOW}
-    FROM unnest($8::int8[], $9::int8[], $10::int8[]) WITH ORDINALITY AS x(group_id, key_id, amount, n)
+    INSERT INTO reservations (group_id, key_id, amount, created_at, replica, model, provider, request_id)
+    SELECT x.group_id, x.key_id, x.amount, {NOW}, ${_HOLDS}::text, x.model, x.provider, x.request_id
+    FROM unnest($8::int8[], $9::int8[], $10::int8[], ${_HOLDS + 1}::text[], ${_HOLDS + 2}::text[],
+                ${_HOLDS + 3}::text[]) WITH ORDINALITY AS x(group_id, key_id, amount, model, provider, request_id, n)
     ORDER BY x.n
     RETURNING id
 ), u AS (
@@ -108,9 +111,12 @@ STALE = (
 TAKE_STALE = (
     "DELETE FROM reservations WHERE id IN "
     "(SELECT id FROM reservations WHERE id = ANY($1::int8[]) ORDER BY id FOR UPDATE SKIP LOCKED) "
-    "RETURNING id, group_id, key_id, amount"
+    "RETURNING id, group_id, key_id, amount, model, provider, request_id"
 )
 INTERRUPTED = "reservation left by a stopped process, released on restart"
+APPLIED = (
+    f"INSERT INTO journal_applied (id, ts) SELECT unnest($1::text[]), {NOW} ON CONFLICT (id) DO NOTHING RETURNING id"
+)
 RETRIES = 5  # a batch that hits a deadlock (only possible with exotic call patterns) is redone
 RECONCILE_CHUNK = 500
 
@@ -121,12 +127,14 @@ class ReserveOp:
     group_id: int
     key_id: int
     amount: int
+    hold: Hold | None = None
 
 
 @dataclass(slots=True)
 class SettleOp:
     reservation: Reservation
     record: UsageRecord
+    once: bool = False  # a retry: skip it if its reservation is gone (an earlier try committed)
 
 
 Op = ReserveOp | SettleOp
@@ -153,6 +161,7 @@ class Plan:
     now: float = field(default_factory=time.time)
     start: dict[tuple[str, int], tuple[int, int, int]] = field(default_factory=dict)
     reservations: list[tuple[int, int, int]] = field(default_factory=list)
+    holds: list[tuple[str | None, str | None, str | None]] = field(default_factory=list)
     usage: list[tuple[Any, ...]] = field(default_factory=list)
 
     def remember(self) -> None:
@@ -161,13 +170,14 @@ class Plan:
             for rid, row in rows.items():
                 self.start[kind, rid] = (row.balance, row.reserved, row.spent)
 
-    def run(self, op: Op) -> Refusal | int:
-        """A refusal, the index of a new reservation (reserve) or the charge (settle)."""
+    def run(self, op: Op) -> Refusal | int | None:
+        """A refusal, the index of a new reservation (reserve) or the charge (settle; None: a retry
+        that an earlier try had applied)."""
         if isinstance(op, ReserveOp):
-            return self.reserve(op.group_id, op.key_id, op.amount)
-        return self.settle(op.reservation, op.record)
+            return self.reserve(op.group_id, op.key_id, op.amount, op.hold)
+        return self.settle(op.reservation, op.record, op.once)
 
-    def reserve(self, group_id: int, key_id: int, amount: int) -> Refusal | int:
+    def reserve(self, group_id: int, key_id: int, amount: int, hold: Hold | None = None) -> Refusal | int:
         key = self.keys.get(key_id)
         if key is not None and key.cap is not None and key.spent + key.reserved + amount > key.cap:
             return Refusal("key_cap", max(key.cap - key.spent - key.reserved, 0), amount)
@@ -182,12 +192,15 @@ class Plan:
         group.reserved += amount
         key.reserved += amount
         self.reservations.append((group_id, key_id, amount))
+        self.holds.append((hold.model, hold.provider, hold.request_id) if hold else (None, None, None))
         return len(self.reservations) - 1
 
-    def settle(self, reservation: Reservation, record: UsageRecord) -> int:
+    def settle(self, reservation: Reservation, record: UsageRecord, once: bool = False) -> int | None:
         group = self.groups.get(reservation.group_id)
         if group is None:
             raise StoreError(f"no group with id {reservation.group_id}")
+        if once and reservation.id > 0 and reservation.id not in self.released:
+            return None  # its reservation is gone: an earlier try of this settlement committed
         held = reservation.amount if reservation.id in self.released else 0  # settled twice, or reconciled
         if group.reserved < held:
             raise StoreError("the reservation holds more than its group has reserved")
@@ -203,7 +216,7 @@ class Plan:
         self.usage.append(usage_values(record, charge, self.now))
         return charge
 
-    def args(self) -> list[Any]:
+    def args(self, replica: str | None) -> list[Any]:
         """The parameters of ``APPLY``: net changes per group and key, new rows as columns."""
         groups = [(gid, r.balance - b, r.reserved - res, r.spent - s)
                   for gid, r in self.groups.items() for b, res, s in [self.start["g", gid]]]  # fmt: skip
@@ -213,7 +226,7 @@ class Plan:
         keys = [k for k in keys if any(k[1:])]
         return [
             *columns(groups, 4), *columns(keys, 3), *columns(self.reservations, 3),
-            len(groups), *columns(self.usage, len(USAGE_COLUMNS)),
+            len(groups), *columns(self.usage, len(USAGE_COLUMNS)), replica, *columns(self.holds, 3),
         ]  # fmt: skip
 
 
@@ -221,7 +234,7 @@ def columns(rows: list[tuple[Any, ...]], width: int) -> list[list[Any]]:
     return [list(column) for column in zip(*rows, strict=True)] if rows else [[] for _ in range(width)]
 
 
-async def run_batch(conn: asyncpg.Connection, ops: Sequence[Op]) -> list[Any]:
+async def run_batch(conn: asyncpg.Connection, ops: Sequence[Op], replica: str | None = None) -> list[Any]:
     """One transaction for ``ops``; returns each operation's result. Raises if any fails."""
     settled = sorted({op.reservation.id for op in ops if isinstance(op, SettleOp)})
     key_ids = sorted({op.key_id if isinstance(op, ReserveOp) else op.reservation.key_id for op in ops})
@@ -229,7 +242,7 @@ async def run_batch(conn: asyncpg.Connection, ops: Sequence[Op]) -> list[Any]:
     async with conn.transaction():
         plan = await lock(conn, settled, key_ids, group_ids)
         results = [plan.run(op) for op in ops]
-        new_ids = await apply(conn, plan)
+        new_ids = await apply(conn, plan, replica)
     return [Reservation(new_ids[r], *plan.reservations[r]) if isinstance(op, ReserveOp) and isinstance(r, int)
             else r for op, r in zip(ops, results, strict=True)]  # fmt: skip
 
@@ -249,8 +262,8 @@ async def lock(conn: asyncpg.Connection, settled: list[int], key_ids: list[int],
     return plan
 
 
-async def apply(conn: asyncpg.Connection, plan: Plan) -> list[int]:
-    row = await conn.fetchrow(APPLY, *plan.args())
+async def apply(conn: asyncpg.Connection, plan: Plan, replica: str | None = None) -> list[int]:
+    row = await conn.fetchrow(APPLY, *plan.args(replica))
     assert row is not None
     if row["groups"] != row["batch"]:  # cannot happen: the rows are locked and the plan kept them >= 0
         raise StoreError("a group's balance would go below zero")
@@ -269,6 +282,7 @@ class LedgerCommits:
         self.task: asyncio.Task[None] | None = None
         self.conn: asyncpg.Connection | None = None  # the batches' own, kept from one batch to the next
         self.batches = 0
+        self.replica: str | None = None  # this process's name on the reservations it makes (billing/leases.py)
 
     def submit(self, op: Op) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
@@ -294,6 +308,13 @@ class LedgerCommits:
             self.conn = await self.db.acquire()
         return self.conn
 
+    async def _drop(self) -> None:
+        """Close the batches' connection (lost, or in an unknown state) and give it back to the pool."""
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            conn.terminate()
+            await self.db.release(conn)
+
     async def _drain(self) -> None:
         try:
             while self.pending:
@@ -302,7 +323,7 @@ class LedgerCommits:
                 await self._commit(conn, batch)
         except BaseException as exc:  # no connection (or cancelled): the queued callers get the error
             batch, self.pending = self.pending, []
-            fail(batch, exc)
+            fail(batch, lost(exc) if down(exc) else exc)
             if not isinstance(exc, Exception):
                 raise
         finally:
@@ -311,7 +332,11 @@ class LedgerCommits:
     async def _commit(self, conn: asyncpg.Connection, batch: list[tuple[Op, asyncio.Future[Any]]]) -> None:
         try:
             results = await self._attempt(conn, [op for op, _ in batch])
-        except BaseException as exc:  # nothing committed: every caller gets the error
+        except BaseException as exc:  # nothing committed (or, if the connection went during COMMIT,
+            # unknown: a settlement's retry finds out, billing/durable.py): every caller gets the error
+            if down(exc):
+                exc = lost(exc)
+                await self._drop()
             fail(batch, exc)
             if not isinstance(exc, Exception):
                 raise
@@ -319,6 +344,8 @@ class LedgerCommits:
         self.batches += 1
         for (op, future), (ok, value) in zip(batch, results, strict=True):
             if ok and isinstance(op, SettleOp):
+                if value is None:  # a retry that an earlier try had applied
+                    value = op.record.credits
                 op.record.credits = value  # the actual charge, once it is committed
             if future.done():
                 continue
@@ -333,15 +360,16 @@ class LedgerCommits:
         try:
             return [(True, r) for r in await self._retrying(conn, ops)]
         except (StoreError, asyncpg.PostgresError) as exc:
+            if down(exc):  # the connection, not an operation: the whole batch fails
+                raise
             if len(ops) == 1:
                 return [(False, exc)]
         return [(await self._attempt(conn, [op]))[0] for op in ops]
 
-    @staticmethod
-    async def _retrying(conn: asyncpg.Connection, ops: list[Op]) -> list[Any]:
+    async def _retrying(self, conn: asyncpg.Connection, ops: list[Op]) -> list[Any]:
         for attempt in range(1, RETRIES + 1):
             try:
-                return await run_batch(conn, ops)
+                return await run_batch(conn, ops, self.replica)
             except asyncpg.DeadlockDetectedError:
                 if attempt == RETRIES:
                     raise

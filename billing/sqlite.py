@@ -15,22 +15,24 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from itertools import groupby
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from billing import rollup
 from billing.history import History
-from billing.sqlite_thread import SQLiteThread
+from billing.sqlite_thread import SQLiteThread, down
 from billing.store import (
     USAGE_LIST,
     Group,
+    Hold,
     KeyInfo,
     Principal,
     Refusal,
     Reservation,
     Store,
+    StoreDown,
     StoreError,
     UsageRecord,
     principal_query,
@@ -39,6 +41,7 @@ from billing.store import (
 )
 
 if TYPE_CHECKING:
+    from billing.journal import Entry
     from core.config import StoreSettings
 
 T = TypeVar("T")
@@ -137,6 +140,10 @@ MIGRATIONS: list[str] = [
     rollup.migration(sqlite=True),
     # 7: the rollups keep the deployment too (rebuilt from the usage table at the next refresh)
     rollup.rebuild(sqlite=True),
+    # 8: the journaled settlements applied (billing/journal.py): each is applied at most once
+    """
+    CREATE TABLE journal_applied (id TEXT PRIMARY KEY, ts REAL NOT NULL) WITHOUT ROWID;
+    """,
 ]
 
 _ROW_MARKS = f"({', '.join('?' * len(USAGE_LIST.split(', ')))})"
@@ -318,6 +325,35 @@ def _settle_together(db: sqlite3.Connection, settles: list[Settle], results: lis
         return False
     results.extend((True, charge) for charge in charges)
     return True
+
+
+def replay_rows(db: sqlite3.Connection, entries: Sequence[Entry]) -> dict[str, bool]:
+    """Store.replay on SQLite: one transaction; an entry whose id is in ``journal_applied`` is skipped."""
+    done: dict[str, bool] = {}
+    now = time.time()
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        for entry in entries:
+            if not db.execute("INSERT OR IGNORE INTO journal_applied (id, ts) VALUES (?, ?)", (entry.id, now)).rowcount:
+                done[entry.id] = False  # applied by an earlier replay
+                continue
+            db.execute("SAVEPOINT entry")
+            try:
+                settle_rows(db, [(entry.reservation, entry.record)])
+                db.execute("RELEASE entry")
+                done[entry.id] = True
+            except Exception as exc:
+                if isinstance(exc, sqlite3.Error) and down(exc):
+                    raise
+                db.execute("ROLLBACK TO entry")
+                db.execute("RELEASE entry")
+                log.error("a journaled settlement was refused (%r): %r", exc, entry.record)
+                done[entry.id] = False
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    return done
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
@@ -535,7 +571,8 @@ class SQLiteStore(Store):
         )
 
     # -- ledger ---------------------------------------------------------------------------------
-    async def reserve(self, group_id: int, key_id: int, amount: int) -> Reservation | Refusal:
+    async def reserve(self, group_id: int, key_id: int, amount: int, hold: Hold | None = None,
+                      ) -> Reservation | Refusal:  # fmt: skip
         def op(db: sqlite3.Connection) -> Reservation | Refusal:
             key = db.execute("SELECT spend_cap, spent, reserved FROM keys WHERE id = ?", (key_id,)).fetchone()
             if key is not None and key[0] is not None and key[1] + key[2] + amount > key[0]:
@@ -577,7 +614,12 @@ class SQLiteStore(Store):
             # on the group commits' own connection, between two of them: a read on the thread could
             # start before a commit and land after the ledger let go of that call's hold, and the
             # charge would be forgotten until the next read (calls admitted past the balance)
-            return fn(self._here)
+            try:
+                return fn(self._here)
+            except sqlite3.Error as exc:
+                if down(exc):
+                    raise StoreDown(f"the SQLite database {self.path} cannot be read now ({exc})") from exc
+                raise
         return await self.run(fn)
 
     def lock_owner(self) -> None:
@@ -611,6 +653,9 @@ class SQLiteStore(Store):
         """Queue the settlement for the next group commit; the future resolves once it committed
         (``linger``: nobody waits for it, see GroupCommit.submit)."""
         return self.commits.submit(Settle(reservation, record), linger)
+
+    async def replay(self, entries: Sequence[Entry]) -> dict[str, bool]:
+        return await self.run(partial(replay_rows, entries=entries))
 
     async def reconcile(self, older_than: float | None = None) -> int:
         def fn(db: sqlite3.Connection) -> int:

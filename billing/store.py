@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from billing.history import History
+    from billing.journal import Entry
     from core.config import StoreSettings
 
 T = TypeVar("T")
@@ -178,6 +179,16 @@ class Reservation:
     amount: int
 
 
+@dataclass(slots=True)
+class Hold:
+    """What a reservation row keeps of its call (PostgreSQL), for the ``interrupted`` record written if
+    the replica holding it dies (billing/leases.py)."""
+
+    model: str
+    provider: str
+    request_id: str | None
+
+
 @dataclass(frozen=True, slots=True)
 class Refusal:
     """Why a reservation was refused: the group's balance, or the key's spend cap."""
@@ -268,9 +279,11 @@ class Store(ABC):
 
     # ledger
     @abstractmethod
-    async def reserve(self, group_id: int, key_id: int, amount: int) -> Reservation | Refusal:
+    async def reserve(self, group_id: int, key_id: int, amount: int, hold: Hold | None = None,
+                      ) -> Reservation | Refusal:  # fmt: skip
         """Atomically move ``amount`` from the group's balance to reserved, if the balance (and the
-        key's spend cap) allow it; never lets a balance go below zero, whatever runs concurrently."""
+        key's spend cap) allow it; never lets a balance go below zero, whatever runs concurrently.
+        ``hold``: the call's model and request id, kept with a stored reservation."""
 
     @abstractmethod
     async def ledger_state(self, group_id: int, key_id: int) -> tuple[int, int | None]:
@@ -286,6 +299,17 @@ class Store(ABC):
     async def settle(self, reservation: Reservation, record: UsageRecord) -> int:
         """:meth:`settle_soon`, waited for."""
         return await self.settle_soon(reservation, record)
+
+    def settle_again(self, reservation: Reservation, record: UsageRecord) -> asyncio.Future[int]:
+        """A settlement retried after a failure whose outcome may be unknown: applied only if it was
+        not already (billing/durable.py). SQLite knows the outcome of every failed transaction."""
+        return self.settle_soon(reservation, record)
+
+    @abstractmethod
+    async def replay(self, entries: Sequence[Entry]) -> dict[str, bool]:
+        """Apply journaled settlements in one transaction, each at most once (its id is kept in
+        ``journal_applied``): for each entry handled, True if applied now, False if it was applied
+        before (or the store refused it, logged). Raises StoreDown if the store cannot be used."""
 
     @abstractmethod
     async def reconcile(self, older_than: float | None = None) -> int:

@@ -57,6 +57,25 @@ class StoreSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     url: str = "sqlite:///./data/router.db"
     # with several replicas (PostgreSQL), a reservation older than this is taken as left by a crash
     stale_reservation_seconds: float = 3600.0
+    # PostgreSQL: each replica heartbeats every heartbeat_seconds; the holds of one whose heartbeat is
+    # older than lease_grace_seconds are released by the others (billing/leases.py)
+    heartbeat_seconds: Annotated[float, msgspec.Meta(gt=0)] = 5.0
+    lease_grace_seconds: Annotated[float, msgspec.Meta(gt=0)] = 30.0
+    # settlements the store could not take for journal_after_seconds go to this file (one JSON line
+    # each, fsync'd) until it can (billing/journal.py); "" = beside the SQLite file
+    # (<file>.settlements.jsonl), or ./data/settlements.jsonl for PostgreSQL
+    journal: str = ""
+    journal_after_seconds: Annotated[float, msgspec.Meta(ge=0)] = 5.0
+
+    def journal_path(self) -> Path:
+        if self.journal:
+            return Path(self.journal)
+        if self.url.startswith("sqlite://"):
+            rest = self.url[len("sqlite://") :]
+            rest = rest[1:] if rest.startswith("/") else rest  # as billing.sqlite.sqlite_path reads it
+            if rest and rest != ":memory:":
+                return Path(rest + ".settlements.jsonl")
+        return Path("data/settlements.jsonl")
 
 
 class ProviderSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

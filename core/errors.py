@@ -14,6 +14,8 @@ Body: ``{"error": {"message": ..., "type": ..., "param": ..., "code": ...}}``.
      ├── PayloadTooLarge       413  invalid_request_error   request body over the limit
      ├── UnsupportedMediaType  415  invalid_request_error   body is not application/json
      ├── RateLimited           429  rate_limit_error        carries Retry-After
+     ├── StoreUnavailable      503  server_error            the store cannot reserve now (store_unavailable,
+     │                                                      carries Retry-After; billing/ledger.py)
      └── UpstreamError         502  upstream_error          the provider failed or answered garbage
           ├── UpstreamUnavailable   503                     no healthy upstream / provider overloaded
           ├── UpstreamTimeout       504                     the provider did not answer in time
@@ -136,6 +138,19 @@ class RateLimited(GatewayError):
     status = 429
     type = "rate_limit_error"
     code = "rate_limit_exceeded"
+
+
+class StoreUnavailable(GatewayError):
+    """The store cannot take a reservation (or find the key) now: unreachable, its connection lost, locked
+    past its busy timeout. Nothing was reserved and nothing was sent upstream; the caller may retry."""
+
+    status = 503
+    type = "server_error"
+    code = "store_unavailable"
+
+    def __init__(self, message: str = "The gateway's store cannot be reached right now; nothing was charged and "
+                 "nothing was sent upstream. Retry shortly.", *, retry_after: int = 2) -> None:  # fmt: skip
+        super().__init__(message, headers={"Retry-After": str(retry_after)})
 
 
 class UpstreamError(GatewayError):

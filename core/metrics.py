@@ -26,6 +26,13 @@ time; the rarer ones are prometheus_client metrics.
     router_deployment_cooldowns_total{provider,deployment}       rests begun (a 429, a Retry-After)
     router_deployment_cooling{provider,deployment}               1 while it rests (as this replica knows)
     router_routing_state_errors_total                    the shared deployment state (Redis) could not be asked
+    router_settlements_pending                           settlements queued and not yet durable (retries too)
+    router_settlements_journaled                         settlements in the local journal, waiting for the store
+    router_settlements_journaled_total                   settlements written to the journal (the store stayed down)
+    router_journal_replays_total                         journaled settlements applied to the store
+    router_store_errors_total{operation}                 store failures: reserve | settle | heartbeat
+    router_holds_released_total{reason}                  holds released for a stopped process: dead_replica |
+                                                         restart (stale_reservation_seconds)
 
 No label ever holds key material: keys appear nowhere, groups and models only by name.
 """
@@ -406,3 +413,52 @@ class _Connections(Collector):
 
 
 REGISTRY.register(_Connections())
+
+
+# -- the ledger under faults (billing/durable.py, billing/leases.py) ----------------------------------------
+_ledgers: weakref.WeakSet[Any] = weakref.WeakSet()
+_journals: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def watch_ledger(ledger: Any) -> None:
+    """Report ``len(ledger.pending)`` at every scrape (for as long as it lives)."""
+    _ledgers.add(ledger)
+
+
+def watch_journal(journal: Any) -> None:
+    """Report ``journal.count`` at every scrape (for as long as it lives)."""
+    _journals.add(journal)
+
+
+class _Settlements(Collector):
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily("router_settlements_pending", "Settlements queued and not yet durable.",
+                                value=sum(len(ledger.pending) for ledger in list(_ledgers)))  # fmt: skip
+        yield GaugeMetricFamily("router_settlements_journaled", "Settlements in the local journal, waiting for the store.",
+                                value=sum(journal.count for journal in list(_journals)))  # fmt: skip
+
+
+REGISTRY.register(_Settlements())
+JOURNALED = Counter("router_settlements_journaled", "Settlements written to the local journal because the store "
+                    "stayed down.", registry=REGISTRY)  # fmt: skip
+REPLAYED = Counter("router_journal_replays", "Journaled settlements applied to the store.", registry=REGISTRY)
+STORE_ERRORS = Counter("router_store_errors", "Store failures by operation (reserve, settle, heartbeat).",
+                       ["operation"], registry=REGISTRY)  # fmt: skip
+HOLDS_RELEASED = Counter("router_holds_released", "Holds released for a stopped process, by reason "
+                         "(dead_replica, restart).", ["reason"], registry=REGISTRY)  # fmt: skip
+
+
+def store_error(operation: str) -> None:
+    STORE_ERRORS.labels(operation).inc()
+
+
+def settlements_journaled(count: int) -> None:
+    JOURNALED.inc(count)
+
+
+def journal_replayed(count: int) -> None:
+    REPLAYED.inc(count)
+
+
+def holds_released(reason: str, count: int) -> None:
+    HOLDS_RELEASED.labels(reason).inc(count)

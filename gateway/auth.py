@@ -16,9 +16,9 @@ import secrets
 import time
 from typing import Any
 
-from billing.store import Principal, Store
+from billing.store import Principal, Store, StoreDown
 from core.config import Settings
-from core.errors import Unauthorized
+from core.errors import StoreUnavailable, Unauthorized
 
 
 def generate_key(prefix: str) -> str:
@@ -80,7 +80,10 @@ class Authenticator:
         cached = self._cache.get(digest)
         if cached is not None and cached[1] > now:
             return cached[0]
-        principal = await self.store.principal(digest)
+        try:
+            principal = await self.store.principal(digest)
+        except StoreDown:
+            raise StoreUnavailable() from None
         if principal is None:
             self._cache.pop(digest, None)
             raise Unauthorized("Incorrect API key provided, or the key has been revoked.")

@@ -25,7 +25,7 @@ import aiohttp
 from adapters.base import UpstreamRequest, upstream_request_id
 from billing.ledger import Meter
 from billing.pricing import input_ceiling, output_ceiling, worst_case
-from billing.store import Principal
+from billing.store import Hold, Principal
 from core.catalog import Model
 from core.deployments import Deployment
 from core.errors import (
@@ -149,7 +149,8 @@ class Pipeline:
         gw, model = self.gw, leg.model
         # (rate limits were checked once per call, in start(), before the first candidate)
         amount = worst_case(model, codec.size, codec.view, leg.upstream.max_output)
-        reservation = await gw.ledger.reserve(context.group_id, context.key_id, amount)
+        hold = Hold(model.id, model.provider, context.request_id)  # kept with a shared hold (PostgreSQL)
+        reservation = await gw.ledger.reserve(context.group_id, context.key_id, amount, hold)
         record = context.record(model.id, model.provider, codec.stream)
         meter = Meter(gw.ledger, reservation, model, record, leg.prompt)
         async with meter.settles_on_failure():

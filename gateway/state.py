@@ -12,6 +12,7 @@ from typing import Protocol
 
 from adapters import Adapter, adapter_for
 from adapters.transport import ObservedTransport
+from billing.journal import Journal
 from billing.ledger import ledger_for
 from billing.store import Store, open_store
 from core.config import Settings
@@ -80,7 +81,7 @@ class Gateway:
         self.transport = ObservedTransport()  # the shared transport, counting failed upstream attempts
         # SQLite: one gateway per file, so admission is held in this process's memory (no store round
         # trip per call); PostgreSQL: reservations are atomic updates in the store, shared by replicas
-        self.ledger = ledger_for(self.store)
+        self.ledger = ledger_for(self.store, settings.store.journal_after_seconds)
         self.limits = RateLimiter(settings.limits)
         self.deadlines = Deadlines()  # the call path's timeouts (body, first byte)
         self.auth = Authenticator(self.store, settings.server.key_prefix, settings.server.auth_cache_seconds)
@@ -106,6 +107,7 @@ class Gateway:
             if not self.started:
                 await self.store.open()
                 await self.store.serve(self.settings.store)
+                await self.ledger.start(Journal(self.settings.store.journal_path()))
                 await self.transport.start()
                 if self.jobs is not None:
                     await self.jobs.start()
@@ -119,7 +121,8 @@ class Gateway:
                 await self.transport.close()
                 await self.limits.close()
                 await self.router.close()
-                while self.ledger.pending:  # every call's settlement durable before the store closes
-                    await self.ledger.drain()
+                while self.ledger.pending:  # every call's settlement durable (or journaled) before the
+                    await self.ledger.drain()  # store closes
+                await self.ledger.close()
                 await self.store.close()
                 self.started = False

@@ -17,10 +17,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
 
-from billing.store import Store
+from billing.store import Store, StoreDown
 from console import console_app
 from core.config import Settings
-from core.errors import GatewayError, MethodNotAllowed, NotFound
+from core.errors import GatewayError, MethodNotAllowed, NotFound, StoreUnavailable
 from core.types import ASGIApp, Scope
 from gateway.state import Gateway
 from jobs.runner import JobRunner
@@ -58,6 +58,8 @@ def _answerer(gateway: Gateway) -> ErrorApp:
     reserved is recorded first (``rejected``)."""
 
     def answer(exc: Exception, scope: Scope) -> ASGIApp:
+        if isinstance(exc, StoreDown):
+            exc = StoreUnavailable()
         if isinstance(exc, GatewayError):
             record_refusal(gateway, logs.trace_of(scope), exc)
         return _answer(exc)
@@ -69,6 +71,8 @@ def _answer(exc: Exception) -> Response:
     """The error response of an exception (a GatewayError's own, or a generic 500)."""
     if isinstance(exc, GatewayError):
         return _error_response(exc)
+    if isinstance(exc, StoreDown):  # the store cannot be used now: the caller may retry (503, Retry-After)
+        return _error_response(StoreUnavailable())
     return _error_response(GatewayError("The gateway hit an internal error; the request was not completed."))
 
 
