@@ -312,7 +312,10 @@ class LedgerCommits:
         """Close the batches' connection (lost, or in an unknown state) and give it back to the pool."""
         conn, self.conn = self.conn, None
         if conn is not None:
-            conn.terminate()
+            try:
+                conn.terminate()
+            except asyncpg.InterfaceError:  # the pool has taken it back already
+                return
             await self.db.release(conn)
 
     async def _drain(self) -> None:
@@ -336,7 +339,10 @@ class LedgerCommits:
             # unknown: a settlement's retry finds out, billing/durable.py): every caller gets the error
             if down(exc):
                 exc = lost(exc)
-                await self._drop()
+                try:
+                    await self._drop()
+                finally:
+                    fail(batch, exc)
             fail(batch, exc)
             if not isinstance(exc, Exception):
                 raise

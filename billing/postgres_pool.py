@@ -23,6 +23,7 @@ _DOWN: tuple[type[BaseException], ...] = (
     OSError,
     TimeoutError,
     asyncpg.InterfaceError,
+    asyncpg.exceptions.InternalClientError,  # a statement on a connection the server has just cut off
     asyncpg.PostgresConnectionError,
     asyncpg.exceptions.OperatorInterventionError,
     asyncpg.exceptions.InsufficientResourcesError,

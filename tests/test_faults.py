@@ -1,0 +1,316 @@
+"""The ledger under store faults, through the real server and a real store (README, "Faults").
+
+After each fault: every answered call has its usage record (calls answered == calls charged), the
+usage records' credits add up to what left the balance, no hold is left, and the only 5xx is 503
+``store_unavailable``. Each test prints its figures (``pytest -s tests/test_faults.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import asyncpg
+import openai
+
+from billing.store import UsageRecord, open_store
+from core import metrics
+from core.catalog import NANO
+from core.config import ReliabilitySettings, Settings, StoreSettings
+from tests.conftest import Postgres, Stack, free_port, wait_healthy
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = "openai/gpt-4o-mini"
+GRACE = float(os.environ.get("ROUTER_TEST_LEASE_GRACE", "3"))  # the kill test's lease grace (default 30 s in
+# production; set this to 30 to measure that)
+
+
+@dataclass
+class Tally:
+    """What the callers saw."""
+
+    ok: int = 0
+    unavailable: int = 0  # 503 store_unavailable
+    other: list[str] = field(default_factory=list)  # anything else: a failure of the test
+
+    def add(self, outcome: str) -> None:
+        if outcome == "ok":
+            self.ok += 1
+        elif outcome == "store_unavailable":
+            self.unavailable += 1
+        else:
+            self.other.append(outcome)
+
+
+async def call(client: openai.AsyncOpenAI, content: str = "[tokens:20] hello", stream: bool = False) -> str:
+    try:
+        if stream:
+            chunks = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}],
+                                                          max_tokens=50, stream=True)  # fmt: skip
+            async for _ in chunks:
+                pass
+        else:
+            await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}],
+                                                 max_tokens=50)  # fmt: skip
+        return "ok"
+    except openai.APIStatusError as exc:
+        code = exc.body.get("code") if isinstance(exc.body, dict) else None
+        if exc.status_code == 503 and code == "store_unavailable" and exc.response.headers.get("retry-after"):
+            return "store_unavailable"
+        return f"{exc.status_code} {code}"
+    except openai.APIError as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+async def load(base_url: str, key: str, tally: Tally, until: asyncio.Event, workers: int = 8,
+               stream_every: int = 3) -> None:  # fmt: skip
+    """``workers`` callers in a loop until ``until`` is set (every ``stream_every``-th call streams)."""
+    async with openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=60) as client:
+
+        async def worker(n: int) -> None:
+            i = 0
+            while not until.is_set():
+                tally.add(await call(client, stream=(n + i) % stream_every == 0))
+                i += 1
+
+        await asyncio.gather(*(worker(n) for n in range(workers)))
+
+
+async def books(url: str, group: str) -> tuple[int, int, int, list[UsageRecord]]:
+    """The group's balance, reserved and spent, and its usage records (a connection of the test's own)."""
+    store = open_store(url)
+    await store.open()
+    try:
+        g = await store.get_group(group)
+        assert g is not None
+        return g.balance, g.reserved, g.spent, await store.usage(group=group, limit=100_000)
+    finally:
+        await store.close()
+
+
+def check_books(initial: int, tally: Tally, balance: int, reserved: int, spent: int,
+                records: list[UsageRecord]) -> dict[str, int]:  # fmt: skip
+    """The invariants after a fault; the figures for the note."""
+    assert not tally.other, f"unexpected answers: {sorted(set(tally.other))[:5]}"
+    charged = [r for r in records if r.status == "ok"]
+    figures = {"answered": tally.ok, "charged": len(charged), "lost": max(tally.ok - len(charged), 0),
+               "double": max(len(charged) - tally.ok, 0), "store_unavailable": tally.unavailable,
+               "reserved": reserved}  # fmt: skip
+    assert len(charged) == tally.ok, figures
+    assert len({r.request_id for r in charged}) == len(charged), "a call charged twice"
+    assert reserved == 0, figures
+    assert balance + spent == initial and spent == sum(r.credits for r in records), (balance, spent, initial)
+    assert all(r.credits > 0 for r in charged)
+    return figures
+
+
+def counter(name: str, **labels: str) -> float:
+    return metrics.REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+# -- PostgreSQL: the gateway's own connections terminated mid-load ----------------------------------------------
+async def terminate(admin_url: str, app: str) -> int:
+    """``pg_terminate_backend`` on the connections named ``app`` (the gateway's, and nobody else's)."""
+    conn = await asyncpg.connect(admin_url)
+    try:
+        rows = await conn.fetch("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                "WHERE application_name = $1 AND pid <> pg_backend_pid()", app)  # fmt: skip
+        return len(rows)
+    finally:
+        await conn.close()
+
+
+def test_postgres_connections_killed_mid_load_lose_no_charge(pg: Postgres, tmp_path: Path) -> None:
+    app = f"router-faults-{os.getpid()}"
+    url = f"{pg.fresh_url()}&application_name={app}"
+    settings = Settings(store=StoreSettings(url=url, journal=str(tmp_path / "journal.jsonl")),
+                        reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9))  # fmt: skip
+    stack = Stack(tmp_path, settings).start()
+    try:
+        initial = 1_000 * NANO
+        group = stack.group(1_000)
+        key = stack.key(group=group)
+        tally = Tally()
+        before = counter("router_store_errors_total", operation="settle")
+
+        async def scenario() -> int:
+            until = asyncio.Event()
+            running = asyncio.ensure_future(load(stack.base_url, key, tally, until))
+            killed = 0
+            for _ in range(3):
+                await asyncio.sleep(1.0)
+                killed += await terminate(pg.url, app)
+            await asyncio.sleep(1.0)
+            until.set()
+            await running
+            return killed
+
+        killed = asyncio.run(scenario())
+        stack.run(stack.gateway.ledger.drain(), timeout=60)
+        balance, reserved, spent, records = asyncio.run(books(url, group))
+        figures = check_books(initial, tally, balance, reserved, spent, records)
+        print(f"\npostgres connections killed: {killed} in 3 rounds; {figures}; "
+              f"settle errors {counter('router_store_errors_total', operation='settle') - before:g}")
+        assert killed >= 3 and tally.ok > 100
+    finally:
+        stack.stop()
+
+
+# -- SQLite: another process holds the write lock past the busy timeout -------------------------------------
+HOLD_LOCK = """
+import sqlite3, sys, time
+db = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=30)
+db.execute("BEGIN IMMEDIATE")
+print("locked", flush=True)
+time.sleep(float(sys.argv[2]))
+db.execute("COMMIT")
+"""
+
+
+def test_sqlite_lock_held_past_the_busy_timeout_loses_no_charge(tmp_path: Path) -> None:
+    from billing.sqlite_thread import BUSY_TIMEOUT_MS
+
+    path = tmp_path / "router.db"
+    journal = tmp_path / "journal.jsonl"
+    settings = Settings(store=StoreSettings(url=f"sqlite:///{path}", journal=str(journal)),
+                        reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9))  # fmt: skip
+    stack = Stack(tmp_path, settings).start()
+    try:
+        initial = 1_000 * NANO
+        group = stack.group(1_000)
+        key = stack.key(group=group)
+        tally = Tally()
+        journaled, replayed = counter("router_settlements_journaled_total"), counter("router_journal_replays_total")
+        hold = BUSY_TIMEOUT_MS / 1000 + 2  # past the gateway's busy timeout
+
+        async def scenario() -> None:
+            until = asyncio.Event()
+            running = asyncio.ensure_future(load(stack.base_url, key, tally, until, workers=4))
+            await asyncio.sleep(0.5)
+            locker = await asyncio.create_subprocess_exec(sys.executable, "-c", HOLD_LOCK, str(path), str(hold),
+                                                          stdout=subprocess.PIPE)  # fmt: skip
+            assert locker.stdout is not None
+            assert (await locker.stdout.readline()).strip() == b"locked"
+            await locker.wait()
+            await asyncio.sleep(0.5)
+            until.set()
+            await running
+
+        asyncio.run(scenario())
+        for _ in range(100):  # the journal is replayed within a few seconds of the lock's release
+            stack.run(stack.gateway.ledger.drain(), timeout=60)
+            if not stack.gateway.ledger.durable.journal.count:
+                break
+            time.sleep(0.1)
+        balance, reserved, spent, records = stack.run(books(f"sqlite:///{path}", group))
+        figures = check_books(initial, tally, balance, reserved, spent, records)
+        went = counter("router_settlements_journaled_total") - journaled
+        back = counter("router_journal_replays_total") - replayed
+        print(f"\nsqlite lock held {hold:g} s: {figures}; journaled {went:g}, replayed {back:g}")
+        assert went > 0 and back == went and journal.read_bytes() == b""
+    finally:
+        stack.stop()
+
+
+# -- PostgreSQL: a replica killed (SIGKILL) under load, the survivor releases its holds ----------------------
+def _config(tmp: Path, url: str, stack: Stack, name: str) -> Path:
+    openai_emulator = stack.emulators["openai"]
+    path = tmp / f"{name}.toml"
+    path.write_text(
+        f"[store]\nurl = {json.dumps(url)}\nheartbeat_seconds = {min(GRACE / 6, 5):g}\n"
+        f"lease_grace_seconds = {GRACE:g}\njournal = {json.dumps(str(tmp / f'{name}.jsonl'))}\n"
+        f"[providers.openai]\nbase_url = {json.dumps(openai_emulator.base_url)}\n"
+        f"api_key = {json.dumps(openai_emulator.api_key)}\n"
+    )
+    return path
+
+
+def _serve(config: Path, tmp: Path, name: str) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    log = tmp / f"{name}.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "router", "serve", "--config", str(config), "--port", str(port)],
+                                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+    wait_healthy(port, proc, log)
+    return proc, f"http://127.0.0.1:{port}/v1"
+
+
+def test_a_replica_killed_under_load_has_its_holds_released_by_the_survivor(
+    pg: Postgres, stack: Stack, tmp_path: Path
+) -> None:
+    url = pg.fresh_url()
+    procs = []
+    try:
+        dead, dead_base = _serve(_config(tmp_path, url, stack, "a"), tmp_path, "a")
+        procs.append(dead)
+        survivor, survivor_base = _serve(_config(tmp_path, url, stack, "b"), tmp_path, "b")
+        procs.append(survivor)
+        group = "leases"
+        initial = 1_000 * NANO
+        key = _cli(_config(tmp_path, url, stack, "a"), group, initial)
+        time.sleep(GRACE)  # the survivor has heartbeaten for a whole grace: it may judge others
+        tally = Tally()
+
+        async def scenario() -> tuple[float, int]:
+            until = asyncio.Event()
+            running = asyncio.ensure_future(load(survivor_base, key, tally, until, workers=4))
+            async with openai.AsyncOpenAI(base_url=dead_base, api_key=key, max_retries=0, timeout=60) as client:
+                streams = [await client.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": f"[delay:200] [tokens:200] hold {n}"}],
+                    max_tokens=300, stream=True) for n in range(6)]  # fmt: skip
+                for s in streams:  # each has begun: its hold is in the store
+                    async for chunk in s:
+                        if chunk.choices and chunk.choices[0].delta.content:
+                            break
+                held = (await books(url, group))[1]
+                assert held > 0
+                dead.send_signal(signal.SIGKILL)
+                killed_at = time.monotonic()
+                await asyncio.to_thread(dead.wait, 10)
+                for s in streams:
+                    await s.close()
+            while (await books(url, group))[1] > 0:
+                assert time.monotonic() - killed_at < 60, "the dead replica's holds were not released in 60 s"
+                await asyncio.sleep(0.1)
+            released_after = time.monotonic() - killed_at
+            await asyncio.sleep(0.5)  # the survivor keeps serving after
+            until.set()
+            await running
+            return released_after, held
+
+        released_after, held = asyncio.run(scenario())
+        survivor.send_signal(signal.SIGTERM)
+        survivor.wait(20)
+        balance, reserved, spent, records = asyncio.run(books(url, group))
+        interrupted = [r for r in records if r.status == "interrupted"]
+        figures = check_books(initial, tally, balance, reserved, spent, records)
+        print(f"\nreplica killed with {len(interrupted)} holds: released {released_after:.1f} s after the kill "
+              f"(grace {GRACE:g} s); survivor {figures}")
+        assert len(interrupted) == 6 and tally.ok > 20
+        for r in interrupted:
+            assert r.model == MODEL and r.provider == "openai" and r.key_id and r.request_id
+            assert r.credits == 0 and "stopped heartbeating" in (r.error or "")
+        assert released_after < GRACE + 10
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+
+
+def _cli(config: Path, group: str, credits: int) -> str:
+    def run(*args: str) -> str:
+        out = subprocess.run([sys.executable, "-m", "router", "--config", str(config), *args], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    run("groups", "create", group, "--credits", f"{credits // NANO}")
+    return run("keys", "create", "--group", group).strip().splitlines()[-1]
