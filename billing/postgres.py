@@ -339,6 +339,8 @@ class PostgresStore(Store):
                 except StoreError as exc:
                     log.error("a journaled settlement was refused (%r): %r", exc, entry.record)
             await apply(conn, plan, self.commits.replica)
+        for entry in todo:
+            self.commits.live.discard(entry.reservation.id)
         return done
 
     async def ledger_state(self, group_id: int, key_id: int) -> tuple[int, int | None]:

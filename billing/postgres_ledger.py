@@ -114,6 +114,7 @@ TAKE_STALE = (
     "RETURNING id, group_id, key_id, amount, model, provider, request_id"
 )
 INTERRUPTED = "reservation left by a stopped process, released on restart"
+CUT = "reservation whose commit was cut off with the connection (its call was refused), released"
 APPLIED = (
     f"INSERT INTO journal_applied (id, ts) SELECT unnest($1::text[]), {NOW} ON CONFLICT (id) DO NOTHING RETURNING id"
 )
@@ -283,6 +284,11 @@ class LedgerCommits:
         self.conn: asyncpg.Connection | None = None  # the batches' own, kept from one batch to the next
         self.batches = 0
         self.replica: str | None = None  # this process's name on the reservations it makes (billing/leases.py)
+        # a batch of reservations whose connection was lost may have committed (the COMMIT was on the
+        # wire) while its callers were refused: the holds of this replica that no call of it knows
+        # are released before the next batch (``live``: the reservations its calls hold)
+        self.live: set[int] = set()
+        self.suspect = False
 
     def submit(self, op: Op) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
@@ -308,6 +314,16 @@ class LedgerCommits:
             self.conn = await self.db.acquire()
         return self.conn
 
+    async def _sweep(self, conn: asyncpg.Connection) -> None:
+        """Release the holds of this replica that none of its calls knows (see ``suspect``)."""
+        from billing.leases import release  # (leases builds on this module)
+
+        rows = await conn.fetch("SELECT id FROM reservations WHERE replica = $1", self.replica)
+        orphans = sorted({r[0] for r in rows} - self.live)
+        if orphans:
+            await release(conn, orphans, CUT)
+        self.suspect = False
+
     async def _drop(self) -> None:
         """Close the batches' connection (lost, or in an unknown state) and give it back to the pool."""
         conn, self.conn = self.conn, None
@@ -322,6 +338,8 @@ class LedgerCommits:
         try:
             while self.pending:
                 conn = await self._connection()
+                if self.suspect:
+                    await self._sweep(conn)
                 batch, self.pending = self.pending[: self.limit], self.pending[self.limit :]
                 await self._commit(conn, batch)
         except BaseException as exc:  # no connection (or cancelled): the queued callers get the error
@@ -339,6 +357,8 @@ class LedgerCommits:
             # unknown: a settlement's retry finds out, billing/durable.py): every caller gets the error
             if down(exc):
                 exc = lost(exc)
+                self.suspect = self.suspect or (self.replica is not None and
+                                                any(isinstance(op, ReserveOp) for op, _ in batch))  # fmt: skip
                 try:
                     await self._drop()
                 finally:
@@ -348,11 +368,15 @@ class LedgerCommits:
                 raise
             return
         self.batches += 1
+        live = self.live
         for (op, future), (ok, value) in zip(batch, results, strict=True):
             if ok and isinstance(op, SettleOp):
+                live.discard(op.reservation.id)
                 if value is None:  # a retry that an earlier try had applied
                     value = op.record.credits
                 op.record.credits = value  # the actual charge, once it is committed
+            elif ok and isinstance(value, Reservation):
+                live.add(value.id)
             if future.done():
                 continue
             if ok:

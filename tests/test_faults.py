@@ -13,9 +13,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import openai
@@ -161,6 +164,114 @@ def test_postgres_connections_killed_mid_load_lose_no_charge(pg: Postgres, tmp_p
         assert killed >= 3 and tally.ok > 100
     finally:
         stack.stop()
+
+
+# -- PostgreSQL: the connection lost for seconds (a TCP proxy the test cuts) ----------------------------------
+class Proxy:
+    """A TCP proxy to PostgreSQL, on a loop of its own, that the test can cut: every connection through
+    it closed and new ones refused until :meth:`restore`."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self.down = False
+        self.writers: set[asyncio.StreamWriter] = set()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.server = self._run(asyncio.start_server(self._handle, "127.0.0.1", 0))
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    def _run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(10)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.down:
+            writer.close()
+            return
+        up_reader, up_writer = await asyncio.open_connection(*self.target)
+        self.writers |= {writer, up_writer}
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except OSError:
+                pass
+            finally:
+                dst.close()
+                self.writers.discard(dst)
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    def cut(self) -> None:
+        async def close_all() -> None:
+            self.down = True
+            for writer in list(self.writers):
+                writer.transport.abort()
+
+        self._run(close_all())
+
+    def restore(self) -> None:
+        self.down = False
+
+    def close(self) -> None:
+        async def shut() -> None:
+            self.server.close()
+            await self.server.wait_closed()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        self.cut()
+        self._run(shut())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        self.loop.close()
+
+
+def test_postgres_unreachable_for_seconds_journals_and_replays(pg: Postgres, tmp_path: Path) -> None:
+    direct = pg.fresh_url()
+    parts = urllib.parse.urlsplit(direct)
+    proxy = Proxy(parts.hostname or "127.0.0.1", parts.port or 5432)
+    url = urllib.parse.urlunsplit(parts._replace(netloc=f"{parts.username}@127.0.0.1:{proxy.port}"))
+    settings = Settings(store=StoreSettings(url=url, journal=str(tmp_path / "journal.jsonl"), journal_after_seconds=1),
+                        reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9))  # fmt: skip
+    stack = Stack(tmp_path, settings).start()
+    try:
+        initial = 1_000 * NANO
+        group = stack.group(1_000)
+        key = stack.key(group=group)
+        tally = Tally()
+        journaled, replayed = counter("router_settlements_journaled_total"), counter("router_journal_replays_total")
+
+        async def scenario() -> None:
+            until = asyncio.Event()
+            running = asyncio.ensure_future(load(stack.base_url, key, tally, until))
+            await asyncio.sleep(1.0)
+            proxy.cut()
+            await asyncio.sleep(3.0)  # longer than journal_after_seconds: settlements go to the journal
+            proxy.restore()
+            await asyncio.sleep(1.5)
+            until.set()
+            await running
+
+        asyncio.run(scenario())
+        for _ in range(200):  # replayed once the store answers again
+            stack.run(stack.gateway.ledger.drain(), timeout=60)
+            if not stack.gateway.ledger.durable.journal.count:
+                break
+            time.sleep(0.1)
+        balance, reserved, spent, records = asyncio.run(books(direct, group))
+        figures = check_books(initial, tally, balance, reserved, spent, records)
+        went = counter("router_settlements_journaled_total") - journaled
+        back = counter("router_journal_replays_total") - replayed
+        print(f"\npostgres unreachable 3 s: {figures}; journaled {went:g}, replayed {back:g}")
+        assert tally.unavailable > 0 and went > 0 and back == went
+    finally:
+        stack.stop()
+        proxy.close()
 
 
 # -- SQLite: another process holds the write lock past the busy timeout -------------------------------------
