@@ -623,6 +623,7 @@ async def test_a_killed_gateway_leaves_a_hold_that_a_restart_releases(cluster: C
     balance, reserved, spent, records = await group_state(cluster.url, "killed")
     assert reserved == 0 and balance + spent == initial and balance == initial
     assert [(r.status, r.credits) for r in records] == [("interrupted", 0)]
+    assert records[0].model == MODEL and records[0].provider == "openai" and records[0].request_id  # kept on the hold
 
 
 def test_serve_with_two_workers_shares_one_port_and_one_ledger(
