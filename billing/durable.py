@@ -56,12 +56,12 @@ class Durable:
         journal.open()
         metrics.watch_journal(journal)
         for path in journal.orphans():
-            adopted = adopt(path)
+            adopted = adopt(path, journal.store)
             if adopted is not None:
                 entries, held = adopted
-                log.warning("replaying %d settlements from the journal %s", len(entries), path)
-                done = await self._apply(entries)
-                finish(path, held, [e for e in entries if e.id not in done])
+                if entries:
+                    log.warning("replaying %d settlements from the journal %s", len(entries), path)
+                finish(path, held, set(await self._apply(entries)))
         await self.replay()
 
     async def close(self) -> None:

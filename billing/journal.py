@@ -11,16 +11,19 @@ harmless the next time. Replayed entries are then removed: the file is rewritten
 Several processes may point at one path (replicas started with one config on one machine): each
 takes an exclusive ``flock`` on the file it writes, and a process that finds the path taken uses
 ``PATH.1``, ``PATH.2``, ... At start a process also replays the siblings nobody holds (a dead
-process's journal).
+process's journal). Each entry carries its store's tag (a hash of the store URL): a process replays
+only its own store's entries and leaves the others in place, so two gateways on one machine with
+different databases never apply each other's settlements.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import secrets
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import IO
 
@@ -34,6 +37,7 @@ class Entry:
     id: str  # unique: the store keeps it once applied
     reservation: Reservation
     record: UsageRecord
+    store: str = ""  # which store it belongs to (:func:`store_tag`): a journal never crosses stores
 
     @staticmethod
     def new(reservation: Reservation, record: UsageRecord) -> Entry:
@@ -45,21 +49,24 @@ class Entry:
             "id": self.id,
             "reservation": [r.id, r.group_id, r.key_id, r.amount],
             "record": asdict(self.record),
+            "store": self.store,
         }
         return json.dumps(body, separators=(",", ":")).encode() + b"\n"
 
     @staticmethod
     def parse(line: bytes) -> Entry:
         body = json.loads(line)
-        return Entry(body["id"], Reservation(*body["reservation"]), UsageRecord(**body["record"]))
+        return Entry(body["id"], Reservation(*body["reservation"]), UsageRecord(**body["record"]),
+                     body.get("store", ""))  # fmt: skip
 
 
 class Journal:
     """An append-only file of :class:`Entry` lines, held by this process (``flock``)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, store: str = "") -> None:
         self.base = path
         self.path = path
+        self.store = store  # the tag of the store its entries belong to; others' are kept, never replayed
         self._file: IO[bytes] | None = None
         self.count = 0  # entries in the file
 
@@ -86,22 +93,22 @@ class Journal:
         """Write ``entries`` and fsync: on return they survive the process and the machine."""
         assert self._file is not None, "the journal is not open"
         self._file.seek(0, os.SEEK_END)
-        self._file.write(b"".join(e.line() for e in entries))
+        self._file.write(b"".join(replace(e, store=self.store).line() for e in entries))
         self._file.flush()
         os.fsync(self._file.fileno())
         self.count += len(entries)
 
     def read(self) -> list[Entry]:
-        """Every entry in this process's file (a line cut short by a crash is skipped)."""
-        return _entries(self.path)
+        """This store's entries in this process's file (a line cut short by a crash is skipped)."""
+        return [e for e in _entries(self.path) if e.store == self.store]
 
     def remove(self, ids: set[str]) -> None:
         """Rewrite the file without the entries ``ids`` (applied by the store)."""
         assert self._file is not None
-        left = [e for e in self.read() if e.id not in ids]
+        left = [e for e in _entries(self.path) if e.id not in ids]
         old, self._file = self._file, _rewrite(self.path, left)  # the new file, held before it is renamed
         old.close()
-        self.count = len(left)
+        self.count = sum(e.store == self.store for e in left)
 
     def orphans(self) -> list[Path]:
         """Sibling journals (``PATH``, ``PATH.N``) that no live process holds, with entries in them."""
@@ -119,22 +126,28 @@ class Journal:
         return found
 
 
-def adopt(path: Path) -> tuple[list[Entry], IO[bytes]] | None:
-    """The entries of another process's journal, if none holds it now (the held file is returned:
-    keep it until :func:`finish`)."""
+def adopt(path: Path, store: str) -> tuple[list[Entry], IO[bytes]] | None:
+    """The entries of ``store`` in another process's journal, if none holds it now (the held file is
+    returned: keep it until :func:`finish`)."""
     held = _lock(path)
     if held is None:
         return None
-    return _entries(path), held
+    return [e for e in _entries(path) if e.store == store], held
 
 
-def finish(path: Path, held: IO[bytes], left: list[Entry]) -> None:
-    """After replaying an adopted journal: keep only ``left`` (the file goes if it is empty)."""
+def finish(path: Path, held: IO[bytes], done: set[str]) -> None:
+    """After replaying an adopted journal: remove the entries ``done`` (the file goes if it is empty)."""
+    left = [e for e in _entries(path) if e.id not in done]
     if left:
         _rewrite(path, left).close()
     else:
         path.unlink(missing_ok=True)
     held.close()
+
+
+def store_tag(url: str) -> str:
+    """A store's tag for its journal entries: a hash of its URL (no secret in the file)."""
+    return hashlib.sha256(url.encode()).hexdigest()[:16]
 
 
 def _sibling(base: Path, path: Path) -> bool:

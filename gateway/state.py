@@ -12,7 +12,7 @@ from typing import Protocol
 
 from adapters import Adapter, adapter_for
 from adapters.transport import ObservedTransport
-from billing.journal import Journal
+from billing.journal import Journal, store_tag
 from billing.ledger import ledger_for
 from billing.store import Store, open_store
 from core.config import Settings
@@ -107,7 +107,8 @@ class Gateway:
             if not self.started:
                 await self.store.open()
                 await self.store.serve(self.settings.store)
-                await self.ledger.start(Journal(self.settings.store.journal_path()))
+                store = self.settings.store
+                await self.ledger.start(Journal(store.journal_path(), store_tag(store.url)))
                 await self.transport.start()
                 if self.jobs is not None:
                     await self.jobs.start()

@@ -160,8 +160,10 @@ def test_postgres_connections_killed_mid_load_lose_no_charge(pg: Postgres, tmp_p
         stack.run(stack.gateway.ledger.drain(), timeout=60)
         balance, reserved, spent, records = asyncio.run(books(url, group))
         figures = check_books(initial, tally, balance, reserved, spent, records)
-        print(f"\npostgres connections killed: {killed} in 3 rounds; {figures}; "
-              f"settle errors {counter('router_store_errors_total', operation='settle') - before:g}")
+        print(
+            f"\npostgres connections killed: {killed} in 3 rounds; {figures}; "
+            f"settle errors {counter('router_store_errors_total', operation='settle') - before:g}"
+        )
         assert killed >= 3 and tally.ok > 100
     finally:
         stack.stop()
@@ -245,7 +247,10 @@ def test_postgres_unreachable_for_seconds_journals_and_replays(pg: Postgres, tmp
         group = stack.group(1_000)
         key = stack.key(group=group)
         tally = Tally()
-        journaled, replayed = counter("router_settlements_journaled_total"), counter("router_journal_replays_total")
+        journaled, replayed = (
+            counter("router_settlements_journaled_total"),
+            counter("router_journal_replays_total"),
+        )
 
         async def scenario() -> None:
             until = asyncio.Event()
@@ -299,7 +304,10 @@ def test_sqlite_lock_held_past_the_busy_timeout_loses_no_charge(tmp_path: Path) 
         group = stack.group(1_000)
         key = stack.key(group=group)
         tally = Tally()
-        journaled, replayed = counter("router_settlements_journaled_total"), counter("router_journal_replays_total")
+        journaled, replayed = (
+            counter("router_settlements_journaled_total"),
+            counter("router_journal_replays_total"),
+        )
         hold = BUSY_TIMEOUT_MS / 1000 + 2  # past the gateway's busy timeout
 
         async def scenario() -> None:
@@ -373,7 +381,9 @@ def test_a_replica_killed_under_load_has_its_holds_released_by_the_survivor(
         async def scenario() -> tuple[float, int]:
             until = asyncio.Event()
             running = asyncio.ensure_future(load(survivor_base, key, tally, until, workers=4))
-            async with openai.AsyncOpenAI(base_url=dead_base, api_key=key, max_retries=0, timeout=60) as client:
+            async with openai.AsyncOpenAI(
+                base_url=dead_base, api_key=key, max_retries=0, timeout=60
+            ) as client:
                 streams = [await client.chat.completions.create(
                     model=MODEL, messages=[{"role": "user", "content": f"[delay:200] [tokens:200] hold {n}"}],
                     max_tokens=300, stream=True) for n in range(6)]  # fmt: skip
@@ -403,8 +413,10 @@ def test_a_replica_killed_under_load_has_its_holds_released_by_the_survivor(
         balance, reserved, spent, records = asyncio.run(books(url, group))
         interrupted = [r for r in records if r.status == "interrupted"]
         figures = check_books(initial, tally, balance, reserved, spent, records)
-        print(f"\nreplica killed with {len(interrupted)} holds: released {released_after:.1f} s after the kill "
-              f"(grace {GRACE:g} s); survivor {figures}")
+        print(
+            f"\nreplica killed with {len(interrupted)} holds: released {released_after:.1f} s after the kill "
+            f"(grace {GRACE:g} s); survivor {figures}"
+        )
         assert len(interrupted) == 6 and tally.ok > 20
         for r in interrupted:
             assert r.model == MODEL and r.provider == "openai" and r.key_id and r.request_id
@@ -429,11 +441,13 @@ def _cli(config: Path, group: str, credits: int) -> str:
 
 
 # -- the journal replayed at the next start, each entry once -------------------------------------------------
-def test_a_journal_left_by_a_stopped_gateway_is_replayed_once_at_the_next_start(store_url: str, tmp_path: Path) -> None:
+def test_a_journal_left_by_a_stopped_gateway_is_replayed_once_at_the_next_start(
+    store_url: str, tmp_path: Path
+) -> None:
     """Entries in the gateway's journal and in a sibling no process holds (a dead process's) are applied
     at start; an entry applied before (a replay cut short between the store's commit and the journal's
     rewrite) is not applied again."""
-    from billing.journal import Entry, Journal
+    from billing.journal import Entry, Journal, store_tag
 
     journal = tmp_path / "journal.jsonl"
 
@@ -447,13 +461,24 @@ def test_a_journal_left_by_a_stopped_gateway_is_replayed_once_at_the_next_start(
                                  UsageRecord(key_id=key.id, group_id=group.id, model=MODEL, provider="openai",
                                              credits=(n + 1) * NANO, request_id=f"req_{n}"))
                        for n in range(5)]  # fmt: skip
-            assert await store.replay(entries[:2]) == {e.id: True for e in entries[:2]}  # applied before the crash
+            assert await store.replay(entries[:2]) == {
+                e.id: True for e in entries[:2]
+            }  # applied before the crash
             return group.id, key.id, entries
         finally:
             await store.close()
 
     _, _, entries = asyncio.run(prepare())
-    mine, orphan = Journal(journal), Journal(journal.with_name("journal.jsonl.1"))
+    mine, orphan = (
+        Journal(journal, store_tag(store_url)),
+        Journal(journal.with_name("journal.jsonl.1"), store_tag(store_url)),
+    )
+    other = Journal(
+        journal.with_name("journal.jsonl.2"), store_tag("sqlite:///another.db")
+    )  # never replayed here
+    other.open()
+    other.append(entries[:1])
+    other.close()
     for j, part in ((mine, entries[:3]), (orphan, entries[3:])):
         j.open()
         j.append(part)
@@ -462,6 +487,7 @@ def test_a_journal_left_by_a_stopped_gateway_is_replayed_once_at_the_next_start(
     stack = Stack(tmp_path, settings).start()
     try:
         assert not journal.read_bytes() and not journal.with_name("journal.jsonl.1").exists()
+        assert journal.with_name("journal.jsonl.2").read_bytes().count(b"\n") == 1  # another store's: kept
         balance, reserved, spent, records = stack.run(books(store_url, "journaled"))
         assert sorted(r.request_id or "" for r in records) == [f"req_{n}" for n in range(5)]  # each once
         assert spent == (1 + 2 + 3 + 4 + 5) * NANO and balance == 100 * NANO - spent and reserved == 0
