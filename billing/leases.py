@@ -40,6 +40,12 @@ HOLDS_OF = "SELECT id FROM reservations WHERE replica = $1 ORDER BY id LIMIT $2"
 FORGET = "DELETE FROM replicas WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM reservations WHERE replica = $1)"
 
 
+def released_mark(reservation_id: int) -> str:
+    """How the record of a released hold begins: a journaled settlement of that hold replayed later
+    (billing/postgres.py ``replay``) knows from it that the hold was released, not settled."""
+    return f"hold {reservation_id}: "
+
+
 def released_by_lease(replica: str) -> str:
     return f"held by replica {replica}, which stopped heartbeating; released by another replica"
 
@@ -56,8 +62,8 @@ async def release(conn: asyncpg.Connection, ids: list[int], why: str) -> int:
         for rid, group_id, key_id, amount, model, provider, request_id in taken:
             plan.released.add(rid)
             record = UsageRecord(key_id=key_id, group_id=group_id, model=model or "", provider=provider or "",
-                                 status="interrupted", usage_exact=False, request_id=request_id, error=why,
-                                 error_code="interrupted")  # fmt: skip
+                                 status="interrupted", usage_exact=False, request_id=request_id,
+                                 error=f"{released_mark(rid)}{why}", error_code="interrupted")  # fmt: skip
             plan.settle(Reservation(rid, group_id, key_id, amount), record)
         await apply(conn, plan)
     return len(taken)

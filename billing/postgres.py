@@ -17,7 +17,7 @@ import asyncpg
 
 from billing import rollup
 from billing.history import History
-from billing.leases import Leases, release
+from billing.leases import Leases, release, released_mark
 from billing.postgres_ledger import (
     APPLIED,
     INTERRUPTED,
@@ -164,6 +164,19 @@ MIGRATIONS: list[str] = [
     CREATE TABLE journal_applied (id TEXT PRIMARY KEY, ts DOUBLE PRECISION NOT NULL);
     """,
 ]
+
+async def released_holds(conn: asyncpg.Connection, entries: Sequence[Entry]) -> set[int]:
+    """Of these journaled settlements whose reservation is gone, the reservations that were released
+    for a stopped process (an ``interrupted`` record with no charge, billing/leases.py) rather than
+    settled by an earlier try: their charge is still owed."""
+    gone = {e.reservation.id: e.record.request_id for e in entries if e.reservation.id > 0 and e.record.request_id}
+    if not gone:
+        return set()
+    rows = await conn.fetch("SELECT error FROM usage WHERE request_id = ANY($1::text[]) AND status = 'interrupted'",
+                            sorted(set(gone.values())))  # fmt: skip
+    errors = [r[0] or "" for r in rows]
+    return {rid for rid in gone if any(e.startswith(released_mark(rid)) for e in errors)}
+
 
 # -- the store ----------------------------------------------------------------------------------------
 GROUP_COLS = "id, name, balance, reserved, spent, created_at"
@@ -332,10 +345,12 @@ class PostgresStore(Store):
             plan = await lock(conn, sorted({e.reservation.id for e in todo if e.reservation.id > 0}),
                               sorted({e.reservation.key_id for e in todo}),
                               sorted({e.reservation.group_id for e in todo}))  # fmt: skip
+            released = await released_holds(conn, [e for e in todo if e.reservation.id not in plan.released])
             done = dict.fromkeys((e.id for e in entries), False)
             for entry in todo:
+                once = entry.reservation.id not in released  # a hold released for a stop: charge it now
                 try:
-                    done[entry.id] = plan.settle(entry.reservation, entry.record, once=True) is not None
+                    done[entry.id] = plan.settle(entry.reservation, entry.record, once=once) is not None
                 except StoreError as exc:
                     log.error("a journaled settlement was refused (%r): %r", exc, entry.record)
             await apply(conn, plan, self.commits.replica)

@@ -24,7 +24,7 @@ from typing import Any
 import asyncpg
 import openai
 
-from billing.store import Reservation, UsageRecord, open_store
+from billing.store import Refusal, Reservation, UsageRecord, open_store
 from core import metrics
 from core.catalog import NANO
 from core.config import ReliabilitySettings, Settings, StoreSettings
@@ -497,3 +497,44 @@ def test_a_journal_left_by_a_stopped_gateway_is_replayed_once_at_the_next_start(
             assert f"\n{name} " in text, name
     finally:
         stack.stop()
+
+
+def test_a_journaled_settlement_is_charged_once_whether_its_hold_was_settled_or_released(pg: Postgres) -> None:
+    """Replaying on PostgreSQL: a settlement whose reservation is gone because an earlier try committed
+    is skipped; one whose hold was released as a dead replica's (0 credits) is still charged."""
+    from billing.journal import Entry
+    from billing.leases import release, released_by_lease
+    from billing.postgres import PostgresStore
+    from billing.store import Hold
+
+    url = pg.fresh_url()
+
+    async def scenario() -> None:
+        store = PostgresStore(url)
+        await store.open()
+        try:
+            group = await store.create_group("g", 100 * NANO)
+            key = await store.create_key("g", "k", "1" * 64, "sk-mr-...1111")
+
+            def record(credits: int, request_id: str) -> UsageRecord:
+                return UsageRecord(key_id=key.id, group_id=group.id, model=MODEL, provider="openai",
+                                   credits=credits * NANO, request_id=request_id)  # fmt: skip
+
+            store.commits.replica = "ghost"
+            a = await store.reserve(group.id, key.id, 10 * NANO, Hold(MODEL, "openai", "req_a"))
+            b = await store.reserve(group.id, key.id, 10 * NANO, Hold(MODEL, "openai", "req_b"))
+            assert not isinstance(a, Refusal) and not isinstance(b, Refusal)
+            await store.settle(b, record(2, "req_b"))  # committed, though its process journaled it too
+            async with store.db.connection() as conn:  # a's replica stopped heartbeating
+                assert await release(conn, [a.id], released_by_lease("ghost")) == 1
+            entries = [Entry.new(a, record(3, "req_a")), Entry.new(b, record(2, "req_b"))]
+            assert await store.replay(entries) == {entries[0].id: True, entries[1].id: False}
+            assert await store.replay(entries) == {entries[0].id: False, entries[1].id: False}
+            g = await store.get_group("g")
+            assert g is not None and (g.balance, g.reserved, g.spent) == (95 * NANO, 0, 5 * NANO)
+            assert sorted((r.request_id, r.status, r.credits) for r in await store.usage(group="g")) == [
+                ("req_a", "interrupted", 0), ("req_a", "ok", 3 * NANO), ("req_b", "ok", 2 * NANO)]  # fmt: skip
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())
