@@ -55,14 +55,23 @@ class Durable:
             return
         journal.open()
         metrics.watch_journal(journal)
-        for path in journal.orphans():
-            adopted = adopt(path, journal.store)
-            if adopted is not None:
-                entries, held = adopted
-                if entries:
-                    log.warning("replaying %d settlements from the journal %s", len(entries), path)
-                finish(path, held, set(await self._apply(entries)))
-        await self.replay()
+        try:
+            for path in journal.orphans():
+                adopted = adopt(path, journal.store)
+                if adopted is not None:
+                    entries, held = adopted
+                    if entries:
+                        log.warning("replaying %d settlements from the journal %s", len(entries), path)
+                    done: set[str] = set()
+                    try:
+                        done = set(await self._apply(entries))
+                    finally:
+                        finish(path, held, done)  # the entries not done stay in that file
+            await self.replay()
+        except Exception as exc:  # the gateway still starts: its own journal is retried in the background
+            log.error("the settlement journal could not be replayed at start (%r); retrying", exc)
+            if journal.count and self._replayer is None:
+                self._replayer = asyncio.get_running_loop().create_task(self._replay_until_empty())
 
     async def close(self) -> None:
         """Stop replaying (what is left stays in the journal for the next start)."""

@@ -30,7 +30,7 @@ time; the rarer ones are prometheus_client metrics.
     router_settlements_journaled                         settlements in the local journal, waiting for the store
     router_settlements_journaled_total                   settlements written to the journal (the store stayed down)
     router_journal_replays_total                         journaled settlements applied to the store
-    router_store_errors_total{operation}                 store failures: reserve | settle | heartbeat
+    router_store_errors_total{operation}                 store failures: lookup (a key) | reserve | settle | heartbeat
     router_holds_released_total{reason}                  holds released for a stopped process: dead_replica |
                                                          restart (stale_reservation_seconds)
 
@@ -442,7 +442,7 @@ REGISTRY.register(_Settlements())
 JOURNALED = Counter("router_settlements_journaled", "Settlements written to the local journal because the store "
                     "stayed down.", registry=REGISTRY)  # fmt: skip
 REPLAYED = Counter("router_journal_replays", "Journaled settlements applied to the store.", registry=REGISTRY)
-STORE_ERRORS = Counter("router_store_errors", "Store failures by operation (reserve, settle, heartbeat).",
+STORE_ERRORS = Counter("router_store_errors", "Store failures by operation (lookup, reserve, settle, heartbeat).",
                        ["operation"], registry=REGISTRY)  # fmt: skip
 HOLDS_RELEASED = Counter("router_holds_released", "Holds released for a stopped process, by reason "
                          "(dead_replica, restart).", ["reason"], registry=REGISTRY)  # fmt: skip

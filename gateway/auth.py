@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from billing.store import Principal, Store, StoreDown
+from core import metrics
 from core.config import Settings
 from core.errors import StoreUnavailable, Unauthorized
 
@@ -83,6 +84,7 @@ class Authenticator:
         try:
             principal = await self.store.principal(digest)
         except StoreDown:
+            metrics.store_error("lookup")
             raise StoreUnavailable() from None
         if principal is None:
             self._cache.pop(digest, None)
