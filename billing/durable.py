@@ -9,6 +9,10 @@
     journal: one JSON line, fsync'd (billing/journal.py) ──► replayed when the store answers again,
              and at the next start, each entry at most once (the store keeps its id)
 
+The store hands a settlement whose first write failed to :meth:`Durable.rescue` (its
+``Store.rescue`` hook) and the same future resolves once the retry or the journal has it: a
+settlement that succeeds costs nothing more than before.
+
 A retried settlement (:meth:`billing.store.Store.settle_again`) is applied only if it was not
 already: on PostgreSQL a connection lost while its ``COMMIT`` was on the wire leaves the outcome
 unknown, and the reservation row (deleted in the same transaction) says whether it committed. A
@@ -21,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from functools import partial
 from typing import Any
 
 from billing.journal import Entry, Journal, adopt, finish
@@ -40,6 +43,7 @@ class Durable:
 
     def __init__(self, store: Store, give_up: float = 5.0) -> None:
         self.store = store
+        store.rescue = self.rescue
         self.give_up = give_up  # seconds from a settlement's submission before it goes to the journal
         self.journal: Journal | None = None
         self.retrying = 0  # settlements between a failed attempt and their outcome
@@ -84,35 +88,22 @@ class Durable:
         if self.journal is not None:
             self.journal.close()
 
-    def settle(self, reservation: Reservation, record: UsageRecord, linger: bool) -> asyncio.Future[int]:
-        """The store's ``settle_soon``, kept until durable: the future resolves with the charge once
-        the store has it (or with the record's credits once it is in the journal)."""
-        outer: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        first = self.store.settle_soon(reservation, record, linger)
-        first.add_done_callback(
-            partial(self._first, outer, reservation, record, record.credits, time.monotonic())
-        )
-        return outer
-
-    def _first(self, outer: asyncio.Future[int], reservation: Reservation, record: UsageRecord, credits: int,
-               began: float, done: asyncio.Future[int]) -> None:  # fmt: skip
-        if outer.done():
-            return
-        error: BaseException | None = asyncio.CancelledError() if done.cancelled() else done.exception()
-        if error is None:
-            outer.set_result(done.result())
-            return
+    def rescue(self, reservation: Reservation, record: UsageRecord, credits: int, began: float,
+               future: asyncio.Future[int], error: BaseException) -> bool:  # fmt: skip
+        """:attr:`billing.store.Store.rescue`: take over a settlement whose first write failed (the
+        store calls it; nothing is added to a settlement that succeeds). False: not retried (the store
+        refused it for what it is), the future gets the error."""
         if isinstance(error, StoreError):
-            outer.set_exception(error)
-            return
+            return False
         metrics.store_error("settle")
         log.warning("a settlement could not be stored (%r); retrying", error)
         self.retrying += 1
         task = asyncio.get_running_loop().create_task(
-            self._retry(outer, reservation, record, credits, began, error)
+            self._retry(future, reservation, record, credits, began, error)
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return True
 
     async def _retry(self, outer: asyncio.Future[int], reservation: Reservation, record: UsageRecord, credits: int,
                      began: float, last: BaseException) -> None:  # fmt: skip
@@ -145,7 +136,9 @@ class Durable:
 
     def _to_journal(self, entry: Entry, outer: asyncio.Future[int], last: BaseException | None) -> None:
         if self.journal is None:
-            outer.set_exception(StoreDown(f"the store stayed down ({last!r}) and there is no settlement journal"))
+            outer.set_exception(
+                StoreDown(f"the store stayed down ({last!r}) and there is no settlement journal")
+            )
             return
         if not self._queued:
             asyncio.get_running_loop().call_soon(self._write_journal)

@@ -79,7 +79,7 @@ class Ledger:
         """Store the record of a call refused before anything was reserved (status ``rejected``), as a
         settlement of nothing: no charge, queued and tracked like any other."""
         nothing = Reservation(0, record.group_id, record.key_id, 0)
-        return self._track(self.durable.settle(nothing, record, True), record)
+        return self._track(self.store.settle_soon(nothing, record, linger=True), record)
 
     def _track(self, settling: asyncio.Future[int], record: UsageRecord) -> asyncio.Future[int]:
         self.pending.add(settling)
@@ -139,7 +139,7 @@ class Ledger:
     ) -> asyncio.Future[int]:
         """Start settling now (nothing can cancel it); the future resolves once it is durable.
         ``linger``: nobody waits for it (a store may then wait a little to batch it with others)."""
-        return self.durable.settle(reservation, record, linger)
+        return self.store.settle_soon(reservation, record, linger)  # kept until durable: billing/durable.py
 
 
 def ledger_for(store: Store, give_up: float = 5.0) -> Ledger:
@@ -217,7 +217,7 @@ class LocalLedger(Ledger):
     def settle_soon(
         self, reservation: Reservation, record: UsageRecord, linger: bool = False
     ) -> asyncio.Future[int]:
-        settled = self.durable.settle(reservation, record, linger)
+        settled = self.store.settle_soon(reservation, record, linger)
 
         def release(done: asyncio.Future[int]) -> None:
             charge = 0 if done.cancelled() or done.exception() is not None else done.result()

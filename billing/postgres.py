@@ -209,7 +209,7 @@ class PostgresStore(Store):
         self.url = url
         self.db = PostgresPool(url, min_size=min_size, max_size=max_size)
         self.history = History(self.db)
-        self.commits = LedgerCommits(self.db)
+        self.commits = LedgerCommits(self.db, owner=self)
         self.leases: Leases | None = None  # once serving (billing/leases.py)
 
     @property

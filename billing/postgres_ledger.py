@@ -43,6 +43,7 @@ from billing.store import (
     Hold,
     Refusal,
     Reservation,
+    Store,
     StoreError,
     UsageRecord,
     usage_values,
@@ -136,6 +137,10 @@ class SettleOp:
     reservation: Reservation
     record: UsageRecord
     once: bool = False  # a retry: skip it if its reservation is gone (an earlier try committed)
+    credits: int = -1  # the record's credits when it was queued (set from it)
+
+    def __post_init__(self) -> None:
+        self.credits = self.record.credits
 
 
 Op = ReserveOp | SettleOp
@@ -276,8 +281,9 @@ class LedgerCommits:
     """Many ledger operations, one transaction: operations queue up while a batch commits, then the
     next batch takes them all; every caller awaits its own operation's commit."""
 
-    def __init__(self, db: PostgresPool, limit: int = 1024) -> None:
+    def __init__(self, db: PostgresPool, limit: int = 1024, owner: Store | None = None) -> None:
         self.db = db
+        self.owner = owner  # the store whose ``rescue`` is offered the settlements that fail
         self.limit = limit
         self.pending: list[tuple[Op, asyncio.Future[Any]]] = []
         self.task: asyncio.Task[None] | None = None
@@ -289,6 +295,7 @@ class LedgerCommits:
         # are released before the next batch (``live``: the reservations its calls hold)
         self.live: set[int] = set()
         self.suspect = False
+        self.began = 0.0  # when the batch being written was first tried
 
     def submit(self, op: Op) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
@@ -314,6 +321,15 @@ class LedgerCommits:
             self.conn = await self.db.acquire()
         return self.conn
 
+    def _fail(self, batch: list[tuple[Op, asyncio.Future[Any]]], exc: BaseException) -> None:
+        """Fail these operations, offering each first try of a settlement to ``Store.rescue``."""
+        rescue = self.owner.rescue if self.owner is not None else None
+        if rescue is not None and not isinstance(exc, asyncio.CancelledError):
+            batch = [(op, future) for op, future in batch
+                     if not (isinstance(op, SettleOp) and not op.once and not future.done()
+                             and rescue(op.reservation, op.record, op.credits, self.began, future, exc))]  # fmt: skip
+        fail(batch, exc)
+
     async def _sweep(self, conn: asyncpg.Connection) -> None:
         """Release the holds of this replica that none of its calls knows (see ``suspect``)."""
         from billing.leases import release  # (leases builds on this module)
@@ -337,6 +353,7 @@ class LedgerCommits:
     async def _drain(self) -> None:
         try:
             while self.pending:
+                self.began = time.monotonic()
                 conn = await self._connection()
                 if self.suspect:
                     await self._sweep(conn)
@@ -344,7 +361,7 @@ class LedgerCommits:
                 await self._commit(conn, batch)
         except BaseException as exc:  # no connection (or cancelled): the queued callers get the error
             batch, self.pending = self.pending, []
-            fail(batch, lost(exc) if down(exc) else exc)
+            self._fail(batch, lost(exc) if down(exc) else exc)
             if not isinstance(exc, Exception):
                 raise
         finally:
@@ -362,8 +379,9 @@ class LedgerCommits:
                 try:
                     await self._drop()
                 finally:
-                    fail(batch, exc)
-            fail(batch, exc)
+                    self._fail(batch, exc)
+            else:
+                self._fail(batch, exc)
             if not isinstance(exc, Exception):
                 raise
             return
@@ -382,7 +400,7 @@ class LedgerCommits:
             if ok:
                 future.set_result(value)
             else:
-                future.set_exception(value)
+                self._fail([(op, future)], value)
 
     async def _attempt(self, conn: asyncpg.Connection, ops: list[Op]) -> list[tuple[bool, Any]]:
         """``(True, result)`` or ``(False, error)`` for each operation. If one fails, the batch is

@@ -205,6 +205,7 @@ class GroupCommit:
                 self._wake = None
             while self.pending:
                 batch, self.pending = self.pending, []
+                began = time.monotonic()
                 try:
                     ops = [op for op, _ in batch]
                     here = self.store.commit_here(ops)
@@ -214,11 +215,13 @@ class GroupCommit:
                 except BaseException as exc:  # the whole transaction failed
                     results = [(False, exc)] * len(batch)
                 self.batches += 1
-                for (_, future), (ok, value) in zip(batch, results, strict=True):
+                rescue = self.store.rescue
+                for (op, future), (ok, value) in zip(batch, results, strict=True):
                     if not future.done():
                         if ok:
                             future.set_result(value)
-                        else:
+                        elif not (rescue is not None and isinstance(op, Settle) and not op.again
+                                  and rescue(op.reservation, op.record, op.credits, began, future, value)):  # fmt: skip
                             future.set_exception(value)
         finally:
             self.draining = False
@@ -255,11 +258,13 @@ class Settle:
     """A settlement queued for the group commit: one call's charge and usage record. A run of them in
     one batch is applied together by :func:`_settle_together`."""
 
-    __slots__ = ("reservation", "record")
+    __slots__ = ("reservation", "record", "credits", "again")
 
-    def __init__(self, reservation: Reservation, record: UsageRecord) -> None:
+    def __init__(self, reservation: Reservation, record: UsageRecord, again: bool = False) -> None:
         self.reservation = reservation
         self.record = record
+        self.credits = record.credits  # a failed transaction may leave the capped charge in the record
+        self.again = again  # a retry (Store.settle_again): never offered to Store.rescue
 
     def __call__(self, db: sqlite3.Connection) -> int:
         return SQLiteStore._settle(db, self.reservation, self.record)
@@ -653,6 +658,9 @@ class SQLiteStore(Store):
         """Queue the settlement for the next group commit; the future resolves once it committed
         (``linger``: nobody waits for it, see GroupCommit.submit)."""
         return self.commits.submit(Settle(reservation, record), linger)
+
+    def settle_again(self, reservation: Reservation, record: UsageRecord) -> asyncio.Future[int]:
+        return self.commits.submit(Settle(reservation, record, again=True))
 
     async def replay(self, entries: Sequence[Entry]) -> dict[str, bool]:
         return await self.run(partial(replay_rows, entries=entries))

@@ -207,6 +207,15 @@ class ModelUsage:
     credits: int
 
 
+class Rescue(Protocol):
+    """:attr:`Store.rescue`: ``(reservation, record, credits, began, future, error) -> bool``, for a
+    first try (``credits``: the record's credits when it was queued; ``began``: ``time.monotonic()``
+    when the store first tried it)."""
+
+    def __call__(self, reservation: Reservation, record: UsageRecord, credits: int, began: float,
+                 future: asyncio.Future[int], error: BaseException) -> bool: ...  # fmt: skip
+
+
 class Store(ABC):
     """Groups, keys and the ledger, on one database (``database``: the handle the jobs store and the
     console share; ``history``: the usage records read back).
@@ -219,6 +228,9 @@ class Store(ABC):
     url: str
     exclusive: ClassVar[bool] = False
     history: History
+    # told of a settlement whose write failed (the ledger's retries and journal, billing/durable.py):
+    # if it returns True it owns the settlement's future from then on; else the future gets the error
+    rescue: Rescue | None = None
 
     @property
     @abstractmethod
@@ -294,16 +306,18 @@ class Store(ABC):
         """Start settling now: release the reservation, charge ``record.credits`` (capped at what the
         group has: the balance never goes below zero) and insert the usage record. The future
         resolves with the charge once it is durable. ``linger``: nobody waits for it, so the store
-        may wait a little to commit it with others."""
+        may wait a little to commit it with others. If the write fails, the store offers the
+        settlement to :attr:`rescue` (if set) before failing the future."""
 
     async def settle(self, reservation: Reservation, record: UsageRecord) -> int:
         """:meth:`settle_soon`, waited for."""
         return await self.settle_soon(reservation, record)
 
+    @abstractmethod
     def settle_again(self, reservation: Reservation, record: UsageRecord) -> asyncio.Future[int]:
         """A settlement retried after a failure whose outcome may be unknown: applied only if it was
-        not already (billing/durable.py). SQLite knows the outcome of every failed transaction."""
-        return self.settle_soon(reservation, record)
+        not already (billing/durable.py; SQLite knows the outcome of every failed transaction), and
+        never offered to :attr:`rescue` (its retrier waits for it)."""
 
     @abstractmethod
     async def replay(self, entries: Sequence[Entry]) -> dict[str, bool]:

@@ -273,8 +273,12 @@ def test_postgres_unreachable_for_seconds_journals_and_replays(pg: Postgres, tmp
         figures = check_books(initial, tally, balance, reserved, spent, records)
         went = counter("router_settlements_journaled_total") - journaled
         back = counter("router_journal_replays_total") - replayed
-        print(f"\npostgres unreachable 3 s: {figures}; journaled {went:g}, replayed {back:g}")
-        assert tally.unavailable > 0 and went > 0 and back == went
+        print(f"\npostgres unreachable 3 s: {figures}; journaled {went:g}, replayed {back:g}, skipped as "
+              f"committed before the cut {went - back:g}")
+        # a batch cut off while its COMMIT was on the wire may have committed: its journaled settlements
+        # are then skipped at replay (check_books above: none lost, none charged twice)
+        assert tally.unavailable > 0 and went > 0 and 0 < back <= went
+        assert not stack.gateway.ledger.durable.journal.count
     finally:
         stack.stop()
         proxy.close()
