@@ -155,10 +155,23 @@ class OpenAIAdapter(Adapter):
                 message = choice.get("message")
                 if isinstance(message, dict):
                     self._normalise(message)
+                    _typed_calls(message.get("tool_calls"))
         return data, usage_from_openai(data.get("usage"))
 
     def stream(self, call: Call) -> StreamTranslator:
         return _OpenAIStream(self)
+
+
+def _typed_calls(calls: Any) -> None:
+    """A message's tool calls as OpenAI writes them: with their ``type``, without a stream's ``index``.
+    Mistral answers ``{"function": {...}, "id": "FI5qQGzDE", "index": 0}`` (client-python's ToolCall has
+    ``type`` optional and an ``index``), which ``ChatCompletion`` refuses and which code testing
+    ``tool_call.type == "function"`` would skip."""
+    for tool_call in calls if isinstance(calls, list) else ():
+        if isinstance(tool_call, dict):
+            tool_call.pop("index", None)
+            if "type" not in tool_call or tool_call["type"] is None:
+                tool_call["type"] = "custom" if "custom" in tool_call else "function"
 
 
 class _OpenAIStream(StreamTranslator):
@@ -196,4 +209,7 @@ class _OpenAIStream(StreamTranslator):
                 delta = choice.get("delta")
                 if isinstance(delta, dict):
                     self.adapter._normalise(delta)
+                    for call in delta.get("tool_calls") or ():  # a call's first delta (it has the id) says its type
+                        if isinstance(call, dict) and call.get("id") and not call.get("type"):
+                            call["type"] = "custom" if "custom" in call else "function"
         return [chunk]

@@ -9,7 +9,8 @@ Directives are magic words in the last user message:
                      (Mistral and Upstage: ignored, their way of saying it is not documented)
     [slow:MS]        wait MS milliseconds before the first byte
     [delay:MS]       wait MS milliseconds between stream events
-    [cut:N]          stream: drop the connection after N content events
+    [cut:N]          stream: drop the connection after N content events; non-stream: after part of
+                     the body (N is ignored)
     [midfail]        stream: send an in-band error event after the first content event
     [malformed]      send a body / stream event that is not valid JSON
     [tokens:N]       answer with N tokens (still capped by the request's max tokens)
@@ -24,9 +25,12 @@ Directives are magic words in the last user message:
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
+
+from emulators.schema_values import instance
 
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 _PIECE = re.compile(r"\s*\S+")
@@ -94,26 +98,20 @@ def reply_pieces(prompt: str, d: Directives, cap: int | None) -> tuple[list[str]
 
 
 def fake_arguments(schema: dict[str, Any] | None) -> dict[str, Any]:
-    """Arguments that satisfy a JSON schema's required properties."""
-    props = (schema or {}).get("properties") or {}
-    out: dict[str, Any] = {}
-    for name, prop in props.items():
-        kind = prop.get("type") if isinstance(prop, dict) else None
-        if isinstance(prop, dict) and prop.get("enum"):
-            out[name] = prop["enum"][0]
-        elif kind == "integer":
-            out[name] = 3
-        elif kind == "number":
-            out[name] = 1.5
-        elif kind == "boolean":
-            out[name] = True
-        elif kind == "array":
-            out[name] = []
-        elif kind == "object":
-            out[name] = {}
-        else:
-            out[name] = "Seoul"
-    return out
+    """Arguments that satisfy a tool's JSON schema (every property, the right types)."""
+    value = instance(schema) if isinstance(schema, dict) else {}
+    return value if isinstance(value, dict) else {}
+
+
+def structured_pieces(schema: Any, cap: int | None) -> tuple[list[str], bool]:
+    """A JSON answer to structured output (``schema``: a JSON schema, or None for JSON mode), as stream
+    pieces of a few characters (about a token each), and whether ``cap`` cut it (then it is not valid
+    JSON, as a real model's cut answer is not)."""
+    text = json.dumps(instance(schema if isinstance(schema, dict) else {"type": "object"}), ensure_ascii=False)
+    pieces = [text[i : i + 4] for i in range(0, len(text), 4)]
+    if cap is not None and len(pieces) > cap:
+        return pieces[:cap], True
+    return pieces, False
 
 
 class Flakiness:

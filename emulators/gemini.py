@@ -25,7 +25,14 @@ import msgspec
 from aiohttp import web
 
 from emulators.common import Emulator, decode, encode, pause, play, random_id, retry_after
-from emulators.directives import Directives, count_tokens, directives, fake_arguments, reply_pieces
+from emulators.directives import (
+    Directives,
+    count_tokens,
+    directives,
+    fake_arguments,
+    reply_pieces,
+    structured_pieces,
+)
 
 ROOT = "/v1beta"
 THOUGHT = ["Let", " me", " think", "."]
@@ -157,17 +164,19 @@ def _tokens(part: Any) -> int:
 
 
 def _schema(declaration: dict[str, Any]) -> dict[str, Any]:
-    """The parameters schema, with Gemini's upper-case OpenAPI type names lower-cased."""
+    """The parameters schema: JSON Schema, or Gemini's OpenAPI subset (upper-case type names, which
+    emulators.schema_values reads as well)."""
     schema = get(declaration, "parametersJsonSchema") or get(declaration, "parameters") or {}
-    props = schema.get("properties") if isinstance(schema, dict) else None
-    if not isinstance(props, dict):
-        return {}
-    return {
-        "properties": {
-            k: {**v, "type": str(v.get("type", "")).lower()} if isinstance(v, dict) else v
-            for k, v in props.items()
-        }
-    }
+    return schema if isinstance(schema, dict) else {}
+
+
+def _json_schema(config: dict[str, Any]) -> dict[str, Any] | None:
+    """The schema a JSON answer must follow (``responseJsonSchema``, else ``responseSchema``), if
+    ``responseMimeType`` asks for JSON: ``{}`` for JSON without a schema, None for text."""
+    if str(get(config, "responseMimeType") or "").lower() != "application/json":
+        return None
+    schema = get(config, "responseJsonSchema") or get(config, "responseSchema") or {}
+    return schema if isinstance(schema, dict) else {}
 
 
 def _tool_result(responses: list[dict[str, Any]]) -> str:
@@ -416,8 +425,12 @@ class GeminiEmulator(Emulator):
         stops = get(config, "stopSequences") or []
         prompt = " ".join(t for c in contents for t in _texts(c))
         candidates, finishes = [], []
+        json_schema = _json_schema(config)
         for n in range(int(get(config, "candidateCount") or 1)):
-            pieces, truncated = reply_pieces(prompt + (f"#{n}" if n else ""), d, visible)
+            if json_schema is not None and not d.echo:  # JSON mode: an answer that follows the schema
+                pieces, truncated = structured_pieces(json_schema or None, visible)
+            else:
+                pieces, truncated = reply_pieces(prompt + (f"#{n}" if n else ""), d, visible)
             pieces, stopped = _apply_stops(pieces, stops)
             if calls:
                 pieces, truncated = [], False

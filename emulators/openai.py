@@ -12,7 +12,15 @@ import msgspec
 from aiohttp import web
 
 from emulators.common import Emulator, decode, encode, pause, play, random_id, retry_after
-from emulators.directives import Directives, Flakiness, count_tokens, directives, fake_arguments, reply_pieces
+from emulators.directives import (
+    Directives,
+    Flakiness,
+    count_tokens,
+    directives,
+    fake_arguments,
+    reply_pieces,
+    structured_pieces,
+)
 from emulators.openai_responses import ResponsesHandler
 
 MISTRAL_FIELDS = {
@@ -25,6 +33,16 @@ MISTRAL_FIELDS = {
 def _call_text(call: dict[str, Any]) -> str:
     """A tool call's arguments (function) or free-form input (custom)."""
     return str(call["custom"]["input"] if call["type"] == "custom" else call["function"]["arguments"])
+
+
+async def _cut_body(request: web.Request, data: bytes) -> web.StreamResponse:
+    """Headers promising ``data``, half of it, then the connection closed (the [cut] directive)."""
+    response = web.StreamResponse(headers={"Content-Type": "application/json", "Content-Length": str(len(data))})
+    await response.prepare(request)
+    await response.write(data[: len(data) // 2])
+    if request.transport is not None:
+        request.transport.close()
+    return response
 
 
 def _text(content: Any) -> str:
@@ -126,7 +144,8 @@ class OpenAIEmulator(Emulator):
                                   "invalid_request_error", "unsupported_parameter")  # fmt: skip
         return None
 
-    def _plan(self, body: dict[str, Any]) -> tuple[Directives, list[str], str, dict[str, Any] | None, int, bool]:
+    def _plan(self, body: dict[str, Any]) -> tuple[Directives, list[list[str]], str, dict[str, Any] | None, int, bool]:
+        """(directives, the answer's pieces per choice, finish reason, tool call, prompt tokens, reasoning)."""
         messages = body["messages"]
         last_user: dict[str, Any] = next((m for m in reversed(messages) if m.get("role") == "user"), {})
         d = directives(_text(last_user.get("content")))
@@ -138,7 +157,9 @@ class OpenAIEmulator(Emulator):
             prompt_tokens += count_tokens(encode(tools).decode())
         choice = body.get("tool_choice")
         tool_call = None
-        if tools and messages[-1].get("role") != "tool" and (d.tool or choice in ("required", "any") or isinstance(choice, dict)):
+        if tools and messages[-1].get("role") != "tool" and choice != "none" and (
+            d.tool or choice in ("required", "any") or isinstance(choice, dict)
+        ):
             fn = tools[0].get("function", {})
             if isinstance(choice, dict) and choice.get("type") != "custom":
                 fn = next((t["function"] for t in tools if t.get("function", {}).get("name") == choice.get("function", {}).get("name")), fn)
@@ -152,10 +173,21 @@ class OpenAIEmulator(Emulator):
                 tool_call = {"id": call_id, "type": "custom", "custom": {"name": custom.get("name", "tool"), "input": "print('hello')"}}
         if messages[-1].get("role") == "tool":
             d.echo, d.text = True, f"The tool returned: {_text(messages[-1].get('content'))}"
-        pieces, truncated = reply_pieces(prompt, d, cap)
+        fmt = body.get("response_format")
+        kind = fmt.get("type") if isinstance(fmt, dict) else None
+        replies: list[list[str]] = []
+        truncated = False
+        for i in range(body.get("n") or 1):  # n choices, each its own answer
+            if kind in ("json_schema", "json_object") and not d.echo:  # structured output: JSON of the schema
+                spec = fmt.get("json_schema") if isinstance(fmt, dict) else None
+                pieces, cut = structured_pieces(spec.get("schema") if isinstance(spec, dict) else None, cap)
+            else:
+                pieces, cut = reply_pieces(prompt + (f"#{i}" if i else ""), d, cap)
+            replies.append(pieces)
+            truncated = truncated or cut
         reasoning = d.think or (self.flavour == "upstage" and body.get("reasoning_effort") in ("low", "medium", "high"))
         reasoning = reasoning or (self.flavour == "mistral" and str(body.get("model", "")).startswith("magistral"))
-        return d, pieces, ("length" if truncated else "stop"), tool_call, prompt_tokens, reasoning
+        return d, replies, ("length" if truncated else "stop"), tool_call, prompt_tokens, reasoning
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         if not self._authorised(request):
@@ -183,7 +215,7 @@ class OpenAIEmulator(Emulator):
         invalid = self._validate(body)
         if invalid is not None:
             return invalid
-        d, pieces, finish, tool_call, prompt_tokens, reasoning = self._plan(body)
+        d, replies, finish, tool_call, prompt_tokens, reasoning = self._plan(body)
         await pause(d.slow_ms)
         flaky = self.flakiness.fault(_text(body["messages"][-1].get("content")), d)
         if flaky == 429:
@@ -195,9 +227,10 @@ class OpenAIEmulator(Emulator):
             return self.fault(d.fault or flaky or 500)
         thinking = ["Let", " me", " think", "."] if reasoning else []
         call_text = _call_text(tool_call) if tool_call else ""
-        completion_tokens = len(pieces) + len(thinking) + (count_tokens(call_text) + 4 if tool_call else 0)
+        per_choice = len(thinking) + (count_tokens(call_text) + 4 if tool_call else 0)
+        completion_tokens = sum(len(pieces) for pieces in replies) + per_choice * len(replies)
         if tool_call:
-            pieces, finish = [], "tool_calls"
+            replies, finish = [[] for _ in replies], "tool_calls"
         usage: dict[str, Any] = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
@@ -209,12 +242,30 @@ class OpenAIEmulator(Emulator):
         cid = random_id(32, "0123456789abcdef") if self.flavour == "mistral" else "chatcmpl-" + random_id(24)
         created = int(time.time())
         if body.get("stream"):
-            return await self._stream(request, body, d, cid, created, pieces, thinking, finish, tool_call, usage)
+            return await self._stream(request, body, d, cid, created, replies, thinking, finish, tool_call, usage)
         if d.malformed:
             return web.Response(body=b'{"id": "broken", "choices": [', content_type="application/json")
+        choices = [{"index": i, "message": self._message(pieces, thinking, tool_call, i), "logprobs": None,
+                    "finish_reason": finish} for i, pieces in enumerate(replies)]  # fmt: skip
+        out = {"id": cid, "object": "chat.completion", "created": created, "model": body["model"], "choices": choices,
+               "usage": usage}  # fmt: skip
+        if self.flavour == "openai":
+            out["system_fingerprint"] = "fp_emulator"
+            out["service_tier"] = "default"
+        self.annotate(out)
+        data = encode(out)
+        if d.cut is not None:  # the connection drops after part of the body
+            return await _cut_body(request, data)
+        return web.Response(body=data, content_type="application/json", headers={"x-request-id": "req_" + random_id(16)})
+
+    def _message(self, pieces: list[str], thinking: list[str], tool_call: dict[str, Any] | None, index: int) -> dict[str, Any]:
+        """One choice's message as the flavour writes it (Mistral: a tool call has no ``type`` and an ``index``)."""
         message: dict[str, Any] = {"role": "assistant", "content": None if tool_call else "".join(pieces)}
         if tool_call:
-            message["tool_calls"] = [tool_call]
+            call = {**tool_call, "id": tool_call["id"] if index == 0 else tool_call["id"][:-2] + f"{index:02d}"}
+            if self.flavour == "mistral":  # as Mistral's API answers (client-python: ToolCall type is optional)
+                call = {"function": call["function"], "id": call["id"], "index": 0}
+            message["tool_calls"] = [call]
         if thinking:
             if self.flavour == "mistral":
                 message["content"] = [{"type": "thinking", "thinking": [{"type": "text", "text": "".join(thinking)}]},
@@ -224,13 +275,7 @@ class OpenAIEmulator(Emulator):
         if self.flavour == "openai":
             message["refusal"] = None
             message["annotations"] = []
-        out = {"id": cid, "object": "chat.completion", "created": created, "model": body["model"],
-               "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}], "usage": usage}  # fmt: skip
-        if self.flavour == "openai":
-            out["system_fingerprint"] = "fp_emulator"
-            out["service_tier"] = "default"
-        self.annotate(out)
-        return web.Response(body=encode(out), content_type="application/json", headers={"x-request-id": "req_" + random_id(16)})
+        return message
 
     def annotate(self, out: dict[str, Any]) -> None:
         """An answer or a stream chunk as built, before it is sent (a flavour may add its fields)."""
@@ -240,7 +285,7 @@ class OpenAIEmulator(Emulator):
         return []
 
     async def _stream(self, request: web.Request, body: dict[str, Any], d: Directives, cid: str, created: int,
-                      pieces: list[str], thinking: list[str], finish: str, tool_call: dict[str, Any] | None,
+                      replies: list[list[str]], thinking: list[str], finish: str, tool_call: dict[str, Any] | None,
                       usage: dict[str, Any]) -> web.StreamResponse:  # fmt: skip
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                                "x-request-id": "req_" + random_id(16)})  # fmt: skip
@@ -248,9 +293,10 @@ class OpenAIEmulator(Emulator):
         include_usage = self.flavour == "mistral" or bool((body.get("stream_options") or {}).get("include_usage"))
         mistral = self.flavour == "mistral"
 
-        def event(delta: dict[str, Any] | None, finish_reason: str | None = None, last_usage: Any = None, empty: bool = False) -> bytes:
+        def event(delta: dict[str, Any] | None, finish_reason: str | None = None, last_usage: Any = None, empty: bool = False,
+                  index: int = 0) -> bytes:  # fmt: skip
             chunk: dict[str, Any] = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": body["model"],
-                                     "choices": [] if empty else [{"index": 0, "delta": delta or {}, "finish_reason": finish_reason}]}  # fmt: skip
+                                     "choices": [] if empty else [{"index": index, "delta": delta or {}, "finish_reason": finish_reason}]}  # fmt: skip
             if not mistral and not empty:
                 chunk["choices"][0]["logprobs"] = None
             if include_usage and not mistral:
@@ -262,6 +308,7 @@ class OpenAIEmulator(Emulator):
 
         lead = self.preamble()
         events: list[bytes] = [*lead, event({"role": "assistant", "content": ""})]
+        events += [event({"role": "assistant", "content": ""}, index=i) for i in range(1, len(replies))]
         for piece in thinking:
             if mistral:
                 events.append(event({"content": [{"type": "thinking", "thinking": [{"type": "text", "text": piece}]}]}))
@@ -272,11 +319,14 @@ class OpenAIEmulator(Emulator):
             args, field = _call_text(tool_call), "arguments" if kind == "function" else "input"
             half = len(args) // 2
             first = {"index": 0, "id": tool_call["id"], "type": kind, kind: {"name": tool_call[kind]["name"], field: ""}}
+            if mistral:  # Mistral's deltas carry no type
+                del first["type"]
             events.append(event({"tool_calls": [first]}))
             events.append(event({"tool_calls": [{"index": 0, kind: {field: args[:half]}}]}))
             events.append(event({"tool_calls": [{"index": 0, kind: {field: args[half:]}}]}))
-        for piece in pieces:
-            events.append(event({"content": piece}))
+        for step in range(max(len(pieces) for pieces in replies)):  # the choices' pieces interleaved
+            events += [event({"content": pieces[step]}, index=i) for i, pieces in enumerate(replies) if step < len(pieces)]
+        events += [event({}, finish, index=i) for i in range(1, len(replies))]
         if mistral:
             events.append(event({}, finish, usage))
         else:

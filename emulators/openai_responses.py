@@ -22,7 +22,14 @@ import msgspec
 from aiohttp import web
 
 from emulators.common import decode, encode, nth, pause, play, random_id
-from emulators.directives import Directives, count_tokens, directives, fake_arguments, reply_pieces
+from emulators.directives import (
+    Directives,
+    count_tokens,
+    directives,
+    fake_arguments,
+    reply_pieces,
+    structured_pieces,
+)
 
 if TYPE_CHECKING:
     from emulators.openai import OpenAIEmulator
@@ -214,9 +221,11 @@ class ResponsesHandler:
         if last.get("type") == "function_call_output":
             d.echo, d.text = True, f"The tool returned: {last.get('output')}"
         cap = body.get("max_output_tokens")
-        pieces, incomplete = reply_pieces(
-            " ".join([instructions, *texts]), d, cap - len(thinking) if cap else None
-        )
+        fmt = (body.get("text") or {}).get("format")
+        if isinstance(fmt, dict) and fmt.get("type") in ("json_schema", "json_object") and not d.echo:
+            pieces, incomplete = structured_pieces(fmt.get("schema"), cap - len(thinking) if cap else None)
+        else:
+            pieces, incomplete = reply_pieces(" ".join([instructions, *texts]), d, cap - len(thinking) if cap else None)
         out: list[dict[str, Any]] = []
         if thinking:
             summary = (

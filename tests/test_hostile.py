@@ -115,7 +115,10 @@ REQUEST = st.fixed_dictionaries(
     optional={"max_tokens": st.one_of(st.integers(min_value=-5, max_value=50), st.text(max_size=3)),
               "temperature": st.one_of(st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=3)),
               "stream": st.booleans(), "n": st.integers(min_value=-1, max_value=3),
-              "stream_options": JSONISH, "tools": JSONISH, "stop": JSONISH, "extra": JSONISH},
+              "stream_options": JSONISH, "tools": JSONISH, "stop": JSONISH, "extra": JSONISH,
+              "tool_choice": JSONISH, "response_format": st.one_of(JSONISH, st.fixed_dictionaries(
+                  {"type": st.sampled_from(["json_schema", "json_object", "text", "x"])},
+                  optional={"json_schema": JSONISH}))},
 )  # fmt: skip
 
 
