@@ -243,14 +243,18 @@ class TokenUsage(msgspec.Struct, kw_only=True):
     cached: int = 0
     cache_write: int = 0
     reasoning: int = 0
+    reasoning_estimated: bool = False  # the provider counts reasoning inside completion only (Anthropic)
 
     def openai(self) -> dict[str, Any]:
+        details: dict[str, Any] = {"reasoning_tokens": self.reasoning}
+        if self.reasoning_estimated:
+            details["reasoning_tokens_estimated"] = True
         return {
             "prompt_tokens": self.prompt,
             "completion_tokens": self.completion,
             "total_tokens": self.prompt + self.completion,
             "prompt_tokens_details": {"cached_tokens": self.cached},
-            "completion_tokens_details": {"reasoning_tokens": self.reasoning},
+            "completion_tokens_details": details,
         }
 
 
@@ -269,4 +273,5 @@ def usage_from_openai(usage: dict[str, Any] | None) -> TokenUsage | None:
         cached=min(cached, prompt),
         cache_write=int(pdetails.get("cache_write_tokens") or 0),
         reasoning=int(cdetails.get("reasoning_tokens") or 0),
+        reasoning_estimated=cdetails.get("reasoning_tokens_estimated") is True,
     )

@@ -35,11 +35,14 @@ def responses_usage(usage: Any) -> dict[str, Any] | None:
     normal = usage_from_openai(usage)
     if normal is None:
         return None
+    output_details: dict[str, Any] = {"reasoning_tokens": normal.reasoning}
+    if normal.reasoning_estimated:
+        output_details["reasoning_tokens_estimated"] = True
     return {
         "input_tokens": normal.prompt,
         "input_tokens_details": {"cached_tokens": normal.cached, "cache_write_tokens": normal.cache_write},
         "output_tokens": normal.completion,
-        "output_tokens_details": {"reasoning_tokens": normal.reasoning},
+        "output_tokens_details": output_details,
         "total_tokens": normal.prompt + normal.completion,
     }
 

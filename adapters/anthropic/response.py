@@ -45,6 +45,16 @@ def usage_from_anthropic(usage: Any) -> TokenUsage | None:
                       cached=read, cache_write=write, reasoning=min(thinking, output))  # fmt: skip
 
 
+def with_thinking_share(usage: TokenUsage | None, thinking_chars: int, other_chars: int) -> TokenUsage | None:
+    """Anthropic counts thinking inside ``output_tokens`` and does not say how much of it was thinking:
+    an answer that thought gets that count split by the characters of its thinking and of the rest
+    (text, tool arguments), flagged ``reasoning_estimated`` (never a claimed 0, never above the output)."""
+    if usage is None or not thinking_chars or usage.reasoning:
+        return usage
+    share = usage.completion * thinking_chars // (thinking_chars + other_chars)
+    return msgspec.structs.replace(usage, reasoning=share, reasoning_estimated=True)
+
+
 def openai_usage(usage: TokenUsage) -> dict[str, Any]:
     out = usage.openai()
     if usage.cache_write:
@@ -101,7 +111,8 @@ def parse(provider: str, call: Call, body: bytes) -> tuple[dict[str, Any], Token
         message["tool_calls"] = calls
     if thinking:
         message[REASONING] = "".join(thinking)
-    usage = usage_from_anthropic(data.get("usage"))
+    other = sum(map(len, text)) + sum(len(c["function"]["arguments"]) for c in calls)
+    usage = with_thinking_share(usage_from_anthropic(data.get("usage")), sum(map(len, thinking)), other)
     choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}
     out: dict[str, Any] = {"created": int(time.time()), "choices": [choice]}
     if usage is not None:

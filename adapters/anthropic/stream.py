@@ -9,7 +9,14 @@ from typing import Any
 import msgspec
 
 from adapters.anthropic.request import JSON_TOOL
-from adapters.anthropic.response import error_text, finish_reason, obj, openai_usage, usage_from_anthropic
+from adapters.anthropic.response import (
+    error_text,
+    finish_reason,
+    obj,
+    openai_usage,
+    usage_from_anthropic,
+    with_thinking_share,
+)
 from adapters.base import REASONING, StreamTranslator, UpstreamStreamError
 from core.sse import Event
 
@@ -35,6 +42,8 @@ class AnthropicStream(StreamTranslator):
         self.tools: dict[int, int] = {}  # content block index → OpenAI tool-call index
         self.tool_args: set[int] = set()  # block indexes whose arguments have been sent
         self.raw_usage: dict[str, Any] = {}
+        self.thinking_chars = 0  # what thought and what else was said: how output_tokens splits
+        self.other_chars = 0
         self.finish_sent = False
         self.handlers: dict[str, Callable[[dict[str, Any]], Chunks]] = {
             "message_start": self._message_start,
@@ -84,8 +93,10 @@ class AnthropicStream(StreamTranslator):
             function = {"name": block.get("name"), "arguments": arguments}
             return self._tool_delta(index, id=block.get("id"), type="function", function=function)
         if kind == "text" and block.get("text"):
+            self.other_chars += len(block["text"])
             return [_chunk({"content": block["text"]})]
         if kind == "thinking" and block.get("thinking"):
+            self.thinking_chars += len(block["thinking"])
             return [_chunk({REASONING: block["thinking"]})]
         return []
 
@@ -93,12 +104,16 @@ class AnthropicStream(StreamTranslator):
         delta, index = obj(data.get("delta")), data.get("index")
         kind = delta.get("type")
         if kind == "text_delta" and delta.get("text"):
+            self.other_chars += len(delta["text"])
             return [_chunk({"content": delta["text"]})]
         if kind == "thinking_delta" and delta.get("thinking"):
+            self.thinking_chars += len(delta["thinking"])
             return [_chunk({REASONING: delta["thinking"]})]
         if kind == "input_json_delta" and index == self.json_block and delta.get("partial_json"):
+            self.other_chars += len(delta["partial_json"])
             return [_chunk({"content": delta["partial_json"]})]
         if kind == "input_json_delta" and index in self.tools and delta.get("partial_json"):
+            self.other_chars += len(delta["partial_json"])
             self.tool_args.add(index)
             return self._tool_delta(index, function={"arguments": delta["partial_json"]})
         return []  # signature_delta, citations_delta, empty fragments
@@ -111,7 +126,7 @@ class AnthropicStream(StreamTranslator):
         return []
 
     def _set_usage(self) -> None:
-        self.usage = usage_from_anthropic(self.raw_usage)
+        self.usage = with_thinking_share(usage_from_anthropic(self.raw_usage), self.thinking_chars, self.other_chars)
         if self.usage is not None:
             self.usage_raw = openai_usage(self.usage)
 
