@@ -16,9 +16,11 @@ from tests.matrix import (
     MODELS,
     PNG,
     WEATHER_PROMPT,
+    Weather,
     check_chat,
     check_image,
     check_image_refused,
+    check_structured,
     check_tools,
     weather,
 )
@@ -87,3 +89,16 @@ def test_image_input(stack: Stack, key: str, group: str) -> None:
         with pytest.raises(openai.BadRequestError) as caught:
             llm.invoke([message])
         check_image_refused({"ok": False}, caught.value.status_code, caught.value.body)
+
+
+@pytest.mark.parametrize("method", ["json_schema", "function_calling"])
+def test_structured_output(stack: Stack, key: str, group: str, method: str) -> None:
+    llm = chat_model(stack, key, group).with_structured_output(Weather, method=method)  # type: ignore[arg-type]
+    out = llm.invoke("The weather in Seoul" + (" [tool]" if method == "function_calling" else ""))
+    check_structured({"object": out.model_dump() if isinstance(out, Weather) else out})
+
+
+def test_json_mode(stack: Stack, key: str, group: str) -> None:
+    """JSON mode asks for some JSON object (its shape is the prompt's business): a real, non-empty one."""
+    out = chat_model(stack, key, group).with_structured_output(None, method="json_mode").invoke("Answer in JSON.")  # type: ignore[arg-type]
+    assert isinstance(out, dict) and out

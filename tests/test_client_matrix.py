@@ -14,7 +14,15 @@ from typing import Any
 import pytest
 
 from tests.conftest import Stack
-from tests.matrix import GROUPS, MODELS, check_chat, check_image, check_image_refused, check_tools
+from tests.matrix import (
+    GROUPS,
+    MODELS,
+    check_chat,
+    check_image,
+    check_image_refused,
+    check_structured,
+    check_tools,
+)
 
 CLIENTS_DIR = Path(__file__).parent / "clients"
 SCRIPTS = {
@@ -80,3 +88,8 @@ def test_image_input(stack: Stack, report: dict[str, Any], client: str, group: s
     else:
         found = report[f"{client}/{group}/image"]
         check_image_refused(found, found.get("status"), found.get("body"))
+
+
+@pytest.mark.parametrize(("client", "group"), cells("structured"))
+def test_structured_output(report: dict[str, Any], client: str, group: str) -> None:
+    check_structured(cell(report, client, group, "structured"))
