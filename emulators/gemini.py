@@ -428,7 +428,7 @@ class GeminiEmulator(Emulator):
         json_schema = _json_schema(config)
         for n in range(int(get(config, "candidateCount") or 1)):
             if json_schema is not None and not d.echo:  # JSON mode: an answer that follows the schema
-                pieces, truncated = structured_pieces(json_schema or None, visible)
+                pieces, truncated = structured_pieces(json_schema or None, visible, n)
             else:
                 pieces, truncated = reply_pieces(prompt + (f"#{n}" if n else ""), d, visible)
             pieces, stopped = _apply_stops(pieces, stops)

@@ -180,7 +180,7 @@ class OpenAIEmulator(Emulator):
         for i in range(body.get("n") or 1):  # n choices, each its own answer
             if kind in ("json_schema", "json_object") and not d.echo:  # structured output: JSON of the schema
                 spec = fmt.get("json_schema") if isinstance(fmt, dict) else None
-                pieces, cut = structured_pieces(spec.get("schema") if isinstance(spec, dict) else None, cap)
+                pieces, cut = structured_pieces(spec.get("schema") if isinstance(spec, dict) else None, cap, i)
             else:
                 pieces, cut = reply_pieces(prompt + (f"#{i}" if i else ""), d, cap)
             replies.append(pieces)

@@ -14,13 +14,14 @@ WORDS = ("Seoul", "router", "answer", "gateway", "blue", "seven", "river", "quie
 MAX_DEPTH = 12  # a recursive schema ($ref to itself) stops here with the smallest value
 
 
-def instance(schema: Any, root: Any = None, depth: int = 0, name: str = "") -> Any:
-    """A value of ``schema`` (``root``: the document its ``$ref`` s point into)."""
+def instance(schema: Any, root: Any = None, depth: int = 0, name: str = "", variant: int = 0) -> Any:
+    """A value of ``schema`` (``root``: the document its ``$ref`` s point into); another ``variant``
+    gives other strings (several candidates of one request differ, as a model's do)."""
     root = schema if root is None else root
     if not isinstance(schema, dict) or depth > MAX_DEPTH:
         return None if depth > MAX_DEPTH else f"{name or 'value'} {WORDS[depth % len(WORDS)]}"
     if "$ref" in schema:
-        return instance(_resolve(root, str(schema["$ref"])), root, depth + 1, name)
+        return instance(_resolve(root, str(schema["$ref"])), root, depth + 1, name, variant)
     if "const" in schema:
         return schema["const"]
     enum = schema.get("enum")
@@ -30,21 +31,21 @@ def instance(schema: Any, root: Any = None, depth: int = 0, name: str = "") -> A
         options = schema.get(key)
         if isinstance(options, list) and options:
             chosen = next((o for o in options if not (isinstance(o, dict) and _kind(o) == "null")), options[0])
-            return instance(chosen, root, depth + 1, name)
+            return instance(chosen, root, depth + 1, name, variant)
     if isinstance(schema.get("allOf"), list):
         merged: dict[str, Any] = {}
         for part in schema["allOf"]:
             if isinstance(part, dict):
                 part = _resolve(root, str(part["$ref"])) if "$ref" in part else part
                 merged = _merge(merged, part)
-        return instance(merged, root, depth + 1, name)
+        return instance(merged, root, depth + 1, name, variant)
     kind = _kind(schema)
     if kind == "object" or (kind is None and "properties" in schema):
-        return _object(schema, root, depth)
+        return _object(schema, root, depth, variant)
     if kind == "array":
         items = schema.get("items") if isinstance(schema.get("items"), dict) else {}
         count = max(int(schema.get("minItems") or 0), 1)
-        return [instance(items, root, depth + 1, name) for _ in range(count)]
+        return [instance(items, root, depth + 1, name, variant) for _ in range(count)]
     if kind == "integer":
         return _number(schema, 3, int)
     if kind == "number":
@@ -53,7 +54,7 @@ def instance(schema: Any, root: Any = None, depth: int = 0, name: str = "") -> A
         return True
     if kind == "null":
         return None
-    return _string(schema)
+    return _string(schema, variant)
 
 
 def _kind(schema: dict[str, Any]) -> str | None:
@@ -63,11 +64,11 @@ def _kind(schema: dict[str, Any]) -> str | None:
     return str(kind).lower() if kind is not None else None
 
 
-def _object(schema: dict[str, Any], root: Any, depth: int) -> dict[str, Any]:
+def _object(schema: dict[str, Any], root: Any, depth: int, variant: int) -> dict[str, Any]:
     props = schema.get("properties")
     if not isinstance(props, dict):  # an object of any shape (JSON mode): a small one, never empty
-        return {"answer": " ".join(WORDS[:3])}
-    return {key: instance(prop, root, depth + 1, key) for key, prop in props.items()}
+        return {"answer": " ".join(WORDS[(variant + i) % len(WORDS)] for i in range(3))}
+    return {key: instance(prop, root, depth + 1, key, variant) for key, prop in props.items()}
 
 
 def _number(schema: dict[str, Any], default: float, kind: type) -> Any:
@@ -82,7 +83,7 @@ def _number(schema: dict[str, Any], default: float, kind: type) -> Any:
     return kind(value)
 
 
-def _string(schema: dict[str, Any]) -> str:
+def _string(schema: dict[str, Any], variant: int) -> str:
     fmt = schema.get("format")
     if fmt == "date-time":
         return "2026-11-24T09:00:00Z"
@@ -94,7 +95,7 @@ def _string(schema: dict[str, Any]) -> str:
         return "https://example.com/"
     if fmt == "uuid":
         return "5f0c2e8a-1b7d-4c3e-9a6f-2d4b8e1c7a90"
-    text = WORDS[0]
+    text = WORDS[variant % len(WORDS)]
     minimum = schema.get("minLength")
     if isinstance(minimum, int) and len(text) < minimum:
         text = (text * (minimum // len(text) + 1))[: max(minimum, len(text))]
