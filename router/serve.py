@@ -19,7 +19,7 @@ from hypercorn.config import Config
 
 from core.config import ServerSettings
 from core.types import ASGIApp
-from router import connections
+from router import connections, fast_headers
 
 if TYPE_CHECKING:
     from core.config import Settings
@@ -66,6 +66,7 @@ async def serve(app: ASGIApp, server: ServerSettings, started: Callable[[], Awai
             pass
     config = hypercorn_config(server)
     connections.install(server.max_connections, server.max_idle_connections)
+    fast_headers.install()
     if fd is not None:
         config.bind = [f"fd://{fd}"]  # a worker of serve_workers: the socket is its parent's
     # hypercorn types the ASGI scope and messages as TypedDicts, Starlette and we as mutable mappings:

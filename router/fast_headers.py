@@ -1,0 +1,66 @@
+"""h11's header check, the same rules in fewer steps (hypercorn serves HTTP/1.1 through h11).
+
+h11 normalises and validates a response's headers whenever it builds one: once for an answer, three
+times for a stream (the ``Response`` event, then twice more when it sets chunked framing). Each pass
+converts every name and value with ``bytesify`` and runs each through ``validate`` (a regex and a
+function call), and that came to about a tenth of the instructions of a streamed call.
+:func:`normalize_and_validate` applies the same regexes and the same Content-Length and
+Transfer-Encoding rules to ``bytes`` headers, remembering the names it has seen valid (a gateway
+sends the same dozen names again and again); anything else — ``str`` headers, a header h11 would
+refuse, framing it would repair — goes to h11's own function, which gives its own answer or error.
+``tests/test_fast_headers.py`` holds the two equal on generated headers, valid and not.
+
+:func:`install` puts it where h11 looks it up (``h11._events``, ``h11._headers``); ``router.serve``
+calls it for the processes it runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import h11._events as h11_events
+import h11._headers as h11_headers
+
+ORIGINAL = h11_headers.normalize_and_validate
+_name_ok = h11_headers._field_name_re.fullmatch
+_value_ok = h11_headers._field_value_re.fullmatch
+_length_ok = h11_headers._content_length_re.fullmatch
+_MAX_DIGITS = h11_headers.CONTENT_LENGTH_MAX_DIGITS
+_Headers = h11_headers.Headers
+_names: dict[bytes, bytes] = {}  # names found valid → their lower case
+_MAX_NAMES = 4096
+
+
+def normalize_and_validate(headers: Any, _parsed: bool = False) -> Any:
+    if _parsed:
+        return ORIGINAL(headers, _parsed=True)
+    out = []
+    length: bytes | None = None
+    chunked = False
+    for pair in headers:
+        name, value = pair
+        if type(name) is not bytes or type(value) is not bytes or not _value_ok(value):
+            return ORIGINAL(headers)
+        lower = _names.get(name)
+        if lower is None:
+            if not _name_ok(name):
+                return ORIGINAL(headers)
+            lower = name.lower()
+            if len(_names) < _MAX_NAMES:
+                _names[name] = lower
+        if lower == b"content-length":
+            if length is not None or not _length_ok(value) or len(value) > _MAX_DIGITS:
+                return ORIGINAL(headers)  # a list, a repeat, anything but digits: h11 decides
+            length = value
+        elif lower == b"transfer-encoding":
+            if chunked or value.lower() != b"chunked":
+                return ORIGINAL(headers)
+            chunked = True
+            value = b"chunked"
+        out.append((name, lower, value))
+    return _Headers(out)
+
+
+def install() -> None:
+    for module in (h11_headers, h11_events):  # where h11 looks the function up
+        setattr(module, "normalize_and_validate", normalize_and_validate)  # noqa: B010

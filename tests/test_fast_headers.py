@@ -1,0 +1,52 @@
+"""router.fast_headers gives what h11's own header check gives, on generated headers valid and not:
+the same normalised headers, or the same error."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import h11
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from router import fast_headers
+
+NAMES = st.one_of(
+    st.sampled_from([b"content-type", b"Content-Length", b"content-length", b"Transfer-Encoding", b"x-request-id",
+                     b"X-RateLimit-Remaining-Requests", b"date", b"bad name", b"", b"n\xe9", b"a:b"]),
+    st.binary(max_size=12),
+    st.text(max_size=8),
+)  # fmt: skip
+VALUES = st.one_of(
+    st.sampled_from([b"application/json", b"12", b"012", b"12, 12", b"12,13", b" 12", b"chunked", b"CHUNKED",
+                     b"gzip", b"", b"a\r\nb", b"tab\there", b"99999999999999999999999", b"\xff"]),
+    st.binary(max_size=16),
+    st.text(max_size=8),
+)  # fmt: skip
+
+
+def _outcome(fn: Any, headers: list[tuple[Any, Any]]) -> tuple[str, Any]:
+    try:
+        return "ok", list(fn(headers)._full_items)
+    except h11.LocalProtocolError as exc:
+        return "error", str(exc)
+    except Exception as exc:  # noqa: BLE001 - compared by type and text
+        return type(exc).__name__, str(exc)
+
+
+@settings(max_examples=3000, derandomize=True)
+@given(st.lists(st.tuples(NAMES, VALUES), max_size=6))
+def test_the_fast_check_agrees_with_h11(headers: list[tuple[Any, Any]]) -> None:
+    assert _outcome(fast_headers.normalize_and_validate, headers) == _outcome(fast_headers.ORIGINAL, headers)
+
+
+def test_install_is_what_h11_calls() -> None:
+    fast_headers.install()
+    response = h11.Response(status_code=200, headers=[(b"Content-Length", b"2"), (b"x-request-id", b"r")])
+    assert list(response.headers._full_items) == [(b"Content-Length", b"content-length", b"2"),
+                                                   (b"x-request-id", b"x-request-id", b"r")]  # fmt: skip
+    conn = h11.Connection(h11.SERVER)
+    conn.receive_data(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    conn.next_event()
+    head = conn.send(h11.Response(status_code=200, headers=[(b"content-type", b"text/event-stream")]))
+    assert head is not None and b"Transfer-Encoding: chunked" in head
