@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import ONE_PER_PROVIDER, Stack
 
 MODELS = ONE_PER_PROVIDER
-IMAGE_MODELS = {"openai/gpt-5-mini", "anthropic/claude-haiku-4-5", "google/gemini-2.5-flash", "mistral/mistral-small-latest"}
+IMAGE_MODELS = {"openai/gpt-4o-mini", "openai/gpt-5-mini", "anthropic/claude-haiku-4-5", "google/gemini-2.5-flash", "mistral/mistral-small-latest"}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]  # fmt: skip
 PNG = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="

@@ -156,13 +156,25 @@ def test_model_that_cannot_chat(client: openai.OpenAI, model: str, code: str) ->
 def test_image_refused_for_text_only_model(stack: Stack, client: openai.OpenAI) -> None:
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
     message = {"role": "user", "content": [{"type": "text", "text": "what is this"}, image]}
-    for model in ("upstage/solar-mini", "openai/gpt-4o-mini"):
+    for model in ("upstage/solar-mini", "openai/gpt-4o-search-preview", "mistral/mistral-large-latest"):
         with pytest.raises(openai.BadRequestError) as info:
             client.chat.completions.create(model=model, messages=[message])
         assert info.value.code == "image_input_unsupported"  # type: ignore[attr-defined]
     out = client.chat.completions.create(model="openai/gpt-5-mini", messages=[message])
     assert out.choices[0].message.content
     assert stack.emulator("openai").requests[-1]["messages"][0]["content"][1] == image
+
+
+# OpenAI's model pages (docs/providers.md, "Model capabilities"): text and image input
+@pytest.mark.parametrize("model", ["openai/gpt-4o", "openai/gpt-4o-mini", "openai/gpt-4.1", "openai/chatgpt-4o-latest",
+                                   "openai/o3", "openai/o4-mini"])  # fmt: skip
+def test_image_accepted_by_openai_vision_models(stack: Stack, client: openai.OpenAI, model: str) -> None:
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    message = {"role": "user", "content": [{"type": "text", "text": "what is this"}, image]}
+    out = client.chat.completions.create(model=model, messages=[message])
+    assert out.choices[0].message.content and out.model == model
+    sent = stack.emulator("openai").requests[-1]
+    assert sent["model"] == stack.gateway.catalog.resolve(model).upstream and sent["messages"][0]["content"][1] == image
 
 
 @pytest.mark.parametrize(

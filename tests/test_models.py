@@ -29,7 +29,7 @@ def test_model_entry_carries_our_fields(stack: Stack) -> None:
     entry = next(m for m in r.json()["data"] if m["id"] == "openai/gpt-4o-mini")
     assert entry["alias_of"] == "openai/gpt-4o-mini-2024-07-18"
     assert entry["pricing"] == {"input": "0.15", "output": "0.6", "cached_input": "0.075", "unit": "credits per 1M tokens"}
-    assert entry["context_length"] == 128000 and entry["image_input"] is False
+    assert entry["context_length"] == 128000 and entry["image_input"] is True
     assert entry["endpoints"] == ["chat", "responses"]
 
 

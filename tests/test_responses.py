@@ -222,6 +222,7 @@ def test_tool_choice_named_function_forces_the_call(stack: Stack, client: openai
         "google/gemini-2.5-flash",
         "mistral/mistral-small-latest",
         "openai/gpt-5-mini",
+        "openai/gpt-4o-mini",
     ],
 )
 def test_image_input(stack: Stack, client: openai.OpenAI, model: str) -> None:
@@ -243,7 +244,7 @@ def test_image_input(stack: Stack, client: openai.OpenAI, model: str) -> None:
 
 def test_image_refused_for_a_text_only_model(stack: Stack, client: openai.OpenAI) -> None:
     before = len(stack.emulator("upstage").requests)
-    for model in ("upstage/solar-mini", "openai/gpt-4o-mini"):
+    for model in ("upstage/solar-mini", "mistral/mistral-large-latest"):
         with pytest.raises(openai.BadRequestError) as info:
             client.responses.create(
                 model=model,
