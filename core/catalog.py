@@ -63,6 +63,7 @@ class ModelSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     kind: Literal["chat", "reasoning", "search", "code", "image-generation", "image-preview"] = "chat"
     endpoints: list[Endpoint] = msgspec.field(default_factory=lambda: ["chat", "responses"])
     image_input: bool = False
+    tools: bool = True  # function tools (OpenAI's ``tools``) are taken; false: 400 tools_unsupported
     reasoning: bool = False
     context: int = 0
     max_output: int = 4096
@@ -105,6 +106,7 @@ class Model:
     alias_of: str | None
     fallbacks: tuple[str, ...]
     shutdown_date: str | None = None
+    tools: bool = True
 
 
 def _nano(value: str | None, where: str, default: int) -> int:
@@ -193,6 +195,7 @@ class Catalog:
             alias_of=spec.alias_of,
             fallbacks=tuple(target.fallbacks),
             shutdown_date=target.shutdown_date,
+            tools=target.tools,
         )
 
     @classmethod

@@ -218,6 +218,7 @@ class ModelCard(msgspec.Struct):
     kind: str
     endpoints: list[str]
     image_input: bool
+    tools: bool
     context_length: int
     max_output_tokens: int
     pricing: Pricing

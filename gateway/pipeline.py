@@ -69,7 +69,7 @@ class Pipeline:
     def check(self, principal: Principal, req: ChatRequest, endpoint: Endpoint = "chat", model_id: str | None = None,
               *, image_param: str = "messages", cap_param: str = "max_tokens") -> Model:  # fmt: skip
         """The model ``model_id`` (default: the request's) for this caller and request: its endpoint,
-        image input, custom tools, the key's allow-list, the output cap (400/403/404)."""
+        image input, tools, custom tools, the key's allow-list, the output cap (400/403/404)."""
         gw = self.gw
         model_id = model_id or req.model
         model = gw.catalog.resolve(model_id)
@@ -80,6 +80,13 @@ class Pipeline:
                 "image_input in GET /v1/models.",
                 param=image_param,
                 code="image_input_unsupported",
+            )
+        if req.tools and not model.tools:
+            raise InvalidRequest(
+                f"The model `{model_id}` does not support tools (function calling); send the request without "
+                "'tools', or pick a model with tools in GET /v1/models.",
+                param="tools",
+                code="tools_unsupported",
             )
         custom = req.custom_tools_at()
         if custom and not gw.catalog.providers[model.provider].custom_tools:  # they pass through, untranslated

@@ -27,7 +27,7 @@ from core.catalog import Model
 from core.deployments import Deployment
 from core.errors import GatewayError, InvalidRequest
 from core.sse import SSEDecoder, frame_event
-from core.wire import ChatRequest, ImagePart, ImageURL, Message, TokenUsage
+from core.wire import ChatRequest, FunctionDef, ImagePart, ImageURL, Message, TokenUsage, Tool
 from gateway.chat_codec import ChatCodec, ChatLeg
 from gateway.codec import Answer, Codec, Leg, Reader, fallback_list
 from gateway.responses_events import EventSynth
@@ -37,6 +37,7 @@ from gateway.state import Gateway
 from gateway.stream import ChatReader, error_chunk
 
 SAMPLING = frozenset({"temperature", "top_p", "top_logprobs"})  # the Responses API's sampling options
+_SOME_TOOL = Tool(function=FunctionDef(name="tools"))  # the view says only whether the call has tools
 
 _encode = msgspec.json.Encoder().encode
 
@@ -64,10 +65,12 @@ def reserve_request(body: dict[str, Any]) -> ChatRequest:
     urls = image_urls(body)
     parts: list[Any] = [ImagePart(image_url=ImageURL(url=url)) for url in urls]
     cap = body.get("max_output_tokens")
+    tools = body.get("tools")
     return ChatRequest(
         model=str(body["model"]),
         messages=[Message(role="user", content=parts)] if parts else [],
         max_completion_tokens=cap if isinstance(cap, int) and cap > 0 else None,
+        tools=[_SOME_TOOL] if isinstance(tools, list) and tools else None,
     )
 
 

@@ -177,6 +177,40 @@ def test_image_accepted_by_openai_vision_models(stack: Stack, client: openai.Ope
     assert sent["model"] == stack.gateway.catalog.resolve(model).upstream and sent["messages"][0]["content"][1] == image
 
 
+WEATHER_TOOL = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]  # fmt: skip
+
+
+# no function calling on the provider's model page (docs/providers.md, "Model capabilities")
+@pytest.mark.parametrize("model", ["openai/chatgpt-4o-latest", "openai/gpt-4o-search-preview",
+                                   "openai/gpt-4o-mini-search-preview", "google/gemini-2.5-flash-image-preview"])  # fmt: skip
+def test_tools_refused_for_a_model_without_them(stack: Stack, client: openai.OpenAI, model: str) -> None:
+    emulator = stack.emulator(stack.gateway.catalog.resolve(model).provider)
+    before = len(emulator.requests)
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Seoul? [tool]"}],
+                                           tools=WEATHER_TOOL, stream=stream)  # type: ignore[arg-type]  # fmt: skip
+        assert info.value.code == "tools_unsupported" and info.value.param == "tools"  # type: ignore[attr-defined]
+        assert f"`{model}` does not support tools" in info.value.message
+    assert len(emulator.requests) == before  # refused before any upstream call
+    out = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hello"}])
+    assert out.choices[0].finish_reason == "stop"  # the same model answers without tools
+    listed = client.models.retrieve(model).model_extra or {}
+    assert listed["tools"] is False and (client.models.retrieve("openai/gpt-4o").model_extra or {})["tools"] is True
+
+
+def test_tools_refused_on_responses_for_a_model_without_them(stack: Stack, client: openai.OpenAI) -> None:
+    before = len(stack.emulator("openai").requests)
+    tool = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {}}}
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.create(model="openai/chatgpt-4o-latest", input="Seoul? [tool]", tools=[tool])  # type: ignore[list-item]
+    assert info.value.code == "tools_unsupported" and info.value.param == "tools"  # type: ignore[attr-defined]
+    assert len(stack.emulator("openai").requests) == before
+    out = client.responses.create(model="openai/chatgpt-4o-latest", input="hello")
+    assert out.status == "completed" and out.output_text
+
+
 @pytest.mark.parametrize(
     ("fault", "error", "status"),
     [("[fault:429]", openai.RateLimitError, 429), ("[fault:500]", openai.InternalServerError, 502),
