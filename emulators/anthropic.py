@@ -24,8 +24,8 @@ from emulators.directives import Directives, count_tokens, directives, fake_argu
 
 # id -> (display name, max output tokens, created_at)
 MODELS = {
-    "claude-opus-4-8": ("Claude Opus 4.8", 64000, "2026-05-05T00:00:00Z"),
-    "claude-sonnet-4-6": ("Claude Sonnet 4.6", 64000, "2026-02-13T00:00:00Z"),
+    "claude-opus-4-8": ("Claude Opus 4.8", 128000, "2026-05-05T00:00:00Z"),
+    "claude-sonnet-4-6": ("Claude Sonnet 4.6", 128000, "2026-02-13T00:00:00Z"),
     "claude-opus-4-5-20251101": ("Claude Opus 4.5", 64000, "2025-11-24T00:00:00Z"),
     "claude-opus-4-1-20250805": ("Claude Opus 4.1", 32000, "2025-08-05T00:00:00Z"),
     "claude-sonnet-4-5-20250929": ("Claude Sonnet 4.5", 64000, "2025-09-29T00:00:00Z"),

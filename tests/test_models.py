@@ -97,3 +97,22 @@ def test_operator_catalog_adds_a_model(tmp_path) -> None:
     catalog = Catalog.load(extra)
     assert catalog.resolve("mistral/ministral-8b-2410").upstream == "ministral-8b-2410"
     assert catalog.resolve("openai/gpt-4o").upstream == "gpt-4o-2024-08-06"
+
+
+# Anthropic's model pages (docs/providers.md, "Model capabilities"): a 1M-token context, 128K output
+@pytest.mark.parametrize("model", ["anthropic/claude-opus-4-8", "anthropic/claude-sonnet-4-6"])
+def test_anthropic_output_ceiling_is_the_documented_one(stack: Stack, client: openai.OpenAI, model: str) -> None:
+    hello = [{"role": "user", "content": "hello"}]
+    out = client.chat.completions.create(model=model, max_tokens=128_000, messages=hello)  # type: ignore[arg-type]
+    assert out.choices[0].finish_reason == "stop"
+    assert stack.emulator("anthropic").requests[-1]["max_tokens"] == 128_000
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=model, max_tokens=128_001, messages=hello)  # type: ignore[arg-type]
+    assert info.value.param == "max_tokens" and "at most 128000 output tokens" in info.value.message  # type: ignore[attr-defined]
+    card = client.models.retrieve(model).model_extra or {}
+    assert card["context_length"] == 1_000_000 and card["max_output_tokens"] == 128_000
+
+
+def test_gpt_5_5_context_is_the_documented_one(client: openai.OpenAI) -> None:
+    card = client.models.retrieve("openai/gpt-5.5").model_extra or {}  # OpenAI's model page: 1,050,000
+    assert card["context_length"] == 1_050_000 and card["max_output_tokens"] == 128_000
