@@ -256,7 +256,7 @@ class Meter:
 
     async def finish(self, usage: TokenUsage | None, status: str, *, generated: str = "", error: str | None = None,
                      first_token_at: float | None = None, upstream_id: str | None = None,
-                     prompt_usage: TokenUsage | None = None) -> None:  # fmt: skip
+                     prompt_usage: TokenUsage | None = None, estimated: bool = False) -> None:  # fmt: skip
         """``prompt_usage``: the prompt's exact counts, when the upstream gave them before it stopped
         (Anthropic's ``message_start``); an estimate then counts only the output."""
         if self.finished:
@@ -265,7 +265,7 @@ class Meter:
         if self.on_finish is not None:
             self.on_finish()
         record = self.record
-        exact = usage is not None
+        exact = usage is not None and not estimated
         if usage is None and (generated or status == "interrupted"):
             usage = await asyncio.get_running_loop().run_in_executor(None, self._estimate, generated, prompt_usage)
         if usage is None:

@@ -20,6 +20,8 @@ from core.money import NANO
 from core.types import Endpoint
 
 BUILTIN = Path(__file__).with_name("catalog.toml")
+ENDPOINT_PATHS = {"chat": "chat/completions", "responses": "responses", "embeddings": "embeddings",
+                  "images": "images/generations"}
 
 
 class ConfigError(Exception):
@@ -36,6 +38,19 @@ class PriceSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     output: str = "0"
     cached_input: str | None = None
     cache_write: str | None = None
+    image: str | None = None  # credits per generated image (Imagen); token-priced models leave it unset
+
+
+class EmbeddingSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """What an embedding model takes (docs/providers.md, Embeddings): its vector's size, the sizes a
+    caller may ask for (``dimensions``; 0: none but the default), the most inputs in one upstream
+    request, whether token arrays are accepted."""
+
+    dimensions: int
+    min_dimensions: int = 0
+    max_dimensions: int = 0
+    max_inputs: int = 2048
+    token_arrays: bool = False
 
 
 class ProviderSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -60,7 +75,7 @@ class ModelSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     id: str
     alias_of: str | None = None
     upstream: str | None = None
-    kind: Literal["chat", "reasoning", "search", "code", "image-generation", "image-preview"] = "chat"
+    kind: Literal["chat", "reasoning", "search", "code", "image-generation", "image-preview", "embedding"] = "chat"
     endpoints: list[Endpoint] = msgspec.field(default_factory=lambda: ["chat", "responses"])
     image_input: bool = False
     tools: bool = True  # function tools (OpenAI's ``tools``) are taken; false: 400 tools_unsupported
@@ -72,6 +87,7 @@ class ModelSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     created: int = 0
     shutdown_date: str | None = None  # announced end of life (YYYY-MM-DD)
     fallbacks: list[str] = []
+    embedding: EmbeddingSpec | None = None
 
 
 class CatalogFile(msgspec.Struct, forbid_unknown_fields=True):
@@ -87,6 +103,7 @@ class Prices:
     output: int
     cached_input: int
     cache_write: int
+    image: int = 0  # per generated image
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +124,7 @@ class Model:
     fallbacks: tuple[str, ...]
     shutdown_date: str | None = None
     tools: bool = True
+    embedding: EmbeddingSpec | None = None
 
 
 def _nano(value: str | None, where: str, default: int) -> int:
@@ -190,12 +208,14 @@ class Catalog:
                 output=_nano(p.output, where, 0),
                 cached_input=_nano(p.cached_input, where, inp),
                 cache_write=_nano(p.cache_write, where, inp),
+                image=_nano(p.image, where, 0),
             ),
             created=target.created,
             alias_of=spec.alias_of,
             fallbacks=tuple(target.fallbacks),
             shutdown_date=target.shutdown_date,
             tools=target.tools,
+            embedding=target.embedding,
         )
 
     @classmethod
@@ -224,7 +244,7 @@ class Catalog:
 
     def require_endpoint(self, model: Model, model_id: str, endpoint: Endpoint) -> None:
         if endpoint not in model.endpoints:
-            serves = ", ".join(f"/v1/{'chat/completions' if e == 'chat' else e}" for e in sorted(model.endpoints))
+            serves = ", ".join(f"/v1/{ENDPOINT_PATHS[e]}" for e in sorted(model.endpoints))
             raise InvalidRequest(
                 f"The model `{model_id}` is a {model.kind} model and does not serve this endpoint"
                 + (f"; it serves {serves}." if serves else "; it serves no endpoint of this gateway."),

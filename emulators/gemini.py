@@ -33,11 +33,13 @@ from emulators.directives import (
     reply_pieces,
     structured_pieces,
 )
+from emulators.embeddings import gemini_embed
 
 ROOT = "/v1beta"
 THOUGHT = ["Let", " me", " think", "."]
 IMAGE_TOKENS = 258  # what Gemini counts for one image up to 384 px
 IMAGE_OUT_TOKENS = 1290  # what Gemini counts (and bills as output) for one generated image
+MEDIA_METHODS = ("embedContent", "batchEmbedContents")  # served by emulators/embeddings.py
 PIXEL = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4f4YBAASZAcwPiojEAAAAAElFTkSuQmCC"  # a 1x1 PNG
 SIGNATURE = "CiQBZW11bGF0b3IgdGhvdWdodCBzaWduYXR1cmUgZm9yIGdlbWluaQ=="  # base64, as the SDK checks
 # name → (display name, input limit, output limit, thinks)
@@ -453,7 +455,7 @@ class GeminiEmulator(Emulator):
 
     async def post(self, request: web.Request) -> web.StreamResponse:
         model, _, method = request.match_info["target"].partition(":")
-        if method not in ("generateContent", "streamGenerateContent", "countTokens"):
+        if method not in ("generateContent", "streamGenerateContent", "countTokens", *MEDIA_METHODS):
             return error(404, f"Method {method or 'none'} is not found for models/{model}.", "NOT_FOUND")
         denied = self._denied(request)
         if denied is not None:
@@ -467,6 +469,8 @@ class GeminiEmulator(Emulator):
         self.received(body)
         if method != "countTokens" and (wait := self.over_limit()) is not None:
             return fault(429, f"{retry_after(wait)}s")  # Gemini says when in RetryInfo, not in Retry-After
+        if method in MEDIA_METHODS:
+            return await gemini_embed(model, method, body, fault)
         if method == "countTokens" and isinstance(get(body, "generateContentRequest"), dict):
             body = get(body, "generateContentRequest")
         if model not in MODELS and not _MODEL_NAME.fullmatch(model):

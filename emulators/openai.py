@@ -21,6 +21,7 @@ from emulators.directives import (
     reply_pieces,
     structured_pieces,
 )
+from emulators.embeddings import OpenAIEmbeddings
 from emulators.openai_responses import ResponsesHandler
 
 MISTRAL_FIELDS = {
@@ -65,6 +66,7 @@ class OpenAIEmulator(Emulator):
     def routes(self) -> None:
         self.app.router.add_post("/v1/chat/completions", self.chat)
         self.app.router.add_get("/v1/models", self.models)
+        self.app.router.add_post("/v1/embeddings", OpenAIEmbeddings(self).handle)
         if self.flavour == "openai":  # only OpenAI serves the Responses API
             self.responses = ResponsesHandler(self)
             self.app.router.add_post("/v1/responses", self.responses.handle)

@@ -41,6 +41,7 @@ class Answer(NamedTuple):
     body: dict[str, Any]
     usage: TokenUsage | None
     error: str | None = None
+    estimated: bool = False  # ``usage`` was counted by the gateway, not reported (Gemini embeddings)
 
 
 class Reader(ABC):

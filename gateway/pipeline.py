@@ -200,6 +200,7 @@ class Pipeline:
                 generated="" if usage else leg.generated(answer.body),
                 error=answer.error,
                 upstream_id=started.upstream_id,
+                estimated=answer.estimated,
             )
             return answer
 

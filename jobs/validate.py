@@ -17,9 +17,11 @@ from core.errors import GatewayError, InvalidRequest
 from core.inputs import decode_json
 from core.types import Endpoint
 from core.wire import ChatRequest, parse_chat_request
+from gateway.embeddings_request import parse_embeddings
 from jobs.store import Line
 
-ENDPOINTS: dict[str, Endpoint] = {"/v1/chat/completions": "chat", "/v1/responses": "responses"}
+ENDPOINTS: dict[str, Endpoint] = {"/v1/chat/completions": "chat", "/v1/responses": "responses",
+                                  "/v1/embeddings": "embeddings"}
 MAX_ERRORS = 100  # reported per batch (the first ones); the count of the rest is said in the last
 
 _encode = msgspec.json.Encoder().encode
@@ -107,6 +109,8 @@ def _line(raw: str, number: int, endpoint: str, kind: Endpoint, check: Check,
     try:
         if kind == "chat":
             _, request = parse_chat_request(encoded)
+        elif kind == "embeddings":
+            request = ChatRequest(model=parse_embeddings(body).model, messages=[])
         else:
             model = body.get("model")
             if not isinstance(model, str) or not model:

@@ -26,6 +26,7 @@ from gateway.state import Gateway
 from jobs.runner import JobRunner
 from router import batches, logs, openapi
 from router.chat import ChatCompletions, record_refusal
+from router.embeddings import Embeddings
 from router.health import Readiness, metrics_endpoint
 from router.middleware import ErrorApp, Front, cors, endpoint_app
 from router.models import Models
@@ -49,7 +50,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     if exc.status_code == 405:
         return _error_response(MethodNotAllowed(f"Method {request.method} is not allowed on {request.url.path}."))
     if exc.status_code == 404:
-        return _error_response(NotFound(f"Unknown path {request.url.path}: this gateway serves /v1/chat/completions, /v1/responses, /v1/models."))
+        return _error_response(NotFound(f"Unknown path {request.url.path}: this gateway serves /v1/chat/completions, /v1/responses, /v1/embeddings, /v1/models."))
     return _error_response(GatewayError(str(exc.detail)))
 
 
@@ -124,15 +125,18 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
             await gateway.stop()
 
     chat, responses = ChatCompletions(gateway).handle, Responses(gateway).handle
+    embeddings = Embeddings(gateway).handle
     app = RouterApp(
-        # POST on these two is answered by Front directly; the routes answer other methods (405)
-        fast={"/v1/chat/completions": endpoint_app(chat), "/v1/responses": endpoint_app(responses)},
+        # POST on these is answered by Front directly; the routes answer other methods (405)
+        fast={"/v1/chat/completions": endpoint_app(chat), "/v1/responses": endpoint_app(responses),
+              "/v1/embeddings": endpoint_app(embeddings)},
         access_log=obs.access_log,
         on_error=_answerer(gateway),
         cors_origins=gateway.settings.server.cors_origins,
         routes=[
             Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/v1/responses", responses, methods=["POST"]),
+            Route("/v1/embeddings", embeddings, methods=["POST"]),
             Route("/v1/models", models.list, methods=["GET"]),
             Route("/v1/models/{model:path}", models.retrieve, methods=["GET"]),
             Route("/healthz", _health, methods=["GET"]),

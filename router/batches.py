@@ -129,7 +129,7 @@ def parse_create(raw: bytes) -> CreateBatch:
         raise InvalidRequest(f"Invalid request: {text}.", param=param, code="invalid_value") from None
     if body.endpoint not in ENDPOINTS:
         raise InvalidRequest(f"Unsupported endpoint {body.endpoint!r}: this gateway runs batches of "
-                             f"{' and '.join(ENDPOINTS)}.", param="endpoint", code="invalid_value")  # fmt: skip
+                             f"{', '.join(ENDPOINTS)}.", param="endpoint", code="invalid_value")  # fmt: skip
     if body.completion_window not in WINDOW_SECONDS:
         raise InvalidRequest("'completion_window' must be '24h'.", param="completion_window", code="invalid_value")
     meta = body.metadata or {}

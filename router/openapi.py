@@ -63,6 +63,23 @@ RESPONSES_REQUEST: dict[str, Any] = {
         "user": {"type": "string"},
     },
 }
+EMBEDDINGS_REQUEST: dict[str, Any] = {
+    "type": "object",
+    "required": ["model", "input"],
+    "properties": {
+        "model": {"type": "string"},
+        "input": {"oneOf": [
+            {"type": "string", "minLength": 1},
+            {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
+            {"type": "array", "minItems": 1, "items": {"type": "integer"}},
+            {"type": "array", "minItems": 1, "items": {"type": "array", "minItems": 1, "items": {"type": "integer"}}},
+        ]},
+        "dimensions": {"type": "integer", "minimum": 1},
+        "encoding_format": {"type": "string", "enum": ["float", "base64"]},
+        "user": {"type": "string"},
+        "task_type": {"type": "string"},
+    },
+}
 GROUP_CREATE: dict[str, Any] = {
     "type": "object",
     "required": ["name", "credits"],
@@ -135,6 +152,7 @@ OPERATIONS: tuple[Op, ...] = (
        body=ChatRequest),
     Op("post", "/v1/responses", "Create a response (stream: true answers text/event-stream)", "model calls",
        body=RESPONSES_REQUEST),
+    Op("post", "/v1/embeddings", "Create embeddings", "model calls", body=EMBEDDINGS_REQUEST),
     Op("get", "/v1/models", "List the models the key may call", "models", answer=ModelList),
     Op("get", "/v1/models/{model}", "Retrieve a model", "models", params=_path("model"), answer=ModelCard),
     Op("post", "/v1/files", "Upload a batch input file", "batches", body=UPLOAD, body_type="multipart/form-data",

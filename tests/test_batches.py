@@ -133,6 +133,25 @@ def test_responses_batch(jobs: Stack) -> None:
         assert line["response"]["status_code"] == 200 and line["response"]["body"]["object"] == "response"
 
 
+def test_embeddings_batch(jobs: Stack) -> None:
+    group = jobs.group(10)
+    client = jobs.client(jobs.key(group=group))
+    models = ["openai/text-embedding-3-small", "google/gemini-embedding-001", "mistral/mistral-embed"]
+    items = [request(f"e-{model}", model, "embed me", url="/v1/embeddings") for model in models]
+    bad = [request("e-bad", "mistral/mistral-embed", "", url="/v1/embeddings")]
+    failed = wait(client, submit(client, bad, endpoint="/v1/embeddings").id)
+    assert failed.status == "failed" and failed.errors is not None
+    assert (failed.errors.data[0].code, failed.errors.data[0].param) == ("invalid_value", "body.input")
+    batch = wait(client, submit(client, items, endpoint="/v1/embeddings").id)
+    assert batch.status == "completed" and batch.request_counts.completed == 3
+    for line in lines_of(client, batch.output_file_id):
+        body = line["response"]["body"]
+        assert line["response"]["status_code"] == 200 and body["object"] == "list"
+        assert isinstance(body["data"][0]["embedding"], list) and body["usage"]["prompt_tokens"] > 0
+    records = jobs.run(jobs.store.usage(group=group, source="job"))
+    assert len(records) == 3 and {r.endpoint for r in records} == {"embeddings"} and all(r.credits for r in records)
+
+
 def test_list_files_batches_and_isolation(jobs: Stack) -> None:
     client, other = jobs.client(), jobs.client()
     ids = [submit(client, [request("a", MIXED[0], "hi")]).id for _ in range(3)]
@@ -268,7 +287,7 @@ def test_uploads_and_creates_that_are_refused(jobs: Stack) -> None:
         client.files.create(file=("f.jsonl", b"\n"), purpose="batch")
     upload = client.files.create(file=("f.jsonl", jsonl([request("a", MIXED[0], "hi")])), purpose="batch")
     with pytest.raises(openai.BadRequestError, match="endpoint"):
-        client.batches.create(input_file_id=upload.id, endpoint="/v1/embeddings", completion_window="24h")
+        client.batches.create(input_file_id=upload.id, endpoint="/v1/completions", completion_window="24h")
     with pytest.raises(openai.BadRequestError, match="completion_window"):
         client.batches.create(input_file_id=upload.id, endpoint=CHAT, completion_window="1h")  # type: ignore[arg-type]
     with pytest.raises(openai.NotFoundError):

@@ -294,3 +294,19 @@ def test_times_in_a_zone_of_the_admins_choice(cstack: Stack, web: Client, busy: 
     assert web.post("/console/display", {"zone": "Mars/Base", "back": "/console/"}).status == 400
     assert web.post("/console/display", {"zone": "local", "browser": "", "back": "/console/"}).status == 400
     assert web.post("/console/display", {"zone": "UTC", "back": "https://evil.example/"}).headers["location"] == "/console/"
+
+
+def test_embeddings_calls_in_the_console_csv_and_metrics(cstack: Stack, web: Client) -> None:
+    group = cstack.group(100)
+    client = cstack.client(cstack.key(group=group))
+    client.embeddings.create(model="openai/text-embedding-3-small", input=["console", "rows"])
+    client.chat.completions.create(model=MODEL, messages=HI)
+    page = web.get(f"/console/groups/{group}/calls?endpoint=embeddings")
+    assert "(1 calls)" in texts(page.text) or "(1 call)" in texts(page.text)
+    assert "openai/text-embedding-3-small" in page.text
+    overview = web.get(f"/console/groups/{group}")
+    assert "embeddings" in texts(overview.text)  # the breakdown by endpoint
+    table = list(csv.DictReader(io.StringIO(web.get(f"/console/groups/{group}/calls.csv?endpoint=embeddings").text)))
+    assert [(r["endpoint"], r["model"]) for r in table] == [("embeddings", "openai/text-embedding-3-small")]
+    metrics = web.get("/metrics").text
+    assert 'router_requests_total{endpoint="/v1/embeddings",status="200"}' in metrics
