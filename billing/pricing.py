@@ -19,12 +19,15 @@ FALLBACK_OUTPUT = 4_096
 def cost(prices: Prices, usage: TokenUsage) -> int:
     cached = min(usage.cached, usage.prompt)
     written = min(usage.cache_write, usage.prompt - cached)
-    fresh = usage.prompt - cached - written
+    pictured = min(usage.image_prompt, usage.prompt - cached - written)
+    fresh = usage.prompt - cached - written - pictured
     total = (
         fresh * prices.input
         + cached * prices.cached_input
         + written * prices.cache_write
+        + pictured * prices.image_input
         + usage.completion * prices.output
+        + usage.images * prices.image * PER
     )
     return -(-total // PER)  # ceil
 
@@ -60,5 +63,7 @@ def worst_case(model: Model, body_size: int, request: ChatRequest, max_output: i
     ``max_tokens`` raised for ``reasoning_effort``); else :func:`output_ceiling`."""
     completion = output_ceiling(model, request) if max_output is None else max_output * (request.n or 1)
     usage = TokenUsage(prompt=input_ceiling(body_size, request), completion=completion)
-    worst_input = max(model.prices.input, model.prices.cache_write)
-    return -(-(usage.prompt * worst_input + usage.completion * model.prices.output) // PER)
+    prices = model.prices
+    worst_input = max(prices.input, prices.cache_write, prices.image_input)
+    images = (request.n or 1) * prices.image * PER if prices.image else 0  # per-image models (Imagen)
+    return -(-(usage.prompt * worst_input + usage.completion * prices.output + images) // PER)

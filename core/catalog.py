@@ -39,6 +39,7 @@ class PriceSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     cached_input: str | None = None
     cache_write: str | None = None
     image: str | None = None  # credits per generated image (Imagen); token-priced models leave it unset
+    image_input: str | None = None  # per 1M tokens of input images (gpt-image edits); default: input
 
 
 class EmbeddingSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -51,6 +52,15 @@ class EmbeddingSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
     max_dimensions: int = 0
     max_inputs: int = 2048
     token_arrays: bool = False
+
+
+class ImageSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """What an image model takes on /v1/images (docs/providers.md, Images): the sizes it draws
+    (``auto`` where the provider picks), the most images per request, whether it edits images."""
+
+    sizes: list[str]
+    max_n: int = 1
+    edits: bool = False
 
 
 class ProviderSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -88,6 +98,7 @@ class ModelSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     shutdown_date: str | None = None  # announced end of life (YYYY-MM-DD)
     fallbacks: list[str] = []
     embedding: EmbeddingSpec | None = None
+    image: ImageSpec | None = None
 
 
 class CatalogFile(msgspec.Struct, forbid_unknown_fields=True):
@@ -104,6 +115,7 @@ class Prices:
     cached_input: int
     cache_write: int
     image: int = 0  # per generated image
+    image_input: int = 0  # per 1M tokens of input images
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +137,7 @@ class Model:
     shutdown_date: str | None = None
     tools: bool = True
     embedding: EmbeddingSpec | None = None
+    image: ImageSpec | None = None
 
 
 def _nano(value: str | None, where: str, default: int) -> int:
@@ -209,6 +222,7 @@ class Catalog:
                 cached_input=_nano(p.cached_input, where, inp),
                 cache_write=_nano(p.cache_write, where, inp),
                 image=_nano(p.image, where, 0),
+                image_input=_nano(p.image_input, where, inp),
             ),
             created=target.created,
             alias_of=spec.alias_of,
@@ -216,6 +230,7 @@ class Catalog:
             shutdown_date=target.shutdown_date,
             tools=target.tools,
             embedding=target.embedding,
+            image=target.image,
         )
 
     @classmethod

@@ -208,6 +208,8 @@ class Pricing(msgspec.Struct):
     output: str
     cached_input: str
     cache_write: str | UnsetType = UNSET  # shown when it differs from input (Anthropic's prompt caching)
+    image_input: str | UnsetType = UNSET  # input images' tokens, where they differ from input (gpt-image)
+    image: str | UnsetType = UNSET  # credits per generated image (Imagen), not per 1M tokens
     unit: str = "credits per 1M tokens"
 
 
@@ -245,6 +247,8 @@ class TokenUsage(msgspec.Struct, kw_only=True):
     cache_write: int = 0
     reasoning: int = 0
     reasoning_estimated: bool = False  # the provider counts reasoning inside completion only (Anthropic)
+    image_prompt: int = 0  # of ``prompt``, the input images' tokens (gpt-image edits: their own price)
+    images: int = 0  # images generated, billed per image (Imagen)
 
     def openai(self) -> dict[str, Any]:
         details: dict[str, Any] = {"reasoning_tokens": self.reasoning}

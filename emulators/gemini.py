@@ -34,12 +34,13 @@ from emulators.directives import (
     structured_pieces,
 )
 from emulators.embeddings import gemini_embed
+from emulators.images import imagen_predict
 
 ROOT = "/v1beta"
 THOUGHT = ["Let", " me", " think", "."]
 IMAGE_TOKENS = 258  # what Gemini counts for one image up to 384 px
 IMAGE_OUT_TOKENS = 1290  # what Gemini counts (and bills as output) for one generated image
-MEDIA_METHODS = ("embedContent", "batchEmbedContents")  # served by emulators/embeddings.py
+MEDIA_METHODS = ("embedContent", "batchEmbedContents", "predict")  # emulators/embeddings.py, images.py
 PIXEL = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4f4YBAASZAcwPiojEAAAAAElFTkSuQmCC"  # a 1x1 PNG
 SIGNATURE = "CiQBZW11bGF0b3IgdGhvdWdodCBzaWduYXR1cmUgZm9yIGdlbWluaQ=="  # base64, as the SDK checks
 # name → (display name, input limit, output limit, thinks)
@@ -311,6 +312,8 @@ class GeminiEmulator(Emulator):
     def __init__(self, api_key: str = "emu-key", rpm: int = 0) -> None:
         super().__init__(api_key, max_body=64 * 1024 * 1024, rpm=rpm)
         self.app.router.add_post(ROOT + "/models/{target}", self.post)
+        # Vertex AI express mode (an API key, no project): google-genai calls Imagen only there now
+        self.app.router.add_post("/v1beta1/publishers/google/models/{target}", self.post)
         self.app.router.add_get(ROOT + "/models", self.list_models)
         self.app.router.add_get(ROOT + "/models/{target}", self.get_model)
 
@@ -469,6 +472,8 @@ class GeminiEmulator(Emulator):
         self.received(body)
         if method != "countTokens" and (wait := self.over_limit()) is not None:
             return fault(429, f"{retry_after(wait)}s")  # Gemini says when in RetryInfo, not in Retry-After
+        if method == "predict":
+            return await imagen_predict(model, body, fault)
         if method in MEDIA_METHODS:
             return await gemini_embed(model, method, body, fault)
         if method == "countTokens" and isinstance(get(body, "generateContentRequest"), dict):

@@ -22,6 +22,7 @@ from emulators.directives import (
     structured_pieces,
 )
 from emulators.embeddings import OpenAIEmbeddings
+from emulators.images import OpenAIImages
 from emulators.openai_responses import ResponsesHandler
 
 MISTRAL_FIELDS = {
@@ -70,6 +71,9 @@ class OpenAIEmulator(Emulator):
         if self.flavour == "openai":  # only OpenAI serves the Responses API
             self.responses = ResponsesHandler(self)
             self.app.router.add_post("/v1/responses", self.responses.handle)
+            images = OpenAIImages(self)
+            self.app.router.add_post("/v1/images/generations", images.generations)
+            self.app.router.add_post("/v1/images/edits", images.edits)
 
     # -- errors in the flavour's envelope ---------------------------------------------------------
     def error(self, status: int, message: str, type_: str, code: str | None = None, headers: dict | None = None) -> web.Response:

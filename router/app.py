@@ -28,6 +28,7 @@ from router import batches, logs, openapi
 from router.chat import ChatCompletions, record_refusal
 from router.embeddings import Embeddings
 from router.health import Readiness, metrics_endpoint
+from router.images import Images
 from router.middleware import ErrorApp, Front, cors, endpoint_app
 from router.models import Models
 from router.replies import JSONBytes
@@ -50,7 +51,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     if exc.status_code == 405:
         return _error_response(MethodNotAllowed(f"Method {request.method} is not allowed on {request.url.path}."))
     if exc.status_code == 404:
-        return _error_response(NotFound(f"Unknown path {request.url.path}: this gateway serves /v1/chat/completions, /v1/responses, /v1/embeddings, /v1/models."))
+        return _error_response(NotFound(f"Unknown path {request.url.path}: this gateway serves /v1/chat/completions, /v1/responses, /v1/embeddings, /v1/images/generations, /v1/images/edits, /v1/models."))
     return _error_response(GatewayError(str(exc.detail)))
 
 
@@ -126,10 +127,12 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
 
     chat, responses = ChatCompletions(gateway).handle, Responses(gateway).handle
     embeddings = Embeddings(gateway).handle
+    images = Images(gateway)
     app = RouterApp(
         # POST on these is answered by Front directly; the routes answer other methods (405)
         fast={"/v1/chat/completions": endpoint_app(chat), "/v1/responses": endpoint_app(responses),
-              "/v1/embeddings": endpoint_app(embeddings)},
+              "/v1/embeddings": endpoint_app(embeddings), "/v1/images/generations": endpoint_app(images.generations),
+              "/v1/images/edits": endpoint_app(images.edits)},
         access_log=obs.access_log,
         on_error=_answerer(gateway),
         cors_origins=gateway.settings.server.cors_origins,
@@ -137,6 +140,8 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
             Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/v1/responses", responses, methods=["POST"]),
             Route("/v1/embeddings", embeddings, methods=["POST"]),
+            Route("/v1/images/generations", images.generations, methods=["POST"]),
+            Route("/v1/images/edits", images.edits, methods=["POST"]),
             Route("/v1/models", models.list, methods=["GET"]),
             Route("/v1/models/{model:path}", models.retrieve, methods=["GET"]),
             Route("/healthz", _health, methods=["GET"]),

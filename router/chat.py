@@ -81,10 +81,11 @@ async def principal_of(gw: Gateway, request: Request) -> Principal:
     return await gw.auth.authenticate(request.headers.get("authorization"))
 
 
-async def begin_call(gw: Gateway, request: Request, endpoint: Endpoint) -> tuple[CallContext, Trace, bytes]:
+async def begin_call(gw: Gateway, request: Request, endpoint: Endpoint,
+                     json: bool = True) -> tuple[CallContext, Trace, bytes]:  # fmt: skip
     """The start of a model call endpoint: the gateway started, the caller authenticated (and noted
     in the request's trace for the access log: the key's id and group, never the key), the JSON body
-    read. Returns the call's context, the request's trace and the body."""
+    read (JSON unless ``json`` is false). Returns the call's context, the request's trace and the body."""
     if not gw.started:
         await gw.start()
     trace = trace_of(request.scope)
@@ -94,9 +95,12 @@ async def begin_call(gw: Gateway, request: Request, endpoint: Endpoint) -> tuple
         context = CallContext(principal, trace.request_id or None, "api", endpoint)
     trace.caller = context.principal
     trace.context = context
-    body = await read_json_body(
-        request, gw.settings.server.max_body_bytes, gw.settings.reliability.body_timeout, gw.deadlines
-    )
+    limit, seconds = gw.settings.server.max_body_bytes, gw.settings.reliability.body_timeout
+    if json:
+        body = await read_json_body(request, limit, seconds, gw.deadlines)
+    else:  # multipart (images/edits): its own parser checks the type
+        body = await read_body(request, limit, seconds, gw.deadlines,
+                               too_large=f"The request body is larger than the limit of {limit} bytes.")  # fmt: skip
     return context, trace, body
 
 

@@ -80,6 +80,22 @@ EMBEDDINGS_REQUEST: dict[str, Any] = {
         "task_type": {"type": "string"},
     },
 }
+_IMAGE_FIELDS: dict[str, Any] = {
+    "model": {"type": "string"},
+    "prompt": {"type": "string", "minLength": 1, "maxLength": 32000},
+    "n": {"type": "integer", "minimum": 1, "maximum": 10},
+    "size": {"type": "string"},
+    "quality": {"type": "string", "enum": ["auto", "low", "medium", "high"]},
+    "response_format": {"type": "string", "enum": ["b64_json"]},
+    "user": {"type": "string"},
+}
+IMAGES_REQUEST: dict[str, Any] = {"type": "object", "required": ["model", "prompt"], "properties": _IMAGE_FIELDS}
+IMAGES_EDIT: dict[str, Any] = {
+    "type": "object",
+    "required": ["model", "prompt", "image"],
+    "properties": {**_IMAGE_FIELDS, "image": {"type": "string", "format": "binary"},
+                   "mask": {"type": "string", "format": "binary"}},
+}  # fmt: skip
 GROUP_CREATE: dict[str, Any] = {
     "type": "object",
     "required": ["name", "credits"],
@@ -153,6 +169,9 @@ OPERATIONS: tuple[Op, ...] = (
     Op("post", "/v1/responses", "Create a response (stream: true answers text/event-stream)", "model calls",
        body=RESPONSES_REQUEST),
     Op("post", "/v1/embeddings", "Create embeddings", "model calls", body=EMBEDDINGS_REQUEST),
+    Op("post", "/v1/images/generations", "Generate images (b64_json)", "model calls", body=IMAGES_REQUEST),
+    Op("post", "/v1/images/edits", "Edit images (b64_json)", "model calls", body=IMAGES_EDIT,
+       body_type="multipart/form-data"),
     Op("get", "/v1/models", "List the models the key may call", "models", answer=ModelList),
     Op("get", "/v1/models/{model}", "Retrieve a model", "models", params=_path("model"), answer=ModelCard),
     Op("post", "/v1/files", "Upload a batch input file", "batches", body=UPLOAD, body_type="multipart/form-data",
