@@ -359,9 +359,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def extras(args: argparse.Namespace) -> None:
     """The ledger's settlement rate per store, N concurrent slow streams through one process, three
-    rate-limited deployments against one, and the instructions per call of the gateway and the bare
+    rate-limited deployments against one, the latency added to a 100-input embeddings call, and the instructions per call of the gateway and the bare
     proxy (noise-free, unlike req/s)."""
-    from bench import deployments, instructions, ledger, streams
+    from bench import deployments, embeddings, instructions, ledger, streams
 
     say("ledger settlement benchmark (SQLite and PostgreSQL)")
     try:
@@ -379,6 +379,11 @@ def extras(args: argparse.Namespace) -> None:
         print(deployments.report(deployments.run(15.0 if args.quick else 30.0)), flush=True)
     except Exception as exc:  # noqa: BLE001
         print(f"deployments benchmark failed: {exc}", flush=True)
+    say("added latency of a 100-input embeddings call (gateway vs the emulator directly)")
+    try:
+        print(embeddings.report(embeddings.run(10.0 if args.quick else 20.0)), flush=True)
+    except Exception as exc:  # noqa: BLE001
+        print(f"embeddings benchmark failed: {exc}", flush=True)
     say("instructions per call under callgrind: gateway and bare proxy")
     try:
         instructions.main(["--calls", "100", "--servers", "bare,gateway"] if args.quick else ["--calls", "300"])

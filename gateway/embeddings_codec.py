@@ -8,8 +8,10 @@ Two wires serve it (docs/providers.md, Embeddings):
     GeminiEmbeddingsLeg   ``:embedContent`` (one input) or ``:batchEmbedContents`` (several):
                           ``outputDimensionality``, ``taskType`` from the caller's ``task_type``
 
-The answer is always OpenAI's ``list`` of ``embedding`` objects; a provider that only answers floats
-is base64-encoded here (little-endian float32, as the OpenAI SDKs decode it) when asked. There is no
+The answer is always OpenAI's ``list`` of ``embedding`` objects. Vectors are never decoded on the
+way (each stays the upstream's JSON text, ``msgspec.Raw``) unless a provider that only answers floats
+must be base64-encoded here (little-endian float32, as the OpenAI SDKs decode it) because the caller
+asked base64. There is no
 output: the worst case reserved is the input, bounded by the body's size (a token id takes at least
 one byte of JSON). Gemini's ``:embedContent`` reports no usage: its input is counted here (recorded
 as an estimate, ``usage_exact`` false).
@@ -128,12 +130,47 @@ class _EmbeddingsLeg(Leg):
     def reader(self) -> Reader:
         raise NotImplementedError("embeddings do not stream")
 
-    def body(self, vectors: list[Any], usage: TokenUsage) -> dict[str, Any]:
+    def body(self, vectors: list[msgspec.Raw], usage: TokenUsage) -> dict[str, Any]:
+        """The caller's answer; each vector stays the upstream's JSON text (never decoded) unless it is
+        a float array and the caller asked base64."""
         b64 = self.req.base64
-        data = [{"object": "embedding", "index": i, "embedding": b64_floats(v) if b64 and isinstance(v, list) else v}
+        data = [{"object": "embedding", "index": i, "embedding": _b64_raw(v) if b64 else v}
                 for i, v in enumerate(vectors)]  # fmt: skip
         return {"object": "list", "data": data, "model": self.model_id,
                 "usage": {"prompt_tokens": usage.prompt, "total_tokens": usage.prompt}}  # fmt: skip
+
+
+class _Item(msgspec.Struct):
+    embedding: msgspec.Raw
+    index: int = 0
+
+
+class _Reply(msgspec.Struct):
+    data: list[_Item]
+    usage: dict[str, Any] | None = None
+
+
+class _Values(msgspec.Struct):
+    values: msgspec.Raw
+
+
+class _GeminiReply(msgspec.Struct):
+    embeddings: list[_Values] | None = None
+    embedding: _Values | None = None
+    usageMetadata: dict[str, Any] | None = None  # noqa: N815 - Gemini's field name
+
+
+_decode_reply = msgspec.json.Decoder(_Reply).decode
+_decode_gemini = msgspec.json.Decoder(_GeminiReply).decode
+_decode_floats = msgspec.json.Decoder(list[float]).decode
+
+
+def _b64_raw(vector: msgspec.Raw) -> Any:
+    """A vector as base64: a float array is packed; a string (already base64) is kept."""
+    text = bytes(vector)
+    if text[:1] != b"[":
+        return vector
+    return b64_floats(_decode_floats(text))
 
 
 def _malformed(provider: str) -> UpstreamError:
@@ -169,16 +206,17 @@ class OpenAIEmbeddingsLeg(_EmbeddingsLeg):
 
     def answer(self, payload: bytes) -> Answer:
         try:
-            data = _decode(payload)
-            items = sorted(data["data"], key=lambda d: d.get("index", 0))
-            vectors = [item["embedding"] for item in items]
-            reported = data.get("usage") or {}
+            reply = _decode_reply(payload)
+            reported = reply.usage or {}
             usage = TokenUsage(prompt=int(reported.get("prompt_tokens") or 0))
-        except (msgspec.DecodeError, KeyError, TypeError, AttributeError, ValueError):
+        except (msgspec.DecodeError, msgspec.ValidationError, TypeError, AttributeError, ValueError):
             raise _malformed(self.model.provider) from None
-        if len(vectors) != self.req.count:
+        items = reply.data
+        if any(item.index != i for i, item in enumerate(items)):
+            items = sorted(items, key=lambda item: item.index)
+        if len(items) != self.req.count:
             raise _malformed(self.model.provider)
-        return Answer(self.body(vectors, usage), usage)
+        return Answer(self.body([item.embedding for item in items], usage), usage)
 
 
 class GeminiEmbeddingsLeg(_EmbeddingsLeg):
@@ -219,11 +257,11 @@ class GeminiEmbeddingsLeg(_EmbeddingsLeg):
 
     def answer(self, payload: bytes) -> Answer:
         try:
-            data = _decode(payload)
-            found = data["embeddings"] if "embeddings" in data else [data["embedding"]]
-            vectors = [item["values"] for item in found]
-            reported = (data.get("usageMetadata") or {}).get("promptTokenCount")
-        except (msgspec.DecodeError, KeyError, TypeError, AttributeError):
+            reply = _decode_gemini(payload)
+            found = reply.embeddings if reply.embeddings is not None else [reply.embedding] if reply.embedding else []
+            vectors = [item.values for item in found]
+            reported = (reply.usageMetadata or {}).get("promptTokenCount")
+        except (msgspec.DecodeError, msgspec.ValidationError, TypeError, AttributeError):
             raise _malformed(self.model.provider) from None
         if len(vectors) != self.req.count:
             raise _malformed(self.model.provider)
