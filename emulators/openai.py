@@ -126,7 +126,8 @@ class OpenAIEmulator(Emulator):
                 for tid in ids:
                     if not (len(tid) == 9 and tid.isalnum()):
                         return self.error(400, f"Tool call id was {tid} but must be a-z, A-Z, 0-9, with a length of 9.", "invalid_request_error")
-        reasoning = self.flavour == "openai" and model.startswith(("o", "gpt-5"))  # OpenAI's reasoning models
+        # OpenAI's reasoning models; its chat-latest models are not (they take max_tokens and sampling)
+        reasoning = self.flavour == "openai" and model.startswith(("o", "gpt-5")) and "chat" not in model
         if reasoning and "max_tokens" in body:
             return self.error(400, "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.",
                               "invalid_request_error", "unsupported_parameter")  # fmt: skip
