@@ -114,13 +114,15 @@ def test_a_connection_past_the_cap_with_every_one_busy_gets_503(stack: Stack, tm
     port = free_port()
     proc = _serve(config, port, tmp_path / "gw.log")
     body = json.dumps({"model": "openai/gpt-4o-mini", "stream": True,
-                       "messages": [{"role": "user", "content": "hold on [tokens:4] [delay:400]"}]}).encode()  # fmt: skip
+                       "messages": [{"role": "user", "content": "hold on [tokens:8] [delay:500]"}]}).encode()  # fmt: skip
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
     finished: list[int] = []
+    started = threading.Semaphore(0)
 
     def stream() -> None:
         request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body, headers=headers)
-        with urllib.request.urlopen(request, timeout=30) as response:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            started.release()  # its head has come: a busy connection until the body ends
             response.read()
             finished.append(response.status)
 
@@ -128,14 +130,15 @@ def test_a_connection_past_the_cap_with_every_one_busy_gets_503(stack: Stack, tm
         threads = [threading.Thread(target=stream) for _ in range(4)]
         for thread in threads:
             thread.start()
-        time.sleep(0.6)  # every stream has started: four busy connections
+        for _ in threads:  # every stream has started (however loaded the machine): four busy connections
+            assert started.acquire(timeout=30)
         with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
             sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
             answer = sock.recv(4096).decode()
         assert answer.startswith("HTTP/1.1 503"), answer
         assert "retry-after: 1" in answer.lower() and '"code":"too_many_connections"' in answer
         for thread in threads:
-            thread.join(30)
+            thread.join(60)
         assert finished == [200, 200, 200, 200]
         assert _healthz_ms(port) < 1000
         assert _metric(port, "router_connections_refused_total") >= 1

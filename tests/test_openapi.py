@@ -56,7 +56,7 @@ def _call(case: Any, api: tuple[Stack, str]) -> None:
     stack, key = api
     token = ADMIN if case.path.startswith("/console/api") else key
     response = case.call(base_url=f"http://127.0.0.1:{stack.port}", headers={"Authorization": f"Bearer {token}"},
-                         timeout=30)  # fmt: skip
+                         timeout=120)  # fmt: skip
     _check(response)
 
 
