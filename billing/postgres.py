@@ -32,16 +32,20 @@ from billing.postgres_ledger import (
 from billing.postgres_pool import PostgresPool
 from billing.postgres_pool import migrate as pool_migrate
 from billing.store import (
+    KEY_SQL,
     Group,
     Hold,
     KeyInfo,
+    KeyMeta,
     Principal,
     Refusal,
     Reservation,
     Store,
     StoreError,
     UsageRecord,
-    principal_query,
+    key_row,
+    meta_values,
+    principal_by_hash_query,
     principal_row,
 )
 from core import metrics
@@ -52,7 +56,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("router.store")
 
-_PRINCIPAL_BY_HASH = principal_query("key_hash", "$1")
+_PRINCIPAL_BY_HASH = principal_by_hash_query("$1", "$1")
 
 MIGRATION_LOCK = 0x6D6F64656C2D72  # advisory lock id held (per transaction) while the schema migrates
 
@@ -163,7 +167,15 @@ MIGRATIONS: list[str] = [
     CREATE INDEX reservations_replica ON reservations(replica, id);
     CREATE TABLE journal_applied (id TEXT PRIMARY KEY, ts DOUBLE PRECISION NOT NULL);
     """,
+    # 9: key lifecycle: expiry, tags, owner, last used (batched), the secret a rotation replaced
+    """
+    ALTER TABLE keys ADD COLUMN expires_at DOUBLE PRECISION, ADD COLUMN tags TEXT,
+        ADD COLUMN owner TEXT NOT NULL DEFAULT '', ADD COLUMN last_used_at DOUBLE PRECISION,
+        ADD COLUMN prev_hash TEXT, ADD COLUMN prev_until DOUBLE PRECISION;
+    CREATE UNIQUE INDEX keys_prev_hash ON keys(prev_hash) WHERE prev_hash IS NOT NULL;
+    """,
 ]
+
 
 async def released_holds(conn: asyncpg.Connection, entries: Sequence[Entry]) -> set[int]:
     """Of these journaled settlements whose reservation is gone, the reservations that were released
@@ -180,22 +192,13 @@ async def released_holds(conn: asyncpg.Connection, entries: Sequence[Entry]) -> 
 
 # -- the store ----------------------------------------------------------------------------------------
 GROUP_COLS = "id, name, balance, reserved, spent, created_at"
-KEY_SQL = (
-    "SELECT k.id, k.group_id, g.name, k.name, k.hint, k.created_at, k.revoked_at, k.spend_cap, k.spent, "
-    "k.allowed_models FROM keys k JOIN groups g ON g.id = k.group_id"
-)
 
 
 def group_of(row: Sequence[Any]) -> Group:
     return Group(id=row[0], name=row[1], balance=row[2], reserved=row[3], spent=row[4], created_at=row[5])
 
 
-def key_of(row: Sequence[Any]) -> KeyInfo:
-    allowed = tuple(json.loads(row[9])) if row[9] else None
-    return KeyInfo(
-        id=row[0], group_id=row[1], group_name=row[2], name=row[3], hint=row[4], created_at=row[5],
-        revoked_at=row[6], spend_cap=row[7], spent=row[8], allowed_models=allowed,
-    )  # fmt: skip
+key_of = key_row
 
 
 async def migrate(conn: asyncpg.Connection) -> None:
@@ -277,7 +280,7 @@ class PostgresStore(Store):
 
     # -- keys -----------------------------------------------------------------------------------
     async def create_key(self, group: str, name: str, key_hash: str, hint: str, spend_cap: int | None = None,
-                         allowed_models: list[str] | None = None) -> KeyInfo:  # fmt: skip
+                         allowed_models: list[str] | None = None, meta: KeyMeta | None = None) -> KeyInfo:  # fmt: skip
         async with self.db.transaction() as conn:
             group_id = await conn.fetchval("SELECT id FROM groups WHERE name = $1", group)
             if group_id is None:
@@ -285,9 +288,10 @@ class PostgresStore(Store):
             try:
                 key_id = await conn.fetchval(
                     "INSERT INTO keys (group_id, name, key_hash, hint, created_at, spend_cap, "
-                    "allowed_models) VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id",
+                    "allowed_models, expires_at, tags, owner) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) "
+                    "RETURNING id",
                     group_id, name, key_hash, hint, time.time(), spend_cap,
-                    json.dumps(allowed_models) if allowed_models else None,
+                    json.dumps(allowed_models) if allowed_models else None, *meta_values(meta),
                 )  # fmt: skip
             except asyncpg.UniqueViolationError:
                 raise StoreError("a key with this hash already exists") from None
@@ -324,7 +328,7 @@ class PostgresStore(Store):
         return [key_of(r) for r in rows]
 
     async def principal(self, key_hash: str) -> Principal | None:
-        return principal_row(await self.db.fetchrow(_PRINCIPAL_BY_HASH, key_hash))
+        return principal_row(await self.db.fetchrow(_PRINCIPAL_BY_HASH, key_hash), key_hash)
 
     # -- ledger ---------------------------------------------------------------------------------
     async def reserve(self, group_id: int, key_id: int, amount: int, hold: Hold | None = None,

@@ -24,10 +24,12 @@ from billing import rollup
 from billing.history import History
 from billing.sqlite_thread import SQLiteThread, down
 from billing.store import (
+    KEY_SQL,
     USAGE_LIST,
     Group,
     Hold,
     KeyInfo,
+    KeyMeta,
     Principal,
     Refusal,
     Reservation,
@@ -35,7 +37,9 @@ from billing.store import (
     StoreDown,
     StoreError,
     UsageRecord,
-    principal_query,
+    key_row,
+    meta_values,
+    principal_by_hash_query,
     principal_row,
     usage_values,
 )
@@ -46,7 +50,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 log = logging.getLogger("router.store")
-_PRINCIPAL_BY_HASH = principal_query("key_hash", "?")
+_PRINCIPAL_BY_HASH = principal_by_hash_query("?", "?")
 
 MIGRATIONS: list[str] = [
     # 1: groups and keys
@@ -143,6 +147,16 @@ MIGRATIONS: list[str] = [
     # 8: the journaled settlements applied (billing/journal.py): each is applied at most once
     """
     CREATE TABLE journal_applied (id TEXT PRIMARY KEY, ts REAL NOT NULL) WITHOUT ROWID;
+    """,
+    # 9: key lifecycle: expiry, tags, owner, last used (batched), the secret a rotation replaced
+    """
+    ALTER TABLE keys ADD COLUMN expires_at REAL;
+    ALTER TABLE keys ADD COLUMN tags TEXT;
+    ALTER TABLE keys ADD COLUMN owner TEXT NOT NULL DEFAULT '';
+    ALTER TABLE keys ADD COLUMN last_used_at REAL;
+    ALTER TABLE keys ADD COLUMN prev_hash TEXT;
+    ALTER TABLE keys ADD COLUMN prev_until REAL;
+    CREATE UNIQUE INDEX keys_prev_hash ON keys(prev_hash) WHERE prev_hash IS NOT NULL;
     """,
 ]
 
@@ -500,30 +514,20 @@ class SQLiteStore(Store):
         return await self.run(fn)
 
     # -- keys -----------------------------------------------------------------------------------
-    _KEY_SQL = (
-        "SELECT k.id, k.group_id, g.name, k.name, k.hint, k.created_at, k.revoked_at, k.spend_cap, k.spent, "
-        "k.allowed_models FROM keys k JOIN groups g ON g.id = k.group_id"
-    )
-
-    @staticmethod
-    def _key(row: Any) -> KeyInfo:
-        allowed = tuple(json.loads(row[9])) if row[9] else None
-        return KeyInfo(
-            id=row[0], group_id=row[1], group_name=row[2], name=row[3], hint=row[4], created_at=row[5],
-            revoked_at=row[6], spend_cap=row[7], spent=row[8], allowed_models=allowed,
-        )  # fmt: skip
+    _KEY_SQL = KEY_SQL
+    _key = staticmethod(key_row)
 
     async def create_key(self, group: str, name: str, key_hash: str, hint: str, spend_cap: int | None = None,
-                         allowed_models: list[str] | None = None) -> KeyInfo:  # fmt: skip
+                         allowed_models: list[str] | None = None, meta: KeyMeta | None = None) -> KeyInfo:  # fmt: skip
         def fn(db: sqlite3.Connection) -> KeyInfo:
             row = db.execute("SELECT id FROM groups WHERE name = ?", (group,)).fetchone()
             if row is None:
                 raise StoreError(f"no group named {group!r}")
             cur = db.execute(
-                "INSERT INTO keys (group_id, name, key_hash, hint, created_at, spend_cap, allowed_models) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO keys (group_id, name, key_hash, hint, created_at, spend_cap, allowed_models, "
+                "expires_at, tags, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (row[0], name, key_hash, hint, time.time(), spend_cap,
-                 json.dumps(allowed_models) if allowed_models else None),
+                 json.dumps(allowed_models) if allowed_models else None, *meta_values(meta)),
             )  # fmt: skip
             return self._key(db.execute(self._KEY_SQL + " WHERE k.id = ?", (cur.lastrowid,)).fetchone())
 
@@ -572,7 +576,7 @@ class SQLiteStore(Store):
 
     async def principal(self, key_hash: str) -> Principal | None:
         return await self.run(
-            lambda db: principal_row(db.execute(_PRINCIPAL_BY_HASH, (key_hash,)).fetchone())
+            lambda db: principal_row(db.execute(_PRINCIPAL_BY_HASH, (key_hash, key_hash)).fetchone(), key_hash)
         )
 
     # -- ledger ---------------------------------------------------------------------------------

@@ -10,7 +10,9 @@ history is queried through ``store.history`` (:class:`billing.history.History`).
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, fields
@@ -74,11 +76,51 @@ class KeyInfo:
     spend_cap: int | None  # nano-credits, None = no cap
     spent: int
     allowed_models: tuple[str, ...] | None
+    expires_at: float | None = None  # after it the key answers 401 key_expired
+    tags: tuple[str, ...] = ()
+    owner: str = ""
+    last_used_at: float | None = None  # written in batches (gateway/auth.py: LastUsed), not per call
+    rotated_until: float | None = None  # the secret replaced by the last rotation works until then
+
+
+@dataclass(frozen=True, slots=True)
+class KeyMeta:
+    """A key's lifecycle fields as an operator sets them: its expiry (None: never), tags and owner."""
+
+    expires_at: float | None = None
+    tags: tuple[str, ...] = ()
+    owner: str = ""
+
+
+# the columns of a KeyInfo (``keys k JOIN groups g``), read by key_row; the same in every store
+KEY_COLUMNS = (
+    "k.id, k.group_id, g.name, k.name, k.hint, k.created_at, k.revoked_at, k.spend_cap, k.spent, "
+    "k.allowed_models, k.expires_at, k.tags, k.owner, k.last_used_at, k.prev_until"
+)
+KEY_SQL = f"SELECT {KEY_COLUMNS} FROM keys k JOIN groups g ON g.id = k.group_id"
+
+
+def key_row(row: Sequence[Any]) -> KeyInfo:
+    allowed = tuple(json.loads(row[9])) if row[9] else None
+    return KeyInfo(
+        id=row[0], group_id=row[1], group_name=row[2], name=row[3], hint=row[4], created_at=row[5],
+        revoked_at=row[6], spend_cap=row[7], spent=row[8], allowed_models=allowed, expires_at=row[10],
+        tags=tuple(json.loads(row[11])) if row[11] else (), owner=row[12] or "", last_used_at=row[13],
+        rotated_until=row[14],
+    )  # fmt: skip
+
+
+def meta_values(meta: KeyMeta | None) -> tuple[float | None, str | None, str]:
+    """The ``expires_at, tags, owner`` column values of ``meta``."""
+    meta = meta or KeyMeta()
+    return meta.expires_at, json.dumps(list(meta.tags)) if meta.tags else None, meta.owner
 
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """Who is calling: the key and its group, as the request path needs them."""
+    """Who is calling: the key and its group, as the request path needs them. ``deadline``: the
+    time (epoch seconds) after which this secret no longer works (the key's expiry, or the end of
+    a rotation's grace period for the secret it replaced); ``deadline_code`` says which."""
 
     key_id: int
     key_name: str
@@ -86,22 +128,40 @@ class Principal:
     group_name: str
     spend_cap: int | None
     allowed_models: frozenset[str] | None
+    deadline: float | None = None
+    deadline_code: str = "key_expired"
+
+
+_PRINCIPAL_COLUMNS = (
+    "SELECT k.id, k.name, g.id, g.name, k.spend_cap, k.allowed_models, k.expires_at, k.key_hash, k.prev_until "
+    "FROM keys k JOIN groups g ON g.id = k.group_id WHERE k.revoked_at IS NULL AND "
+)
 
 
 def principal_query(column: str, mark: str) -> str:
     """The SQL of a live (not revoked) key's :class:`Principal`, found by ``keys.<column> = <mark>``
     (``?`` for SQLite, ``$1`` for PostgreSQL); :func:`principal_row` turns its row into one."""
-    return (
-        "SELECT k.id, k.name, g.id, g.name, k.spend_cap, k.allowed_models FROM keys k "
-        f"JOIN groups g ON g.id = k.group_id WHERE k.{column} = {mark} AND k.revoked_at IS NULL"
-    )
+    return _PRINCIPAL_COLUMNS + f"k.{column} = {mark}"
 
 
-def principal_row(row: Any) -> Principal | None:
+def principal_by_hash_query(first: str, second: str) -> str:
+    """The SQL of the live key whose secret (or whose secret before its last rotation) hashes to
+    the digest bound to both marks (``?``, ``?`` for SQLite; ``$1``, ``$1`` for PostgreSQL)."""
+    return _PRINCIPAL_COLUMNS + f"(k.key_hash = {first} OR k.prev_hash = {second})"
+
+
+def principal_row(row: Any, digest: str | None = None) -> Principal | None:
+    """The principal of a row of :func:`principal_query`; ``digest``: the hash the caller sent, which
+    if it is not the key's current one is the secret a rotation replaced (valid until ``prev_until``)."""
     if row is None:
         return None
     allowed = frozenset(json.loads(row[5])) if row[5] else None
-    return Principal(row[0], row[1], row[2], row[3], row[4], allowed)
+    deadline, code = row[6], "key_expired"
+    if digest is not None and not hmac.compare_digest(row[7], digest):
+        grace = row[8] if row[8] is not None else 0.0
+        if deadline is None or grace < deadline:
+            deadline, code = grace, "key_rotated"
+    return Principal(row[0], row[1], row[2], row[3], row[4], allowed, deadline, code)
 
 
 @dataclass(slots=True)
@@ -269,13 +329,15 @@ class Store(ABC):
     # keys
     @abstractmethod
     async def create_key(self, group: str, name: str, key_hash: str, hint: str, spend_cap: int | None = None,
-                         allowed_models: list[str] | None = None) -> KeyInfo: ...  # fmt: skip
+                         allowed_models: list[str] | None = None, meta: KeyMeta | None = None) -> KeyInfo: ...  # fmt: skip
 
     @abstractmethod
     async def revoke_key(self, key_id: int) -> bool: ...
 
     @abstractmethod
-    async def update_key(self, key_id: int, spend_cap: int | None, allowed_models: list[str] | None) -> KeyInfo:
+    async def update_key(
+        self, key_id: int, spend_cap: int | None, allowed_models: list[str] | None
+    ) -> KeyInfo:
         """Set a key's spend cap (nano-credits, None = no cap) and model allow-list (None = every model);
         raises StoreError if there is no such key."""
 
@@ -287,7 +349,45 @@ class Store(ABC):
 
     @abstractmethod
     async def principal(self, key_hash: str) -> Principal | None:
-        """The live (not revoked) key with this hash, with its group; None if there is none."""
+        """The live (not revoked) key with this hash (or whose secret before its last rotation has
+        it), with its group and the secret's deadline; None if there is none."""
+
+    # key lifecycle: dialect-neutral statements on the store's database handle
+    async def set_key_meta(self, key_id: int, meta: KeyMeta) -> KeyInfo:
+        """Set a key's expiry, tags and owner; raises StoreError if there is no such key."""
+        changed = await self.database.atomic(
+            [
+                (
+                    "UPDATE keys SET expires_at = ?, tags = ?, owner = ? WHERE id = ?",
+                    (*meta_values(meta), key_id),
+                )
+            ]
+        )
+        return await self._changed_key(key_id, changed[0])
+
+    async def rotate_key(self, key_id: int, key_hash: str, hint: str, grace: float) -> KeyInfo:
+        """Give a live key a new secret (``key_hash``, ``hint``); the secret it had keeps working for
+        ``grace`` seconds (0: stops at once). A second rotation ends the first one's grace."""
+        changed = await self.database.atomic([(
+            "UPDATE keys SET prev_hash = key_hash, prev_until = ?, key_hash = ?, hint = ? "
+            "WHERE id = ? AND revoked_at IS NULL",
+            (time.time() + grace, key_hash, hint, key_id),
+        )])  # fmt: skip
+        return await self._changed_key(key_id, changed[0], "no live key")
+
+    async def touch_keys(self, used: dict[int, float]) -> None:
+        """Record when keys were last used (one transaction for all of them; never moves backwards)."""
+        if used:
+            sql = (
+                "UPDATE keys SET last_used_at = ? WHERE id = ? AND (last_used_at IS NULL OR last_used_at < ?)"
+            )
+            await self.database.atomic([(sql, (ts, key_id, ts)) for key_id, ts in sorted(used.items())])
+
+    async def _changed_key(self, key_id: int, changed: int, what: str = "no key") -> KeyInfo:
+        info = await self.get_key(key_id) if changed else None
+        if info is None:
+            raise StoreError(f"{what} with id {key_id}")
+        return info
 
     # ledger
     @abstractmethod
@@ -302,7 +402,9 @@ class Store(ABC):
         """The group's balance and the key's room under its spend cap (None: no cap), as committed."""
 
     @abstractmethod
-    def settle_soon(self, reservation: Reservation, record: UsageRecord, linger: bool = False) -> asyncio.Future[int]:
+    def settle_soon(
+        self, reservation: Reservation, record: UsageRecord, linger: bool = False
+    ) -> asyncio.Future[int]:
         """Start settling now: release the reservation, charge ``record.credits`` (capped at what the
         group has: the balance never goes below zero) and insert the usage record. The future
         resolves with the charge once it is durable. ``linger``: nobody waits for it, so the store
@@ -336,7 +438,9 @@ class Store(ABC):
         """Usage records, newest first."""
         return await self.history.usage(group, key_id, source, limit, before_id)
 
-    async def usage_by_model(self, key_id: int, since: float = 0.0, until: float | None = None) -> list[ModelUsage]:
+    async def usage_by_model(
+        self, key_id: int, since: float = 0.0, until: float | None = None
+    ) -> list[ModelUsage]:
         return await self.history.usage_by_model(key_id, since, until)
 
 

@@ -11,13 +11,17 @@ input), with the exact integer of nano-credits beside them (``balance_nano``). E
     GET    /api/groups/{name}
     POST   /api/groups/{name}/topup             {"credits"}
     GET    /api/groups/{name}/keys
-    POST   /api/groups/{name}/keys              {"name", "spend_cap"?, "allowed_models"?} -> the key, once
+    POST   /api/groups/{name}/keys              {"name", "spend_cap"?, "allowed_models"?, "expires_at"?,
+                                                 "tags"?, "owner"?} -> the key, once
     GET    /api/groups/{name}/usage             ?source=api|job&model=&key=&since=&until=&before=&limit=
     GET    /api/groups/{name}/usage/buckets     ?width=3600&since=&until=&source=&model=&key=
     GET    /api/keys/{id}
-    PATCH  /api/keys/{id}                       {"spend_cap": "10" | null, "allowed_models": [...] | null}
+    PATCH  /api/keys/{id}                       {"spend_cap": "10" | null, "allowed_models": [...] | null,
+                                                 "expires_at": ... | null, "tags": [...], "owner": "..."}
+    POST   /api/keys/{id}/rotate                {"grace_seconds": 3600} -> the new secret, once
     POST   /api/keys/{id}/revoke
     GET    /api/keys/{id}/usage                 ?since=&until=  (one row per model)
+    GET    /api/audit                           ?target=key:12&action=key.rotate&before=&limit=  (newest first)
 """
 
 from __future__ import annotations
@@ -33,16 +37,18 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from billing.history import Filter
-from billing.store import Group, KeyInfo, StoreError, UsageRecord
-from console import auth, forms
+from billing.store import Group, KeyInfo, KeyMeta, StoreError, UsageRecord
+from console import auth, forms, lifecycle
 from console.app import Console, console_of
+from console.changes import Changes
 from console.forms import Invalid
 from console.keys import key_or_404
 from core.deployments import is_name
 from core.errors import InvalidRequest
 from core.inputs import INT64_MAX, decode_json, finite, natural
 from core.money import to_credits
-from gateway.auth import new_key
+
+META_FIELDS = ("expires_at", "tags", "owner")
 
 MAX_BODY = 64 * 1024
 API = Callable[[Console, Request], Awaitable[Response]]
@@ -149,7 +155,9 @@ def group_json(g: Group) -> dict[str, Any]:
 def key_json(k: KeyInfo) -> dict[str, Any]:
     return {"id": k.id, "group": k.group_name, "name": k.name, "hint": k.hint, "created_at": k.created_at,
             "revoked_at": k.revoked_at, **amount("spend_cap", k.spend_cap), **amount("spent", k.spent),
-            "allowed_models": list(k.allowed_models) if k.allowed_models else None}  # fmt: skip
+            "allowed_models": list(k.allowed_models) if k.allowed_models else None, "expires_at": k.expires_at,
+            "tags": list(k.tags), "owner": k.owner, "last_used_at": k.last_used_at,
+            "rotated_until": k.rotated_until}  # fmt: skip
 
 
 def usage_json(r: UsageRecord) -> dict[str, Any]:
@@ -235,7 +243,7 @@ async def create_group(c: Console, request: Request) -> Response:
     name = forms.group_name(str(data.get("name", "")), "name")
     amount = forms.credits(amount_text(data.get("credits", "0"), "credits"), "credits")
     assert amount is not None
-    return JSONResponse(group_json(await c.store.create_group(name, amount)), status_code=201)
+    return JSONResponse(group_json(await changes(c, request).create_group(name, amount)), status_code=201)
 
 
 async def get_group(c: Console, request: Request) -> Response:
@@ -247,7 +255,7 @@ async def topup(c: Console, request: Request) -> Response:
     data = await body(request)
     amount = forms.credits(amount_text(data.get("credits"), "credits"), "credits", positive=True)
     assert amount is not None
-    return JSONResponse(group_json(await c.store.topup(group.name, amount)))
+    return JSONResponse(group_json(await changes(c, request).topup(group.name, amount)))
 
 
 async def list_keys(c: Console, request: Request) -> Response:
@@ -260,7 +268,8 @@ async def create_key(c: Console, request: Request) -> Response:
     data = await body(request)
     label = forms.label(str(data.get("name", "")), "name")
     cap, allowed = cap_of(data.get("spend_cap")), allowed_of(c, data.get("allowed_models"))
-    key, info = await new_key(c.store, c.gateway.settings, group.name, label, cap, allowed)
+    meta = lifecycle.meta_of(data)
+    key, info = await changes(c, request).create_key(c.gateway.settings, group.name, label, cap, allowed, meta)
     return JSONResponse(
         {**key_json(info), "key": key}, status_code=201, headers={"cache-control": "no-store"}
     )
@@ -273,10 +282,11 @@ async def get_key(c: Console, request: Request) -> Response:
 async def update_key(c: Console, request: Request) -> Response:
     info = await key_of(c, request)
     data = await body(request)
-    unknown = set(data) - {"spend_cap", "allowed_models"}
+    unknown = set(data) - {"spend_cap", "allowed_models", *META_FIELDS}
     if unknown:
         raise Invalid(
-            sorted(unknown)[0], f"Unknown field '{sorted(unknown)[0]}': use spend_cap, allowed_models."
+            sorted(unknown)[0],
+            f"Unknown field '{sorted(unknown)[0]}': use spend_cap, allowed_models, expires_at, tags, owner.",
         )
     cap = cap_of(data["spend_cap"]) if "spend_cap" in data else info.spend_cap
     allowed = (
@@ -284,16 +294,37 @@ async def update_key(c: Console, request: Request) -> Response:
         if "allowed_models" in data
         else (list(info.allowed_models) if info.allowed_models else None)
     )
-    updated = await c.store.update_key(info.id, cap, allowed)
-    c.gateway.auth.forget()
+    old = KeyMeta(info.expires_at, info.tags, info.owner)
+    meta = lifecycle.meta_of(data, old)
+    updated = await changes(c, request).update_key(info, cap, allowed, meta)
     return JSONResponse(key_json(updated))
+
+
+async def rotate(c: Console, request: Request) -> Response:
+    info = await key_of(c, request)
+    data = await body(request)
+    grace = lifecycle.grace(data.get("grace_seconds", 0))
+    key, updated = await changes(c, request).rotate_key(c.gateway.settings, info, grace)
+    return JSONResponse({**key_json(updated), "key": key}, headers={"cache-control": "no-store"})
 
 
 async def revoke_key(c: Console, request: Request) -> Response:
     info = await key_of(c, request)
-    done = await c.store.revoke_key(info.id)
-    c.gateway.auth.forget()
+    done = await changes(c, request).revoke_key(info.id)
     return JSONResponse({"id": info.id, "revoked": True, "already_revoked": not done})
+
+
+def changes(c: Console, request: Request) -> Changes:
+    return c.changes(request, "admin-api")
+
+
+async def audit_log(c: Console, request: Request) -> Response:
+    p = request.query_params
+    limit = number(p, "limit", int) or 100
+    if not 1 <= limit <= 1000:
+        raise Invalid("limit", "'limit' is between 1 and 1000.")
+    entries = await c.audit.entries(limit, number(p, "before", int), p.get("target") or None, p.get("action") or None)
+    return JSONResponse({"data": [e.json() for e in entries], "older": entries[-1].id if len(entries) == limit else None})
 
 
 def usage_filter(request: Request, group_id: int) -> Filter:
@@ -384,7 +415,9 @@ def routes() -> list[Route]:
         ("/api/groups/{name}/usage/buckets", group_buckets, "GET"),
         ("/api/keys/{key_id}", get_key, "GET"),
         ("/api/keys/{key_id}", update_key, "PATCH"),
+        ("/api/keys/{key_id}/rotate", rotate, "POST"),
         ("/api/keys/{key_id}/revoke", revoke_key, "POST"),
         ("/api/keys/{key_id}/usage", key_usage, "GET"),
+        ("/api/audit", audit_log, "GET"),
     ]
     return [Route(path, guarded(handler), methods=[method]) for path, handler, method in table]

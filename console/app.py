@@ -27,9 +27,11 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Route
 
 from billing.analysis import Analysis
+from billing.audit import Audit
 from billing.history import History
 from billing.store import Store
 from console import auth, display, prefs
+from console.changes import Changes
 from console.forms import MAX_FORM_BYTES, form_data
 from console.queries import Queries, queries_for
 from core.types import ASGIApp, Message, Receive, Scope, Send
@@ -92,6 +94,7 @@ class Console:
         )
         self.env.globals.update(percent=display.percent)
         self._analysis: Analysis | None = None
+        self._audit: Audit | None = None
 
     @property
     def store(self) -> Store:
@@ -112,6 +115,17 @@ class Console:
         if self._analysis is None:
             self._analysis = Analysis(self.gateway.store.history)
         return self._analysis
+
+    @property
+    def audit(self) -> Audit:
+        if self._audit is None:
+            self._audit = Audit(self.gateway.store.database)
+        return self._audit
+
+    def changes(self, request: Request, actor: str) -> Changes:
+        """The operator's changes made through this request, recorded as ``actor`` from its address."""
+        ip = request.client.host if request.client else "unknown"
+        return Changes(self.store, self.audit, f"{actor} ({ip})", self.gateway.auth.forget)
 
     def model_ids(self) -> list[str]:
         return sorted(m.id for m in self.gateway.catalog.models.values())

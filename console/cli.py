@@ -12,8 +12,10 @@ import getpass
 import secrets
 import sys
 
+from billing.audit import Audit
 from billing.store import Store
 from console import auth
+from console.changes import Changes, cli_actor
 from console.queries import queries_for
 from core.config import Settings
 
@@ -59,7 +61,12 @@ def run(args: argparse.Namespace, settings: Settings) -> None:
     if args.action == "hash-password":
         print(hashed)
         return
-    asyncio.run(with_store(settings.store.url, lambda s: store_password(s, hashed)))
+    async def set_and_audit(store: Store) -> None:
+        await store_password(store, hashed)
+        # the audit log says that the password changed, never the password or its hash
+        await Changes(store, Audit(store.database), cli_actor()).setting("console_password", None, {"set": True})
+
+    asyncio.run(with_store(settings.store.url, set_and_audit))
     if settings.console.password_hash:
         print(
             "note: [console] password_hash in the config takes precedence over the stored password",

@@ -18,7 +18,6 @@ from billing.usage_filter import Filter
 from console import filters, flash, forms, periods, prefs, views
 from console.app import Console, action, page
 from console.forms import Invalid
-from gateway.auth import new_key
 
 NOTICES = {
     "created": "Group created.",
@@ -86,7 +85,7 @@ async def create_group(c: Console, request: Request, form: dict[str, str]) -> Re
         errors[exc.field] = exc.message
     if not errors and name is not None and amount is not None:
         try:
-            await c.store.create_group(name, amount)
+            await c.changes(request, "console").create_group(name, amount)
         except StoreError as exc:
             errors["name"] = str(exc)
     if errors:
@@ -101,7 +100,7 @@ async def topup(c: Console, request: Request, form: dict[str, str]) -> Response:
     try:
         amount = forms.credits(form.get("amount", ""), "amount", positive=True)
         assert amount is not None
-        await c.store.topup(name, amount)
+        await c.changes(request, "console").topup(name, amount)
     except (Invalid, StoreError) as exc:
         message = exc.message if isinstance(exc, Invalid) else str(exc)
         if back == "list":
@@ -209,7 +208,7 @@ async def create_key(c: Console, request: Request, form: dict[str, str]) -> Resp
     cap, allowed = key_fields(c, form, errors)
     if errors:
         return await keys_page(c, request, group.name, 400, errors=errors, values=form)
-    key, info = await new_key(c.store, c.gateway.settings, group.name, label, cap, allowed)
+    key, info = await c.changes(request, "console").create_key(c.gateway.settings, group.name, label, cap, allowed)
     # the clear key goes to the next page through a one-time flash: a reload shows (and makes) nothing
     token = await flash.put(c.queries.db, await c.secret(), request.state.session.csrf, key)
     return c.redirect(request, f"/groups/{quote_name(group.name)}/keys", created=token, key=info.id)

@@ -4,6 +4,7 @@ first (a page of its own: the form that revokes is only on it)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from starlette.exceptions import HTTPException
@@ -11,11 +12,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from billing.store import KeyInfo
+from billing.store import KeyInfo, KeyMeta
 from billing.usage_filter import Filter
-from console import display, prefs, views
+from console import display, flash, lifecycle, prefs, views
 from console.app import Console, action, page
 from console.filters import CallsQuery, Link, period_params
+from console.forms import Invalid
 from console.groups import key_fields, notice, period_of, quote_name
 from core.inputs import natural
 from core.money import to_credits
@@ -35,7 +37,7 @@ async def key_or_404(c: Console, key_id: str) -> KeyInfo:
 
 def matches(k: KeyInfo, search: str) -> bool:
     search = search.lower()
-    return any(search in str(v).lower() for v in (k.id, k.name, k.hint, k.group_name))
+    return any(search in str(v).lower() for v in (k.id, k.name, k.hint, k.group_name, k.owner, *k.tags))
 
 
 @page
@@ -68,6 +70,7 @@ async def keys(c: Console, request: Request) -> Response:
         request, "keys.html", keys=shown, more=len(listed) - len(shown), total=len(everyone), per_key=per_key,
         used=used, period=period, search=search, state=status, sort=sort, statuses=STATUSES, sorts=SORTS,
         errors=errors, zone=zone, places=display.places(amounts), spent_places=display.places(k.spent for k in shown),
+        now=time.time(),
         link=Link({"q": search, "status": status, "sort": sort if sort != "used" else None, **period_params(period)}),
     )  # fmt: skip
 
@@ -85,9 +88,16 @@ async def key_page(c: Console, request: Request, status: int = 200, **context: A
     values = context.pop("values", None) or {
         "spend_cap": to_credits(info.spend_cap) if info.spend_cap is not None else "",
         "models": "\n".join(info.allowed_models or ()),
+        "expires_at": display.iso(info.expires_at) if info.expires_at else "",
+        "tags": ", ".join(info.tags),
+        "owner": info.owner,
     }
+    token = request.query_params.get("rotated", "")
+    if token and not errors:
+        context["new_secret"] = await flash.take(c.queries.db, await c.secret(), request.state.session.csrf, token)
     return c.render(
         request, "key.html", status=status, key=info, table=table, total=total, period=period, errors=errors,
+        now=time.time(),
         values=values, notice=notice(request), last_used=used.get(info.id), link=CallsQuery(period=period),
         places=display.places([info.spent, info.spend_cap or 0]), **context,
     )  # fmt: skip
@@ -103,9 +113,36 @@ async def update_key(c: Console, request: Request, form: dict[str, str]) -> Resp
     cap, allowed = key_fields(c, form, errors)
     if errors:
         return await key_page(c, request, 400, errors=errors, values=form)
-    await c.store.update_key(info.id, cap, allowed)
-    c.gateway.auth.forget()  # the cached principal still has the old caps
+    await c.changes(request, "console").update_key(info, cap, allowed)  # clears the cached principal
     return c.redirect(request, f"/keys/{info.id}", ok="updated")
+
+
+@action
+async def update_lifecycle(c: Console, request: Request, form: dict[str, str]) -> Response:
+    info = await key_or_404(c, request.path_params["key_id"])
+    old = KeyMeta(info.expires_at, info.tags, info.owner)
+    try:
+        given = {"expires_at": form.get("expires_at", ""), "tags": form.get("tags", ""), "owner": form.get("owner", "")}
+        if info.expires_at and given["expires_at"].strip() == display.iso(info.expires_at):
+            del given["expires_at"]  # unchanged (it may be past already: only a new expiry must be ahead)
+        meta = lifecycle.meta_of(given, old)
+    except Invalid as exc:
+        return await key_page(c, request, 400, errors={exc.field: exc.message}, values=form)
+    await c.changes(request, "console").update_key(info, info.spend_cap, list(info.allowed_models or ()) or None, meta)
+    return c.redirect(request, f"/keys/{info.id}", ok="updated")
+
+
+@action
+async def rotate(c: Console, request: Request, form: dict[str, str]) -> Response:
+    info = await key_or_404(c, request.path_params["key_id"])
+    try:
+        grace = lifecycle.grace(form.get("grace", "") or "0", "grace")
+    except Invalid as exc:
+        return await key_page(c, request, 400, errors={exc.field: exc.message}, values=form)
+    key, _ = await c.changes(request, "console").rotate_key(c.gateway.settings, info, grace)
+    # the new secret goes to the next page through a one-time flash, as a new key's does
+    token = await flash.put(c.queries.db, await c.secret(), request.state.session.csrf, key)
+    return c.redirect(request, f"/keys/{info.id}", rotated=token)
 
 
 @page
@@ -121,8 +158,7 @@ async def revoke_key(c: Console, request: Request, form: dict[str, str]) -> Resp
     info = await key_or_404(c, request.path_params["key_id"])
     if form.get("confirm") != "yes":  # only the confirmation page's form says so
         return c.redirect(request, f"/keys/{info.id}/revoke")
-    await c.store.revoke_key(info.id)
-    c.gateway.auth.forget()  # the next call with this key is refused at once
+    await c.changes(request, "console").revoke_key(info.id)  # the next call with this key is refused at once
     return c.redirect(request, f"/groups/{quote_name(info.group_name)}/keys", ok="revoked")
 
 
@@ -131,6 +167,8 @@ def routes() -> list[Route]:
         Route("/keys", keys, methods=["GET"]),
         Route("/keys/{key_id}", key, methods=["GET"]),
         Route("/keys/{key_id}/update", update_key, methods=["POST"]),
+        Route("/keys/{key_id}/lifecycle", update_lifecycle, methods=["POST"]),
+        Route("/keys/{key_id}/rotate", rotate, methods=["POST"]),
         Route("/keys/{key_id}/revoke", confirm_revoke, methods=["GET"]),
         Route("/keys/{key_id}/revoke", revoke_key, methods=["POST"]),
     ]

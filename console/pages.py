@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from console import auth, batches, calls, groups, keys, overview, prefs
+from console import audit, auth, batches, calls, groups, keys, overview, prefs
 from console.app import Console, action, console_of, page, read_form, same_origin
 
 
@@ -123,4 +123,5 @@ def routes() -> list[Route]:
         *keys.routes(),
         *calls.routes(),
         *batches.routes(),
+        *audit.routes(),
     ]

@@ -6,6 +6,14 @@ rejected before any store lookup. The store is searched by digest, so how long a
 nothing about the key itself (the constant-time property that matters). Looked-up principals are cached for a couple of seconds so the hot
 path does not touch the store; a revocation through this process clears the cache at once, and one
 through another process takes effect within ``auth_cache_seconds``.
+
+A principal carries its secret's deadline (the key's ``expires_at``; for the secret a rotation
+replaced, the end of its grace period), checked on every call, cached or not: an expired key is
+refused at its expiry on every replica (401 ``key_expired``), an old secret at the end of its grace
+(401 ``key_rotated``). A rotation or a new expiry set through another process reaches a replica's
+cache within ``auth_cache_seconds``. When a key was last used is noted when its principal is loaded
+(so within ``auth_cache_seconds`` of the truth, at no cost per call) and written to the store in one
+batch every ``LAST_USED_SECONDS`` (:class:`LastUsed`), never on the call path.
 """
 
 from __future__ import annotations
@@ -16,7 +24,7 @@ import secrets
 import time
 from typing import Any
 
-from billing.store import Principal, Store, StoreDown
+from billing.store import KeyInfo, KeyMeta, Principal, Store, StoreDown
 from core import metrics
 from core.config import Settings
 from core.errors import StoreUnavailable, Unauthorized
@@ -41,11 +49,43 @@ def key_hint(key: str) -> str:
 
 
 async def new_key(store: Store, settings: Settings, group: str, name: str, spend_cap: int | None = None,
-                  models: list[str] | None = None, key: str | None = None) -> tuple[str, Any]:  # fmt: skip
+                  models: list[str] | None = None, key: str | None = None,
+                  meta: KeyMeta | None = None) -> tuple[str, Any]:  # fmt: skip
     """Issue a key for ``group``: the clear key (shown once) and the stored key's info."""
     key = key or generate_key(settings.server.key_prefix)
-    info = await store.create_key(group, name, hash_key(key), key_hint(key), spend_cap, models)
+    info = await store.create_key(group, name, hash_key(key), key_hint(key), spend_cap, models, meta)
     return key, info
+
+
+async def rotate_key(store: Store, settings: Settings, key_id: int, grace: float) -> tuple[str, KeyInfo]:
+    """A new secret for key ``key_id`` (shown once); the old one works ``grace`` seconds more."""
+    key = generate_key(settings.server.key_prefix)
+    return key, await store.rotate_key(key_id, hash_key(key), key_hint(key), grace)
+
+
+LAST_USED_SECONDS = 60.0  # how often the last-used times noted by the authenticator are written
+
+
+class LastUsed:
+    """When each key was last used, noted in memory and written to the store in one transaction per
+    interval (``flush``): at most one write per key a minute, none on the call path. A flush that
+    fails (store down) keeps its times for the next one."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.noted: dict[int, float] = {}
+
+    def note(self, key_id: int, when: float) -> None:
+        self.noted[key_id] = when
+
+    async def flush(self) -> None:
+        noted, self.noted = self.noted, {}
+        try:
+            await self.store.touch_keys(noted)
+        except Exception:
+            for key_id, when in noted.items():  # keep them (newer ones noted meanwhile win)
+                self.noted.setdefault(key_id, when)
+            raise
 
 
 def may_use(principal: Principal, model_id: str, asked: str) -> bool:
@@ -60,6 +100,7 @@ class Authenticator:
         self.cache_seconds = cache_seconds
         self._form = key_form(prefix)
         self._cache: dict[str, tuple[Principal, float]] = {}
+        self.last_used = LastUsed(store)
 
     def forget(self) -> None:
         self._cache.clear()
@@ -80,7 +121,10 @@ class Authenticator:
         now = time.monotonic()
         cached = self._cache.get(digest)
         if cached is not None and cached[1] > now:
-            return cached[0]
+            hit = cached[0]
+            if hit.deadline is not None:
+                _check_deadline(hit.deadline, hit.deadline_code, time.time())
+            return hit
         try:
             principal = await self.store.principal(digest)
         except StoreDown:
@@ -92,5 +136,20 @@ class Authenticator:
         if len(self._cache) > 100_000:
             self._cache.clear()
         self._cache[digest] = (principal, now + self.cache_seconds)
+        wall = time.time()
+        if principal.deadline is not None:
+            _check_deadline(principal.deadline, principal.deadline_code, wall)
+        self.last_used.note(principal.key_id, wall)
         return principal
+
+
+def _check_deadline(deadline: float, code: str, now: float) -> None:
+    if now >= deadline:
+        if code == "key_rotated":
+            raise Unauthorized(
+                "This API key's secret was replaced by a rotation and its grace period has ended: "
+                "use the new secret.",
+                code="key_rotated",
+            )
+        raise Unauthorized("This API key has expired.", code="key_expired")
 

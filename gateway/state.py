@@ -18,8 +18,9 @@ from billing.store import Store, open_store
 from core.config import Settings
 from core.deadlines import Deadlines
 from core.deployments import Deployment
-from gateway.auth import Authenticator
+from gateway.auth import LAST_USED_SECONDS, Authenticator
 from gateway.dispatch import router_for
+from gateway.periodic import Periodic
 from gateway.ratelimit import RateLimiter
 from gateway.reliability import Breakers
 
@@ -85,6 +86,8 @@ class Gateway:
         self.limits = RateLimiter(settings.limits)
         self.deadlines = Deadlines()  # the call path's timeouts (body, first byte)
         self.auth = Authenticator(self.store, settings.server.key_prefix, settings.server.auth_cache_seconds)
+        # the keys' last-used times, written in one batch a minute (gateway/auth.py: LastUsed)
+        self.background: list[Periodic] = [Periodic("last-used", LAST_USED_SECONDS, self.auth.last_used.flush)]
         self.adapters: dict[str, Adapter] = {}  # provider prefix → its adapter (every provider has one)
         self.deployments: dict[str, list[Deployment]] = {}  # provider prefix → its deployments
         for prefix, spec in self.catalog.providers.items():
@@ -112,6 +115,8 @@ class Gateway:
                 await self.transport.start()
                 if self.jobs is not None:
                     await self.jobs.start()
+                for task in self.background:
+                    task.start()
                 self.started = True
 
     async def stop(self) -> None:
@@ -119,6 +124,8 @@ class Gateway:
             if self.started:
                 if self.jobs is not None:
                     await self.jobs.stop()  # first: lines in flight still use the transport and the ledger
+                for task in self.background:
+                    await task.stop()
                 await self.transport.close()
                 await self.limits.close()
                 await self.router.close()

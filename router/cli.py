@@ -3,7 +3,9 @@
     router serve [--config PATH] [--host H] [--port P] [--workers N]
     router demo [--port P] [--emulator-port P] [--new-key] [--access-log PATH|-]
     router groups create NAME --credits N | list | show NAME | topup NAME AMOUNT
-    router keys create --group NAME [--name LABEL] [--spend-cap N] [--models a,b] | list | revoke ID
+    router keys create --group NAME [--name LABEL] [--spend-cap N] [--models a,b] [--expires WHEN]
+                [--tags a,b] [--owner WHO] | list | show ID | revoke ID
+    router keys update ID [--expires WHEN|never] [--tags a,b] [--owner WHO] | rotate ID [--grace 1h]
     router usage [--group NAME] [--key ID] [--source api|job] [--limit N]
     router emulators [--host H] [--port P]     (the five emulated providers, for benchmarks)
 
@@ -16,16 +18,25 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from typing import Any
 
 import msgspec
 
-from billing.store import StoreDown, StoreError, with_store
+from billing.audit import Audit
+from billing.store import KeyInfo, KeyMeta, Store, StoreDown, StoreError, with_store
+from console import lifecycle
+from console.changes import Changes, cli_actor
+from console.forms import Invalid
 from core.catalog import ConfigError
 from core.config import Settings, load_settings
 from core.inputs import group_name_problem
 from core.money import to_credits as nano_to_credits
 from core.money import to_nano
-from gateway.auth import new_key
+
+
+def cli_changes(store: Store) -> Changes:
+    """The operator's changes from this command line, audited as ``cli:<OS user>``."""
+    return Changes(store, Audit(store.database), cli_actor())
 
 
 def credits_to_nano(text: str) -> int:
@@ -41,7 +52,7 @@ def _groups(args: argparse.Namespace, settings: Settings) -> None:
         if problem is not None:
             raise SystemExit(f"error: {problem}")
         amount = credits_to_nano(args.credits)
-        group = asyncio.run(with_store(settings.store.url, lambda s: s.create_group(args.name, amount)))
+        group = asyncio.run(with_store(settings.store.url, lambda s: cli_changes(s).create_group(args.name, amount)))
         print(f"group {group.name} (id {group.id}) created with {nano_to_credits(group.balance)} credits")
     elif args.action == "show":
         found = asyncio.run(with_store(settings.store.url, lambda s: s.get_group(args.name)))
@@ -53,7 +64,7 @@ def _groups(args: argparse.Namespace, settings: Settings) -> None:
         print(f"spent     {nano_to_credits(found.spent)} credits")
     elif args.action == "topup":
         amount = credits_to_nano(args.amount)
-        group = asyncio.run(with_store(settings.store.url, lambda s: s.topup(args.name, amount)))
+        group = asyncio.run(with_store(settings.store.url, lambda s: cli_changes(s).topup(args.name, amount)))
         print(f"group {group.name}: balance {nano_to_credits(group.balance)} credits")
     else:
         groups = asyncio.run(with_store(settings.store.url, lambda s: s.list_groups()))
@@ -62,24 +73,80 @@ def _groups(args: argparse.Namespace, settings: Settings) -> None:
             print(f"{g.id:>4}  {g.name:<24} {nano_to_credits(g.balance):>16} {nano_to_credits(g.reserved):>14} {nano_to_credits(g.spent):>14}")
 
 
+def _when(ts: float | None) -> str:
+    import datetime
+
+    return "-" if ts is None else datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _meta_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The lifecycle options given on the command line, as the admin API's fields."""
+    given = {"expires_at": args.expires, "tags": args.tags, "owner": args.owner}
+    return {name: value for name, value in given.items() if value is not None}
+
+
+def _show_key(info: KeyInfo) -> None:
+    print(f"key        {info.id} ({info.hint}) in group {info.group_name}, {'revoked' if info.revoked_at else 'live'}")
+    print(f"name       {info.name or '-'}")
+    print(f"owner      {info.owner or '-'}")
+    print(f"tags       {', '.join(info.tags) or '-'}")
+    print(f"expires    {_when(info.expires_at)}")
+    print(f"last used  {_when(info.last_used_at)}")
+    print(f"spent      {nano_to_credits(info.spent)} credits")
+    if info.rotated_until is not None:
+        print(f"old secret valid until {_when(info.rotated_until)}")
+
+
 def _keys(args: argparse.Namespace, settings: Settings) -> None:
+    try:
+        _key_action(args, settings)
+    except Invalid as exc:
+        raise SystemExit(f"error: {exc.message}") from None
+
+
+def _key_action(args: argparse.Namespace, settings: Settings) -> None:
+    url = settings.store.url
     if args.action == "create":
         cap = credits_to_nano(args.spend_cap) if args.spend_cap else None
         models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else None
-        key, info = asyncio.run(with_store(settings.store.url, lambda s: new_key(s, settings, args.group, args.name, cap, models)))
+        meta = lifecycle.meta_of(_meta_args(args))
+        key, info = asyncio.run(with_store(url, lambda s: cli_changes(s).create_key(settings, args.group, args.name, cap, models, meta)))
         print(f"key {info.id} created in group {info.group_name}; it is shown once, store it now:")
         print(key)
+    elif args.action in ("show", "update"):
+        async def show_or_update(store: Store) -> KeyInfo:
+            info = await store.get_key(args.id)
+            if info is None:
+                raise StoreError(f"no key with id {args.id}")
+            if args.action == "update":
+                meta = lifecycle.meta_of(_meta_args(args), KeyMeta(info.expires_at, info.tags, info.owner))
+                info = await cli_changes(store).update_key(info, info.spend_cap, list(info.allowed_models or ()) or None, meta)
+            return info
+
+        _show_key(asyncio.run(with_store(url, show_or_update)))
+    elif args.action == "rotate":
+        grace = lifecycle.grace(args.grace, "--grace")
+        async def rotate(store: Store) -> tuple[str, KeyInfo]:
+            info = await store.get_key(args.id)
+            if info is None:
+                raise StoreError(f"no key with id {args.id}")
+            return await cli_changes(store).rotate_key(settings, info, grace)
+
+        key, info = asyncio.run(with_store(url, rotate))
+        print(f"key {info.id} rotated; the old secret works until {_when(info.rotated_until)}; the new one is shown once:")
+        print(key)
     elif args.action == "revoke":
-        done = asyncio.run(with_store(settings.store.url, lambda s: s.revoke_key(args.id)))
+        done = asyncio.run(with_store(settings.store.url, lambda s: cli_changes(s).revoke_key(args.id)))
         if not done:
             raise SystemExit(f"error: no live key with id {args.id}")
         print(f"key {args.id} revoked")
     else:
         keys = asyncio.run(with_store(settings.store.url, lambda s: s.list_keys(args.group)))
-        print(f"{'id':>4}  {'group':<16} {'name':<16} {'key':<22} {'status':<8} {'spent':>12}")
+        print(f"{'id':>4}  {'group':<16} {'name':<16} {'key':<22} {'status':<8} {'spent':>12}  {'expires':<20} {'last used':<20}")
         for k in keys:
             status = "revoked" if k.revoked_at else "live"
-            print(f"{k.id:>4}  {k.group_name:<16} {k.name:<16} {k.hint:<22} {status:<8} {nano_to_credits(k.spent):>12}")
+            print(f"{k.id:>4}  {k.group_name:<16} {k.name:<16} {k.hint:<22} {status:<8} {nano_to_credits(k.spent):>12}  "
+                  f"{_when(k.expires_at):<20} {_when(k.last_used_at):<20}")  # fmt: skip
 
 
 def _usage(args: argparse.Namespace, settings: Settings) -> None:
@@ -105,6 +172,13 @@ examples:
   router usage --group acme --limit 20         the latest usage records
   router COMMAND --help                        one command's options
 """
+
+
+def _meta_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--expires", metavar="WHEN",
+                   help="expiry: a duration from now (30d, 12h), an ISO 8601 date or time (UTC), or never")  # fmt: skip
+    p.add_argument("--tags", help="comma-separated tags (replace the key's tags)")
+    p.add_argument("--owner", help="who the key belongs to (free text)")
 
 
 def _config_option(p: argparse.ArgumentParser) -> None:
@@ -166,6 +240,17 @@ def parser() -> argparse.ArgumentParser:
     kc.add_argument("--name", default="", help="a label for the key")
     kc.add_argument("--spend-cap", metavar="CREDITS", help="credits this key may spend in all")
     kc.add_argument("--models", help="comma-separated model ids this key may use (default: all)")
+    _meta_options(kc)
+    ku = ksub.add_parser("update", help="change a key's expiry, tags or owner", description="Change a key's lifecycle fields.")
+    ku.add_argument("id", type=int, help="the key's id (router keys list)")
+    _meta_options(ku)
+    ks = ksub.add_parser("show", help="a key's expiry, tags, owner, last use", description="Show one key.")
+    ks.add_argument("id", type=int, help="the key's id (router keys list)")
+    kt = ksub.add_parser("rotate", help="a new secret for a key (printed once); the old one works for --grace",
+                         description="Rotate a key's secret: same key id, spend and settings; the old secret stays "
+                         "valid for the grace period, then gets 401 key_rotated.")  # fmt: skip
+    kt.add_argument("id", type=int, help="the key's id (router keys list)")
+    kt.add_argument("--grace", default="0", help="how long the old secret keeps working: seconds or 15m, 1h, 7d (default: 0)")
     kr = ksub.add_parser("revoke", help="revoke a key at once", description="Revoke a key; its next call gets 401.")
     kr.add_argument("id", type=int, help="the key's id (router keys list)")
     kl = ksub.add_parser("list", help="keys with their hint, status and spend", description="List keys.")

@@ -102,6 +102,12 @@ GROUP_CREATE: dict[str, Any] = {
     "properties": {"name": {"type": "string"}, "credits": CREDITS},
 }
 TOPUP: dict[str, Any] = {"type": "object", "required": ["credits"], "properties": {"credits": CREDITS}}
+# a key's lifecycle fields: an expiry (epoch seconds, ISO 8601, or a duration from now: "30d"), tags, owner
+KEY_META: dict[str, Any] = {
+    "expires_at": {"oneOf": [{"type": "number"}, {"type": "string"}, {"type": "null"}]},
+    "tags": {"type": "array", "items": {"type": "string"}},
+    "owner": {"type": "string"},
+}
 KEY_CREATE: dict[str, Any] = {
     "type": "object",
     "required": ["name"],
@@ -109,6 +115,7 @@ KEY_CREATE: dict[str, Any] = {
         "name": {"type": "string"},
         "spend_cap": {"oneOf": [CREDITS, {"type": "null"}]},
         "allowed_models": {"type": ["array", "null"], "items": {"type": "string"}},
+        **KEY_META,
     },
 }
 KEY_UPDATE: dict[str, Any] = {
@@ -116,7 +123,12 @@ KEY_UPDATE: dict[str, Any] = {
     "properties": {
         "spend_cap": {"oneOf": [CREDITS, {"type": "null"}]},
         "allowed_models": {"type": ["array", "null"], "items": {"type": "string"}},
+        **KEY_META,
     },
+}
+KEY_ROTATE: dict[str, Any] = {
+    "type": "object",
+    "properties": {"grace_seconds": {"oneOf": [{"type": "number", "minimum": 0}, {"type": "string"}]}},
 }
 UPLOAD: dict[str, Any] = {
     "type": "object",
@@ -206,11 +218,15 @@ OPERATIONS: tuple[Op, ...] = (
     Op("get", "/console/api/groups/{name}/usage/buckets", "A group's usage per time bucket", "admin", auth="admin",
        params=(*_path("name"), *USAGE, Param("width", schema={"type": "number", "exclusiveMinimum": 0}))),
     Op("get", "/console/api/keys/{key_id}", "A key", "admin", auth="admin", params=_path("key_id")),
-    Op("patch", "/console/api/keys/{key_id}", "Change a key's spend cap or models", "admin", auth="admin",
+    Op("patch", "/console/api/keys/{key_id}", "Change a key's spend cap, models, expiry, tags or owner", "admin", auth="admin",
        params=_path("key_id"), body=KEY_UPDATE),
+    Op("post", "/console/api/keys/{key_id}/rotate", "A new secret for a key (in this answer only); the old one "
+       "works for grace_seconds more", "admin", auth="admin", params=_path("key_id"), body=KEY_ROTATE),
     Op("post", "/console/api/keys/{key_id}/revoke", "Revoke a key", "admin", auth="admin", params=_path("key_id")),
     Op("get", "/console/api/keys/{key_id}/usage", "A key's usage per model", "admin", auth="admin",
        params=(*_path("key_id"), Param("since", schema=INT), Param("until", schema=INT))),
+    Op("get", "/console/api/audit", "The audit log, newest first", "admin", auth="admin",
+       params=(Param("target"), Param("action"), Param("before", schema=INT), Param("limit", schema=INT))),
 )  # fmt: skip
 
 
