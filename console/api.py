@@ -21,6 +21,11 @@ input), with the exact integer of nano-credits beside them (``balance_nano``). E
     POST   /api/keys/{id}/rotate                {"grace_seconds": 3600} -> the new secret, once
     POST   /api/keys/{id}/revoke
     GET    /api/keys/{id}/usage                 ?since=&until=  (one row per model)
+    GET    /api/webhooks                        webhooks (never their secrets)
+    POST   /api/webhooks                        {"url", "group"?, "balance_below"?, "expiry_within"?, "budgets"?}
+                                                 -> the webhook and its signing secret, once
+    DELETE /api/webhooks/{id}
+    GET    /api/webhooks/{id}/deliveries        ?limit=  its events, newest first, with their delivery status
     GET    /api/audit                           ?target=key:12&action=key.rotate&before=&limit=  (newest first)
 """
 
@@ -38,7 +43,7 @@ from starlette.routing import Route
 
 from billing.history import Filter
 from billing.store import Group, KeyInfo, KeyMeta, StoreError, UsageRecord
-from console import auth, forms, lifecycle
+from console import auth, forms, lifecycle, webhooks
 from console.app import Console, console_of
 from console.changes import Changes
 from console.forms import Invalid
@@ -327,6 +332,48 @@ async def audit_log(c: Console, request: Request) -> Response:
     return JSONResponse({"data": [e.json() for e in entries], "older": entries[-1].id if len(entries) == limit else None})
 
 
+async def list_webhooks(c: Console, request: Request) -> Response:
+    return JSONResponse({"webhooks": [h.json() for h in await c.gateway.alerts.webhooks()]})
+
+
+async def add_webhook(c: Console, request: Request) -> Response:
+    data = await body(request)
+    unknown = set(data) - {"url", "group", "balance_below", "expiry_within", "budgets"}
+    if unknown:
+        raise Invalid(sorted(unknown)[0], f"Unknown field '{sorted(unknown)[0]}': use url, group, balance_below, "
+                                          "expiry_within, budgets.")  # fmt: skip
+    url = webhooks.url_of(data.get("url"))
+    below, within = webhooks.threshold_of(data.get("balance_below")), webhooks.within_of(data.get("expiry_within"))
+    group = await webhooks.group_of(c, data.get("group"))
+    budgets = data.get("budgets", True)
+    if not isinstance(budgets, bool):
+        raise Invalid("budgets", "'budgets' is true or false.")
+    hook = await changes(c, request).add_webhook(c.gateway.alerts, url, group, below, within, budgets)
+    # the signing secret, in this answer only
+    return JSONResponse({**hook.json(), "secret": hook.secret}, status_code=201, headers={"cache-control": "no-store"})
+
+
+async def webhook_of(c: Console, request: Request) -> int:
+    hook_id = natural(request.path_params["webhook_id"])
+    if hook_id is None or await c.gateway.alerts.webhook(hook_id) is None:
+        raise AdminError(404, f"No webhook with id {request.path_params['webhook_id']}.", "webhook_not_found")
+    return hook_id
+
+
+async def delete_webhook(c: Console, request: Request) -> Response:
+    hook_id = await webhook_of(c, request)
+    await changes(c, request).delete_webhook(c.gateway.alerts, hook_id)
+    return JSONResponse({"id": hook_id, "deleted": True})
+
+
+async def webhook_deliveries(c: Console, request: Request) -> Response:
+    hook_id = await webhook_of(c, request)
+    limit = number(request.query_params, "limit", int) or 100
+    if not 1 <= limit <= 1000:
+        raise Invalid("limit", "'limit' is between 1 and 1000.")
+    return JSONResponse({"data": [d.json() for d in await c.gateway.alerts.deliveries(hook_id, limit)]})
+
+
 def usage_filter(request: Request, group_id: int) -> Filter:
     p = request.query_params
     source = p.get("source") or None
@@ -419,5 +466,9 @@ def routes() -> list[Route]:
         ("/api/keys/{key_id}/revoke", revoke_key, "POST"),
         ("/api/keys/{key_id}/usage", key_usage, "GET"),
         ("/api/audit", audit_log, "GET"),
+        ("/api/webhooks", list_webhooks, "GET"),
+        ("/api/webhooks", add_webhook, "POST"),
+        ("/api/webhooks/{webhook_id}", delete_webhook, "DELETE"),
+        ("/api/webhooks/{webhook_id}/deliveries", webhook_deliveries, "GET"),
     ]
     return [Route(path, guarded(handler), methods=[method]) for path, handler, method in table]

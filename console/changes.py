@@ -17,6 +17,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from billing.alerts import AlertBook, Webhook
 from billing.audit import Audit
 from billing.store import Group, KeyInfo, KeyMeta, Store, StoreError
 from core.config import Settings
@@ -98,6 +99,20 @@ class Changes:
         if done:
             await self.record("key.revoke", f"key:{key_id}", snapshot(before), snapshot(await self.store.get_key(key_id)))
         return done
+
+    # -- webhooks -----------------------------------------------------------------------------------
+    async def add_webhook(self, book: AlertBook, url: str, group: str | None, balance_below: int | None,
+                          expiry_within: float | None, budgets: bool = True) -> Webhook:  # fmt: skip
+        hook = await book.add_webhook(url, group, balance_below, expiry_within, budgets)
+        await self.record("webhook.create", f"webhook:{hook.id}", None, hook.json())  # never its secret
+        return hook
+
+    async def delete_webhook(self, book: AlertBook, webhook_id: int) -> bool:
+        hook = await book.webhook(webhook_id)
+        if hook is None or not await book.delete_webhook(webhook_id):
+            raise StoreError(f"no webhook with id {webhook_id}")
+        await self.record("webhook.delete", f"webhook:{webhook_id}", hook.json(), None)
+        return True
 
     # -- settings -----------------------------------------------------------------------------------
     async def setting(self, name: str, before: Any, after: Any) -> None:

@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from console import audit, auth, batches, calls, groups, keys, overview, prefs
+from console import audit, auth, batches, calls, groups, keys, overview, prefs, webhooks
 from console.app import Console, action, console_of, page, read_form, same_origin
 
 
@@ -124,4 +124,5 @@ def routes() -> list[Route]:
         *calls.routes(),
         *batches.routes(),
         *audit.routes(),
+        *webhooks.routes(),
     ]

@@ -198,6 +198,21 @@ class JobsSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     runner: bool = True  # false: this process serves the endpoints but runs no jobs
 
 
+class AlertsSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``[alerts]``: webhooks on thresholds (billing/alerts.py, gateway/alerts.py): the checks, and the
+    deliveries from the durable outbox (retried with exponential backoff)."""
+
+    enabled: bool = True  # false: this process neither checks thresholds nor delivers
+    check_interval: Annotated[float, msgspec.Meta(gt=0)] = 30.0  # seconds between threshold checks
+    deliver_interval: Annotated[float, msgspec.Meta(gt=0)] = 1.0  # seconds between looks at the outbox
+    backoff_base: Annotated[float, msgspec.Meta(gt=0)] = 5.0  # the first retry's delay; doubled per attempt
+    backoff_max: Annotated[float, msgspec.Meta(gt=0)] = 3600.0
+    max_attempts: Annotated[int, msgspec.Meta(ge=1)] = 15  # then the delivery is marked failed
+    timeout: Annotated[float, msgspec.Meta(gt=0)] = 10.0  # seconds a receiver has to answer
+    lease_seconds: Annotated[float, msgspec.Meta(gt=0)] = 60.0  # a replica's hold on the events it delivers
+    batch: Annotated[int, msgspec.Meta(ge=1)] = 20  # events claimed per look
+
+
 class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     server: ServerSettings = msgspec.field(default_factory=ServerSettings)
     store: StoreSettings = msgspec.field(default_factory=StoreSettings)
@@ -210,6 +225,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     health: HealthSettings = msgspec.field(default_factory=HealthSettings)
     jobs: JobsSettings = msgspec.field(default_factory=JobsSettings)
     console: ConsoleSettings = msgspec.field(default_factory=ConsoleSettings)
+    alerts: AlertsSettings = msgspec.field(default_factory=AlertsSettings)
 
     def load_catalog(self) -> Catalog:
         return Catalog.load(Path(self.catalog.path) if self.catalog.path else None)

@@ -12,12 +12,14 @@ from typing import Protocol
 
 from adapters import Adapter, adapter_for
 from adapters.transport import ObservedTransport
+from billing.alerts import AlertBook
 from billing.journal import Journal, store_tag
 from billing.ledger import ledger_for
 from billing.store import Store, open_store
 from core.config import Settings
 from core.deadlines import Deadlines
 from core.deployments import Deployment
+from gateway.alerts import Checker, Deliverer
 from gateway.auth import LAST_USED_SECONDS, Authenticator
 from gateway.dispatch import router_for
 from gateway.periodic import Periodic
@@ -88,6 +90,14 @@ class Gateway:
         self.auth = Authenticator(self.store, settings.server.key_prefix, settings.server.auth_cache_seconds)
         # the keys' last-used times, written in one batch a minute (gateway/auth.py: LastUsed)
         self.background: list[Periodic] = [Periodic("last-used", LAST_USED_SECONDS, self.auth.last_used.flush)]
+        # alerts: threshold checks queue events in the outbox, deliveries send them (gateway/alerts.py)
+        self.alerts = AlertBook(self.store.database)
+        self.alert_checker = Checker(self.store, self.alerts)
+        self.alert_deliverer = Deliverer(self.alerts, settings.alerts)
+        if settings.alerts.enabled:
+            a = settings.alerts
+            self.background += [Periodic("alert-checks", a.check_interval, self.alert_checker.check, final=False),
+                                Periodic("alert-deliveries", a.deliver_interval, self.alert_deliverer.deliver, final=False)]  # fmt: skip
         self.adapters: dict[str, Adapter] = {}  # provider prefix → its adapter (every provider has one)
         self.deployments: dict[str, list[Deployment]] = {}  # provider prefix → its deployments
         for prefix, spec in self.catalog.providers.items():
@@ -126,6 +136,7 @@ class Gateway:
                     await self.jobs.stop()  # first: lines in flight still use the transport and the ledger
                 for task in self.background:
                     await task.stop()
+                await self.alert_deliverer.close()
                 await self.transport.close()
                 await self.limits.close()
                 await self.router.close()

@@ -149,6 +149,47 @@ def _key_action(args: argparse.Namespace, settings: Settings) -> None:
                   f"{_when(k.expires_at):<20} {_when(k.last_used_at):<20}")  # fmt: skip
 
 
+def _webhooks(args: argparse.Namespace, settings: Settings) -> None:
+    from billing.alerts import AlertBook
+    from console import webhooks
+
+    url = settings.store.url
+    try:
+        if args.action == "add":
+            target = webhooks.url_of(args.url)
+            below = webhooks.threshold_of(args.balance_below or None)
+            within = webhooks.within_of(args.expiry_within or None)
+
+            async def add(store: Store) -> Any:
+                if args.group and await store.get_group(args.group) is None:
+                    raise StoreError(f"no group named {args.group!r}")
+                book = AlertBook(store.database)
+                return await cli_changes(store).add_webhook(book, target, args.group, below, within, not args.no_budgets)
+
+            hook = asyncio.run(with_store(url, add))
+            print(f"webhook {hook.id} added; its signing secret is shown once, store it now:")
+            print(hook.secret)
+            return
+    except Invalid as exc:
+        raise SystemExit(f"error: {exc.message}") from None
+    if args.action == "remove":
+        asyncio.run(with_store(url, lambda s: cli_changes(s).delete_webhook(AlertBook(s.database), args.id)))
+        print(f"webhook {args.id} removed")
+    elif args.action == "deliveries":
+        rows = asyncio.run(with_store(url, lambda s: AlertBook(s.database).deliveries(args.webhook, args.limit)))
+        print(f"{'id':>5}  {'created (UTC)':<20} {'hook':>4} {'event':<17} {'status':<10} {'tries':>5}  last error")
+        for d in rows:
+            print(f"{d.id:>5}  {_when(d.created_at):<20} {d.webhook_id:>4} {d.event_type:<17} {d.status:<10} "
+                  f"{d.attempts:>5}  {d.last_error or ''}")  # fmt: skip
+    else:
+        hooks = asyncio.run(with_store(url, lambda s: AlertBook(s.database).webhooks()))
+        print(f"{'id':>4}  {'group':<16} {'balance under':>14} {'expiry within':>14} {'budgets':<8} url")
+        for h in hooks:
+            under = nano_to_credits(h.balance_below) if h.balance_below is not None else "-"
+            soon = f"{h.expiry_within:.0f} s" if h.expiry_within is not None else "-"
+            print(f"{h.id:>4}  {h.group or '(all)':<16} {under:>14} {soon:>14} {'yes' if h.budgets else 'no':<8} {h.url}")
+
+
 def _usage(args: argparse.Namespace, settings: Settings) -> None:
     import datetime
 
@@ -256,6 +297,24 @@ def parser() -> argparse.ArgumentParser:
     kl = ksub.add_parser("list", help="keys with their hint, status and spend", description="List keys.")
     kl.add_argument("--group", help="only this group's keys")
 
+    hooks = sub.add_parser("webhooks", help="alert webhooks: add, list, remove, deliveries",
+                           description="Webhooks alerted on thresholds (signed; retried from a durable outbox).")  # fmt: skip
+    hsub = hooks.add_subparsers(dest="action", required=True, metavar="ACTION")
+    ha = hsub.add_parser("add", help="a webhook (its signing secret printed once, alone on the last line)",
+                         description="Add a webhook: events are POSTed to URL, signed with its secret.")  # fmt: skip
+    ha.add_argument("url", help="where events are POSTed (http:// or https://)")
+    ha.add_argument("--group", help="only this group's alerts (default: every group)")
+    ha.add_argument("--balance-below", metavar="CREDITS", help="alert when a group's balance drops under this")
+    ha.add_argument("--expiry-within", metavar="WHEN", help="alert when a key expires within this (seconds, 12h, 7d)")
+    ha.add_argument("--no-budgets", action="store_true", help="no alerts at 50/80/100 %% of budget windows")
+    hsub.add_parser("list", help="the webhooks and their thresholds", description="List the webhooks.")
+    hr = hsub.add_parser("remove", help="stop alerting a webhook", description="Remove a webhook.")
+    hr.add_argument("id", type=int, help="the webhook's id (router webhooks list)")
+    hd = hsub.add_parser("deliveries", help="the latest events and their delivery status",
+                         description="Events, newest first, with their delivery status.")  # fmt: skip
+    hd.add_argument("--webhook", type=int, help="only this webhook's events")
+    hd.add_argument("--limit", type=int, default=50, help="how many events (default: %(default)s)")
+
     usage = sub.add_parser("usage", help="usage records, newest first", description="Usage records, newest first.")
     usage.add_argument("--group", help="only this group's calls")
     usage.add_argument("--key", type=int, help="only this key's calls (its id)")
@@ -309,6 +368,8 @@ def main(argv: list[str] | None = None) -> None:
             _keys(args, settings)
         elif args.command == "usage":
             _usage(args, settings)
+        elif args.command == "webhooks":
+            _webhooks(args, settings)
         elif args.command == "console":
             from console.cli import run as console_command
 

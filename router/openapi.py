@@ -126,6 +126,17 @@ KEY_UPDATE: dict[str, Any] = {
         **KEY_META,
     },
 }
+WEBHOOK_CREATE: dict[str, Any] = {
+    "type": "object",
+    "required": ["url"],
+    "properties": {
+        "url": {"type": "string", "format": "uri"},
+        "group": {"type": ["string", "null"]},
+        "balance_below": {"oneOf": [CREDITS, {"type": "null"}]},
+        "expiry_within": {"oneOf": [{"type": "number", "minimum": 0}, {"type": "string"}, {"type": "null"}]},
+        "budgets": {"type": "boolean"},
+    },
+}
 KEY_ROTATE: dict[str, Any] = {
     "type": "object",
     "properties": {"grace_seconds": {"oneOf": [{"type": "number", "minimum": 0}, {"type": "string"}]}},
@@ -225,6 +236,13 @@ OPERATIONS: tuple[Op, ...] = (
     Op("post", "/console/api/keys/{key_id}/revoke", "Revoke a key", "admin", auth="admin", params=_path("key_id")),
     Op("get", "/console/api/keys/{key_id}/usage", "A key's usage per model", "admin", auth="admin",
        params=(*_path("key_id"), Param("since", schema=INT), Param("until", schema=INT))),
+    Op("get", "/console/api/webhooks", "Webhooks (never their secrets)", "admin", auth="admin"),
+    Op("post", "/console/api/webhooks", "Add a webhook (its signing secret is in this answer only)", "admin",
+       auth="admin", body=WEBHOOK_CREATE),
+    Op("delete", "/console/api/webhooks/{webhook_id}", "Remove a webhook", "admin", auth="admin",
+       params=_path("webhook_id")),
+    Op("get", "/console/api/webhooks/{webhook_id}/deliveries", "A webhook's events and their delivery status",
+       "admin", auth="admin", params=(*_path("webhook_id"), Param("limit", schema=INT))),
     Op("get", "/console/api/audit", "The audit log, newest first", "admin", auth="admin",
        params=(Param("target"), Param("action"), Param("before", schema=INT), Param("limit", schema=INT))),
 )  # fmt: skip

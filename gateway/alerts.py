@@ -1,0 +1,174 @@
+"""Alerts, beside the calls (never on their path): the threshold checks that queue events in the
+outbox, and the deliveries that send them (billing/alerts.py holds the tables).
+
+:class:`Checker` runs every ``[alerts] check_interval``: for each webhook, each group it watches whose
+balance is under its ``balance_below`` (``balance.low``, once until the balance is back above), each
+live key expiring within its ``expiry_within`` (``key.expiring``, once per expiry), and the budget
+windows a :class:`BudgetSource` reports at 50, 80 and 100 % (``budget.threshold``, once per window
+and level). :class:`Deliverer` runs every ``deliver_interval``: it claims due events with a lease,
+POSTs each signed body to its webhook with its own HTTP session (a receiver that hangs holds only
+this task, at most ``timeout`` seconds), and records the outcome: 2xx delivered; anything else is
+retried after ``backoff_base * 2**attempts`` seconds (at most ``backoff_max``), up to
+``max_attempts``, then marked failed. A store that is down fails the round; the next one retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+import aiohttp
+
+from billing.alerts import EVENT_HEADER, SIGNATURE_HEADER, AlertBook, Delivery, Webhook, sign
+from billing.store import Group, Store
+from core.config import AlertsSettings
+from core.money import to_credits
+
+log = logging.getLogger("router.alerts")
+BUDGET_LEVELS = (50, 80, 100)
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetWindow:
+    """A budget window's state, as a budget implementation reports it: whose (``group``, and ``key_id``
+    for a key's own budget), which window (its name and the start of the current one), used and limit
+    in nano-credits."""
+
+    group: str
+    key_id: int | None
+    window: str
+    start: float
+    used: int
+    limit: int
+
+
+BudgetSource = Callable[[], Awaitable[Sequence[BudgetWindow]]]
+
+
+class Checker:
+    def __init__(self, store: Store, book: AlertBook) -> None:
+        self.store = store
+        self.book = book
+        self.budgets: BudgetSource | None = None  # set by the budgets, when there are any
+
+    async def check(self) -> int:
+        """One round of checks; how many events it queued."""
+        hooks = await self.book.webhooks()
+        if not hooks:
+            return 0
+        queued = 0
+        groups = await self.store.list_groups()
+        longest = max((h.expiry_within or 0.0 for h in hooks), default=0.0)
+        expiring = await self.book.expiring_keys(time.time() + longest) if longest else []
+        windows = await self.budgets() if self.budgets is not None and any(h.budgets for h in hooks) else ()
+        for hook in hooks:
+            queued += await self._balances(hook, groups)
+            queued += await self._expiries(hook, expiring)
+            queued += await self._budgets(hook, windows)
+        return queued
+
+    @staticmethod
+    def watches(hook: Webhook, group: str) -> bool:
+        return hook.group is None or hook.group == group
+
+    async def _balances(self, hook: Webhook, groups: Sequence[Group]) -> int:
+        if hook.balance_below is None:
+            return 0
+        queued = 0
+        for g in groups:
+            name, balance = g.name, g.balance
+            if not self.watches(hook, name):
+                continue
+            low = balance < hook.balance_below
+            episode = await self.book.episode(f"balance:{hook.id}:{name}", low)
+            if low:
+                data = {"group": name, "balance": to_credits(balance), "threshold": to_credits(hook.balance_below)}
+                queued += await self.book.fire(f"balance.low:{hook.id}:{name}:{episode}", hook.id, "balance.low", data)
+        return queued
+
+    async def _expiries(self, hook: Webhook, expiring: Sequence[tuple[int, str, str, float]]) -> int:
+        if hook.expiry_within is None:
+            return 0
+        queued, horizon = 0, time.time() + hook.expiry_within
+        for key_id, group, name, expires_at in expiring:
+            if expires_at <= horizon and self.watches(hook, group):
+                data = {"key_id": key_id, "key_name": name, "group": group, "expires_at": expires_at}
+                event = f"key.expiring:{hook.id}:{key_id}:{expires_at!r}"
+                queued += await self.book.fire(event, hook.id, "key.expiring", data)
+        return queued
+
+    async def _budgets(self, hook: Webhook, windows: Sequence[BudgetWindow]) -> int:
+        queued = 0
+        for w in windows if hook.budgets else ():
+            if not self.watches(hook, w.group) or w.limit <= 0:
+                continue
+            percent = w.used * 100 // w.limit
+            scope = f"key:{w.key_id}" if w.key_id is not None else f"group:{w.group}"
+            for level in BUDGET_LEVELS:
+                if percent >= level:
+                    data = {"group": w.group, "key_id": w.key_id, "window": w.window, "window_start": w.start,
+                            "level": level, "used": to_credits(w.used), "limit": to_credits(w.limit)}  # fmt: skip
+                    event = f"budget.threshold:{hook.id}:{scope}:{w.window}:{w.start!r}:{level}"
+                    queued += await self.book.fire(event, hook.id, "budget.threshold", data)
+        return queued
+
+
+class Deliverer:
+    def __init__(self, book: AlertBook, settings: AlertsSettings) -> None:
+        self.book = book
+        self.settings = settings
+        self.replica = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
+        self._rounds = itertools.count()
+        self._session: aiohttp.ClientSession | None = None
+
+    def backoff(self, attempts: int) -> float:
+        """Seconds before the next try, after ``attempts`` failed ones (1, 2, ...)."""
+        return float(min(self.settings.backoff_base * 2 ** (attempts - 1), self.settings.backoff_max))
+
+    async def deliver(self) -> int:
+        """One round: claim due events, send them; how many were delivered."""
+        owner = f"{self.replica}:{next(self._rounds)}"
+        claimed = await self.book.claim(owner, self.settings.lease_seconds, self.settings.batch)
+        if not claimed:
+            return 0
+        hooks = {h.id: h for h in await self.book.webhooks()}
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.settings.timeout))
+        done = await asyncio.gather(*(self._send(d, hooks.get(d.webhook_id), owner) for d in claimed))
+        return sum(done)
+
+    async def _send(self, delivery: Delivery, hook: Webhook | None, owner: str) -> bool:
+        if hook is None:
+            await self.book.failed(delivery, owner, "webhook deleted", None, None)
+            return False
+        body = delivery.body.encode()
+        headers = {"content-type": "application/json", SIGNATURE_HEADER: sign(hook.secret, body),
+                   EVENT_HEADER: delivery.event_id, "user-agent": "model-router-webhooks"}  # fmt: skip
+        status: int | None = None
+        try:
+            assert self._session is not None
+            async with self._session.post(hook.url, data=body, headers=headers, allow_redirects=False) as answer:
+                status = answer.status
+                await answer.read()
+            if 200 <= status < 300:
+                await self.book.delivered(delivery, owner, status)
+                return True
+            error = f"HTTP {status}"
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            error = f"{type(exc).__name__}: {exc}"[:300]
+        attempts = delivery.attempts + 1
+        retry = time.time() + self.backoff(attempts) if attempts < self.settings.max_attempts else None
+        await self.book.failed(delivery, owner, error, status, retry)
+        log.info("webhook %s: event %s attempt %d failed (%s)", hook.id, delivery.event_id, attempts, error)
+        return False
+
+    async def close(self) -> None:
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
