@@ -130,6 +130,9 @@ class AlertBook:
         self.db = db
         self._ready = False
         self._lock = asyncio.Lock()
+        # whether any webhook exists, as last read (by webhooks(): the checks, every check_interval) or
+        # changed here; None: not read yet. With none, the deliveries do not look at the outbox at all.
+        self.any_webhooks: bool | None = None
 
     async def ready(self) -> None:
         if not self._ready:
@@ -149,11 +152,14 @@ class AlertBook:
             (url, secret, group, balance_below, expiry_within, int(budgets), now),
         )
         rows = await self.db.select(_WEBHOOK + " WHERE secret = ?", (secret,))
+        self.any_webhooks = True
         return _webhook(rows[0])
 
     async def webhooks(self) -> list[Webhook]:
         await self.ready()
-        return [_webhook(r) for r in await self.db.select(_WEBHOOK + " WHERE deleted_at IS NULL ORDER BY id")]
+        hooks = [_webhook(r) for r in await self.db.select(_WEBHOOK + " WHERE deleted_at IS NULL ORDER BY id")]
+        self.any_webhooks = bool(hooks)
+        return hooks
 
     async def webhook(self, webhook_id: int) -> Webhook | None:
         await self.ready()
@@ -215,6 +221,8 @@ class AlertBook:
         await self.ready()
         now = time.time()
         free = "status = 'pending' AND next_at <= ? AND (lease_until IS NULL OR lease_until < ?)"
+        if not await self.db.select(f"SELECT id FROM alert_outbox WHERE {free} LIMIT 1", (now, now)):
+            return []  # nothing due: a read, not a write (no write lock taken on SQLite)
         await self.db.atomic([(
             f"UPDATE alert_outbox SET lease_owner = ?, lease_until = ? WHERE {free} AND id IN "
             f"(SELECT id FROM alert_outbox WHERE {free} ORDER BY id LIMIT ?)",

@@ -133,6 +133,10 @@ class Deliverer:
 
     async def deliver(self) -> int:
         """One round: claim due events, send them; how many were delivered."""
+        if self.book.any_webhooks is None:
+            await self.book.webhooks()
+        if not self.book.any_webhooks:
+            return 0  # no webhook (as of the last check): no look at the outbox
         owner = f"{self.replica}:{next(self._rounds)}"
         claimed = await self.book.claim(owner, self.settings.lease_seconds, self.settings.batch)
         if not claimed:

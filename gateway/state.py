@@ -125,6 +125,8 @@ class Gateway:
                 await self.transport.start()
                 if self.jobs is not None:
                     await self.jobs.start()
+                if self.settings.alerts.enabled:
+                    await self.alerts.ready()  # the alerts' tables, migrated now rather than in a first round
                 for task in self.background:
                     task.start()
                 self.started = True
