@@ -22,7 +22,7 @@ from billing.alerts import AlertBook, verify
 from billing.store import KeyMeta, open_store
 from core.config import AlertsSettings, ConsoleSettings, ReliabilitySettings, Settings, StoreSettings
 from core.money import NANO
-from gateway.alerts import Deliverer
+from gateway.alerts import BudgetWindow, Deliverer
 from gateway.auth import new_key
 from tests.conftest import Stack, free_port
 from tests.test_console import Client
@@ -162,13 +162,18 @@ def test_a_balance_alert_rearms_once_the_balance_is_back(receiver_and_stack: Any
         await stack.store.settle(reservation, UsageRecord(key_id=info.id, group_id=reservation.group_id,
                                                           model=MODEL, provider="openai", credits=0))  # fmt: skip
 
-    assert stack.run(checker.check()) == 0  # 10 credits: above
+    def queued_after_two_checks() -> int:  # (the gateway's own checks run every 0.2 s beside these)
+        stack.run(checker.check())
+        stack.run(checker.check())
+        return len(stack.run(stack.gateway.alerts.deliveries()))
+
+    assert queued_after_two_checks() == 0  # 10 credits: above
     held = stack.run(hold(6 * NANO))  # 4 left: under 5
-    assert stack.run(checker.check()) == 1 and stack.run(checker.check()) == 0  # once while it stays under
+    assert queued_after_two_checks() == 1  # once while it stays under
     stack.run(release(held))
-    assert stack.run(checker.check()) == 0  # back above: re-armed
+    assert queued_after_two_checks() == 1  # back above: re-armed, nothing sent
     stack.run(hold(7 * NANO))
-    assert stack.run(checker.check()) == 1  # a new dip, a new alert
+    assert queued_after_two_checks() == 2  # a new dip, a new alert
     wait_for(lambda: len(receiver.got) == 2, 10, "two balance alerts")
     assert len({e["id"] for e in receiver.events()}) == 2
     assert all(d["status"] == "delivered" for d in api(stack, "GET", f"/webhooks/{hook['id']}/deliveries")["data"])
@@ -266,3 +271,39 @@ def test_bad_webhook_input_is_a_400_naming_the_field(receiver_and_stack: Any, tm
         out = subprocess.run([sys.executable, "-m", "router", "webhooks", "add", *args], cwd=cwd,
                              capture_output=True, text=True, timeout=60)  # fmt: skip
         assert out.returncode != 0 and out.stderr.count("\n") == 1 and words in out.stderr, out.stderr
+
+
+def test_budget_windows_alert_at_50_80_100_percent_once_per_window(receiver_and_stack: Any) -> None:
+    receiver, stack = receiver_and_stack
+    stack.run(receiver.up())
+    group = stack.group(10)
+    api(stack, "POST", "/webhooks", {"url": receiver.url, "group": group}, status=201)
+    used = {"day": 0}
+    start = {"day": 1_000_000.0}
+
+    async def windows() -> list[BudgetWindow]:  # what the budgets report (issue 21, item 1)
+        return [BudgetWindow(group, None, "day", start["day"], used["day"], 100 * NANO),
+                BudgetWindow("another-group", None, "day", start["day"], 100 * NANO, 100 * NANO)]  # fmt: skip
+
+    checker = stack.gateway.alert_checker  # (the gateway's own checks run every 0.2 s beside these)
+
+    def queued_after_two_checks() -> int:
+        stack.run(checker.check())
+        stack.run(checker.check())
+        return len(stack.run(stack.gateway.alerts.deliveries()))
+
+    checker.budgets = windows
+    try:
+        assert queued_after_two_checks() == 0
+        used["day"] = 55 * NANO
+        assert queued_after_two_checks() == 1
+        used["day"] = 100 * NANO
+        assert queued_after_two_checks() == 3  # 80 and 100 %
+        start["day"], used["day"] = 1_086_400.0, 81 * NANO  # the next window
+        assert queued_after_two_checks() == 5  # 50 and 80 % of the new one
+    finally:
+        checker.budgets = None
+    wait_for(lambda: len(receiver.got) == 5, 10, "five budget alerts")
+    levels = sorted((e["data"]["window_start"], e["data"]["level"]) for e in receiver.events())
+    assert levels == [(1_000_000.0, 50), (1_000_000.0, 80), (1_000_000.0, 100), (1_086_400.0, 50), (1_086_400.0, 80)]
+    assert {e["data"]["group"] for e in receiver.events()} == {group}
