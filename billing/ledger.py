@@ -275,7 +275,9 @@ class Meter:
         record.cached_tokens = usage.cached
         record.cache_write_tokens = usage.cache_write
         record.reasoning_tokens = usage.reasoning
-        record.credits = cost(self.model.prices, usage)
+        # never more than the worst case reserved for it (an upstream that overran its output cap):
+        # what was reserved is what every limit — balance, key cap, budget windows — was checked against
+        record.credits = min(cost(self.model.prices, usage), self.reservation.amount)
         record.status = status
         record.usage_exact = exact
         record.error = error

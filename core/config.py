@@ -213,6 +213,16 @@ class AlertsSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     batch: Annotated[int, msgspec.Meta(ge=1)] = 20  # events claimed per look
 
 
+class BillingSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``[billing]``: what a caller is told of a call's price, and the calendar budgets follow."""
+
+    # ``usage.cost`` (credits, exact) in every answer and stream usage, and ``x-request-cost`` on
+    # non-stream answers (README, "Cost in the answer")
+    cost_in_answer: bool = True
+    # the time zone of calendar budget windows (a day, a week, a month): an IANA name
+    timezone: str = "UTC"
+
+
 class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     server: ServerSettings = msgspec.field(default_factory=ServerSettings)
     store: StoreSettings = msgspec.field(default_factory=StoreSettings)
@@ -226,6 +236,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     jobs: JobsSettings = msgspec.field(default_factory=JobsSettings)
     console: ConsoleSettings = msgspec.field(default_factory=ConsoleSettings)
     alerts: AlertsSettings = msgspec.field(default_factory=AlertsSettings)
+    billing: BillingSettings = msgspec.field(default_factory=BillingSettings)
 
     def load_catalog(self) -> Catalog:
         return Catalog.load(Path(self.catalog.path) if self.catalog.path else None)

@@ -23,6 +23,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+import msgspec
+
+from billing.ledger import credits
+from billing.store import UsageRecord
 from core.catalog import Model
 from core.errors import GatewayError, InvalidRequest
 from core.types import Endpoint
@@ -36,12 +40,39 @@ if TYPE_CHECKING:
 
 class Answer(NamedTuple):
     """A non-stream answer: the caller's body, the usage the upstream reported, and an error the
-    upstream reported inside a 200 (a Responses object with ``status: failed``)."""
+    upstream reported inside a 200 (a Responses object with ``status: failed``); once settled, the
+    credits it was charged (``cost``, the exact decimal of ``x-request-cost``) if they are shown."""
 
     body: dict[str, Any]
     usage: TokenUsage | None
     error: str | None = None
     estimated: bool = False  # ``usage`` was counted by the gateway, not reported (Gemini embeddings)
+    cost: str | None = None
+
+
+class Cost(NamedTuple):
+    """What a settled call was charged, for the caller's answer: ``text``, the exact decimal of the
+    usage record's credits; ``amount``, the same as a JSON number (``msgspec.Raw``: written as is, no
+    float in between); ``usage``, the counts it was charged for (the upstream's, or the estimate)."""
+
+    text: str
+    amount: msgspec.Raw
+    usage: TokenUsage
+
+
+def cost_of(record: UsageRecord) -> Cost:
+    """The charge of a settled call (``Meter.finish`` filled ``record``): the same figure the ledger
+    stores, computed once."""
+    text = credits(record.credits)
+    usage = TokenUsage(prompt=record.prompt_tokens, completion=record.completion_tokens, cached=record.cached_tokens,
+                       cache_write=record.cache_write_tokens, reasoning=record.reasoning_tokens)  # fmt: skip
+    return Cost(text, msgspec.Raw(text.encode()), usage)
+
+
+def chat_priced(usage: Any, cost: Cost) -> dict[str, Any]:
+    """A chat usage object with ``cost`` (the record's counts when the upstream gave none)."""
+    base = usage if isinstance(usage, dict) else cost.usage.openai()
+    return {**base, "cost": cost.amount}
 
 
 class Reader(ABC):
@@ -52,6 +83,7 @@ class Reader(ABC):
 
     finished = False
     error: str | None = None
+    cost: Cost | None = None  # set by the relay once settled, before end() or fail(), if it is shown
 
     @abstractmethod
     def reported(self) -> tuple[TokenUsage | None, TokenUsage | None]:
@@ -116,6 +148,10 @@ class Leg(ABC):
 
     @abstractmethod
     def reader(self) -> Reader: ...
+
+    def price(self, body: dict[str, Any], cost: Cost) -> None:
+        """Put ``cost`` into the answer ``body`` (chat: ``usage.cost``)."""
+        body["usage"] = chat_priced(body.get("usage"), cost)
 
 
 class Codec(ABC):

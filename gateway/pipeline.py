@@ -39,7 +39,7 @@ from core.errors import (
 from core.types import Endpoint, Headers
 from core.wire import ChatRequest
 from gateway.auth import may_use
-from gateway.codec import Answer, Codec, Leg
+from gateway.codec import Answer, Codec, Leg, cost_of
 from gateway.context import CallContext
 from gateway.relay import relay
 from gateway.reliability import circuit_open, closed, failover, no_deployment, open_upstream
@@ -202,11 +202,16 @@ class Pipeline:
                 upstream_id=started.upstream_id,
                 estimated=answer.estimated,
             )
-            return answer
+            if not self.gw.settings.billing.cost_in_answer:
+                return answer
+            charged = cost_of(meter.record)  # the figure the settlement stores, computed once
+            leg.price(answer.body, charged)
+            return answer._replace(cost=charged.text)
 
     def relay(self, started: Started) -> AsyncGenerator[list[Any], None]:
         """The stream's batches of pieces (gateway/relay.py), settled exactly once."""
-        return relay(started.leg.reader(), started.response, started.meter, started.model.provider)
+        return relay(started.leg.reader(), started.response, started.meter, started.model.provider,
+                     self.gw.settings.billing.cost_in_answer)
 
     async def abandon(self, started: Started) -> None:
         """The consumer went away before or while reading: close the upstream, settle (no-op if done)."""

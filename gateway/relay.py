@@ -6,7 +6,9 @@ A batch of pieces goes out per upstream network read. The last batch (a :class:`
 follows it) holds what the last read brought and the reader's end — after a proper end its ``end()``,
 after a failure its ``fail(exc)``: an upstream error in-band, a stream that stopped before its end, a
 lost connection (what arrived before the loss is still relayed, and billed). The call is settled
-before the last batch goes out, or in ``finally`` when the consumer went away (``interrupted``).
+before the last batch goes out — before the reader's end is made, so that its usage can carry the
+charge (``usage.cost``) — or in ``finally`` when the consumer went away (``interrupted``: nothing
+more goes out, the usage record alone says what it cost).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from adapters.base import upstream_request_id
 from billing.ledger import Meter
 from core.errors import GatewayError, UpstreamError
 from core.types import CallStatus
-from gateway.codec import Reader
+from gateway.codec import Reader, cost_of
 
 
 @dataclass(slots=True)
@@ -39,9 +41,10 @@ class LastBatch(list):
     """The last batch of :func:`relay` (nothing follows it)."""
 
 
-async def relay(reader: Reader, response: aiohttp.ClientResponse, meter: Meter,
-                provider: str) -> AsyncGenerator[list[Any], None]:  # fmt: skip
-    """The caller's pieces, a batch per upstream read, ending with a :class:`LastBatch`."""
+async def relay(reader: Reader, response: aiohttp.ClientResponse, meter: Meter, provider: str,
+                show_cost: bool = False) -> AsyncGenerator[list[Any], None]:  # fmt: skip
+    """The caller's pieces, a batch per upstream read, ending with a :class:`LastBatch`. ``show_cost``:
+    the reader's end carries the call's charge (:class:`~gateway.codec.Cost`; it is settled first)."""
     outcome = StreamEnd()
     out = reader.start()
     try:
@@ -59,11 +62,11 @@ async def relay(reader: Reader, response: aiohttp.ClientResponse, meter: Meter,
                 reader.close(out)
             if not reader.complete:
                 raise UpstreamError(f"The provider '{provider}' ended the stream before the answer was complete.")
-            tail = reader.end()
+            failure: GatewayError | None = None
         except GatewayError as exc:
             outcome.status, outcome.error = "error", exc.message
             meter.record.error_code = exc.code or exc.type
-            tail = reader.fail(exc)
+            failure = exc
         except (TimeoutError, aiohttp.ClientError) as exc:
             try:  # what the upstream sent before it failed is still the caller's (and billed)
                 reader.feed(_unread(response), out)
@@ -72,11 +75,13 @@ async def relay(reader: Reader, response: aiohttp.ClientResponse, meter: Meter,
             outcome.status = "error"
             outcome.error = f"connection to provider lost: {type(exc).__name__}"
             meter.record.error_code = UpstreamError.code
-            tail = reader.fail(UpstreamError(f"The connection to the provider '{provider}' was lost mid-stream."))
+            failure = UpstreamError(f"The connection to the provider '{provider}' was lost mid-stream.")
         if reader.error is not None and outcome.status == "ok":  # reported in-band, in a proper end
             outcome.status, outcome.error = "error", reader.error
         await _settle(meter, reader, outcome, response)
-        out += tail
+        if show_cost:  # the charge just computed, in the stream's usage (the record holds the same)
+            reader.cost = cost_of(meter.record)
+        out += reader.end() if failure is None else reader.fail(failure)
         yield LastBatch(out)
     except (GeneratorExit, asyncio.CancelledError):
         outcome.status = "interrupted"

@@ -29,8 +29,8 @@ from core.errors import GatewayError, InvalidRequest
 from core.sse import SSEDecoder, frame_event
 from core.wire import ChatRequest, FunctionDef, ImagePart, ImageURL, Message, TokenUsage, Tool
 from gateway.chat_codec import ChatCodec, ChatLeg
-from gateway.codec import Answer, Codec, Leg, Reader, fallback_list
-from gateway.responses_events import EventSynth
+from gateway.codec import Answer, Codec, Cost, Leg, Reader, fallback_list
+from gateway.responses_events import EventSynth, responses_usage
 from gateway.responses_translate import estimate_prompt, from_completion, image_urls, shell, to_chat
 from gateway.routing import conversation
 from gateway.state import Gateway
@@ -54,6 +54,14 @@ class Terminal:
 
     def frame(self) -> bytes:
         return frame_event(self.event["type"], _encode(self.event))
+
+
+def responses_priced(response: dict[str, Any], cost: Cost) -> None:
+    """Put ``cost`` into a Response object's ``usage`` (the counts charged when it has none)."""
+    usage = response.get("usage")
+    if not isinstance(usage, dict):
+        usage = responses_usage(cost.usage.openai()) or {}
+    response["usage"] = {**usage, "cost": cost.amount}
 
 
 def frames(events: list[dict[str, Any]]) -> bytes:
@@ -155,6 +163,9 @@ class NativeLeg(Leg):
     def reader(self) -> NativeReader:
         return NativeReader(openai_responses.ResponsesRelay(self.model_id, self.provider))
 
+    def price(self, body: dict[str, Any], cost: Cost) -> None:
+        responses_priced(body, cost)
+
 
 class NativeReader(Reader):
     """The upstream's own events, relayed (model rewritten), the terminal one held back."""
@@ -183,12 +194,17 @@ class NativeReader(Reader):
         return self.relay.usage, None
 
     def end(self) -> list[Any]:
-        return [Terminal(self.relay.terminal)] if self.relay.terminal is not None else []
+        return [self._priced(Terminal(self.relay.terminal))] if self.relay.terminal is not None else []
 
     def fail(self, exc: GatewayError) -> list[Any]:
         event = self.relay.fail(exc.message)
         self.error = self.relay.error
-        return [Terminal(event)]
+        return [self._priced(Terminal(event))]
+
+    def _priced(self, terminal: Terminal) -> Terminal:
+        if self.cost is not None:
+            responses_priced(terminal.response, self.cost)
+        return terminal
 
     def generated(self) -> str:
         return self.relay.generated_text()
@@ -218,6 +234,9 @@ class TranslatedLeg(Leg):
 
     def reader(self) -> SynthReader:
         return SynthReader(self.inner.reader(), EventSynth(self.shell))
+
+    def price(self, body: dict[str, Any], cost: Cost) -> None:
+        responses_priced(body, cost)
 
 
 class SynthReader(Reader):
@@ -269,10 +288,14 @@ class SynthReader(Reader):
     def fail(self, exc: GatewayError) -> list[Any]:
         return self._terminal(self.synth.feed(error_chunk(exc)))
 
-    @staticmethod
-    def _terminal(events: list[dict[str, Any]]) -> list[Any]:
+    def _terminal(self, events: list[dict[str, Any]]) -> list[Any]:
         head = [frames(events[:-1])] if len(events) > 1 else []
-        return [*head, Terminal(events[-1])] if events else head
+        if not events:
+            return head
+        terminal = Terminal(events[-1])
+        if self.cost is not None:
+            responses_priced(terminal.response, self.cost)
+        return [*head, terminal]
 
     def generated(self) -> str:
         return self.inner.generated()

@@ -25,7 +25,7 @@ from adapters.base import Call, StreamTranslator
 from core.errors import GatewayError
 from core.sse import DONE, SSEDecoder
 from core.wire import TokenUsage
-from gateway.codec import Reader
+from gateway.codec import Reader, chat_priced
 from gateway.relay import LastBatch
 
 _encode = msgspec.json.Encoder().encode
@@ -253,10 +253,14 @@ class ChatReader(Reader):
         return self.translator.usage, self.translator.prompt_usage
 
     def end(self) -> list[Any]:
-        translator = self.translator
-        if self.call.include_usage and translator.usage is not None:
+        translator, cost = self.translator, self.cost
+        if not self.call.include_usage:
+            return []
+        if translator.usage is not None:
             usage = translator.usage_raw if translator.usage_raw is not None else translator.usage.openai()
-            return [self.shaper.usage_chunk(usage)]
+            return [self.shaper.usage_chunk(usage if cost is None else chat_priced(usage, cost))]
+        if cost is not None:  # no usage came: the counts charged (an estimate), with their cost
+            return [self.shaper.usage_chunk(chat_priced(None, cost))]
         return []
 
     def fail(self, exc: GatewayError) -> list[Any]:

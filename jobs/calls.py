@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 import msgspec
@@ -24,8 +25,10 @@ from core.types import ASGIApp, Message
 from gateway.context import CONTEXT, CallContext
 from jobs.store import Outcome, Tokens
 
-_decode = msgspec.json.Decoder().decode
-_encode = msgspec.json.Encoder().encode
+# numbers with a fraction are kept as written (Decimal in, the same digits out): ``usage.cost`` is an
+# exact decimal and must reach the output line as the answer gave it
+_decode = msgspec.json.Decoder(float_hook=Decimal).decode
+_encode = msgspec.json.Encoder(decimal_format="number").encode
 
 
 class Response(msgspec.Struct, omit_defaults=False):

@@ -112,7 +112,10 @@ async def answered(pipeline: Pipeline, start: Awaitable[Started], trace: Trace) 
     started = await start
     trace.served(started.model.provider, started.deployment)  # for the access log
     answer = await pipeline.complete(started)
-    return JSONBytes(_encode(answer.body), extra=started.rate_headers)
+    extra = started.rate_headers
+    if answer.cost is not None:
+        extra = [*(extra or ()), (b"x-request-cost", answer.cost.encode())]
+    return JSONBytes(_encode(answer.body), extra=extra)
 
 
 async def streamed(pipeline: Pipeline, start: Awaitable[Started], trace: Trace,
