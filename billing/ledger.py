@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from billing import tokens
+from billing import budgets, tokens
 from billing.durable import Durable
 from billing.journal import Journal
 from billing.pricing import cost
@@ -35,6 +35,15 @@ def credits(nano: int) -> str:
 
 
 def refused(refusal: Refusal) -> InsufficientCredits:
+    if refusal.reason == "budget":
+        resets = budgets.iso(refusal.resets_at)
+        return InsufficientCredits(
+            f"Budget exceeded: the budget of {refusal.window} does not cover this call: it needs up to "
+            f"{credits(refusal.needed)} credits and {credits(refusal.available)} are left in the window, which "
+            f"resets at {resets}. Lower max_tokens, wait for the reset, or raise the budget.",
+            code="budget_exceeded",
+            headers={"x-budget-window": refusal.window, "x-budget-reset": resets},
+        )
     if refusal.reason == "key_cap":
         return InsufficientCredits(
             f"This API key's spend cap does not cover this call: it needs up to {credits(refusal.needed)} "
@@ -172,15 +181,26 @@ class LocalLedger(Ledger):
         self.refresh = refresh
         self._groups: dict[int, _Holds] = {}
         self._keys: dict[int, _Holds] = {}
+        self._windows: dict[int, budgets.Windows] = {}  # group id -> its and its keys' budgets, if any
+        self._released = 0  # settlements durable so far
         self._ids = itertools.count(-1, -1)
 
     async def _read(self, group_id: int, key_id: int) -> tuple[_Holds, _Holds]:
-        balance, room = await self.store.ledger_state(group_id, key_id)
+        while True:  # read again if a settlement became durable meanwhile (counted in one read, not the other)
+            released = self._released
+            balance, room = await self.store.ledger_state(group_id, key_id)
+            windows = await budgets.read(self.store.database, [group_id], self.store.clock())
+            if self._released == released:
+                break
         now = time.monotonic()
         group = self._groups.setdefault(group_id, _Holds(balance))
         key = self._keys.setdefault(key_id, _Holds(room))
         group.limit, group.read_at = balance, now
         key.limit, key.read_at = room, now
+        if windows:
+            self._windows[group_id] = windows
+        else:
+            self._windows.pop(group_id, None)
         return group, key
 
     async def _reread(self, group_id: int, key_id: int) -> tuple[_Holds, _Holds]:
@@ -191,9 +211,16 @@ class LocalLedger(Ledger):
             log.warning("the ledger's balance could not be read: %s", exc)
             raise StoreUnavailable() from None
 
-    def _refusal(self, group: _Holds, key: _Holds, amount: int) -> Refusal | None:
+    def _refusal(self, group: _Holds, key: _Holds, amount: int, group_id: int = 0, key_id: int = 0) -> Refusal | None:
         if key.limit is not None and key.limit - key.held < amount:
             return Refusal("key_cap", max(key.limit - key.held, 0), amount)
+        windows = self._windows.get(group_id) if self._windows else None
+        if windows is not None:  # every call's worst case held against every window (billing/budgets.py)
+            windows.now = self.store.clock()
+            over = windows.check(group_id, key_id, group.held, key.held, amount)
+            if over is not None:
+                return Refusal("budget", max(over.budget.amount - over.used, 0), amount, over.budget.describe(),
+                               over.resets_at)  # fmt: skip
         assert group.limit is not None
         if group.limit - group.held < amount:
             return Refusal("balance", max(group.limit - group.held, 0), amount)
@@ -204,10 +231,10 @@ class LocalLedger(Ledger):
         now = time.monotonic()
         if group is None or key is None or now - group.read_at > self.refresh or now - key.read_at > self.refresh:
             group, key = await self._reread(group_id, key_id)
-        refusal = self._refusal(group, key, amount)
+        refusal = self._refusal(group, key, amount, group_id, key_id)
         if refusal is not None:
             group, key = await self._reread(group_id, key_id)  # a top-up may have come since
-            refusal = self._refusal(group, key, amount)
+            refusal = self._refusal(group, key, amount, group_id, key_id)
             if refusal is not None:
                 raise refused(refusal)
         group.held += amount
@@ -221,6 +248,7 @@ class LocalLedger(Ledger):
 
         def release(done: asyncio.Future[int]) -> None:
             charge = 0 if done.cancelled() or done.exception() is not None else done.result()
+            self._released += 1
             group, key = self._groups[reservation.group_id], self._keys[reservation.key_id]
             group.held -= reservation.amount
             key.held -= reservation.amount
@@ -228,6 +256,10 @@ class LocalLedger(Ledger):
                 group.limit -= charge
             if key.limit is not None:
                 key.limit -= charge
+            windows = self._windows.get(reservation.group_id) if self._windows else None
+            if windows is not None:
+                windows.now = self.store.clock()
+                windows.charge(reservation.group_id, reservation.key_id, charge)
 
         settled.add_done_callback(release)
         return settled

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
-from billing import rollup
+from billing import budgets, rollup
 from billing.history import History
 from billing.leases import Leases, release, released_mark
 from billing.postgres_ledger import (
@@ -205,6 +205,7 @@ async def migrate(conn: asyncpg.Connection) -> None:
     """Bring the schema up to date; replicas starting together take turns on an advisory lock."""
     async with conn.transaction():
         await pool_migrate(conn, MIGRATION_LOCK, "schema_version", MIGRATIONS)
+        await pool_migrate(conn, MIGRATION_LOCK, budgets.VERSION_TABLE, budgets.MIGRATIONS["postgres"])
 
 
 class PostgresStore(Store):
@@ -212,7 +213,7 @@ class PostgresStore(Store):
         self.url = url
         self.db = PostgresPool(url, min_size=min_size, max_size=max_size)
         self.history = History(self.db)
-        self.commits = LedgerCommits(self.db, owner=self)
+        self.commits = LedgerCommits(self.db, owner=self, clock=lambda: self.clock())
         self.leases: Leases | None = None  # once serving (billing/leases.py)
 
     @property
@@ -225,6 +226,7 @@ class PostgresStore(Store):
         await self.db.open()
         try:
             await self.db.migrate("schema_version", MIGRATIONS, MIGRATION_LOCK)
+            await self.db.migrate(budgets.VERSION_TABLE, budgets.MIGRATIONS["postgres"], MIGRATION_LOCK)
         except BaseException:
             await self.db.close()
             raise

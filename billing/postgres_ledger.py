@@ -35,7 +35,8 @@ from typing import Any
 
 import asyncpg
 
-from billing.postgres_pool import PostgresPool, down, lost
+from billing import budgets
+from billing.postgres_pool import PostgresPool, down, lost, pg_sql
 from billing.store import (
     USAGE_COLUMNS,
     USAGE_LIST,
@@ -48,6 +49,7 @@ from billing.store import (
     UsageRecord,
     usage_values,
 )
+from core.clock import Clock
 
 _PG = {"int": "int8", "str": "text", "float": "float8", "bool": "bool", "float | None": "float8",
        "str | None": "text"}  # fmt: skip
@@ -169,6 +171,7 @@ class Plan:
     reservations: list[tuple[int, int, int]] = field(default_factory=list)
     holds: list[tuple[str | None, str | None, str | None]] = field(default_factory=list)
     usage: list[tuple[Any, ...]] = field(default_factory=list)
+    windows: budgets.Windows | None = None  # the budgets of the groups locked, and their spend
 
     def remember(self) -> None:
         """Note the rows as read, to write only the net changes at the end."""
@@ -194,6 +197,10 @@ class Plan:
             raise StoreError(f"no key with id {key_id}")
         if amount < 0:
             raise StoreError("a reservation cannot be negative")
+        if self.windows:  # the key's and group's budgets (billing/budgets.py), their rows locked above
+            over = self.windows.check(group_id, key_id, group.reserved, key.reserved, amount)
+            if over is not None:
+                return budget_refusal(over)
         group.balance -= amount
         group.reserved += amount
         key.reserved += amount
@@ -220,6 +227,8 @@ class Plan:
             key.reserved -= held
             key.spent += charge
         self.usage.append(usage_values(record, charge, self.now))
+        if self.windows:
+            self.windows.charge(reservation.group_id, reservation.key_id, charge)
         return charge
 
     def args(self, replica: str | None) -> list[Any]:
@@ -240,15 +249,20 @@ def columns(rows: list[tuple[Any, ...]], width: int) -> list[list[Any]]:
     return [list(column) for column in zip(*rows, strict=True)] if rows else [[] for _ in range(width)]
 
 
-async def run_batch(conn: asyncpg.Connection, ops: Sequence[Op], replica: str | None = None) -> list[Any]:
-    """One transaction for ``ops``; returns each operation's result. Raises if any fails."""
+async def run_batch(conn: asyncpg.Connection, ops: Sequence[Op], replica: str | None = None,
+                    now: float | None = None) -> list[Any]:  # fmt: skip
+    """One transaction for ``ops``; returns each operation's result. Raises if any fails. ``now``: the
+    store's clock, for the budget windows."""
     settled = sorted({op.reservation.id for op in ops if isinstance(op, SettleOp)})
     key_ids = sorted({op.key_id if isinstance(op, ReserveOp) else op.reservation.key_id for op in ops})
     group_ids = sorted({op.group_id if isinstance(op, ReserveOp) else op.reservation.group_id for op in ops})
     async with conn.transaction():
         plan = await lock(conn, settled, key_ids, group_ids)
+        plan.windows = await read_windows(conn, group_ids, time.time() if now is None else now)
         results = [plan.run(op) for op in ops]
         new_ids = await apply(conn, plan, replica)
+        if plan.windows:
+            await conn.executemany(ADD_SPEND, plan.windows.rows())
     return [Reservation(new_ids[r], *plan.reservations[r]) if isinstance(op, ReserveOp) and isinstance(r, int)
             else r for op, r in zip(ops, results, strict=True)]  # fmt: skip
 
@@ -276,14 +290,38 @@ async def apply(conn: asyncpg.Connection, plan: Plan, replica: str | None = None
     return list(row["reservations"])
 
 
+SELECT_BUDGETS = pg_sql(budgets.SELECT_BUDGETS)
+SELECT_SPEND = pg_sql(budgets.SELECT_SPEND)
+ADD_SPEND = pg_sql(budgets.ADD_SPEND)
+
+
+async def read_windows(conn: asyncpg.Connection, group_ids: list[int], now: float) -> budgets.Windows:
+    """The budgets of ``group_ids`` (and of their keys) with their windows' spend. Read after the
+    key and group rows are locked: every change of a budget's spend is made holding its key's or
+    group's row lock, so no replica can move it until this transaction ends."""
+    sql = SELECT_BUDGETS.format(marks=", ".join(f"${n}" for n in range(1, len(group_ids) + 1)))
+    found = [budgets.budget_row(row) for row in await conn.fetch(sql, *group_ids)] if group_ids else []
+    spend: list[tuple[int, int, int]] = []
+    for budget_id, since in budgets.spend_since(found, now):
+        spend += [tuple(row) for row in await conn.fetch(SELECT_SPEND, budget_id, since)]  # type: ignore[misc]
+    return budgets.Windows(found, spend, now)
+
+
+def budget_refusal(over: budgets.Exceeded) -> Refusal:
+    return Refusal("budget", max(over.budget.amount - over.used, 0), over.needed, over.budget.describe(),
+                   over.resets_at)  # fmt: skip
+
+
 # -- group commit -------------------------------------------------------------------------------------
 class LedgerCommits:
     """Many ledger operations, one transaction: operations queue up while a batch commits, then the
     next batch takes them all; every caller awaits its own operation's commit."""
 
-    def __init__(self, db: PostgresPool, limit: int = 1024, owner: Store | None = None) -> None:
+    def __init__(self, db: PostgresPool, limit: int = 1024, owner: Store | None = None,
+                 clock: Clock = time.time) -> None:  # fmt: skip
         self.db = db
         self.owner = owner  # the store whose ``rescue`` is offered the settlements that fail
+        self.clock = clock  # the budget windows' (core/clock.py)
         self.limit = limit
         self.pending: list[tuple[Op, asyncio.Future[Any]]] = []
         self.task: asyncio.Task[None] | None = None
@@ -417,7 +455,7 @@ class LedgerCommits:
     async def _retrying(self, conn: asyncpg.Connection, ops: list[Op]) -> list[Any]:
         for attempt in range(1, RETRIES + 1):
             try:
-                return await run_batch(conn, ops, self.replica)
+                return await run_batch(conn, ops, self.replica, self.clock())
             except asyncpg.DeadlockDetectedError:
                 if attempt == RETRIES:
                     raise

@@ -20,7 +20,7 @@ from functools import partial
 from itertools import groupby
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from billing import rollup
+from billing import budgets, rollup
 from billing.history import History
 from billing.sqlite_thread import SQLiteThread, down
 from billing.store import (
@@ -272,21 +272,25 @@ class Settle:
     """A settlement queued for the group commit: one call's charge and usage record. A run of them in
     one batch is applied together by :func:`_settle_together`."""
 
-    __slots__ = ("reservation", "record", "credits", "again")
+    __slots__ = ("reservation", "record", "credits", "again", "now")
 
-    def __init__(self, reservation: Reservation, record: UsageRecord, again: bool = False) -> None:
+    def __init__(self, reservation: Reservation, record: UsageRecord, now: float, again: bool = False) -> None:
         self.reservation = reservation
         self.record = record
         self.credits = record.credits  # a failed transaction may leave the capped charge in the record
         self.again = again  # a retry (Store.settle_again): never offered to Store.rescue
+        self.now = now  # the store's clock when it was queued: the budget buckets it falls in
 
     def __call__(self, db: sqlite3.Connection) -> int:
-        return SQLiteStore._settle(db, self.reservation, self.record)
+        return settle_rows(db, [(self.reservation, self.record)], self.now)[0]
 
 
-def settle_rows(db: sqlite3.Connection, settles: list[tuple[Reservation, UsageRecord]]) -> list[int]:
+def settle_rows(db: sqlite3.Connection, settles: list[tuple[Reservation, UsageRecord]],
+                now: float | None = None) -> list[int]:  # fmt: skip
     """Charge each call, in order, what its record says, capped by what its group has left (its
-    stored reservation, if any, released first); write the usage records; return the charges. One
+    stored reservation, if any, released first), and add it to the current bucket (at ``now``, the
+    store's clock) of its key's and group's budgets (billing/budgets.py); write the usage records;
+    return the charges. One
     balance read per group, one update per group and per key, one multi-row insert: few statements,
     as each one lets go of the GIL and must win it back from the event loop."""
     held_of: list[int] = []
@@ -301,6 +305,7 @@ def settle_rows(db: sqlite3.Connection, settles: list[tuple[Reservation, UsageRe
     groups: dict[int, list[int]] = {}  # id -> [held, charged]
     keys: dict[int, list[int]] = {}
     charges: list[int] = []
+    windows = budgets.read_sync(db, group_ids, time.time() if now is None else now)
     for (r, record), held in zip(settles, held_of, strict=True):
         charge = min(record.credits, balance[r.group_id] + held) if record.credits > 0 else 0
         if r.group_id in balance:
@@ -310,8 +315,11 @@ def settle_rows(db: sqlite3.Connection, settles: list[tuple[Reservation, UsageRe
             total[1] += charge
         record.credits = charge
         charges.append(charge)
-    now = time.time()
-    rows = [usage_values(record, record.credits, now) for _, record in settles]
+        if windows:
+            windows.charge(r.group_id, r.key_id, charge)
+    budgets.write_sync(db, windows)
+    stamp = time.time()
+    rows = [usage_values(record, record.credits, stamp) for _, record in settles]
     for at in range(0, len(rows), _ROWS_PER_INSERT):
         part = rows[at : at + _ROWS_PER_INSERT]
         values = ", ".join([_ROW_MARKS] * len(part))
@@ -334,7 +342,7 @@ def _settle_together(db: sqlite3.Connection, settles: list[Settle], results: lis
     credits = [s.record.credits for s in settles]
     db.execute("SAVEPOINT settles")
     try:
-        charges = settle_rows(db, [(s.reservation, s.record) for s in settles])
+        charges = settle_rows(db, [(s.reservation, s.record) for s in settles], settles[-1].now)
         db.execute("RELEASE settles")
     except Exception:
         db.execute("ROLLBACK TO settles")
@@ -421,6 +429,7 @@ class SQLiteStore(Store):
     async def open(self) -> None:
         await self.thread.open()
         await self.thread.migrate("schema_version", MIGRATIONS)
+        await self.thread.migrate(budgets.VERSION_TABLE, budgets.MIGRATIONS["sqlite"])
         if self._here is None:
             self._here = self.thread.connect_here()
 
@@ -661,10 +670,10 @@ class SQLiteStore(Store):
     ) -> asyncio.Future[int]:
         """Queue the settlement for the next group commit; the future resolves once it committed
         (``linger``: nobody waits for it, see GroupCommit.submit)."""
-        return self.commits.submit(Settle(reservation, record), linger)
+        return self.commits.submit(Settle(reservation, record, self.clock()), linger)
 
     def settle_again(self, reservation: Reservation, record: UsageRecord) -> asyncio.Future[int]:
-        return self.commits.submit(Settle(reservation, record, again=True))
+        return self.commits.submit(Settle(reservation, record, self.clock(), again=True))
 
     async def replay(self, entries: Sequence[Entry]) -> dict[str, bool]:
         return await self.run(partial(replay_rows, entries=entries))

@@ -19,6 +19,8 @@ from dataclasses import dataclass, fields
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
+from core.clock import Clock, clock
+
 if TYPE_CHECKING:
     from billing.history import History
     from billing.journal import Entry
@@ -251,11 +253,14 @@ class Hold:
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    """Why a reservation was refused: the group's balance, or the key's spend cap."""
+    """Why a reservation was refused: the group's balance, the key's spend cap, or a budget window
+    (``window``: which, and when it resets: billing/budgets.py)."""
 
-    reason: str  # "balance" | "key_cap"
+    reason: str  # "balance" | "key_cap" | "budget"
     available: int
     needed: int
+    window: str = ""
+    resets_at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,6 +296,7 @@ class Store(ABC):
     # told of a settlement whose write failed (the ledger's retries and journal, billing/durable.py):
     # if it returns True it owns the settlement's future from then on; else the future gets the error
     rescue: Rescue | None = None
+    clock: Clock = staticmethod(time.time)  # the wall clock budget windows are read on (core/clock.py)
 
     @property
     @abstractmethod
@@ -445,15 +451,19 @@ class Store(ABC):
 
 
 def open_store(url: str) -> Store:
+    store: Store
     if url.startswith("sqlite://"):
         from billing.sqlite import SQLiteStore
 
-        return SQLiteStore(url)
-    if url.startswith(("postgres://", "postgresql://")):
+        store = SQLiteStore(url)
+    elif url.startswith(("postgres://", "postgresql://")):
         from billing.postgres import PostgresStore
 
-        return PostgresStore(url)
-    raise StoreError(f"unsupported store URL {url!r}: use sqlite:///path or postgresql://...")
+        store = PostgresStore(url)
+    else:
+        raise StoreError(f"unsupported store URL {url!r}: use sqlite:///path or postgresql://...")
+    store.clock = clock()
+    return store
 
 
 async def with_store(url: str, action: Callable[[Store], Awaitable[T]]) -> T:

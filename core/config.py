@@ -26,6 +26,7 @@ import os
 import tomllib
 from pathlib import Path
 from typing import Annotated, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import msgspec
 
@@ -283,6 +284,11 @@ def parse_settings(raw: dict, source: str = "config") -> Settings:
     if 0 < len(settings.console.admin_token) < MIN_ADMIN_TOKEN:
         raise ConfigError(f"{source}: console.admin_token must be at least {MIN_ADMIN_TOKEN} characters "
                           "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')")  # fmt: skip
+    try:
+        ZoneInfo(settings.billing.timezone)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ConfigError(f"{source}: billing.timezone: unknown time zone {settings.billing.timezone!r} "
+                          "(an IANA name such as UTC or Europe/Paris)") from None  # fmt: skip
     catalog = settings.load_catalog()
     for prefix, own in settings.providers.items():
         if prefix not in catalog.providers:

@@ -6,6 +6,7 @@
     router keys create --group NAME [--name LABEL] [--spend-cap N] [--models a,b] [--expires WHEN]
                 [--tags a,b] [--owner WHO] | list | show ID | revoke ID
     router keys update ID [--expires WHEN|never] [--tags a,b] [--owner WHO] | rotate ID [--grace 1h]
+    router budgets add --group NAME [--key ID] --amount N --window day|week|month|12h | list | remove ID
     router usage [--group NAME] [--key ID] [--source api|job] [--limit N]
     router emulators [--host H] [--port P]     (the five emulated providers, for benchmarks)
 
@@ -322,7 +323,9 @@ def parser() -> argparse.ArgumentParser:
     usage.add_argument("--limit", type=int, default=50, help="how many records (default: %(default)s)")
 
     from console.cli import add_commands
+    from router.budgets_cli import add_commands as add_budget_commands
 
+    add_budget_commands(sub)  # router budgets add | list | remove
     add_commands(sub)  # router console set-password | hash-password
     return p
 
@@ -370,6 +373,10 @@ def main(argv: list[str] | None = None) -> None:
             _usage(args, settings)
         elif args.command == "webhooks":
             _webhooks(args, settings)
+        elif args.command == "budgets":
+            from router.budgets_cli import run as budgets_command
+
+            budgets_command(args, settings)
         elif args.command == "console":
             from console.cli import run as console_command
 
