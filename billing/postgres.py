@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
-from billing import budgets, rollup
+from billing import budgets, end_users, rollup
 from billing.history import History
 from billing.leases import Leases, release, released_mark
 from billing.postgres_ledger import (
@@ -206,6 +206,7 @@ async def migrate(conn: asyncpg.Connection) -> None:
     async with conn.transaction():
         await pool_migrate(conn, MIGRATION_LOCK, "schema_version", MIGRATIONS)
         await pool_migrate(conn, MIGRATION_LOCK, budgets.VERSION_TABLE, budgets.MIGRATIONS["postgres"])
+        await pool_migrate(conn, MIGRATION_LOCK, end_users.VERSION_TABLE, end_users.MIGRATIONS["postgres"])
 
 
 class PostgresStore(Store):
@@ -227,6 +228,7 @@ class PostgresStore(Store):
         try:
             await self.db.migrate("schema_version", MIGRATIONS, MIGRATION_LOCK)
             await self.db.migrate(budgets.VERSION_TABLE, budgets.MIGRATIONS["postgres"], MIGRATION_LOCK)
+            await self.db.migrate(end_users.VERSION_TABLE, end_users.MIGRATIONS["postgres"], MIGRATION_LOCK)
         except BaseException:
             await self.db.close()
             raise

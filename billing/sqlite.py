@@ -20,7 +20,7 @@ from functools import partial
 from itertools import groupby
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from billing import budgets, rollup
+from billing import budgets, end_users, rollup
 from billing.history import History
 from billing.sqlite_thread import SQLiteThread, down
 from billing.store import (
@@ -430,6 +430,7 @@ class SQLiteStore(Store):
         await self.thread.open()
         await self.thread.migrate("schema_version", MIGRATIONS)
         await self.thread.migrate(budgets.VERSION_TABLE, budgets.MIGRATIONS["sqlite"])
+        await self.thread.migrate(end_users.VERSION_TABLE, end_users.MIGRATIONS["sqlite"])
         if self._here is None:
             self._here = self.thread.connect_here()
 

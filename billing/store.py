@@ -199,6 +199,8 @@ class UsageRecord:
     error_code: str | None = None
     batch_id: str | None = None
     end_user: str | None = None
+    safety_identifier: str | None = None  # OpenAI's, as the request sent it
+    metadata: str | None = None  # the request's ``metadata`` (a map of strings), as compact JSON
     ts: float = 0.0
     id: int = 0
 

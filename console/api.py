@@ -27,6 +27,10 @@ input), with the exact integer of nano-credits beside them (``balance_nano``). E
     DELETE /api/webhooks/{id}
     GET    /api/webhooks/{id}/deliveries        ?limit=  its events, newest first, with their delivery status
     GET    /api/audit                           ?target=key:12&action=key.rotate&before=&limit=  (newest first)
+    GET    /api/groups/{name}/budgets           budgets (console/budgets_api.py)
+    POST   /api/groups/{name}/budgets           {"amount", "window", "key_id"?, "timezone"?}
+    DELETE /api/budgets/{id}
+    GET    /api/groups/{name}/users             ?key=&since=&until=&limit=  usage per end user
 """
 
 from __future__ import annotations
@@ -189,6 +193,9 @@ def usage_json(r: UsageRecord) -> dict[str, Any]:
         "ttft_ms": r.ttft_ms,
         "request_id": r.request_id,
         "error": r.error,
+        "end_user": r.end_user,
+        "safety_identifier": r.safety_identifier,
+        "metadata": r.metadata,
     }
 
 
@@ -470,5 +477,13 @@ def routes() -> list[Route]:
         ("/api/webhooks", add_webhook, "POST"),
         ("/api/webhooks/{webhook_id}", delete_webhook, "DELETE"),
         ("/api/webhooks/{webhook_id}/deliveries", webhook_deliveries, "GET"),
+    ]
+    from console import budgets_api  # (it builds on this module's helpers)
+
+    table += [
+        ("/api/groups/{name}/budgets", budgets_api.list_budgets, "GET"),
+        ("/api/groups/{name}/budgets", budgets_api.create_budget, "POST"),
+        ("/api/budgets/{budget_id}", budgets_api.delete_budget, "DELETE"),
+        ("/api/groups/{name}/users", budgets_api.users, "GET"),
     ]
     return [Route(path, guarded(handler), methods=[method]) for path, handler, method in table]

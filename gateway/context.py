@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from billing.store import Principal, UsageRecord
 from core.errors import GatewayError
 from core.types import Endpoint, Source
@@ -21,6 +23,8 @@ from core.types import Endpoint, Source
 CONTEXT = "call"  # the scope["state"] key of an in-process call's context (jobs/calls.py)
 MAX_USER = 256  # characters of the request's ``user`` kept on the record
 MAX_MODEL = 128  # characters of an unknown model id kept on a rejected call's record
+MAX_METADATA = 2048  # characters of the request's metadata (as JSON) kept on the record
+_encode = msgspec.json.Encoder().encode
 
 
 @dataclass(slots=True)
@@ -30,7 +34,9 @@ class CallContext:
     source: Source = "api"
     endpoint: Endpoint = "chat"
     batch_id: str | None = None  # the batch a job line belongs to
-    end_user: str | None = None  # the request's ``user``, once its body is read (see :func:`end_user`)
+    end_user: str | None = None  # the request's ``user``, once its body is read (see :func:`identify`)
+    safety_identifier: str | None = None  # OpenAI's ``safety_identifier``
+    metadata: str | None = None  # the request's ``metadata`` map, as compact JSON
     metered: bool = False  # a usage record was made for a reservation: the ledger will store it
 
     @property
@@ -48,7 +54,7 @@ class CallContext:
         return UsageRecord(
             key_id=p.key_id, group_id=p.group_id, model=model, provider=provider, endpoint=self.endpoint,
             source=self.source, stream=stream, request_id=self.request_id, batch_id=self.batch_id,
-            end_user=self.end_user,
+            end_user=self.end_user, safety_identifier=self.safety_identifier, metadata=self.metadata,
         )  # fmt: skip
 
     def rejected(self, exc: GatewayError, model: str, provider: str, stream: bool, began: float) -> UsageRecord:
@@ -68,3 +74,24 @@ def end_user(body: dict[str, Any]) -> str | None:
     characters of it."""
     user = body.get("user")
     return user[:MAX_USER] if isinstance(user, str) and user else None
+
+
+def identify(context: CallContext, body: dict[str, Any]) -> None:
+    """Who the call is for, as the request says (kept on its usage record): ``user``,
+    ``safety_identifier`` (at most ``MAX_USER`` characters each) and ``metadata`` (a map of strings, as
+    OpenAI takes it: at most 16 pairs, kept as compact JSON of at most ``MAX_METADATA`` characters)."""
+    context.end_user = end_user(body)
+    if "safety_identifier" in body:
+        given = body["safety_identifier"]
+        context.safety_identifier = given[:MAX_USER] if isinstance(given, str) and given else None
+    if "metadata" in body:
+        context.metadata = _metadata(body["metadata"])
+
+
+def _metadata(value: Any) -> str | None:
+    if not isinstance(value, dict) or not value or len(value) > 16:
+        return None
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        return None
+    text = _encode(value).decode()
+    return text if len(text) <= MAX_METADATA else None

@@ -17,7 +17,7 @@ from core.sse import DONE, frame
 from core.types import Endpoint
 from core.wire import parse_chat_request
 from gateway.chat_codec import ChatCodec
-from gateway.context import CONTEXT, CallContext, end_user
+from gateway.context import CONTEXT, CallContext, identify
 from gateway.pipeline import Pipeline, Started
 from gateway.state import Gateway
 from gateway.stream import error_chunk, sse
@@ -147,7 +147,7 @@ class ChatCompletions:
         context, trace, body = await begin_call(gw, request, "chat")
         raw, req = parse_chat_request(body)
         trace.model, trace.stream = req.model, bool(req.stream)
-        context.end_user = end_user(raw)
+        identify(context, raw)
         codec = ChatCodec(raw, req, len(body), raw_chunks=True)
         start = self.pipeline.start(context, codec)
         if not codec.stream:

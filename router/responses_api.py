@@ -15,7 +15,7 @@ from starlette.responses import Response
 from core.errors import GatewayError, InvalidRequest
 from core.inputs import decode_json
 from core.sse import frame_event
-from gateway.context import end_user
+from gateway.context import identify
 from gateway.pipeline import Pipeline
 from gateway.responses_codec import ResponsesCodec, Terminal
 from gateway.responses_translate import refuse_background
@@ -72,7 +72,7 @@ class Responses:
         context, trace, raw = await begin_call(gw, request, "responses")
         body = parse_body(raw)
         trace.model, trace.stream = body["model"], bool(body.get("stream"))
-        context.end_user = end_user(body)
+        identify(context, body)
         refuse_background(body, NO_POLL)  # before anything is reserved or sent
         codec = ResponsesCodec(body, len(raw))
         start = self.pipeline.start(context, codec)

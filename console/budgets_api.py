@@ -1,0 +1,77 @@
+"""The admin API's budgets and end users (console/api.py has the rest and the auth around them).
+
+    GET    /api/groups/{name}/budgets      the group's and its keys' budgets, each with its window now
+    POST   /api/groups/{name}/budgets      {"amount", "window", "key_id"?, "timezone"?} -> 201
+    DELETE /api/budgets/{id}
+    GET    /api/groups/{name}/users        ?key=&since=&until=&limit=  usage per end user (the request's
+                                           ``user``), most credits first
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from billing import budgets, end_users
+from console import forms
+from console.api import AdminError, amount_text, body, group_of, number
+from console.app import Console
+from console.forms import Invalid
+from core.money import to_credits
+
+
+async def list_budgets(c: Console, request: Request) -> Response:
+    group = await group_of(c, request)
+    return JSONResponse({"budgets": [s.as_dict() for s in await budgets.states(c.store, group.name)]})
+
+
+async def create_budget(c: Console, request: Request) -> Response:
+    group = await group_of(c, request)
+    data = await body(request)
+    amount = forms.credits(amount_text(data.get("amount"), "amount"), "amount", positive=True)
+    assert amount is not None
+    tz = data.get("timezone") or c.gateway.settings.billing.timezone
+    try:
+        budgets.check_zone(tz)
+    except budgets.BudgetError as exc:
+        raise Invalid("timezone", str(exc)) from None
+    try:
+        budgets.parse_period(data.get("window"), str(tz))
+    except budgets.BudgetError as exc:
+        raise Invalid("window", str(exc)) from None
+    key_id = data.get("key_id")
+    if key_id is not None and (isinstance(key_id, bool) or not isinstance(key_id, int) or key_id < 1):
+        raise Invalid("key_id", "'key_id' must be the id of one of the group's keys, or null.")
+    try:
+        made = await budgets.add(c.store, group.name, amount, str(data["window"]), key_id, str(tz))
+    except budgets.BudgetError as exc:
+        raise Invalid("key_id", str(exc)) from None
+    (state,) = [s for s in await budgets.states(c.store, group.name) if s.budget.id == made.id]
+    return JSONResponse(state.as_dict(), status_code=201)
+
+
+async def delete_budget(c: Console, request: Request) -> Response:
+    text = request.path_params["budget_id"]
+    if not text.isdigit() or not await budgets.remove(c.store, int(text)):
+        raise AdminError(404, f"No budget with id {text[:40]}.", "budget_not_found")
+    return JSONResponse({"id": int(text), "deleted": True})
+
+
+async def users(c: Console, request: Request) -> Response:
+    group = await group_of(c, request)
+    p = request.query_params
+    until = number(p, "until") or time.time()
+    since = number(p, "since") if number(p, "since") is not None else until - 30 * 86400.0
+    limit = number(p, "limit", int) or 100
+    if not 1 <= limit <= 1000:
+        raise Invalid("limit", "'limit' is between 1 and 1000.")
+    rows = await end_users.per_user(c.store.database, group.id, since, until, number(p, "key", int), limit)
+    return JSONResponse({"since": since, "until": until, "users": [_user(u) for u in rows]})
+
+
+def _user(u: end_users.UserUsage) -> dict[str, Any]:
+    return {"user": u.user, "calls": u.calls, "prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "credits": to_credits(u.credits), "credits_nano": u.credits, "last_ts": u.last_ts}  # fmt: skip
