@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from billing import budgets
 from billing.store import Group, StoreError
 from billing.usage_filter import Filter
 from console import filters, flash, forms, periods, prefs, views
@@ -143,6 +144,7 @@ async def summary_page(c: Console, request: Request, name: str, status: int = 20
     return c.render(
         request, "group.html", status=status, group=group, period=period, source=source, shown=shown,
         tables=tables, errors=errors, notice=notice(request), tab="summary", link=calls,
+        budgets=await budgets.states(c.store, group.name),
         places=views.display.places([group.balance, group.reserved, group.spent]), **context,
     )  # fmt: skip
 

@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from billing import budgets
 from billing.store import KeyInfo, KeyMeta
 from billing.usage_filter import Filter
 from console import display, flash, lifecycle, prefs, views
@@ -99,7 +100,8 @@ async def key_page(c: Console, request: Request, status: int = 200, **context: A
         request, "key.html", status=status, key=info, table=table, total=total, period=period, errors=errors,
         now=time.time(),
         values=values, notice=notice(request), last_used=used.get(info.id), link=CallsQuery(period=period),
-        places=display.places([info.spent, info.spend_cap or 0]), **context,
+        places=display.places([info.spent, info.spend_cap or 0]),
+        budgets=await budgets.states(c.store, info.group_name, info.id), **context,
     )  # fmt: skip
 
 

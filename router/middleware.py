@@ -123,7 +123,7 @@ class Front:
                 logs.access(scope, status, elapsed, stream)
 
 
-CORS_EXPOSED = ("x-request-id", "retry-after", "retry-after-ms", *(
+CORS_EXPOSED = ("x-request-id", "retry-after", "retry-after-ms", "x-request-cost", "x-budget-window", "x-budget-reset", *(
     f"x-ratelimit-{what}-{unit}" for what in ("limit", "remaining", "reset") for unit in ("requests", "tokens")
 ))  # fmt: skip
 

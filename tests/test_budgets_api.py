@@ -94,6 +94,11 @@ def test_a_budget_holds_on_every_endpoint_and_users_are_recorded(bstack: Stack, 
     assert set(users) == {"alice", "bob"} and users["alice"]["calls"] == 1
     assert sum(u["credits_nano"] for u in users.values()) == sum(r["credits_nano"] for r in records if r["end_user"])
 
+    web = Client(bstack)
+    assert web.login().status == 303
+    for page in (f"/console/groups/{group}", f"/console/keys/{key_id}"):  # the console shows it
+        shown = web.get(page).text
+        assert 'id="budgets"' in shown and "per calendar day (Europe/Paris)" in shown, page
     assert api.api("DELETE", f"/budgets/{budget['id']}").status == 200
     assert api.api("DELETE", f"/budgets/{budget['id']}").status == 404
     assert _post(bstack, key, "/chat/completions", body).status_code == 200  # no budget: the balance alone
