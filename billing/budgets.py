@@ -242,6 +242,18 @@ class Windows:
             self.spend.setdefault(budget_id, {})[bucket] = spent
         self.added: dict[tuple[int, int], int] = {}  # (budget id, bucket) -> charged since read
 
+    def keep(self, older: Windows) -> None:
+        """Take each bucket's spend as the larger of this read's and ``older``'s: a gateway that alone
+        spends from its store (SQLite) has added every charge to its view as it became durable, so a
+        read that raced a settlement can only have missed one, never seen one the view lacks."""
+        for budget_id, buckets in older.spend.items():
+            mine = self.spend.get(budget_id)
+            if mine is None:
+                continue
+            for bucket, spent in buckets.items():
+                if spent > mine.get(bucket, 0):
+                    mine[bucket] = spent
+
     def __bool__(self) -> bool:
         return bool(self.of_key or self.of_group)
 
@@ -274,11 +286,6 @@ class Windows:
         return [(b, bucket, amount) for (b, bucket), amount in self.added.items()]
 
 
-def spend_since(budgets: Iterable[Budget], now: float) -> list[tuple[int, int]]:
-    """(budget id, oldest bucket start worth reading) for each budget."""
-    return [(b.id, int(now) - b.period.span) for b in budgets]
-
-
 def _credits(nano: int) -> str:
     whole, frac = divmod(nano, 10**9)
     return f"{whole}.{frac:09d}".rstrip("0").rstrip(".")
@@ -288,21 +295,40 @@ def iso(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
-# -- reading and writing them (SQL with ? marks: SQLite, and PostgreSQL through Database.select) -------
-SELECT_BUDGETS = f"SELECT {BUDGET_COLUMNS} FROM budgets WHERE group_id IN ({{marks}}) ORDER BY id"
-SELECT_SPEND = "SELECT budget_id, bucket, spent FROM budget_spend WHERE budget_id = ? AND bucket >= ?"
+# -- reading and writing them ------------------------------------------------------------------------
+# The budgets of some groups (theirs and their keys') with the spend of the buckets their windows may
+# count, in one statement: ``?`` marks for SQLite and Database.select, PostgreSQL's own below.
+READ = ("SELECT b.id, b.group_id, b.key_id, b.amount, b.period, b.tz, s.bucket, s.spent FROM budgets b "
+        "LEFT JOIN budget_spend s ON s.budget_id = b.id AND s.bucket >= ? - b.span "
+        "WHERE b.group_id IN ({marks}) ORDER BY b.id")  # fmt: skip
+READ_PG = ("SELECT b.id, b.group_id, b.key_id, b.amount, b.period, b.tz, s.bucket, s.spent FROM budgets b "
+           "LEFT JOIN budget_spend s ON s.budget_id = b.id AND s.bucket >= $1::int8 - b.span "
+           "WHERE b.group_id = ANY($2::int8[]) ORDER BY b.id")  # fmt: skip
 ADD_SPEND = ("INSERT INTO budget_spend (budget_id, bucket, spent) VALUES (?, ?, ?) ON CONFLICT (budget_id, bucket) "
              "DO UPDATE SET spent = budget_spend.spent + excluded.spent")  # fmt: skip
+
+
+def windows_of(rows: Iterable[Sequence[Any]], now: float) -> Windows:
+    """Rows of :data:`READ` as :class:`Windows`."""
+    found: dict[int, Budget] = {}
+    spend: list[tuple[int, int, int]] = []
+    for row in rows:
+        if row[0] not in found:
+            found[row[0]] = budget_row(row[:6])
+        if row[6] is not None:
+            spend.append((row[0], row[6], row[7]))
+    return Windows(found.values(), spend, now)
+
+
+def _read_sql(group_ids: Sequence[int]) -> str:
+    return READ.format(marks=", ".join("?" * len(group_ids)))
 
 
 def read_sync(db: Any, group_ids: Sequence[int], now: float) -> Windows:
     """On a sqlite3 connection (the SQLite store's settlements, in their transaction)."""
     if not group_ids:
         return Windows((), (), now)
-    sql = SELECT_BUDGETS.format(marks=", ".join("?" * len(group_ids)))
-    budgets = [budget_row(row) for row in db.execute(sql, list(group_ids)).fetchall()]
-    spend = [row for b, since in spend_since(budgets, now) for row in db.execute(SELECT_SPEND, (b, since)).fetchall()]
-    return Windows(budgets, spend, now)
+    return windows_of(db.execute(_read_sql(group_ids), [int(now), *group_ids]).fetchall(), now)
 
 
 def write_sync(db: Any, windows: Windows) -> None:
@@ -315,12 +341,7 @@ async def read(database: Any, group_ids: Sequence[int], now: float) -> Windows:
     """Through a store's :class:`~billing.store.Database` (either dialect)."""
     if not group_ids:
         return Windows((), (), now)
-    sql = SELECT_BUDGETS.format(marks=", ".join("?" * len(group_ids)))
-    budgets = [budget_row(row) for row in await database.select(sql, list(group_ids))]
-    spend: list[tuple[int, int, int]] = []
-    for budget_id, since in spend_since(budgets, now):
-        spend += [tuple(row) for row in await database.select(SELECT_SPEND, (budget_id, since))]  # type: ignore[misc]
-    return Windows(budgets, spend, now)
+    return windows_of(await database.select(_read_sql(group_ids), [int(now), *group_ids]), now)
 
 
 # -- managing them (the CLI, the admin API, the console) ------------------------------------------------

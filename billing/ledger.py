@@ -186,12 +186,15 @@ class LocalLedger(Ledger):
         self._ids = itertools.count(-1, -1)
 
     async def _read(self, group_id: int, key_id: int) -> tuple[_Holds, _Holds]:
-        while True:  # read again if a settlement became durable meanwhile (counted in one read, not the other)
+        for _ in range(8):  # read again if a settlement became durable meanwhile (seen by one read, not the other)
             released = self._released
             balance, room = await self.store.ledger_state(group_id, key_id)
             windows = await budgets.read(self.store.database, [group_id], self.store.clock())
             if self._released == released:
                 break
+        older = self._windows.get(group_id)
+        if older is not None:
+            windows.keep(older)  # (the view has every charge made durable: a raced read never lowers it)
         now = time.monotonic()
         group = self._groups.setdefault(group_id, _Holds(balance))
         key = self._keys.setdefault(key_id, _Holds(room))

@@ -290,21 +290,14 @@ async def apply(conn: asyncpg.Connection, plan: Plan, replica: str | None = None
     return list(row["reservations"])
 
 
-SELECT_BUDGETS = pg_sql(budgets.SELECT_BUDGETS)
-SELECT_SPEND = pg_sql(budgets.SELECT_SPEND)
 ADD_SPEND = pg_sql(budgets.ADD_SPEND)
 
 
 async def read_windows(conn: asyncpg.Connection, group_ids: list[int], now: float) -> budgets.Windows:
-    """The budgets of ``group_ids`` (and of their keys) with their windows' spend. Read after the
-    key and group rows are locked: every change of a budget's spend is made holding its key's or
-    group's row lock, so no replica can move it until this transaction ends."""
-    sql = SELECT_BUDGETS.format(marks=", ".join(f"${n}" for n in range(1, len(group_ids) + 1)))
-    found = [budgets.budget_row(row) for row in await conn.fetch(sql, *group_ids)] if group_ids else []
-    spend: list[tuple[int, int, int]] = []
-    for budget_id, since in budgets.spend_since(found, now):
-        spend += [tuple(row) for row in await conn.fetch(SELECT_SPEND, budget_id, since)]  # type: ignore[misc]
-    return budgets.Windows(found, spend, now)
+    """The budgets of ``group_ids`` (and of their keys) with their windows' spend, in one round trip.
+    Read after the key and group rows are locked: every change of a budget's spend is made holding
+    its key's and group's row locks, so no replica can move it until this transaction ends."""
+    return budgets.windows_of(await conn.fetch(budgets.READ_PG, int(now), group_ids), now)
 
 
 def budget_refusal(over: budgets.Exceeded) -> Refusal:

@@ -140,3 +140,22 @@ def test_calendar_windows_in_a_zone_with_dst() -> None:
     month = budgets.parse_period("month", "America/New_York")
     assert budgets.iso(month.resets_at(datetime(2026, 12, 15, tzinfo=UTC).timestamp(), [])) == "2027-01-01T05:00:00Z"
 
+
+
+async def test_a_call_is_never_charged_more_than_it_reserved(ledger: tuple[Store, Ledger, FakeClock]) -> None:
+    """An upstream that overruns the output cap it was sent: the charge stops at the worst case the
+    call reserved (what the balance, the key's cap and every budget window were checked against)."""
+    from billing.ledger import Meter
+    from core.catalog import Catalog
+    from core.wire import TokenUsage
+
+    store, book, _ = ledger
+    key_id = await _key(store, "overrun", 10)
+    group = await store.get_group("overrun")
+    assert group is not None
+    model = Catalog.load(None).resolve("openai/gpt-4o-mini")
+    held = await book.reserve(group.id, key_id, 5_000)
+    record = UsageRecord(key_id=key_id, group_id=group.id, model=model.id, provider="openai")
+    meter = Meter(book, held, model, record, {})
+    await meter.finish(TokenUsage(prompt=10, completion=100_000), "ok")
+    assert meter.settled is not None and await meter.settled == 5_000 == record.credits
