@@ -118,6 +118,16 @@ KEY_CREATE: dict[str, Any] = {
         **KEY_META,
     },
 }
+BUDGET_CREATE: dict[str, Any] = {
+    "type": "object",
+    "required": ["amount", "window"],
+    "properties": {
+        "amount": CREDITS,
+        "window": {"type": "string", "description": "day, week, month (calendar) or a rolling 30m, 12h, 7d"},
+        "key_id": {"type": ["integer", "null"], "minimum": 1},
+        "timezone": {"type": "string", "description": "an IANA zone for a calendar window"},
+    },
+}
 KEY_UPDATE: dict[str, Any] = {
     "type": "object",
     "properties": {
@@ -245,6 +255,15 @@ OPERATIONS: tuple[Op, ...] = (
        "admin", auth="admin", params=(*_path("webhook_id"), Param("limit", schema=INT))),
     Op("get", "/console/api/audit", "The audit log, newest first", "admin", auth="admin",
        params=(Param("target"), Param("action"), Param("before", schema=INT), Param("limit", schema=INT))),
+    Op("get", "/console/api/groups/{name}/budgets", "A group's and its keys' budgets, with their windows now",
+       "admin", auth="admin", params=_path("name")),
+    Op("post", "/console/api/groups/{name}/budgets", "Add a budget to a group or one of its keys", "admin",
+       auth="admin", params=_path("name"), body=BUDGET_CREATE),
+    Op("delete", "/console/api/budgets/{budget_id}", "Remove a budget", "admin", auth="admin",
+       params=_path("budget_id")),
+    Op("get", "/console/api/groups/{name}/users", "A group's usage per end user, most credits first", "admin",
+       auth="admin", params=(*_path("name"), Param("key", schema=INT), Param("since", schema=INT),
+                             Param("until", schema=INT), Param("limit", schema=INT))),
 )  # fmt: skip
 
 
