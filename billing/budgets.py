@@ -199,16 +199,18 @@ class Budget:
     key_id: int | None  # None: the group's (every key of it)
     amount: int  # nano-credits per window
     period: Period
+    group_name: str = ""
 
     def describe(self, group_name: str = "") -> str:
-        owner = f"key {self.key_id}" if self.key_id is not None else f"group {group_name or self.group_id}"
+        group = group_name or self.group_name or str(self.group_id)
+        owner = f"key {self.key_id}" if self.key_id is not None else f"group {group}"
         return f"{_credits(self.amount)} credits {self.period.describe()} for {owner}"
 
 
 def budget_row(row: Sequence[Any]) -> Budget:
-    """A row of ``SELECT id, group_id, key_id, amount, period, tz FROM budgets``."""
+    """A row of ``SELECT id, group_id, key_id, amount, period, tz[, the group's name] FROM budgets``."""
     period = parse_period(row[4], row[5]) if row[4] in CALENDAR else parse_period(row[4])
-    return Budget(row[0], row[1], row[2], row[3], period)
+    return Budget(row[0], row[1], row[2], row[3], period, row[6] if len(row) > 6 else "")
 
 
 BUDGET_COLUMNS = "id, group_id, key_id, amount, period, tz"
@@ -298,11 +300,11 @@ def iso(ts: float) -> str:
 # -- reading and writing them ------------------------------------------------------------------------
 # The budgets of some groups (theirs and their keys') with the spend of the buckets their windows may
 # count, in one statement: ``?`` marks for SQLite and Database.select, PostgreSQL's own below.
-READ = ("SELECT b.id, b.group_id, b.key_id, b.amount, b.period, b.tz, s.bucket, s.spent FROM budgets b "
-        "LEFT JOIN budget_spend s ON s.budget_id = b.id AND s.bucket >= ? - b.span "
+READ = ("SELECT b.id, b.group_id, b.key_id, b.amount, b.period, b.tz, g.name, s.bucket, s.spent FROM budgets b "
+        "JOIN groups g ON g.id = b.group_id LEFT JOIN budget_spend s ON s.budget_id = b.id AND s.bucket >= ? - b.span "
         "WHERE b.group_id IN ({marks}) ORDER BY b.id")  # fmt: skip
-READ_PG = ("SELECT b.id, b.group_id, b.key_id, b.amount, b.period, b.tz, s.bucket, s.spent FROM budgets b "
-           "LEFT JOIN budget_spend s ON s.budget_id = b.id AND s.bucket >= $1::int8 - b.span "
+READ_PG = ("SELECT b.id, b.group_id, b.key_id, b.amount, b.period, b.tz, g.name, s.bucket, s.spent "
+           "FROM budgets b JOIN groups g ON g.id = b.group_id LEFT JOIN budget_spend s ON s.budget_id = b.id AND s.bucket >= $1::int8 - b.span "
            "WHERE b.group_id = ANY($2::int8[]) ORDER BY b.id")  # fmt: skip
 ADD_SPEND = ("INSERT INTO budget_spend (budget_id, bucket, spent) VALUES (?, ?, ?) ON CONFLICT (budget_id, bucket) "
              "DO UPDATE SET spent = budget_spend.spent + excluded.spent")  # fmt: skip
@@ -314,9 +316,9 @@ def windows_of(rows: Iterable[Sequence[Any]], now: float) -> Windows:
     spend: list[tuple[int, int, int]] = []
     for row in rows:
         if row[0] not in found:
-            found[row[0]] = budget_row(row[:6])
-        if row[6] is not None:
-            spend.append((row[0], row[6], row[7]))
+            found[row[0]] = budget_row(row[:7])
+        if row[7] is not None:
+            spend.append((row[0], row[7], row[8]))
     return Windows(found.values(), spend, now)
 
 

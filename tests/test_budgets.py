@@ -89,7 +89,7 @@ async def test_group_and_rolling_windows(ledger: tuple[Store, Ledger, FakeClock]
         await _call(book, group.id, key_id, NANO // 2, NANO // 2)
     with pytest.raises(InsufficientCredits) as info:
         await book.reserve(group.id, key_id, 1)
-    assert "per rolling 1h for group" in info.value.message
+    assert "2 credits per rolling 1h for group rolling" in info.value.message
     clock.at += 1800
     with pytest.raises(InsufficientCredits):
         await book.reserve(group.id, key_id, 1)  # still within the hour
