@@ -379,13 +379,14 @@ async def add(store: Any, group: str, amount: int, window: str, key_id: int | No
         if key is None or key.group_id != found.id:
             raise BudgetError(f"no key {key_id} in the group {group!r}")
     stored_tz = period.tz if period.calendar else "UTC"
+    made = time.time()
     await store.database.write(
         "INSERT INTO budgets (group_id, key_id, amount, period, tz, span, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-        (found.id, key_id, amount, period.name, stored_tz, period.span, time.time()),
+        (found.id, key_id, amount, period.name, stored_tz, period.span, made),
     )
-    rows = await store.database.select(f"SELECT {BUDGET_COLUMNS} FROM budgets WHERE group_id = ? ORDER BY id DESC "
-                                       "LIMIT 1", (found.id,))  # fmt: skip
-    return budget_row(rows[0])
+    rows = await store.database.select(f"SELECT {BUDGET_COLUMNS} FROM budgets WHERE group_id = ? AND created_at = ? "
+                                       "ORDER BY id DESC LIMIT 1", (found.id, made))  # fmt: skip
+    return budget_row((*rows[0], found.name))
 
 
 async def remove(store: Any, budget_id: int) -> bool:

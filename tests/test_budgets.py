@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import random
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
 from billing import budgets
 from billing.ledger import Ledger, ledger_for
 from billing.store import Store, UsageRecord, open_store
-from core.catalog import NANO
+from core.catalog import NANO, ConfigError
+from core.config import parse_settings
 from core.errors import InsufficientCredits
 
 DAY = 86400
@@ -159,3 +163,33 @@ async def test_a_call_is_never_charged_more_than_it_reserved(ledger: tuple[Store
     meter = Meter(book, held, model, record, {})
     await meter.finish(TokenUsage(prompt=10, completion=100_000), "ok")
     assert meter.settled is not None and await meter.settled == 5_000 == record.credits
+
+
+def test_the_cli_answers_bad_budgets_in_one_line(tmp_path: Path) -> None:
+    config = tmp_path / "router.toml"
+    config.write_text(f'[store]\nurl = "sqlite:///{tmp_path}/r.db"\n')
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "router", "--config", str(config), *args],
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+
+    assert cli("groups", "create", "acme", "--credits", "10").returncode == 0
+    for args, says in [
+        (("--amount", "5", "--window", "fortnight"), "cannot parse the budget window 'fortnight'"),
+        (("--amount", "-5", "--window", "day"), "must be a positive number of credits"),
+        (("--amount", "five", "--window", "day"), "error: "),
+        (("--amount", "5", "--window", "day", "--tz", "Mars/Olympus"), "unknown time zone 'Mars/Olympus'"),
+        (("--amount", "5", "--window", "day", "--key", "42"), "no key 42 in the group 'acme'"),
+    ]:
+        out = cli("budgets", "add", "--group", "acme", *args)
+        assert out.returncode != 0 and out.stderr.startswith("error: ") and says in out.stderr, out.stderr
+        assert out.stderr.count("\n") == 1, out.stderr  # one line, no traceback
+    made = cli("budgets", "add", "--group", "acme", "--amount", "2.5", "--window", "week", "--tz", "Asia/Seoul")
+    assert made.stdout.strip() == "budget 1: 2.5 credits per calendar week (Asia/Seoul) for group acme"
+    assert "week (Asia/Seoul)" in cli("budgets", "list").stdout
+    assert cli("budgets", "remove", "1").returncode == 0 and cli("budgets", "remove", "1").returncode != 0
+
+
+def test_a_bad_billing_timezone_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="billing.timezone: unknown time zone 'Nope/Zone'"):
+        parse_settings({"billing": {"timezone": "Nope/Zone"}})
