@@ -19,6 +19,7 @@ from billing import budgets, end_users, rollup
 from billing.history import History
 from billing.leases import Leases, release, released_mark
 from billing.postgres_ledger import (
+    ADD_SPEND,
     APPLIED,
     INTERRUPTED,
     RECONCILE_CHUNK,
@@ -28,6 +29,7 @@ from billing.postgres_ledger import (
     SettleOp,
     apply,
     lock,
+    read_windows,
 )
 from billing.postgres_pool import PostgresPool
 from billing.postgres_pool import migrate as pool_migrate
@@ -353,6 +355,7 @@ class PostgresStore(Store):
             plan = await lock(conn, sorted({e.reservation.id for e in todo if e.reservation.id > 0}),
                               sorted({e.reservation.key_id for e in todo}),
                               sorted({e.reservation.group_id for e in todo}))  # fmt: skip
+            plan.windows = await read_windows(conn, sorted({e.reservation.group_id for e in todo}), self.clock())
             released = await released_holds(conn, [e for e in todo if e.reservation.id not in plan.released])
             done = dict.fromkeys((e.id for e in entries), False)
             for entry in todo:
@@ -362,6 +365,8 @@ class PostgresStore(Store):
                 except StoreError as exc:
                     log.error("a journaled settlement was refused (%r): %r", exc, entry.record)
             await apply(conn, plan, self.commits.replica)
+            if plan.windows:  # the replayed charges count in their budgets' windows too
+                await conn.executemany(ADD_SPEND, plan.windows.rows())
         for entry in todo:
             self.commits.live.discard(entry.reservation.id)
         return done

@@ -193,3 +193,21 @@ def test_the_cli_answers_bad_budgets_in_one_line(tmp_path: Path) -> None:
 def test_a_bad_billing_timezone_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="billing.timezone: unknown time zone 'Nope/Zone'"):
         parse_settings({"billing": {"timezone": "Nope/Zone"}})
+
+
+async def test_a_replayed_settlement_counts_in_its_window(ledger: tuple[Store, Ledger, FakeClock]) -> None:
+    """A settlement journaled while the store was down and replayed later (billing/durable.py) is
+    charged to its budgets' windows like any other."""
+    from billing.journal import Entry
+
+    store, book, _ = ledger
+    key_id = await _key(store, "replayed", 10)
+    group = await store.get_group("replayed")
+    assert group is not None
+    await budgets.add(store, "replayed", NANO, "day")
+    held = await book.reserve(group.id, key_id, NANO // 2)
+    record = UsageRecord(key_id=key_id, group_id=group.id, model="m", provider="p", credits=NANO // 4)
+    done = await store.replay([Entry.new(held, record)])
+    assert list(done.values()) == [True]
+    (state,) = await budgets.states(store, "replayed")
+    assert state.spent == NANO // 4
