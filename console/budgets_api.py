@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse, Response
 
 from billing import budgets, end_users
 from console import forms
-from console.api import AdminError, amount_text, body, group_of, number
+from console.api import AdminError, amount_text, body, changes, group_of, number
 from console.app import Console
 from console.forms import Invalid
 from core.money import to_credits
@@ -50,13 +50,16 @@ async def create_budget(c: Console, request: Request) -> Response:
     except budgets.BudgetError as exc:
         raise Invalid("key_id", str(exc)) from None
     (state,) = [s for s in await budgets.states(c.store, group.name) if s.budget.id == made.id]
+    await changes(c, request).record("budget.add", f"budget:{made.id}", None, state.as_dict())
     return JSONResponse(state.as_dict(), status_code=201)
 
 
 async def delete_budget(c: Console, request: Request) -> Response:
     text = request.path_params["budget_id"]
+    before = [s.as_dict() for s in await budgets.states(c.store) if text.isdigit() and s.budget.id == int(text)]
     if not text.isdigit() or not await budgets.remove(c.store, int(text)):
         raise AdminError(404, f"No budget with id {text[:40]}.", "budget_not_found")
+    await changes(c, request).record("budget.remove", f"budget:{text}", before[0] if before else None, None)
     return JSONResponse({"id": int(text), "deleted": True})
 
 

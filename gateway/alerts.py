@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from billing import budgets
 from billing.alerts import EVENT_HEADER, SIGNATURE_HEADER, AlertBook, Delivery, Webhook, sign
 from billing.store import Group, Store
 from core.config import AlertsSettings
@@ -49,6 +50,16 @@ class BudgetWindow:
 
 
 BudgetSource = Callable[[], Awaitable[Sequence[BudgetWindow]]]
+
+
+def budget_source(store: Store) -> BudgetSource:
+    """The budgets of billing/budgets.py as the checker reads them: every budget's current window."""
+
+    async def windows() -> list[BudgetWindow]:
+        return [BudgetWindow(s.group_name, s.budget.key_id, s.budget.period.name, s.window_start, s.spent,
+                             s.budget.amount) for s in await budgets.states(store)]  # fmt: skip
+
+    return windows
 
 
 class Checker:

@@ -19,7 +19,7 @@ from billing.store import Store, open_store
 from core.config import Settings
 from core.deadlines import Deadlines
 from core.deployments import Deployment
-from gateway.alerts import Checker, Deliverer
+from gateway.alerts import Checker, Deliverer, budget_source
 from gateway.auth import LAST_USED_SECONDS, Authenticator
 from gateway.dispatch import router_for
 from gateway.periodic import Periodic
@@ -93,6 +93,7 @@ class Gateway:
         # alerts: threshold checks queue events in the outbox, deliveries send them (gateway/alerts.py)
         self.alerts = AlertBook(self.store.database)
         self.alert_checker = Checker(self.store, self.alerts)
+        self.alert_checker.budgets = budget_source(self.store)  # 50 / 80 / 100 % of every budget's window
         self.alert_deliverer = Deliverer(self.alerts, settings.alerts)
         if settings.alerts.enabled:
             a = settings.alerts

@@ -292,7 +292,7 @@ def test_budget_windows_alert_at_50_80_100_percent_once_per_window(receiver_and_
         stack.run(checker.check())
         return len(stack.run(stack.gateway.alerts.deliveries()))
 
-    checker.budgets = windows
+    real, checker.budgets = checker.budgets, windows
     try:
         assert queued_after_two_checks() == 0
         used["day"] = 55 * NANO
@@ -302,8 +302,36 @@ def test_budget_windows_alert_at_50_80_100_percent_once_per_window(receiver_and_
         start["day"], used["day"] = 1_086_400.0, 81 * NANO  # the next window
         assert queued_after_two_checks() == 5  # 50 and 80 % of the new one
     finally:
-        checker.budgets = None
+        checker.budgets = real
     wait_for(lambda: len(receiver.got) == 5, 10, "five budget alerts")
     levels = sorted((e["data"]["window_start"], e["data"]["level"]) for e in receiver.events())
     assert levels == [(1_000_000.0, 50), (1_000_000.0, 80), (1_000_000.0, 100), (1_086_400.0, 50), (1_086_400.0, 80)]
     assert {e["data"]["group"] for e in receiver.events()} == {group}
+
+
+def test_a_real_budget_spent_past_half_alerts_once(receiver_and_stack: Any) -> None:
+    """The gateway's checker reads the budgets of billing/budgets.py (gateway.alerts.budget_source):
+    calls that spend a group's daily budget until it refuses them queue its 50 and 80 % alerts."""
+    import openai
+
+    from billing import budgets
+
+    receiver, stack = receiver_and_stack
+    stack.run(receiver.up())
+    group = stack.group(10)
+    api(stack, "POST", "/webhooks", {"url": receiver.url, "group": group}, status=201)
+    client = stack.client(stack.key(group=group))
+    ask = {"model": "openai/gpt-4o-mini", "max_tokens": 5, "messages": [{"role": "user", "content": "hi [tokens:5]"}]}
+    client.chat.completions.create(**ask)  # type: ignore[call-overload]
+    one = stack.run(stack.store.get_group(group)).spent  # what one call costs
+    stack.run(budgets.add(stack.store, group, 40 * one, "day"))
+    for _ in range(60):  # until the window refuses: spent + a call's worst case no longer fits
+        try:
+            client.chat.completions.create(**ask)  # type: ignore[call-overload]
+        except openai.APIStatusError as exc:
+            assert exc.status_code == 402 and "budget" in exc.message
+            break
+    stack.run(stack.gateway.alert_checker.check())
+    wait_for(lambda: len([e for e in receiver.events() if e["type"] == "budget.threshold"]) >= 2, 10, "budget alerts")
+    levels = sorted(e["data"]["level"] for e in receiver.events() if e["type"] == "budget.threshold")
+    assert levels[:2] == [50, 80] and all(e["data"]["group"] == group for e in receiver.events())

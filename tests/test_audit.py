@@ -174,3 +174,13 @@ async def _password_hash(tmp_path: Path) -> str:
     finally:
         await store.close()
 
+
+
+def test_budget_changes_are_recorded(astack: Stack) -> None:
+    api(astack, "POST", "/groups", {"name": "budgeted", "credits": "10"})
+    made = api(astack, "POST", "/groups/budgeted/budgets", {"amount": "2", "window": "day"})
+    api(astack, "DELETE", f"/budgets/{made['id']}")
+    removed, added = entries(astack, target=f"budget:{made['id']}")
+    assert (added["action"], removed["action"]) == ("budget.add", "budget.remove")
+    assert added["before"] is None and added["after"]["amount"] == "2" and added["after"]["window"] == "day"
+    assert removed["before"]["group"] == "budgeted" and removed["after"] is None
