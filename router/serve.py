@@ -137,12 +137,7 @@ def serve_workers(settings: Settings, config: str | None, host: str, port: int, 
     if not settings.limits.redis_url:
         print(f"router: note: without [limits] redis_url each of the {workers} workers keeps its own rate "
               "limit buckets (a key may get up to that many times its limits)", file=sys.stderr)  # fmt: skip
-    sock = socket.create_server((host, port), backlog=4096)
-    sock.set_inheritable(True)
-    argv = [sys.executable, "-m", "router", *(["--config", config] if config else []), "serve",
-            "--host", host, "--port", str(port), "--fd", str(sock.fileno())]  # fmt: skip
-    children = [subprocess.Popen(argv, pass_fds=(sock.fileno(),)) for _ in range(workers)]
-    sock.close()  # the workers hold it now
+    children: list[subprocess.Popen[bytes]] = []
     forwarded: set[int] = set()
 
     def forward(signum: int, frame: object) -> None:
@@ -151,8 +146,21 @@ def serve_workers(settings: Settings, config: str | None, host: str, port: int, 
             if child.poll() is None:
                 child.send_signal(signum)
 
+    # the handlers go in before the port is bound: a SIGTERM as soon as it accepts is a clean stop
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, forward)
+    sock = socket.create_server((host, port), backlog=4096)
+    sock.set_inheritable(True)
+    argv = [sys.executable, "-m", "router", *(["--config", config] if config else []), "serve",
+            "--host", host, "--port", str(port), "--fd", str(sock.fileno())]  # fmt: skip
+    for _ in range(workers):
+        if forwarded:  # stopped while starting: no more workers
+            break
+        children.append(subprocess.Popen(argv, pass_fds=(sock.fileno(),)))
+    sock.close()  # the workers hold it now
+    for child in children:  # a signal that came while they were being started reaches them too
+        if forwarded and child.poll() is None:
+            child.send_signal(next(iter(forwarded)))
     print(f"router: {workers} workers on http://{host}:{port} (pids {', '.join(str(c.pid) for c in children)})",
           file=sys.stderr, flush=True)  # fmt: skip
     codes = [exit_status(child.wait(), forwarded) for child in children]
