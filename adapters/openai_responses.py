@@ -85,7 +85,10 @@ def output_text(response: dict[str, Any]) -> str:
     return "".join(parts)
 
 
-def parse_response(body: bytes, model_id: str, provider: str) -> tuple[dict[str, Any], TokenUsage | None]:
+def parse_response(body: bytes, model_id: str, provider: str,
+                   echo: dict[str, Any] | None = None) -> tuple[dict[str, Any], TokenUsage | None]:  # fmt: skip
+    """The upstream's Response object with the caller's model id (and the fields of ``echo``: what
+    the gateway, not the upstream, decides, such as ``store`` and ``previous_response_id``)."""
     try:
         data = _decode(body)
     except msgspec.DecodeError:
@@ -93,6 +96,8 @@ def parse_response(body: bytes, model_id: str, provider: str) -> tuple[dict[str,
     if not isinstance(data, dict) or data.get("object") != "response":
         raise UpstreamError(f"The provider '{provider}' returned an unexpected answer shape.")
     data["model"] = model_id
+    if echo:
+        data.update(echo)
     return data, usage_from_responses(data.get("usage"))
 
 
@@ -108,11 +113,12 @@ class ResponsesRelay:
     terminal event came), ``terminal`` (that event, not framed: its owner frames it), ``usage`` (from
     it), ``error`` (what went wrong upstream, if anything)."""
 
-    __slots__ = ("error", "finished", "generated", "model_id", "provider", "sequence", "snapshot", "terminal",
-                 "usage")  # fmt: skip
+    __slots__ = ("echo", "error", "finished", "generated", "model_id", "provider", "sequence", "snapshot",
+                 "terminal", "usage")  # fmt: skip
 
-    def __init__(self, model_id: str, provider: str) -> None:
+    def __init__(self, model_id: str, provider: str, echo: dict[str, Any] | None = None) -> None:
         self.model_id = model_id
+        self.echo = echo  # fields set in every response object (see parse_response)
         self.provider = provider
         self.finished = False
         self.usage: TokenUsage | None = None
@@ -145,6 +151,8 @@ class ResponsesRelay:
         if not isinstance(response, dict):
             return [frame_event(kind, event.data)]
         response["model"] = self.model_id
+        if self.echo:
+            response.update(self.echo)
         self.snapshot = response
         if kind in TERMINAL:
             self.finished = True

@@ -222,6 +222,14 @@ class BillingSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     cost_in_answer: bool = True
     # the time zone of calendar budget windows (a day, a week, a month): an IANA name
     timezone: str = "UTC"
+class ResponsesSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``[responses]``: the stored responses of ``/v1/responses`` (gateway/response_store.py)."""
+
+    retention_days: Annotated[float, msgspec.Meta(gt=0)] = 30.0  # a stored response is purged after this
+    purge_interval: Annotated[float, msgspec.Meta(gt=0)] = 3600.0  # seconds between purges of expired ones
+    max_stored_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 4 * 1024 * 1024  # one response's input + output
+    max_chain: Annotated[int, msgspec.Meta(ge=1)] = 1000  # responses one previous_response_id chain may hold
+    background_concurrency: Annotated[int, msgspec.Meta(ge=1)] = 16  # background responses one process runs
 
 
 class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -238,6 +246,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     console: ConsoleSettings = msgspec.field(default_factory=ConsoleSettings)
     alerts: AlertsSettings = msgspec.field(default_factory=AlertsSettings)
     billing: BillingSettings = msgspec.field(default_factory=BillingSettings)
+    responses: ResponsesSettings = msgspec.field(default_factory=ResponsesSettings)
 
     def load_catalog(self) -> Catalog:
         return Catalog.load(Path(self.catalog.path) if self.catalog.path else None)

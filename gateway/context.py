@@ -38,6 +38,7 @@ class CallContext:
     safety_identifier: str | None = None  # OpenAI's ``safety_identifier``
     metadata: str | None = None  # the request's ``metadata`` map, as compact JSON
     metered: bool = False  # a usage record was made for a reservation: the ledger will store it
+    response_id: str | None = None  # the queued background response this call runs (jobs/background.py)
 
     @property
     def group_id(self) -> int:

@@ -30,6 +30,7 @@ from core.sse import SSEDecoder, frame_event
 from core.wire import ChatRequest, FunctionDef, ImagePart, ImageURL, Message, TokenUsage, Tool
 from gateway.chat_codec import ChatCodec, ChatLeg
 from gateway.codec import Answer, Codec, Cost, Leg, Reader, fallback_list
+from gateway.conversation import upstream_item
 from gateway.responses_events import EventSynth, responses_usage
 from gateway.responses_translate import estimate_prompt, from_completion, image_urls, shell, to_chat
 from gateway.routing import conversation
@@ -105,21 +106,25 @@ class ResponsesCodec(Codec):
     image_param = "input"
     cap_param = "max_output_tokens"
 
-    def __init__(self, body: dict[str, Any], size: int) -> None:
+    def __init__(self, body: dict[str, Any], size: int, echo: dict[str, Any] | None = None) -> None:
         models = fallback_list(body)
         super().__init__(reserve_request(body), size, bool(body.get("stream")), models)
         self.body = body
+        self.echo = echo  # fields of the Response object the gateway decides (id, store, previous_response_id)
         self._translated: tuple[dict[str, Any], ChatRequest] | None = None
 
     def leg(self, gw: Gateway, model: Model, model_id: str, deployment: Deployment) -> Leg:
         if gw.catalog.providers[model.provider].responses_api and not deployment.kind:
-            return NativeLeg(gw, model, model_id, self.body, deployment)
+            return NativeLeg(gw, model, model_id, self.body, deployment, self.echo)
         if self._translated is None:  # (the same for every translated candidate)
             chat = to_chat(self.body)
             self._translated = chat, chat_request(chat)
         chat, req = self._translated
         inner = ChatCodec(chat, req, self.size, "responses").leg(gw, model, model_id, deployment)
-        return TranslatedLeg(inner, shell(self.body, model_id))
+        response = shell(self.body, model_id)
+        if self.echo:
+            response.update(self.echo)
+        return TranslatedLeg(inner, response)
 
     def conversation(self, key_id: int, first: int) -> bytes:
         return conversation(key_id, self.body, first)
@@ -133,16 +138,37 @@ class ResponsesCodec(Codec):
         return serving
 
 
-class NativeLeg(Leg):
-    __slots__ = ("body", "provider")
+def native_body(body: dict[str, Any]) -> dict[str, Any]:
+    """The body as it goes to a provider that speaks the Responses API: ``store: false`` (the gateway's
+    own store keeps the response: README, "Responses API: stored responses"), no ``background`` (run
+    here), and input items without ids or unreadable reasoning items (an upstream that keeps nothing
+    refuses ids it does not know)."""
+    out = {name: value for name, value in body.items() if name != "background"}
+    out["store"] = False
+    given = out.get("input")
+    if isinstance(given, list):
+        items = []
+        for item in given:
+            if isinstance(item, dict) and item.get("type") != "item_reference":
+                item = upstream_item(item)
+            if item is not None:
+                items.append(item)
+        out["input"] = items
+    return out
 
-    def __init__(self, gw: Gateway, model: Model, model_id: str, body: dict[str, Any], deployment: Deployment) -> None:
+
+class NativeLeg(Leg):
+    __slots__ = ("body", "echo", "provider")
+
+    def __init__(self, gw: Gateway, model: Model, model_id: str, body: dict[str, Any], deployment: Deployment,
+                 echo: dict[str, Any] | None = None) -> None:  # fmt: skip
         if model.reasoning:  # sampling options a reasoning model refuses (catalog data, as for chat)
             drop = SAMPLING.intersection(gw.catalog.providers[model.provider].reasoning_drop_fields)
             body = {name: value for name, value in body.items() if name not in drop}
-        upstream = openai_responses.build_request(deployment, body, deployment.upstream_name(model))
+        upstream = openai_responses.build_request(deployment, native_body(body), deployment.upstream_name(model))
         super().__init__(model, model_id, upstream)
         self.body = body
+        self.echo = echo
         self.provider = model.provider
 
     @property
@@ -153,7 +179,7 @@ class NativeLeg(Leg):
         return map_upstream_error(self.provider, status, body, headers)
 
     def answer(self, payload: bytes) -> Answer:
-        data, usage = openai_responses.parse_response(payload, self.model_id, self.provider)
+        data, usage = openai_responses.parse_response(payload, self.model_id, self.provider, self.echo)
         error = data.get("error") if data.get("status") == "failed" else None
         return Answer(data, usage, str(error.get("message")) if isinstance(error, dict) else None)
 
@@ -161,7 +187,7 @@ class NativeLeg(Leg):
         return openai_responses.output_text(body)
 
     def reader(self) -> NativeReader:
-        return NativeReader(openai_responses.ResponsesRelay(self.model_id, self.provider))
+        return NativeReader(openai_responses.ResponsesRelay(self.model_id, self.provider, self.echo))
 
     def price(self, body: dict[str, Any], cost: Cost) -> None:
         responses_priced(body, cost)

@@ -7,9 +7,10 @@ request, the chat answer becomes a Response object (docs/providers.md, OpenAI Re
     from_completion(completion, shell)  chat.completion → Response object (through :class:`EventSynth`,
                                     so a streamed and a non-streamed answer are built the same way)
 
-``previous_response_id`` and ``store: true`` are refused here: the gateway keeps no responses, so it
-cannot chain them (group p1 passes both through to OpenAI, which does). Reasoning items in the input
-are dropped: chat providers take no reasoning input. Pure functions, no I/O.
+``previous_response_id``, ``item_reference`` and ``store`` are the gateway's own (gateway/conversation.py
+resolves the conversation from the stored responses before it gets here; router/responses_api.py
+stores the answer). Reasoning items in the input are dropped: chat providers take no reasoning input.
+Pure functions, no I/O.
 """
 
 from __future__ import annotations
@@ -36,15 +37,6 @@ def _refuse(message: str, param: str | None, code: str = "unsupported_parameter"
     return InvalidRequest(message, param=param, code=code)
 
 
-def refuse_background(body: dict[str, Any], why: str) -> None:
-    """Background mode is refused for every model: the gateway keeps no responses to poll."""
-    if body.get("background"):
-        raise _refuse(
-            f"Background mode ('background: true') is not supported for the model `{body.get('model')}`: {why}.",
-            "background",
-        )
-
-
 def _check_fields(body: dict[str, Any]) -> None:
     model = body.get("model")
     for name, value in body.items():
@@ -52,19 +44,6 @@ def _check_fields(body: dict[str, Any]) -> None:
             raise _refuse(
                 f"The parameter '{name}' is not supported for the model `{model}`: {P1_ONLY}.", name
             )
-    if body.get("previous_response_id") is not None:
-        raise _refuse(
-            f"'previous_response_id' is not supported for the model `{model}`: this gateway does not store "
-            f"responses of translated providers ({P1_ONLY}). Send the whole conversation in 'input' instead.",
-            "previous_response_id",
-        )
-    if body.get("store") is True:
-        raise _refuse(
-            f"'store: true' is not supported for the model `{model}`: this gateway does not store responses "
-            f"of translated providers ({P1_ONLY}). Omit 'store' or set it to false.",
-            "store",
-        )
-    refuse_background(body, P1_ONLY)
     for name, harmless in (
         ("include", []),
         ("truncation", "disabled"),
@@ -411,10 +390,10 @@ def shell(body: dict[str, Any], model_id: str) -> dict[str, Any]:
         "model": model_id,
         "output": [],
         "parallel_tool_calls": body.get("parallel_tool_calls") is not False,
-        "previous_response_id": None,
+        "previous_response_id": body.get("previous_response_id"),
         "reasoning": {"effort": reasoning.get("effort"), "summary": None},
         "service_tier": "default",
-        "store": False,
+        "store": body.get("store") is not False,
         "temperature": body.get("temperature"),
         "text": body.get("text") or {"format": {"type": "text"}},
         "tool_choice": body.get("tool_choice") or "auto",

@@ -25,6 +25,7 @@ from gateway.dispatch import router_for
 from gateway.periodic import Periodic
 from gateway.ratelimit import RateLimiter
 from gateway.reliability import Breakers
+from gateway.response_store import ResponseStore
 
 
 class Service(Protocol):
@@ -111,6 +112,7 @@ class Gateway:
         # that nobody reports on (a bug) frees it after the longest a call can take
         self.breakers = Breakers(rel.breaker_threshold, rel.breaker_cooldown, rel.deadline + rel.first_byte_timeout,
                                  [d.key for deps in self.deployments.values() for d in deps])  # fmt: skip
+        self.responses = ResponseStore(self.store.database)  # the stored responses of /v1/responses
         self.jobs: Service | None = None  # the Batch API's runner (jobs/), set by create_app
         self.batches: BatchBook | None = None  # the same runner, as the console reads it
         self.started = False

@@ -24,7 +24,7 @@ from core.errors import GatewayError, MethodNotAllowed, NotFound, StoreUnavailab
 from core.types import ASGIApp, Scope
 from gateway.state import Gateway
 from jobs.runner import JobRunner
-from router import batches, logs, openapi
+from router import batches, logs, openapi, stored_responses
 from router.chat import ChatCompletions, record_refusal
 from router.embeddings import Embeddings
 from router.health import Readiness, metrics_endpoint
@@ -150,6 +150,7 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
             *([Route("/metrics", metrics_endpoint, methods=["GET"])] if obs.metrics else []),
             *([Mount("/console", app=console_app(gateway))] if gateway.settings.console.enabled else []),
             *batches.routes(gateway),  # /v1/files, /v1/batches
+            *stored_responses.routes(gateway),  # /v1/responses/{id}[/input_items|/cancel]
         ],
         exception_handlers={GatewayError: _gateway_error, HTTPException: _http_error, Exception: _crash},
         lifespan=lifespan,

@@ -20,6 +20,7 @@ import msgspec
 from core.wire import ChatRequest, ModelCard, ModelList
 from router.batches import BatchObject, CreateBatch
 from router.files import FileDeleted, FileObject, ListPage
+from router.stored_responses import Deleted, ItemPage
 
 Auth = Literal["key", "admin", "none"]
 
@@ -59,6 +60,7 @@ RESPONSES_REQUEST: dict[str, Any] = {
         "reasoning": {"type": "object"},
         "store": {"type": ["boolean", "null"]},
         "previous_response_id": {"type": ["string", "null"]},
+        "background": {"type": ["boolean", "null"]},
         "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
         "user": {"type": "string"},
     },
@@ -205,6 +207,16 @@ OPERATIONS: tuple[Op, ...] = (
     Op("post", "/v1/images/generations", "Generate images (b64_json)", "model calls", body=IMAGES_REQUEST),
     Op("post", "/v1/images/edits", "Edit images (b64_json)", "model calls", body=IMAGES_EDIT,
        body_type="multipart/form-data"),
+    Op("get", "/v1/responses/{response_id}", "Retrieve a stored response (a background one: its status now)",
+       "model calls", params=_path("response_id")),
+    Op("delete", "/v1/responses/{response_id}", "Delete a stored response", "model calls",
+       params=_path("response_id"), answer=Deleted),
+    Op("get", "/v1/responses/{response_id}/input_items", "A stored response's input items", "model calls",
+       params=(*_path("response_id"), Param("after"), Param("before"),
+               Param("limit", schema={"type": "integer", "minimum": 1, "maximum": 100}),
+               Param("order", schema={"type": "string", "enum": ["asc", "desc"]})), answer=ItemPage),
+    Op("post", "/v1/responses/{response_id}/cancel", "Cancel a queued or running background response",
+       "model calls", params=_path("response_id")),
     Op("get", "/v1/models", "List the models the key may call", "models", answer=ModelList),
     Op("get", "/v1/models/{model}", "Retrieve a model", "models", params=_path("model"), answer=ModelCard),
     Op("post", "/v1/files", "Upload a batch input file", "batches", body=UPLOAD, body_type="multipart/form-data",

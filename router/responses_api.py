@@ -1,6 +1,11 @@
 """``POST /v1/responses`` for every provider group: HTTP in, the pipeline with the Responses codec
 (gateway/responses_codec.py: native pass-through for a provider that speaks the Responses API,
 translated through chat for the others), HTTP out. Usage records say endpoint ``responses``.
+
+Around the call, the stored responses (README, "Responses API: stored responses"): the conversation
+is resolved from them first (``previous_response_id``, ``item_reference``: gateway/conversation.py),
+and the finished response is stored before the caller sees it (gateway/response_keep.py); a
+``background: true`` request is checked, queued for jobs/background.py and answered at once.
 """
 
 from __future__ import annotations
@@ -15,18 +20,17 @@ from starlette.responses import Response
 from core.errors import GatewayError, InvalidRequest
 from core.inputs import decode_json
 from core.sse import frame_event
-from gateway.context import identify
+from gateway.context import CallContext, identify
+from gateway.conversation import Conversation, expand
 from gateway.pipeline import Pipeline
+from gateway.response_keep import Keep
 from gateway.responses_codec import ResponsesCodec, Terminal
-from gateway.responses_translate import refuse_background
+from gateway.responses_events import item_id
+from gateway.responses_translate import shell
 from gateway.state import Gateway
-from router.chat import answered, begin_call, streamed
-from router.replies import LateSSE
-
-NO_POLL = (
-    "this gateway does not offer GET /v1/responses/{id}, so a background response could never be polled "
-    "(nor billed); omit 'background', or use 'stream: true' for a long answer"
-)
+from router.chat import Encoder, begin_call, streamed
+from router.logs import Trace
+from router.replies import JSONBytes, LateSSE
 
 _encode = msgspec.json.Encoder().encode
 
@@ -47,13 +51,24 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     return body
 
 
-async def events(batches: AsyncGenerator[list[Any], None]) -> AsyncGenerator[bytes, None]:
-    """A Responses stream's pieces as SSE bytes (its terminal event framed last)."""
-    try:
-        async for batch in batches:
-            yield b"".join([piece.frame() if piece.__class__ is Terminal else piece for piece in batch])
-    finally:
-        await batches.aclose()
+def events(keep: Keep, conversation: Conversation) -> Encoder:
+    """The encoder of a Responses stream: its pieces as SSE bytes, the terminal event framed last,
+    once its response is stored."""
+
+    async def encode(batches: AsyncGenerator[list[Any], None]) -> AsyncGenerator[bytes, None]:
+        try:
+            async for batch in batches:
+                out = []
+                for piece in batch:
+                    if piece.__class__ is Terminal:
+                        await keep.answer(piece.response, conversation)
+                        piece = piece.frame()
+                    out.append(piece)
+                yield b"".join(out)
+        finally:
+            await batches.aclose()
+
+    return encode
 
 
 def _error_event(exc: GatewayError) -> bytes:
@@ -73,10 +88,46 @@ class Responses:
         body = parse_body(raw)
         trace.model, trace.stream = body["model"], bool(body.get("stream"))
         identify(context, body)
-        refuse_background(body, NO_POLL)  # before anything is reserved or sent
-        codec = ResponsesCodec(body, len(raw))
+        keep = Keep.of(gw, context, body, len(raw))  # before anything is reserved or sent
+        conversation = await expand(gw.responses, context.group_id, body, gw.settings.responses.max_chain)
+        size = len(_encode(conversation.body)) if conversation.expanded else len(raw)
+        keep.check_context(conversation, size)
+        run = _encode({k: v for k, v in body.items() if k not in ("background", "stream")}) if keep.background else b""
+        codec = ResponsesCodec(conversation.body, size, keep.echo(conversation))
+        if keep.background:
+            return await self.queue(context, codec, keep, conversation, run)
         start = self.pipeline.start(context, codec)
         if not codec.stream:
-            return await answered(self.pipeline, start, trace)
-        stream = streamed(self.pipeline, start, trace, events)
+            return await self.answered(start, trace, keep, conversation)
+        stream = streamed(self.pipeline, start, trace, events(keep, conversation))
         return LateSSE(stream, gw.settings.reliability.stream_keepalive, _error_event)
+
+    async def answered(self, start: Any, trace: Trace, keep: Keep, conversation: Conversation) -> Response:
+        started = await start
+        trace.served(started.model.provider, started.deployment)  # for the access log
+        answer = await self.pipeline.complete(started)  # settled
+        await keep.answer(answer.body, conversation)
+        extra = started.rate_headers
+        if answer.cost is not None:
+            extra = [*(extra or ()), (b"x-request-cost", answer.cost.encode())]
+        return JSONBytes(_encode(answer.body), extra=extra)
+
+    async def queue(self, context: CallContext, codec: ResponsesCodec, keep: Keep, conversation: Conversation,
+                    run: bytes) -> Response:  # fmt: skip
+        """``background: true``: checked as the call will be (a bad request is a 400 now, not a failed
+        response later), stored ``queued`` with the request to run, answered at once."""
+        gw = self.gw
+        model = self.pipeline.check(context.principal, codec.view, "responses", image_param=codec.image_param,
+                                    cap_param=codec.cap_param)  # fmt: skip
+        deployments = codec.deployments(gw, model)
+        if deployments:
+            codec.leg(gw, model, codec.view.model, deployments[0])  # the translation's 400s
+        response = shell(conversation.body, codec.view.model)
+        response.update(id=item_id("resp"), status="queued", background=True, store=True,
+                        previous_response_id=conversation.previous)  # fmt: skip
+        await keep.queue(response, conversation, run)
+        jobs = gw.jobs
+        poke = getattr(jobs, "poke_background", None)
+        if poke is not None:
+            poke()
+        return JSONBytes(_encode(response))

@@ -44,6 +44,20 @@ function cells(provider, { tools = true } = {}) {
       return { text, finish: await r.finishReason, usage: usage(await r.usage) };
     },
 
+    // two turns: the second sends the first's answer back (the Responses provider by id: item_reference)
+    async conversation(model) {
+      const prompt = { role: "user", content: "My name is Ada. Remember it." };
+      const first = await generateText({ model: provider(model), messages: [prompt], maxRetries: 0 });
+      const second = await generateText({
+        model: provider(model), maxRetries: 0,
+        messages: [prompt, ...first.response.messages, { role: "user", content: "What is my name?" }],
+      });
+      return {
+        text: second.text, finish: second.finishReason, usage: usage(second.usage), first_usage: usage(first.usage),
+        first_id: first.response.id, second_id: second.response.id,
+      };
+    },
+
     async tools(model) {
       const r = await generateText({
         model: provider(model), tools: TOOLS, stopWhen: stepCountIs(3), prompt: WEATHER_PROMPT, maxRetries: 0,
@@ -81,7 +95,7 @@ function cells(provider, { tools = true } = {}) {
 
 await run({
   "ai-sdk-openai-chat": cells((m) => openai.chat(m)),
-  // a tool loop's second step refers to the first step's output by id (item_reference): issue 18
+  // later turns and tool steps refer to earlier output by id (item_reference), resolved from the gateway's store
   "ai-sdk-openai-responses": cells((m) => openai(m)),
   "ai-sdk-openai-compatible": cells((m) => compatible.chatModel(m)),
 });

@@ -1,0 +1,281 @@
+"""The stored responses of ``/v1/responses``, owned by their group, on the store's database handle.
+
+Every response created with ``store`` true or absent is kept, for every provider group (README,
+"Responses API: stored responses"): its Response object (instructions, tools, usage, status, model,
+``created_at``, ``previous_response_id``: ``body``, without its output), its input items (the request's
+own, item references resolved) and its output items (``input`` and ``output``: JSON arrays), until
+``expires_at``. ``response_items`` indexes every item id of a group to the response that holds it, so
+an ``item_reference`` resolves in one query; a ``previous_response_id`` chain is one recursive query.
+
+A background response is a row too (``request``: the call to run, until it ran; ``lease_owner`` and
+``lease_expires``: the process running it, jobs/background.py). Its life: ``queued`` → ``in_progress``
+(claimed, written before its call goes upstream) → ``completed`` | ``incomplete`` | ``failed`` |
+``cancelled``. A row found ``in_progress`` with its lease run out was being run by a process that died:
+it is failed, never run again (no call is billed twice).
+
+Dialect-neutral SQL (``?`` placeholders) on :class:`billing.store.Database`: SQLite and PostgreSQL alike;
+the tables and their own version table (``responses_schema_version``) are this module's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from billing.store import Database
+
+MIGRATIONS = [
+    # 1: responses and the index of their items' ids
+    "CREATE TABLE responses (id TEXT PRIMARY KEY, group_id BIGINT NOT NULL, key_id BIGINT NOT NULL, "
+    "status TEXT NOT NULL, model TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL, "
+    "expires_at DOUBLE PRECISION NOT NULL, previous_response_id TEXT, background INTEGER NOT NULL DEFAULT 0, "
+    "body TEXT NOT NULL, input TEXT NOT NULL, output TEXT NOT NULL, error TEXT, request TEXT, "
+    "lease_owner TEXT, lease_expires DOUBLE PRECISION);"
+    "CREATE INDEX responses_expiry ON responses (expires_at);"
+    "CREATE INDEX responses_queue ON responses (status, created_at);"
+    "CREATE TABLE response_items (response_id TEXT NOT NULL, item_id TEXT NOT NULL, group_id BIGINT NOT NULL, "
+    "PRIMARY KEY (response_id, item_id));"
+    "CREATE INDEX response_items_by_id ON response_items (group_id, item_id)",
+]
+OPEN = ("queued", "in_progress")  # a background response that may still change (and be cancelled)
+
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder().decode
+
+_COLUMNS = "id, group_id, key_id, status, model, created_at, previous_response_id, background, body, input, output, error"
+
+
+def _text(value: Any) -> str:
+    return _encode(value).decode()
+
+
+@dataclass(slots=True)
+class Stored:
+    """One stored response. ``body`` is the Response object without ``output``."""
+
+    id: str
+    group_id: int
+    key_id: int
+    status: str
+    model: str
+    created_at: float
+    previous_response_id: str | None
+    body: dict[str, Any]
+    input: list[Any] = field(default_factory=list)
+    output: list[Any] = field(default_factory=list)
+    background: bool = False
+    error: dict[str, Any] | None = None
+
+    def response(self) -> dict[str, Any]:
+        """The Response object as ``GET /v1/responses/{id}`` answers it."""
+        out = dict(self.body)
+        out["id"], out["status"], out["output"] = self.id, self.status, self.output
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+
+def _row(row: tuple[Any, ...]) -> Stored:
+    return Stored(
+        id=row[0], group_id=int(row[1]), key_id=int(row[2]), status=row[3], model=row[4],
+        created_at=float(row[5]), previous_response_id=row[6], background=bool(row[7]),
+        body=_decode(row[8]), input=_decode(row[9]), output=_decode(row[10]),
+        error=_decode(row[11]) if row[11] else None,
+    )  # fmt: skip
+
+
+def item_ids(items: list[Any]) -> list[str]:
+    return [item["id"] for item in items if isinstance(item, dict) and isinstance(item.get("id"), str)]
+
+
+class Encoded:
+    """A response's JSON columns, encoded once (their size is what the limit counts)."""
+
+    __slots__ = ("body", "input", "output")
+
+    def __init__(self, stored: Stored) -> None:
+        body = stored.body
+        if "output" in body:
+            body = {k: v for k, v in body.items() if k != "output"}
+        self.body, self.input, self.output = _text(body), _text(stored.input), _text(stored.output)
+
+    @property
+    def size(self) -> int:
+        return len(self.body) + len(self.input) + len(self.output)
+
+
+class ResponseStore:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self._ready = False
+        self._lock = asyncio.Lock()
+
+    async def ready(self) -> None:
+        if self._ready:
+            return
+        async with self._lock:
+            if not self._ready:
+                await self.db.migrate("responses_schema_version", MIGRATIONS)
+                self._ready = True
+
+    # -- writes ------------------------------------------------------------------------------------
+    def _items(self, stored: Stored) -> list[tuple[str, list[Any]]]:
+        ids = list(dict.fromkeys(item_ids(stored.input) + item_ids(stored.output)))
+        if not ids:
+            return []
+        values = ", ".join(["(?, ?, ?)"] * len(ids))
+        args = [value for item in ids for value in (stored.id, item, stored.group_id)]
+        return [(f"INSERT INTO response_items (response_id, item_id, group_id) VALUES {values} "
+                 "ON CONFLICT DO NOTHING", args)]  # fmt: skip
+
+    async def insert(self, stored: Stored, encoded: Encoded, expires_at: float, request: bytes | None = None) -> None:
+        """A new response (``request``: a background one's call, still to run)."""
+        await self.ready()
+        await self.db.atomic([
+            ("INSERT INTO responses (id, group_id, key_id, status, model, created_at, expires_at, "
+             "previous_response_id, background, body, input, output, request) "
+             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+             (stored.id, stored.group_id, stored.key_id, stored.status, stored.model, stored.created_at, expires_at,
+              stored.previous_response_id, int(stored.background), encoded.body, encoded.input, encoded.output,
+              request.decode() if request is not None else None)),
+            *self._items(stored),
+        ])  # fmt: skip
+
+    async def finish(self, stored: Stored, encoded: Encoded) -> bool:
+        """A background response's outcome, unless it was cancelled (or failed) meanwhile."""
+        await self.ready()
+        counts = await self.db.atomic([
+            ("UPDATE responses SET status = ?, model = ?, body = ?, input = ?, output = ?, request = NULL, "
+             "lease_owner = NULL WHERE id = ? AND group_id = ? AND status = 'in_progress'",
+             (stored.status, stored.model, encoded.body, encoded.input, encoded.output, stored.id, stored.group_id)),
+            *self._items(stored),
+        ])  # fmt: skip
+        return counts[0] == 1
+
+    async def fail(self, response_id: str, error: dict[str, Any], statuses: tuple[str, ...] = OPEN) -> bool:
+        await self.ready()
+        marks = ", ".join("?" * len(statuses))
+        counts = await self.db.atomic([
+            (f"UPDATE responses SET status = 'failed', error = ?, request = NULL, lease_owner = NULL "
+             f"WHERE id = ? AND status IN ({marks})", (_text(error), response_id, *statuses)),
+        ])  # fmt: skip
+        return counts[0] == 1
+
+    async def cancel(self, group_id: int, response_id: str) -> bool:
+        """A queued or running background response → ``cancelled`` (False: it had ended)."""
+        await self.ready()
+        counts = await self.db.atomic([
+            ("UPDATE responses SET status = 'cancelled', request = NULL "
+             "WHERE id = ? AND group_id = ? AND background = 1 AND status IN ('queued', 'in_progress')",
+             (response_id, group_id)),
+        ])  # fmt: skip
+        return counts[0] == 1
+
+    async def delete(self, group_id: int, response_id: str, now: float | None = None) -> bool:
+        await self.ready()
+        counts = await self.db.atomic([
+            ("DELETE FROM response_items WHERE response_id IN "
+             "(SELECT id FROM responses WHERE id = ? AND group_id = ? AND expires_at > ?)",
+             (response_id, group_id, now or time.time())),
+            ("DELETE FROM responses WHERE id = ? AND group_id = ? AND expires_at > ?",
+             (response_id, group_id, now or time.time())),
+        ])  # fmt: skip
+        return counts[1] == 1
+
+    async def purge(self, now: float | None = None) -> int:
+        """Delete the responses whose retention ran out; how many."""
+        await self.ready()
+        now = now or time.time()
+        counts = await self.db.atomic([
+            ("DELETE FROM response_items WHERE response_id IN (SELECT id FROM responses WHERE expires_at <= ?)",
+             (now,)),
+            ("DELETE FROM responses WHERE expires_at <= ?", (now,)),
+        ])  # fmt: skip
+        return counts[1]
+
+    # -- reads -------------------------------------------------------------------------------------
+    async def get(self, group_id: int, response_id: str, now: float | None = None) -> Stored | None:
+        await self.ready()
+        rows = await self.db.select(
+            f"SELECT {_COLUMNS} FROM responses WHERE id = ? AND group_id = ? AND expires_at > ?",
+            (response_id, group_id, now or time.time()),
+        )
+        return _row(rows[0]) if rows else None
+
+    async def chain(self, group_id: int, response_id: str, limit: int, now: float | None = None) -> list[Stored]:
+        """The response ``response_id`` and its ancestors, oldest first, at most ``limit + 1`` of them
+        (the caller refuses a longer chain); the first one's ``previous_response_id`` is set when a
+        link is missing (deleted, expired) or the chain was cut at the limit."""
+        await self.ready()
+        now = now or time.time()
+        rows = await self.db.select(
+            "WITH RECURSIVE chain (id, previous_response_id, depth) AS ("
+            "SELECT id, previous_response_id, 0 FROM responses WHERE id = ? AND group_id = ? AND expires_at > ? "
+            "UNION ALL SELECT r.id, r.previous_response_id, c.depth + 1 FROM responses r "
+            "JOIN chain c ON r.id = c.previous_response_id WHERE r.group_id = ? AND r.expires_at > ? AND c.depth < ?) "
+            f"SELECT {', '.join('r.' + c.strip() for c in _COLUMNS.split(','))} FROM chain c "
+            "JOIN responses r ON r.id = c.id ORDER BY c.depth DESC",
+            (response_id, group_id, now, group_id, now, limit),
+        )
+        return [_row(row) for row in rows]
+
+    async def items(self, group_id: int, ids: list[str], now: float | None = None) -> dict[str, dict[str, Any]]:
+        """The stored items of the group with these ids (input or output of a live response)."""
+        await self.ready()
+        wanted = set(ids)
+        marks = ", ".join("?" * len(wanted))
+        rows = await self.db.select(
+            f"SELECT r.input, r.output FROM response_items i JOIN responses r ON r.id = i.response_id "
+            f"WHERE i.group_id = ? AND i.item_id IN ({marks}) AND r.expires_at > ? ORDER BY r.created_at",
+            (group_id, *wanted, now or time.time()),
+        )
+        found: dict[str, dict[str, Any]] = {}
+        for raw_input, raw_output in rows:
+            for item in [*_decode(raw_input), *_decode(raw_output)]:
+                if isinstance(item, dict) and item.get("id") in wanted:
+                    found[item["id"]] = item
+        return found
+
+    # -- background --------------------------------------------------------------------------------
+    async def claim(self, owner: str, lease_seconds: float, limit: int) -> list[tuple[str, int, bytes]]:
+        """Up to ``limit`` queued background responses, now ``in_progress`` under ``owner``'s lease:
+        (id, key id, request)."""
+        await self.ready()
+        now = time.time()
+        await self.db.write(
+            "UPDATE responses SET status = 'in_progress', lease_owner = ?, lease_expires = ? "
+            "WHERE status = 'queued' AND id IN "
+            "(SELECT id FROM responses WHERE status = 'queued' ORDER BY created_at LIMIT ?)",
+            (owner, now + lease_seconds, limit),
+        )
+        rows = await self.db.select(
+            "SELECT id, key_id, request FROM responses WHERE lease_owner = ? AND status = 'in_progress'", (owner,)
+        )
+        return [(row[0], int(row[1]), str(row[2] or "").encode()) for row in rows]
+
+    async def renew(self, owners: list[str], lease_seconds: float) -> list[str]:
+        """Extend the leases of ``owners``; the ids among theirs that were cancelled meanwhile."""
+        await self.ready()
+        if not owners:
+            return []
+        marks = ", ".join("?" * len(owners))
+        await self.db.write(
+            f"UPDATE responses SET lease_expires = ? WHERE status = 'in_progress' AND lease_owner IN ({marks})",
+            (time.time() + lease_seconds, *owners),
+        )
+        rows = await self.db.select(
+            f"SELECT id FROM responses WHERE status = 'cancelled' AND lease_owner IN ({marks})", tuple(owners)
+        )
+        return [row[0] for row in rows]
+
+    async def orphans(self, every: bool = False) -> list[str]:
+        """Background responses left ``in_progress`` by a process that is gone (their lease ran out;
+        ``every``: all of them, when no other process may run any)."""
+        await self.ready()
+        sql = "SELECT id FROM responses WHERE status = 'in_progress' AND background = 1"
+        rows = await self.db.select(sql if every else sql + " AND lease_expires < ?", () if every else (time.time(),))
+        return [row[0] for row in rows]
