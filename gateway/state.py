@@ -77,6 +77,15 @@ class BatchBook(Protocol):
     async def cancel(self, batch: BatchView) -> BatchView | None: ...
 
 
+class Backgrounds(Protocol):
+    """The runner of background responses (jobs/background.py through the batch runner, set by the
+    HTTP layer: ``router.app``), as the Responses endpoints tell it of a change."""
+
+    def poke_background(self) -> None: ...
+
+    def cancel_background(self, response_id: str) -> None: ...
+
+
 class Gateway:
     def __init__(self, settings: Settings, store: Store | None = None) -> None:
         self.settings = settings
@@ -115,6 +124,7 @@ class Gateway:
         self.responses = ResponseStore(self.store.database)  # the stored responses of /v1/responses
         self.jobs: Service | None = None  # the Batch API's runner (jobs/), set by create_app
         self.batches: BatchBook | None = None  # the same runner, as the console reads it
+        self.backgrounds: Backgrounds | None = None  # the same runner, running background responses
         self.started = False
         self._lock = asyncio.Lock()
 

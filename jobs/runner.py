@@ -31,6 +31,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from core.types import ASGIApp
+from jobs.background import Background
 from jobs.job import Job
 from jobs.store import BatchRow, JobStore, LineState, open_job_store
 
@@ -79,6 +80,8 @@ class JobRunner:
         self.stopping = False
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.Task[None] | None = None
+        # background responses (POST /v1/responses, background: true) and the stored responses' purge
+        self.background = Background(gateway, app, self.name, self.store.principal_by_id)
 
     async def start(self) -> None:
         await self.store.open()
@@ -91,6 +94,15 @@ class JobRunner:
         self.stopping = False
         self._wake = asyncio.Event()
         self._loop = asyncio.create_task(self._run(), name="batch-runner")
+        await self.background.start(self.exclusive)
+
+    def poke_background(self) -> None:
+        """A background response was queued here: look now."""
+        self.background.poke()
+
+    def cancel_background(self, response_id: str) -> None:
+        """A background response was cancelled or deleted: stop its call if it runs here."""
+        self.background.cancel(response_id)
 
     # -- the console's view (gateway.state.BatchBook) ------------------------------------------------
     async def browse(self, group_id: int | None, status: str | None, before: str | None, limit: int) -> list[BatchRow]:
@@ -128,6 +140,7 @@ class JobRunner:
 
     async def stop(self) -> None:
         self.stopping = True
+        await self.background.stop()
         if self._loop is not None:
             self._loop.cancel()
             await asyncio.gather(self._loop, return_exceptions=True)

@@ -156,5 +156,6 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
         lifespan=lifespan,
     )
     app.state.gateway = gateway
-    gateway.jobs = gateway.batches = JobRunner(gateway, app)  # runs batch lines as in-process calls to this app
+    # runs batch lines and background responses as in-process calls to this app
+    gateway.jobs = gateway.batches = gateway.backgrounds = JobRunner(gateway, app)
     return app

@@ -126,8 +126,6 @@ class Responses:
         response.update(id=item_id("resp"), status="queued", background=True, store=True,
                         previous_response_id=conversation.previous)  # fmt: skip
         await keep.queue(response, conversation, run)
-        jobs = gw.jobs
-        poke = getattr(jobs, "poke_background", None)
-        if poke is not None:
-            poke()
+        if gw.backgrounds is not None:
+            gw.backgrounds.poke_background()
         return JSONBytes(_encode(response))

@@ -104,9 +104,8 @@ class StoredResponses:
         response_id = request.path_params["response_id"]
         if len(response_id) > MAX_ID or not await self.gw.responses.delete(principal.group_id, response_id):
             raise not_found(response_id[:MAX_ID])
-        cancel = getattr(self.gw.jobs, "cancel_background", None)
-        if cancel is not None:
-            cancel(response_id)  # a background response deleted while it runs here: its call stops
+        if self.gw.backgrounds is not None:
+            self.gw.backgrounds.cancel_background(response_id)  # deleted while it runs here: its call stops
         return JSONBytes(_encode(Deleted(response_id)))
 
     async def input_items(self, request: Request) -> Response:
@@ -122,9 +121,8 @@ class StoredResponses:
             if not await self.gw.responses.cancel(principal.group_id, stored.id):
                 raise InvalidRequest(f"Cannot cancel a response that has already ended (status {stored.status}).",
                                      code="response_not_cancellable")  # fmt: skip
-            cancel = getattr(self.gw.jobs, "cancel_background", None)
-            if cancel is not None:
-                cancel(stored.id)  # running here: its call stops now (elsewhere: at its runner's next renewal)
+            if self.gw.backgrounds is not None:  # running here: its call stops now (elsewhere: at the next renewal)
+                self.gw.backgrounds.cancel_background(stored.id)
             stored.status = "cancelled"
         return JSONBytes(_encode(stored.response()))
 

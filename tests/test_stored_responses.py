@@ -247,3 +247,108 @@ def test_size_limit_is_a_clear_400(tmp_path: Path) -> None:
         assert client.responses.create(model="openai/gpt-4o-mini", input="x" * 4096, store=False).store is False
     finally:
         stack.stop()
+
+
+def _poll(client: openai.OpenAI, response_id: str, until: tuple[str, ...], seconds: float = 15) -> Any:
+    deadline = time.monotonic() + seconds
+    while True:
+        response = client.responses.retrieve(response_id)
+        if response.status in until or time.monotonic() > deadline:
+            return response
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("model", ["openai/gpt-4o-mini", "anthropic/claude-haiku-4-5", "google/gemini-2.5-flash"])
+def test_background_is_polled_and_billed_as_a_foreground_call(stored: Stack, model: str) -> None:
+    group = stored.group()
+    client = stored.client(stored.key(group=group))
+    queued = client.responses.create(model=model, input="Tell me about the weather.", background=True)
+    assert queued.status in ("queued", "in_progress") and queued.background is True and not queued.output
+    done = _poll(client, queued.id, ("completed", "failed"))
+    assert done.status == "completed" and done.output_text and done.id == queued.id and done.background is True
+    assert done.usage is not None and done.model == model
+    foreground = client.responses.create(model=model, input="Tell me about the weather.")
+    assert foreground.output_text == done.output_text
+    records = stored.run(stored.store.usage(group=group, limit=10))
+    assert [(r.source, r.endpoint, r.status) for r in records] == [("api", "responses", "ok")] * 2
+    assert records[0].credits == records[1].credits > 0  # billed exactly like the foreground call
+    assert stored.run(stored.store.get_group(group)).reserved == 0
+    assert [i.content[0].text for i in client.responses.input_items.list(queued.id)] == [  # type: ignore[union-attr]
+        "Tell me about the weather."]
+
+
+def test_background_continues_a_stored_conversation(stored: Stack) -> None:
+    client = stored.client()
+    first = client.responses.create(model="anthropic/claude-haiku-4-5", input="My name is Ada.")
+    queued = client.responses.create(model="google/gemini-2.5-flash", input="What is my name?",
+                                     previous_response_id=first.id, background=True)  # fmt: skip
+    done = _poll(client, queued.id, ("completed", "failed"))
+    assert done.status == "completed" and done.previous_response_id == first.id
+    assert "My name is Ada." in str(stored.emulator("google").requests[-1])
+
+
+def test_background_cancel(stored: Stack) -> None:
+    group = stored.group()
+    client = stored.client(stored.key(group=group))
+    queued = client.responses.create(model="mistral/mistral-small-latest", input="wait [slow:4000]", background=True)
+    assert _poll(client, queued.id, ("in_progress",)).status == "in_progress"
+    cancelled = client.responses.cancel(queued.id)
+    assert cancelled.status == "cancelled" and cancelled.id == queued.id
+    assert client.responses.cancel(queued.id).status == "cancelled"  # again: the same answer
+    deadline = time.monotonic() + 5
+    while not stored.run(stored.store.usage(group=group, limit=10)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    [record] = stored.run(stored.store.usage(group=group, limit=10))
+    assert record.status == "interrupted" and record.source == "api"  # its call was stopped, settled once
+    assert stored.run(stored.store.get_group(group)).reserved == 0
+    time.sleep(0.3)
+    assert client.responses.retrieve(queued.id).status == "cancelled"
+    ended = client.responses.create(model="mistral/mistral-small-latest", input="hi", background=True)
+    _poll(client, ended.id, ("completed",))
+    for response_id in (ended.id, client.responses.create(model="mistral/mistral-small-latest", input="hi").id):
+        with pytest.raises(openai.BadRequestError) as info:
+            client.responses.cancel(response_id)
+        assert info.value.code == "response_not_cancellable"  # type: ignore[attr-defined]
+
+
+def test_background_bad_input_is_refused_at_once(stored: Stack) -> None:
+    group = stored.group()
+    client = stored.client(stored.key(group=group))
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model="anthropic/no-such-model", input="hi", background=True)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.create(model="anthropic/claude-haiku-4-5", input="hi", background=True,
+                                tools=[{"type": "web_search"}])  # fmt: skip
+    assert info.value.param == "tools[0]"  # type: ignore[attr-defined]
+    [gid] = _rows(stored, "SELECT id FROM groups WHERE name = ?", group)[0]
+    assert _rows(stored, "SELECT COUNT(*) FROM responses WHERE group_id = ?", gid) == [(0,)]
+
+
+def test_background_survives_a_restart(tmp_path: Path) -> None:
+    from core.config import JobsSettings
+
+    url = f"sqlite:///{tmp_path}/router.db"
+    idle = Settings(store=StoreSettings(url=url), jobs=JobsSettings(runner=False))
+    first = Stack(tmp_path / "a", idle).start()
+    try:
+        key = first.key()
+        client = first.client(key)
+        waiting = client.responses.create(model="upstage/solar-mini", input="later", background=True)
+        dead = client.responses.create(model="upstage/solar-mini", input="lost", background=True)
+        time.sleep(0.3)
+        assert client.responses.retrieve(waiting.id).status == "queued"
+        # a process that died while running one: in_progress under a lease nobody renews
+        first.run(first.gateway.store.database.write(
+            "UPDATE responses SET status = 'in_progress', lease_owner = 'dead', lease_expires = 0 WHERE id = ?",
+            (dead.id,)))  # fmt: skip
+    finally:
+        first.stop()
+    second = Stack(tmp_path / "b", Settings(store=StoreSettings(url=url))).start()
+    try:
+        client = second.client(key)
+        done = _poll(client, waiting.id, ("completed", "failed"))
+        assert done.status == "completed" and done.output_text
+        lost = client.responses.retrieve(dead.id)
+        assert lost.status == "failed" and lost.error is not None and "not run again" in lost.error.message
+    finally:
+        second.stop()
