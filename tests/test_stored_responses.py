@@ -352,3 +352,21 @@ def test_background_survives_a_restart(tmp_path: Path) -> None:
         assert lost.status == "failed" and lost.error is not None and "not run again" in lost.error.message
     finally:
         second.stop()
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_parse_is_stored_and_continued(stored: Stack, model: str) -> None:
+    from pydantic import BaseModel
+
+    class Weather(BaseModel):
+        city: str
+        temperature_c: int
+
+    client = stored.client()
+    parsed = client.responses.parse(model=model, input="The weather in Seoul", text_format=Weather)
+    assert isinstance(parsed.output_parsed, Weather)
+    again = client.responses.retrieve(parsed.id)
+    assert Weather.model_validate_json(again.output_text) == parsed.output_parsed
+    assert again.text is not None and again.text.format is not None and again.text.format.type == "json_schema"
+    follow = client.responses.create(model=model, input="Is that warm?", previous_response_id=parsed.id)
+    assert follow.output_text and follow.previous_response_id == parsed.id
