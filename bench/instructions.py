@@ -48,7 +48,20 @@ from bench.stack import (
 )
 
 RESULTS = Path(__file__).with_name("results")
-MODES = (("non-stream", False), ("stream", True))
+
+
+class Mode(NamedTuple):
+    name: str
+    stream: bool
+    responses: bool = False  # POST /v1/responses instead of chat
+    store: bool = False  # with store: true (the gateway keeps the response), else store: false
+
+
+MODES = (Mode("non-stream", False), Mode("stream", True))
+MODE_NAMES = [mode.name for mode in MODES]
+# --responses: the Responses endpoint, each call unstored and stored (what keeping a response costs)
+RESPONSES = (Mode("resp", False, True), Mode("resp stored", False, True, True), Mode("resp stream", True, True),
+             Mode("resp str stored", True, True, True))  # fmt: skip
 
 
 class Server(NamedTuple):
@@ -95,19 +108,31 @@ def dumped_total(out: Path, pid: int, after: float) -> int:
     raise RuntimeError(f"no totals line in {newest}")
 
 
-async def drive(target: Target, stream: bool, calls: int, concurrency: int) -> None:
+def responses_body(model: str, stream: bool, store: bool) -> bytes:
+    chat = json.loads(body_bytes(model, stream, 12))
+    body = {"model": model, "input": chat["messages"][0]["content"], "stream": stream, "store": store}
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+async def drive(target: Target, mode: Mode, calls: int, concurrency: int) -> None:
     import aiohttp
 
+    stream = mode.stream
+    url = target.url
     data = body_bytes(target.model, stream, 12)
+    if mode.responses:
+        url = url.replace("/chat/completions", "/responses")
+        data = responses_body(target.model, stream, mode.store)
+    end = b"response.completed" if mode.responses else b"data: [DONE]"
     headers = {"Authorization": f"Bearer {target.key}", "Content-Type": "application/json"}
     left = [calls]
 
     async def worker(session: aiohttp.ClientSession) -> None:
         while left[0] > 0:
             left[0] -= 1
-            async with session.post(target.url, data=data, headers=headers) as response:
+            async with session.post(url, data=data, headers=headers) as response:
                 body = await response.read()
-                if response.status != 200 or (stream and b"data: [DONE]" not in body):
+                if response.status != 200 or (stream and end not in body):
                     raise RuntimeError(f"{target.name}: HTTP {response.status}: {body[:300]!r}")
 
     timeout = aiohttp.ClientTimeout(total=600)
@@ -115,7 +140,8 @@ async def drive(target: Target, stream: bool, calls: int, concurrency: int) -> N
         await asyncio.gather(*(worker(session) for _ in range(concurrency)))
 
 
-def measure(name: str, emulators: dict[str, tuple[str, str]], tmp: Path, calls: int, concurrency: int) -> dict[str, float]:
+def measure(name: str, emulators: dict[str, tuple[str, str]], tmp: Path, calls: int, concurrency: int,
+            modes: tuple[Mode, ...] = MODES) -> dict[str, float]:  # fmt: skip
     """k instructions per call of server ``name``, per mode."""
     label, _, features, server, shared = SERVERS[name]
     out = tmp / "callgrind" / name
@@ -140,14 +166,14 @@ def measure(name: str, emulators: dict[str, tuple[str, str]], tmp: Path, calls: 
         wait_ready(target, 900 if server == "litellm" else 180)  # (python under valgrind starts in 10-30 s)
         pid = target.proc.popen.pid
         figures: dict[str, float] = {}
-        for mode, stream in MODES:
-            asyncio.run(drive(target, stream, max(calls // 4, 50), concurrency))  # warm-up
+        for mode in modes:
+            asyncio.run(drive(target, mode, max(calls // 4, 50), concurrency))  # warm-up
             control("-z", str(pid))
             began = time.time()
-            asyncio.run(drive(target, stream, calls, concurrency))
+            asyncio.run(drive(target, mode, calls, concurrency))
             control("-d", str(pid))
-            figures[mode] = dumped_total(out, pid, began) / calls / 1000
-            print(f"  {label:40s} {mode:10s} {figures[mode]:8,.0f}k instructions per call", flush=True)
+            figures[mode.name] = dumped_total(out, pid, began) / calls / 1000
+            print(f"  {label:40s} {mode.name:10s} {figures[mode.name]:8,.0f}k instructions per call", flush=True)
         return figures
     finally:
         stop_all([target.proc])
@@ -155,28 +181,37 @@ def measure(name: str, emulators: dict[str, tuple[str, str]], tmp: Path, calls: 
             drop_pg_database(f"router_instr_{os.getpid()}")
 
 
+def responses_report(results: dict[str, dict[str, float]]) -> str:
+    lines = ["Responses calls (callgrind, thousands of instructions per call): store false / store true"]
+    for name, figures in results.items():
+        for plain, stored in (("resp", "resp stored"), ("resp stream", "resp str stored")):
+            lines.append(f"  {SERVERS[name].label:40s} {plain:12s} {figures[plain]:9,.0f} {figures[stored]:9,.0f}  "
+                         f"stored / unstored {figures[stored] / figures[plain]:.3f}x")  # fmt: skip
+    return "\n".join(lines)
+
+
 def report(results: dict[str, dict[str, float]]) -> str:
     lines = ["Instructions per call (callgrind, thousands), and against its floor: the bare proxy on the same server "
              "(the gateway on SQLite for gw-postgres)",
-             f"  {'server':40s} " + " ".join(f"{mode:>12s} {'x floor':>7s}" for mode, _ in MODES)]  # fmt: skip
+             f"  {'server':40s} " + " ".join(f"{mode:>12s} {'x floor':>7s}" for mode in MODE_NAMES)]  # fmt: skip
     for name, figures in results.items():
         floor = results.get(SERVERS[name].floor, {})
         cells = []
-        for mode, _ in MODES:
+        for mode in MODE_NAMES:
             times = f"{figures[mode] / floor[mode]:.2f}" if floor.get(mode) else "-"
             cells.append(f"{figures[mode]:12,.0f} {times:>7s}")
         lines.append(f"  {SERVERS[name].label:40s} " + " ".join(cells))
     gateway, bare, litellm = results.get("gateway"), results.get("bare"), results.get("litellm")
     shared = results.get("gw-postgres")
     if gateway and shared:
-        for mode, _ in MODES:
+        for mode in MODE_NAMES:
             lines.append(f"  {mode}: a call on PostgreSQL + Redis executes {shared[mode] / gateway[mode]:.2f}x the "
                          "instructions of the same call on SQLite, in the gateway's process")  # fmt: skip
     if gateway and litellm:
-        for mode, _ in MODES:
+        for mode in MODE_NAMES:
             lines.append(f"  {mode}: a call through LiteLLM executes {litellm[mode] / gateway[mode]:.1f}x the gateway's instructions")
     if gateway and bare:
-        for mode, _ in MODES:
+        for mode in MODE_NAMES:
             ratio = gateway[mode] / bare[mode]
             lines.append(f"  {mode}: a call through the gateway executes {ratio:.2f}x the bare proxy's instructions "
                          f"(at equal speed per instruction: {1 / ratio:.0%} of its throughput)")  # fmt: skip
@@ -188,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=400, help="calls counted per server and mode")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--servers", default=",".join(DEFAULT), help=f"comma-separated, of: {', '.join(SERVERS)}")
+    parser.add_argument("--responses", action="store_true",
+                        help="gateways only: POST /v1/responses with store false and true, stream and not")
     args = parser.parse_args(argv)
     if not (shutil.which("valgrind") and shutil.which("callgrind_control")):
         print("bench.instructions: needs valgrind (apt-get install valgrind); not run", flush=True)
@@ -203,14 +240,16 @@ def main(argv: list[str] | None = None) -> int:
         emulator, emulators = start_emulators(tmp / "logs")
         try:
             for name in names:
-                results[name] = measure(name, emulators, tmp, args.calls, args.concurrency)
+                results[name] = measure(name, emulators, tmp, args.calls, args.concurrency,
+                                        RESPONSES if args.responses else MODES)  # fmt: skip
         finally:
             stop_all([emulator])
-    text = report(results)
+    text = responses_report(results) if args.responses else report(results)
     print(text, flush=True)
     RESULTS.mkdir(exist_ok=True)
     record: dict[str, Any] = {"calls": args.calls, "concurrency": args.concurrency, "k_instructions_per_call": results}
-    (RESULTS / "instructions.json").write_text(json.dumps(record, indent=2) + "\n")
+    name = "instructions-responses.json" if args.responses else "instructions.json"
+    (RESULTS / name).write_text(json.dumps(record, indent=2) + "\n")
     return 0
 
 

@@ -31,9 +31,17 @@ def not_found(response_id: str, param: str | None = None) -> NotFound:
 @dataclass(slots=True)
 class Conversation:
     body: dict[str, Any]  # the request with the whole conversation as its input (the caller's if nothing to expand)
-    own: list[Any]  # the request's own input items, references resolved, each with an id: what is stored
+    given: Any  # the request's own input, references resolved
     previous: str | None  # the previous_response_id it continues
     expanded: bool  # the input differs from the caller's
+    _own: list[Any] | None = None
+
+    @property
+    def own(self) -> list[Any]:
+        """The request's own input items, each with an id: what is stored (made once, when needed)."""
+        if self._own is None:
+            self._own = own_items(self.given)
+        return self._own
 
 
 def _part(part: Any, role: str) -> Any:
@@ -109,6 +117,14 @@ async def _chain(store: ResponseStore, group_id: int, previous: Any, max_chain: 
     return items
 
 
+def plain(body: dict[str, Any]) -> Conversation | None:
+    """The request's conversation when nothing in it comes from the store (no await: most calls)."""
+    given = body.get("input")
+    if body.get("previous_response_id") is None and not (isinstance(given, list) and _references(given)):
+        return Conversation(body, given, None, False)
+    return None
+
+
 async def expand(store: ResponseStore, group_id: int, body: dict[str, Any], max_chain: int) -> Conversation:
     """The request's conversation (404 ``response_not_found`` for an unknown previous response, 400
     naming the input index of an ``item_reference`` that names no stored item of the group)."""
@@ -116,7 +132,7 @@ async def expand(store: ResponseStore, group_id: int, body: dict[str, Any], max_
     previous = body.get("previous_response_id")
     refs = _references(given)
     if previous is None and not refs:
-        return Conversation(body, own_items(given), None, False)
+        return Conversation(body, given, None, False)
     found = await store.items(group_id, [ref for _, ref in refs]) if refs else {}
     resolved = list(given) if isinstance(given, list) else []
     if isinstance(given, str):
@@ -136,4 +152,4 @@ async def expand(store: ResponseStore, group_id: int, body: dict[str, Any], max_
     sent = dict(body)
     sent["input"] = [*history, *[item for item in resolved if item is not None]]
     sent.pop("previous_response_id", None)
-    return Conversation(sent, [own_item(item) for item in own], previous if isinstance(previous, str) else None, True)
+    return Conversation(sent, own, previous if isinstance(previous, str) else None, True)

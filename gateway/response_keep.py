@@ -81,8 +81,10 @@ class Keep:
     def check_context(self, conversation: Conversation, size: int) -> None:
         """A conversation grown from stored responses must fit the model's context window (400 naming
         it). A token covers at least one byte, so only one larger than the window in bytes is counted."""
+        if not conversation.expanded:
+            return
         model = self.gw.catalog.resolve(str(conversation.body["model"]))
-        if not conversation.expanded or not model.context or size <= model.context:
+        if not model.context or size <= model.context:
             return
         tokens = count_request(estimate_prompt(conversation.body))
         if tokens > model.context:
@@ -99,7 +101,8 @@ class Keep:
             id=str(response.get("id")), group_id=self.context.group_id, key_id=self.context.key_id,
             status=str(response.get("status") or "completed"), model=str(response.get("model") or ""),
             created_at=float(response.get("created_at") or time.time()), previous_response_id=self.previous,
-            body=response, input=conversation.own, output=list(response.get("output") or []),
+            body=response, input=conversation.own if self.running is None else [],  # (a queued one's: kept)
+            output=list(response.get("output") or []),
             background=self.running is not None or self.background,
         )  # fmt: skip
 

@@ -2,8 +2,8 @@
 
 Every response created with ``store`` true or absent is kept, for every provider group (README,
 "Responses API: stored responses"): its Response object (instructions, tools, usage, status, model,
-``created_at``, ``previous_response_id``: ``body``, without its output), its input items (the request's
-own, item references resolved) and its output items (``input`` and ``output``: JSON arrays), until
+``created_at``, ``previous_response_id`` and its output items: ``body``, as the API answers it) and its
+input items (the request's own, item references resolved: ``input``, a JSON array), until
 ``expires_at``. ``response_items`` indexes every item id of a group to the response that holds it, so
 an ``item_reference`` resolves in one query; a ``previous_response_id`` chain is one recursive query.
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,25 +29,32 @@ import msgspec
 
 from billing.store import Database
 
-MIGRATIONS = [
-    # 1: responses and the index of their items' ids
-    "CREATE TABLE responses (id TEXT PRIMARY KEY, group_id BIGINT NOT NULL, key_id BIGINT NOT NULL, "
-    "status TEXT NOT NULL, model TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL, "
-    "expires_at DOUBLE PRECISION NOT NULL, previous_response_id TEXT, background INTEGER NOT NULL DEFAULT 0, "
-    "body TEXT NOT NULL, input TEXT NOT NULL, output TEXT NOT NULL, error TEXT, request TEXT, "
-    "lease_owner TEXT, lease_expires DOUBLE PRECISION);"
-    "CREATE INDEX responses_expiry ON responses (expires_at);"
-    "CREATE INDEX responses_queue ON responses (status, created_at);"
-    "CREATE TABLE response_items (response_id TEXT NOT NULL, item_id TEXT NOT NULL, group_id BIGINT NOT NULL, "
-    "PRIMARY KEY (response_id, item_id));"
-    "CREATE INDEX response_items_by_id ON response_items (group_id, item_id)",
-]
+
+def migrations(dialect: str) -> list[str]:
+    """The scripts, per dialect only where it pays: on SQLite the item index is a table without rowid
+    (one B-tree per item, not two: the stored call's cost)."""
+    without_rowid = " WITHOUT ROWID" if dialect == "sqlite" else ""
+    return [
+        # 1: responses and the index of their items' ids (by group: item_reference; the purge and a
+        # delete find a response's items from its own JSON)
+        "CREATE TABLE responses (id TEXT PRIMARY KEY, group_id BIGINT NOT NULL, key_id BIGINT NOT NULL, "
+        "status TEXT NOT NULL, model TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL, "
+        "expires_at DOUBLE PRECISION NOT NULL, previous_response_id TEXT, background INTEGER NOT NULL DEFAULT 0, "
+        "body TEXT NOT NULL, input TEXT NOT NULL, error TEXT, request TEXT, "
+        "lease_owner TEXT, lease_expires DOUBLE PRECISION);"
+        "CREATE INDEX responses_expiry ON responses (expires_at);"
+        "CREATE INDEX responses_queue ON responses (status, created_at) WHERE background = 1;"
+        "CREATE TABLE response_items (group_id BIGINT NOT NULL, item_id TEXT NOT NULL, response_id TEXT NOT NULL, "
+        f"PRIMARY KEY (group_id, item_id, response_id)){without_rowid}",
+    ]
+
+
 OPEN = ("queued", "in_progress")  # a background response that may still change (and be cancelled)
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
 
-_COLUMNS = "id, group_id, key_id, status, model, created_at, previous_response_id, background, body, input, output, error"
+_COLUMNS = "id, group_id, key_id, status, model, created_at, previous_response_id, background, body, input, error"
 
 
 def _text(value: Any) -> str:
@@ -55,7 +63,7 @@ def _text(value: Any) -> str:
 
 @dataclass(slots=True)
 class Stored:
-    """One stored response. ``body`` is the Response object without ``output``."""
+    """One stored response. ``body`` is the Response object (its ``output`` too)."""
 
     id: str
     group_id: int
@@ -73,7 +81,8 @@ class Stored:
     def response(self) -> dict[str, Any]:
         """The Response object as ``GET /v1/responses/{id}`` answers it."""
         out = dict(self.body)
-        out["id"], out["status"], out["output"] = self.id, self.status, self.output
+        out["id"], out["status"] = self.id, self.status
+        out.setdefault("output", [])
         if self.error is not None:
             out["error"] = self.error
         return out
@@ -83,8 +92,8 @@ def _row(row: tuple[Any, ...]) -> Stored:
     return Stored(
         id=row[0], group_id=int(row[1]), key_id=int(row[2]), status=row[3], model=row[4],
         created_at=float(row[5]), previous_response_id=row[6], background=bool(row[7]),
-        body=_decode(row[8]), input=_decode(row[9]), output=_decode(row[10]),
-        error=_decode(row[11]) if row[11] else None,
+        body=(body := _decode(row[8])), input=_decode(row[9]), output=body.get("output") or [],
+        error=_decode(row[10]) if row[10] else None,
     )  # fmt: skip
 
 
@@ -95,17 +104,66 @@ def item_ids(items: list[Any]) -> list[str]:
 class Encoded:
     """A response's JSON columns, encoded once (their size is what the limit counts)."""
 
-    __slots__ = ("body", "input", "output")
+    __slots__ = ("body", "input")
 
     def __init__(self, stored: Stored) -> None:
-        body = stored.body
-        if "output" in body:
-            body = {k: v for k, v in body.items() if k != "output"}
-        self.body, self.input, self.output = _text(body), _text(stored.input), _text(stored.output)
+        self.body, self.input = _text(stored.body), _text(stored.input)
 
     @property
     def size(self) -> int:
-        return len(self.body) + len(self.input) + len(self.output)
+        return len(self.body) + len(self.input)
+
+
+Steps = list[tuple[str, Sequence[Any]]]
+
+
+class GroupWrite:
+    """Writes that arrive while one is under way go together in the next transaction. A failed group is
+    retried one writer at a time, so one bad write fails alone."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self._waiting: list[tuple[Steps, asyncio.Future[None]]] = []
+        self._running = False
+        self._task: asyncio.Task[None] | None = None  # (kept: the loop holds tasks weakly)
+
+    async def write(self, steps: Steps) -> None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append((steps, future))
+        if not self._running:
+            self._running = True
+            self._task = asyncio.get_running_loop().create_task(self._flush())
+        await future
+
+    async def _flush(self) -> None:
+        try:
+            while self._waiting:
+                group, self._waiting = self._waiting, []
+                try:
+                    await self.db.atomic([step for steps, _ in group for step in steps])
+                except Exception as exc:
+                    if len(group) == 1:
+                        _settle(group[0][1], exc)
+                        continue
+                    for steps, future in group:
+                        try:
+                            await self.db.atomic(steps)
+                            _settle(future)
+                        except Exception as one:
+                            _settle(future, one)
+                    continue
+                for _, future in group:
+                    _settle(future)
+        finally:
+            self._running = False
+
+
+def _settle(future: asyncio.Future[None], exc: BaseException | None = None) -> None:
+    if not future.done():
+        if exc is None:
+            future.set_result(None)
+        else:
+            future.set_exception(exc)
 
 
 class ResponseStore:
@@ -113,13 +171,14 @@ class ResponseStore:
         self.db = db
         self._ready = False
         self._lock = asyncio.Lock()
+        self._commit = GroupWrite(db)
 
     async def ready(self) -> None:
         if self._ready:
             return
         async with self._lock:
             if not self._ready:
-                await self.db.migrate("responses_schema_version", MIGRATIONS)
+                await self.db.migrate("responses_schema_version", migrations(self.db.dialect))
                 self._ready = True
 
     # -- writes ------------------------------------------------------------------------------------
@@ -133,14 +192,15 @@ class ResponseStore:
                  "ON CONFLICT DO NOTHING", args)]  # fmt: skip
 
     async def insert(self, stored: Stored, encoded: Encoded, expires_at: float, request: bytes | None = None) -> None:
-        """A new response (``request``: a background one's call, still to run)."""
+        """A new response (``request``: a background one's call, still to run), written with the others
+        that arrive while a write is under way: one transaction (one fsync on SQLite) for all of them."""
         await self.ready()
-        await self.db.atomic([
+        await self._commit.write([
             ("INSERT INTO responses (id, group_id, key_id, status, model, created_at, expires_at, "
-             "previous_response_id, background, body, input, output, request) "
-             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+             "previous_response_id, background, body, input, request) "
+             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
              (stored.id, stored.group_id, stored.key_id, stored.status, stored.model, stored.created_at, expires_at,
-              stored.previous_response_id, int(stored.background), encoded.body, encoded.input, encoded.output,
+              stored.previous_response_id, int(stored.background), encoded.body, encoded.input,
               request.decode() if request is not None else None)),
             *self._items(stored),
         ])  # fmt: skip
@@ -148,11 +208,15 @@ class ResponseStore:
     async def finish(self, stored: Stored, encoded: Encoded) -> bool:
         """A background response's outcome, unless it was cancelled (or failed) meanwhile."""
         await self.ready()
+        # (its input items were kept when it was queued; its output's ids are indexed only if it was updated)
         counts = await self.db.atomic([
-            ("UPDATE responses SET status = ?, model = ?, body = ?, input = ?, output = ?, request = NULL, "
+            ("UPDATE responses SET status = ?, model = ?, body = ?, request = NULL, "
              "lease_owner = NULL WHERE id = ? AND group_id = ? AND status = 'in_progress'",
-             (stored.status, stored.model, encoded.body, encoded.input, encoded.output, stored.id, stored.group_id)),
-            *self._items(stored),
+             (stored.status, stored.model, encoded.body, stored.id, stored.group_id)),
+            *[("INSERT INTO response_items (response_id, item_id, group_id) SELECT ?, ?, ? WHERE EXISTS "
+               "(SELECT 1 FROM responses WHERE id = ? AND status = ?) ON CONFLICT DO NOTHING",
+               (stored.id, item, stored.group_id, stored.id, stored.status))
+              for item in dict.fromkeys(item_ids(stored.output))],
         ])  # fmt: skip
         return counts[0] == 1
 
@@ -176,26 +240,37 @@ class ResponseStore:
         return counts[0] == 1
 
     async def delete(self, group_id: int, response_id: str, now: float | None = None) -> bool:
-        await self.ready()
+        found = await self.get(group_id, response_id, now)
+        if found is None:
+            return False
         counts = await self.db.atomic([
-            ("DELETE FROM response_items WHERE response_id IN "
-             "(SELECT id FROM responses WHERE id = ? AND group_id = ? AND expires_at > ?)",
-             (response_id, group_id, now or time.time())),
-            ("DELETE FROM responses WHERE id = ? AND group_id = ? AND expires_at > ?",
-             (response_id, group_id, now or time.time())),
+            ("DELETE FROM responses WHERE id = ? AND group_id = ?", (response_id, group_id)),
+            *self._unindex([found]),
         ])  # fmt: skip
-        return counts[1] == 1
+        return counts[0] == 1
 
-    async def purge(self, now: float | None = None) -> int:
-        """Delete the responses whose retention ran out; how many."""
+    @staticmethod
+    def _unindex(gone: list[Stored]) -> Steps:
+        return [("DELETE FROM response_items WHERE group_id = ? AND item_id = ? AND response_id = ?",
+                 (stored.group_id, item, stored.id))
+                for stored in gone for item in dict.fromkeys(item_ids(stored.input) + item_ids(stored.output))]  # fmt: skip
+
+    async def purge(self, now: float | None = None, batch: int = 500) -> int:
+        """Delete the responses whose retention ran out (``batch`` at a time); how many."""
         await self.ready()
         now = now or time.time()
-        counts = await self.db.atomic([
-            ("DELETE FROM response_items WHERE response_id IN (SELECT id FROM responses WHERE expires_at <= ?)",
-             (now,)),
-            ("DELETE FROM responses WHERE expires_at <= ?", (now,)),
-        ])  # fmt: skip
-        return counts[1]
+        purged = 0
+        while True:
+            rows = await self.db.select(f"SELECT {_COLUMNS} FROM responses WHERE expires_at <= ? LIMIT ?", (now, batch))
+            if not rows:
+                return purged
+            gone = [_row(row) for row in rows]
+            marks = ", ".join("?" * len(gone))
+            counts = await self.db.atomic([
+                (f"DELETE FROM responses WHERE id IN ({marks})", tuple(stored.id for stored in gone)),
+                *self._unindex(gone),
+            ])  # fmt: skip
+            purged += counts[0]
 
     # -- reads -------------------------------------------------------------------------------------
     async def get(self, group_id: int, response_id: str, now: float | None = None) -> Stored | None:
@@ -229,13 +304,13 @@ class ResponseStore:
         wanted = set(ids)
         marks = ", ".join("?" * len(wanted))
         rows = await self.db.select(
-            f"SELECT r.input, r.output FROM response_items i JOIN responses r ON r.id = i.response_id "
+            f"SELECT r.input, r.body FROM response_items i JOIN responses r ON r.id = i.response_id "
             f"WHERE i.group_id = ? AND i.item_id IN ({marks}) AND r.expires_at > ? ORDER BY r.created_at",
             (group_id, *wanted, now or time.time()),
         )
         found: dict[str, dict[str, Any]] = {}
-        for raw_input, raw_output in rows:
-            for item in [*_decode(raw_input), *_decode(raw_output)]:
+        for raw_input, raw_body in rows:
+            for item in [*_decode(raw_input), *(_decode(raw_body).get("output") or [])]:
                 if isinstance(item, dict) and item.get("id") in wanted:
                     found[item["id"]] = item
         return found
@@ -248,12 +323,13 @@ class ResponseStore:
         now = time.time()
         await self.db.write(
             "UPDATE responses SET status = 'in_progress', lease_owner = ?, lease_expires = ? "
-            "WHERE status = 'queued' AND id IN "
-            "(SELECT id FROM responses WHERE status = 'queued' ORDER BY created_at LIMIT ?)",
+            "WHERE status = 'queued' AND background = 1 AND id IN "
+            "(SELECT id FROM responses WHERE status = 'queued' AND background = 1 ORDER BY created_at LIMIT ?)",
             (owner, now + lease_seconds, limit),
         )
         rows = await self.db.select(
-            "SELECT id, key_id, request FROM responses WHERE lease_owner = ? AND status = 'in_progress'", (owner,)
+            "SELECT id, key_id, request FROM responses WHERE status = 'in_progress' AND background = 1 "
+            "AND lease_owner = ?", (owner,)
         )
         return [(row[0], int(row[1]), str(row[2] or "").encode()) for row in rows]
 
@@ -264,11 +340,13 @@ class ResponseStore:
             return []
         marks = ", ".join("?" * len(owners))
         await self.db.write(
-            f"UPDATE responses SET lease_expires = ? WHERE status = 'in_progress' AND lease_owner IN ({marks})",
+            f"UPDATE responses SET lease_expires = ? WHERE status = 'in_progress' AND background = 1 "
+            f"AND lease_owner IN ({marks})",
             (time.time() + lease_seconds, *owners),
         )
         rows = await self.db.select(
-            f"SELECT id FROM responses WHERE status = 'cancelled' AND lease_owner IN ({marks})", tuple(owners)
+            f"SELECT id FROM responses WHERE status = 'cancelled' AND background = 1 AND lease_owner IN ({marks})",
+            tuple(owners),
         )
         return [row[0] for row in rows]
 

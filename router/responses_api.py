@@ -21,7 +21,7 @@ from core.errors import GatewayError, InvalidRequest
 from core.inputs import decode_json
 from core.sse import frame_event
 from gateway.context import CallContext, identify
-from gateway.conversation import Conversation, expand
+from gateway.conversation import Conversation, expand, plain
 from gateway.pipeline import Pipeline
 from gateway.response_keep import Keep
 from gateway.responses_codec import ResponsesCodec, Terminal
@@ -89,7 +89,8 @@ class Responses:
         trace.model, trace.stream = body["model"], bool(body.get("stream"))
         identify(context, body)
         keep = Keep.of(gw, context, body, len(raw))  # before anything is reserved or sent
-        conversation = await expand(gw.responses, context.group_id, body, gw.settings.responses.max_chain)
+        conversation = plain(body) or await expand(gw.responses, context.group_id, body,
+                                                   gw.settings.responses.max_chain)  # fmt: skip
         size = len(_encode(conversation.body)) if conversation.expanded else len(raw)
         keep.check_context(conversation, size)
         run = _encode({k: v for k, v in body.items() if k not in ("background", "stream")}) if keep.background else b""

@@ -83,9 +83,9 @@ def test_two_turn_conversation(stack: Stack, report: dict[str, Any], client: str
     assert data["usage"]["input"] > data["first_usage"]["input"]  # the first turn was sent again
     if client == "ai-sdk-openai-responses":  # by reference: the stored first answer became the second's input
         db = stack.gateway.store.database
-        [(first,)] = stack.run(db.select("SELECT output FROM responses WHERE id = ?", (data["first_id"],)))
+        [(first,)] = stack.run(db.select("SELECT body FROM responses WHERE id = ?", (data["first_id"],)))
         [(second,)] = stack.run(db.select("SELECT input FROM responses WHERE id = ?", (data["second_id"],)))
-        answer = json.loads(first)[-1]
+        answer = json.loads(first)["output"][-1]
         assert answer["type"] == "message" and answer["id"] in second
         assert answer["content"][0]["text"] in second
 

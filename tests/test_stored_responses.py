@@ -66,6 +66,9 @@ def test_create_retrieve_list_delete(stored: Stack, model: str) -> None:
     assert info.value.code == "response_not_found"  # type: ignore[attr-defined]
     with pytest.raises(openai.NotFoundError):
         client.responses.delete(first.id)
+    with pytest.raises(openai.BadRequestError) as bad:  # its items went with it
+        client.responses.create(model=model, input=[{"type": "item_reference", "id": first.output[-1].id}])
+    assert bad.value.code == "item_not_found"  # type: ignore[attr-defined]
 
 
 def test_previous_response_id_moves_a_conversation_between_providers(stored: Stack) -> None:
@@ -290,8 +293,12 @@ def test_background_continues_a_stored_conversation(stored: Stack) -> None:
 def test_background_cancel(stored: Stack) -> None:
     group = stored.group()
     client = stored.client(stored.key(group=group))
-    queued = client.responses.create(model="mistral/mistral-small-latest", input="wait [slow:4000]", background=True)
+    marker = f"wait {group} [slow:4000]"
+    queued = client.responses.create(model="mistral/mistral-small-latest", input=marker, background=True)
     assert _poll(client, queued.id, ("in_progress",)).status == "in_progress"
+    deadline = time.monotonic() + 5  # its call is upstream (reserved): cancelling it now must settle it
+    while marker not in str(stored.emulator("mistral").requests) and time.monotonic() < deadline:
+        time.sleep(0.02)
     cancelled = client.responses.cancel(queued.id)
     assert cancelled.status == "cancelled" and cancelled.id == queued.id
     assert client.responses.cancel(queued.id).status == "cancelled"  # again: the same answer
