@@ -106,17 +106,18 @@ class Keep:
             background=self.running is not None or self.background,
         )  # fmt: skip
 
-    async def answer(self, response: dict[str, Any], conversation: Conversation) -> None:
-        """Store a finished response; on failure it says ``store: false`` (see the module's docstring)."""
+    async def answer(self, response: dict[str, Any], conversation: Conversation, encoded_body: bytes | None = None) -> bool:
+        """Store a finished response (``encoded_body``: it, encoded already); on failure it says ``store:
+        false`` (see the module's docstring) and this returns False."""
         if not self.store:
-            return
+            return True
         stored = self.stored(response, conversation)
-        encoded = Encoded(stored)
+        encoded = Encoded(stored, encoded_body)
         settings = self.gw.settings.responses
         if encoded.size > settings.max_stored_bytes:
             log.warning("response %s not stored: %d bytes, over max_stored_bytes", stored.id, encoded.size)
             response["store"] = False
-            return
+            return False
         try:
             if self.running is not None:
                 await self.gw.responses.finish(stored, encoded)
@@ -126,6 +127,8 @@ class Keep:
             store_error("response")
             log.warning("response %s not stored (%s: %s)", stored.id, type(exc).__name__, exc)
             response["store"] = False
+            return False
+        return True
 
     async def queue(self, response: dict[str, Any], conversation: Conversation, request: bytes) -> None:
         """A background response, queued (``request``: the call to run; a failure here is the caller's

@@ -106,8 +106,10 @@ class Encoded:
 
     __slots__ = ("body", "input")
 
-    def __init__(self, stored: Stored) -> None:
-        self.body, self.input = _text(stored.body), _text(stored.input)
+    def __init__(self, stored: Stored, body: bytes | None = None) -> None:
+        """``body``: the Response object already encoded (the answer's bytes), if it is at hand."""
+        self.body = body.decode() if body is not None else _text(stored.body)
+        self.input = _text(stored.input)
 
     @property
     def size(self) -> int:

@@ -107,11 +107,13 @@ class Responses:
         started = await start
         trace.served(started.model.provider, started.deployment)  # for the access log
         answer = await self.pipeline.complete(started)  # settled
-        await keep.answer(answer.body, conversation)
+        payload = _encode(answer.body)  # (encoded once: the answer and the stored row)
+        if not await keep.answer(answer.body, conversation, payload):
+            payload = _encode(answer.body)  # it says store: false now
         extra = started.rate_headers
         if answer.cost is not None:
             extra = [*(extra or ()), (b"x-request-cost", answer.cost.encode())]
-        return JSONBytes(_encode(answer.body), extra=extra)
+        return JSONBytes(payload, extra=extra)
 
     async def queue(self, context: CallContext, codec: ResponsesCodec, keep: Keep, conversation: Conversation,
                     run: bytes) -> Response:  # fmt: skip

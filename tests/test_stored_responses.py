@@ -31,7 +31,15 @@ def stored(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
                         reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9))  # fmt: skip
     stack = Stack(tmp, settings).start()
     yield stack
+    stack.close_clients()
     stack.stop()
+
+
+@pytest.fixture(autouse=True)
+def _close_stored_clients(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    if "stored" in request.fixturenames:
+        request.getfixturevalue("stored").close_clients()
 
 
 def _rows(stack: Stack, sql: str, *args: Any) -> list[tuple[Any, ...]]:
@@ -249,6 +257,7 @@ def test_size_limit_is_a_clear_400(tmp_path: Path) -> None:
         assert info.value.param == "store" and "2048" in info.value.message  # type: ignore[attr-defined]
         assert client.responses.create(model="openai/gpt-4o-mini", input="x" * 4096, store=False).store is False
     finally:
+        stack.close_clients()
         stack.stop()
 
 
@@ -349,6 +358,7 @@ def test_background_survives_a_restart(tmp_path: Path) -> None:
             "UPDATE responses SET status = 'in_progress', lease_owner = 'dead', lease_expires = 0 WHERE id = ?",
             (dead.id,)))  # fmt: skip
     finally:
+        first.close_clients()
         first.stop()
     second = Stack(tmp_path / "b", Settings(store=StoreSettings(url=url))).start()
     try:
@@ -358,6 +368,7 @@ def test_background_survives_a_restart(tmp_path: Path) -> None:
         lost = client.responses.retrieve(dead.id)
         assert lost.status == "failed" and lost.error is not None and "not run again" in lost.error.message
     finally:
+        second.close_clients()
         second.stop()
 
 
