@@ -13,6 +13,7 @@ import json
 import os
 import secrets
 import signal
+import time
 import subprocess
 import sys
 import threading
@@ -640,7 +641,10 @@ def test_serve_with_two_workers_shares_one_port_and_one_ledger(
     port = free_port()
     proc = _serve(config, port)
     try:
-        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        deadline = time.monotonic() + 20  # the port accepts once bound: the workers are started just after
+        while len(children := Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()) < 2:
+            assert time.monotonic() < deadline, f"{len(children)} workers"
+            time.sleep(0.05)
         assert len(children) == 2
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0)
 
