@@ -13,10 +13,10 @@ import json
 import os
 import secrets
 import signal
-import time
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
