@@ -343,7 +343,7 @@ class PostgresStore(Store):
         return result
 
     def settle_soon(self, reservation: Reservation, record: UsageRecord, linger: bool = False) -> asyncio.Future[int]:
-        return self.commits.submit(SettleOp(reservation, record))
+        return self.commits.submit(SettleOp(reservation, record), linger)
 
     def settle_again(self, reservation: Reservation, record: UsageRecord) -> asyncio.Future[int]:
         return self.commits.submit(SettleOp(reservation, record, once=True))

@@ -3,7 +3,9 @@
 Reservations and settlements go through group commit: reservations and settlements queue up while a batch is being
 committed, then the next batch does them all in one transaction (one WAL flush for dozens of calls;
 a transaction per reservation would hold the group's row lock through its own flush, so one busy
-group could not go past the disk's flush rate). A batch is four round trips:
+group could not go past the disk's flush rate). A settlement nobody waits for (``linger``) lets the
+batch wait up to 20 ms for more, unless a reservation (somebody waits for it) comes first. A batch
+is four round trips:
 
 1. ``BEGIN``;
 2. ``LOCK``: delete the reservations it settles, then lock the key rows, then the group rows it
@@ -310,6 +312,8 @@ class LedgerCommits:
     """Many ledger operations, one transaction: operations queue up while a batch commits, then the
     next batch takes them all; every caller awaits its own operation's commit."""
 
+    linger = 0.02  # as the SQLite store's group commit (billing/sqlite.py GroupCommit)
+
     def __init__(self, db: PostgresPool, limit: int = 1024, owner: Store | None = None,
                  clock: Clock = time.time) -> None:  # fmt: skip
         self.db = db
@@ -327,13 +331,18 @@ class LedgerCommits:
         self.live: set[int] = set()
         self.suspect = False
         self.began = 0.0  # when the batch being written was first tried
+        self._wake: asyncio.Future[None] | None = None  # set to end a linger (see ``submit``)
 
-    def submit(self, op: Op) -> asyncio.Future[Any]:
+    def submit(self, op: Op, linger: bool = False) -> asyncio.Future[Any]:
+        """Queue ``op`` for the next batch. ``linger``: nobody waits for it, so the batch may wait
+        ``linger`` seconds for more; an operation that somebody awaits starts it at once."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         self.pending.append((op, future))
         if self.task is None:
-            self.task = loop.create_task(self._drain())
+            self.task = loop.create_task(self._drain(self.linger if linger else 0.0))
+        elif not linger and self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)  # a waiting caller: stop lingering
         return future
 
     async def close(self) -> None:
@@ -381,8 +390,17 @@ class LedgerCommits:
                 return
             await self.db.release(conn)
 
-    async def _drain(self) -> None:
+    async def _drain(self, linger: float = 0.0) -> None:
         try:
+            if linger:
+                loop = asyncio.get_running_loop()
+                self._wake = wake = loop.create_future()
+                timer = loop.call_later(linger, _resolve, wake)
+                try:
+                    await wake
+                finally:
+                    timer.cancel()
+                    self._wake = None
             while self.pending:
                 self.began = time.monotonic()
                 conn = await self._connection()
@@ -453,6 +471,11 @@ class LedgerCommits:
                 if attempt == RETRIES:
                     raise
         raise AssertionError("unreachable")
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def usable(conn: asyncpg.Connection) -> bool:
