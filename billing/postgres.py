@@ -21,6 +21,7 @@ from billing.leases import Leases, release, released_mark
 from billing.postgres_ledger import (
     ADD_SPEND,
     APPLIED,
+    BATCH_FUNCTION,
     INTERRUPTED,
     RECONCILE_CHUNK,
     STALE,
@@ -176,6 +177,8 @@ MIGRATIONS: list[str] = [
         ADD COLUMN prev_hash TEXT, ADD COLUMN prev_until DOUBLE PRECISION;
     CREATE UNIQUE INDEX keys_prev_hash ON keys(prev_hash) WHERE prev_hash IS NOT NULL;
     """,
+    # 10: a ledger batch in one round trip (billing/postgres_ledger.py)
+    BATCH_FUNCTION,
 ]
 
 

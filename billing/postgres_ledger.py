@@ -4,17 +4,26 @@ Reservations and settlements go through group commit: reservations and settlemen
 committed, then the next batch does them all in one transaction (one WAL flush for dozens of calls;
 a transaction per reservation would hold the group's row lock through its own flush, so one busy
 group could not go past the disk's flush rate). A settlement nobody waits for (``linger``) lets the
-batch wait up to 20 ms for more, unless a reservation (somebody waits for it) comes first. A batch
-is four round trips:
+batch wait up to 20 ms for more, unless a reservation (somebody waits for it) comes first.
 
-1. ``BEGIN``;
-2. ``LOCK``: delete the reservations it settles, then lock the key rows, then the group rows it
-   touches (each in id order) and read them;
-3. work out every operation in Python, one after the other in the order they were submitted, with the
-   SQLite store's arithmetic (a reservation needs the key's cap and the group's balance; a charge is
-   capped at what the group has);
-4. ``APPLY``: the net change of each group with one conditional ``UPDATE`` (``WHERE balance + change
-   >= 0``), of each key, the new reservations and the usage records; then ``COMMIT``.
+A batch is one statement, ``BATCH``, one round trip and its own transaction (``run_fast``): its
+function ``ledger_batch`` (installed by the store's migrations) deletes the reservations it settles,
+then locks the key rows, then the group rows it touches (each in id order), works out every
+operation one after the other in the order they were submitted, with the SQLite store's arithmetic
+(a reservation needs the key's cap and the group's balance; a charge is capped at what the group
+has), and writes the rows back and the new reservations; the statement then inserts the usage
+records of the settlements with their charges. The operations and the records go as JSON text, not
+as a column array each (asyncpg's array encoding was 268k instructions per call).
+
+A batch with a group that has a budget (billing/budgets.py) is done in Python instead
+(``run_batch``), five round trips: ``BEGIN``; ``LOCK`` (the same locks, in the same order, and the
+rows read); the budgets' windows read; every operation worked out by ``Plan`` (the same arithmetic,
+and the budgets'); ``APPLY`` (the net change of each group with one conditional ``UPDATE``, of each
+key, the new reservations and the usage records), the windows' spend, ``COMMIT``. ``ledger_batch``
+finds such a group once it holds the locks and gives the batch up (``Budgeted``); the group is then
+batched in Python for ``BUDGET_HINT`` seconds without asking. ``LOCK``, ``Plan`` and ``APPLY`` also
+serve the journal's replay and the release of a dead replica's holds (billing/postgres.py,
+billing/leases.py).
 
 The rows are locked before they are read, so no replica can move a balance between the reading and
 the writing; ``CHECK (balance >= 0)`` is the last guard. Every transaction takes its locks in the
@@ -36,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
+import msgspec
 
 from billing import budgets
 from billing.postgres_pool import PostgresPool, down, lost, pg_sql
@@ -109,6 +119,142 @@ WITH g AS (
 SELECT (SELECT count(*) FROM g) AS groups, (SELECT count(*) FROM k) AS keys,
        array(SELECT id FROM r ORDER BY id) AS reservations, $11::int AS batch
 """
+# One batch in one round trip: the function below does what ``lock``, ``Plan`` and ``apply`` do (for a
+# batch whose groups have no budget: those still go through ``run_batch``, see ``Budgeted``), on the server, in the transaction of the statement that calls
+# it (BATCH): no BEGIN and COMMIT of their own, no rows sent back and forth. ``ops``: a JSON array,
+# per operation ``[reserve, group id, key id, amount, reservation id, credits, once, model, provider,
+# request id]``: a reservation (``reserve``) of ``amount`` with its hold's model, provider and request
+# id, or a settlement of the reservation (holding ``amount``) charging up to ``credits`` (``once``:
+# skipped if the reservation is gone). Out, per operation: ``result`` (the new reservation's id, or
+# the charge; NULL for a refusal or a skipped settlement) and, for a refusal, its reason and the
+# credits available. An operation that cannot run at all raises (SQLSTATE P0001, its message for
+# StoreError): the batch is then redone one operation per statement. If a group of the batch has a
+# budget (billing/budgets.py), it raises SQLSTATE RB001 once the rows are locked, before it has
+# changed anything that stays (the statement is rolled back): the caller runs the batch in Python.
+# The operations go as one JSON text rather than a column array each: asyncpg encodes an array
+# element by element (an ABC isinstance check each), 268k instructions per call (callgrind).
+BATCH_FUNCTION = f"""
+CREATE OR REPLACE FUNCTION ledger_batch(ops jsonb, replica text,
+                                        OUT result int8[], OUT refusal text[], OUT available int8[])
+LANGUAGE plpgsql AS $$
+DECLARE
+    n int := jsonb_array_length(ops);
+    reserve bool[]; gid int8[]; kid int8[]; amount int8[]; rid int8[]; credits int8[]; once bool[];
+    model text[]; provider text[]; request text[];
+    released int8[];
+    g_ids int8[]; g_bal int8[]; g_res int8[]; g_spent int8[];
+    k_ids int8[]; k_cap int8[]; k_spent int8[]; k_res int8[];
+    gi int; ki int; held int8; charge int8;
+BEGIN
+    result := array_fill(NULL::int8, ARRAY[n]);
+    refusal := array_fill(NULL::text, ARRAY[n]);
+    available := array_fill(NULL::int8, ARRAY[n]);
+    SELECT array_agg((e->>0)::bool ORDER BY i), array_agg((e->>1)::int8 ORDER BY i),
+           array_agg((e->>2)::int8 ORDER BY i), array_agg((e->>3)::int8 ORDER BY i),
+           array_agg((e->>4)::int8 ORDER BY i), array_agg((e->>5)::int8 ORDER BY i),
+           array_agg((e->>6)::bool ORDER BY i), array_agg(e->>7 ORDER BY i), array_agg(e->>8 ORDER BY i),
+           array_agg(e->>9 ORDER BY i)
+      INTO reserve, gid, kid, amount, rid, credits, once, model, provider, request
+      FROM jsonb_array_elements(ops) WITH ORDINALITY AS x(e, i);
+    -- the locks in LOCK's order: the reservations settled, the keys, the groups, each in id order
+    WITH d AS (
+        DELETE FROM reservations WHERE id IN
+            (SELECT r.id FROM reservations r WHERE r.id = ANY(rid) ORDER BY r.id FOR UPDATE)
+        RETURNING id
+    ) SELECT coalesce(array_agg(d.id), '{{}}') INTO released FROM d;
+    SELECT coalesce(array_agg(k.id ORDER BY k.id), '{{}}'), array_agg(k.spend_cap ORDER BY k.id),
+           array_agg(k.spent ORDER BY k.id), array_agg(k.reserved ORDER BY k.id)
+      INTO k_ids, k_cap, k_spent, k_res
+      FROM (SELECT x.id, x.spend_cap, x.spent, x.reserved FROM keys x WHERE x.id = ANY(kid)
+            ORDER BY x.id FOR NO KEY UPDATE) k;
+    SELECT coalesce(array_agg(g.id ORDER BY g.id), '{{}}'), array_agg(g.balance ORDER BY g.id),
+           array_agg(g.reserved ORDER BY g.id), array_agg(g.spent ORDER BY g.id)
+      INTO g_ids, g_bal, g_res, g_spent
+      FROM (SELECT x.id, x.balance, x.reserved, x.spent FROM groups x WHERE x.id = ANY(gid)
+            ORDER BY x.id FOR NO KEY UPDATE) g;
+    IF EXISTS (SELECT 1 FROM budgets b WHERE b.group_id = ANY(g_ids)) THEN
+        RAISE EXCEPTION 'a group of the batch has a budget' USING ERRCODE = 'RB001';
+    END IF;
+    FOR i IN 1..n LOOP
+        gi := array_position(g_ids, gid[i]);
+        ki := array_position(k_ids, kid[i]);
+        IF reserve[i] THEN
+            IF ki IS NOT NULL AND k_cap[ki] IS NOT NULL AND k_spent[ki] + k_res[ki] + amount[i] > k_cap[ki] THEN
+                refusal[i] := 'key_cap';
+                available[i] := greatest(k_cap[ki] - k_spent[ki] - k_res[ki], 0);
+                CONTINUE;
+            END IF;
+            IF gi IS NULL OR g_bal[gi] < amount[i] THEN
+                refusal[i] := 'balance';
+                available[i] := coalesce(g_bal[gi], 0);
+                CONTINUE;
+            END IF;
+            IF ki IS NULL THEN
+                RAISE EXCEPTION 'no key with id %', kid[i];
+            END IF;
+            IF amount[i] < 0 THEN
+                RAISE EXCEPTION 'a reservation cannot be negative';
+            END IF;
+            g_bal[gi] := g_bal[gi] - amount[i];
+            g_res[gi] := g_res[gi] + amount[i];
+            k_res[ki] := k_res[ki] + amount[i];
+            INSERT INTO reservations (group_id, key_id, amount, created_at, replica, model, provider, request_id)
+            VALUES (gid[i], kid[i], amount[i], {NOW}, replica, model[i], provider[i], request[i])
+            RETURNING id INTO held;
+            result[i] := held;
+        ELSE
+            IF gi IS NULL THEN
+                RAISE EXCEPTION 'no group with id %', gid[i];
+            END IF;
+            IF rid[i] = ANY(released) THEN
+                held := amount[i];
+            ELSIF once[i] AND rid[i] > 0 THEN
+                CONTINUE;  -- its reservation is gone: an earlier try of this settlement committed
+            ELSE
+                held := 0;  -- settled twice, or reconciled
+            END IF;
+            IF g_res[gi] < held THEN
+                RAISE EXCEPTION 'the reservation holds more than its group has reserved';
+            END IF;
+            released := array_remove(released, rid[i]);
+            charge := least(credits[i], g_bal[gi] + held);
+            g_res[gi] := g_res[gi] - held;
+            g_bal[gi] := g_bal[gi] + held - charge;
+            g_spent[gi] := g_spent[gi] + charge;
+            IF ki IS NOT NULL THEN
+                k_res[ki] := k_res[ki] - held;
+                k_spent[ki] := k_spent[ki] + charge;
+            END IF;
+            result[i] := charge;
+        END IF;
+    END LOOP;
+    UPDATE groups AS g SET balance = d.balance, reserved = d.reserved, spent = d.spent
+      FROM unnest(g_ids, g_bal, g_res, g_spent) AS d(id, balance, reserved, spent)
+     WHERE g.id = d.id AND (g.balance, g.reserved, g.spent) IS DISTINCT FROM (d.balance, d.reserved, d.spent);
+    UPDATE keys AS k SET reserved = d.reserved, spent = d.spent
+      FROM unnest(k_ids, k_res, k_spent) AS d(id, reserved, spent)
+     WHERE k.id = d.id AND (k.reserved, k.spent) IS DISTINCT FROM (d.reserved, d.spent);
+END
+$$;
+"""
+# The usage records of the settlements charged: ``$3`` is a JSON array of ``[operation index (from
+# 1), usage record]``; the record's credits are the charge, its time (if it has none) ``$4``.
+_SETTLED = ", ".join("b.result[(e.pair->>0)::int]" if c == "credits" else "coalesce(nullif(x.ts, 0), $4)"
+                     if c == "ts" else f"x.{c}" for c in USAGE_COLUMNS)  # fmt: skip
+BATCH = f"""
+WITH b AS MATERIALIZED (
+    SELECT * FROM ledger_batch($1::text::jsonb, $2::text)
+), u AS (
+    INSERT INTO usage ({USAGE_LIST})
+    SELECT {_SETTLED}
+    FROM b, jsonb_array_elements($3::text::jsonb) WITH ORDINALITY AS e(pair, n),
+         LATERAL jsonb_populate_record(NULL::usage, e.pair->1) AS x
+    WHERE b.result[(e.pair->>0)::int] IS NOT NULL
+    ORDER BY e.n
+)
+SELECT result, refusal, available FROM b
+"""
+_json = msgspec.json.Encoder()
 STALE = (
     "SELECT id FROM reservations WHERE id > $1 AND ($2::float8 IS NULL OR created_at <= "
     f"{NOW} - $2::float8) ORDER BY id LIMIT $3"
@@ -123,6 +269,7 @@ CUT = "reservation whose commit was cut off with the connection (its call was re
 APPLIED = (
     f"INSERT INTO journal_applied (id, ts) SELECT unnest($1::text[]), {NOW} ON CONFLICT (id) DO NOTHING RETURNING id"
 )
+BUDGET_HINT = 30.0  # seconds a group found with a budget is batched in Python without trying ledger_batch
 RETRIES = 5  # a batch that hits a deadlock (only possible with exotic call patterns) is redone
 RECONCILE_CHUNK = 500
 
@@ -251,6 +398,54 @@ def columns(rows: list[tuple[Any, ...]], width: int) -> list[list[Any]]:
     return [list(column) for column in zip(*rows, strict=True)] if rows else [[] for _ in range(width)]
 
 
+class Budgeted(Exception):
+    """A group of the batch has a budget: ``ledger_batch`` leaves such batches to ``run_batch``."""
+
+
+async def run_fast(conn: asyncpg.Connection, ops: Sequence[Op], replica: str | None = None) -> list[Any]:
+    """One statement (one transaction, one round trip) for ``ops``: ``ledger_batch`` runs them on the
+    server. Returns each operation's result; raises if any fails (``Budgeted`` if a group of the
+    batch has a budget: then nothing was done)."""
+    try:
+        row = await conn.fetchrow(BATCH, *batch_args(ops, replica))
+    except asyncpg.RaiseError as exc:  # an operation that cannot run (ledger_batch's RAISE)
+        raise StoreError(exc.message) from None
+    except asyncpg.PostgresError as exc:
+        if exc.sqlstate == "RB001":
+            raise Budgeted() from None
+        raise
+    assert row is not None
+    results: list[Any] = []
+    for op, value, reason, left in zip(ops, row[0], row[1], row[2], strict=True):
+        if isinstance(op, SettleOp):
+            results.append(value)
+        elif reason is not None:
+            results.append(Refusal(reason, left, op.amount))
+        else:
+            results.append(Reservation(value, op.group_id, op.key_id, op.amount))
+    return results
+
+
+def batch_args(ops: Sequence[Op], replica: str | None) -> tuple[str, str | None, str, float]:
+    """The parameters of ``BATCH``: the operations, the replica, the usage records of the settlements
+    and the time of those that have none."""
+    rows: list[tuple[Any, ...]] = []
+    usage: list[tuple[int, UsageRecord]] = []
+    for n, op in enumerate(ops, start=1):
+        if isinstance(op, ReserveOp):
+            hold = op.hold
+            if hold is None:
+                rows.append((True, op.group_id, op.key_id, op.amount, 0, 0, False))
+            else:
+                rows.append((True, op.group_id, op.key_id, op.amount, 0, 0, False, hold.model, hold.provider,
+                             hold.request_id))  # fmt: skip
+        else:
+            r = op.reservation
+            rows.append((False, r.group_id, r.key_id, r.amount, r.id, op.record.credits, op.once))
+            usage.append((n, op.record))
+    return _json.encode(rows).decode(), replica, _json.encode(usage).decode(), time.time()
+
+
 async def run_batch(conn: asyncpg.Connection, ops: Sequence[Op], replica: str | None = None,
                     now: float | None = None) -> list[Any]:  # fmt: skip
     """One transaction for ``ops``; returns each operation's result. Raises if any fails. ``now``: the
@@ -319,6 +514,8 @@ class LedgerCommits:
         self.db = db
         self.owner = owner  # the store whose ``rescue`` is offered the settlements that fail
         self.clock = clock  # the budget windows' (core/clock.py)
+        # groups found with a budget (when, monotonic): their batches go to run_batch for BUDGET_HINT s
+        self.budgeted: dict[int, float] = {}
         self.limit = limit
         self.pending: list[tuple[Op, asyncio.Future[Any]]] = []
         self.task: asyncio.Task[None] | None = None
@@ -463,10 +660,22 @@ class LedgerCommits:
                 return [(False, exc)]
         return [(await self._attempt(conn, [op]))[0] for op in ops]
 
+    async def _run(self, conn: asyncpg.Connection, ops: list[Op]) -> list[Any]:
+        """In one statement (``run_fast``) unless a group of the batch had a budget lately; then, or
+        if ``ledger_batch`` finds one, in Python with the budgets' windows (``run_batch``)."""
+        groups = {op.group_id if isinstance(op, ReserveOp) else op.reservation.group_id for op in ops}
+        now = time.monotonic()
+        if not any(self.budgeted.get(g, -BUDGET_HINT) > now - BUDGET_HINT for g in groups):
+            try:
+                return await run_fast(conn, ops, self.replica)
+            except Budgeted:
+                self.budgeted.update(dict.fromkeys(groups, now))
+        return await run_batch(conn, ops, self.replica, self.clock())
+
     async def _retrying(self, conn: asyncpg.Connection, ops: list[Op]) -> list[Any]:
         for attempt in range(1, RETRIES + 1):
             try:
-                return await run_batch(conn, ops, self.replica, self.clock())
+                return await self._run(conn, ops)
             except asyncpg.DeadlockDetectedError:
                 if attempt == RETRIES:
                     raise

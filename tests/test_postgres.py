@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -372,6 +372,54 @@ async def test_many_groups_and_keys_across_two_replicas_stay_consistent(url: str
 
 
 # -- PostgreSQL only --------------------------------------------------------------------------------------
+async def test_operations_committed_together_match_one_by_one(pg_url: str) -> None:
+    """Reservations, refusals, capped charges, a settlement repeated, a retry whose first try committed
+    and an operation that fails, all in one batch (one ``ledger_batch`` statement, then one statement
+    each once one fails), give what they give one at a time."""
+    store = open_store(pg_url)
+    await store.open()
+
+    async def scenario(name: str, together: bool) -> tuple[list[Any], tuple[int, int, int], int, list[int]]:
+        group_id, key_id = await team(store, 1_000, name=name, cap=1_100)
+        first, second, third = [await store.reserve(group_id, key_id, n) for n in (300, 200, 50)]
+        assert isinstance(first, Reservation) and isinstance(second, Reservation) and isinstance(third, Reservation)
+        await store.settle(third, usage(key_id, group_id, 10))
+        steps: list[Callable[[], Awaitable[Any]]] = [
+            lambda: store.settle(first, usage(key_id, group_id, 100)),
+            lambda: store.reserve(group_id, key_id, 500),
+            lambda: store.reserve(group_id, key_id, 400),  # over the key's cap
+            lambda: store.reserve(group_id, key_id + 10_000, 1),  # no such key: fails, alone
+            lambda: store.settle(second, usage(key_id, group_id, 5_000)),  # capped at what the group has
+            lambda: store.reserve(group_id, key_id, 1),  # nothing left
+            lambda: store.settle(first, usage(key_id, group_id, 50)),  # settled twice: nothing held
+            lambda: store.settle_again(third, usage(key_id, group_id, 70)),  # committed already: skipped
+            lambda: store.reserve(group_id, key_id, 0),
+        ]
+        if together:
+            results = await asyncio.gather(*(step() for step in steps), return_exceptions=True)
+        else:
+            results = []
+            for step in steps:
+                try:
+                    results.append(await step())
+                except Exception as exc:  # (SQLite: the foreign key's IntegrityError)
+                    results.append(exc)
+        shown = [("held", r.amount) if isinstance(r, Reservation) else "failed" if isinstance(r, Exception) else r
+                 for r in results]  # fmt: skip
+        [key] = await store.list_keys(name)
+        return shown, await ledger(store, name), key.spent, sorted(u.credits for u in await store.usage(group=name))
+
+    try:
+        together, alone = await scenario("together", True), await scenario("alone", False)
+    finally:
+        await store.close()
+    assert together == alone
+    shown, balance, key_spent, charges = together
+    assert shown == [100, ("held", 500), Refusal("key_cap", 290, 400), "failed", 390, Refusal("balance", 0, 1),
+                     0, 70, ("held", 0)]  # fmt: skip
+    assert balance == (0, 500, 500) and key_spent == 500 and charges == [0, 10, 100, 390]
+
+
 async def test_schema_version_and_constraints(pg_url: str) -> None:
     store = PostgresStore(pg_url)
     await store.open()
