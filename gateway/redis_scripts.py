@@ -6,18 +6,38 @@ Calls that arrive while a round trip is in flight go together in the next one (a
 script the server does not have (first use, or it restarted or flushed its scripts) is loaded and
 its calls sent again. ``call`` is awaited for its answer; ``send`` is not (its failure goes to
 ``on_error``).
+
+A round trip takes a connection of the client's pool, writes the batch's commands at once, packed
+here (``evalsha``), and reads one reply per command; anything that goes wrong halfway (a timeout, a
+lost connection, a cancellation) closes that connection, so no reply is ever read by the wrong
+call. redis-py's pipeline did the same with more work per command (its packing encodes every
+argument through a generic encoder, and each reply read starts a timer of its own): 43 -> 26 us of
+CPU per rate limit check at 8 concurrent (a check of 4 buckets, 3 x 4,000 of them, process time).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 
 Op = tuple[str, Sequence[str], Sequence[Any], "asyncio.Future[Any] | None"]  # (sha, keys, args, waiter)
+
+
+def evalsha(script_sha: str, keys: Sequence[str], args: Sequence[Any], encode: Callable[[Any], bytes]) -> bytes:
+    """``EVALSHA`` of these keys and arguments in the Redis protocol (RESP); ``encode``: the client's
+    encoder, for anything but str, int and float (it refuses what Redis cannot take)."""
+    items = [script_sha.encode(), b"%d" % len(keys), *[key.encode() for key in keys]]
+    for arg in args:
+        kind = type(arg)
+        items.append(arg.encode() if kind is str else repr(arg).encode() if kind is int or kind is float
+                     else encode(arg))  # fmt: skip
+    return b"".join([b"*%d\r\n$7\r\nEVALSHA\r\n" % (len(items) + 1),
+                     *[b"$%d\r\n%s\r\n" % (len(item), item) for item in items]])  # fmt: skip
 
 
 def sha(script: str) -> str:
@@ -81,10 +101,25 @@ class ScriptPipe:
                 future.set_result(result)
 
     async def _run(self, batch: list[Op]) -> list[Any]:
-        async with self.client.pipeline(transaction=False) as pipe:
-            for script_sha, keys, args, _ in batch:
-                pipe.evalsha(script_sha, len(keys), *keys, *args)
-            return list(await pipe.execute(raise_on_error=False))
+        """Each call's reply, or the error Redis answered it with (``NoScriptError``, say)."""
+        pool = self.client.connection_pool
+        conn = await pool.get_connection()
+        try:
+            encode = conn.encoder.encode
+            await conn.send_packed_command(b"".join([evalsha(script_sha, keys, args, encode)
+                                                     for script_sha, keys, args, _ in batch]), check_health=False)  # fmt: skip
+            results: list[Any] = []
+            for _ in batch:
+                try:  # (no timer per reply: the whole round trip has one, in _flush)
+                    results.append(await conn.read_response(timeout=math.inf))
+                except ResponseError as exc:
+                    results.append(exc)
+            return results
+        except BaseException:  # replies may be left on the wire: this connection is done
+            await conn.disconnect(nowait=True)
+            raise
+        finally:
+            await pool.release(conn)
 
     async def close(self) -> None:
         """Let the round trip in flight (and what queued behind it) finish, for a while."""

@@ -3,6 +3,7 @@ the shared one), a real gateway whose rate limits and deployment state live in i
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import subprocess
 import time
@@ -11,9 +12,12 @@ from pathlib import Path
 
 import openai
 import pytest
+import redis
 
 from core.config import LimitsSettings, ReliabilitySettings, Settings, StoreSettings
 from core.metrics import RATELIMIT_ERRORS
+from gateway.ratelimit import Bucket
+from gateway.ratelimit_redis import RedisBackend
 from tests.conftest import Stack, free_port
 
 
@@ -94,3 +98,27 @@ def test_rate_limits_fail_open_while_redis_is_down_and_hold_again_once_it_is_bac
         assert counts.get("ok", 0) >= 3 + 6 + 3 and counts.get("error", 0) == 0
     finally:
         stack.stop()
+
+
+async def test_a_round_trip_cut_off_by_its_timeout_leaves_no_reply_for_the_next_calls(
+    redis_server: RedisServer,
+) -> None:
+    """Redis stalls (CLIENT PAUSE on the test's own server) past a check's timeout: that check fails,
+    and the connection it was sent on is closed, so its reply (which Redis would send once the pause
+    ends) never reaches a later check: each later check gets its own bucket's answer."""
+    prefix = f"t{redis_server.port}:"
+    backend = RedisBackend(redis_server.url, prefix, timeout=0.25)
+    admin = redis.Redis.from_url(redis_server.url)
+    try:
+        ok, [state] = await backend.take([Bucket(prefix + "a", 10, 1)])
+        assert ok and state.remaining == 9
+        admin.execute_command("CLIENT", "PAUSE", "800", "ALL")
+        with pytest.raises(Exception):  # noqa: B017 (the timeout, as redis or asyncio raises it)
+            await backend.take([Bucket(prefix + "stalled", 100, 1)])
+        await asyncio.sleep(1.0)  # the pause is over
+        for n, limit in enumerate((5, 7, 9)):
+            ok, [state] = await backend.take([Bucket(prefix + f"later{n}", limit, 1)])
+            assert ok and state.remaining == limit - 1  # a stalled reply would say 99
+    finally:
+        admin.close()
+        await backend.close()
