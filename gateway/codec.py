@@ -20,7 +20,7 @@ or translated through a chat leg) are codecs; the next endpoint is one more.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
@@ -152,6 +152,27 @@ class Leg(ABC):
     def price(self, body: dict[str, Any], cost: Cost) -> None:
         """Put ``cost`` into the answer ``body`` (chat: ``usage.cost``)."""
         body["usage"] = chat_priced(body.get("usage"), cost)
+
+
+class WholeLeg(Leg):
+    """A leg of an endpoint that does not stream (embeddings, images): the provider's errors are
+    mapped by its adapter (``map_error``), and its answer has no text to estimate tokens from."""
+
+    __slots__ = ("map_error",)
+
+    def __init__(self, model: Model, model_id: str, upstream: UpstreamRequest,
+                 map_error: Callable[[int, bytes, Mapping[str, str]], GatewayError]) -> None:  # fmt: skip
+        super().__init__(model, model_id, upstream)
+        self.map_error = map_error
+
+    def error(self, status: int, body: bytes, headers: Mapping[str, str]) -> GatewayError:
+        return self.map_error(status, body, headers)
+
+    def generated(self, body: dict[str, Any]) -> str:
+        return ""
+
+    def reader(self) -> Reader:
+        raise NotImplementedError(f"{type(self).__name__} does not stream")
 
 
 class Codec(ABC):

@@ -22,7 +22,6 @@ from __future__ import annotations
 import base64
 import sys
 from array import array
-from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -32,9 +31,9 @@ from adapters.base import USER_AGENT, UpstreamRequest
 from billing import tokens
 from core.catalog import EmbeddingSpec, Model
 from core.deployments import Deployment
-from core.errors import GatewayError, InvalidRequest, UpstreamError
+from core.errors import InvalidRequest, UpstreamError
 from core.wire import ChatRequest, TokenUsage
-from gateway.codec import Answer, Codec, Leg, Reader, fallback_list
+from gateway.codec import Answer, Codec, Leg, WholeLeg, fallback_list
 from gateway.embeddings_request import EmbeddingsRequest
 from gateway.routing import conversation
 from gateway.state import Gateway
@@ -107,28 +106,17 @@ class EmbeddingsCodec(Codec):
         return OpenAIEmbeddingsLeg(self.req, model, model_id, deployment, adapter.error)
 
 
-class _EmbeddingsLeg(Leg):
-    __slots__ = ("req", "map_error")
+class _EmbeddingsLeg(WholeLeg):
+    __slots__ = ("req",)
 
     def __init__(self, req: EmbeddingsRequest, model: Model, model_id: str, upstream: UpstreamRequest,
                  map_error: Any) -> None:  # fmt: skip
-        super().__init__(model, model_id, upstream)
+        super().__init__(model, model_id, upstream, map_error)
         self.req = req
-        self.map_error = map_error
 
     @property
     def prompt(self) -> dict[str, Any]:
         return {"messages": [{"role": "user", "content": self.req.text()}]}
-
-    def error(self, status: int, body: bytes, headers: Mapping[str, str]) -> GatewayError:
-        exc: GatewayError = self.map_error(status, body, headers)
-        return exc
-
-    def generated(self, body: dict[str, Any]) -> str:
-        return ""
-
-    def reader(self) -> Reader:
-        raise NotImplementedError("embeddings do not stream")
 
     def body(self, vectors: list[msgspec.Raw], usage: TokenUsage) -> dict[str, Any]:
         """The caller's answer; each vector stays the upstream's JSON text (never decoded) unless it is

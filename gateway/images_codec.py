@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -24,9 +23,9 @@ import msgspec
 from adapters.base import USER_AGENT, UpstreamRequest
 from core.catalog import ImageSpec, Model
 from core.deployments import Deployment
-from core.errors import GatewayError, InvalidRequest, UpstreamError
+from core.errors import InvalidRequest, UpstreamError
 from core.wire import ChatRequest, TokenUsage
-from gateway.codec import Answer, Codec, Leg, Reader, fallback_list
+from gateway.codec import Answer, Codec, Leg, WholeLeg, fallback_list
 from gateway.images_request import ImagesRequest
 from gateway.routing import conversation
 from gateway.state import Gateway
@@ -103,28 +102,17 @@ class ImagesCodec(Codec):
         )
 
 
-class _ImagesLeg(Leg):
-    __slots__ = ("req", "map_error")
+class _ImagesLeg(WholeLeg):
+    __slots__ = ("req",)
 
     def __init__(self, req: ImagesRequest, model: Model, model_id: str, upstream: UpstreamRequest,
                  map_error: Any) -> None:  # fmt: skip
-        super().__init__(model, model_id, upstream)
+        super().__init__(model, model_id, upstream, map_error)
         self.req = req
-        self.map_error = map_error
 
     @property
     def prompt(self) -> dict[str, Any]:
         return {"messages": [{"role": "user", "content": self.req.prompt}]}
-
-    def error(self, status: int, body: bytes, headers: Mapping[str, str]) -> GatewayError:
-        exc: GatewayError = self.map_error(status, body, headers)
-        return exc
-
-    def generated(self, body: dict[str, Any]) -> str:
-        return ""
-
-    def reader(self) -> Reader:
-        raise NotImplementedError("images do not stream here")
 
 
 def _malformed(provider: str) -> UpstreamError:
