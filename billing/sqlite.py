@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from functools import partial
 from itertools import groupby
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from billing import budgets, end_users, rollup
 from billing.history import History
@@ -250,7 +250,7 @@ class GroupCommit:
         try:
             for settles, group in groupby(ops, key=lambda op: isinstance(op, Settle)):
                 run = list(group)
-                if settles and len(run) > 1 and _settle_together(db, run, results):  # type: ignore[arg-type]
+                if settles and len(run) > 1 and _settle_together(db, cast(list[Settle], run), results):
                     continue  # a run of settlements, applied together
                 for op in run:
                     db.execute("SAVEPOINT op")
