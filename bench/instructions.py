@@ -225,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--servers", default=",".join(DEFAULT), help=f"comma-separated, of: {', '.join(SERVERS)}")
     parser.add_argument("--responses", action="store_true",
                         help="gateways only: POST /v1/responses with store false and true, stream and not")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="keep the callgrind dumps in this directory (read them with callgrind_annotate)")
     args = parser.parse_args(argv)
     if not (shutil.which("valgrind") and shutil.which("callgrind_control")):
         print("bench.instructions: needs valgrind (apt-get install valgrind); not run", flush=True)
@@ -237,6 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-instr-") as tmp_name:
         tmp = Path(tmp_name)
         (tmp / "logs").mkdir()
+        if args.keep is not None:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            (tmp / "callgrind").symlink_to(args.keep.resolve())
         emulator, emulators = start_emulators(tmp / "logs")
         try:
             for name in names:

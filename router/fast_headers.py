@@ -10,6 +10,11 @@ sends the same dozen names again and again); anything else — ``str`` headers, 
 refuse, framing it would repair — goes to h11's own function, which gives its own answer or error.
 ``tests/test_fast_headers.py`` holds the two equal on generated headers, valid and not.
 
+:func:`set_comma_header` is h11's (how it sets chunked framing on a stream and ``Connection: close``)
+without checking again the headers it keeps: they come from a ``Headers`` that was checked when it was
+made, and every rule is about one name, all of whose lines it replaces; only the new lines are
+checked. A stream's head was checked three times, now once and a line.
+
 :func:`install` puts it where h11 looks it up (``h11._events``, ``h11._headers``); ``router.serve``
 calls it for the processes it runs.
 """
@@ -18,10 +23,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import h11._connection as h11_connection
 import h11._events as h11_events
 import h11._headers as h11_headers
 
 ORIGINAL = h11_headers.normalize_and_validate
+ORIGINAL_SET = h11_headers.set_comma_header
 _name_ok = h11_headers._field_name_re.fullmatch
 _value_ok = h11_headers._field_value_re.fullmatch
 _length_ok = h11_headers._content_length_re.fullmatch
@@ -61,6 +68,16 @@ def normalize_and_validate(headers: Any, _parsed: bool = False) -> Any:
     return _Headers(out)
 
 
+def set_comma_header(headers: Any, name: bytes, new_values: list[bytes]) -> Any:
+    kept = [item for item in headers._full_items if item[1] != name]
+    if new_values:
+        title = name.title()
+        kept += normalize_and_validate([(title, value) for value in new_values])._full_items
+    return _Headers(kept)
+
+
 def install() -> None:
     for module in (h11_headers, h11_events):  # where h11 looks the function up
         setattr(module, "normalize_and_validate", normalize_and_validate)  # noqa: B010
+    for module in (h11_headers, h11_connection):
+        setattr(module, "set_comma_header", set_comma_header)  # noqa: B010

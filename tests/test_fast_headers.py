@@ -40,6 +40,27 @@ def test_the_fast_check_agrees_with_h11(headers: list[tuple[Any, Any]]) -> None:
     assert _outcome(fast_headers.normalize_and_validate, headers) == _outcome(fast_headers.ORIGINAL, headers)
 
 
+VALID = st.lists(st.tuples(st.sampled_from([b"content-type", b"Content-Length", b"Transfer-Encoding", b"Connection",
+                                            b"connection", b"x-request-id", b"date"]),
+                           st.sampled_from([b"application/json", b"12", b"chunked", b"close", b"keep-alive", b"r1"])),
+                 max_size=6)  # fmt: skip
+COMMA_NAMES = st.sampled_from([b"content-length", b"transfer-encoding", b"connection", b"x-request-id"])
+COMMA_VALUES = st.lists(st.sampled_from([b"chunked", b"close", b"12", b"gzip", b"a\r\nb", b"1, 2"]), max_size=3)
+
+
+@settings(max_examples=3000, derandomize=True)
+@given(VALID, COMMA_NAMES, COMMA_VALUES)
+def test_setting_a_comma_header_agrees_with_h11(headers: list[tuple[bytes, bytes]], name: bytes,
+                                                values: list[bytes]) -> None:  # fmt: skip
+    checked = _outcome(fast_headers.ORIGINAL, headers)
+    if checked[0] != "ok":
+        return  # h11 sets comma headers only on headers it has checked
+    parsed = fast_headers.ORIGINAL(headers)
+    assert _outcome(lambda h: fast_headers.set_comma_header(h, name, values), parsed) == _outcome(
+        lambda h: fast_headers.ORIGINAL_SET(h, name, values), parsed
+    )
+
+
 def test_install_is_what_h11_calls() -> None:
     fast_headers.install()
     response = h11.Response(status_code=200, headers=[(b"Content-Length", b"2"), (b"x-request-id", b"r")])
