@@ -56,6 +56,17 @@ class _Plain(msgspec.Struct):
 
 
 _decode_plain = msgspec.json.Decoder(_Plain).decode
+_decode_text = msgspec.json.Decoder(str).decode
+# a text chunk of choice 0 after its first: its head, then the content, then one of these ends (what
+# OpenAI and the OpenAI-compatible providers send), usage null last or no usage key
+_TEXT_OPEN = b',"choices":[{"index":0,"delta":{"content":'
+_TEXT_ENDS = frozenset(
+    end + tail
+    for end in (b'},"logprobs":null,"finish_reason":null}]', b'},"finish_reason":null,"logprobs":null}]',
+                b'},"finish_reason":null}]')
+    for tail in (b',"usage":null}', b"}")
+)  # fmt: skip
+_TEXT_CLOSE = b'},"'  # how the delta object ends (never inside a JSON string: its quotes are escaped)
 _JOIN = 32  # Shaper._text joins the kept pieces of text every this many
 _FINISH = frozenset({"stop", "length", "tool_calls", "content_filter", "function_call"})
 _NO_USAGE = b',"usage":null}'
@@ -73,7 +84,7 @@ class Shaper:
     """Normalises adapter chunks into the order and shape the caller is promised."""
 
     __slots__ = ("call", "completion_id", "created", "finished", "role_sent", "text_parts", "_head", "_upstream",
-                 "_usage")  # fmt: skip
+                 "_usage", "_text_head")  # fmt: skip
 
     def __init__(self, call: Call, completion_id: str, created: int) -> None:
         self.call = call
@@ -85,11 +96,17 @@ class Shaper:
         self._head = _chunk_head(completion_id, created, call.model_id)
         self._upstream: tuple[Any, bytes] = (None, b"")  # (id, created, model) of the last chunk, its head
         self._usage = call.include_usage
+        self._text_head: bytes | None = None  # how a plain text chunk of choice 0 begins, once one has passed
 
     def pass_through(self, data: bytes) -> bytes | None:
         """The upstream OpenAI chunk ``data`` as the caller's chunk (JSON bytes), if it is already in
         the promised shape (what :meth:`shape` and :meth:`_stamp` would give, key order included),
         else None. Its head is swapped for ours; the rest of its bytes pass through."""
+        text_head = self._text_head
+        if text_head is not None and data.startswith(text_head):
+            piece = self._text_chunk(data, len(text_head))
+            if piece is not None:
+                return piece
         try:
             chunk = _decode_plain(data)
         except msgspec.DecodeError:  # not a plain text chunk (or not JSON): the general path says
@@ -123,8 +140,30 @@ class Shaper:
         self.role_sent.add(index)
         if reason is not None:
             self.finished.add(index)
+        if index == 0:  # the next text chunks of choice 0 may take the short way (none after its finish)
+            self._text_head = None if reason is not None else head + _TEXT_OPEN
         if delta.content:
             self._text(delta.content)
+        return self._head + body
+
+    def _text_chunk(self, data: bytes, start: int) -> bytes | None:
+        """:meth:`pass_through` of a chunk that begins as the last text chunk of choice 0 did, up to its
+        content: the same bytes, without decoding the chunk. None if the rest is not one JSON string
+        and one of the ends of ``_TEXT_ENDS`` (the general way then decides)."""
+        close = data.find(_TEXT_CLOSE, start)
+        if close < 0 or data[close:] not in _TEXT_ENDS:
+            return None
+        try:
+            content = _decode_text(data[start:close])
+        except msgspec.DecodeError:  # not a string (or not one JSON value)
+            return None
+        n = len(self._upstream[1])
+        if data.endswith(_NO_USAGE):
+            body = data[n:] if self._usage else data[n:_CUT] + b"}"
+        else:
+            body = data[n:-1] + _NO_USAGE if self._usage else data[n:]
+        if content:
+            self._text(content)
         return self._head + body
 
     def _stamp(self, chunk: dict[str, Any]) -> dict[str, Any]:

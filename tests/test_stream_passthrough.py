@@ -29,6 +29,11 @@ def text(content: str, extra: str = "", reason: str = "null") -> str:
     return '{"index":0,"delta":{' + content + '},"finish_reason":' + reason + ',"logprobs":null' + extra + "}"
 
 
+def openai(content: str, reason: str = "null") -> str:
+    """A choice as OpenAI orders its keys (logprobs before finish_reason)."""
+    return '{"index":0,"delta":{' + content + '},"logprobs":null,"finish_reason":' + reason + "}"
+
+
 STREAMS = {
     "plain": [chunk(text('"role":"assistant","content":""')), chunk(text('"content":"Hel\\u00e9lo"')),
               chunk(text('"content":" \\"quoted\\" usage"')), chunk(text("", reason='"stop"')),
@@ -47,6 +52,16 @@ STREAMS = {
                     chunk(text('"content":"c"')), chunk(text("", reason='"stop"'))],
     "after finish": [chunk(text('"role":"assistant","content":"a"')), chunk(text("", reason='"stop"')),
                      chunk(text('"content":"late"'))],
+    # the short way for choice 0's text chunks after its first (Shaper._text_chunk), and what it must refuse
+    "openai order": [chunk(openai('"role":"assistant","content":""')), chunk(openai('"content":"a},\\"b"')),
+                     chunk(openai('"content":"\\u00e9\\n"')), chunk(openai('"content":"c"'), tail=""),
+                     chunk(openai('"content":"d"'), tail=',"usage":null,"obfuscation":"x"'),
+                     chunk(openai('"content":"e","refusal":null')), chunk(openai('"content":null')),
+                     chunk(openai('"content":"f"').replace('"logprobs":null', '"logprobs":{"content":[]}')),
+                     chunk(openai("", reason='"stop"')), chunk(openai('"content":"late"'))],
+    "new upstream head": [chunk(text('"role":"assistant","content":"a"')), chunk(text('"content":"b"')),
+                          chunk(text('"content":"c"')).replace(b"chatcmpl-up", b"chatcmpl-up2"),
+                          chunk(text('"content":"d"'), tail=""), chunk(text("", reason='"stop"'))],
     "odd finish": [chunk(text('"role":"assistant","content":"a"')), chunk(text("", reason='"model_length"'))],
 }  # fmt: skip
 
@@ -82,8 +97,10 @@ def test_pass_through_equals_the_general_path(name: str, include_usage: bool) ->
     assert none_passed == 0
     assert fast == general
     assert fast_state == state
-    if name in ("plain", "no usage key"):
+    if name in ("plain", "no usage key", "new upstream head"):
         assert passed == len(STREAMS[name]) - (name == "plain")  # all but the usage-only chunk
+    if name == "openai order":
+        assert passed == 6  # not the obfuscation, the refusal nor the logprobs; nothing after the finish
 
 
 def test_chunks_carry_our_id_and_the_callers_model() -> None:
