@@ -55,7 +55,7 @@ T = TypeVar("T")
 # __adapt__ / __conform__, each miss raising and clearing an AttributeError (about 250 ns a None, and a
 # usage row has a dozen). With an adapter registered for None the registry answers at once; {}.get is
 # a C function that returns None for None. Process-wide, and the identity: no other behaviour changes.
-sqlite3.register_adapter(type(None), {}.get)
+sqlite3.register_adapter(type(None), cast(Callable[[None], None], {}.get))
 log = logging.getLogger("router.store")
 _PRINCIPAL_BY_HASH = principal_by_hash_query("?", "?")
 
