@@ -57,16 +57,36 @@ class _Plain(msgspec.Struct):
 
 _decode_plain = msgspec.json.Decoder(_Plain).decode
 _decode_text = msgspec.json.Decoder(str).decode
-# a text chunk of choice 0 after its first: its head, then the content, then one of these ends (what
-# OpenAI and the OpenAI-compatible providers send), usage null last or no usage key
-_TEXT_OPEN = b',"choices":[{"index":0,"delta":{"content":'
-_TEXT_ENDS = frozenset(
-    end + tail
-    for end in (b'},"logprobs":null,"finish_reason":null}]', b'},"finish_reason":null,"logprobs":null}]',
-                b'},"finish_reason":null}]')
-    for tail in (b',"usage":null}', b"}")
-)  # fmt: skip
+# A text chunk of choice 0 after its first (Shaper._text_chunk): its head and the fields the stream's
+# chunks carry between the model and the choices (OpenAI's service_tier, system_fingerprint), then
+# this, the content, one of the choice's ends (what OpenAI and the OpenAI-compatible providers send),
+# and flat fields after the choices (OpenAI's obfuscation; usage null first, or no usage).
+_CHOICES = b',"choices":['
+_TEXT_OPEN = _CHOICES + b'{"index":0,"delta":{"content":'
+_CHOICE_ENDS = (b'},"logprobs":null,"finish_reason":null}]', b'},"finish_reason":null,"logprobs":null}]',
+                b'},"finish_reason":null}]')  # fmt: skip
 _TEXT_CLOSE = b'},"'  # how the delta object ends (never inside a JSON string: its quotes are escaped)
+_USAGE_NULL = b',"usage":null'
+
+
+def _tail(tail: bytes) -> tuple[bytes, bytes] | None:
+    """A text chunk's bytes from the end of its delta: (the choice's end, the flat fields after the
+    choices but usage null), or None if it is not one of ``_CHOICE_ENDS`` then flat fields."""
+    for end in _CHOICE_ENDS:
+        if tail.startswith(end):
+            break
+    else:
+        return None
+    rest = tail[len(end) : -1]
+    if tail[-1:] != b"}" or b"{" in rest or b"[" in rest:
+        return None
+    if rest.startswith(_USAGE_NULL):
+        rest = rest[len(_USAGE_NULL) :]
+    return None if b'"usage"' in rest else (end, rest)
+
+
+# the tails without fields after the choices, found by one look-up
+_TAILS = {end + after: (end, b"") for end in _CHOICE_ENDS for after in (_USAGE_NULL + b"}", b"}")}
 _JOIN = 32  # Shaper._text joins the kept pieces of text every this many
 _FINISH = frozenset({"stop", "length", "tool_calls", "content_filter", "function_call"})
 _NO_USAGE = b',"usage":null}'
@@ -84,7 +104,7 @@ class Shaper:
     """Normalises adapter chunks into the order and shape the caller is promised."""
 
     __slots__ = ("call", "completion_id", "created", "finished", "role_sent", "text_parts", "_head", "_upstream",
-                 "_usage", "_text_head")  # fmt: skip
+                 "_usage", "_text_head", "_between")  # fmt: skip
 
     def __init__(self, call: Call, completion_id: str, created: int) -> None:
         self.call = call
@@ -96,7 +116,8 @@ class Shaper:
         self._head = _chunk_head(completion_id, created, call.model_id)
         self._upstream: tuple[Any, bytes] = (None, b"")  # (id, created, model) of the last chunk, its head
         self._usage = call.include_usage
-        self._text_head: bytes | None = None  # how a plain text chunk of choice 0 begins, once one has passed
+        self._text_head: bytes | None = None  # how a text chunk of choice 0 begins, once one has come
+        self._between = b""  # the fields of that chunk between its model and its choices (flat)
 
     def pass_through(self, data: bytes) -> bytes | None:
         """The upstream OpenAI chunk ``data`` as the caller's chunk (JSON bytes), if it is already in
@@ -127,9 +148,19 @@ class Shaper:
             self._upstream = (key, _chunk_head(chunk.id, chunk.created, chunk.model))
         head = self._upstream[1]
         n = len(head)
-        # fields between model and choices (_stamp moves them after choices), or no finish_reason
-        # key (the general path adds it): not as promised
-        if not data.startswith(head) or not data.startswith(b',"choices":', n) or b'"finish_reason"' not in data:
+        if not data.startswith(head):
+            return None
+        if not data.startswith(_CHOICES, n):
+            # fields between the model and the choices (_stamp moves them after the choices): the general
+            # path shapes this chunk; the next text chunks of choice 0 may take the short way, which
+            # moves them (only flat ones: no object or array that could hide the choices' key)
+            between = data[n : data.find(_CHOICES, n)]
+            flat = between and b"{" not in between and b"[" not in between
+            if index == 0:
+                self._text_head = head + between + _TEXT_OPEN if flat and reason is None else None
+                self._between = between
+            return None
+        if b'"finish_reason"' not in data:  # the general path adds the key: not as promised
             return None
         if data.endswith(_NO_USAGE):  # usage last (where _stamp puts it), and null
             body = data[n:] if self._usage else data[n:_CUT] + b"}"
@@ -142,29 +173,34 @@ class Shaper:
             self.finished.add(index)
         if index == 0:  # the next text chunks of choice 0 may take the short way (none after its finish)
             self._text_head = None if reason is not None else head + _TEXT_OPEN
+            self._between = b""
         if delta.content:
             self._text(delta.content)
         return self._head + body
 
     def _text_chunk(self, data: bytes, start: int) -> bytes | None:
         """:meth:`pass_through` of a chunk that begins as the last text chunk of choice 0 did, up to its
-        content: the same bytes, without decoding the chunk. None if the rest is not one JSON string
-        and one of the ends of ``_TEXT_ENDS`` (the general way then decides)."""
-        close = data.find(_TEXT_CLOSE, start)
-        if close < 0 or data[close:] not in _TEXT_ENDS:
+        content, without decoding the chunk: what the general path gives (the fields between model and
+        choices moved after them, usage null last if asked for). None if the content is not one JSON
+        string or the rest is not as :func:`_tail` wants it."""
+        if 0 in self.finished or 0 not in self.role_sent:
             return None
+        close = data.find(_TEXT_CLOSE, start)
+        if close < 0:
+            return None
+        tail = data[close:]
+        parts = _TAILS.get(tail) or _tail(tail)
+        if parts is None:
+            return None
+        text = data[start:close]
         try:
-            content = _decode_text(data[start:close])
+            content = _decode_text(text)
         except msgspec.DecodeError:  # not a string (or not one JSON value)
             return None
-        n = len(self._upstream[1])
-        if data.endswith(_NO_USAGE):
-            body = data[n:] if self._usage else data[n:_CUT] + b"}"
-        else:
-            body = data[n:-1] + _NO_USAGE if self._usage else data[n:]
         if content:
             self._text(content)
-        return self._head + body
+        return b"".join((self._head, _TEXT_OPEN, text, parts[0], self._between, parts[1],
+                         _NO_USAGE if self._usage else b"}"))  # fmt: skip
 
     def _stamp(self, chunk: dict[str, Any]) -> dict[str, Any]:
         """The chunk with our id, the caller's model id and the same key order whatever the provider."""

@@ -34,6 +34,9 @@ def openai(content: str, reason: str = "null") -> str:
     return '{"index":0,"delta":{' + content + '},"logprobs":null,"finish_reason":' + reason + "}"
 
 
+FP = ',"service_tier":"default","system_fingerprint":"fp_1"'
+OB = ',"usage":null,"obfuscation":"%s"'
+
 STREAMS = {
     "plain": [chunk(text('"role":"assistant","content":""')), chunk(text('"content":"Hel\\u00e9lo"')),
               chunk(text('"content":" \\"quoted\\" usage"')), chunk(text("", reason='"stop"')),
@@ -62,6 +65,16 @@ STREAMS = {
     "new upstream head": [chunk(text('"role":"assistant","content":"a"')), chunk(text('"content":"b"')),
                           chunk(text('"content":"c"')).replace(b"chatcmpl-up", b"chatcmpl-up2"),
                           chunk(text('"content":"d"'), tail=""), chunk(text("", reason='"stop"'))],
+    # as OpenAI sends them: service_tier and system_fingerprint before the choices, obfuscation after
+    "openai fields": [chunk(openai('"role":"assistant","content":""'), before=FP, tail=OB % "a"),
+                      chunk(openai('"content":"Hi"'), before=FP, tail=OB % "bc"),
+                      chunk(openai('"content":" \\"there\\""'), before=FP, tail=OB % "d"),
+                      chunk(openai('"content":"!"'), before=FP, tail=',"obfuscation":"e"'),
+                      chunk(openai('"content":"x"'), before=FP, tail=',"obfuscation":"f","usage":null'),
+                      chunk(openai('"content":"y"'), before=',"system_fingerprint":"fp_2"', tail=OB % "g"),
+                      chunk(openai('"content":"z"'), before=',"meta":{"a":1}', tail=OB % "h"),
+                      chunk(openai("", reason='"stop"'), before=FP, tail=OB % "i"),
+                      chunk("", before=FP, tail=',"usage":{"prompt_tokens":3,"completion_tokens":5,"total_tokens":8}')],
     "odd finish": [chunk(text('"role":"assistant","content":"a"')), chunk(text("", reason='"model_length"'))],
 }  # fmt: skip
 
@@ -99,8 +112,10 @@ def test_pass_through_equals_the_general_path(name: str, include_usage: bool) ->
     assert fast_state == state
     if name in ("plain", "no usage key", "new upstream head"):
         assert passed == len(STREAMS[name]) - (name == "plain")  # all but the usage-only chunk
+    if name == "openai fields":
+        assert passed == 3  # the text chunks whose fields between model and choices are the first's
     if name == "openai order":
-        assert passed == 6  # not the obfuscation, the refusal nor the logprobs; nothing after the finish
+        assert passed == 7  # not the refusal nor the logprobs; nothing after the finish
 
 
 def test_chunks_carry_our_id_and_the_callers_model() -> None:
