@@ -135,7 +135,8 @@ def new_session(limit: int) -> aiohttp.ClientSession:
 
 
 async def throughput(target: Target, stream: bool, clients: int, duration: float, warmup: float,
-                     warmup_max: float, grace: float, tokens: int, watch: dict[str, int]) -> dict[str, Any]:  # fmt: skip
+                     warmup_max: float, grace: float, tokens: int,
+                     watch: dict[str, tuple[int, tuple[str, ...]]]) -> dict[str, Any]:  # fmt: skip
     data = body_bytes(target.model, stream, tokens)
     headers = headers_for(target)
     measured = Samples()
@@ -173,12 +174,12 @@ async def throughput(target: Target, stream: bool, clients: int, duration: float
             if elapsed >= warmup_max or (elapsed >= warmup and warm_completed >= clients):
                 break
         cpu0 = time.process_time()
-        watched0 = {name: cpu_seconds(pid) for name, pid in watch.items()}
+        watched0 = {name: cpu_seconds(*spec) for name, spec in watch.items()}
         window.extend([time.perf_counter(), time.perf_counter() + duration])
         stop_at = window[1]
         await asyncio.sleep(duration)
         cpu = time.process_time() - cpu0
-        watched = {name: cpu_seconds(pid) - watched0[name] for name, pid in watch.items()}
+        watched = {name: cpu_seconds(*spec) - watched0[name] for name, spec in watch.items()}
         # no new requests start now; give the open ones a moment to end cleanly, then cut them
         await asyncio.wait(tasks, timeout=grace)
         for task in tasks:
@@ -239,6 +240,13 @@ async def latency(targets: list[Target], duration: float, round_seconds: float, 
     return out
 
 
+def parse_watch(text: str) -> tuple[str, tuple[int, tuple[str, ...]]]:
+    """NAME=PID[:TEXT|TEXT...] -> (NAME, (PID, TEXTs))."""
+    name, _, rest = text.partition("=")
+    pid, _, only = rest.partition(":")
+    return name, (int(pid), tuple(t for t in only.split("|") if t))
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.load", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -249,8 +257,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("-d", "--duration", type=float, default=8.0, help="seconds measured")
     p.add_argument("-w", "--warmup", type=float, default=2.0, help="seconds of warm-up (at least)")
     p.add_argument("--warmup-max", type=float, default=15.0, help="throughput: longest warm-up")
-    p.add_argument("--watch", action="append", default=[], metavar="NAME=PID",
-                   help="throughput: a server process whose CPU time to count over the window")
+    p.add_argument("--watch", action="append", default=[], metavar="NAME=PID[:TEXT|TEXT...]",
+                   help="throughput: a server process (and its descendants) whose CPU time to count over the "
+                        "window; with TEXTs, only the descendants whose command line holds one of them")
     p.add_argument("--grace", type=float, default=2.0, help="throughput: seconds open requests get at the end")
     p.add_argument("--round", type=float, default=0.25, help="latency: seconds per target per round")
     p.add_argument("--tokens", type=int, default=12, help="answer length asked of the emulator")
@@ -265,7 +274,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.mode == "throughput":
         result = run(throughput(args.target[0], args.stream, args.clients, args.duration, args.warmup,
                                         max(args.warmup, args.warmup_max), args.grace, args.tokens,
-                                 {n: int(pid) for n, _, pid in (w.partition("=") for w in args.watch)}))  # fmt: skip
+                                 dict(parse_watch(w) for w in args.watch)))  # fmt: skip
     else:
         result = run(latency(args.target, args.duration, args.round, args.warmup, args.tokens))
     json.dump(result, sys.stdout)

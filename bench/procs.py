@@ -130,10 +130,14 @@ def process_tree(pid: int) -> list[int]:
     return out
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of the process tree so far."""
+def cpu_seconds(pid: int, only: tuple[str, ...] = ()) -> float:
+    """User + system CPU time of the process tree so far. ``only``: count, besides ``pid`` itself, only
+    the descendants whose command line holds one of these strings (a PostgreSQL server's backends
+    of one database and its writers, not the backends serving someone else)."""
     total = 0
     for p in process_tree(pid):
+        if only and p != pid and not any(s in _cmdline(p) for s in only):
+            continue
         try:
             with open(f"/proc/{p}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
@@ -141,6 +145,14 @@ def cpu_seconds(pid: int) -> float:
         except (OSError, IndexError, ValueError):
             pass
     return total / CLOCK_TICKS
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def peak_rss_kb(pid: int) -> int | None:
