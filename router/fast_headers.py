@@ -26,9 +26,13 @@ from typing import Any
 import h11._connection as h11_connection
 import h11._events as h11_events
 import h11._headers as h11_headers
+import h11._readers as h11_readers
 
 ORIGINAL = h11_headers.normalize_and_validate
 ORIGINAL_SET = h11_headers.set_comma_header
+ORIGINAL_DECODE = h11_readers._decode_header_lines
+_header_line = h11_readers.header_field_re.fullmatch
+_FOLD = (b" ", b"\t")  # what begins a line that continues the one before
 _name_ok = h11_headers._field_name_re.fullmatch
 _value_ok = h11_headers._field_value_re.fullmatch
 _length_ok = h11_headers._content_length_re.fullmatch
@@ -39,33 +43,49 @@ _MAX_NAMES = 4096
 
 
 def normalize_and_validate(headers: Any, _parsed: bool = False) -> Any:
-    if _parsed:
-        return ORIGINAL(headers, _parsed=True)
+    """h11's function; ``_parsed``: headers its parser has read (names and values checked by its
+    regexes already), as h11 skips those checks for them."""
     out = []
     length: bytes | None = None
     chunked = False
     for pair in headers:
         name, value = pair
-        if type(name) is not bytes or type(value) is not bytes or not _value_ok(value):
+        # (ASCII letters and digits are a valid value: isalnum() is a fifth of the regex's cost)
+        if not _parsed and (type(name) is not bytes or type(value) is not bytes
+                            or not (value.isalnum() or _value_ok(value))):  # fmt: skip
             return ORIGINAL(headers)
         lower = _names.get(name)
         if lower is None:
-            if not _name_ok(name):
+            if not _parsed and not _name_ok(name):
                 return ORIGINAL(headers)
             lower = name.lower()
             if len(_names) < _MAX_NAMES:
                 _names[name] = lower
         if lower == b"content-length":
             if length is not None or not _length_ok(value) or len(value) > _MAX_DIGITS:
-                return ORIGINAL(headers)  # a list, a repeat, anything but digits: h11 decides
+                return ORIGINAL(headers, _parsed)  # a list, a repeat, anything but digits: h11 decides
             length = value
         elif lower == b"transfer-encoding":
             if chunked or value.lower() != b"chunked":
-                return ORIGINAL(headers)
+                return ORIGINAL(headers, _parsed)
             chunked = True
             value = b"chunked"
         out.append((name, lower, value))
     return _Headers(out)
+
+
+def decode_header_lines(lines: Any) -> Any:
+    """h11's ``_decode_header_lines`` (a request's header lines → (name, value) pairs, each line
+    checked by its regex) as one list, without its two generators and ``validate``'s dict; a line that
+    continues the one before (obsolete folding) or does not match goes to h11's own, which folds it
+    or raises its error."""
+    out = []
+    for line in lines:
+        match = _header_line(line)
+        if match is None or line[:1] in _FOLD:
+            return ORIGINAL_DECODE(lines)
+        out.append(match.group(1, 2))
+    return out
 
 
 def set_comma_header(headers: Any, name: bytes, new_values: list[bytes]) -> Any:
@@ -76,8 +96,14 @@ def set_comma_header(headers: Any, name: bytes, new_values: list[bytes]) -> Any:
     return _Headers(kept)
 
 
+def _iter_headers(self: Any) -> Any:
+    return iter([(name, value) for _, name, value in self._full_items])
+
+
 def install() -> None:
     for module in (h11_headers, h11_events):  # where h11 looks the function up
         setattr(module, "normalize_and_validate", normalize_and_validate)  # noqa: B010
     for module in (h11_headers, h11_connection):
         setattr(module, "set_comma_header", set_comma_header)  # noqa: B010
+    setattr(_Headers, "__iter__", _iter_headers)  # noqa: B010
+    setattr(h11_readers, "_decode_header_lines", decode_header_lines)  # noqa: B010

@@ -71,3 +71,49 @@ def test_install_is_what_h11_calls() -> None:
     conn.next_event()
     head = conn.send(h11.Response(status_code=200, headers=[(b"content-type", b"text/event-stream")]))
     assert head is not None and b"Transfer-Encoding: chunked" in head
+
+
+@settings(max_examples=300, derandomize=True)
+@given(VALID)
+def test_iterating_headers_gives_what_indexing_gives(headers: list[tuple[bytes, bytes]]) -> None:
+    fast_headers.install()
+    if _outcome(fast_headers.ORIGINAL, headers)[0] != "ok":
+        return
+    parsed = fast_headers.ORIGINAL(headers)
+    assert list(parsed) == [parsed[i] for i in range(len(parsed))]
+    assert all(pair in parsed for pair in list(parsed))
+
+
+LINES = st.lists(
+    st.one_of(
+        st.sampled_from([b"Host: x", b"Content-Length: 2", b"content-type:application/json", b"X-A:  spaced  ",
+                         b" folded on", b"\tfolded tab", b"bad line", b": empty name", b"Empty:", b"A: b\x00c",
+                         b"Transfer-Encoding: chunked", b"X-\xff: v", b"X: \xe9t\xe9"]),
+        st.binary(max_size=12),
+    ),
+    max_size=6,
+)  # fmt: skip
+
+
+def _pairs(fn: Any, lines: list[bytes]) -> tuple[str, Any]:
+    return _outcome(lambda ls: h11._headers.Headers([(n, n, v) for n, v in fn(ls)]), lines)
+
+
+@settings(max_examples=3000, derandomize=True)
+@given(LINES)
+def test_reading_header_lines_agrees_with_h11(lines: list[bytes]) -> None:
+    assert _pairs(fast_headers.decode_header_lines, lines) == _pairs(fast_headers.ORIGINAL_DECODE, lines)
+
+
+PARSED = st.lists(
+    st.tuples(st.sampled_from([b"Host", b"Content-Length", b"content-length", b"Transfer-Encoding", b"X-Id", b"accept"]),
+              st.sampled_from([b"2", b"02", b"2, 2", b"2,3", b"", b"chunked", b"Chunked", b"gzip", b"a b"])),
+    max_size=6,
+)  # fmt: skip
+
+
+@settings(max_examples=3000, derandomize=True)
+@given(PARSED)
+def test_parsed_headers_agree_with_h11(headers: list[tuple[bytes, bytes]]) -> None:
+    ours = _outcome(lambda h: fast_headers.normalize_and_validate(h, _parsed=True), headers)
+    assert ours == _outcome(lambda h: fast_headers.ORIGINAL(h, _parsed=True), headers)
