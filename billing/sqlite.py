@@ -16,8 +16,9 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
-from functools import partial
+from functools import lru_cache, partial
 from itertools import groupby
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from billing import budgets, end_users, rollup
@@ -25,7 +26,8 @@ from billing.history import History
 from billing.sqlite_thread import SQLiteThread, down
 from billing.store import (
     KEY_SQL,
-    USAGE_LIST,
+    USAGE_COLUMNS,
+    USAGE_TYPES,
     Group,
     Hold,
     KeyInfo,
@@ -41,7 +43,6 @@ from billing.store import (
     meta_values,
     principal_by_hash_query,
     principal_row,
-    usage_values,
 )
 
 if TYPE_CHECKING:
@@ -167,8 +168,43 @@ MIGRATIONS: list[str] = [
     """,
 ]
 
-_ROW_MARKS = f"({', '.join('?' * len(USAGE_LIST.split(', ')))})"
-_ROWS_PER_INSERT = 32766 // len(USAGE_LIST.split(", "))  # SQLite's default limit on bound parameters per statement
+_ROWS_PER_INSERT = 32766 // len(USAGE_COLUMNS)  # SQLite's default limit on bound parameters per statement
+# Columns most records leave None: an insert whose records all do leaves them out (their default is
+# NULL), each None bound costing sqlite3 an adaptation (see the None adapter). Two forms of the
+# statement, not one per subset, to keep few in sqlite3's statement cache.
+_RARE = ("error", "error_code", "batch_id", "end_user", "safety_identifier", "metadata")
+_LEAN = tuple(c for c in USAGE_COLUMNS if c not in _RARE)
+_NO_RARE = (None,) * len(_RARE)
+_rare_of = attrgetter(*_RARE)
+_lean_of = attrgetter(*_LEAN)
+_full_of = attrgetter(*_LEAN, *_RARE)
+_TS = _LEAN.index("ts")
+# the bool fields, stored as 0 / 1: bound as ints, which sqlite3 binds as they are (a bool it adapts)
+_BOOLS = tuple(_LEAN.index(n) for n, kind in USAGE_TYPES.items() if kind == "bool")
+
+
+@lru_cache(maxsize=64)
+def _insert_sql(rows: int, lean: bool) -> str:
+    columns = _LEAN if lean else (*_LEAN, *_RARE)
+    marks = f"({', '.join('?' * len(columns))})"
+    return f"INSERT INTO usage ({', '.join(columns)}) VALUES {', '.join([marks] * rows)}"
+
+
+def _usage_insert(records: Sequence[UsageRecord], stamp: float) -> tuple[str, list[Any]]:
+    """The statement and parameters that insert ``records`` (as charged) into ``usage``, stamped
+    ``stamp`` if they have no time yet: the values :func:`billing.store.usage_values` gives, bools as
+    0 / 1, and the :data:`_RARE` columns left out if every record has them None."""
+    lean = all(_rare_of(record) == _NO_RARE for record in records)
+    values_of = _lean_of if lean else _full_of
+    width = len(_LEAN) if lean else len(USAGE_COLUMNS)
+    params: list[Any] = []
+    for at, record in zip(range(0, width * len(records), width), records, strict=True):
+        params += values_of(record)
+        if not params[at + _TS]:
+            params[at + _TS] = stamp
+        for i in _BOOLS:
+            params[at + i] = 1 if params[at + i] else 0
+    return _insert_sql(len(records), lean), params
 
 
 class GroupCommit:
@@ -326,11 +362,9 @@ def settle_rows(db: sqlite3.Connection, settles: list[tuple[Reservation, UsageRe
             windows.charge(r.group_id, r.key_id, charge)
     budgets.write_sync(db, windows)
     stamp = time.time()
-    rows = [usage_values(record, record.credits, stamp) for _, record in settles]
-    for at in range(0, len(rows), _ROWS_PER_INSERT):
-        part = rows[at : at + _ROWS_PER_INSERT]
-        values = ", ".join([_ROW_MARKS] * len(part))
-        db.execute(f"INSERT INTO usage ({USAGE_LIST}) VALUES {values}", [v for row in part for v in row])
+    records = [record for _, record in settles]
+    for at in range(0, len(records), _ROWS_PER_INSERT):
+        db.execute(*_usage_insert(records[at : at + _ROWS_PER_INSERT], stamp))
     for g, (h, c) in groups.items():
         if h or c:
             db.execute(
