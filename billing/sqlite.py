@@ -328,6 +328,14 @@ class Settle:
         return settle_rows(db, [(self.reservation, self.record)], self.now)[0]
 
 
+@lru_cache(maxsize=16)
+def _balances_sql(groups: int) -> str:
+    """The balances of ``groups`` groups, and whether each has a budget (its own or a key's): in the
+    settlement's own transaction, so a budget another process just added is seen."""
+    return ("SELECT id, balance, EXISTS (SELECT 1 FROM budgets WHERE budgets.group_id = groups.id) FROM groups "
+            f"WHERE id IN ({', '.join('?' * groups)})")
+
+
 def settle_rows(db: sqlite3.Connection, settles: list[tuple[Reservation, UsageRecord]],
                 now: float | None = None) -> list[int]:  # fmt: skip
     """Charge each call, in order, what its record says, capped by what its group has left (its
@@ -343,12 +351,13 @@ def settle_rows(db: sqlite3.Connection, settles: list[tuple[Reservation, UsageRe
             held = r.amount  # (no row: settled twice, or reconciled already)
         held_of.append(held)
     group_ids = sorted({r.group_id for r, _ in settles})
-    marks = ", ".join("?" * len(group_ids))
-    balance = dict(db.execute(f"SELECT id, balance FROM groups WHERE id IN ({marks})", group_ids).fetchall())
+    found = db.execute(_balances_sql(len(group_ids)), group_ids).fetchall()
+    balance = {group_id: left for group_id, left, _ in found}
     groups: dict[int, list[int]] = {}  # id -> [held, charged]
     keys: dict[int, list[int]] = {}
     charges: list[int] = []
-    windows = budgets.read_sync(db, group_ids, time.time() if now is None else now)
+    budgeted = [group_id for group_id, _, has in found if has]  # (most groups have none: no read)
+    windows = budgets.read_sync(db, budgeted, time.time() if now is None else now)
     for (r, record), held in zip(settles, held_of, strict=True):
         charge = min(record.credits, balance[r.group_id] + held) if record.credits > 0 else 0
         if r.group_id in balance:

@@ -238,7 +238,7 @@ def test_settlements_committed_together_match_one_by_one(tmp_path) -> None:  # t
             assert results == [250, 500, 250, 30, 0, 0]
             assert store.commits.batches == batches + 1
             assert (
-                sum(s.startswith("SELECT id, balance FROM groups") for s in statements) == 1
+                sum(s.startswith("SELECT id, balance, ") for s in statements) == 1
             )  # applied together
             statements.clear()
             jobs = [
