@@ -42,10 +42,11 @@ class ServerSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     graceful_timeout: float = 30.0  # on SIGTERM: how long open streams may take to finish
     keep_alive_timeout: float = 75.0  # idle connections (and half-sent request heads) are closed after this
     # client connections open at once (0: what the descriptor limit allows, a client and an upstream
-    # socket each) and idle ones (no request in flight); over either, the one idle longest is closed
-    # to make room, and with every connection busy a new one is answered 503 (router/connections.py)
+    # socket each) and idle ones (no request in flight; 0: as many as max_connections); over either,
+    # the one idle longest is closed to make room, and with every connection busy a new one is
+    # answered 503 (router/connections.py)
     max_connections: Annotated[int, msgspec.Meta(ge=0)] = 0
-    max_idle_connections: Annotated[int, msgspec.Meta(ge=1)] = 2048
+    max_idle_connections: Annotated[int, msgspec.Meta(ge=0)] = 0
     auth_cache_seconds: float = 2.0
     # processes serving the one port (router serve); more than 1 needs a shared store (PostgreSQL), and
     # shared rate limits need [limits] redis_url (else each worker keeps its own buckets)

@@ -165,9 +165,12 @@ class GuardedTCPServer(TCPServer):
 
 def install(max_connections: int, max_idle: int) -> Limits:
     """Serve hypercorn's connections as :class:`GuardedTCPServer` under these caps (0: the default
-    for ``max_connections``). The last call's caps apply to the whole process."""
+    for ``max_connections``; for ``max_idle``, ``max_connections``: a new connection counts as idle
+    until its request head is in, so a lower idle cap also cuts a burst of callers opening at once).
+    The last call's caps apply to the whole process."""
     global _limits
-    limits = Limits(max_connections or default_max_connections(), max_idle)
+    most = max_connections or default_max_connections()
+    limits = Limits(most, max_idle or most)
     if _limits is not None:  # a second gateway in one process: the connections stay counted
         limits.open, limits.idle = _limits.open, _limits.idle
     _limits = limits
