@@ -93,7 +93,8 @@ class RouterApp(Starlette):
     CORS, when configured, outside that."""
 
     def __init__(self, *, fast: dict[str, ASGIApp], access_log: bool, cors_origins: list[str],
-                 on_error: ErrorApp, **kwargs: Any) -> None:  # fmt: skip
+                 on_error: ErrorApp, drain_bytes: int, drain_seconds: float, **kwargs: Any) -> None:  # fmt: skip
+        self.drain_bytes, self.drain_seconds = drain_bytes, drain_seconds
         self.fast = fast
         self.on_error = on_error
         self.access_log = access_log
@@ -102,7 +103,8 @@ class RouterApp(Starlette):
 
     def build_middleware_stack(self) -> ASGIApp:
         front = Front(
-            super().build_middleware_stack(), access_log=self.access_log, fast=self.fast, on_error=self.on_error
+            super().build_middleware_stack(), access_log=self.access_log, fast=self.fast, on_error=self.on_error,
+            drain_bytes=self.drain_bytes, drain_seconds=self.drain_seconds,
         )
         return cors(front, self.cors_origins)  # outside Front: preflights of the fast paths too
 
@@ -135,6 +137,8 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
               "/v1/images/edits": endpoint_app(images.edits)},
         access_log=obs.access_log,
         on_error=_answerer(gateway),
+        drain_bytes=gateway.settings.server.max_body_bytes,
+        drain_seconds=gateway.settings.reliability.body_timeout,
         cors_origins=gateway.settings.server.cors_origins,
         routes=[
             Route("/v1/chat/completions", chat, methods=["POST"]),

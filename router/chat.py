@@ -53,6 +53,7 @@ async def read_body(request: Request, limit: int, seconds: float, deadlines: Dea
                     break
     except TimeoutError:
         raise RequestTimeout(f"The {what} did not arrive within {seconds:g} s.", headers={"Connection": "close"}) from None
+    trace_of(request.scope).body_read = True
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 

@@ -51,11 +51,26 @@ class Front:
     ASGI app answering POST) called straight, their exceptions answered by ``on_error``."""
 
     def __init__(self, app: ASGIApp, *, access_log: bool = True, fast: Mapping[str, ASGIApp] | None = None,
-                 on_error: ErrorApp | None = None) -> None:  # fmt: skip
+                 on_error: ErrorApp | None = None, drain_bytes: int = 8 * 1024 * 1024,
+                 drain_seconds: float = 30.0) -> None:  # fmt: skip
         self.app = app
         self.access_log = access_log
         self.fast = dict(fast or {})
         self.on_error = on_error
+        self.drain_bytes = drain_bytes  # an error answered before the body was read: how much of it is
+        self.drain_seconds = drain_seconds  # read first (see drain), and for how long
+
+    async def drain(self, receive: Receive) -> bool:
+        """Before an error answered with the request's body unread (a bad key, a wrong content type: the
+        endpoint refused before reading it), read the body and drop it, so that a caller still
+        sending it gets the answer on a connection that goes on: HTTP/1.1 leaves the unread body in the
+        way of the next request, and the server stopped reading, which left a caller sending a large
+        body blocked until its timeout. False (the connection is then closed after the answer) past
+        ``drain_bytes`` or ``drain_seconds``, or if the caller left."""
+        try:
+            return await asyncio.wait_for(_drained(receive, self.drain_bytes), self.drain_seconds)
+        except (TimeoutError, ClientDisconnect, OSError):
+            return False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -75,6 +90,7 @@ class Front:
         state[logs.TRACE] = logs.Trace(rid.decode(), began)
         status = 0
         stream = False
+        close = False  # an error answered with the body unread and not drained: the connection closes
 
         async def observe(message: Message) -> None:
             nonlocal status, stream
@@ -87,7 +103,8 @@ class Front:
                             stream = True
                             metrics.OPEN_STREAMS.inc()
                         break
-                message["headers"] = [*headers, (b"x-request-id", rid)]
+                message["headers"] = [*headers, (b"x-request-id", rid), *_CLOSE] if close else [
+                    *headers, (b"x-request-id", rid)]  # fmt: skip
             await send(message)
 
         path = route_path(scope)
@@ -103,6 +120,8 @@ class Front:
                         raise  # the answer has begun: the server drops the connection
                     if not isinstance(exc, GatewayError):
                         log.exception("unhandled error on %s", path)
+                    if not state[logs.TRACE].body_read and not _closes(exc):
+                        close = not await self.drain(receive)
                     await self.on_error(exc, scope)(scope, receive, observe)
             else:
                 await self.app(scope, receive, observe)
@@ -121,6 +140,29 @@ class Front:
             quiet = status < 400 and endpoint in _PROBES
             if self.access_log and not quiet and logs.ACCESS.isEnabledFor(logging.INFO):
                 logs.access(scope, status, elapsed, stream)
+
+
+_CLOSE = ((b"connection", b"close"),)
+
+
+def _closes(exc: Exception) -> bool:
+    """The error's answer closes the connection already (413, 408: the body is not to be read)."""
+    headers = getattr(exc, "headers", None) or {}
+    return any(k.lower() == "connection" and str(v).lower() == "close" for k, v in headers.items())
+
+
+async def _drained(receive: Receive, most: int) -> bool:
+    """Read the request's body to its end and drop it; False past ``most`` bytes or if the caller left."""
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return False
+        size += len(message.get("body", b""))
+        if size > most:
+            return False
+        if not message.get("more_body", False):
+            return True
 
 
 CORS_EXPOSED = ("x-request-id", "retry-after", "retry-after-ms", "x-request-cost", "x-budget-window", "x-budget-reset", *(

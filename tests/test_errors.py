@@ -287,3 +287,26 @@ def test_server_keeps_serving_after_errors(stack: Stack, client: openai.OpenAI) 
         _post(stack, body, stack.key())
     out = client.chat.completions.create(model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "still there?"}])
     assert out.choices[0].message.content
+
+
+def test_an_error_before_the_body_is_read_still_reaches_a_caller_sending_a_large_one(stack: Stack) -> None:
+    """The endpoint refuses (a wrong content type, a bad key) before reading the body: the gateway reads
+    and drops the body, then answers, so a caller still sending several MB is not left blocked (the
+    server had stopped reading) and the connection serves the next request."""
+    body = b"x" * (6 * 1024 * 1024)  # more than the sockets' buffers hold
+    for auth, wanted in ((f"Bearer {stack.key()}", b"HTTP/1.1 415"), ("Bearer sk-wrong", b"HTTP/1.1 401")):
+        head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: {auth}\r\n"
+                f"Content-Type: text/plain\r\nContent-Length: {len(body)}\r\n\r\n")  # fmt: skip
+        with socket.create_connection(("127.0.0.1", stack.port), timeout=20) as sock:
+            sock.sendall(head.encode() + body)  # blocked here before, until the socket's timeout
+            answer = b""
+            while b"\r\n\r\n" not in answer:
+                answer += sock.recv(65536)
+            assert answer.startswith(wanted), answer[:200]
+            assert b"connection: close" not in answer.lower()
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")  # the same connection goes on
+            rest = answer.split(b"\r\n\r\n", 1)[1]
+            while b"HTTP/1.1 200" not in rest:
+                piece = sock.recv(65536)
+                assert piece, "the connection was closed"
+                rest += piece
