@@ -31,6 +31,7 @@ from bench.stack import (
     UPSTREAM_MODEL,
     Target,
     drop_pg_database,
+    git_revision,
     pg_database,
     smoke,
     start_bare,
@@ -223,14 +224,7 @@ def versions(bench_venv: benchvenv.BenchVenv | None) -> dict[str, Any]:
         except PackageNotFoundError:
             out[dist] = None
     out["litellm"] = bench_venv.litellm_version if bench_venv else None
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=10, check=False).stdout.strip()  # fmt: skip
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True, timeout=10, check=False).stdout.strip()  # fmt: skip
-        out["git"] = head + (" (uncommitted changes)" if dirty else "")
-    except OSError:
-        out["git"] = None
+    out["git"] = git_revision()
     return out
 
 

@@ -242,3 +242,15 @@ def smoke(target: Target) -> dict[bool, str]:
         if not ("data: [DONE]" in text if stream else '"choices"' in text):
             failures[stream] = f"unexpected smoke {what} answer: {text[:300]}"
     return failures
+
+
+def git_revision() -> str | None:
+    """The checkout's short commit, marked if it has uncommitted changes; None without git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=10, check=False).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=10, check=False).stdout.strip()  # fmt: skip
+    except OSError:
+        return None
+    return head + (" (uncommitted changes)" if dirty else "")

@@ -52,6 +52,7 @@ from bench.stack import (
     ROOT,
     Target,
     drop_pg_database,
+    git_revision,
     pg_database,
     smoke,
     start_emulators,
@@ -272,17 +273,6 @@ def report(result: dict[str, Any]) -> str:
     for name, why in result["stores_unreadable"].items():
         lines.append(f"  {name} CPU not read: {why}")
     return "\n".join(lines)
-
-
-def git_revision() -> str | None:
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=10, check=False).stdout.strip()  # fmt: skip
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True, timeout=10, check=False).stdout.strip()  # fmt: skip
-    except OSError:
-        return None
-    return head + (" (uncommitted changes)" if dirty else "")
 
 
 def run(seconds: float = 20.0, concurrency: int = 32, stream: bool = False, rounds: int = 4) -> dict[str, Any]:
