@@ -69,7 +69,7 @@ class Front:
         ``drain_bytes`` or ``drain_seconds``, or if the caller left."""
         try:
             return await asyncio.wait_for(_drained(receive, self.drain_bytes), self.drain_seconds)
-        except (TimeoutError, ClientDisconnect, OSError):
+        except (TimeoutError, OSError):  # (a caller gone is a False from _drained)
             return False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -103,8 +103,7 @@ class Front:
                             stream = True
                             metrics.OPEN_STREAMS.inc()
                         break
-                message["headers"] = [*headers, (b"x-request-id", rid), *_CLOSE] if close else [
-                    *headers, (b"x-request-id", rid)]  # fmt: skip
+                message["headers"] = [*headers, (b"x-request-id", rid), *(_CLOSE if close else ())]
             await send(message)
 
         path = route_path(scope)
