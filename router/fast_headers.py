@@ -15,8 +15,14 @@ without checking again the headers it keeps: they come from a ``Headers`` that w
 made, and every rule is about one name, all of whose lines it replaces; only the new lines are
 checked. A stream's head was checked three times, now once and a line.
 
-:func:`install` puts it where h11 looks it up (``h11._events``, ``h11._headers``); ``router.serve``
-calls it for the processes it runs.
+A request's header lines are read by :func:`decode_header_lines` into one list (h11 runs two
+generators and builds a dict per line), the headers h11's parser read go through the same names cache
+(``_parsed``: no regex, as h11 skips them too), and iterating a ``Headers`` goes over its list rather
+than ``Sequence.__iter__``'s ``__getitem__`` per line. The tests hold each equal to h11's own.
+
+:func:`install` puts them where h11 looks them up (``h11._events``, ``h11._headers``,
+``h11._connection``, ``h11._readers``, the ``Headers`` class); ``router.serve`` calls it for the
+processes it runs.
 """
 
 from __future__ import annotations
