@@ -95,14 +95,21 @@ class Backend(ABC):
 
 class Plan:
     """One key's buckets whose limit is not 0, requests before tokens: (storage name, limit, seconds
-    per unit, counts tokens), and their kinds (``_KINDS``)."""
+    per unit, counts tokens), and their kinds (``_KINDS``). ``by_kind``: the same buckets for the
+    admission's arithmetic, by what they count (requests, then tokens): (counts tokens, the header
+    names of that kind, its buckets as (storage name, limit, seconds per unit, limit as header bytes))."""
 
-    __slots__ = ("buckets", "kinds", "tokens")
+    __slots__ = ("buckets", "kinds", "tokens", "by_kind")
 
     def __init__(self, buckets: list[tuple[str, int, bool]], kinds: list[str]) -> None:
         self.buckets = [(name, limit, PERIOD / limit, is_tokens) for name, limit, is_tokens in buckets]
         self.kinds = kinds
         self.tokens = any(is_tokens for _, _, is_tokens in buckets)
+        self.by_kind = [
+            (counts, _NAMES[counts], [(n, limit, step, b"%d" % limit) for n, limit, step, t in self.buckets if t == counts])
+            for counts in (False, True)
+            if any(t == counts for *_, t in self.buckets)
+        ]  # fmt: skip
 
 
 _NAMES = {  # (limit, remaining, reset) header names by counts-tokens
@@ -116,7 +123,7 @@ def raw_headers(tightest: list[tuple[bool, int, int, float]]) -> Headers:
     out: Headers = []
     for is_tokens, limit, remaining, reset in tightest:
         names = _NAMES[is_tokens]
-        out += ((names[0], b"%d" % limit), (names[1], b"%d" % remaining), (names[2], duration(reset).encode()))
+        out += ((names[0], b"%d" % limit), (names[1], b"%d" % remaining), (names[2], reset_bytes(reset)))
     return out
 
 
@@ -134,6 +141,13 @@ _WHAT = {
     "group_rpm": ("requests per minute (RPM)", "this key's group"),
     "group_tpm": ("tokens per minute (TPM)", "this key's group"),
 }
+
+
+def reset_bytes(seconds: float) -> bytes:
+    """:func:`duration` as header bytes; the common case (under a second) without a string."""
+    if 0 < seconds < 1:
+        return b"%dms" % max(math.ceil(seconds * 1000), 1)
+    return duration(seconds).encode()
 
 
 def duration(seconds: float) -> str:

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from core.types import Headers
-from gateway.ratelimit import PERIOD, Backend, Bucket, BucketState, Plan, gcra, raw_headers
+from gateway.ratelimit import PERIOD, Backend, Bucket, BucketState, Plan, gcra, reset_bytes
 
 SWEEP_EVERY = 4096  # takes between sweeps of full (expired) buckets
 
@@ -51,33 +51,33 @@ class MemoryBackend(Backend):
 
     def admit_now(self, plan: Plan, tokens: int) -> Headers | None:
         """The common case of ``take`` in plain arithmetic: if every bucket of ``plan`` has room for
-        this call (1 request, ``tokens`` tokens), take from all and return the response's headers;
-        else take nothing and return None (the caller's general path then refuses)."""
+        this call (1 request, ``tokens`` tokens), take from all and return the response's headers (of
+        each kind the tightest bucket: the least remaining, the later reset on a tie, as ``gcra``
+        counts them); else take nothing and return None (the caller's general path then refuses)."""
         now = self.clock()
         horizon = now + self.period  # a bucket has room if its TAT after this call is not beyond
         tats = self._tat
-        new: list[float] = []
-        for name, limit, interval, is_tokens in plan.buckets:
+        new: list[tuple[str, float]] = []
+        out: Headers = []
+        for is_tokens, names, buckets in plan.by_kind:
             cost = tokens if is_tokens else 1
-            tat = tats.get(name, now)
-            if tat < now:
-                tat = now
-            tat += cost * interval
-            if tat > horizon or cost > limit:
-                return None
-            new.append(tat)
-        tightest: list[tuple[bool, int, int, float]] = []  # of each kind (gcra's remaining and reset)
-        for (name, limit, interval, is_tokens), tat in zip(plan.buckets, new, strict=True):
+            least, latest, limit_text = -1, 0.0, b""
+            for name, limit, interval, text in buckets:
+                tat = tats.get(name, now)
+                if tat < now:
+                    tat = now
+                tat += cost * interval
+                if tat > horizon or cost > limit:
+                    return None
+                new.append((name, tat))
+                remaining = int((horizon - tat) / interval + 1e-6)
+                if least < 0 or remaining < least or (remaining == least and tat > latest):
+                    least, latest, limit_text = remaining, tat, text
+            out += ((names[0], limit_text), (names[1], b"%d" % least), (names[2], reset_bytes(latest - now)))
+        for name, tat in new:
             tats[name] = tat
-            remaining = int((horizon - tat) / interval + 1e-6)
-            if not tightest or tightest[-1][0] != is_tokens:
-                tightest.append((is_tokens, limit, remaining, tat - now))
-            else:
-                held = tightest[-1]
-                if remaining < held[2] or (remaining == held[2] and tat - now > held[3]):
-                    tightest[-1] = (is_tokens, limit, remaining, tat - now)
         self._swept(now)
-        return raw_headers(tightest)
+        return out
 
     def _swept(self, now: float) -> None:
         """Now and then, forget the buckets that are full again (their TAT has passed)."""
