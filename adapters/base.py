@@ -169,6 +169,12 @@ class Adapter(ABC):
     @abstractmethod
     def parse_response(self, call: Call, body: bytes) -> tuple[dict[str, Any], TokenUsage | None]: ...
 
+    def plain_answer(self, call: Call, body: bytes) -> tuple[dict[str, msgspec.Raw], TokenUsage] | None:
+        """A non-stream answer that needs no translation, as its top-level fields' bytes and its usage:
+        what :meth:`parse_response` would give, left undecoded (the caller only re-encodes it); None
+        when this adapter has no such short way or this answer needs the long one."""
+        return None
+
     @abstractmethod
     def stream(self, call: Call) -> StreamTranslator: ...
 

@@ -8,6 +8,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import msgspec
+
 from adapters.base import Adapter, Call
 from core.catalog import Model
 from core.deployments import Deployment
@@ -18,6 +20,8 @@ from gateway.codec import Answer, Codec, Leg, fallback_list
 from gateway.routing import conversation
 from gateway.state import Gateway
 from gateway.stream import ChatReader, Shaper
+
+_decode = msgspec.json.Decoder().decode
 
 
 def completion_id() -> str:
@@ -38,12 +42,13 @@ class ChatCodec(Codec):
     """A chat request: ``raw`` is its decoded body (unknown fields pass through), ``req`` its view."""
 
     def __init__(self, raw: dict[str, Any], req: ChatRequest, size: int, endpoint: Endpoint = "chat",
-                 raw_chunks: bool = False) -> None:  # fmt: skip
+                 encode_only: bool = False) -> None:  # fmt: skip
         # (Codec's fields set here directly: this runs on every chat call)
         self.view, self.size, self.stream, self.endpoint = req, size, bool(req.stream), endpoint
         self.models = fallback_list(raw) if "models" in raw or "route" in raw else []
         self.raw = raw
-        self.raw_chunks = raw_chunks  # the consumer only encodes the chunks: plain ones may be bytes
+        # the consumer only encodes what it gets (the chunks, the answer): plain parts may stay bytes
+        self.encode_only = encode_only
 
     def conversation(self, key_id: int, first: int) -> bytes:
         return conversation(key_id, self.raw, first)
@@ -60,17 +65,17 @@ class ChatCodec(Codec):
             stream=stream,
             include_usage=bool(stream and req.stream_options and req.stream_options.include_usage),
         )
-        return ChatLeg(call, gw.adapters[model.provider], self.raw_chunks)
+        return ChatLeg(call, gw.adapters[model.provider], self.encode_only)
 
 
 class ChatLeg(Leg):
-    __slots__ = ("call", "adapter", "raw_chunks")
+    __slots__ = ("call", "adapter", "encode_only")
 
-    def __init__(self, call: Call, adapter: Adapter, raw_chunks: bool) -> None:
+    def __init__(self, call: Call, adapter: Adapter, encode_only: bool) -> None:
         super().__init__(call.model, call.model_id, adapter.build_request(call))
         self.call = call
         self.adapter = adapter
-        self.raw_chunks = raw_chunks
+        self.encode_only = encode_only
 
     @property
     def prompt(self) -> dict[str, Any]:
@@ -80,6 +85,16 @@ class ChatLeg(Leg):
         return self.adapter.error(status, body, headers)
 
     def answer(self, payload: bytes) -> Answer:
+        plain = self.adapter.plain_answer(self.call, payload) if self.encode_only else None
+        if plain is not None:  # the same body, its fields left as the upstream's bytes
+            top, reported = plain
+            pop = top.pop
+            created = pop("created", None)
+            pop("id", None), pop("object", None), pop("model", None)
+            return Answer({"id": completion_id(), "object": "chat.completion",
+                           "created": (created is not None and _decode(created)) or int(time.time()),
+                           "model": self.call.model_id, "choices": pop("choices"), "usage": pop("usage"), **top},
+                          reported)  # fmt: skip
         data, usage = self.adapter.parse_response(self.call, payload)
         pop = data.pop
         created = pop("created", None)
@@ -101,4 +116,4 @@ class ChatLeg(Leg):
     def reader(self) -> ChatReader:
         call = self.call
         shaper = Shaper(call, completion_id(), int(time.time()))
-        return ChatReader(call, self.adapter.stream(call), shaper, self.raw_chunks)
+        return ChatReader(call, self.adapter.stream(call), shaper, self.encode_only)

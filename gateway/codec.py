@@ -151,7 +151,11 @@ class Leg(ABC):
 
     def price(self, body: dict[str, Any], cost: Cost) -> None:
         """Put ``cost`` into the answer ``body`` (chat: ``usage.cost``)."""
-        body["usage"] = chat_priced(body.get("usage"), cost)
+        usage = body.get("usage")
+        if isinstance(usage, msgspec.Raw):  # a plain answer's (non-empty, no ``cost``: Adapter.plain_answer)
+            body["usage"] = msgspec.Raw(bytes(usage)[:-1] + b',"cost":' + cost.text.encode() + b"}")
+        else:
+            body["usage"] = chat_priced(usage, cost)
 
 
 class WholeLeg(Leg):

@@ -149,7 +149,7 @@ class ChatCompletions:
         raw, req = parse_chat_request(body)
         trace.model, trace.stream = req.model, bool(req.stream)
         identify(context, raw)
-        codec = ChatCodec(raw, req, len(body), raw_chunks=True)
+        codec = ChatCodec(raw, req, len(body), encode_only=True)
         start = self.pipeline.start(context, codec)
         if not codec.stream:
             return await answered(self.pipeline, start, trace)

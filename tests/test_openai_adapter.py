@@ -8,7 +8,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from adapters import ADAPTERS
 from adapters.base import Call, StreamTranslator, UpstreamStreamError
@@ -17,7 +20,9 @@ from core.catalog import Catalog
 from core.deployments import Deployment
 from core.errors import UpstreamError
 from core.sse import SSEDecoder
-from core.wire import parse_chat_request
+from core.wire import TokenUsage, decode_openai_usage, parse_chat_request, usage_from_openai
+from gateway.chat_codec import ChatLeg
+from gateway.codec import Cost
 
 FIXTURES = Path(__file__).parent / "fixtures" / "openai"
 CATALOG = Catalog.load()
@@ -197,3 +202,103 @@ def test_alnum9_is_stable_and_keeps_valid_ids() -> None:
     assert alnum9("call_a") != alnum9("call_b")
     assert alnum9("abcDEF123") == "abcDEF123"
     assert alnum9("abc-EF123") != "abc-EF123"  # nine, but not all alphanumerics
+
+
+# ------------------------------------------------------------------ plain answers (left as bytes)
+
+_counts = st.one_of(st.none(), st.integers(-3, 10**12), st.floats(0, 100), st.text(max_size=3), st.booleans())
+_details = st.one_of(
+    st.none(),
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "cached_tokens": _counts,
+            "cache_write_tokens": _counts,
+            "reasoning_tokens": _counts,
+            "reasoning_tokens_estimated": st.one_of(st.booleans(), st.none(), st.just("yes")),
+            "audio_tokens": _counts,
+        },
+    ),
+)
+_usages = st.fixed_dictionaries({}, optional={
+    "prompt_tokens": _counts, "completion_tokens": _counts, "total_tokens": _counts, "prompt_cache_hit_tokens": _counts,
+    "prompt_tokens_details": _details, "completion_tokens_details": _details, "cost": st.floats(0, 1)})  # fmt: skip
+_messages = st.fixed_dictionaries({"role": st.just("assistant")}, optional={
+    "content": st.one_of(st.none(), st.text(max_size=20), st.just([{"type": "text", "text": "hi"}])),
+    "refusal": st.none(), "annotations": st.just([]),
+    "tool_calls": st.one_of(st.none(), st.just([{"id": "call_1", "type": "function",
+                                                "function": {"name": "f", "arguments": "{}"}}]))})  # fmt: skip
+_choices = st.lists(st.fixed_dictionaries({"index": st.integers(0, 3), "message": _messages, "logprobs": st.none(),
+                                           "finish_reason": st.sampled_from(["stop", "length", "tool_calls", None])}),
+                    min_size=1, max_size=3)  # fmt: skip
+_answers = st.fixed_dictionaries(
+    {"choices": _choices, "usage": st.one_of(_usages, st.none())},
+    optional={"id": st.text(max_size=8), "object": st.just("chat.completion"), "model": st.text(max_size=8),
+              "created": st.one_of(st.integers(0, 2**40), st.none()), "service_tier": st.just("default"),
+              "system_fingerprint": st.text(max_size=8), "x_extra": st.dictionaries(st.text(max_size=3), st.integers())},
+)  # fmt: skip
+
+
+def _priced(leg: ChatLeg, payload: bytes) -> tuple[dict[str, Any], Any]:
+    answer = leg.answer(payload)
+    if answer.usage is not None:
+        leg.price(answer.body, COST)
+    body = json.loads(msgspec.json.encode(answer.body))
+    body.pop("id"), body.pop("created")  # (a new id each time; the clock's second if the upstream gave none)
+    return body, answer.usage
+
+
+def _int_or_none(value: Any) -> bool:
+    return value is None or type(value) is int  # (what the typed usage reads: not a bool, a float, a string)
+
+
+COST = Cost("0.000123", msgspec.Raw(b"0.000123"), TokenUsage(prompt=1, completion=2))
+
+
+@settings(max_examples=400, deadline=None)
+@given(answer=_answers, pretty=st.booleans())
+def test_a_plain_answer_left_as_bytes_is_the_answer_parsed(answer: dict[str, Any], pretty: bool) -> None:
+    """The chat endpoint's short way (``plain_answer``: the upstream's fields kept as bytes, ``cost``
+    spliced into its usage) gives what the long way gives, whenever it is taken, and it is taken for
+    the common answer (text choices, a usage of integer counts)."""
+    payload = json.dumps(answer, indent=1 if pretty else None).encode()
+    call = make_call({"messages": HELLO})
+    openai = adapter("openai")
+    plain = openai.plain_answer(call, payload)
+    try:
+        expected = _priced(ChatLeg(call, openai, False), payload)
+    except UpstreamError:
+        assert plain is None
+        return
+    assert _priced(ChatLeg(call, openai, True), payload) == expected
+    usage = answer["usage"]
+    common = (isinstance(usage, dict) and usage and "cost" not in usage
+              and all(_int_or_none(usage.get(k)) for k in ("prompt_tokens", "completion_tokens", "prompt_cache_hit_tokens"))
+              and all(d is None or all(_int_or_none(d.get(k)) for k in ("cached_tokens", "cache_write_tokens", "reasoning_tokens"))
+                      for d in (usage.get("prompt_tokens_details"), usage.get("completion_tokens_details")))
+              and all(not isinstance(c["message"].get("content"), list) and c["message"].get("tool_calls") is None
+                      for c in answer["choices"]))  # fmt: skip
+    assert (plain is not None) == bool(common)
+
+
+@settings(max_examples=400, deadline=None)
+@given(usage=_usages)
+def test_the_usage_read_from_bytes_is_the_usage_read_from_a_dict(usage: dict[str, Any]) -> None:
+    try:
+        counts = decode_openai_usage(json.dumps(usage).encode())
+    except msgspec.ValidationError:
+        return  # (not integer counts: read as a dict)
+    assert counts.tokens() == usage_from_openai(usage)
+
+
+def test_providers_that_rename_or_map_take_the_long_way() -> None:
+    body = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1}}  # fmt: skip
+    payload = json.dumps(body).encode()
+    assert adapter("openai").plain_answer(make_call({"messages": HELLO}), payload) is not None
+    for prefix, model in (("mistral", "mistral/magistral-medium-latest"), ("upstage", "upstage/solar-pro3")):
+        spec = CATALOG.providers[prefix]
+        assert (
+            spec.reasoning_field or spec.finish_reasons
+        )  # (Solar's reasoning field, Mistral's model_length)
+        assert adapter(prefix).plain_answer(make_call({"messages": HELLO}, model), payload) is None
