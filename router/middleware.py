@@ -61,8 +61,9 @@ class Front:
         self.drain_seconds = drain_seconds  # read first (see drain), and for how long
 
     async def drain(self, receive: Receive) -> bool:
-        """Before an error answered with the request's body unread (a bad key, a wrong content type: the
-        endpoint refused before reading it), read the body and drop it, so that a caller still
+        """Before an answer with the request's body unread (a bad key, a wrong content type: the endpoint
+        refused before reading it; a model endpoint's error, or any route's answer), read the body and
+        drop it, so that a caller still
         sending it gets the answer on a connection that goes on: HTTP/1.1 leaves the unread body in the
         way of the next request, and the server stopped reading, which left a caller sending a large
         body blocked until its timeout. False (the connection is then closed after the answer) past
@@ -91,12 +92,17 @@ class Front:
         status = 0
         stream = False
         close = False  # an error answered with the body unread and not drained: the connection closes
+        unread = False  # a route (not a fast one) answers with the request's body not read to its end
 
         async def observe(message: Message) -> None:
-            nonlocal status, stream
+            nonlocal status, stream, close, unread
             if message["type"] == "http.response.start":
                 status = message["status"]
                 headers = message.get("headers") or []
+                if unread:  # (the fast routes' errors are drained before they are answered)
+                    unread = False
+                    if _CLOSE[0] not in headers:
+                        close = not await self.drain(receive)
                 for name, value in headers:
                     if name == b"content-type":
                         if value.startswith(b"text/event-stream"):
@@ -123,7 +129,19 @@ class Front:
                         close = not await self.drain(receive)
                     await self.on_error(exc, scope)(scope, receive, observe)
             else:
-                await self.app(scope, receive, observe)
+                unread = _has_body(scope)
+                if unread:
+
+                    async def tracked() -> Message:  # the body read to its end (or the caller gone)
+                        nonlocal unread
+                        message = await receive()
+                        if message["type"] != "http.request" or not message.get("more_body", False):
+                            unread = False
+                        return message
+
+                    await self.app(scope, tracked, observe)
+                else:
+                    await self.app(scope, receive, observe)
         except asyncio.CancelledError:
             status = status or 499  # the caller went away before an answer
             raise
@@ -142,6 +160,13 @@ class Front:
 
 
 _CLOSE = ((b"connection", b"close"),)
+
+
+def _has_body(scope: Scope) -> bool:
+    for name, value in scope["headers"]:
+        if (name == b"content-length" and value != b"0") or name == b"transfer-encoding":
+            return True
+    return False
 
 
 def _closes(exc: Exception) -> bool:

@@ -294,8 +294,12 @@ def test_an_error_before_the_body_is_read_still_reaches_a_caller_sending_a_large
     and drops the body, then answers, so a caller still sending several MB is not left blocked (the
     server had stopped reading) and the connection serves the next request."""
     body = b"x" * (6 * 1024 * 1024)  # more than the sockets' buffers hold
-    for auth, wanted in ((f"Bearer {stack.key()}", b"HTTP/1.1 415"), ("Bearer sk-wrong", b"HTTP/1.1 401")):
-        head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: {auth}\r\n"
+    cases = (("/v1/chat/completions", f"Bearer {stack.key()}", b"HTTP/1.1 415"),
+             ("/v1/chat/completions", "Bearer sk-wrong", b"HTTP/1.1 401"),
+             ("/v1/files", "Bearer sk-wrong", b"HTTP/1.1 401"),  # (routes of their own, not the model endpoints')
+             ("/v1/batches", "Bearer sk-wrong", b"HTTP/1.1 401"))  # fmt: skip
+    for path, auth, wanted in cases:
+        head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: {auth}\r\n"
                 f"Content-Type: text/plain\r\nContent-Length: {len(body)}\r\n\r\n")  # fmt: skip
         with socket.create_connection(("127.0.0.1", stack.port), timeout=20) as sock:
             sock.sendall(head.encode() + body)  # blocked here before, until the socket's timeout
