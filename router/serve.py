@@ -19,7 +19,7 @@ from hypercorn.config import Config
 
 from core.config import ServerSettings
 from core.types import ASGIApp
-from router import connections, fast_headers
+from router import connections, fast_h11, fast_headers
 
 if TYPE_CHECKING:
     from core.config import Settings
@@ -67,6 +67,7 @@ async def serve(app: ASGIApp, server: ServerSettings, started: Callable[[], Awai
     config = hypercorn_config(server)
     connections.install(server.max_connections, server.max_idle_connections)
     fast_headers.install()
+    fast_h11.install()
     if fd is not None:
         config.bind = [f"fd://{fd}"]  # a worker of serve_workers: the socket is its parent's
     # hypercorn types the ASGI scope and messages as TypedDicts, Starlette and we as mutable mappings:
