@@ -17,6 +17,10 @@ Two things hypercorn 0.18 does not do, which let one client exhaust the process:
   opens another); when every connection is busy it is answered ``503`` with ``Retry-After`` and
   closed. So a flood of idle or half-open connections cannot shut out a real caller or ``/healthz``.
 
+And one it does at a price: its keep-alive timer is a task per idle period (with a ``wait_for`` and
+its inner task), cancelled and awaited at the next request, about a twelfth of a call's instructions;
+:class:`_IdleTimer` keeps the same timeout and the same shutdown behaviour with one timer handle.
+
 hypercorn builds its ``TCPServer`` by name in ``hypercorn.asyncio.run``; :func:`install` puts ours
 there (once per process: descriptors are the process's).
 """
@@ -26,11 +30,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
+import weakref
 from typing import Any
 
 import hypercorn.asyncio.run as hypercorn_run
 from hypercorn.asyncio.tcp_server import TCPServer
-from hypercorn.asyncio.worker_context import AsyncioSingleTask
 
 from core import metrics
 
@@ -105,24 +109,77 @@ class Limits:
 _limits: Limits | None = None
 
 
-class _IdleTimer(AsyncioSingleTask):
+class _IdleTimer:
     """hypercorn's keep-alive timer of one connection, which runs exactly while the connection is
     idle: its starts and stops tell :class:`Limits` which connections may be closed to make room
-    (without a hook on every event the connection sends)."""
+    (without a hook on every event the connection sends).
+
+    hypercorn runs it as a task per idle period (a ``wait_for`` on the shutdown event, with its own
+    inner task and timer), cancelled and awaited when the next request comes: about a twelfth of the
+    instructions of a call. Here an idle period is one timer handle (``loop.call_later``), cancelled
+    when the connection is busy again; when it fires, or when the worker shuts down while the
+    connection is idle (``context.terminated`` set), the connection is closed as hypercorn's timer
+    closes it (``_initiate_server_close``, shielded: a close once begun completes)."""
+
+    __slots__ = ("conn", "_handle")
 
     def __init__(self, conn: GuardedTCPServer) -> None:
-        super().__init__()
         self.conn = conn
+        self._handle: asyncio.TimerHandle | None = None
 
     async def restart(self, task_group: Any, action: Any) -> None:
         if _limits is not None:
             _limits.resting(self.conn)
-        await super().restart(task_group, action)
+        if self._handle is not None:
+            self._handle.cancel()
+        context = self.conn.context
+        if context.terminated.is_set():
+            self._handle = None
+            self.fire()
+            return
+        self._handle = asyncio.get_running_loop().call_later(self.conn.config.keep_alive_timeout, self.fire)
+        _idle_of(context).add(self)
 
     async def stop(self) -> None:
         if _limits is not None:
             _limits.busy(self.conn)
-        await super().stop()
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+            _idle_of(self.conn.context).discard(self)
+
+    def fire(self) -> None:
+        """The connection has been idle for ``keep_alive_timeout``, or the worker is shutting down."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        _idle_of(self.conn.context).discard(self)
+        task = asyncio.ensure_future(asyncio.shield(self.conn._initiate_server_close()))
+        _closing.add(task)
+        task.add_done_callback(_closing.discard)
+
+
+_closing: set[asyncio.Future[Any]] = set()  # closes under way (a reference keeps each task alive)
+# a worker context -> the timers of its idle connections
+_idle: weakref.WeakKeyDictionary[Any, set[_IdleTimer]] = weakref.WeakKeyDictionary()
+
+
+def _idle_of(context: Any) -> set[_IdleTimer]:
+    """The idle timers of ``context``'s connections; the first time, its shutdown event is made to
+    close them when it is set (hypercorn sets it once, when the worker stops)."""
+    timers = _idle.get(context)
+    if timers is None:
+        timers = _idle[context] = set()
+        terminated = context.terminated
+        set_event = terminated.set
+
+        async def set_and_close() -> None:
+            await set_event()
+            for timer in list(timers):
+                timer.fire()
+
+        terminated.set = set_and_close
+    return timers
 
 
 class GuardedTCPServer(TCPServer):
@@ -148,7 +205,7 @@ class GuardedTCPServer(TCPServer):
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        self.idle_task = _IdleTimer(self)
+        self.idle_task = _IdleTimer(self)  # type: ignore[assignment]  # (hypercorn's restart/stop, without a task)
 
     def evict(self) -> None:
         """Close this idle connection to make room for a new one: its reading loop sees the end."""

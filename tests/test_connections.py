@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import resource
@@ -145,3 +146,94 @@ def test_a_connection_past_the_cap_with_every_one_busy_gets_503(stack: Stack, tm
     finally:
         proc.terminate()
         proc.wait(15)
+
+
+def _answer(sock: socket.socket, request: bytes) -> bytes:
+    """One request on ``sock`` and its whole answer (head and Content-Length body; it may come in
+    several reads)."""
+    sock.sendall(request)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        piece = sock.recv(65536)
+        assert piece, "the connection was closed"
+        data += piece
+    head, body = data.split(b"\r\n\r\n", 1)
+    length = next(int(line.split(b":")[1]) for line in head.lower().split(b"\r\n") if line.startswith(b"content-length:"))
+    while len(body) < length:
+        piece = sock.recv(65536)
+        assert piece, "the connection was closed"
+        body += piece
+    return head
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> float:
+    """Seconds until the server closes ``sock`` (reads its answers on the way); fails past ``seconds``."""
+    began = time.monotonic()
+    sock.settimeout(seconds)
+    while True:
+        try:
+            data = sock.recv(65536)
+        except TimeoutError:
+            raise AssertionError(f"still open after {seconds} s") from None
+        if not data:
+            return time.monotonic() - began
+
+
+def test_idle_connections_are_closed_after_the_keep_alive_timeout_and_at_shutdown(stack: Stack, tmp_path: Path) -> None:
+    """The keep-alive timer runs while a connection is idle (router/connections.py: a timer handle per
+    idle period): a connection that never sent, one idle after its answers, one whose requests came
+    within the timeout each time are closed keep_alive_timeout after they were last busy, not before;
+    a worker shutting down closes its idle connections at once."""
+    config, key = _config_with_key(tmp_path, f"sqlite:///{tmp_path}/r.db", stack.emulators["openai"], "idle", 10,
+                                   "[server]\nkeep_alive_timeout = 1.5\n")  # fmt: skip
+    port = free_port()
+    proc = _serve(config, port, tmp_path / "gw.log")
+    health = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    socks: list[socket.socket] = []
+    try:
+        silent = socket.create_connection(("127.0.0.1", port))
+        answered = socket.create_connection(("127.0.0.1", port))
+        socks += [silent, answered]
+        assert _answer(answered, health).startswith(b"HTTP/1.1 200")
+        assert 1.0 < _closed_within(silent, 10) < 5
+        assert _closed_within(answered, 10) < 5
+        kept = socket.create_connection(("127.0.0.1", port))
+        socks.append(kept)
+        for _ in range(4):  # busy again before each timeout: the timer starts over each time
+            assert _answer(kept, health).startswith(b"HTTP/1.1 200"), "closed while it was being used"
+            time.sleep(1.0)
+        assert _answer(kept, health).startswith(b"HTTP/1.1 200"), "closed while it was being used"
+        assert 1.0 < _closed_within(kept, 10) < 5
+        # a call busy for longer than the timeout (a stream of 6 events 600 ms apart) is not cut
+        slow = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        body = json.dumps({"model": "openai/gpt-4o-mini", "stream": True,
+                           "messages": [{"role": "user", "content": "slowly [tokens:6] [delay:600]"}]})  # fmt: skip
+        slow.request("POST", "/v1/chat/completions", body, {"Authorization": f"Bearer {key}",
+                                                            "Content-Type": "application/json"})  # fmt: skip
+        began = time.monotonic()
+        streamed = slow.getresponse().read()
+        assert streamed.rstrip().endswith(b"data: [DONE]") and time.monotonic() - began > 2, streamed[-200:]
+        slow.close()
+    finally:
+        for sock in socks:
+            sock.close()
+        proc.terminate()
+        proc.wait(15)
+    config.write_text(config.read_text().replace("keep_alive_timeout = 1.5", "keep_alive_timeout = 60"))
+    proc = _serve(config, port, tmp_path / "gw2.log")
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(5)]
+    try:
+        for sock in idle[:3]:
+            assert _answer(sock, health).startswith(b"HTTP/1.1 200")
+        began = time.monotonic()
+        proc.terminate()
+        proc.wait(15)
+        assert time.monotonic() - began < 10  # (not the 60 s keep-alive timeout)
+        for sock in idle:
+            assert _closed_within(sock, 5) < 5
+    finally:
+        for sock in idle:
+            sock.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(15)
