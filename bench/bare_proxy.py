@@ -4,6 +4,10 @@
 
 No auth, no parsing, no billing: the body goes upstream as-is with the upstream's key, the answer comes
 back as-is (streams chunk by chunk). Same hypercorn settings as ``router serve``, uvloop when present.
+``--server hypercorn-tuned``: on the gateway's own server layer (what ``router serve`` installs under
+hypercorn: router/connections.py's connections and keep-alive timer, router/fast_headers.py,
+router/fast_h11.py, router/fast_hypercorn.py), to tell what the gateway's features cost from what its
+server layer saves (bench.instructions reports both).
 """
 
 from __future__ import annotations
@@ -83,8 +87,15 @@ if __name__ == "__main__":
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--upstream", required=True, help="API root of the upstream, e.g. http://h:p/v1")
     parser.add_argument("--key", required=True, help="the upstream's API key")
-    parser.add_argument("--server", choices=["hypercorn", "uvicorn"], default="hypercorn")
+    parser.add_argument("--server", choices=["hypercorn", "hypercorn-tuned", "uvicorn"], default="hypercorn")
     args = parser.parse_args()
+    if args.server == "hypercorn-tuned":
+        from router import connections, fast_h11, fast_headers, fast_hypercorn
+
+        connections.install(0, 0)
+        fast_headers.install()
+        fast_h11.install()
+        fast_hypercorn.install()
     if args.server == "uvicorn":  # the floor of the gateway's uvicorn run (bench gw-uvicorn)
         import uvicorn
 

@@ -9,8 +9,9 @@ run whatever else the machine does. Each server runs under callgrind; after a wa
 are zeroed, ``--calls`` calls are made (``--concurrency`` at a time, the same 12-token request as
 ``make bench``), and the counters dumped: their total over the calls is the cost of one call.
 
-The servers: the bare proxy (the floor of the stack), the gateway with every feature on (as in ``make
-bench``), the gateway with the ``x-ratelimit-*`` headers on 429s only (``[limits] headers = false``),
+The servers: the bare proxy (the floor of the stack: stock hypercorn), the same proxy on the gateway's
+own server layer (``bare-tuned``: what ``router serve`` installs under hypercorn, which is part of what
+the gateway saves), the gateway with every feature on (as in ``make bench``), the gateway with the ``x-ratelimit-*`` headers on 429s only (``[limits] headers = false``),
 without rate limits, and without rate limits and access log (what those cost), and the gateway and the
 bare proxy under uvicorn. Instructions are not time (a syscall or a cache miss costs more than its count), so this
 complements the wall-clock figures: ``gateway / bare`` here is how much more work a call is.
@@ -78,6 +79,9 @@ SERVERS = {
     "gw-no-limit-headers": Server("gateway, x-ratelimit-* on 429s only", "bare", (True, False, True)),
     "gw-no-limits": Server("gateway, no rate limits", "bare", (False, False, True)),
     "gw-no-limits-log": Server("gateway, no rate limits, no access log", "bare", (False, False, False)),
+    # the bare proxy on the gateway's server layer (what router serve installs under hypercorn): the
+    # gateway's features against it, apart from what that layer saves against stock hypercorn
+    "bare-tuned": Server("bare proxy, gateway's server layer", "bare", None, "hypercorn-tuned"),
     "bare-uvicorn": Server("bare proxy under uvicorn", "bare-uvicorn", None, "uvicorn"),
     "gw-uvicorn": Server("gateway under uvicorn, every feature", "bare-uvicorn", (True, True, True), "uvicorn"),
     # compared with the same gateway on SQLite: what the path replicas use costs a call's process
@@ -210,6 +214,12 @@ def report(results: dict[str, dict[str, float]]) -> str:
     if gateway and litellm:
         for mode in MODE_NAMES:
             lines.append(f"  {mode}: a call through LiteLLM executes {litellm[mode] / gateway[mode]:.1f}x the gateway's instructions")
+    tuned = results.get("bare-tuned")
+    if gateway and tuned:
+        for mode in MODE_NAMES:
+            lines.append(f"  {mode}: the gateway's features cost {gateway[mode] / tuned[mode]:.2f}x the bare proxy on the "
+                         f"same server layer, which saves {1 - tuned[mode] / bare[mode]:.0%} of stock hypercorn's call"
+                         if bare else f"  {mode}: gateway / bare proxy on its server layer {gateway[mode] / tuned[mode]:.2f}x")  # fmt: skip
     if gateway and bare:
         for mode in MODE_NAMES:
             ratio = gateway[mode] / bare[mode]
