@@ -11,6 +11,7 @@ the keep-alive timer fired).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from typing import cast
 
@@ -116,10 +117,8 @@ class LateSSE(SSE):
         self.failed = failed
 
     async def begin(self, send: Send) -> None:
-        early: list[asyncio.Task[None]] = []
-        timer = asyncio.get_running_loop().call_later(
-            self.keepalive, lambda: early.append(asyncio.ensure_future(self._keep_alive(send)))
-        )
+        early: list[_KeepAlive] = []
+        timer = asyncio.get_running_loop().call_later(self.keepalive, lambda: early.append(_KeepAlive(self, send)))
         error: GatewayError | None = None
         try:
             extra = await self.stream.__anext__()
@@ -127,12 +126,14 @@ class LateSSE(SSE):
             if not early:
                 raise  # nothing sent yet: a plain HTTP error
             error = exc
+        except BaseException:  # cancelled (the caller left), or a bug: the keep-alive stops at once
+            for keepalive in early:
+                keepalive.task.cancel()
+            raise
         finally:
             timer.cancel()
-            for task in early:
-                task.cancel()
-            if early:
-                await asyncio.wait(early)
+        if early:  # the response has started (or starts now: the timer fired in this very turn)
+            await early[0].end()
         if error is not None:  # (the stream has ended: it raised)
             await send({"type": "http.response.body", "body": self.failed(error), "more_body": True})
         elif not early:
@@ -140,8 +141,30 @@ class LateSSE(SSE):
             self.raw_headers += extra
             await super().begin(send)
 
-    async def _keep_alive(self, send: Send) -> None:
-        await super().begin(send)
-        while True:
+
+class _KeepAlive:
+    """A :class:`LateSSE` started early: its start, then a comment every ``keepalive`` seconds until
+    :meth:`end`, which lets the send under way finish rather than cancel it. A task cancelled before
+    its first step never sent the start (the upstream's answer and the timer met in one loop turn:
+    the body then went out with no start, a 500), and one cancelled inside a send may have written
+    bytes the server's state does not show."""
+
+    __slots__ = ("stopped", "task")
+
+    def __init__(self, response: LateSSE, send: Send) -> None:
+        self.stopped = asyncio.Event()
+        self.task = asyncio.ensure_future(self._run(response, send))
+
+    async def _run(self, response: LateSSE, send: Send) -> None:
+        await SSE.begin(response, send)
+        while not self.stopped.is_set():
             await send({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
-            await asyncio.sleep(self.keepalive)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopped.wait(), response.keepalive)
+
+    async def end(self) -> None:
+        """Stop after the send under way; a send that failed (the caller gone) fails the next one."""
+        self.stopped.set()
+        await asyncio.wait((self.task,))
+        if not self.task.cancelled():
+            self.task.exception()  # (retrieved: the response's next send meets the same failure)
