@@ -1,6 +1,6 @@
 """Instructions per call, counted by callgrind: the gateway against the bare proxy, without noise.
 
-    .venv/bin/python -m bench.instructions [--calls 400] [--concurrency 8]
+    .venv/bin/python -m bench.instructions [--calls 400] [--concurrency 8] [--repeat 3]
 
 req/s on a shared 2-CPU machine moves by 10-30 % from run to run, and so do the throughput ratios of
 ``make bench``. An instruction count does not: ``valgrind --tool=callgrind`` counts what the server
@@ -25,6 +25,7 @@ import asyncio
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -145,8 +146,10 @@ async def drive(target: Target, mode: Mode, calls: int, concurrency: int) -> Non
 
 
 def measure(name: str, emulators: dict[str, tuple[str, str]], tmp: Path, calls: int, concurrency: int,
-            modes: tuple[Mode, ...] = MODES) -> dict[str, float]:  # fmt: skip
-    """k instructions per call of server ``name``, per mode."""
+            modes: tuple[Mode, ...] = MODES, repeat: int = 1) -> dict[str, float]:  # fmt: skip
+    """k instructions per call of server ``name``, per mode: the median of ``repeat`` windows of
+    ``calls`` calls (the gateway's varies by a few percent between windows: how many settlements a
+    SQLite group commit gathers, and its work by the clock, depend on timing)."""
     label, _, features, server, shared = SERVERS[name]
     out = tmp / "callgrind" / name
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -172,12 +175,16 @@ def measure(name: str, emulators: dict[str, tuple[str, str]], tmp: Path, calls: 
         figures: dict[str, float] = {}
         for mode in modes:
             asyncio.run(drive(target, mode, max(calls // 4, 50), concurrency))  # warm-up
-            control("-z", str(pid))
-            began = time.time()
-            asyncio.run(drive(target, mode, calls, concurrency))
-            control("-d", str(pid))
-            figures[mode.name] = dumped_total(out, pid, began) / calls / 1000
-            print(f"  {label:40s} {mode.name:10s} {figures[mode.name]:8,.0f}k instructions per call", flush=True)
+            windows = []
+            for _ in range(repeat):
+                control("-z", str(pid))
+                began = time.time()
+                asyncio.run(drive(target, mode, calls, concurrency))
+                control("-d", str(pid))
+                windows.append(dumped_total(out, pid, began) / calls / 1000)
+            figures[mode.name] = statistics.median(windows)
+            each = f"  (median of {', '.join(f'{w:,.0f}' for w in windows)})" if repeat > 1 else ""
+            print(f"  {label:40s} {mode.name:10s} {figures[mode.name]:8,.0f}k instructions per call{each}", flush=True)
         return figures
     finally:
         stop_all([target.proc])
@@ -232,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=400, help="calls counted per server and mode")
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--repeat", type=int, default=1, help="windows of --calls per server and mode; the median is kept")
     parser.add_argument("--servers", default=",".join(DEFAULT), help=f"comma-separated, of: {', '.join(SERVERS)}")
     parser.add_argument("--responses", action="store_true",
                         help="gateways only: POST /v1/responses with store false and true, stream and not")
@@ -256,13 +264,14 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for name in names:
                 results[name] = measure(name, emulators, tmp, args.calls, args.concurrency,
-                                        RESPONSES if args.responses else MODES)  # fmt: skip
+                                        RESPONSES if args.responses else MODES, args.repeat)  # fmt: skip
         finally:
             stop_all([emulator])
     text = responses_report(results) if args.responses else report(results)
     print(text, flush=True)
     RESULTS.mkdir(exist_ok=True)
-    record: dict[str, Any] = {"calls": args.calls, "concurrency": args.concurrency, "k_instructions_per_call": results}
+    record: dict[str, Any] = {"calls": args.calls, "concurrency": args.concurrency, "repeat": args.repeat,
+                              "k_instructions_per_call": results}
     name = "instructions-responses.json" if args.responses else "instructions.json"
     (RESULTS / name).write_text(json.dumps(record, indent=2) + "\n")
     return 0
