@@ -247,7 +247,9 @@ def test_a_receiver_that_hangs_never_slows_a_call(receiver_and_stack: Any) -> No
         began = time.perf_counter()
         client.chat.completions.create(model=MODEL, messages=HI)
         slowest = max(slowest, time.perf_counter() - began)
-    assert slowest < 0.5, slowest  # while every delivery hangs until its 1.5 s timeout
+    # while every delivery hangs until its 1.5 s timeout: a call that waited on one would take that long
+    # (1.0, not less: on a loaded 2-CPU machine one call in twenty has taken 0.51 s)
+    assert slowest < 1.0, slowest
     assert receiver.got == []
 
 
