@@ -26,7 +26,7 @@ from adapters.base import (
 )
 from core.errors import UpstreamError
 from core.sse import Event
-from core.wire import TokenUsage, decode_openai_usage, usage_from_openai
+from core.wire import TokenUsage, usage_from_openai
 
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
@@ -160,25 +160,25 @@ class OpenAIAdapter(Adapter):
 
     def plain_answer(self, call: Call, body: bytes) -> tuple[dict[str, msgspec.Raw], TokenUsage] | None:
         """The common answer (every choice a text message ended other than by ``error``, no tool calls, a
-        usage object without ``cost``) of a provider with nothing to rename or map: :meth:`parse_response`
-        would change nothing in it, so its fields stay bytes (``usage`` is decoded to be read)."""
+        non-empty usage object without ``cost``) of a provider with nothing to rename or map:
+        :meth:`parse_response` would change nothing in it, so its fields stay bytes (``usage`` is
+        decoded too, to be read as parse_response reads it)."""
         spec = self.spec
         if spec.reasoning_field or spec.finish_reasons:
             return None
         try:
             top = _decode_top(body)
             choices = _decode_choices(top["choices"])
-            usage = bytes(top["usage"])
-            if b'"cost"' in usage or not usage[1:-1].strip():
-                return None
-            counts = decode_openai_usage(usage)
+            usage = _decode(top["usage"])
         except (msgspec.DecodeError, KeyError):  # (ValidationError is a DecodeError)
+            return None
+        if not isinstance(usage, dict) or not usage or "cost" in usage:
             return None
         for choice in choices:
             message = choice.message
             if choice.finish_reason == "error" or message is None or message.tool_calls is not None:
                 return None
-        return top, counts.tokens()
+        return top, usage_from_openai(usage)  # type: ignore[return-value]  # (a dict: never None)
 
     def stream(self, call: Call) -> StreamTranslator:
         return _OpenAIStream(self)

@@ -263,41 +263,6 @@ class TokenUsage(msgspec.Struct, kw_only=True):
         }
 
 
-class _Details(msgspec.Struct):
-    cached_tokens: int | None = None
-    cache_write_tokens: int | None = None
-    reasoning_tokens: int | None = None
-    reasoning_tokens_estimated: Any = None
-
-
-class OpenAIUsage(msgspec.Struct):
-    """An OpenAI usage object decoded straight from its bytes (``decode_openai_usage``): the fields
-    :func:`usage_from_openai` reads, as integers (a usage whose counts are not raises
-    ``msgspec.ValidationError``: read it as a dict then). ``tokens()`` is that function's answer;
-    tests/test_openai_adapter.py holds the two equal."""
-
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    prompt_tokens_details: _Details | None = None
-    completion_tokens_details: _Details | None = None
-    prompt_cache_hit_tokens: int | None = None
-
-    def tokens(self) -> TokenUsage:
-        prompt = self.prompt_tokens or 0
-        pdetails, cdetails = (
-            self.prompt_tokens_details or _NO_DETAILS,
-            self.completion_tokens_details or _NO_DETAILS,
-        )
-        cached = pdetails.cached_tokens or self.prompt_cache_hit_tokens or 0
-        return TokenUsage(prompt=prompt, completion=self.completion_tokens or 0, cached=min(cached, prompt),
-                          cache_write=pdetails.cache_write_tokens or 0, reasoning=cdetails.reasoning_tokens or 0,
-                          reasoning_estimated=cdetails.reasoning_tokens_estimated is True)  # fmt: skip
-
-
-_NO_DETAILS = _Details()
-decode_openai_usage = msgspec.json.Decoder(OpenAIUsage).decode
-
-
 def usage_from_openai(usage: dict[str, Any] | None) -> TokenUsage | None:
     """Read an OpenAI-shaped usage object (also DeepSeek's and Mistral's extras) defensively: a count
     that is not a number (nor a numeric string) counts 0, a details field that is not an object is

@@ -15,7 +15,7 @@ from core.catalog import Model
 from core.deployments import Deployment
 from core.errors import GatewayError
 from core.types import Endpoint, new_id
-from core.wire import ChatRequest
+from core.wire import ChatRequest, TokenUsage
 from gateway.codec import Answer, Codec, Leg, fallback_list
 from gateway.routing import conversation
 from gateway.state import Gateway
@@ -85,19 +85,16 @@ class ChatLeg(Leg):
         return self.adapter.error(status, body, headers)
 
     def answer(self, payload: bytes) -> Answer:
+        # a plain answer (Adapter.plain_answer) keeps its fields as the upstream's bytes: of them only
+        # ``created`` is read here
         plain = self.adapter.plain_answer(self.call, payload) if self.encode_only else None
-        if plain is not None:  # the same body, its fields left as the upstream's bytes
-            top, reported = plain
-            pop = top.pop
-            created = pop("created", None)
-            pop("id", None), pop("object", None), pop("model", None)
-            return Answer({"id": completion_id(), "object": "chat.completion",
-                           "created": (created is not None and _decode(created)) or int(time.time()),
-                           "model": self.call.model_id, "choices": pop("choices"), "usage": pop("usage"), **top},
-                          reported)  # fmt: skip
-        data, usage = self.adapter.parse_response(self.call, payload)
+        data: dict[str, Any]
+        usage: TokenUsage | None
+        data, usage = plain if plain is not None else self.adapter.parse_response(self.call, payload)
         pop = data.pop
         created = pop("created", None)
+        if plain is not None and created is not None:
+            created = _decode(created)
         pop("id", None), pop("object", None), pop("model", None)
         body = {  # the same key order whatever the provider; the upstream's other fields after ours
             "id": completion_id(),

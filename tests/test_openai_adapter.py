@@ -20,7 +20,7 @@ from core.catalog import Catalog
 from core.deployments import Deployment
 from core.errors import UpstreamError
 from core.sse import SSEDecoder
-from core.wire import TokenUsage, decode_openai_usage, parse_chat_request, usage_from_openai
+from core.wire import TokenUsage, parse_chat_request
 from gateway.chat_codec import ChatLeg
 from gateway.codec import Cost
 
@@ -248,10 +248,6 @@ def _priced(leg: ChatLeg, payload: bytes) -> tuple[dict[str, Any], Any]:
     return body, answer.usage
 
 
-def _int_or_none(value: Any) -> bool:
-    return value is None or type(value) is int  # (what the typed usage reads: not a bool, a float, a string)
-
-
 COST = Cost("0.000123", msgspec.Raw(b"0.000123"), TokenUsage(prompt=1, completion=2))
 
 
@@ -260,7 +256,7 @@ COST = Cost("0.000123", msgspec.Raw(b"0.000123"), TokenUsage(prompt=1, completio
 def test_a_plain_answer_left_as_bytes_is_the_answer_parsed(answer: dict[str, Any], pretty: bool) -> None:
     """The chat endpoint's short way (``plain_answer``: the upstream's fields kept as bytes, ``cost``
     spliced into its usage) gives what the long way gives, whenever it is taken, and it is taken for
-    the common answer (text choices, a usage of integer counts)."""
+    the common answer (text choices, a usage without cost)."""
     payload = json.dumps(answer, indent=1 if pretty else None).encode()
     call = make_call({"messages": HELLO})
     openai = adapter("openai")
@@ -273,22 +269,9 @@ def test_a_plain_answer_left_as_bytes_is_the_answer_parsed(answer: dict[str, Any
     assert _priced(ChatLeg(call, openai, True), payload) == expected
     usage = answer["usage"]
     common = (isinstance(usage, dict) and usage and "cost" not in usage
-              and all(_int_or_none(usage.get(k)) for k in ("prompt_tokens", "completion_tokens", "prompt_cache_hit_tokens"))
-              and all(d is None or all(_int_or_none(d.get(k)) for k in ("cached_tokens", "cache_write_tokens", "reasoning_tokens"))
-                      for d in (usage.get("prompt_tokens_details"), usage.get("completion_tokens_details")))
               and all(not isinstance(c["message"].get("content"), list) and c["message"].get("tool_calls") is None
                       for c in answer["choices"]))  # fmt: skip
     assert (plain is not None) == bool(common)
-
-
-@settings(max_examples=400, deadline=None)
-@given(usage=_usages)
-def test_the_usage_read_from_bytes_is_the_usage_read_from_a_dict(usage: dict[str, Any]) -> None:
-    try:
-        counts = decode_openai_usage(json.dumps(usage).encode())
-    except msgspec.ValidationError:
-        return  # (not integer counts: read as a dict)
-    assert counts.tokens() == usage_from_openai(usage)
 
 
 def test_providers_that_rename_or_map_take_the_long_way() -> None:
