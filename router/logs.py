@@ -59,7 +59,8 @@ class Trace:
         self.provider, self.deployment = provider, deployment
     context: CallContext | None = None  # a model call's context, once its caller is known
     stream: bool = False  # the call asked for a stream
-    body_read: bool = False  # the request's body was read to its end (router.chat.read_body)
+    # the request's body was read to its end (router.chat.read_body says so; Front watches other routes' reads)
+    body_read: bool = False
 
 
 def trace_of(scope: Scope) -> Trace:

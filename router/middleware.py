@@ -88,21 +88,19 @@ class Front:
         state = scope.get("state")
         if state is None:
             state = scope["state"] = {}
-        state[logs.TRACE] = logs.Trace(rid.decode(), began)
+        trace = state[logs.TRACE] = logs.Trace(rid.decode(), began)
         status = 0
         stream = False
-        close = False  # an error answered with the body unread and not drained: the connection closes
-        unread = False  # a route (not a fast one) answers with the request's body not read to its end
 
         async def observe(message: Message) -> None:
-            nonlocal status, stream, close, unread
+            nonlocal status, stream
             if message["type"] == "http.response.start":
                 status = message["status"]
                 headers = message.get("headers") or []
-                if unread:  # (the fast routes' errors are drained before they are answered)
-                    unread = False
-                    if _CLOSE[0] not in headers:
-                        close = not await self.drain(receive)
+                close = False  # the body left unread and not drained: the connection closes after this
+                if not trace.body_read and _CLOSE[0] not in headers and _has_body(scope):
+                    trace.body_read = True
+                    close = not await self.drain(receive)
                 for name, value in headers:
                     if name == b"content-type":
                         if value.startswith(b"text/event-stream"):
@@ -125,18 +123,14 @@ class Front:
                         raise  # the answer has begun: the server drops the connection
                     if not isinstance(exc, GatewayError):
                         log.exception("unhandled error on %s", path)
-                    if not state[logs.TRACE].body_read and not _closes(exc):
-                        close = not await self.drain(receive)
                     await self.on_error(exc, scope)(scope, receive, observe)
-            else:
-                unread = _has_body(scope)
-                if unread:
+            else:  # (a fast route's body is read by router.chat.read_body, which says so in the trace)
+                if _has_body(scope):
 
                     async def tracked() -> Message:  # the body read to its end (or the caller gone)
-                        nonlocal unread
                         message = await receive()
                         if message["type"] != "http.request" or not message.get("more_body", False):
-                            unread = False
+                            trace.body_read = True
                         return message
 
                     await self.app(scope, tracked, observe)
@@ -167,12 +161,6 @@ def _has_body(scope: Scope) -> bool:
         if (name == b"content-length" and value != b"0") or name == b"transfer-encoding":
             return True
     return False
-
-
-def _closes(exc: Exception) -> bool:
-    """The error's answer closes the connection already (413, 408: the body is not to be read)."""
-    headers = getattr(exc, "headers", None) or {}
-    return any(k.lower() == "connection" and str(v).lower() == "close" for k, v in headers.items())
 
 
 async def _drained(receive: Receive, most: int) -> bool:
