@@ -90,12 +90,13 @@ if __name__ == "__main__":
     parser.add_argument("--server", choices=["hypercorn", "hypercorn-tuned", "uvicorn"], default="hypercorn")
     args = parser.parse_args()
     if args.server == "hypercorn-tuned":
-        from router import connections, fast_h11, fast_headers, fast_hypercorn
+        from router import channels, connections, fast_h11, fast_headers, fast_hypercorn
 
         connections.install(0, 0)
         fast_headers.install()
         fast_h11.install()
         fast_hypercorn.install()
+        channels.install()
     if args.server == "uvicorn":  # the floor of the gateway's uvicorn run (bench gw-uvicorn)
         import uvicorn
 

@@ -19,7 +19,7 @@ from hypercorn.config import Config
 
 from core.config import ServerSettings
 from core.types import ASGIApp
-from router import connections, fast_h11, fast_headers, fast_hypercorn
+from router import channels, connections, fast_h11, fast_headers, fast_hypercorn
 
 if TYPE_CHECKING:
     from core.config import Settings
@@ -69,6 +69,7 @@ async def serve(app: ASGIApp, server: ServerSettings, started: Callable[[], Awai
     fast_headers.install()
     fast_h11.install()
     fast_hypercorn.install()
+    channels.install()
     if fd is not None:
         config.bind = [f"fd://{fd}"]  # a worker of serve_workers: the socket is its parent's
     # hypercorn types the ASGI scope and messages as TypedDicts, Starlette and we as mutable mappings:

@@ -1,0 +1,165 @@
+"""router/channels.py against asyncio's own: the same generated programs of puts, gets, waits, sets,
+clears, loop turns and cancellations run on ``asyncio.Queue`` / hypercorn's ``EventWrapper`` and on
+``Channel`` / ``Event``, and everything a caller can see (which call has finished, with what, and in
+which turn; the queue's length; the event's flag) is compared after every step. Then the whole of it
+through a real hypercorn server: a request body in more pieces than the queue holds, read by an app
+that takes its time, arrives whole and in order."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Any
+
+from hypercorn.asyncio import serve
+from hypercorn.asyncio.worker_context import EventWrapper
+from hypercorn.config import Config
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from router import channels
+
+# the calls a program makes, as often as each other; a cancellation names one of the last few calls
+_CANCELS = [("cancel", back) for back in range(1, 5)]
+_queue_ops = st.lists(st.sampled_from([("put",), ("get",), ("turn",), *_CANCELS]), max_size=40)
+
+
+def _states(tasks: list[asyncio.Task[Any]]) -> list[Any]:
+    out: list[Any] = []
+    for task in tasks:
+        if not task.done():
+            out.append("pending")
+        elif task.cancelled():
+            out.append("cancelled")
+        elif task.exception() is not None:
+            out.append(("raised", type(task.exception()).__name__))
+        else:
+            out.append(("returned", task.result()))
+    return out
+
+
+def _run_queue(make: Any, maxsize: int, ops: list[tuple[Any, ...]]) -> list[Any]:
+    async def program() -> list[Any]:
+        queue = make(maxsize)
+        tasks: list[asyncio.Task[Any]] = []
+        seen: list[Any] = []
+        for step, op in enumerate(ops):
+            if op[0] == "put":
+                tasks.append(asyncio.ensure_future(queue.put(step)))
+            elif op[0] == "get":
+                tasks.append(asyncio.ensure_future(queue.get()))
+            elif op[0] == "cancel" and tasks:
+                tasks[-min(op[1], len(tasks))].cancel()
+            else:
+                await asyncio.sleep(0)
+            seen.append((_states(tasks), queue.qsize(), queue.full()))
+        for _ in range(3):  # let what was woken finish
+            await asyncio.sleep(0)
+        seen.append((_states(tasks), queue.qsize()))
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return seen
+
+    return asyncio.run(program())
+
+
+# a waiter woken and then cancelled before it ran hands its wake-up on to the next one
+_HAND_ON_GET = [("get",), ("get",), ("turn",), ("put",), ("turn",), ("cancel", 3), ("turn",)]
+_HAND_ON_PUT = [("put",), ("put",), ("put",), ("turn",), ("get",), ("turn",), ("cancel", 3), ("turn",)]
+
+
+@settings(max_examples=400, deadline=None)
+@given(maxsize=st.integers(0, 3), ops=_queue_ops)
+@example(maxsize=0, ops=_HAND_ON_GET)
+@example(maxsize=1, ops=_HAND_ON_PUT)
+def test_a_channel_is_asyncio_queue_to_its_callers(maxsize: int, ops: list[tuple[Any, ...]]) -> None:
+    assert _run_queue(channels.Channel, maxsize, ops) == _run_queue(asyncio.Queue, maxsize, ops)
+
+
+_event_ops = st.lists(st.sampled_from([("wait",), ("set",), ("clear",), ("turn",), *_CANCELS]), max_size=40)
+
+
+def _run_event(make: Any, ops: list[tuple[Any, ...]]) -> list[Any]:
+    async def program() -> list[Any]:
+        event = make()
+        tasks: list[asyncio.Task[Any]] = []
+        seen: list[Any] = []
+        for op in ops:
+            if op[0] in ("wait", "set", "clear"):
+                tasks.append(asyncio.ensure_future(getattr(event, op[0])()))
+            elif op[0] == "cancel" and tasks:
+                tasks[-min(op[1], len(tasks))].cancel()
+            else:
+                await asyncio.sleep(0)
+            seen.append((_states(tasks), event.is_set()))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        seen.append((_states(tasks), event.is_set()))
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return seen
+
+    return asyncio.run(program())
+
+
+@settings(max_examples=400, deadline=None)
+@given(ops=_event_ops)
+def test_an_event_is_hypercorns_to_its_callers(ops: list[tuple[Any, ...]]) -> None:
+    assert _run_event(channels.Event, ops) == _run_event(EventWrapper, ops)
+
+
+def test_a_body_in_more_pieces_than_the_queue_holds_arrives_whole_through_hypercorn() -> None:
+    channels.install()
+    pieces = [bytes([65 + i % 26]) * (100 + i) for i in range(200)]
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        got = bytearray()
+        while True:
+            await asyncio.sleep(0.001)  # slower than the client: the queue fills and the connection waits
+            message = await receive()
+            got += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(got))]})
+        await send({"type": "http.response.body", "body": bytes(got)})
+
+    async def main() -> bytes:
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        sock.close()
+        config = Config()
+        config.bind = [f"127.0.0.1:{port}"]
+        config.errorlog = None
+        stop = asyncio.Event()
+        server = asyncio.ensure_future(serve(app, config, shutdown_trigger=stop.wait))  # type: ignore[arg-type]
+        for _ in range(100):
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                break
+            except OSError:
+                await asyncio.sleep(0.05)
+        writer.write(b"POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n")
+        for piece in pieces:
+            writer.write(b"%x\r\n%b\r\n" % (len(piece), piece))
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        body = await reader.readexactly(length)
+        writer.close()
+        stop.set()
+        await server
+        return body
+
+    assert asyncio.run(main()) == b"".join(pieces)
+    from hypercorn.asyncio.task_group import TaskGroup
+    from hypercorn.asyncio.worker_context import WorkerContext
+
+    assert TaskGroup.spawn_app is channels.spawn_app
+    assert WorkerContext.event_class is channels.Event
