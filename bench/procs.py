@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -56,11 +57,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def free_port_block(count: int, attempts: int = 50) -> int:
-    """First port of ``count`` consecutive free ports (for ``router emulators --port``)."""
+def free_port_block(count: int, attempts: int = 200) -> int:
+    """First port of ``count`` consecutive free ports (for ``router emulators --port``), below the
+    kernel's ephemeral range: after a run of 10,000 streams the ephemeral range is full of TIME_WAIT
+    sockets for a minute, and a block next to a port the kernel gave out is then rarely free."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random()
     for _ in range(attempts):
-        first = free_port()
-        if first + count < 65535 and all(port_is_free(first + i) for i in range(count)):
+        first = rng.randrange(10_000, max(low - count, 10_001))
+        if all(port_is_free(first + i) for i in range(count)):
             return first
     raise StartError(f"found no {count} consecutive free ports on 127.0.0.1")
 
