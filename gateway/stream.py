@@ -87,7 +87,6 @@ def _tail(tail: bytes) -> tuple[bytes, bytes] | None:
 
 # the tails without fields after the choices, found by one look-up
 _TAILS = {end + after: (end, b"") for end in _CHOICE_ENDS for after in (_USAGE_NULL + b"}", b"}")}
-_JOIN = 32  # Shaper._text joins the kept pieces of text every this many
 _FINISH = frozenset({"stop", "length", "tool_calls", "content_filter", "function_call"})
 _NO_USAGE = b',"usage":null}'
 _CUT = -len(_NO_USAGE)
@@ -103,7 +102,7 @@ def _chunk_head(completion_id: str, created: int, model: str) -> bytes:
 class Shaper:
     """Normalises adapter chunks into the order and shape the caller is promised."""
 
-    __slots__ = ("call", "completion_id", "created", "finished", "role_sent", "text_parts", "_head", "_upstream",
+    __slots__ = ("call", "completion_id", "created", "finished", "role_sent", "said", "_head", "_upstream",
                  "_usage", "_text_head", "_between")  # fmt: skip
 
     def __init__(self, call: Call, completion_id: str, created: int) -> None:
@@ -112,7 +111,7 @@ class Shaper:
         self.created = created
         self.finished: set[int] = set()
         self.role_sent: set[int] = set()
-        self.text_parts: list[str] = []  # kept for estimating usage when the upstream never says
+        self.said = bytearray()  # the answer's text as a JSON string's body: to estimate usage if none comes
         self._head = _chunk_head(completion_id, created, call.model_id)
         self._upstream: tuple[Any, bytes] = (None, b"")  # (id, created, model) of the last chunk, its head
         self._usage = call.include_usage
@@ -197,7 +196,9 @@ class Shaper:
             content = _decode_text(text)
         except msgspec.DecodeError:  # not a string (or not one JSON value)
             return None
-        if content:
+        if text[:1] == b'"' == text[-1:]:  # one JSON string, nothing around it: its body as it is
+            self.said += memoryview(text)[1:-1]
+        else:
             self._text(content)
         return b"".join((self._head, _TEXT_OPEN, text, parts[0], self._between, parts[1],
                          _NO_USAGE if self._usage else b"}"))  # fmt: skip
@@ -261,17 +262,18 @@ class Shaper:
                 self._text(str(custom.get("name") or "") + str(custom.get("input") or ""))
 
     def _text(self, text: str) -> None:
-        """Keep ``text`` for :meth:`generated`. The pieces are joined every ``_JOIN`` of them: a piece is
-        a token or two, and a str object per token costs ~50 bytes of header, which made an open
-        stream's memory grow with every token it relayed (a 1,000-token answer kept ~55 KB)."""
-        parts = self.text_parts
-        parts.append(text)
-        if len(parts) >= _JOIN:
-            parts[:] = ("".join(parts),)
+        """Keep ``text`` for :meth:`generated`, in :attr:`said`: one buffer that grows, where a piece of
+        text per token (a str object each, ~50 bytes of header for a token or two) made an open
+        stream's memory grow with every token it relayed. A text chunk on the short way adds its JSON
+        string's body undecoded; here ``text`` is encoded as one."""
+        try:
+            self.said += memoryview(_encode(text))[1:-1]
+        except UnicodeEncodeError:  # a lone surrogate (no UTF-8 for it): counted as a "?"
+            self.said += memoryview(_encode(text.encode("utf-8", "replace").decode()))[1:-1]
 
     def generated(self) -> str:
         """Everything the answer contained so far (to estimate its tokens if no usage ever comes)."""
-        return "".join(self.text_parts)
+        return _decode_text(b'"%b"' % self.said)
 
     def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
         return {

@@ -105,3 +105,10 @@ def test_what_was_generated_is_kept_for_an_estimate() -> None:
           chunk(choice(tool_calls=[{"index": 0, "function": {"arguments": '{"a":1}'}}])),
           chunk(choice(finish="tool_calls")))  # fmt: skip
     assert s.generated() == 'Let me think. Calling.get{"a":1}'
+
+
+def test_text_kept_is_the_text_itself_escapes_and_all_and_a_lone_surrogate_is_a_question_mark() -> None:
+    s = shaper()
+    shape(s, chunk(choice(content='a "quoted"\\ line\n')), chunk(choice(content="é😀\u2028")),
+          chunk(choice(content="\ud800!")), chunk(choice(finish="stop")))  # fmt: skip
+    assert s.generated() == 'a "quoted"\\ line\né😀\u2028?!'

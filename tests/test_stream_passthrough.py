@@ -75,6 +75,11 @@ STREAMS = {
                       chunk(openai('"content":"z"'), before=',"meta":{"a":1}', tail=OB % "h"),
                       chunk(openai("", reason='"stop"'), before=FP, tail=OB % "i"),
                       chunk("", before=FP, tail=',"usage":{"prompt_tokens":3,"completion_tokens":5,"total_tokens":8}')],
+    # the text kept for estimates on the short way: escapes kept as they came, a string with spaces
+    # around it, characters past the BMP
+    "text kept": [chunk(text('"role":"assistant","content":"a"')), chunk(text('"content":"\\u00e9\\ud83d\\ude00\\\\"')),
+                  chunk(text('"content": "spaced" ')), chunk(text('"content":"é😀\\n"')),
+                  chunk(text('"content":"\\\\"')), chunk(text("", reason='"stop"'))],
     "odd finish": [chunk(text('"role":"assistant","content":"a"')), chunk(text("", reason='"model_length"'))],
 }  # fmt: skip
 
