@@ -11,7 +11,10 @@ that hold at most a couple of messages and almost never more than one waiter.
 
 - :class:`Channel` is ``asyncio.Queue``'s ``get`` and ``put`` (bounded, first in first out, waiters
   woken in order, a cancelled waiter handing its wake-up on) over lists made when first needed.
-  hypercorn never calls ``join``, ``task_done`` or the ``_nowait`` forms on it.
+  hypercorn never calls ``join``, ``task_done`` or the ``_nowait`` forms on it. One thing more,
+  :meth:`Channel.watch`: the items handed to a function as they come, for an app that would otherwise
+  keep a task waiting on ``receive`` for as long as it answers (``router.replies.SSE``: the caller's
+  disconnect ends a stream at once).
 - :class:`Event` is hypercorn's ``EventWrapper`` (``set``, ``clear``, ``wait``, ``is_set``) without
   the ``asyncio.Event`` inside it.
 - :func:`spawn_app` is hypercorn's ``TaskGroup.spawn_app`` with a :class:`Channel`.
@@ -48,13 +51,27 @@ def _wake_next(waiters: list[asyncio.Future[None]] | None) -> None:
 class Channel:
     """``asyncio.Queue(maxsize)``'s ``get`` and ``put``, with the same order, bound and wake-ups."""
 
-    __slots__ = ("_items", "_maxsize", "_getters", "_putters")
+    __slots__ = ("_items", "_maxsize", "_getters", "_putters", "_watcher")
 
     def __init__(self, maxsize: int = 0) -> None:
         self._items: list[Any] = []
         self._maxsize = maxsize
         self._getters: list[asyncio.Future[None]] | None = None
         self._putters: list[asyncio.Future[None]] | None = None
+        self._watcher: Callable[[Any], None] | None = None
+
+    def watch(self, watcher: Callable[[Any], None] | None) -> None:
+        """Hand every item to ``watcher`` as it is put (those in the channel first) instead of keeping
+        it for ``get``, until ``watch(None)``: what a task calling ``get`` in a loop would see, without
+        the task. (An SSE response watches for the caller's ``http.disconnect`` so for a whole stream.)
+        A ``put`` that was waiting for room hands its item on when it runs, after any put made
+        meanwhile: hypercorn's one producer awaits each put, so it never has two under way."""
+        self._watcher = watcher
+        if watcher is not None:
+            while self._items:
+                watcher(self._items.pop(0))
+            while self._putters:  # each hands its item to the watcher when it runs
+                _wake_next(self._putters)
 
     def qsize(self) -> int:
         return len(self._items)
@@ -79,6 +96,9 @@ class Channel:
                 if not self.full() and not putter.cancelled():
                     _wake_next(self._putters)  # woken, but going: the next putter may go instead
                 raise
+        if self._watcher is not None:
+            self._watcher(item)
+            return
         self._items.append(item)
         _wake_next(self._getters)
 

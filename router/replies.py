@@ -18,7 +18,8 @@ from typing import cast
 from starlette.responses import Response
 
 from core.errors import GatewayError
-from core.types import Headers, Receive, Scope, Send
+from core.types import Headers, Message, Receive, Scope, Send
+from router.channels import Channel
 
 _JSON = (b"content-type", b"application/json")
 
@@ -66,16 +67,26 @@ class SSE(Response):
         assert task is not None
         gone = False
 
-        async def watch() -> None:
+        def heard(message: Message) -> None:
             nonlocal gone
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    gone = True
-                    task.cancel()
-                    return
+            if message["type"] == "http.disconnect" and not gone:
+                gone = True
+                task.cancel()
 
-        watcher = asyncio.create_task(watch())
+        async def watch() -> None:
+            while not gone:
+                heard(await receive())
+
+        # under router.serve, receive is a Channel's get: the channel hands each message to heard as it
+        # comes, with no task waiting on it for the whole stream (a task, its coroutines and a future:
+        # ~1 KB of an open stream's memory); any other server, a task that waits on receive
+        channel = getattr(receive, "__self__", None)
+        watcher: asyncio.Task[None] | None = None
+        if type(channel) is Channel:
+            channel.watch(heard)
+        else:
+            channel = None
+            watcher = asyncio.create_task(watch())
         try:
             await self.begin(send)
             async for piece in self.stream:
@@ -88,7 +99,10 @@ class SSE(Response):
         except OSError:
             gone = True  # the server told us the client is gone
         finally:
-            watcher.cancel()
+            if channel is not None:
+                channel.watch(None)
+            if watcher is not None:
+                watcher.cancel()
             await self.stream.aclose()
             if self.finalize is not None:
                 await self.finalize()

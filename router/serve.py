@@ -52,6 +52,18 @@ def hypercorn_config(server: ServerSettings) -> Config:
     return config
 
 
+def install_server_layer(server: ServerSettings) -> None:
+    """hypercorn as the gateway runs it: its connections bounded and let go of when the client goes
+    (router.connections), and its per-request steps in fewer instructions and less memory
+    (router.fast_headers, fast_h11, fast_hypercorn, channels), each held equal to the original by its
+    tests. For the whole process (the test suite's servers run on it too)."""
+    connections.install(server.max_connections, server.max_idle_connections)
+    fast_headers.install()
+    fast_h11.install()
+    fast_hypercorn.install()
+    channels.install()
+
+
 async def serve(app: ASGIApp, server: ServerSettings, started: Callable[[], Awaitable[None]] | None = None,
                 fd: int | None = None) -> None:  # fmt: skip
     """Serve on ``server.host:port`` until SIGINT/SIGTERM; then stop accepting, let open requests
@@ -65,11 +77,7 @@ async def serve(app: ASGIApp, server: ServerSettings, started: Callable[[], Awai
         except (NotImplementedError, RuntimeError):
             pass
     config = hypercorn_config(server)
-    connections.install(server.max_connections, server.max_idle_connections)
-    fast_headers.install()
-    fast_h11.install()
-    fast_hypercorn.install()
-    channels.install()
+    install_server_layer(server)
     if fd is not None:
         config.bind = [f"fd://{fd}"]  # a worker of serve_workers: the socket is its parent's
     # hypercorn types the ASGI scope and messages as TypedDicts, Starlette and we as mutable mappings:

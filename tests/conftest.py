@@ -30,7 +30,7 @@ from emulators.registry import Running, start_emulators, stop_emulators
 from gateway.auth import new_key
 from router.app import create_app
 from router.demo import with_emulators
-from router.serve import hypercorn_config
+from router.serve import hypercorn_config, install_server_layer
 
 T = TypeVar("T")
 ONE_PER_PROVIDER = [  # a model of each provider group (p1..p5)
@@ -110,7 +110,9 @@ class Stack:
         self.app = create_app(self.settings)
         self.gateway = self.app.state.gateway
         self._stop = asyncio.Event()
-        config = hypercorn_config(ServerSettings(port=self.port))
+        server = ServerSettings(port=self.port)
+        install_server_layer(server)  # the gateway's server layer, as router.serve runs it
+        config = hypercorn_config(server)
         config.errorlog = None
         config.graceful_timeout = 1.0
         self._served = asyncio.ensure_future(serve(self.app, config, shutdown_trigger=self._stop.wait))  # type: ignore[arg-type]

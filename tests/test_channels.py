@@ -163,3 +163,31 @@ def test_a_body_in_more_pieces_than_the_queue_holds_arrives_whole_through_hyperc
 
     assert TaskGroup.spawn_app is channels.spawn_app
     assert WorkerContext.event_class is channels.Event
+
+
+def test_a_watched_channel_hands_every_item_on_as_it_comes_and_none_to_get() -> None:
+    async def program() -> tuple[list[Any], list[Any], Any]:
+        channel = channels.Channel(2)
+        await channel.put("a")
+        await channel.put("b")
+        blocked = asyncio.ensure_future(channel.put("c"))  # the channel is full: waits
+        await asyncio.sleep(0)
+        seen: list[Any] = []
+        channel.watch(seen.append)  # those waiting first, in order
+        await channel.put("d")
+        await asyncio.sleep(0)  # the blocked put runs: to the watcher too
+        getter = asyncio.ensure_future(channel.get())
+        await channel.put("e")
+        await asyncio.sleep(0)
+        before_unwatch = list(seen)
+        got_nothing = not getter.done()
+        channel.watch(None)
+        await channel.put("f")
+        await asyncio.sleep(0)
+        await blocked
+        return before_unwatch, [got_nothing, channel.qsize()], getter.result()
+
+    seen, state, got = asyncio.run(program())
+    assert seen == ["a", "b", "d", "c", "e"]
+    assert state == [True, 0]
+    assert got == "f"

@@ -8,6 +8,7 @@ import random
 from collections.abc import AsyncGenerator
 from typing import Any
 
+from router.channels import Channel
 from router.replies import KEEPALIVE, LateSSE
 
 
@@ -48,3 +49,47 @@ async def test_the_response_starts_before_its_body_however_the_answer_and_the_ke
         assert all(b in (KEEPALIVE, b"data: hi\n\n", b"") for b in bodies), bodies
         if KEEPALIVE in bodies:  # started early: without the headers the stream's first item carries
             assert (b"x-extra", b"1") not in sent[0]["headers"]
+
+
+async def _disconnected(receive_from: str) -> tuple[list[bytes], bool]:
+    """An endless stream whose caller disconnects after the third piece: the response returns, the
+    stream closed (its finally ran), whether ``receive`` is a Channel's get (watched, no task) or any
+    other function (a task waits on it)."""
+    closed = False
+
+    async def stream() -> AsyncGenerator[Any, None]:
+        nonlocal closed
+        yield []
+        try:
+            n = 0
+            while True:
+                n += 1
+                yield b"data: %d\n\n" % n
+                await asyncio.sleep(0.01)
+        finally:
+            closed = True
+
+    channel = Channel()
+    await channel.put({"type": "http.request", "body": b"", "more_body": False})
+    await channel.get()  # (the request's body, read before the response begins)
+    sent: list[bytes] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        if message.get("body"):
+            sent.append(message["body"])
+            if len(sent) == 3:
+                asyncio.get_running_loop().call_soon(asyncio.ensure_future, channel.put({"type": "http.disconnect"}))
+
+    async def plain_receive() -> Any:
+        return await channel.get()
+
+    receive = channel.get if receive_from == "channel" else plain_receive
+    await asyncio.wait_for(LateSSE(stream(), 10.0, lambda exc: b"")({"type": "http"}, receive, send), 5)
+    return sent, closed
+
+
+async def test_a_disconnect_ends_the_stream_at_once_whatever_receive_is() -> None:
+    for receive_from in ("channel", "function"):
+        sent, closed = await _disconnected(receive_from)
+        assert closed, receive_from
+        assert 3 <= len(sent) <= 4, (receive_from, sent)
