@@ -109,8 +109,10 @@ class Shaper:
         self.call = call
         self.completion_id = completion_id
         self.created = created
-        self.finished: set[int] = set()
-        self.role_sent: set[int] = set()
+        # the choices that have had their finish chunk / their role: tuples (a set is 216 bytes even with
+        # one index in it, and a stream almost always has one choice)
+        self.finished: tuple[int, ...] = ()
+        self.role_sent: tuple[int, ...] = ()
         self.said = bytearray()  # the answer's text as a JSON string's body: to estimate usage if none comes
         self._head = _chunk_head(completion_id, created, call.model_id)
         self._upstream: tuple[Any, bytes] = (None, b"")  # (id, created, model) of the last chunk, its head
@@ -167,9 +169,10 @@ class Shaper:
             return None
         else:
             body = data[n:-1] + _NO_USAGE if self._usage else data[n:]
-        self.role_sent.add(index)
+        if index not in self.role_sent:
+            self.role_sent += (index,)
         if reason is not None:
-            self.finished.add(index)
+            self.finished += (index,)
         if index == 0:  # the next text chunks of choice 0 may take the short way (none after its finish)
             self._text_head = None if reason is not None else head + _TEXT_OPEN
             self._between = b""
@@ -231,12 +234,12 @@ class Shaper:
             delta = choice.get("delta") or {}
             choice["delta"] = delta
             if index not in self.role_sent:
-                self.role_sent.add(index)
+                self.role_sent += (index,)
                 delta.setdefault("role", "assistant")
             self._keep(delta)
             reason = choice.get("finish_reason")
             if reason is not None:
-                self.finished.add(index)
+                self.finished += (index,)
                 rest = {k: v for k, v in delta.items() if v not in (None, "")}
                 if rest:  # split: the finish chunk carries an empty delta
                     ready.append({**chunk, "choices": [{**choice, "delta": delta, "finish_reason": None}]})
