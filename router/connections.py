@@ -28,6 +28,7 @@ there (once per process: descriptors are the process's).
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import resource
 import weakref
@@ -223,6 +224,12 @@ class GuardedTCPServer(TCPServer):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.idle_task = _IdleTimer(self)  # type: ignore[assignment]  # (hypercorn's restart/stop, without a task)
+        # asyncio's stream protocol keeps the writers waiting for the socket to drain in a deque (~760
+        # bytes, made for every connection) and only appends, removes and iterates: a list does the same
+        protocol = getattr(self.writer, "_protocol", None)
+        waiters = getattr(protocol, "_drain_waiters", None)
+        if type(waiters) is collections.deque and not waiters:
+            protocol._drain_waiters = []  # type: ignore[union-attr]
 
     def evict(self) -> None:
         """Close this idle connection to make room for a new one: its reading loop sees the end."""

@@ -191,3 +191,4 @@ def test_a_watched_channel_hands_every_item_on_as_it_comes_and_none_to_get() -> 
     assert seen == ["a", "b", "d", "c", "e"]
     assert state == [True, 0]
     assert got == "f"
+

@@ -1,8 +1,10 @@
 """One client cannot exhaust the server's connections (router/connections.py), through a real
-``router serve`` process with a small descriptor limit so the floods are quick."""
+``router serve`` process with a small descriptor limit so the floods are quick; and the connection's
+own steps (keep-alive timer, reading loop, drain) through a real server."""
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import os
@@ -14,6 +16,10 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
+
+from hypercorn.asyncio import serve
+from hypercorn.config import Config
 
 from tests.conftest import Stack, free_port, wait_healthy
 from tests.test_crash import _config_with_key
@@ -237,3 +243,53 @@ def test_idle_connections_are_closed_after_the_keep_alive_timeout_and_at_shutdow
         if proc.poll() is None:
             proc.kill()
             proc.wait(15)
+
+
+def test_a_large_answer_to_a_caller_that_stops_reading_for_a_while_arrives_whole() -> None:
+    """The connection's writes wait for the socket to drain (router.connections keeps asyncio's drain
+    waiters in a list) and go on when the caller reads again."""
+    from router import connections
+
+    connections.install(0, 0)
+    piece = bytes(range(256)) * 256  # 64 KB
+    pieces = 128  # 8 MB: far more than the sockets' buffers hold
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", b"%d" % (len(piece) * pieces))]})  # fmt: skip
+        for _ in range(pieces):
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def main() -> int:
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        sock.close()
+        config = Config()
+        config.bind = [f"127.0.0.1:{port}"]
+        config.errorlog = None
+        stop = asyncio.Event()
+        server = asyncio.ensure_future(serve(app, config, shutdown_trigger=stop.wait))  # type: ignore[arg-type]
+        for _ in range(100):
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=2**16)
+                break
+            except OSError:
+                await asyncio.sleep(0.05)
+        writer.write(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        await reader.readuntil(b"\r\n\r\n")
+        await asyncio.sleep(0.5)  # not reading: the server's writes fill the buffers and wait
+        got = 0
+        while got < len(piece) * pieces:
+            data = await reader.read(2**16)
+            assert data
+            got += len(data)
+        writer.close()
+        stop.set()
+        await server
+        return got
+
+    assert asyncio.run(main()) == len(piece) * pieces
