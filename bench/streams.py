@@ -148,9 +148,10 @@ def main(argv: list[str] | None = None, exit_after: bool = True) -> None:
     p.add_argument("--streams", type=int, default=5000)
     p.add_argument("--tokens", type=int, default=90)
     p.add_argument("--delay-ms", type=int, default=1000)
-    p.add_argument("--server", choices=("gateway", "bare", "gw-uvicorn", "bare-uvicorn"), default="gateway",
-                   help="bare: the bare hypercorn proxy instead, the floor of the stack; the -uvicorn ones the "
-                        "same under uvicorn")  # fmt: skip
+    p.add_argument("--server", choices=("gateway", "bare", "bare-tuned", "gw-uvicorn", "bare-uvicorn"),
+                   default="gateway",
+                   help="bare: the bare hypercorn proxy instead, the floor of the stack; bare-tuned: the same on "
+                        "the gateway's server layer; the -uvicorn ones the same under uvicorn")  # fmt: skip
     args = p.parse_args(argv)
     RESULTS.mkdir(exist_ok=True)
     raise_descriptor_limit(args.streams)
@@ -160,7 +161,8 @@ def main(argv: list[str] | None = None, exit_after: bool = True) -> None:
             emu, emulators = start_emulators(RESULTS)
             procs.append(emu)
             if args.server.startswith("bare"):
-                gw = start_bare(RESULTS, *emulators["openai"], "uvicorn" if args.server == "bare-uvicorn" else "hypercorn")
+                server = {"bare-uvicorn": "uvicorn", "bare-tuned": "hypercorn-tuned"}.get(args.server, "hypercorn")
+                gw = start_bare(RESULTS, *emulators["openai"], server)
             else:
                 gw = start_gateway(RESULTS, Path(tmp), emulators, args.server)
             procs.append(gw.proc)
