@@ -48,6 +48,18 @@ def _wake_next(waiters: list[asyncio.Future[None]] | None) -> None:
             break
 
 
+def _leave(waiters: list[asyncio.Future[None]], waiter: asyncio.Future[None], room: bool) -> None:
+    """``waiter`` is going (cancelled while it waited): off the list, and if it had been woken and
+    there is ``room`` for what it waited for, the next one is woken instead (asyncio.Queue's rule)."""
+    waiter.cancel()  # (if it is not done yet)
+    try:
+        waiters.remove(waiter)
+    except ValueError:
+        pass  # woken already: taken off the list then
+    if room and not waiter.cancelled():
+        _wake_next(waiters)
+
+
 class Channel:
     """``asyncio.Queue(maxsize)``'s ``get`` and ``put``, with the same order, bound and wake-ups."""
 
@@ -88,13 +100,7 @@ class Channel:
             try:
                 await putter
             except BaseException:
-                putter.cancel()  # just in case putter is not done yet
-                try:
-                    self._putters.remove(putter)
-                except ValueError:
-                    pass  # already woken and taken off the list
-                if not self.full() and not putter.cancelled():
-                    _wake_next(self._putters)  # woken, but going: the next putter may go instead
+                _leave(self._putters, putter, not self.full())
                 raise
         if self._watcher is not None:
             self._watcher(item)
@@ -111,13 +117,7 @@ class Channel:
             try:
                 await getter
             except BaseException:
-                getter.cancel()
-                try:
-                    self._getters.remove(getter)
-                except ValueError:
-                    pass
-                if self._items and not getter.cancelled():
-                    _wake_next(self._getters)
+                _leave(self._getters, getter, bool(self._items))
                 raise
         item = self._items.pop(0)
         _wake_next(self._putters)

@@ -5,6 +5,7 @@ synchronous OpenAI SDK can call it from the test), on a SQLite store in a tempor
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import secrets
@@ -13,7 +14,7 @@ import subprocess
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -41,6 +42,38 @@ ONE_PER_PROVIDER = [  # a model of each provider group (p1..p5)
     "mistral/mistral-small-latest",
 ]
 _names = itertools.count(1)
+
+
+@contextlib.asynccontextmanager
+async def hypercorn_on(app: Any, **streams: Any) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    """``app`` served by hypercorn on a free loopback port (with whatever server layer the process has
+    installed), and a client connection to it (``streams``: asyncio.open_connection's keywords); the
+    server is stopped when the block ends."""
+    from hypercorn.asyncio import serve
+    from hypercorn.config import Config
+
+    port = free_port()
+    config = Config()
+    config.bind = [f"127.0.0.1:{port}"]
+    config.errorlog = None
+    stop = asyncio.Event()
+    server = asyncio.ensure_future(serve(app, config, shutdown_trigger=stop.wait))
+    try:
+        for _ in range(100):
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port, **streams)
+                break
+            except OSError:
+                await asyncio.sleep(0.05)
+        else:
+            raise RuntimeError("hypercorn did not start")
+        try:
+            yield reader, writer
+        finally:
+            writer.close()
+    finally:
+        stop.set()
+        await server
 
 
 def free_port() -> int:

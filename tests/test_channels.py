@@ -8,16 +8,15 @@ that takes its time, arrives whole and in order."""
 from __future__ import annotations
 
 import asyncio
-import socket
+from collections.abc import Callable
 from typing import Any
 
-from hypercorn.asyncio import serve
 from hypercorn.asyncio.worker_context import EventWrapper
-from hypercorn.config import Config
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from router import channels
+from tests.conftest import hypercorn_on
 
 # the calls a program makes, as often as each other; a cancellation names one of the last few calls
 _CANCELS = [("cancel", back) for back in range(1, 5)]
@@ -38,30 +37,36 @@ def _states(tasks: list[asyncio.Task[Any]]) -> list[Any]:
     return out
 
 
-def _run_queue(make: Any, maxsize: int, ops: list[tuple[Any, ...]]) -> list[Any]:
+def _run(thing: Any, ops: list[tuple[Any, ...]], state: Callable[[Any], tuple[Any, ...]]) -> list[Any]:
+    """Run ``ops`` on ``thing`` (each call a task: ``put`` puts its step's number; a cancellation names
+    one of the last few calls; ``turn`` lets the loop run once) and what callers see after each step."""
+
     async def program() -> list[Any]:
-        queue = make(maxsize)
         tasks: list[asyncio.Task[Any]] = []
         seen: list[Any] = []
         for step, op in enumerate(ops):
-            if op[0] == "put":
-                tasks.append(asyncio.ensure_future(queue.put(step)))
-            elif op[0] == "get":
-                tasks.append(asyncio.ensure_future(queue.get()))
-            elif op[0] == "cancel" and tasks:
-                tasks[-min(op[1], len(tasks))].cancel()
-            else:
+            if op[0] == "cancel":
+                if tasks:
+                    tasks[-min(op[1], len(tasks))].cancel()
+            elif op[0] == "turn":
                 await asyncio.sleep(0)
-            seen.append((_states(tasks), queue.qsize(), queue.full()))
+            else:
+                method = getattr(thing, op[0])
+                tasks.append(asyncio.ensure_future(method(step) if op[0] == "put" else method()))
+            seen.append((_states(tasks), *state(thing)))
         for _ in range(3):  # let what was woken finish
             await asyncio.sleep(0)
-        seen.append((_states(tasks), queue.qsize()))
+        seen.append((_states(tasks), *state(thing)))
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         return seen
 
     return asyncio.run(program())
+
+
+def _run_queue(make: Any, maxsize: int, ops: list[tuple[Any, ...]]) -> list[Any]:
+    return _run(make(maxsize), ops, lambda queue: (queue.qsize(), queue.full()))
 
 
 # a waiter woken and then cancelled before it ran hands its wake-up on to the next one
@@ -81,27 +86,7 @@ _event_ops = st.lists(st.sampled_from([("wait",), ("set",), ("clear",), ("turn",
 
 
 def _run_event(make: Any, ops: list[tuple[Any, ...]]) -> list[Any]:
-    async def program() -> list[Any]:
-        event = make()
-        tasks: list[asyncio.Task[Any]] = []
-        seen: list[Any] = []
-        for op in ops:
-            if op[0] in ("wait", "set", "clear"):
-                tasks.append(asyncio.ensure_future(getattr(event, op[0])()))
-            elif op[0] == "cancel" and tasks:
-                tasks[-min(op[1], len(tasks))].cancel()
-            else:
-                await asyncio.sleep(0)
-            seen.append((_states(tasks), event.is_set()))
-        for _ in range(3):
-            await asyncio.sleep(0)
-        seen.append((_states(tasks), event.is_set()))
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        return seen
-
-    return asyncio.run(program())
+    return _run(make(), ops, lambda event: (event.is_set(),))
 
 
 @settings(max_examples=400, deadline=None)
@@ -128,34 +113,16 @@ def test_a_body_in_more_pieces_than_the_queue_holds_arrives_whole_through_hyperc
         await send({"type": "http.response.body", "body": bytes(got)})
 
     async def main() -> bytes:
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-        sock.close()
-        config = Config()
-        config.bind = [f"127.0.0.1:{port}"]
-        config.errorlog = None
-        stop = asyncio.Event()
-        server = asyncio.ensure_future(serve(app, config, shutdown_trigger=stop.wait))  # type: ignore[arg-type]
-        for _ in range(100):
-            try:
-                reader, writer = await asyncio.open_connection("127.0.0.1", port)
-                break
-            except OSError:
-                await asyncio.sleep(0.05)
-        writer.write(b"POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n")
-        for piece in pieces:
-            writer.write(b"%x\r\n%b\r\n" % (len(piece), piece))
+        async with hypercorn_on(app) as (reader, writer):
+            writer.write(b"POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n")
+            for piece in pieces:
+                writer.write(b"%x\r\n%b\r\n" % (len(piece), piece))
+                await writer.drain()
+            writer.write(b"0\r\n\r\n")
             await writer.drain()
-        writer.write(b"0\r\n\r\n")
-        await writer.drain()
-        head = await reader.readuntil(b"\r\n\r\n")
-        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-        body = await reader.readexactly(length)
-        writer.close()
-        stop.set()
-        await server
-        return body
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            return await reader.readexactly(length)
 
     assert asyncio.run(main()) == b"".join(pieces)
     from hypercorn.asyncio.task_group import TaskGroup

@@ -18,10 +18,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from hypercorn.asyncio import serve
-from hypercorn.config import Config
-
-from tests.conftest import Stack, free_port, wait_healthy
+from tests.conftest import Stack, free_port, hypercorn_on, wait_healthy
 from tests.test_crash import _config_with_key
 
 NOFILE = 400  # the served process's descriptor limit: (400 - 64) // 2 = 168 connections by default
@@ -264,32 +261,15 @@ def test_a_large_answer_to_a_caller_that_stops_reading_for_a_while_arrives_whole
         await send({"type": "http.response.body", "body": b""})
 
     async def main() -> int:
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-        sock.close()
-        config = Config()
-        config.bind = [f"127.0.0.1:{port}"]
-        config.errorlog = None
-        stop = asyncio.Event()
-        server = asyncio.ensure_future(serve(app, config, shutdown_trigger=stop.wait))  # type: ignore[arg-type]
-        for _ in range(100):
-            try:
-                reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=2**16)
-                break
-            except OSError:
-                await asyncio.sleep(0.05)
-        writer.write(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
-        await reader.readuntil(b"\r\n\r\n")
-        await asyncio.sleep(0.5)  # not reading: the server's writes fill the buffers and wait
-        got = 0
-        while got < len(piece) * pieces:
-            data = await reader.read(2**16)
-            assert data
-            got += len(data)
-        writer.close()
-        stop.set()
-        await server
-        return got
+        async with hypercorn_on(app, limit=2**16) as (reader, writer):
+            writer.write(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            await reader.readuntil(b"\r\n\r\n")
+            await asyncio.sleep(0.5)  # not reading: the server's writes fill the buffers and wait
+            got = 0
+            while got < len(piece) * pieces:
+                data = await reader.read(2**16)
+                assert data
+                got += len(data)
+            return got
 
     assert asyncio.run(main()) == len(piece) * pieces
