@@ -109,8 +109,8 @@ class SQLiteThread:
     def connect_here(self) -> sqlite3.Connection | None:
         """A second connection, for the calling thread (the event loop's): it never waits for a lock
         (busy timeout 0: the caller hands the work to this store's thread instead) and never
-        checkpoints the WAL on its own (``PRAGMA wal_checkpoint`` runs on the thread). None for an
-        in-memory database, which another connection would not see."""
+        checkpoints the WAL on its own (``PRAGMA wal_checkpoint`` runs on the thread); its temporary
+        storage is in memory. None for an in-memory database, which another connection would not see."""
         if self.path == ":memory:":
             return None
         db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=0)
@@ -118,6 +118,9 @@ class SQLiteThread:
         db.execute("PRAGMA foreign_keys=ON")
         db.execute("PRAGMA busy_timeout=0")
         db.execute("PRAGMA wal_autocheckpoint=0")
+        # a group commit's statement journals in memory: they went to a temporary file, opened, written
+        # (~80 pages a batch) and deleted for every batch (what this connection runs is small batches)
+        db.execute("PRAGMA temp_store=MEMORY")
         return db
 
     async def migrate(self, version_table: str, migrations: Sequence[str]) -> None:
