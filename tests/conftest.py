@@ -280,7 +280,7 @@ def break_off(port: int, request: bytes, marker: bytes, count: int) -> None:
 
 def wait_healthy(port: int, proc: subprocess.Popen[bytes], log: Path | None = None, seconds: float = 30) -> None:
     """Return once the gateway process on ``port`` answers ``GET /healthz``; fail (with its log) if it
-    exits or takes longer than ``seconds``."""
+    exits or takes longer than ``seconds`` (then it is killed)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -291,6 +291,8 @@ def wait_healthy(port: int, proc: subprocess.Popen[bytes], log: Path | None = No
                     return
         except OSError:
             time.sleep(0.05)
+    proc.kill()  # (a test that fails here must not leave a server running for the rest of the suite)
+    proc.wait(10)
     raise AssertionError(f"gateway on port {port} did not start: {log.read_text() if log else ''}")
 
 
