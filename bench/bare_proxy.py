@@ -90,13 +90,10 @@ if __name__ == "__main__":
     parser.add_argument("--server", choices=["hypercorn", "hypercorn-tuned", "uvicorn"], default="hypercorn")
     args = parser.parse_args()
     if args.server == "hypercorn-tuned":
-        from router import channels, connections, fast_h11, fast_headers, fast_hypercorn
+        from core.config import ServerSettings
+        from router.serve import install_server_layer
 
-        connections.install(0, 0)
-        fast_headers.install()
-        fast_h11.install()
-        fast_hypercorn.install()
-        channels.install()
+        install_server_layer(ServerSettings())  # what router serve runs hypercorn on, default caps
     if args.server == "uvicorn":  # the floor of the gateway's uvicorn run (bench gw-uvicorn)
         import uvicorn
 

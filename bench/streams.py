@@ -54,6 +54,12 @@ async def client(url: str, key: str, model: str, n: int, tokens: int, delay_ms: 
     opened_at = [float("inf")]  # every stream has had its first chunk
     closing_at = [float("inf")]  # the first stream has ended
 
+    def accounted(at: float) -> None:
+        """One more stream opened or refused: once every one is, all that will open are open."""
+        if got_first + refused[0] == n:
+            opened_at[0] = at
+            first.set()
+
     async def one(session: aiohttp.ClientSession) -> None:
         nonlocal got_first, done_ok
         times: list[float] = []
@@ -62,17 +68,13 @@ async def client(url: str, key: str, model: str, n: int, tokens: int, delay_ms: 
                 if r.status != 200:
                     errors[f"http_{r.status}"] = errors.get(f"http_{r.status}", 0) + 1
                     refused[0] += 1
-                    if got_first + refused[0] == n:  # the rest are open: measure them
-                        opened_at[0] = time.monotonic()
-                        first.set()
+                    accounted(time.monotonic())  # (when the last is refused, the rest are open: measure them)
                     return
                 async for _ in r.content.iter_any():
                     times.append(time.monotonic())
                     if len(times) == 1:
                         got_first += 1
-                        if got_first + refused[0] == n:
-                            opened_at[0] = times[0]
-                            first.set()
+                        accounted(times[0])
             closing_at[0] = min(closing_at[0], times[-1])
             arrivals.append(times)
             done_ok += 1
@@ -110,14 +112,15 @@ async def client(url: str, key: str, model: str, n: int, tokens: int, delay_ms: 
         gaps.append(worst["steady"])
         ramp_gaps.append(worst["opening"])
         closing_gaps.append(worst["closing"])
+    opened = n - refused[0]
     return {
         "streams": n, "completed": done_ok, "errors": errors,
         "all_open_after_s": all_open_after,
         "gateway_rss_before_kb": before, "gateway_rss_with_all_open_kb": during,
-        "open": n - refused[0],
-        "kb_per_stream": round((during - before) / (n - refused[0]), 1) if n > refused[0] else None,
+        "open": opened,
+        "kb_per_stream": round((during - before) / opened, 1) if opened else None,
         "gateway_rss_near_the_end_kb": late,
-        "kb_per_stream_near_the_end": round((late - before) / (n - refused[0]), 1) if n > refused[0] else None,
+        "kb_per_stream_near_the_end": round((late - before) / opened, 1) if opened else None,
         "max_gap_s": round(max(gaps), 3) if gaps else None,
         "p99_gap_s": round(statistics.quantiles(gaps, n=100)[98], 3) if len(gaps) >= 100 else None,
         "max_gap_while_opening_s": round(max(ramp_gaps), 3) if ramp_gaps else None,

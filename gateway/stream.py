@@ -276,7 +276,7 @@ class Shaper:
 
     def generated(self) -> str:
         """Everything the answer contained so far (to estimate its tokens if no usage ever comes)."""
-        return _decode_text(b'"%b"' % bytes(self.said))
+        return _decode_text(b'"' + self.said + b'"')
 
     def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
         return {

@@ -18,6 +18,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from core.config import ServerSettings
+from router.serve import install_server_layer
 from tests.conftest import Stack, free_port, hypercorn_on, wait_healthy
 from tests.test_crash import _config_with_key
 
@@ -245,9 +247,7 @@ def test_idle_connections_are_closed_after_the_keep_alive_timeout_and_at_shutdow
 def test_a_large_answer_to_a_caller_that_stops_reading_for_a_while_arrives_whole() -> None:
     """The connection's writes wait for the socket to drain (router.connections keeps asyncio's drain
     waiters in a list) and go on when the caller reads again."""
-    from router import connections
-
-    connections.install(0, 0)
+    install_server_layer(ServerSettings())
     piece = bytes(range(256)) * 256  # 64 KB
     pieces = 128  # 8 MB: far more than the sockets' buffers hold
 
