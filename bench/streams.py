@@ -39,82 +39,176 @@ def rss_kb(pid: int) -> int:
     return 0
 
 
-async def client(url: str, key: str, model: str, n: int, tokens: int, delay_ms: int, gateway_pid: int) -> dict:
+class Tally:
+    """What the client saw, stream by stream, whichever protocol carried them."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.first = asyncio.Event()  # every stream opened or refused
+        self.got_first = 0
+        self.arrivals: list[list[float]] = []  # per completed stream: when each of its chunks arrived
+        self.done_ok = 0
+        self.errors: dict[str, int] = {}
+        self.refused = 0  # streams answered with an error status instead of a stream
+        self.opened_at = float("inf")  # every stream has had its first chunk
+        self.closing_at = float("inf")  # the first stream has ended
+
+    def _accounted(self, at: float) -> None:
+        """One more stream opened or refused: once every one is, all that will open are open."""
+        if self.got_first + self.refused == self.n:
+            self.opened_at = at
+            self.first.set()
+
+    def error(self, name: str) -> None:
+        self.errors[name] = self.errors.get(name, 0) + 1
+
+    def refuse(self, status: int) -> None:
+        self.error(f"http_{status}")
+        self.refused += 1
+        self._accounted(time.monotonic())  # (when the last is refused, the rest are open: measure them)
+
+    def chunk(self, times: list[float]) -> None:
+        times.append(time.monotonic())
+        if len(times) == 1:
+            self.got_first += 1
+            self._accounted(times[0])
+
+    def ended(self, times: list[float]) -> None:
+        if times:
+            self.closing_at = min(self.closing_at, times[-1])
+        self.arrivals.append(times)
+        self.done_ok += 1
+
+
+async def over_http1(url: str, headers: dict[str, str], body: bytes, tally: Tally) -> list[asyncio.Task]:
+    """One connection per stream (aiohttp): the gateway holds two descriptors a stream."""
     import aiohttp
 
-    body = json.dumps({"model": model, "stream": True,
-                       "messages": [{"role": "user", "content": f"hold [tokens:{tokens}] [delay:{delay_ms}]"}]})  # fmt: skip
-    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
-    first = asyncio.Event()
-    got_first = 0
-    arrivals: list[list[float]] = []  # per stream: when each of its chunks arrived
-    done_ok = 0
-    errors: dict[str, int] = {}
-    refused = [0]  # streams answered with an error status instead of a stream
-    opened_at = [float("inf")]  # every stream has had its first chunk
-    closing_at = [float("inf")]  # the first stream has ended
-
-    def accounted(at: float) -> None:
-        """One more stream opened or refused: once every one is, all that will open are open."""
-        if got_first + refused[0] == n:
-            opened_at[0] = at
-            first.set()
-
     async def one(session: aiohttp.ClientSession) -> None:
-        nonlocal got_first, done_ok
         times: list[float] = []
         try:
             async with session.post(url, data=body, headers=headers) as r:
                 if r.status != 200:
-                    errors[f"http_{r.status}"] = errors.get(f"http_{r.status}", 0) + 1
-                    refused[0] += 1
-                    accounted(time.monotonic())  # (when the last is refused, the rest are open: measure them)
-                    return
+                    return tally.refuse(r.status)
                 async for _ in r.content.iter_any():
-                    times.append(time.monotonic())
-                    if len(times) == 1:
-                        got_first += 1
-                        accounted(times[0])
-            closing_at[0] = min(closing_at[0], times[-1])
-            arrivals.append(times)
-            done_ok += 1
+                    tally.chunk(times)
+            tally.ended(times)
         except Exception as exc:  # noqa: BLE001 - counted and reported
-            errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
+            tally.error(type(exc).__name__)
 
-    connector = aiohttp.TCPConnector(limit=0)
-    timeout = aiohttp.ClientTimeout(total=600)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        before = rss_kb(gateway_pid)
-        began = time.monotonic()
-        tasks = [asyncio.create_task(one(session)) for _ in range(n)]
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=600))
+    tasks = [asyncio.create_task(one(session)) for _ in range(tally.n)]
+    tasks.append(asyncio.create_task(_close_after(list(tasks), session.close)))
+    return tasks
+
+
+async def _close_after(tasks: list[asyncio.Task], close: Any) -> None:
+    await asyncio.gather(*tasks)
+    await close()
+
+
+async def over_http2(url: str, headers: dict[str, str], body: bytes, tally: Tally, per_connection: int
+                     ) -> list[asyncio.Task]:  # fmt: skip
+    """HTTP/2 with prior knowledge (h2c), ``per_connection`` streams a connection (hypercorn allows 100):
+    the gateway holds one descriptor a stream (its upstream), so 10,000 streams fit a 20,000 limit."""
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    host, port = url.split("//")[1].split("/")[0].rsplit(":", 1)
+    path = "/" + url.split("//")[1].split("/", 1)[1]
+    request = [(b":method", b"POST"), (b":path", path.encode()), (b":scheme", b"http"),
+               (b":authority", f"{host}:{port}".encode()), (b"content-length", str(len(body)).encode()),
+               *((k.lower().encode(), v.encode()) for k, v in headers.items())]  # fmt: skip
+
+    async def connection(count: int) -> None:
         try:
-            await asyncio.wait_for(first.wait(), timeout=120)
-            all_open_after = time.monotonic() - began
-        except TimeoutError:
-            all_open_after = None
-        during = rss_kb(gateway_pid)
-        # again near the streams' end: what each has kept of what it relayed (text kept to estimate an
-        # interrupted stream's usage, buffers) shows here
-        await asyncio.sleep(max(0.0, (tokens - 4) * delay_ms / 1000 - (time.monotonic() - began)))
-        late = rss_kb(gateway_pid)
-        await asyncio.gather(*tasks)
+            reader, writer = await asyncio.open_connection(host, int(port))
+        except OSError as exc:
+            for _ in range(count):
+                tally.error(type(exc).__name__)
+            return
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+        conn.initiate_connection()
+        conn.increment_flow_control_window(2**30)
+        streams: dict[int, list[float]] = {}
+        for _ in range(count):
+            sid = conn.get_next_available_stream_id()
+            conn.send_headers(sid, request)
+            conn.send_data(sid, body, end_stream=True)
+            streams[sid] = []
+        writer.write(conn.data_to_send())
+        try:
+            while streams:
+                data = await reader.read(65536)
+                if not data:
+                    raise ConnectionResetError("the gateway closed the connection")
+                for ev in conn.receive_data(data):
+                    if isinstance(ev, h2.events.ResponseReceived):
+                        status = int(dict(ev.headers)[b":status"])
+                        if status != 200:
+                            streams.pop(ev.stream_id)
+                            tally.refuse(status)
+                    elif isinstance(ev, h2.events.DataReceived):
+                        conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+                        if ev.stream_id in streams and ev.data:
+                            tally.chunk(streams[ev.stream_id])
+                    elif isinstance(ev, h2.events.StreamEnded) and ev.stream_id in streams:
+                        tally.ended(streams.pop(ev.stream_id))
+                    elif isinstance(ev, h2.events.StreamReset) and ev.stream_id in streams:
+                        streams.pop(ev.stream_id)
+                        tally.error("StreamReset")
+                writer.write(conn.data_to_send())
+        except Exception as exc:  # noqa: BLE001 - counted and reported
+            for _ in streams:
+                tally.error(type(exc).__name__)
+        writer.close()
+
+    sizes = [min(per_connection, tally.n - i) for i in range(0, tally.n, per_connection)]
+    return [asyncio.create_task(connection(size)) for size in sizes]
+
+
+async def client(url: str, key: str, model: str, n: int, tokens: int, delay_ms: int, gateway_pid: int,
+                 http2: int = 0) -> dict:  # fmt: skip
+    body = json.dumps({"model": model, "stream": True,
+                       "messages": [{"role": "user", "content": f"hold [tokens:{tokens}] [delay:{delay_ms}]"}]}).encode()  # fmt: skip
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    tally = Tally(n)
+    before = rss_kb(gateway_pid)
+    began = time.monotonic()
+    if http2:
+        tasks = await over_http2(url, headers, body, tally, http2)
+    else:
+        tasks = await over_http1(url, headers, body, tally)
+    try:
+        await asyncio.wait_for(tally.first.wait(), timeout=120)
+        all_open_after = time.monotonic() - began
+    except TimeoutError:
+        all_open_after = None
+    during = rss_kb(gateway_pid)
+    # again near the streams' end: what each has kept of what it relayed (text kept to estimate an
+    # interrupted stream's usage, buffers) shows here
+    await asyncio.sleep(max(0.0, (tokens - 4) * delay_ms / 1000 - (time.monotonic() - began)))
+    late = rss_kb(gateway_pid)
+    await asyncio.gather(*tasks)
     # a stream's gaps by phase: opening (not every stream open yet), steady (all open, none ended: the
     # budget), closing (streams ending together: every call's settlement and access line at once). A
     # stream's own end is closing too: the gateway sends the finish chunk, the usage chunk and [DONE]
     # together once the upstream's usage has come (the emulator paces even those a --delay-ms apart)
     gaps, ramp_gaps, closing_gaps = [], [], []
-    for times in arrivals:
+    for times in tally.arrivals:
         worst = {"opening": 0.0, "steady": 0.0, "closing": 0.0}
         for i, (last, now) in enumerate(zip(times, times[1:], strict=False)):
-            ending = i == len(times) - 2 or now > closing_at[0]
-            phase = "opening" if last < opened_at[0] else "closing" if ending else "steady"
+            ending = i == len(times) - 2 or now > tally.closing_at
+            phase = "opening" if last < tally.opened_at else "closing" if ending else "steady"
             worst[phase] = max(worst[phase], now - last)
         gaps.append(worst["steady"])
         ramp_gaps.append(worst["opening"])
         closing_gaps.append(worst["closing"])
-    opened = n - refused[0]
+    opened = n - tally.refused
     return {
-        "streams": n, "completed": done_ok, "errors": errors,
+        "streams": n, "completed": tally.done_ok, "errors": tally.errors,
+        "protocol": f"HTTP/2, {http2} streams a connection" if http2 else "HTTP/1.1, a connection a stream",
         "all_open_after_s": all_open_after,
         "gateway_rss_before_kb": before, "gateway_rss_with_all_open_kb": during,
         "open": opened,
@@ -151,6 +245,9 @@ def main(argv: list[str] | None = None, exit_after: bool = True) -> None:
     p.add_argument("--streams", type=int, default=5000)
     p.add_argument("--tokens", type=int, default=90)
     p.add_argument("--delay-ms", type=int, default=1000)
+    p.add_argument("--http2", type=int, default=0, metavar="N",
+                   help="the client speaks HTTP/2 (h2c, prior knowledge), N streams a connection (hypercorn "
+                        "allows 100): the gateway then holds one descriptor a stream instead of two")  # fmt: skip
     p.add_argument("--server", choices=("gateway", "bare", "bare-tuned", "gw-uvicorn", "bare-uvicorn"),
                    default="gateway",
                    help="bare: the bare hypercorn proxy instead, the floor of the stack; bare-tuned: the same on "
@@ -177,7 +274,8 @@ def main(argv: list[str] | None = None, exit_after: bool = True) -> None:
                 run = uvloop.run
             except ImportError:
                 run = asyncio.run
-            result = run(client(gw.url, gw.key, gw.model, args.streams, args.tokens, args.delay_ms, gw.proc.pid))
+            result = run(client(gw.url, gw.key, gw.model, args.streams, args.tokens, args.delay_ms, gw.proc.pid,
+                                    args.http2))
     finally:
         stop_all(procs)
     result["budget"] = {"kb_per_stream": BUDGET_KB, "max_gap_over_pacing": BUDGET_GAP, "all_open_s": BUDGET_OPEN_S}
