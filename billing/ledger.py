@@ -24,6 +24,7 @@ from billing.store import Hold, Refusal, Reservation, Store, StoreDown, UsageRec
 from core import metrics
 from core.catalog import NANO, Model
 from core.errors import GatewayError, InsufficientCredits, StoreUnavailable
+from core.flights import Flights
 from core.wire import TokenUsage
 
 log = logging.getLogger("router.ledger")
@@ -184,6 +185,7 @@ class LocalLedger(Ledger):
         self._windows: dict[int, budgets.Windows] = {}  # group id -> its and its keys' budgets, if any
         self._released = 0  # settlements durable so far
         self._ids = itertools.count(-1, -1)
+        self._reads: Flights[tuple[_Holds, _Holds]] = Flights()
 
     async def _read(self, group_id: int, key_id: int) -> tuple[_Holds, _Holds]:
         for _ in range(8):  # read again if a settlement became durable meanwhile (seen by one read, not the other)
@@ -207,8 +209,10 @@ class LocalLedger(Ledger):
         return group, key
 
     async def _reread(self, group_id: int, key_id: int) -> tuple[_Holds, _Holds]:
+        """A read that starts now, shared with the calls that ask for it meanwhile (core/flights.py):
+        a burst, or a flood of calls refused for want of credit, reads the store once or twice."""
         try:
-            return await self._read(group_id, key_id)
+            return await self._reads.fresh((group_id, key_id), lambda: self._read(group_id, key_id))
         except StoreDown as exc:
             metrics.store_error("reserve")
             log.warning("the ledger's balance could not be read: %s", exc)

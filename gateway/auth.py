@@ -4,7 +4,8 @@ A key is ``<prefix>-v1-<43 url-safe characters>`` (256 random bits). Only its SH
 key is random, so a slow password hash would buy nothing. A header that does not have the form is
 rejected before any store lookup. The store is searched by digest, so how long a lookup takes says
 nothing about the key itself (the constant-time property that matters). Looked-up principals are cached for a couple of seconds so the hot
-path does not touch the store; a revocation through this process clears the cache at once, and one
+path does not touch the store, and the calls that miss the cache together share one lookup
+(core/flights.py); a revocation through this process clears the cache at once, and one
 through another process takes effect within ``auth_cache_seconds``.
 
 A principal carries its secret's deadline (the key's ``expires_at``; for the secret a rotation
@@ -28,6 +29,7 @@ from billing.store import KeyInfo, KeyMeta, Principal, Store, StoreDown
 from core import metrics
 from core.config import Settings
 from core.errors import StoreUnavailable, Unauthorized
+from core.flights import Flights
 
 
 def generate_key(prefix: str) -> str:
@@ -100,6 +102,7 @@ class Authenticator:
         self.cache_seconds = cache_seconds
         self._form = key_form(prefix)
         self._cache: dict[str, tuple[Principal, float]] = {}
+        self._lookups: Flights[Principal | None] = Flights()  # concurrent misses of one key: one lookup
         self.last_used = LastUsed(store)
 
     def forget(self) -> None:
@@ -126,7 +129,7 @@ class Authenticator:
                 _check_deadline(hit.deadline, hit.deadline_code, time.time())
             return hit
         try:
-            principal = await self.store.principal(digest)
+            principal = await self._lookups.fresh(digest, lambda: self.store.principal(digest))
         except StoreDown:
             metrics.store_error("lookup")
             raise StoreUnavailable() from None
