@@ -76,6 +76,57 @@ async def hypercorn_on(app: Any, **streams: Any) -> AsyncIterator[tuple[asyncio.
         await server
 
 
+async def h2_exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      requests: list[tuple[list[tuple[bytes, bytes]], bytes | None]], window: int = 65_535,
+                      cancel: dict[int, int] | None = None) -> list[tuple[int, bytes]]:  # fmt: skip
+    """HTTP/2 with prior knowledge (the h2 library's client) on an open connection: each request
+    (headers with the pseudo-headers, and a body or None) on its own stream, all at once, with
+    ``window`` as the client's initial flow-control window. ``cancel``: request index -> the stream is
+    reset (CANCEL) once that many DATA frames of it arrived. Returns (status, body) in request order."""
+    import h2.config
+    import h2.connection
+    import h2.events
+    import h2.settings
+
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+    conn.local_settings = h2.settings.Settings(client=True, initial_values={
+        h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window, h2.settings.SettingCodes.ENABLE_PUSH: 0})  # fmt: skip
+    conn.initiate_connection()
+    index: dict[int, int] = {}
+    for i, (headers, body) in enumerate(requests):
+        sid = conn.get_next_available_stream_id()
+        conn.send_headers(sid, headers, end_stream=body is None)
+        if body is not None:
+            conn.send_data(sid, body, end_stream=True)
+        index[sid] = i
+    writer.write(conn.data_to_send())
+    status = [0] * len(requests)
+    got = [bytearray() for _ in requests]
+    frames = [0] * len(requests)
+    cancel = cancel or {}
+    open_ = set(index)
+    while open_:
+        data = await asyncio.wait_for(reader.read(65536), 10)
+        assert data, "the server closed the connection"
+        for event in conn.receive_data(data):
+            if isinstance(event, h2.events.ResponseReceived):
+                status[index[event.stream_id]] = int(dict(event.headers)[b":status"])
+            elif isinstance(event, h2.events.DataReceived):
+                i = index[event.stream_id]
+                got[i] += event.data
+                frames[i] += 1
+                conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                if frames[i] == cancel.get(i) and event.stream_id in open_:
+                    conn.reset_stream(event.stream_id)
+                    open_.discard(event.stream_id)
+            elif isinstance(event, h2.events.StreamEnded):
+                open_.discard(event.stream_id)
+            elif isinstance(event, h2.events.StreamReset) and event.stream_id in open_:
+                raise AssertionError(f"request {index[event.stream_id]} reset by the server")
+        writer.write(conn.data_to_send())
+    return [(s, bytes(b)) for s, b in zip(status, got, strict=True)]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

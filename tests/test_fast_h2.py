@@ -8,15 +8,11 @@ import asyncio
 import random
 from typing import Any
 
-import h2.config
-import h2.connection
-import h2.events
-import h2.settings
 import pytest
 from hypercorn.protocol.h2 import H2Protocol
 
 from router import fast_h2
-from tests.conftest import hypercorn_on
+from tests.conftest import h2_exchange, hypercorn_on
 
 
 def chunk(stream: int, index: int, size: int) -> bytes:
@@ -49,40 +45,14 @@ def chunked_app(plan: dict[str, list[int]]) -> Any:
 
 async def fetch_all(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, paths: list[str], window: int,
                     cancel: str | None = None) -> dict[str, bytes]:  # fmt: skip
-    """Each path on its own stream of one connection, with ``window`` as the client's initial window
-    (the stream's and, by WINDOW_UPDATEs the h2 library sends as data is acknowledged, the connection's).
-    ``cancel``: that stream is reset after its first data."""
-    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
-    conn.local_settings = h2.settings.Settings(client=True, initial_values={
-        h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window, h2.settings.SettingCodes.ENABLE_PUSH: 0})  # fmt: skip
-    conn.initiate_connection()
-    ids = {}
-    for path in paths:
-        sid = conn.get_next_available_stream_id()
-        conn.send_headers(sid, [(b":method", b"GET"), (b":path", path.encode()), (b":scheme", b"http"),
-                                (b":authority", b"localhost")], end_stream=True)  # fmt: skip
-        ids[sid] = path
-    writer.write(conn.data_to_send())
-    got = {path: bytearray() for path in paths}
-    open_ = set(ids)
-    while open_:
-        data = await asyncio.wait_for(reader.read(65536), 10)
-        assert data, "the server closed the connection"
-        for event in conn.receive_data(data):
-            if isinstance(event, h2.events.ResponseReceived):
-                assert dict(event.headers)[b":status"] == b"200"
-            elif isinstance(event, h2.events.DataReceived):
-                got[ids[event.stream_id]] += event.data
-                conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-                if ids[event.stream_id] == cancel and event.stream_id in open_:
-                    conn.reset_stream(event.stream_id)
-                    open_.discard(event.stream_id)
-            elif isinstance(event, h2.events.StreamEnded):
-                open_.discard(event.stream_id)
-            elif isinstance(event, h2.events.StreamReset):
-                raise AssertionError(f"stream {ids[event.stream_id]} reset by the server")
-        writer.write(conn.data_to_send())
-    return {path: bytes(body) for path, body in got.items()}
+    """Each path on its own stream of one connection (``cancel``: that one reset after its first data)."""
+    requests = [[(b":method", b"GET"), (b":path", p.encode()), (b":scheme", b"http"), (b":authority", b"localhost")]
+                for p in paths]  # fmt: skip
+    cancels = {paths.index(cancel): 1} if cancel else {}
+    answers = await h2_exchange(reader, writer, [(r, None) for r in requests], window, cancels)
+    for status, _ in answers:
+        assert status == 200
+    return {path: body for path, (_, body) in zip(paths, answers, strict=True)}
 
 
 def expected(plan: dict[str, list[int]]) -> dict[str, bytes]:
