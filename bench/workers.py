@@ -9,12 +9,13 @@ projection rests on is the gateway's CPU time per call, summed over its process 
 and its workers: utime + stime from /proc, read by the load generator at the two ends of the measured
 window, warm-up excluded), which moves little when other work takes the CPUs.
 
-Three settings, in this order, each with its own gateway (``router serve``, every feature on as in
+Four settings, in this order, each with its own gateway (``router serve``, every feature on as in
 ``make bench``, on a fresh PostgreSQL database, rate limits in Redis) and the same emulator:
 
 1. one worker, the gateway pinned to CPU 1 (``taskset -c 1``), the load generator and the emulator to CPU 0;
 2. ``--workers 2``, both workers pinned to CPU 1, the load generator and the emulator as in 1;
-3. ``--workers 2`` unpinned (the emulator's affinity widened to every CPU), for reference.
+3. ``--workers 2`` unpinned (the emulator's affinity widened to every CPU), for reference;
+4. one worker pinned as in 1, with half the clients: what each of two workers does with a core of its own.
 
 Also read over the window, when this machine's /proc shows them: PostgreSQL's CPU (the backends of
 the setting's database and the server's writers: checkpointer, background writer, WAL writer,
@@ -24,7 +25,10 @@ Both are read, never re-pinned or restarted.
 Projection: with a free core per worker, N workers serve N / (CPU seconds per call with N workers)
 calls a second while the shared stores keep up; the projected ratio of 2 workers to 1 is
 2 x cpu_per_call(1 worker) / cpu_per_call(2 workers), both pinned (setting 2 time-shares one core,
-so its context switches are, if anything, charged to the workers). It leaves out the stores' CPU
+so its context switches are, if anything, charged to the workers). The second projection has no
+time-sharing in it: with a core each, each of two workers serves half the clients, so its CPU per call
+is setting 4's, and the ratio is 2 x cpu_per_call(setting 1) / cpu_per_call(setting 4) (also shown
+from calls/s measured: 2 x setting 4's / setting 1's). Both leave out the stores' CPU
 (reported separately, with the cores they would need at the projected rate) and the load generator's
 and emulator's. Results: bench/results/workers.json.
 """
@@ -73,12 +77,15 @@ class Setting:
     workers: int
     gateway_cpus: str | None  # taskset -c list; None: unpinned
     side_cpus: str | None  # the load generator's and the emulator's
+    share: int = 1  # the load generator runs clients / share clients
 
 
 SETTINGS = [
     Setting("w1-pinned", "1 worker, CPU 1", 1, "1", "0"),
     Setting("w2-pinned", "2 workers, CPU 1", 2, "1", "0"),
     Setting("w2-free", "2 workers, unpinned", 2, None, None),
+    # what each of two workers does when each has a core of its own: half the clients, the same stores
+    Setting("w1-half", "1 worker, half load", 1, "1", "0", share=2),
 ]
 
 
@@ -178,7 +185,7 @@ def measure(run: Running, emulator: Proc, stores: dict[str, int], seconds: float
         watch.append(f"postgres={stores['postgres']}:" + "|".join((f" {run.database} ", *PG_WRITERS)))
     if "redis" in stores:
         watch.append(f"redis={stores['redis']}")
-    result = load(run.setting, run.target.spec(), watch, seconds, clients, stream)
+    result = load(run.setting, run.target.spec(), watch, seconds, max(clients // run.setting.share, 1), stream)
     run.rounds.append(result)
     return result
 
@@ -228,6 +235,21 @@ def project(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
     free = rows.get("w2-free", {}).get("cpu_us_per_call", {}).get("gateway")
     if free:
         out["ratio_from_unpinned"] = round(2 * one / free, 2)
+    half = rows.get("w1-half", {}).get("cpu_us_per_call", {}).get("gateway")
+    if half:
+        # with a core each, two workers are two of "1 worker, half load": the 2 workers pinned to one core
+        # also pay for time-sharing it (preemptions, each process's caches and branch history evicted by
+        # the other's), which a core per worker does not have
+        out["half_load_method"] = (
+            "with a free core per worker, each of 2 workers serves half the clients on the same stores: its CPU "
+            "per call is one worker's with half the clients, measured (setting '1 worker, half load', pinned as "
+            "setting 1); ratio = 2 x cpu_per_call(1 worker) / cpu_per_call(1 worker, half the clients); measured "
+            "beside it: 2 x calls/s(1 worker, half the clients) / calls/s(1 worker)")  # fmt: skip
+        out["ratio_half_load"] = round(2 * one / half, 3)
+        out["meets_target_half_load"] = 2 * one / half >= TARGET_RATIO
+        full_rate, half_rate = rows["w1-pinned"]["calls_per_s"], rows["w1-half"]["calls_per_s"]
+        if full_rate:
+            out["ratio_half_load_calls"] = round(2 * half_rate / full_rate, 3)
     stores = rows["w2-pinned"]["cpu_us_per_call"]
     if "postgres" in stores and "redis" in stores:
         per_call = stores["postgres"] + stores["redis"]
@@ -266,10 +288,16 @@ def report(result: dict[str, Any]) -> str:
                      f"({'meets' if p['meets_target'] else 'BELOW'} the {p['target_ratio']}x target)"
                      + (f"; from the unpinned 2 workers' CPU per call: {p['ratio_from_unpinned']:.2f}x"
                         if "ratio_from_unpinned" in p else ""))  # fmt: skip
+        if "ratio_half_load" in p:
+            lines.append(f"  projection, each of 2 workers on its own core with half the clients: {p['ratio_half_load']:.3f}x "
+                         f"({'meets' if p['meets_target_half_load'] else 'BELOW'} the {p['target_ratio']}x target); "
+                         f"by calls/s measured: {p['ratio_half_load_calls']:.3f}x")  # fmt: skip
         if "stores_us_per_call" in p:
             lines.append(f"  not in it: PostgreSQL + Redis {p['stores_us_per_call']:,.0f} us per call, "
                          f"{p['stores_cores_at_projected_rate']:.2f} cores at the projected 2-worker rate")
         lines.append(f"  method: {p['method']}")
+        if "half_load_method" in p:
+            lines.append(f"  half-load method: {p['half_load_method']}")
     for name, why in result["stores_unreadable"].items():
         lines.append(f"  {name} CPU not read: {why}")
     return "\n".join(lines)
@@ -280,7 +308,7 @@ def run(seconds: float = 20.0, concurrency: int = 32, stream: bool = False, roun
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "workers-load.log").write_text("")
     cpus = os.sched_getaffinity(0)
-    settings = SETTINGS if {0, 1} <= cpus and shutil.which("taskset") else SETTINGS[2:]
+    settings = SETTINGS if {0, 1} <= cpus and shutil.which("taskset") else [s for s in SETTINGS if not s.gateway_cpus]
     stores, unreadable = store_pids()
     result: dict[str, Any] = {
         "command": shlex.join([os.path.relpath(sys.executable, ROOT), "-m", "bench.workers", "--seconds", f"{seconds:g}",
