@@ -14,7 +14,9 @@ it as one frame next; anything else (a large body, a window the client has not o
 others) takes hypercorn's own path unchanged. The order of a stream's frames holds: a stream's buffer
 is empty only once the task has handed all of it to the h2 connection (``StreamBuffer.pop`` does not
 suspend between taking the bytes and ``send_data``), and writes to the socket are serialised in order
-by the connection's send lock. The end of a stream, trailers and headers stay hypercorn's.
+by the connection's send lock. Once the connection is gone a chunk is dropped, as hypercorn's stopped
+sending task drops it (not written to the closed socket). The end of a stream, trailers and headers
+stay hypercorn's.
 Prioritisation among streams only ever applied to data waiting in buffers, and still does.
 
 ``tests/test_fast_h2.py`` runs concurrent streams of generated chunk sizes through a real hypercorn
@@ -36,6 +38,8 @@ ORIGINAL_STREAM_SEND = H2Protocol.stream_send
 async def stream_send(self: Any, event: Any) -> None:
     kind = type(event)
     if kind is Body or kind is Data:
+        if self.closed:
+            return  # the connection is gone (hypercorn's sending task has stopped: it drops the chunk too)
         buffer = self.stream_buffers.get(event.stream_id)
         if buffer is not None and not buffer.buffer and not buffer._complete:
             data = event.data

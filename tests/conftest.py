@@ -78,11 +78,14 @@ async def hypercorn_on(app: Any, **streams: Any) -> AsyncIterator[tuple[asyncio.
 
 async def h2_exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                       requests: list[tuple[list[tuple[bytes, bytes]], bytes | None]], window: int = 65_535,
-                      cancel: dict[int, int] | None = None) -> list[tuple[int, bytes]]:  # fmt: skip
+                      cancel: dict[int, int] | None = None, cancel_connection_after: int | None = None
+                      ) -> list[tuple[int, bytes]]:  # fmt: skip
     """HTTP/2 with prior knowledge (the h2 library's client) on an open connection: each request
     (headers with the pseudo-headers, and a body or None) on its own stream, all at once, with
     ``window`` as the client's initial flow-control window. ``cancel``: request index -> the stream is
-    reset (CANCEL) once that many DATA frames of it arrived. Returns (status, body) in request order."""
+    reset (CANCEL) once that many DATA frames of it arrived; ``cancel_connection_after``: the socket is
+    dropped (no GOAWAY) once that many DATA frames arrived in all, and AssertionError raised. Returns
+    (status, body) in request order."""
     import h2.config
     import h2.connection
     import h2.events
@@ -115,6 +118,9 @@ async def h2_exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter
                 i = index[event.stream_id]
                 got[i] += event.data
                 frames[i] += 1
+                if cancel_connection_after is not None and sum(frames) >= cancel_connection_after:
+                    writer.transport.abort()
+                    raise AssertionError("the client dropped the connection")
                 conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
                 if frames[i] == cancel.get(i) and event.stream_id in open_:
                     conn.reset_stream(event.stream_id)

@@ -119,3 +119,32 @@ async def test_a_reset_stream_ends_its_app_and_spares_the_others(monkeypatch: py
     assert disconnected == ["http.disconnect"]
     want = expected(plan)
     assert {p: got[p] for p in plan if p != "/s1"} == {p: want[p] for p in plan if p != "/s1"}
+
+
+async def test_nothing_is_written_once_the_connection_is_gone(monkeypatch: pytest.MonkeyPatch,
+                                                              caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    """Apps that keep streaming after their caller's connection dropped (no reset, no GOAWAY: the
+    socket closed) have their chunks dropped, as hypercorn's own sending task drops them, instead of
+    written to the closed socket (asyncio warns after five such writes)."""
+    monkeypatch.setattr(H2Protocol, "stream_send", fast_h2.stream_send)
+    sent = [0]
+
+    async def deaf(scope: dict, receive: Any, send: Any) -> None:  # streams on without listening
+        if scope["type"] != "http":
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for index in range(150):
+            await send({"type": "http.response.body", "body": chunk(2, index, 40), "more_body": True})
+            sent[0] += 1
+            await asyncio.sleep(0.002)
+        await send({"type": "http.response.body", "body": b""})
+
+    paths = [f"/s{i}" for i in range(6)]
+    async with hypercorn_on(deaf) as (reader, writer):
+        requests = [[(b":method", b"GET"), (b":path", p.encode()), (b":scheme", b"http"),
+                     (b":authority", b"localhost")] for p in paths]  # fmt: skip
+        with pytest.raises((AssertionError, ConnectionError, TimeoutError)):
+            await h2_exchange(reader, writer, [(r, None) for r in requests], cancel_connection_after=20)
+        await asyncio.sleep(0.6)
+    assert sent[0] > 100  # the client took 20 chunks before it dropped the connection: the apps went on
+    assert not [r for r in caplog.records if "socket.send() raised exception" in r.getMessage()]
