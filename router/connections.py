@@ -12,7 +12,10 @@ Two things hypercorn 0.18 does not do, which let one client exhaust the process:
   descriptor, and a call in flight a second descriptor (its upstream). :class:`Limits` caps both the
   open connections (``[server] max_connections``, by default what the descriptor limit allows with
   an upstream socket per connection) and the idle ones (``max_idle_connections``: open, no request in
-  flight, a request head not yet complete included). A new connection over either cap first closes
+  flight, a request head not yet complete included). An HTTP/2 connection carries up to 100 calls
+  at once, each with its upstream socket: its calls besides the first count one descriptor each
+  against the same budget (two per connection), and one over it is answered 503 with
+  ``Retry-After`` without reaching the gateway. A new connection over either cap first closes
   the connection idle the longest (an HTTP/1.1 client expects an idle connection to be closed and
   opens another); when every connection is busy it is answered ``503`` with ``Retry-After`` and
   closed. So a flood of idle or half-open connections cannot shut out a real caller or ``/healthz``.
@@ -36,8 +39,10 @@ from ssl import SSLError
 from typing import Any
 
 import hypercorn.asyncio.run as hypercorn_run
+from hypercorn.app_wrappers import ASGIWrapper
 from hypercorn.asyncio.tcp_server import MAX_RECV, TCPServer
 from hypercorn.events import Closed, RawData
+from hypercorn.protocol.h2 import H2Protocol
 
 from core import metrics
 
@@ -72,15 +77,21 @@ class Limits:
         self.max_idle = max_idle
         self.open: set[GuardedTCPServer] = set()
         self.idle: dict[GuardedTCPServer, None] = {}  # insertion order: idle the longest first
+        self.extra_streams = 0  # HTTP/2 calls in flight besides the first of their connection
         self.evicted = 0
         self.refused = 0
+
+    def _full(self, more: int = 2) -> bool:
+        """Whether ``more`` descriptors would go past the budget: a connection is two (its socket and
+        its call's upstream socket), each extra HTTP/2 stream one (its upstream socket)."""
+        return 2 * len(self.open) + self.extra_streams + more > 2 * self.max_connections
 
     def admit(self, conn: GuardedTCPServer) -> bool:
         """Make room for ``conn`` (closing the connection idle the longest if a cap is reached);
         False if every open connection is busy and there is no room."""
-        while len(self.open) >= self.max_connections or len(self.idle) >= self.max_idle:
+        while self._full() or len(self.idle) >= self.max_idle:
             if not self.idle:
-                if len(self.open) < self.max_connections:
+                if not self._full():
                     break  # only the idle cap was reached, and nothing is idle any more
                 self.refused += 1
                 return False
@@ -107,6 +118,55 @@ class Limits:
     def leave(self, conn: GuardedTCPServer) -> None:
         self.open.discard(conn)
         self.idle.pop(conn, None)
+
+    def stream_opens(self) -> bool:
+        """Room for one more HTTP/2 call on a connection that has one in flight already."""
+        if self._full(1):
+            self.refused += 1
+            return False
+        self.extra_streams += 1
+        return True
+
+    def stream_ends(self) -> None:
+        self.extra_streams -= 1
+
+
+async def _refuse(scope: Any, receive: Any, send: Any) -> None:
+    """The answer to an HTTP/2 call over the descriptor budget: what an HTTP/1.1 connection gets."""
+    if scope["type"] == "http":
+        await send({"type": "http.response.start", "status": 503,
+                    "headers": [(b"content-type", b"application/json"), (b"retry-after", b"1")]})  # fmt: skip
+        await send({"type": "http.response.body", "body": _REFUSAL_BODY})
+
+
+REFUSING = ASGIWrapper(_refuse)
+ORIGINAL_CREATE_H2_STREAM = H2Protocol._create_stream
+ORIGINAL_CLOSE_H2_STREAM = H2Protocol._close_stream
+
+
+async def create_h2_stream(self: Any, request: Any) -> None:
+    """An HTTP/2 stream, counted against the descriptor budget when its connection has a call in
+    flight already (the first is the connection's own); over the budget it is answered 503 with
+    ``Retry-After`` without reaching the gateway."""
+    if _limits is None or not self.streams:
+        return await ORIGINAL_CREATE_H2_STREAM(self, request)
+    if _limits.stream_opens():
+        self.__dict__.setdefault("counted_streams", set()).add(request.stream_id)
+        return await ORIGINAL_CREATE_H2_STREAM(self, request)
+    app, self.app = self.app, REFUSING
+    try:
+        await ORIGINAL_CREATE_H2_STREAM(self, request)
+    finally:
+        self.app = app
+
+
+async def close_h2_stream(self: Any, stream_id: int) -> None:
+    counted = self.__dict__.get("counted_streams")
+    if counted and stream_id in counted:
+        counted.discard(stream_id)
+        if _limits is not None:
+            _limits.stream_ends()
+    await ORIGINAL_CLOSE_H2_STREAM(self, stream_id)
 
 
 _limits: Limits | None = None
@@ -254,7 +314,10 @@ def install(max_connections: int, max_idle: int) -> Limits:
     limits = Limits(most, max_idle or most)
     if _limits is not None:  # a second gateway in one process: the connections stay counted
         limits.open, limits.idle = _limits.open, _limits.idle
+        limits.extra_streams = _limits.extra_streams
     _limits = limits
     setattr(hypercorn_run, "TCPServer", GuardedTCPServer)  # noqa: B010 - a module attribute of hypercorn, replaced on purpose
+    setattr(H2Protocol, "_create_stream", create_h2_stream)  # noqa: B010
+    setattr(H2Protocol, "_close_stream", close_h2_stream)  # noqa: B010
     metrics.watch_connections(limits)
     return limits

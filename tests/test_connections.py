@@ -20,7 +20,7 @@ from typing import Any
 
 from core.config import ServerSettings
 from router.serve import install_server_layer
-from tests.conftest import Stack, free_port, hypercorn_on, wait_healthy
+from tests.conftest import Stack, free_port, h2_exchange, hypercorn_on, wait_healthy
 from tests.test_crash import _config_with_key
 
 NOFILE = 400  # the served process's descriptor limit: (400 - 64) // 2 = 168 connections by default
@@ -148,6 +148,44 @@ def test_a_connection_past_the_cap_with_every_one_busy_gets_503(stack: Stack, tm
         assert finished == [200, 200, 200, 200]
         assert _healthz_ms(port) < 1000
         assert _metric(port, "router_connections_refused_total") >= 1
+    finally:
+        proc.terminate()
+        proc.wait(15)
+
+
+def test_http2_calls_past_the_descriptor_budget_get_503(stack: Stack, tmp_path: Path) -> None:
+    """An HTTP/2 connection carries many calls, each with its upstream socket: its calls besides the
+    first take one descriptor each of the budget (two per connection: max_connections = 3 is 6), so
+    one connection's eight calls at once get five answers and three 503s with Retry-After, which
+    never reach the gateway; once the five end, the budget is whole again."""
+    config, key = _config_with_key(tmp_path, f"sqlite:///{tmp_path}/r.db", stack.emulators["openai"], "h2", 10,
+                                   "[server]\nmax_connections = 3\n")  # fmt: skip
+    port = free_port()
+    proc = _serve(config, port, tmp_path / "gw.log")
+    body = json.dumps({"model": "openai/gpt-4o-mini", "stream": True,
+                       "messages": [{"role": "user", "content": "hold on [tokens:6] [delay:300]"}]}).encode()  # fmt: skip
+    request = [(b":method", b"POST"), (b":path", b"/v1/chat/completions"), (b":scheme", b"http"),
+               (b":authority", b"localhost"), (b"authorization", f"Bearer {key}".encode()),
+               (b"content-type", b"application/json")]  # fmt: skip
+
+    async def calls(n: int) -> list[tuple[int, bytes]]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            return await h2_exchange(reader, writer, [(request, body)] * n)
+        finally:
+            writer.close()
+
+    try:
+        answers = asyncio.run(calls(8))
+        statuses = sorted(status for status, _ in answers)
+        assert statuses == [200] * 5 + [503] * 3, statuses
+        for status, text in answers:
+            if status == 503:
+                assert b'"code":"too_many_connections"' in text
+            else:
+                assert text.rstrip().endswith(b"data: [DONE]")
+        assert [status for status, _ in asyncio.run(calls(5))] == [200] * 5  # the extra ones were given back
+        assert _metric(port, "router_connections_refused_total") >= 3
     finally:
         proc.terminate()
         proc.wait(15)
