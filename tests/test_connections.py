@@ -112,15 +112,22 @@ def test_idle_connections_past_the_cap_make_room_for_new_ones(stack: Stack, tmp_
         proc.wait(15)
 
 
-def test_a_connection_past_the_cap_with_every_one_busy_gets_503(stack: Stack, tmp_path: Path) -> None:
-    """max_connections busy with streams: the next connection is answered 503 with Retry-After (not
-    left to hang or to take a descriptor the process does not have); once they end, calls are served."""
-    config, key = _config_with_key(tmp_path, f"sqlite:///{tmp_path}/r.db", stack.emulators["openai"], "busy", 10,
-                                   "[server]\nmax_connections = 4\n")  # fmt: skip
+def _capped_gateway(stack: Stack, tmp_path: Path, cap: int, prompt: str
+                    ) -> tuple[subprocess.Popen[bytes], int, str, bytes]:  # fmt: skip
+    """A ``router serve`` with ``max_connections = cap``, its port, a key, and a streaming call's body."""
+    config, key = _config_with_key(tmp_path, f"sqlite:///{tmp_path}/r.db", stack.emulators["openai"], "capped", 10,
+                                   f"[server]\nmax_connections = {cap}\n")  # fmt: skip
     port = free_port()
     proc = _serve(config, port, tmp_path / "gw.log")
     body = json.dumps({"model": "openai/gpt-4o-mini", "stream": True,
-                       "messages": [{"role": "user", "content": "hold on [tokens:8] [delay:500]"}]}).encode()  # fmt: skip
+                       "messages": [{"role": "user", "content": prompt}]}).encode()  # fmt: skip
+    return proc, port, key, body
+
+
+def test_a_connection_past_the_cap_with_every_one_busy_gets_503(stack: Stack, tmp_path: Path) -> None:
+    """max_connections busy with streams: the next connection is answered 503 with Retry-After (not
+    left to hang or to take a descriptor the process does not have); once they end, calls are served."""
+    proc, port, key, body = _capped_gateway(stack, tmp_path, 4, "hold on [tokens:8] [delay:500]")
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
     finished: list[int] = []
     started = threading.Semaphore(0)
@@ -158,12 +165,7 @@ def test_http2_calls_past_the_descriptor_budget_get_503(stack: Stack, tmp_path: 
     first take one descriptor each of the budget (two per connection: max_connections = 3 is 6), so
     one connection's eight calls at once get five answers and three 503s with Retry-After, which
     never reach the gateway; once the five end, the budget is whole again."""
-    config, key = _config_with_key(tmp_path, f"sqlite:///{tmp_path}/r.db", stack.emulators["openai"], "h2", 10,
-                                   "[server]\nmax_connections = 3\n")  # fmt: skip
-    port = free_port()
-    proc = _serve(config, port, tmp_path / "gw.log")
-    body = json.dumps({"model": "openai/gpt-4o-mini", "stream": True,
-                       "messages": [{"role": "user", "content": "hold on [tokens:6] [delay:300]"}]}).encode()  # fmt: skip
+    proc, port, key, body = _capped_gateway(stack, tmp_path, 3, "hold on [tokens:6] [delay:300]")
     request = [(b":method", b"POST"), (b":path", b"/v1/chat/completions"), (b":scheme", b"http"),
                (b":authority", b"localhost"), (b"authorization", f"Bearer {key}".encode()),
                (b"content-type", b"application/json")]  # fmt: skip
