@@ -38,13 +38,13 @@ class Flights(Generic[T]):
         if flight is None:
             flight = self._next[key] = asyncio.get_running_loop().create_future()
             flight.add_done_callback(_retrieve)
-            task = asyncio.ensure_future(self._fly(key, flight, read, self._running.get(key)))
+            task = asyncio.ensure_future(self._fly(key, flight, read))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         return await asyncio.shield(flight)
 
-    async def _fly(self, key: Hashable, flight: asyncio.Future[T], read: Callable[[], Awaitable[T]],
-                   before: asyncio.Future[T] | None) -> None:  # fmt: skip
+    async def _fly(self, key: Hashable, flight: asyncio.Future[T], read: Callable[[], Awaitable[T]]) -> None:
+        before = self._running.get(key)  # (none can start meanwhile: the next read to start is this one)
         if before is not None:
             await asyncio.wait([before])  # it started before some of ours asked
         del self._next[key]  # from here on, askers need a read that starts after this one
