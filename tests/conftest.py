@@ -76,6 +76,18 @@ async def hypercorn_on(app: Any, **streams: Any) -> AsyncIterator[tuple[asyncio.
         await server
 
 
+def h2_get(path: str) -> list[tuple[bytes, bytes]]:
+    """An HTTP/2 GET's headers, pseudo-headers first."""
+    return [(b":method", b"GET"), (b":path", path.encode()), (b":scheme", b"http"), (b":authority", b"localhost")]
+
+
+def h2_chat(key: str) -> list[tuple[bytes, bytes]]:
+    """The headers of an HTTP/2 POST /v1/chat/completions with ``key``."""
+    return [(b":method", b"POST"), (b":path", b"/v1/chat/completions"), (b":scheme", b"http"),
+            (b":authority", b"localhost"), (b"authorization", f"Bearer {key}".encode()),
+            (b"content-type", b"application/json")]  # fmt: skip
+
+
 async def h2_exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                       requests: list[tuple[list[tuple[bytes, bytes]], bytes | None]], window: int = 65_535,
                       cancel: dict[int, int] | None = None, cancel_connection_after: int | None = None

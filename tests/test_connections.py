@@ -20,7 +20,7 @@ from typing import Any
 
 from core.config import ServerSettings
 from router.serve import install_server_layer
-from tests.conftest import Stack, free_port, h2_exchange, hypercorn_on, wait_healthy
+from tests.conftest import Stack, free_port, h2_chat, h2_exchange, hypercorn_on, wait_healthy
 from tests.test_crash import _config_with_key
 
 NOFILE = 400  # the served process's descriptor limit: (400 - 64) // 2 = 168 connections by default
@@ -166,9 +166,7 @@ def test_http2_calls_past_the_descriptor_budget_get_503(stack: Stack, tmp_path: 
     one connection's eight calls at once get five answers and three 503s with Retry-After, which
     never reach the gateway; once the five end, the budget is whole again."""
     proc, port, key, body = _capped_gateway(stack, tmp_path, 3, "hold on [tokens:6] [delay:300]")
-    request = [(b":method", b"POST"), (b":path", b"/v1/chat/completions"), (b":scheme", b"http"),
-               (b":authority", b"localhost"), (b"authorization", f"Bearer {key}".encode()),
-               (b"content-type", b"application/json")]  # fmt: skip
+    request = h2_chat(key)
 
     async def calls(n: int) -> list[tuple[int, bytes]]:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)

@@ -12,7 +12,7 @@ import pytest
 from hypercorn.protocol.h2 import H2Protocol
 
 from router import fast_h2
-from tests.conftest import h2_exchange, hypercorn_on
+from tests.conftest import h2_exchange, h2_get, hypercorn_on
 
 
 def chunk(stream: int, index: int, size: int) -> bytes:
@@ -46,10 +46,8 @@ def chunked_app(plan: dict[str, list[int]]) -> Any:
 async def fetch_all(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, paths: list[str], window: int,
                     cancel: str | None = None) -> dict[str, bytes]:  # fmt: skip
     """Each path on its own stream of one connection (``cancel``: that one reset after its first data)."""
-    requests = [[(b":method", b"GET"), (b":path", p.encode()), (b":scheme", b"http"), (b":authority", b"localhost")]
-                for p in paths]  # fmt: skip
     cancels = {paths.index(cancel): 1} if cancel else {}
-    answers = await h2_exchange(reader, writer, [(r, None) for r in requests], window, cancels)
+    answers = await h2_exchange(reader, writer, [(h2_get(p), None) for p in paths], window, cancels)
     for status, _ in answers:
         assert status == 200
     return {path: body for path, (_, body) in zip(paths, answers, strict=True)}
@@ -141,10 +139,8 @@ async def test_nothing_is_written_once_the_connection_is_gone(monkeypatch: pytes
 
     paths = [f"/s{i}" for i in range(6)]
     async with hypercorn_on(deaf) as (reader, writer):
-        requests = [[(b":method", b"GET"), (b":path", p.encode()), (b":scheme", b"http"),
-                     (b":authority", b"localhost")] for p in paths]  # fmt: skip
         with pytest.raises((AssertionError, ConnectionError, TimeoutError)):
-            await h2_exchange(reader, writer, [(r, None) for r in requests], cancel_connection_after=20)
+            await h2_exchange(reader, writer, [(h2_get(p), None) for p in paths], cancel_connection_after=20)
         await asyncio.sleep(0.6)
     assert sent[0] > 100  # the client took 20 chunks before it dropped the connection: the apps went on
     assert not [r for r in caplog.records if "socket.send() raised exception" in r.getMessage()]

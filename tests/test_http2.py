@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import openai
 
-from tests.conftest import Stack, h2_exchange
+from tests.conftest import Stack, h2_chat, h2_exchange
 
 HI: Any = [{"role": "user", "content": "Say something [tokens:12]"}]
 
@@ -55,9 +55,7 @@ def test_a_reset_stream_stops_its_upstream_and_is_billed_once(stack: Stack) -> N
     def request(content: str) -> tuple[list[tuple[bytes, bytes]], bytes]:
         body = json.dumps({"model": "openai/gpt-4o-mini", "stream": True,
                            "messages": [{"role": "user", "content": content}]}).encode()  # fmt: skip
-        return [(b":method", b"POST"), (b":path", b"/v1/chat/completions"), (b":scheme", b"http"),
-                (b":authority", b"localhost"), (b"authorization", f"Bearer {key}".encode()),
-                (b"content-type", b"application/json")], body  # fmt: skip
+        return h2_chat(key), body
 
     async def exchange() -> list[tuple[int, bytes]]:
         reader, writer = await asyncio.open_connection("127.0.0.1", stack.port)
