@@ -14,8 +14,9 @@ Two things hypercorn 0.18 does not do, which let one client exhaust the process:
   an upstream socket per connection) and the idle ones (``max_idle_connections``: open, no request in
   flight, a request head not yet complete included). An HTTP/2 connection carries up to 100 calls
   at once, each with its upstream socket: its calls besides the first count one descriptor each
-  against the same budget (two per connection), and one over it is answered 503 with
-  ``Retry-After`` without reaching the gateway. A new connection over either cap first closes
+  against the same budget (two per connection); idle connections are closed to make room for one as
+  for a new connection, and when none is idle it is answered 503 with ``Retry-After`` without
+  reaching the gateway. A new connection over either cap first closes
   the connection idle the longest (an HTTP/1.1 client expects an idle connection to be closed and
   opens another); when every connection is busy it is answered ``503`` with ``Retry-After`` and
   closed. So a flood of idle or half-open connections cannot shut out a real caller or ``/healthz``.
@@ -95,14 +96,17 @@ class Limits:
                     break  # only the idle cap was reached, and nothing is idle any more
                 self.refused += 1
                 return False
-            oldest = next(iter(self.idle))
-            self.quiet(oldest)
-            self.open.discard(oldest)
-            self.evicted += 1
-            oldest.evict()
+            self._evict_oldest()
         self.open.add(conn)
         self.idle[conn] = None  # a new connection is idle until its first request arrives
         return True
+
+    def _evict_oldest(self) -> None:
+        oldest = next(iter(self.idle))
+        self.quiet(oldest)
+        self.open.discard(oldest)
+        self.evicted += 1
+        oldest.evict()
 
     def busy(self, conn: GuardedTCPServer) -> None:
         self.idle.pop(conn, None)
@@ -120,10 +124,13 @@ class Limits:
         self.idle.pop(conn, None)
 
     def stream_opens(self) -> bool:
-        """Room for one more HTTP/2 call on a connection that has one in flight already."""
-        if self._full(1):
-            self.refused += 1
-            return False
+        """Room for one more HTTP/2 call on a connection that has one in flight already (closing the
+        connections idle the longest to make it, as for a new connection)."""
+        while self._full(1):
+            if not self.idle:
+                self.refused += 1
+                return False
+            self._evict_oldest()
         self.extra_streams += 1
         return True
 
