@@ -5,8 +5,8 @@
 No auth, no parsing, no billing: the body goes upstream as-is with the upstream's key, the answer comes
 back as-is (streams chunk by chunk). Same hypercorn settings as ``router serve``, uvloop when present.
 ``--server hypercorn-tuned``: on the gateway's own server layer (what ``router serve`` installs under
-hypercorn: router/connections.py's connections and keep-alive timer, router/fast_headers.py,
-router/fast_h11.py, router/fast_hypercorn.py), to tell what the gateway's features cost from what its
+hypercorn: router/connections.py's connections and keep-alive timer, router/fast_http1.py's HTTP/1.1
+on httptools, router/channels.py), to tell what the gateway's features cost from what its
 server layer saves (bench.instructions reports both).
 """
 

@@ -1,5 +1,5 @@
 """The waitable objects hypercorn makes for every request and every connection, without asyncio's
-deques (with :mod:`router.fast_hypercorn`, what the gateway's processes run).
+deques (with :mod:`router.fast_http1`, what the gateway's processes run).
 
 For every request hypercorn opens an ``asyncio.Queue`` between the connection and the app (the
 request's body and its ``http.disconnect`` go through it), and for every connection an
