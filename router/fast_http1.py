@@ -67,6 +67,7 @@ PREFACE = b"PRI * HTTP/2.0\r\n\r\n"
 _HEAD, _BODY, _END, _ERROR, _UPGRADE, _PREFACE = range(6)  # what the parser's callbacks collect
 _LENGTH, _CHUNKED, _UNTIL_CLOSE = range(3)  # how an answer's body is framed (h11's three)
 _WS = (32, 9)  # a space, a tab
+_NO_HEADERS: list[tuple[bytes, bytes]] = []  # between heads (never appended to: on_header checks _in_head)
 _request_names: dict[bytes, bytes] = {}  # a request header's name as sent → lower case
 _MAX_NAMES = 4096
 
@@ -180,6 +181,11 @@ def _new_parser(protocol: HTTP1Protocol) -> httptools.HttpRequestParser:
 class HTTP1Protocol:
     """One HTTP/1.1 connection: hypercorn's ``H11Protocol`` on httptools (the module's docstring)."""
 
+    __slots__ = ("app", "config", "context", "task_group", "connection_state", "ssl", "client", "server", "send",
+                 "can_read", "stream", "keep_alive_requests", "parser", "_events", "_broken", "_closed", "_between",
+                 "_prefix", "_in_head", "_head_bytes", "_url", "_headers", "_method", "_version", "_keep_alive",
+                 "_received", "_answer", "_failed", "_framing", "_left", "_held")  # (an open stream's memory)  # fmt: skip
+
     def __init__(self, app: Any, config: Any, context: Any, task_group: Any, connection_state: Any, ssl: bool,
                  client: tuple[str, int] | None, server: tuple[str, int] | None,
                  send: Callable[[Any], Awaitable[None]]) -> None:  # fmt: skip
@@ -204,7 +210,7 @@ class HTTP1Protocol:
         self._in_head = False
         self._head_bytes = 0  # read while the current request head is incomplete
         self._url = b""
-        self._headers: list[tuple[bytes, bytes]] = []
+        self._headers = _NO_HEADERS
         self._cycle()
 
     def _cycle(self) -> None:
@@ -242,6 +248,8 @@ class HTTP1Protocol:
         self._in_head = False
         parser = self.parser
         self._events.append((_HEAD, self._url, self._headers, parser.get_method(), parser.get_http_version()))
+        self._url = b""
+        self._headers = _NO_HEADERS  # (not kept for as long as the answer takes)
 
     def on_body(self, body: bytes) -> None:
         self._events.append((_BODY, body))
@@ -490,6 +498,7 @@ class HTTP1Protocol:
             await self.send(Updated(idle=True))
         else:
             self._closed = True
+            await self._write(b"")  # (a held head: h11 had written it)
             await self.can_read.set()
             await self.send(Closed())
 
