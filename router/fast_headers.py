@@ -18,11 +18,11 @@ import h11._headers as h11_headers
 
 ORIGINAL = h11_headers.normalize_and_validate
 _name_ok = h11_headers._field_name_re.fullmatch
-_value_ok = h11_headers._field_value_re.fullmatch
+field_value_ok = h11_headers._field_value_re.fullmatch  # h11's regex (a match, or None)
 _length_ok = h11_headers._content_length_re.fullmatch
 _MAX_DIGITS = h11_headers.CONTENT_LENGTH_MAX_DIGITS
 _Headers = h11_headers.Headers
-_names: dict[bytes, bytes] = {}  # names found valid → their lower case
+KNOWN_NAMES: dict[bytes, bytes] = {}  # names found valid → their lower case
 _MAX_NAMES = 4096
 
 
@@ -53,14 +53,14 @@ def normalize_and_validate(headers: Any) -> Any:
 
 def valid_name(name: bytes) -> bytes | None:
     """A header's name in lower case if h11 accepts it (a token), else None."""
-    lower = _names.get(name)
+    lower = KNOWN_NAMES.get(name)
     if lower is None and _name_ok(name):
         lower = name.lower()
-        if len(_names) < _MAX_NAMES:
-            _names[name] = lower
+        if len(KNOWN_NAMES) < _MAX_NAMES:
+            KNOWN_NAMES[name] = lower
     return lower
 
 
 def valid_value(value: bytes) -> bool:
     """h11 accepts this header value (ASCII letters and digits: a fifth of the regex's cost)."""
-    return value.isalnum() or _value_ok(value) is not None
+    return value.isalnum() or field_value_ok(value) is not None

@@ -33,7 +33,9 @@ the plain request it also is, and an ``h2c`` upgrade is taken only with ``Connec
 RFC 7540 requires of the client. ``tests/test_fast_http1.py`` runs this protocol and hypercorn's
 ``H11Protocol`` on stock h11 side by side on generated requests, split at generated points, with
 answers of every framing, and holds the bytes written, the events sent and the errors equal.
-:func:`install` puts the class where hypercorn looks it up; ``router.serve`` calls it.
+And :func:`build_and_validate_headers` is hypercorn's copy of an answer's headers without the copy
+of what is ``bytes`` already. :func:`install` puts both where hypercorn looks them up;
+``router.serve`` calls it.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from typing import Any
 
 import httptools
 import hypercorn.protocol as hypercorn_protocol
+import hypercorn.protocol.http_stream as hypercorn_http_stream
 from h11 import LocalProtocolError
 from hypercorn.events import Closed, RawData, Updated
 from hypercorn.protocol.events import (
@@ -59,9 +62,10 @@ from hypercorn.protocol.events import (
 from hypercorn.protocol.h11 import H2CProtocolRequiredError, H2ProtocolAssumedError
 from hypercorn.protocol.http_stream import HTTPStream
 
-from router.fast_headers import normalize_and_validate, valid_name, valid_value
+from router.fast_headers import KNOWN_NAMES, field_value_ok, normalize_and_validate, valid_name
 
 ORIGINAL = hypercorn_protocol.H11Protocol
+ORIGINAL_BUILD = hypercorn_http_stream.build_and_validate_headers
 STREAM_ID = 1
 PREFACE = b"PRI * HTTP/2.0\r\n\r\n"
 _HEAD, _BODY, _END, _ERROR, _UPGRADE, _PREFACE = range(6)  # what the parser's callbacks collect
@@ -95,12 +99,13 @@ def response_head(status: int, headers: list[tuple[bytes, bytes]], method: bytes
     lines: list[bytes] = [b"HTTP/1.1 %d \r\n" % status]
     length = -1
     plain = keep_alive
+    known = KNOWN_NAMES.get
     for name, value in headers:  # the common answer: checked names, a length, no framing to repair
-        if type(name) is not bytes or type(value) is not bytes or not valid_value(value):
+        lower = known(name)
+        if lower is None and (type(name) is not bytes or (lower := valid_name(name)) is None):
             plain = False
             break
-        lower = valid_name(name)
-        if lower is None or lower in _FRAMING:
+        if lower in _FRAMING or type(value) is not bytes or not (value.isalnum() or field_value_ok(value)):
             plain = False
             break
         if lower == b"content-length":
@@ -108,7 +113,7 @@ def response_head(status: int, headers: list[tuple[bytes, bytes]], method: bytes
                 plain = False
                 break
             length = int(value)
-        lines.append(b"%s: %s\r\n" % (name, value))
+        lines += (name, b": ", value, b"\r\n")
     if plain and length >= 0 and status not in (204, 304) and method != b"CONNECT":
         lines.append(b"\r\n")
         return b"".join(lines), _LENGTH, (0 if method == b"HEAD" else length), True
@@ -512,5 +517,18 @@ _SPECIAL_LENGTHS = frozenset(len(name) for name in (b"host", b"transfer-encoding
                                                     b"connection", b"upgrade", b"expect"))  # fmt: skip
 
 
+def build_and_validate_headers(headers: Any) -> list[tuple[bytes, bytes]]:
+    """hypercorn's copy of an answer's headers (``http_stream.build_and_validate_headers``: every name
+    and value through ``bytes()`` and ``strip()``), converting only what is not ``bytes`` already."""
+    out: list[tuple[bytes, bytes]] = []
+    for name, value in headers:
+        if name[0] == 58:  # b":"
+            raise ValueError("Pseudo headers are not valid")
+        out.append(((name if type(name) is bytes else bytes(name)).strip(),
+                    (value if type(value) is bytes else bytes(value)).strip()))  # fmt: skip
+    return out
+
+
 def install() -> None:
     setattr(hypercorn_protocol, "H11Protocol", HTTP1Protocol)  # noqa: B010  (ProtocolWrapper looks it up here)
+    setattr(hypercorn_http_stream, "build_and_validate_headers", build_and_validate_headers)  # noqa: B010

@@ -324,3 +324,74 @@ def test_an_answer_is_one_write() -> None:
 
     asyncio.run(go())
     assert len(writes) == 1 and writes[0].startswith(b"HTTP/1.1 200 \r\n") and writes[0].endswith(b'"hi"]')
+
+
+_raw = st.one_of(st.binary(max_size=6), st.builds(bytearray, st.binary(max_size=6)),
+                 st.sampled_from([b" a ", b":path", b"", b"x-y"]))  # fmt: skip
+
+
+@settings(max_examples=500, deadline=None)
+@given(headers=st.lists(st.tuples(_raw, _raw), max_size=5))
+def test_the_answer_headers_copy_is_hypercorns(headers: list[tuple[Any, Any]]) -> None:
+    def outcome(build: Any) -> Any:
+        try:
+            return build(headers)
+        except (ValueError, IndexError) as exc:
+            return type(exc)
+
+    assert outcome(fast_http1.build_and_validate_headers) == outcome(fast_http1.ORIGINAL_BUILD)
+
+
+def test_install_puts_them_where_hypercorn_looks() -> None:
+    import hypercorn.protocol as protocol
+    import hypercorn.protocol.http_stream as http_stream
+
+    fast_http1.install()
+    assert protocol.H11Protocol is fast_http1.HTTP1Protocol
+    assert http_stream.build_and_validate_headers is fast_http1.build_and_validate_headers
+
+
+_answer_headers = st.lists(st.sampled_from([
+    (b"content-type", b"application/json"), (b"content-length", b"5"), (b"Content-Length", b"5"),
+    (b"content-length", b"x"), (b"content-length", b"7"), (b"transfer-encoding", b"chunked"),
+    (b"Transfer-Encoding", b"gzip"), (b"connection", b"close"), (b"connection", b"keep-alive, Foo"),
+    (b"host", b"h"), (b"x-request-id", b"req_1"), (b"x-bad", b"a\x00b"), (b"bad name", b"v"), (b"x-e", b""),
+    (b"date", b"Thu, 26 Nov 2026 06:00:00 GMT"),
+]), max_size=5)  # fmt: skip
+
+
+@settings(max_examples=3000, derandomize=True)
+@given(st.sampled_from([200, 204, 304, 404, 199, 1000]), _answer_headers, st.sampled_from([b"GET", b"HEAD", b"POST", b"CONNECT"]),
+       st.sampled_from([b"1.1", b"1.0"]), st.booleans())  # fmt: skip
+def test_an_answers_head_is_h11s(status: int, headers: list[tuple[bytes, bytes]], method: bytes, version: bytes,
+                                 close: bool) -> None:  # fmt: skip
+    """response_head against an h11 connection that read the same request and sends the same answer:
+    the same bytes, framing and keep-alive, or an error from both. (A 2xx to CONNECT switches h11 to
+    a tunnel: the gateway routes no CONNECT, so none is answered 2xx.)"""
+    import h11
+
+    assume(not (method == b"CONNECT" and 200 <= status < 300))
+
+    connection = h11.Connection(h11.SERVER)
+    target = b"a:443" if method == b"CONNECT" else b"/"
+    connection.receive_data(
+        b"%s %s HTTP/%s\r\nHost: a\r\n%s\r\n"
+        % (method, target, version, b"Connection: close\r\n" if close else b"")
+    )
+    assert type(connection.next_event()) is h11.Request
+    try:
+        theirs: Any = connection.send(h11.Response(status_code=status, headers=headers))
+    except h11.LocalProtocolError:
+        theirs = "refused"
+    else:
+        writer = connection._writer
+        framing = {"ContentLengthWriter": fast_http1._LENGTH, "ChunkedWriter": fast_http1._CHUNKED}.get(
+            type(writer).__name__, fast_http1._UNTIL_CLOSE)  # fmt: skip
+        theirs = (theirs, framing, getattr(writer, "_length", 0), connection._cstate.keep_alive)
+    try:
+        ours: Any = fast_http1.response_head(
+            status, headers, method, version, version == b"1.1" and not close
+        )
+    except h11.LocalProtocolError:
+        ours = "refused"
+    assert ours == theirs
