@@ -172,7 +172,9 @@ def test_a_burst_with_a_cold_key_cache_is_one_lookup(stack: Stack, monkeypatch: 
     release()
     answers = calls.result(60)
     assert all(isinstance(a, ChatCompletion) for a in answers), answers
-    assert len(lookups) == 2  # the one held, and the one every other call shared (before: one a call)
+    # the one held, and the one every other call shared (one, if all asked before it started; before
+    # core/flights.py: one a call)
+    assert 1 <= len(lookups) <= 2, len(lookups)
 
 
 def test_a_flood_of_refused_calls_reads_the_balance_a_few_times(stack: Stack, monkeypatch: pytest.MonkeyPatch
@@ -189,5 +191,6 @@ def test_a_flood_of_refused_calls_reads_the_balance_a_few_times(stack: Stack, mo
     answers = calls.result(60)
     assert [getattr(a, "status_code", a) for a in answers] == [402] * CALLS
     # each refusal reads again (a top-up is seen at once), sharing the read that starts after it asked:
-    # the held one, the one the others shared, and a few more as the refusals came (before: 40 to 80)
-    assert 2 <= len(reads) <= 6, len(reads)
+    # the held one (every call when all asked before it started), the one the others shared, and a few
+    # more as the refusals came (before: 40 to 80)
+    assert 1 <= len(reads) <= 6, len(reads)
