@@ -20,7 +20,7 @@ ORIGINAL = h11_headers.normalize_and_validate
 _name_ok = h11_headers._field_name_re.fullmatch
 field_value_ok = h11_headers._field_value_re.fullmatch  # h11's regex (a match, or None)
 _length_ok = h11_headers._content_length_re.fullmatch
-_MAX_DIGITS = h11_headers.CONTENT_LENGTH_MAX_DIGITS
+MAX_LENGTH_DIGITS = h11_headers.CONTENT_LENGTH_MAX_DIGITS  # the longest Content-Length h11 reads
 _Headers = h11_headers.Headers
 KNOWN_NAMES: dict[bytes, bytes] = {}  # names found valid → their lower case
 _MAX_NAMES = 4096
@@ -39,7 +39,7 @@ def normalize_and_validate(headers: Any) -> Any:
         if lower is None:
             return ORIGINAL(headers)
         if lower == b"content-length":
-            if length is not None or not _length_ok(value) or len(value) > _MAX_DIGITS:
+            if length is not None or not _length_ok(value) or len(value) > MAX_LENGTH_DIGITS:
                 return ORIGINAL(headers)  # a list, a repeat, anything but digits: h11 decides
             length = value
         elif lower == b"transfer-encoding":

@@ -54,7 +54,6 @@ from hypercorn.protocol.events import (
     Body,
     Data,
     EndBody,
-    InformationalResponse,
     Request,
     Response,
     StreamClosed,
@@ -62,7 +61,13 @@ from hypercorn.protocol.events import (
 from hypercorn.protocol.h11 import H2CProtocolRequiredError, H2ProtocolAssumedError
 from hypercorn.protocol.http_stream import HTTPStream
 
-from router.fast_headers import KNOWN_NAMES, field_value_ok, normalize_and_validate, valid_name
+from router.fast_headers import (
+    KNOWN_NAMES,
+    MAX_LENGTH_DIGITS,
+    field_value_ok,
+    normalize_and_validate,
+    valid_name,
+)
 
 ORIGINAL = hypercorn_protocol.H11Protocol
 ORIGINAL_BUILD = hypercorn_http_stream.build_and_validate_headers
@@ -72,8 +77,14 @@ _HEAD, _BODY, _END, _ERROR, _UPGRADE, _PREFACE = range(6)  # what the parser's c
 _LENGTH, _CHUNKED, _UNTIL_CLOSE = range(3)  # how an answer's body is framed (h11's three)
 _WS = (32, 9)  # a space, a tab
 _NO_HEADERS: list[tuple[bytes, bytes]] = []  # between heads (never appended to: on_header checks _in_head)
-_request_names: dict[bytes, bytes] = {}  # a request header's name as sent → lower case
-_MAX_NAMES = 4096
+_REPAIRED = frozenset((b"transfer-encoding", b"connection", b"host"))  # answer headers left to h11's rules
+_SPECIAL_LENGTHS = frozenset(len(name) for name in (b"host", b"transfer-encoding", b"content-length",
+                                                    b"connection", b"upgrade", b"expect"))  # fmt: skip
+
+
+def _comma_tokens(value: bytes) -> list[bytes]:
+    """A comma-separated header value's tokens, lower case (h11's ``get_comma_header`` for one line)."""
+    return [token for token in (t.strip() for t in value.lower().split(b",")) if token]
 
 
 def _tokens(items: list[tuple[bytes, bytes, bytes]], name: bytes) -> list[bytes]:
@@ -81,10 +92,7 @@ def _tokens(items: list[tuple[bytes, bytes, bytes]], name: bytes) -> list[bytes]
     out = []
     for _, lower, value in items:
         if lower == name:
-            for token in value.lower().split(b","):
-                token = token.strip()
-                if token:
-                    out.append(token)
+            out += _comma_tokens(value)
     return out
 
 
@@ -101,15 +109,15 @@ def response_head(status: int, headers: list[tuple[bytes, bytes]], method: bytes
     plain = keep_alive
     known = KNOWN_NAMES.get
     for name, value in headers:  # the common answer: checked names, a length, no framing to repair
-        lower = known(name)
+        lower = known(name)  # (valid_name and valid_value inline: this runs for every answer)
         if lower is None and (type(name) is not bytes or (lower := valid_name(name)) is None):
             plain = False
             break
-        if lower in _FRAMING or type(value) is not bytes or not (value.isalnum() or field_value_ok(value)):
+        if lower in _REPAIRED or type(value) is not bytes or not (value.isalnum() or field_value_ok(value)):
             plain = False
             break
         if lower == b"content-length":
-            if length >= 0 or not value.isdigit() or len(value) > 20:
+            if length >= 0 or not value.isdigit() or len(value) > MAX_LENGTH_DIGITS:
                 plain = False
                 break
             length = int(value)
@@ -151,11 +159,7 @@ def _general_head(status: int, headers: list[tuple[bytes, bytes]], method: bytes
         framing, length = _LENGTH, int(lengths[0])
     else:
         framing, length = _UNTIL_CLOSE, 0
-    lines = [b"HTTP/1.1 %d \r\n" % status]
-    lines += [b"%s: %s\r\n" % (raw, value) for raw, lower, value in items if lower == b"host"]
-    lines += [b"%s: %s\r\n" % (raw, value) for raw, lower, value in items if lower != b"host"]
-    lines.append(b"\r\n")
-    return b"".join(lines), framing, length, keeps
+    return _head(status, items), framing, length, keeps
 
 
 def informational_head(status: int, headers: list[tuple[bytes, bytes]]) -> bytes:
@@ -164,17 +168,16 @@ def informational_head(status: int, headers: list[tuple[bytes, bytes]]) -> bytes
         raise LocalProtocolError(
             f"InformationalResponse status_code should be in range [100, 200), not {status}"
         )
-    items = normalize_and_validate(headers)._full_items
+    return _head(status, normalize_and_validate(headers)._full_items)
+
+
+def _head(status: int, items: list[tuple[bytes, bytes, bytes]]) -> bytes:
+    """h11's ``write_any_response``: the status line without a reason, Host first, then the rest."""
     lines = [b"HTTP/1.1 %d \r\n" % status]
     lines += [b"%s: %s\r\n" % (raw, value) for raw, lower, value in items if lower == b"host"]
     lines += [b"%s: %s\r\n" % (raw, value) for raw, lower, value in items if lower != b"host"]
     lines.append(b"\r\n")
     return b"".join(lines)
-
-
-_FRAMING = frozenset(
-    (b"transfer-encoding", b"connection", b"host")
-)  # names the common path leaves to h11's rules
 
 
 def _new_parser(protocol: HTTP1Protocol) -> httptools.HttpRequestParser:
@@ -339,13 +342,9 @@ class HTTP1Protocol:
         hosts = chunked = 0
         framed = expect = close = False
         upgrade = b""
-        names = _request_names
+        known = KNOWN_NAMES.get
         for name, value in raw:
-            lower = names.get(name)
-            if lower is None:
-                lower = name.lower()
-                if len(names) < _MAX_NAMES:
-                    names[name] = lower
+            lower = known(name) or valid_name(name) or name.lower()  # (llhttp checked it a token)
             if value and (value[-1] in _WS or value[0] in _WS):
                 value = value.strip(b" \t")
             if len(lower) in _SPECIAL_LENGTHS:
@@ -361,11 +360,11 @@ class HTTP1Protocol:
                 elif lower == b"content-length":
                     framed = True
                 elif lower == b"connection":
-                    close = close or b"close" in [t.strip() for t in value.lower().split(b",")]
+                    close = close or b"close" in _comma_tokens(value)
                 elif lower == b"upgrade":
                     upgrade = value
                 elif lower == b"expect":
-                    expect = expect or b"100-continue" in [t.strip() for t in value.lower().split(b",")]
+                    expect = expect or b"100-continue" in _comma_tokens(value)
             headers.append((name if self.config.h11_pass_raw_headers else lower, value))
         if chunked > 1:  # h11: only one Transfer-Encoding, and only chunked
             await self._refuse(501)
@@ -432,8 +431,7 @@ class HTTP1Protocol:
             await self._maybe_recycle()
         elif kind is Data:  # (passed through, as hypercorn does)
             await self.send(RawData(data=event.data))
-        elif kind is not InformationalResponse:  # (ignored for HTTP/1, as hypercorn does; EndData likewise)
-            pass
+        # (InformationalResponse and EndData: nothing for HTTP/1, as in hypercorn)
 
     async def _write(self, data: bytes) -> None:
         if self._held:
@@ -451,14 +449,12 @@ class HTTP1Protocol:
 
     async def _respond(self, event: Response) -> None:
         status = event.status_code
+        headers = list(chain(event.headers, self.config.response_headers("h11")))
         if status < 200:
-            await self._write(
-                informational_head(status, list(chain(event.headers, self.config.response_headers("h11"))))
-            )
+            await self._write(informational_head(status, headers))
             return
         if self._answer:
             await self._fail("Can't send Response in state SEND_BODY")
-        headers = list(chain(event.headers, self.config.response_headers("h11")))
         if self.keep_alive_requests >= self.config.keep_alive_max_requests:
             headers.append((b"connection", b"close"))
         try:
@@ -511,10 +507,6 @@ class HTTP1Protocol:
         if self.stream is not None:
             await self.stream.handle(StreamClosed(stream_id=STREAM_ID))
             self.stream = None
-
-
-_SPECIAL_LENGTHS = frozenset(len(name) for name in (b"host", b"transfer-encoding", b"content-length",
-                                                    b"connection", b"upgrade", b"expect"))  # fmt: skip
 
 
 def build_and_validate_headers(headers: Any) -> list[tuple[bytes, bytes]]:
