@@ -93,9 +93,7 @@ async def run(protocol_class: Any, chunks: list[bytes], max_requests: int = 1000
             else:
                 trace.append(("bytes", event.data))
         elif isinstance(event, Closed):
-            if not trace or trace[-1] != (
-                "closed",
-            ):  # (hypercorn's may close twice: the second does nothing)
+            if not trace or trace[-1] != ("closed",):  # (hypercorn's may close twice: the second does nothing)
                 trace.append(("closed",))
         elif isinstance(event, Updated):
             trace.append(("idle", event.idle))

@@ -255,12 +255,9 @@ def test_postgres_unreachable_for_seconds_journals_and_replays(pg: Postgres, tmp
         async def slow_streams() -> None:
             """Streams of about a second, begun before the cut and ended during it: their settlements
             find the store gone, whatever the load's own calls happen to be doing at the cut."""
-            async with openai.AsyncOpenAI(
-                base_url=stack.base_url, api_key=key, max_retries=0, timeout=60
-            ) as client:
-                answers = await asyncio.gather(
-                    *(call(client, "[delay:50] [tokens:20] hello", stream=True) for _ in range(4))
-                )
+            async with openai.AsyncOpenAI(base_url=stack.base_url, api_key=key, max_retries=0, timeout=60) as client:
+                answers = await asyncio.gather(*(call(client, "[delay:50] [tokens:20] hello", stream=True)
+                                                 for _ in range(4)))  # fmt: skip
             for answer in answers:
                 tally.add(answer)
 
@@ -288,10 +285,8 @@ def test_postgres_unreachable_for_seconds_journals_and_replays(pg: Postgres, tmp
         figures = check_books(initial, tally, balance, reserved, spent, records)
         went = counter("router_settlements_journaled_total") - journaled
         back = counter("router_journal_replays_total") - replayed
-        print(
-            f"\npostgres unreachable 3 s: {figures}; journaled {went:g}, replayed {back:g}, skipped as "
-            f"committed before the cut {went - back:g}"
-        )
+        print(f"\npostgres unreachable 3 s: {figures}; journaled {went:g}, replayed {back:g}, skipped as "
+              f"committed before the cut {went - back:g}")
         # a batch cut off while its COMMIT was on the wire may have committed: its journaled settlements
         # are then skipped at replay (check_books above: none lost, none charged twice)
         assert tally.unavailable > 0 and went > 0 and 0 < back <= went
@@ -456,9 +451,7 @@ async def holds_of_pid(url: str, pid: int) -> int:
     """How many reservations the replica of process ``pid`` holds (its id is host:pid:tag)."""
     conn = await asyncpg.connect(url)
     try:
-        return int(
-            await conn.fetchval("SELECT count(*) FROM reservations WHERE replica LIKE $1", f"%:{pid}:%")
-        )
+        return int(await conn.fetchval("SELECT count(*) FROM reservations WHERE replica LIKE $1", f"%:{pid}:%"))
     finally:
         await conn.close()
 
@@ -533,9 +526,7 @@ def test_a_journal_left_by_a_stopped_gateway_is_replayed_once_at_the_next_start(
         stack.stop()
 
 
-def test_a_journaled_settlement_is_charged_once_whether_its_hold_was_settled_or_released(
-    pg: Postgres,
-) -> None:
+def test_a_journaled_settlement_is_charged_once_whether_its_hold_was_settled_or_released(pg: Postgres) -> None:
     """Replaying on PostgreSQL: a settlement whose reservation is gone because an earlier try committed
     is skipped; one whose hold was released as a dead replica's (0 credits) is still charged."""
     from billing.journal import Entry
