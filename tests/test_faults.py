@@ -192,6 +192,10 @@ class Proxy:
             writer.close()
             return
         up_reader, up_writer = await asyncio.open_connection(*self.target)
+        if self.down:  # cut while this connection was being made: it is refused like the others
+            up_writer.transport.abort()
+            writer.transport.abort()
+            return
         self.writers |= {writer, up_writer}
 
         async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
