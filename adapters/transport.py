@@ -2,6 +2,8 @@
 
 ``open`` sends a request and returns the response with its status read and its body not yet read;
 network failures become gateway errors (connect failure → 503, timeout → 504, other → 502).
+The session keeps no cookies: a cookie a provider sets on one tenant's answer would otherwise go
+back with every tenant's calls (tests/test_upstream_cookies.py).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class Transport:
                 connector=connector,
                 timeout=aiohttp.ClientTimeout(total=None),
                 auto_decompress=True,
+                cookie_jar=aiohttp.DummyCookieJar(),  # every tenant's calls share this session: keep no cookies
             )
 
     async def close(self) -> None:

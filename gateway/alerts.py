@@ -154,7 +154,9 @@ class Deliverer:
             return 0
         hooks = {h.id: h for h in await self.book.webhooks()}
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.settings.timeout))
+            self._session = aiohttp.ClientSession(  # shared by every group's webhooks: keeps no cookies
+                timeout=aiohttp.ClientTimeout(total=self.settings.timeout), cookie_jar=aiohttp.DummyCookieJar()
+            )
         done = await asyncio.gather(*(self._send(d, hooks.get(d.webhook_id), owner) for d in claimed))
         return sum(done)
 

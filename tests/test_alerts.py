@@ -43,6 +43,7 @@ class Receiver:
         self.got: list[tuple[dict[str, str], bytes]] = []
         self.hang = False
         self.delay = 0.0
+        self.cookie = False  # answer with a Set-Cookie header
         self._runner: web.AppRunner | None = None
 
     async def handle(self, request: web.Request) -> web.Response:
@@ -51,7 +52,7 @@ class Receiver:
         if self.delay:
             await asyncio.sleep(self.delay)
         self.got.append(({k.lower(): v for k, v in request.headers.items()}, await request.read()))
-        return web.Response(text="ok")
+        return web.Response(text="ok", headers={"Set-Cookie": f"seen={len(self.got)}; Path=/"} if self.cookie else None)
 
     async def up(self) -> None:
         app = web.Application()
@@ -142,6 +143,18 @@ def test_each_alert_arrives_once_signed_after_an_outage(receiver_and_stack: Any)
     page = console.get("/console/webhooks")
     assert page.status == 200 and receiver.url in page.text and "key.expiring" in page.text
     assert page.text.count(">delivered<") == 2 and secret not in page.text
+
+
+def test_a_cookie_one_groups_receiver_sets_is_not_sent_with_anothers_alerts(receiver_and_stack: Any) -> None:
+    receiver, stack = receiver_and_stack
+    receiver.cookie = True
+    stack.run(receiver.up())
+    url = receiver.url.replace("127.0.0.1", "localhost")  # (aiohttp's cookie jar ignores IP addresses)
+    for credits in (10, 11, 12):  # three groups, each its own webhook on one host
+        group = stack.group(credits)
+        api(stack, "POST", "/webhooks", {"url": url, "group": group, "balance_below": "20"}, status=201)
+        wait_for(lambda n=len(receiver.got): len(receiver.got) > n, 10, "the group's alert")
+    assert len(receiver.got) == 3 and all("cookie" not in headers for headers, _ in receiver.got)
 
 
 def test_a_balance_alert_rearms_once_the_balance_is_back(receiver_and_stack: Any) -> None:
