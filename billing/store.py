@@ -419,6 +419,11 @@ class Store(ABC):
         may wait a little to commit it with others. If the write fails, the store offers the
         settlement to :attr:`rescue` (if set) before failing the future."""
 
+    def upstream_wait(self) -> None:
+        """A call is about to wait for its upstream: a moment when the event loop has no call's work
+        to do, good for the store's own (see :class:`billing.sqlite.GroupCommit`). Nothing here."""
+        return None
+
     async def settle(self, reservation: Reservation, record: UsageRecord) -> int:
         """:meth:`settle_soon`, waited for."""
         return await self.settle_soon(reservation, record)

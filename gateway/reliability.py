@@ -283,6 +283,7 @@ async def _send(gw: Gateway, upstream: UpstreamRequest, dep: Deployment,
     first_byte = gw.settings.reliability.first_byte_timeout
     try:
         with gw.deadlines.after(first_byte):
+            gw.store.upstream_wait()  # (the store may write a batch while this call waits)
             response = await gw.transport.open(upstream, dep)
             if response.status >= 400:
                 try:

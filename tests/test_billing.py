@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from pathlib import Path
 
 import openai
 import pytest
@@ -264,6 +265,71 @@ def test_settlements_committed_together_match_one_by_one(tmp_path) -> None:  # t
             await store.close()
 
     asyncio.run(main())
+
+
+def test_a_lingering_batch_waits_for_a_quiet_moment_and_no_longer(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A settlement nobody waits for lingers to be batched with others, then waits for the moment a
+    call goes to its upstream (Store.upstream_wait) to be written, and no longer than ``quiet_wait``
+    when none comes; a settlement somebody waits for starts the batch at once."""
+    from billing.sqlite import SQLiteStore
+    from billing.store import Reservation
+
+    async def main() -> None:
+        store = SQLiteStore(f"sqlite:///{tmp_path / 'r.db'}")
+        await store.open()
+        try:
+            g = await store.create_group("g", 1000)
+            k = await store.create_key("g", "k", "h" * 64, "hint")
+            held = Reservation(-1, g.id, k.id, 0)
+
+            def settle(credits: int, linger: bool = True) -> asyncio.Future[int]:
+                record = UsageRecord(key_id=k.id, group_id=g.id, model="m", provider="p", endpoint="chat",
+                                     source="api", stream=False, credits=credits)  # fmt: skip
+                return store.settle_soon(held, record, linger)
+
+            store.commits.quiet_wait = 60.0  # (the test would time out waiting for it)
+            store.upstream_wait()  # no batch waiting: nothing happens
+            first = settle(10)
+            await asyncio.sleep(0.2)  # lingered (20 ms), now waiting for a quiet moment
+            assert not first.done()
+            store.upstream_wait()
+            assert await asyncio.wait_for(first, 5) == 10
+            second = settle(20)
+            await asyncio.sleep(0.2)
+            assert not second.done()
+            assert await asyncio.wait_for(asyncio.gather(second, settle(30, linger=False)), 5) == [20, 30]
+            store.commits.quiet_wait = 0.05  # no quiet moment comes: written after the wait
+            assert await asyncio.wait_for(settle(40), 5) == 40
+            group = await store.get_group("g")
+            assert group is not None and (group.spent, group.balance) == (100, 900)
+        finally:
+            await store.close()
+
+    asyncio.run(main())
+
+
+def test_a_call_going_to_its_upstream_writes_the_lingering_settlements(tmp_path: Path) -> None:
+    """On the call path: a call's settlement lingers, then is written when the next call goes to its
+    upstream (long before ``quiet_wait`` would have run out)."""
+    stack = Stack(tmp_path).start()
+    try:
+        stack.gateway.store.commits.quiet_wait = 60.0
+        client = stack.client()
+        ask = {"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        client.chat.completions.create(**ask)
+        time.sleep(0.2)  # its settlement has lingered and waits for a quiet moment
+        first = list(stack.gateway.ledger.pending)
+        assert len(first) == 1 and not first[0].done()
+        client.chat.completions.create(**ask)  # goes to its upstream: the first settlement is written
+        deadline = time.monotonic() + 5
+        while not first[0].done() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert first[0].done() and first[0].result() > 0
+    finally:
+        stack.gateway.store.commits.quiet_wait = 0.01
+        stack.loop.call_soon_threadsafe(stack.gateway.store.upstream_wait)  # a batch still waiting goes
+        stack.close_clients()
+        stack.stop()
 
 
 def test_group_commit_never_blocks_the_event_loop_on_a_locked_database(tmp_path) -> None:  # type: ignore[no-untyped-def]
