@@ -138,10 +138,12 @@ def map_upstream_error(provider: str, status: int, body: bytes, headers: Mapping
             f"{' ' + code if code else ''}){said.rstrip('.')}. This is a gateway billing problem, not your rate limit or credits.",
             headers={"x-should-retry": "false"},  # the OpenAI SDKs would retry a 502 otherwise
         )
-    if status == 429:
+    if status == 429:  # the provider's own words are not passed on: they name the gateway's
+        # organization and its usage, which is every tenant's together (docs/providers.md, Errors)
         retry = headers.get("retry-after")
         out = {"Retry-After": retry} if retry else {}
-        return RateLimited(f"The provider '{provider}' is rate limiting requests{said}", headers=out)
+        return RateLimited(f"The provider '{provider}' is rate limiting the gateway's requests; "
+                           "try again after the time in Retry-After.", headers=out)  # fmt: skip
     if status in (401, 403):
         return UpstreamAuthFailed(
             f"The gateway's credentials for provider '{provider}' were rejected (upstream HTTP {status}). "

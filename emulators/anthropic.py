@@ -23,6 +23,8 @@ from emulators.common import Emulator, decode, encode, nth, pause, play, random_
 from emulators.directives import Directives, count_tokens, directives, fake_arguments, reply_pieces
 
 # id -> (display name, max output tokens, created_at)
+ORGANIZATION = "5f0c9a3e-7d1b-4c2a-9e8f-3b6d2a1c0e94"  # the account's organization, named in its rate-limit errors
+
 MODELS = {
     "claude-opus-4-8": ("Claude Opus 4.8", 128000, "2026-05-05T00:00:00Z"),
     "claude-sonnet-4-6": ("Claude Sonnet 4.6", 128000, "2026-02-13T00:00:00Z"),
@@ -389,8 +391,13 @@ class AnthropicEmulator(Emulator):
         if status == 402:
             return self.error(402, "Your credit balance is too low to access the Anthropic API. Please go to Plans & "
                               "Billing to upgrade or purchase credits.")  # fmt: skip
-        if status == 429:
-            return self.error(429, "Number of request tokens has exceeded your per-minute rate limit",
+        if status == 429:  # (the real message names the account's organization)
+            return self.error(429, f"This request would exceed the rate limit for your organization ({ORGANIZATION}) "
+                              "of 50,000 input tokens per minute. For details, refer to: "
+                              "https://docs.anthropic.com/en/api/rate-limits. You can see the response headers for "
+                              "current usage. Please reduce the prompt length or the maximum tokens requested, or try "
+                              "again later. You may also contact sales at https://www.anthropic.com/contact-sales to "
+                              "discuss your options for a rate limit increase.",
                               {"retry-after": "1", "anthropic-ratelimit-requests-remaining": "0"})  # fmt: skip
         if status == 529:
             return self.error(529, "Overloaded")

@@ -25,6 +25,8 @@ from emulators.embeddings import OpenAIEmbeddings
 from emulators.images import OpenAIImages
 from emulators.openai_responses import ResponsesHandler
 
+ORGANIZATION = "org-3mUlAt3dG4tewayAcc0unt1"  # the account's organization, named in its rate-limit errors
+
 MISTRAL_FIELDS = {
     "model", "messages", "temperature", "top_p", "max_tokens", "stream", "stop", "random_seed", "response_format",
     "tools", "tool_choice", "presence_penalty", "frequency_penalty", "n", "prediction", "parallel_tool_calls",
@@ -97,8 +99,11 @@ class OpenAIEmulator(Emulator):
 
     def rate_limited(self, wait: float) -> web.Response:
         """429 over the request rate limit, with the wait in retry-after (whole seconds)."""
-        return self.error(429, f"Rate limit reached for requests per min (RPM): Limit {self.limit.rpm or 1}. "
-                          f"Please try again in {wait:.3f}s.", "requests", "rate_limit_exceeded",
+        limit = self.limit.rpm or 1  # (the real message names the account's organization and its usage)
+        return self.error(429, f"Rate limit reached for requests in organization {ORGANIZATION} on requests per "
+                          f"min (RPM): Limit {limit}, Used {limit}, Requested 1. Please try again in {wait:.3f}s. "
+                          "Visit https://platform.openai.com/account/rate-limits to learn more.",
+                          "requests", "rate_limit_exceeded",
                           {"retry-after": retry_after(wait), "x-ratelimit-remaining-requests": "0"})  # fmt: skip
 
     def _authorised(self, request: web.Request) -> bool:

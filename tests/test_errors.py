@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 import socket
+from typing import Any
 
+import anthropic
 import openai
 import pytest
 
+from emulators.anthropic import ORGANIZATION as ANTHROPIC_ORGANIZATION
+from emulators.openai import ORGANIZATION as OPENAI_ORGANIZATION
 from tests.conftest import Stack, raw_request
 
 
@@ -226,6 +230,36 @@ def test_upstream_errors_are_mapped(client: openai.OpenAI, model: str, fault: st
         assert info.value.status_code == status  # type: ignore[attr-defined]
         if status == 429:
             assert info.value.response.headers.get("retry-after") == "1"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("model", "organization"),
+                         [("openai/gpt-4o-mini", OPENAI_ORGANIZATION), ("anthropic/claude-haiku-4-5", ANTHROPIC_ORGANIZATION)])  # fmt: skip
+def test_an_upstream_rate_limit_does_not_name_the_gateways_account(stack: Stack, model: str, organization: str) -> None:
+    """A provider's 429 names the gateway's organization and its usage (all tenants' together): the
+    caller gets the provider's Retry-After, not its words."""
+    prefix = model.split("/")[0]
+    emulator = stack.emulators[prefix]
+    ask: dict[str, Any] = {"messages": [{"role": "user", "content": "[fault:429]"}], "max_tokens": 5}
+    if prefix == "openai":  # the provider's own answer names it (what the gateway must not pass on)
+        with openai.OpenAI(base_url=emulator.base_url, api_key=emulator.api_key, max_retries=0) as direct:
+            with pytest.raises(openai.RateLimitError) as upstream:
+                direct.chat.completions.create(model="gpt-4o-mini", **ask)
+        assert organization in upstream.value.message and "Used" in upstream.value.message
+    else:
+        root = emulator.base_url.removesuffix("/v1")
+        with anthropic.Anthropic(base_url=root, api_key=emulator.api_key, max_retries=0) as direct_a:
+            with pytest.raises(anthropic.RateLimitError) as refused:
+                direct_a.messages.create(model="claude-haiku-4-5", **ask)
+        assert organization in refused.value.message
+    client = stack.client()
+    for stream in (False, True):
+        with pytest.raises(openai.RateLimitError) as info:
+            out = client.chat.completions.create(model=model, stream=stream, **ask)
+            if stream:
+                list(out)  # type: ignore[arg-type]
+        said = info.value.message
+        assert f"provider '{prefix}' is rate limiting" in said and info.value.response.headers["retry-after"] == "1"
+        assert organization not in said and "organization" not in said and "Used" not in said
 
 
 def test_upstream_failure_mid_stream_is_an_sse_error_event(stack: Stack) -> None:

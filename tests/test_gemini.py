@@ -468,7 +468,7 @@ def test_usage_mapping() -> None:
 def test_error_mapping() -> None:
     limited = ADAPTER.error(429, (FIXTURES / "error_429.json").read_bytes(), {})
     assert isinstance(limited, RateLimited) and limited.headers == {"Retry-After": "37"}
-    assert "exceeded your current quota" in limited.message
+    assert "rate limiting" in limited.message and "quota" not in limited.message  # (the account's, not passed on)
     bad_key = ADAPTER.error(400, (FIXTURES / "error_api_key.json").read_bytes(), {})
     assert bad_key.status == 502 and bad_key.code == "upstream_auth_failed"
     rejected = ADAPTER.error(
