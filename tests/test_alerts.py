@@ -152,8 +152,9 @@ def test_a_cookie_one_groups_receiver_sets_is_not_sent_with_anothers_alerts(rece
     url = receiver.url.replace("127.0.0.1", "localhost")  # (aiohttp's cookie jar ignores IP addresses)
     for credits in (10, 11, 12):  # three groups, each its own webhook on one host
         group = stack.group(credits)
+        before = len(receiver.got)
         api(stack, "POST", "/webhooks", {"url": url, "group": group, "balance_below": "20"}, status=201)
-        wait_for(lambda n=len(receiver.got): len(receiver.got) > n, 10, "the group's alert")
+        wait_for(lambda: len(receiver.got) > before, 10, "the group's alert")  # noqa: B023 (called here)
     assert len(receiver.got) == 3 and all("cookie" not in headers for headers, _ in receiver.got)
 
 
