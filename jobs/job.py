@@ -7,6 +7,9 @@
     cancelling   lines in flight finish; the rest are failed with ``batch_cancelled``; then cancelled
     (deadline)   past ``expires_at`` the rest are failed with ``batch_expired``; then expired
 
+A batch asked to yield its slot to another group's (jobs/runner.py) claims no more lines, lets those in
+flight finish and lets its lease go, still ``in_progress``; whoever claims it next goes on from there.
+
 Every write is conditional on holding the lease. A runner that loses its lease (another replica took
 the batch after it went silent) stops claiming lines at once; its late results are dropped.
 """
@@ -47,6 +50,7 @@ class Job:
         self.batch = batch
         self.owner = owner
         self.stopping = False  # the runner is shutting down: claim nothing more
+        self.yielding = False  # another group's batch waits for this one's slot: claim nothing more, let go
         self.lost = False  # the lease is no longer ours
         self.principal: Principal | None = None
         self.crashed = False  # the run raised: the runner backs off before taking this batch up again
@@ -86,7 +90,7 @@ class Job:
             await self.recover()
         if status == "in_progress":
             await self.execute()
-        if self.halted:
+        if self.halted or self.yielding:
             return False
         return await self.conclude()
 
@@ -147,7 +151,7 @@ class Job:
 
     async def worker(self) -> None:
         b, store = self.batch, self.store
-        while not self.halted and time.time() < b.expires_at:
+        while not self.halted and not self.yielding and time.time() < b.expires_at:
             line = await store.claim_line(b.id, self.owner, time.time())
             if line is None:
                 return

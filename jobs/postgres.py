@@ -22,6 +22,7 @@ from jobs.store import (
     BatchRow,
     FileRow,
     Final,
+    GroupLoad,
     JobStore,
     Line,
     LineState,
@@ -197,12 +198,22 @@ class PostgresJobStore(JobStore):
     async def claim_batch(self, owner: str, lease: float, skip: list[str]) -> BatchRow | None:
         row = await self.pool.fetchrow(
             f"UPDATE batches SET lease_owner = $1, lease_until = {NOW} + $2 WHERE seq = ("
-            f"SELECT seq FROM batches WHERE {_OPEN} AND (lease_until IS NULL OR lease_until < {NOW}) "
-            "AND NOT (id = ANY($3::text[])) ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED) "
+            f"SELECT seq FROM batches b WHERE {_OPEN} AND (lease_until IS NULL OR lease_until < {NOW}) "
+            "AND NOT (id = ANY($3::text[])) ORDER BY (SELECT count(*) FROM batches r WHERE r.group_id = b.group_id "
+            f"AND r.{_OPEN} AND r.lease_until >= {NOW}), seq LIMIT 1 FOR UPDATE SKIP LOCKED) "
             f"RETURNING {', '.join(BATCH_COLUMNS)}",
             owner, lease, skip,
         )  # fmt: skip
         return batch_of(row) if row else None
+
+    async def batch_load(self, skip: list[str]) -> dict[int, GroupLoad]:
+        rows = await self.pool.fetch(
+            f"SELECT group_id, count(*) FILTER (WHERE lease_until >= {NOW}), count(*) FILTER (WHERE "
+            f"(lease_until IS NULL OR lease_until < {NOW}) AND NOT (id = ANY($1::text[]))) "
+            f"FROM batches WHERE {_OPEN} GROUP BY group_id",
+            skip,
+        )  # fmt: skip
+        return {int(row[0]): GroupLoad(int(row[1]), int(row[2])) for row in rows}
 
     async def renew(self, batch_id: str, owner: str, lease: float) -> str | None:
         status = await self.pool.fetchval(

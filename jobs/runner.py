@@ -12,6 +12,12 @@ this process for a back-off that doubles with each consecutive failure, from 1 s
 up to ``MAX_BACKOFF`` seconds, so one broken batch costs a log line now and then instead of a busy loop (it
 used to be released and re-claimed some 800 times a second). Other replicas keep their own back-off.
 
+Groups share the slots fairly: a claim takes a batch of the group with the fewest batches running
+(by any runner), and when every slot is taken and a group's batch waits, a batch of a group running two
+or more batches more than it lets its slot go between lines (it stays ``in_progress`` and is claimed
+again later; no line is cut short or run twice). One group's many large batches do not hold another's
+for hours.
+
 On shutdown the runner stops claiming lines, gives the lines in flight ``stop_grace`` seconds to
 finish, then cancels them (they are failed as interrupted, never run again) and lets its leases go.
 """
@@ -176,6 +182,30 @@ class JobRunner:
             task = asyncio.create_task(job.run(), name=f"batch-{batch.id}")
             self.jobs[batch.id] = (job, task)
             task.add_done_callback(partial(self._done, batch.id))
+        if not self.stopping:
+            await self._make_room()
+
+    async def _make_room(self) -> None:
+        """Every slot here runs a batch: if a group's batch waits while a group with at least two more
+        batches running (by every runner) holds one of these slots, the newest of those batches here
+        lets its slot go after its lines in flight (jobs/job.py, ``yielding``); the claim that follows
+        takes the waiting group's (``claim_batch``: fewest running first). One at a time."""
+        ours = [job for job, _ in self.jobs.values()]
+        if len(ours) < self.settings.max_jobs or any(job.yielding for job in ours):
+            return
+        load = await self.store.batch_load(self.backoff.waiting())
+        waiting = [group.running for group in load.values() if group.waiting]
+        if not waiting:
+            return
+        least = min(waiting)
+        crowded = [job for job in ours if job.batch.group_id in load and load[job.batch.group_id].running >= least + 2]
+        if not crowded:
+            return
+        most = max(load[job.batch.group_id].running for job in crowded)
+        job = [job for job in crowded if load[job.batch.group_id].running == most][-1]
+        job.yielding = True
+        log.info("batch %s lets its slot go for a while: its group runs %d batches, another group's waits with %d",
+                 job.batch.id, most, least)  # fmt: skip
 
     def _done(self, batch_id: str, _task: object = None) -> None:
         job, _ = self.jobs.pop(batch_id, (None, None))

@@ -28,6 +28,7 @@ from jobs.store import (
     BatchRow,
     FileRow,
     Final,
+    GroupLoad,
     JobStore,
     JobStoreError,
     Line,
@@ -273,23 +274,39 @@ class SQLiteJobStore(JobStore):
     async def claim_batch(self, owner: str, lease: float, skip: list[str]) -> BatchRow | None:
         marks = ", ".join("?" * len(skip))
         free = (
-            f"SELECT id FROM batches WHERE {_OPEN} AND (lease_until IS NULL OR lease_until < ?)"
+            f"SELECT id FROM batches b WHERE {_OPEN} AND (lease_until IS NULL OR lease_until < ?)"
             + (f" AND id NOT IN ({marks})" if skip else "")
-            + " ORDER BY seq LIMIT 1"
+            + f" ORDER BY (SELECT count(*) FROM batches r WHERE r.group_id = b.group_id AND r.{_OPEN} "
+            "AND r.lease_until >= ?), seq LIMIT 1"
         )
         # look first without the write lock (a poll that finds nothing never delays the ledger's writes)
-        if await self.run(lambda db: db.execute(free, (time.time(), *skip)).fetchone()) is None:
+        if await self.run(lambda db: db.execute(free, (time.time(), *skip, time.time())).fetchone()) is None:
             return None
 
         def fn(db: sqlite3.Connection) -> BatchRow | None:
             now = time.time()
-            row = db.execute(free, (now, *skip)).fetchone()
+            row = db.execute(free, (now, *skip, now)).fetchone()
             if row is None:
                 return None
             db.execute("UPDATE batches SET lease_owner = ?, lease_until = ? WHERE id = ?", (owner, now + lease, row[0]))
             return batch_of(db.execute(_BATCH + " WHERE id = ?", (row[0],)).fetchone())
 
         return await self.tx(fn)
+
+    async def batch_load(self, skip: list[str]) -> dict[int, GroupLoad]:
+        marks = ", ".join("?" * len(skip))
+        sql = (
+            "SELECT group_id, sum(lease_until >= ?), "
+            f"sum((lease_until IS NULL OR lease_until < ?){f' AND id NOT IN ({marks})' if skip else ''}) "
+            f"FROM batches WHERE {_OPEN} GROUP BY group_id"
+        )
+
+        def fn(db: sqlite3.Connection) -> dict[int, GroupLoad]:
+            now = time.time()
+            rows = db.execute(sql, (now, now, *skip)).fetchall()
+            return {int(g): GroupLoad(int(running or 0), int(waiting or 0)) for g, running, waiting in rows}
+
+        return await self.run(fn)
 
     async def renew(self, batch_id: str, owner: str, lease: float) -> str | None:
         def fn(db: sqlite3.Connection) -> str | None:

@@ -37,6 +37,14 @@ TIMESTAMPS = frozenset(
 )
 
 
+@dataclass(frozen=True, slots=True)
+class GroupLoad:
+    """One group's open batches: held by a runner now, and free to be claimed."""
+
+    running: int
+    waiting: int
+
+
 class JobStoreError(Exception):
     """A jobs store operation could not be done."""
 
@@ -203,7 +211,14 @@ class JobStore(ABC):
     # -- leases (one runner per batch at a time) ----------------------------------------------------
     @abstractmethod
     async def claim_batch(self, owner: str, lease: float, skip: list[str]) -> BatchRow | None:
-        """Take an open batch whose lease is free or expired (not one in ``skip``) for ``lease`` s."""
+        """Take an open batch whose lease is free or expired (not one in ``skip``) for ``lease`` s: of
+        the groups with such a batch, one with the fewest batches running now (held by any runner),
+        and of those the oldest batch. A group's many batches do not keep the others' waiting."""
+
+    @abstractmethod
+    async def batch_load(self, skip: list[str]) -> dict[int, GroupLoad]:
+        """Per group with an open batch: how many run now (their lease held) and how many wait (free
+        or expired, not in ``skip``)."""
 
     @abstractmethod
     async def renew(self, batch_id: str, owner: str, lease: float) -> str | None:

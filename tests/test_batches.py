@@ -31,7 +31,7 @@ from billing.store import Store, open_store
 from core.config import JobsSettings, ReliabilitySettings, Settings, StoreSettings
 from emulators.common import serve as serve_emulator
 from emulators.registry import FACTORIES
-from jobs.store import BatchRow, FileRow, Final, JobStore, Line, Outcome, Tokens, open_job_store
+from jobs.store import BatchRow, FileRow, Final, GroupLoad, JobStore, Line, Outcome, Tokens, open_job_store
 from tests.conftest import Postgres, Stack, free_port, run_sync
 from tests.test_crash import _cli, _serve
 
@@ -416,6 +416,59 @@ async def test_store_cancel(stores: tuple[Store, JobStore]) -> None:
     assert await store.start_batch(batch.id, "A", [Line(1, "c1", "{}")], 8)
     assert (await store.get_batch(group, batch.id)).status == "cancelling"  # type: ignore[union-attr]
     assert await store.claim_line(batch.id, "A", 1.0) is None  # nothing more runs once cancelling
+
+
+async def test_store_claims_the_least_served_group_first(stores: tuple[Store, JobStore]) -> None:
+    billing, store = stores
+    (a, a_key), (b, b_key) = await _team(billing, "a"), await _team(billing, "b")
+    a_batches = [_batch(a, a_key) for _ in range(3)]
+    for batch in a_batches:
+        await store.create_batch(batch)
+    late = _batch(b, b_key)
+    await store.create_batch(late)  # the newest, of the group with nothing running
+    assert await store.batch_load([]) == {a: GroupLoad(0, 3), b: GroupLoad(0, 1)}
+    first = await store.claim_batch("R", 30, [])
+    assert first is not None and first.id == a_batches[0].id  # equal: the oldest
+    second = await store.claim_batch("R", 30, [])
+    assert second is not None and second.id == late.id  # a runs one, b none: b's, though newer
+    third = await store.claim_batch("R", 30, [])
+    assert third is not None and third.id == a_batches[1].id
+    assert await store.batch_load([]) == {a: GroupLoad(2, 1), b: GroupLoad(1, 0)}
+    assert await store.batch_load([a_batches[2].id]) == {a: GroupLoad(2, 0), b: GroupLoad(1, 0)}
+    await store.release(late.id, "R")
+    assert await store.batch_load([]) == {a: GroupLoad(2, 1), b: GroupLoad(0, 1)}
+    again = await store.claim_batch("R", 30, [])
+    assert again is not None and again.id == late.id
+
+
+def test_one_groups_batches_do_not_hold_another_groups_waiting(tmp_path: Path) -> None:
+    """Two slots; group A's three batches take both, then group B submits one. B's runs as soon as one
+    of A's lines in flight ends (A's batch lets its slot go between lines), not after A's batches end;
+    every line of A's still runs exactly once and each batch completes."""
+    settings = Settings(
+        store=StoreSettings(url=f"sqlite:///{tmp_path}/router.db"),
+        reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9),
+        jobs=JobsSettings(poll_interval=0.05, concurrency=1, max_jobs=2, stop_grace=1.0, lease_seconds=3.0),
+    )
+    stack = Stack(tmp_path, settings).start()
+    try:
+        heavy, light = stack.client(), stack.client()
+        marker = secrets.token_hex(4)
+        mine = [submit(heavy, [request(f"a{n}", MIXED[0], f"{marker}-{j}{n:02d} [slow:100]") for n in range(15)])
+                for j in range(3)]  # fmt: skip
+        wait(heavy, mine[1].id, lambda b: b.status == "in_progress" and b.request_counts.completed >= 1)
+        theirs = submit(light, [request(f"b{n}", MIXED[0], f"{marker}-9{n:02d}") for n in range(2)])
+        done = wait(light, theirs.id, seconds=30)
+        assert done.status == "completed" and done.request_counts.completed == 2
+        behind = sum(heavy.batches.retrieve(b.id).request_counts.completed for b in mine)
+        assert behind < 15, f"group B's batch waited for one of A's to end ({behind} of A's lines done first)"
+        ended = [wait(heavy, b.id) for b in mine]
+        assert [(b.status, b.request_counts.completed) for b in ended] == [("completed", 15)] * 3
+        ran = Counter(re.findall(rf"{marker}-\d+", json.dumps(stack.emulator("openai").requests)))
+        assert len(ran) == 47 and set(ran.values()) == {1}  # every line once: none cut short, none run twice
+    finally:
+        stack.close_clients()
+        stack.stop()
 
 
 # -- several replicas on one PostgreSQL -------------------------------------------------------------------
