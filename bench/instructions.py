@@ -12,8 +12,9 @@ are zeroed, ``--calls`` calls are made (``--concurrency`` at a time, the same 12
 The servers: the bare proxy (the floor of the stack: stock hypercorn), the same proxy on the gateway's
 own server layer (``bare-tuned``: what ``router serve`` installs under hypercorn, which is part of what
 the gateway saves), the gateway with every feature on (as in ``make bench``), the gateway with the ``x-ratelimit-*`` headers on 429s only (``[limits] headers = false``),
-without rate limits, and without rate limits and access log (what those cost), and the gateway and the
-bare proxy under uvicorn. Instructions are not time (a syscall or a cache miss costs more than its count), so this
+without rate limits, and without rate limits and access log (what those cost), with limits of calls in
+flight per key and group (off by default: what they add, on SQLite and on PostgreSQL + Redis), and the
+gateway and the bare proxy under uvicorn. Instructions are not time (a syscall or a cache miss costs more than its count), so this
 complements the wall-clock figures: ``gateway / bare`` here is how much more work a call is.
 Needs valgrind (Debian's package); about 5 minutes. Results: bench/results/instructions.json.
 """
@@ -72,6 +73,7 @@ class Server(NamedTuple):
     features: tuple[bool, bool, bool] | None  # the gateway's (rate limits, their headers, access log); None: bare
     server: str = "hypercorn"
     shared: bool = False  # the scale-out path: PostgreSQL store, rate limits and routing state in Redis
+    in_flight: bool = False  # with limits of calls in flight per key and group (gateway/concurrency.py)
 
 
 SERVERS = {
@@ -87,6 +89,10 @@ SERVERS = {
     "gw-uvicorn": Server("gateway under uvicorn, every feature", "bare-uvicorn", (True, True, True), "uvicorn"),
     # compared with the same gateway on SQLite: what the path replicas use costs a call's process
     "gw-postgres": Server("gateway on PostgreSQL + Redis", "gateway", (True, True, True), shared=True),
+    # what the limits of calls in flight (off by default) add: against the same gateway without them
+    "gw-in-flight": Server("gateway + calls-in-flight limits", "gateway", (True, True, True), in_flight=True),
+    "gw-pg-in-flight": Server("PostgreSQL + Redis + in-flight limits", "gw-postgres", (True, True, True),
+                              shared=True, in_flight=True),
     # not in the default set: LiteLLM starts for minutes under callgrind, and a call costs it ~25x ours
     "litellm": Server("LiteLLM proxy (from .bench-venv)", "bare", None, "litellm"),
 }
@@ -150,7 +156,7 @@ def measure(name: str, emulators: dict[str, tuple[str, str]], tmp: Path, calls: 
     """k instructions per call of server ``name``, per mode: the median of ``repeat`` windows of
     ``calls`` calls (the gateway's varies by a few percent between windows: how many settlements a
     SQLite group commit gathers, and its work by the clock, depend on timing)."""
-    label, _, features, server, shared = SERVERS[name]
+    label, _, features, server, shared, in_flight = SERVERS[name]
     out = tmp / "callgrind" / name
     out.parent.mkdir(parents=True, exist_ok=True)
     logs = tmp / "logs"
@@ -168,7 +174,7 @@ def measure(name: str, emulators: dict[str, tuple[str, str]], tmp: Path, calls: 
         store_url = pg_database(f"router_instr_{os.getpid()}") if shared else None
         target = start_gateway(logs, tmp, emulators, "gateway" if server == "hypercorn" else "gw-uvicorn",
                                store_url, REDIS_URL if shared else None, limits=limits, limit_headers=limit_headers,
-                               access_log=access_log, wrap=callgrind(out), home=name)  # fmt: skip
+                               access_log=access_log, wrap=callgrind(out), home=name, in_flight=in_flight)  # fmt: skip
     try:
         wait_ready(target, 900 if server == "litellm" else 180)  # (python under valgrind starts in 10-30 s)
         pid = target.proc.popen.pid

@@ -88,12 +88,13 @@ def gateway_argv(name: str, config: Path, port: int) -> tuple[list[str], dict[st
 def start_gateway(logs: Path, tmp: Path, emulators: dict[str, tuple[str, str]], name: str = "gateway",
                   store_url: str | None = None, redis_url: str | None = None, *, limits: bool = True,
                   limit_headers: bool = True, access_log: bool = True, wrap: list[str] | None = None,
-                  home: str | None = None) -> Target:  # fmt: skip
+                  home: str | None = None, in_flight: bool = False) -> Target:  # fmt: skip
     """Our gateway with every provider on its emulator, a store (temp SQLite unless ``store_url``), a
     rich group and one key, and rate limits on (in Redis if ``redis_url``), served as ``name`` says
     (GATEWAY_SERVERS). ``limits`` / ``limit_headers`` (x-ratelimit-* on admitted answers) /
-    ``access_log`` False turn those off (bench.instructions measures what they cost); ``wrap`` runs
-    the server under a tool (``valgrind ...``)."""
+    ``access_log`` False turn those off (bench.instructions measures what they cost); ``in_flight``
+    adds the limits of calls in flight per key and group (high: never reached); ``wrap`` runs the
+    server under a tool (``valgrind ...``)."""
     port = free_port()
     home_dir = tmp / (home or name)
     home_dir.mkdir(parents=True, exist_ok=True)
@@ -105,6 +106,7 @@ def start_gateway(logs: Path, tmp: Path, emulators: dict[str, tuple[str, str]], 
         # tokens), set high enough that the benchmark never hits them
         lines += ["[limits]", "key_rpm = 100000000", "key_tpm = 100000000000", "group_rpm = 100000000",
                   "group_tpm = 100000000000",
+                  *(["key_concurrent = 100000", "group_concurrent = 100000"] if in_flight else []),
                   *([f"redis_url = {json.dumps(redis_url)}", f'redis_prefix = "bench-{port}:"'] if redis_url else []),
                   *([] if limit_headers else ["headers = false"]), ""]  # fmt: skip
     if not access_log:

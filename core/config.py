@@ -124,6 +124,7 @@ class CatalogSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 PerMinute = Annotated[int, msgspec.Meta(ge=0)]
+InFlightLimit = Annotated[int, msgspec.Meta(ge=0)]
 
 
 class GroupLimits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -133,15 +134,22 @@ class GroupLimits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     key_tpm: PerMinute | None = None
     group_rpm: PerMinute | None = None
     group_tpm: PerMinute | None = None
+    key_concurrent: InFlightLimit | None = None
+    group_concurrent: InFlightLimit | None = None
 
 
 class LimitsSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """Rate limits (gateway/ratelimit.py): requests and tokens per minute, per key and per group; 0 = none."""
+    """Rate limits (gateway/ratelimit.py): requests and tokens per minute, per key and per group, and calls
+    in flight (gateway/concurrency.py); 0 = none."""
 
     key_rpm: PerMinute = 0
     key_tpm: PerMinute = 0
     group_rpm: PerMinute = 0
     group_tpm: PerMinute = 0
+    # calls in flight at once (gateway/concurrency.py): a key's, a group's; batch lines and background
+    # responses do not count
+    key_concurrent: InFlightLimit = 0
+    group_concurrent: InFlightLimit = 0
     redis_url: str = ""  # empty: counted in this process; redis://host:port/db: shared by every replica
     redis_prefix: str = "router:rl"
     redis_timeout: float = 0.25  # seconds per check before it counts as a Redis failure

@@ -41,6 +41,12 @@ class CallContext:
     response_id: str | None = None  # the queued background response this call runs (jobs/background.py)
 
     @property
+    def waited_on(self) -> bool:
+        """A caller waits on this call over HTTP: not a batch line, not a background response (those run
+        on the gateway's own runners and take no place among the caller's calls in flight)."""
+        return self.source == "api" and self.response_id is None
+
+    @property
     def group_id(self) -> int:
         return self.principal.group_id
 

@@ -3,11 +3,12 @@ translated, and through them batch lines and background responses). What differs
 and wire protocols is a codec's (gateway/codec.py); the stages are here, once:
 
     start(context, codec)    for each candidate model (the one asked for, the request's ``models``,
-                             the catalog's fallbacks): resolve and check it, rate limits (once per
-                             call), skip it if every deployment's circuit is open, reserve the worst
-                             case (402), open the upstream on one of the provider's deployments,
-                             moving between them and retrying (gateway/dispatch.py); a failure is
-                             settled at once and the next candidate tried if a fallback may help
+                             the catalog's fallbacks): resolve and check it, calls in flight and
+                             rate limits (once per call), skip it if every deployment's circuit is
+                             open, reserve the worst case (402), open the upstream on one of the
+                             provider's deployments, moving between them and retrying
+                             (gateway/dispatch.py); a failure is settled at once and the next
+                             candidate tried if a fallback may help
     complete(started)        non-stream: the caller's answer, settled
     relay(started)           stream: batches of the caller's pieces, settled exactly once
     abandon(started)         the consumer went away before reading: settled as interrupted
@@ -40,6 +41,7 @@ from core.types import Endpoint, Headers
 from core.wire import ChatRequest
 from gateway.auth import may_use
 from gateway.codec import Answer, Codec, Leg, cost_of
+from gateway.concurrency import Flight
 from gateway.context import CallContext
 from gateway.relay import relay
 from gateway.reliability import circuit_open, closed, failover, no_deployment, open_upstream
@@ -122,32 +124,47 @@ class Pipeline:
         ids = self.candidates(codec)
         last: GatewayError | None = None
         limit_headers: Headers | None = None
-        for n, model_id in enumerate(ids):
-            try:
-                model = self.check(principal, codec.view, codec.endpoint, model_id,
-                                   image_param=codec.image_param, cap_param=codec.cap_param)  # fmt: skip
-                deployments = codec.deployments(gw, model)
-                if not deployments:
-                    raise no_deployment(model)
-                leg = codec.leg(gw, model, model_id, deployments[0])
-            except GatewayError:
-                if n == 0:
-                    raise
-                continue  # a fallback this call cannot use
-            if n == 0:  # rate limits: once per call (429 here is final: no fallback), before any reserve
-                limit_headers = await gw.limits.admit(principal, model, codec.size, codec.view)
-            if not closed(gw.breakers, deployments):  # every circuit open: nothing reserved for it
-                last = circuit_open(model.provider)
-                continue
-            try:
-                started = await self._open(context, codec, leg, deployments, deadline)
-                started.rate_headers = limit_headers
-                return started
-            except GatewayError as exc:
-                if not failover(exc) or n == len(ids) - 1 or time.monotonic() >= deadline:
-                    raise
-                last = exc
-        raise last or UpstreamUnavailable("No upstream could serve this call.")
+        flight: Flight | None = None  # its places among the calls in flight, given back when it ends
+        try:
+            for n, model_id in enumerate(ids):
+                try:
+                    model = self.check(principal, codec.view, codec.endpoint, model_id,
+                                       image_param=codec.image_param, cap_param=codec.cap_param)  # fmt: skip
+                    deployments = codec.deployments(gw, model)
+                    if not deployments:
+                        raise no_deployment(model)
+                    leg = codec.leg(gw, model, model_id, deployments[0])
+                except GatewayError:
+                    if n == 0:
+                        raise
+                    continue  # a fallback this call cannot use
+                if n == 0:  # limits: once per call (429 here is final: no fallback), before any reserve
+                    entering = gw.in_flight.enter(principal) if gw.in_flight.enabled and context.waited_on else None
+                    if entering is None:
+                        limit_headers = await gw.limits.admit(principal, model, codec.size, codec.view)
+                    else:  # (with Redis, the two checks go in one round trip)
+                        try:
+                            limit_headers = await gw.limits.admit(principal, model, codec.size, codec.view)
+                        finally:
+                            flight = await entering
+                if not closed(gw.breakers, deployments):  # every circuit open: nothing reserved for it
+                    last = circuit_open(model.provider)
+                    continue
+                try:
+                    started = await self._open(context, codec, leg, deployments, deadline)
+                    started.rate_headers = limit_headers
+                    if flight is not None:  # the call's places now end with its settlement
+                        flight.then, started.meter.on_finish = started.meter.on_finish, flight.end
+                        flight = None
+                    return started
+                except GatewayError as exc:
+                    if not failover(exc) or n == len(ids) - 1 or time.monotonic() >= deadline:
+                        raise
+                    last = exc
+            raise last or UpstreamUnavailable("No upstream could serve this call.")
+        finally:
+            if flight is not None:  # refused, failed or cancelled before an upstream answered
+                flight.end()
 
     async def _open(self, context: CallContext, codec: Codec, leg: Leg, deployments: tuple[Deployment, ...],
                     deadline: float) -> Started:  # fmt: skip

@@ -230,7 +230,7 @@ class RateLimiter:
             ok, states = await self.backend.take(buckets)
         except Exception as exc:  # the shared store is down: admit rather than refuse every call
             metrics.ratelimit_backend_error()
-            _warn(exc)
+            warn_unavailable(exc)
             if self.settings.fail_open:
                 return None
             raise RateLimited(
@@ -294,7 +294,8 @@ def _headers(tightest: list[tuple[bool, int, int, float]]) -> dict[str, str]:
 _last_warning = 0.0
 
 
-def _warn(exc: Exception) -> None:
+def warn_unavailable(exc: Exception) -> None:
+    """Log (at most every 10 s) that the shared backend of the limits cannot be reached."""
     global _last_warning
     now = time.monotonic()
     if now - _last_warning > 10:

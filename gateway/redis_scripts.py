@@ -5,7 +5,7 @@ Calls that arrive while a round trip is in flight go together in the next one (a
 ``EVALSHA``, not a transaction), so a burst costs few round trips and there is no pool to exhaust. A
 script the server does not have (first use, or it restarted or flushed its scripts) is loaded and
 its calls sent again. ``call`` is awaited for its answer; ``send`` is not (its failure goes to
-``on_error``).
+``on_error``), nor is ``later``, which goes with the next round trip or a few milliseconds later.
 
 A round trip takes a connection of the client's pool, writes the batch's commands at once, packed
 here (``evalsha``), and reads one reply per command; anything that goes wrong halfway (a timeout, a
@@ -53,6 +53,7 @@ class ScriptPipe:
         self.on_error = on_error
         self._pending: list[Op] = []
         self._flusher: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None  # a flush of what :meth:`later` queued
 
     def call(self, script_sha: str, keys: Sequence[str], args: Sequence[Any]) -> asyncio.Future[Any]:
         """The script's answer, with the next round trip (an exception if the round trip failed)."""
@@ -63,6 +64,18 @@ class ScriptPipe:
     def send(self, script_sha: str, keys: Sequence[str], args: Sequence[Any]) -> None:
         """Run the script with the next round trip; nobody waits for it."""
         self._queue((script_sha, keys, args, None))
+
+    def later(self, script_sha: str, keys: Sequence[str], args: Sequence[Any], delay: float = 0.005) -> None:
+        """Like :meth:`send`, but with the next round trip that goes anyway, or within ``delay`` seconds
+        (what nobody waits for need not cost a round trip of its own)."""
+        self._pending.append((script_sha, keys, args, None))
+        if self._timer is None and (self._flusher is None or self._flusher.done()):
+            self._timer = asyncio.get_running_loop().call_later(delay, self._kick)
+
+    def _kick(self) -> None:
+        self._timer = None
+        if self._pending and (self._flusher is None or self._flusher.done()):
+            self._flusher = asyncio.ensure_future(self._flush())
 
     def _queue(self, op: Op) -> None:
         self._pending.append(op)
@@ -123,5 +136,8 @@ class ScriptPipe:
 
     async def close(self) -> None:
         """Let the round trip in flight (and what queued behind it) finish, for a while."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._kick()
         if self._flusher is not None and not self._flusher.done():
             await asyncio.wait((self._flusher,), timeout=self.timeout * 2 + 1)

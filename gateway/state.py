@@ -21,6 +21,7 @@ from core.deadlines import Deadlines
 from core.deployments import Deployment
 from gateway.alerts import Checker, Deliverer, budget_source
 from gateway.auth import LAST_USED_SECONDS, Authenticator
+from gateway.concurrency import InFlight
 from gateway.dispatch import router_for
 from gateway.periodic import Periodic
 from gateway.ratelimit import RateLimiter
@@ -96,6 +97,8 @@ class Gateway:
         # trip per call); PostgreSQL: reservations are atomic updates in the store, shared by replicas
         self.ledger = ledger_for(self.store, settings.store.journal_after_seconds)
         self.limits = RateLimiter(settings.limits)
+        # calls in flight per key and group (gateway/concurrency.py), on the rate limits' Redis connection
+        self.in_flight = InFlight(settings.limits, rate_limits=self.limits.backend)
         self.deadlines = Deadlines()  # the call path's timeouts (body, first byte)
         self.auth = Authenticator(self.store, settings.server.key_prefix, settings.server.auth_cache_seconds)
         # the keys' last-used times, written in one batch a minute (gateway/auth.py: LastUsed)
@@ -153,6 +156,7 @@ class Gateway:
                     await task.stop()
                 await self.alert_deliverer.close()
                 await self.transport.close()
+                await self.in_flight.close()  # (first: it may share the rate limits' connection)
                 await self.limits.close()
                 await self.router.close()
                 while self.ledger.pending:  # every call's settlement durable (or journaled) before the
