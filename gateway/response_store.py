@@ -46,8 +46,20 @@ def migrations(dialect: str) -> list[str]:
         "CREATE INDEX responses_queue ON responses (status, created_at) WHERE background = 1;"
         "CREATE TABLE response_items (group_id BIGINT NOT NULL, item_id TEXT NOT NULL, response_id TEXT NOT NULL, "
         f"PRIMARY KEY (group_id, item_id, response_id)){without_rowid}",
+        # 2: the background queue by group: a claim visits the groups with queued responses (one index
+        # probe each) and takes the oldest of the groups running the fewest
+        "CREATE INDEX responses_queue_groups ON responses (status, group_id, created_at) WHERE background = 1",
     ]
 
+
+MAX_GROUPS = 1000  # groups with queued background responses a claim looks at (by id)
+# the groups with queued background responses, one index probe each (a loose index scan)
+_QUEUED_GROUPS = (
+    "WITH RECURSIVE g(id, n) AS ("
+    "SELECT (SELECT min(group_id) FROM responses WHERE status = 'queued' AND background = 1), 1 "
+    "UNION ALL SELECT (SELECT min(group_id) FROM responses WHERE status = 'queued' AND background = 1 "
+    "AND group_id > g.id), n + 1 FROM g WHERE g.id IS NOT NULL AND n < ?) SELECT id FROM g"
+)
 
 OPEN = ("queued", "in_progress")  # a background response that may still change (and be cancelled)
 
@@ -320,20 +332,49 @@ class ResponseStore:
     # -- background --------------------------------------------------------------------------------
     async def claim(self, owner: str, lease_seconds: float, limit: int) -> list[tuple[str, int, bytes]]:
         """Up to ``limit`` queued background responses, now ``in_progress`` under ``owner``'s lease:
-        (id, key id, request)."""
+        (id, key id, request). Groups share the runners: each place goes to the group with the fewest
+        running now (by any replica, the ones taken here included), its oldest queued response; one
+        group's thousand queued responses do not keep another's waiting behind them."""
         await self.ready()
+        chosen = await self._fair(limit)
+        if not chosen:
+            return []
         now = time.time()
+        marks = ", ".join("?" * len(chosen))
         await self.db.write(
             "UPDATE responses SET status = 'in_progress', lease_owner = ?, lease_expires = ? "
-            "WHERE status = 'queued' AND background = 1 AND id IN "
-            "(SELECT id FROM responses WHERE status = 'queued' AND background = 1 ORDER BY created_at LIMIT ?)",
-            (owner, now + lease_seconds, limit),
+            f"WHERE status = 'queued' AND background = 1 AND id IN ({marks})",
+            (owner, now + lease_seconds, *chosen),
         )
         rows = await self.db.select(
             "SELECT id, key_id, request FROM responses WHERE status = 'in_progress' AND background = 1 "
             "AND lease_owner = ?", (owner,)
         )
         return [(row[0], int(row[1]), str(row[2] or "").encode()) for row in rows]
+
+    async def _fair(self, limit: int) -> list[str]:
+        """The ids of the ``limit`` queued responses to run next (a claim by another replica meanwhile
+        just takes some of them first)."""
+        groups = [int(row[0]) for row in await self.db.select(_QUEUED_GROUPS, (MAX_GROUPS,)) if row[0] is not None]
+        if not groups:
+            return []
+        running = dict(await self.db.select(
+            "SELECT group_id, count(*) FROM responses WHERE status = 'in_progress' AND background = 1 GROUP BY group_id"
+        ))  # fmt: skip
+        load = {group: int(running.get(group, 0)) for group in groups}
+        picks: dict[int, int] = {}  # group -> responses taken from it
+        for _ in range(limit):
+            group = min(load, key=lambda g: (load[g], g))
+            load[group] += 1
+            picks[group] = picks.get(group, 0) + 1
+        chosen: list[str] = []
+        for group, count in picks.items():
+            rows = await self.db.select(
+                "SELECT id FROM responses WHERE status = 'queued' AND background = 1 AND group_id = ? "
+                "ORDER BY created_at LIMIT ?", (group, count),
+            )  # fmt: skip
+            chosen += [row[0] for row in rows]
+        return chosen
 
     async def renew(self, owners: list[str], lease_seconds: float) -> list[str]:
         """Extend the leases of ``owners``; the ids among theirs that were cancelled meanwhile."""

@@ -10,6 +10,9 @@ answers with an error fails the response with that error. The lease is renewed e
 stopped at the next renewal, at once when it runs here (``cancel``): the call settles as interrupted,
 billed for what was generated.
 
+Groups share the places: a claim gives each free place to the group with the fewest background
+responses running (by any replica), its oldest queued one (``ResponseStore.claim``).
+
 At most once: a response left ``in_progress`` by a process that died (its lease ran out; on SQLite,
 every one left at start) is failed, never run again, so no call is billed twice. Queued ones wait for
 the next process: they survive a restart. On shutdown the calls in flight get ``[jobs] stop_grace``

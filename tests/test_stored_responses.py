@@ -388,3 +388,30 @@ def test_parse_is_stored_and_continued(stored: Stack, model: str) -> None:
     assert again.text is not None and again.text.format is not None and again.text.format.type == "json_schema"
     follow = client.responses.create(model=model, input="Is that warm?", previous_response_id=parsed.id)
     assert follow.output_text and follow.previous_response_id == parsed.id
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_one_groups_queued_responses_do_not_hold_another_groups(kind: str, tmp_path: Path,
+                                                                request: pytest.FixtureRequest) -> None:  # fmt: skip
+    """Two runner places; group A queues twelve slow background responses, then group B one. B's runs
+    at the next free place (the group running the fewest first), not after A's twelve; all of A's run."""
+    from core.config import ResponsesSettings
+
+    url = f"sqlite:///{tmp_path}/router.db" if kind == "sqlite" else request.getfixturevalue("pg").fresh_url()
+    settings = Settings(store=StoreSettings(url=url), responses=ResponsesSettings(background_concurrency=2),
+                        reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9))  # fmt: skip
+    stack = Stack(tmp_path, settings).start()
+    try:
+        heavy, light = stack.client(), stack.client()
+        model = "openai/gpt-4o-mini"
+        mine = [heavy.responses.create(model=model, input=f"a{n} [slow:250]", background=True) for n in range(12)]
+        theirs = light.responses.create(model=model, input="b [slow:250]", background=True)
+        done = _poll(light, theirs.id, ("completed", "failed"))
+        assert done.status == "completed"
+        ahead = sum(heavy.responses.retrieve(r.id).status == "completed" for r in mine)
+        assert ahead <= 4, f"group B's response waited behind {ahead} of group A's"
+        ended = [_poll(heavy, r.id, ("completed", "failed"), seconds=30) for r in mine]
+        assert [r.status for r in ended] == ["completed"] * 12
+    finally:
+        stack.close_clients()
+        stack.stop()
