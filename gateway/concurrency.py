@@ -7,7 +7,9 @@ every other group's new connections would be refused. A call takes a place in it
 group's count when it is admitted (with the rate limits, before anything is reserved or sent
 upstream) and gives it back when it ends, whatever ends it: its answer or stream settled, the
 caller gone, an upstream failure, a refusal after admission. A call over either limit is refused
-with 429 ``concurrency_limit_exceeded`` and ``Retry-After: 1``; nothing is reserved for it.
+with 429 ``concurrency_limit_exceeded`` and ``Retry-After: 1``; nothing is reserved for it. Both
+checks are made together (one Redis round trip), so a call refused here has still used one of its
+key's and group's requests per minute (a call the rate limits refuse takes nothing from them).
 
 Only calls a caller waits on count: a batch line and a background response run on the gateway's own
 runners, bounded by ``[jobs]`` and ``[responses]``, and never take a caller's place.

@@ -122,3 +122,51 @@ async def test_a_round_trip_cut_off_by_its_timeout_leaves_no_reply_for_the_next_
     finally:
         admin.close()
         await backend.close()
+
+
+def test_calls_in_flight_fail_open_while_redis_is_down_and_count_again_once_it_is_back(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """A key allowed one call in flight (gateway/concurrency.py), its count in a Redis that dies while a
+    stream holds the place: the stream ends normally (its place cannot be given back: logged, left to
+    the lease), calls meanwhile are admitted uncounted, none gets a 5xx; once Redis is back (empty) the
+    count holds again."""
+    settings = Settings(store=StoreSettings(url=f"sqlite:///{tmp_path}/router.db"),
+                        reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9),
+                        limits=LimitsSettings(key_concurrent=1, redis_url=redis_server.url, redis_timeout=0.2,
+                                              redis_prefix=f"t{redis_server.port}:"))  # fmt: skip
+    stack = Stack(tmp_path, settings).start()
+    try:
+        client = stack.client()
+        ask = {"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
+        slow = {**ask, "messages": [{"role": "user", "content": "[tokens:12] [delay:100]"}], "stream": True}
+        held = client.chat.completions.create(**slow)  # type: ignore[call-overload]
+        chunks = iter(held)
+        next(chunks)
+        with pytest.raises(openai.RateLimitError):  # the place is counted in Redis
+            client.chat.completions.create(**ask)  # type: ignore[call-overload]
+
+        redis_server.kill()
+        answered = [client.chat.completions.create(**ask).choices[0].message.content for _ in range(3)]  # type: ignore[call-overload]
+        assert all(answered)  # admitted uncounted: the count cannot be read
+        assert [c for c in chunks if c.choices and c.choices[0].finish_reason]  # the held stream ends normally
+
+        redis_server.start()  # the same port, empty
+        deadline = time.monotonic() + 10
+        while True:  # the client reconnects on its next command
+            again = client.chat.completions.create(**slow)  # type: ignore[call-overload]
+            first = iter(again)
+            next(first)
+            try:
+                client.chat.completions.create(**ask)  # type: ignore[call-overload]
+            except openai.RateLimitError as exc:
+                assert exc.code == "concurrency_limit_exceeded"
+                break
+            finally:
+                again.close()
+            assert time.monotonic() < deadline, "the count never held again after Redis came back"
+        records = dict(stack.run(stack.store.database.select("SELECT status, COUNT(*) FROM usage GROUP BY status")))
+        assert records.get("error", 0) == 0
+    finally:
+        stack.close_clients()
+        stack.stop()
