@@ -147,7 +147,7 @@ class Pipeline:
                             limit_headers = await gw.limits.admit(principal, model, codec.size, codec.view)
                         finally:
                             flight = await entering
-                if not closed(gw.breakers, deployments):  # every circuit open: nothing reserved for it
+                if not closed(gw.breakers, deployments, context.group_id):  # every circuit open: nothing reserved for it
                     last = circuit_open(model.provider)
                     continue
                 try:
@@ -190,7 +190,8 @@ class Pipeline:
             pool = gw.router.pools[model.provider]
             tokens = input_ceiling(codec.size, codec.view) + output_ceiling(model, codec.view) if pool.tokens else 0
             sticky = codec.conversation(context.key_id, gw.settings.routing.sticky_messages) if pool.sticky else None
-            response, lease = await open_upstream(gw, model, deployments, build, leg.error, deadline, tokens, sticky)
+            response, lease = await open_upstream(gw, model, deployments, build, leg.error, deadline,
+                                                   context.group_id, tokens, sticky)
             meter.on_finish = lease.end
             return Started(legs[lease.deployment.key], meter, response, upstream_request_id(response.headers),
                            deployment=lease.deployment.name)  # fmt: skip

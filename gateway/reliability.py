@@ -21,6 +21,11 @@ to another deployment of the provider, and a circuit breaker per deployment.
                 of our credentials or credit). A probe that ends any other way (the caller's 402 or 4xx,
                 the caller hanging up, an upstream 4xx or 429) is released: the next call probes again.
                 A probe that is never released (a bug) expires after ``probe_timeout`` seconds.
+                A circuit that one group's calls alone opened is open for that group only: a provider
+                can fail on what a call carries (a 500 on one input, a timeout on a long answer), so
+                one tenant's failing calls say nothing sure about another's; the other groups' calls
+                go through as if it were closed, the first to succeed closes it, the first to fail
+                opens it for every group (a failure two groups share is the provider's).
 """
 
 from __future__ import annotations
@@ -87,11 +92,12 @@ def backoff(attempt: int, base: float, cap: float, retry_after: str | None = Non
 
 REFUSED = -1  # Breaker.allow: the circuit is open (or its one probe is in flight)
 PASS = 0  # Breaker.allow: closed, the call goes through; a positive number is a probe's ticket
+SHARED = -1  # Breaker.culprit: the failures since the last success came from more than one group
 
 
 class Breaker:
     __slots__ = ("threshold", "cooldown", "probe_timeout", "failures", "open_until", "probe", "probe_until",
-                 "_tickets")  # fmt: skip
+                 "culprit", "_tickets")  # fmt: skip
 
     def __init__(self, threshold: int, cooldown: float, probe_timeout: float = 300.0) -> None:
         self.threshold = threshold
@@ -101,12 +107,14 @@ class Breaker:
         self.open_until = 0.0
         self.probe = 0  # the ticket of the probe in flight (half-open), 0 if none
         self.probe_until = 0.0
+        self.culprit = 0  # the group whose calls made every failure since the last success, or SHARED
         self._tickets = 0
 
-    def allow(self, now: float | None = None) -> int:
+    def allow(self, group: int, now: float | None = None) -> int:
         """``PASS``, ``REFUSED``, or a probe's ticket (> 0), which the caller must hand back to
-        :meth:`release` however the call ends (``success``/``failure`` also end the probe)."""
-        if self.failures < self.threshold:
+        :meth:`release` however the call ends (``success``/``failure`` also end the probe). A call of
+        ``group`` passes while another group's failures alone hold the circuit open."""
+        if self.failures < self.threshold or (self.culprit != group and self.culprit != SHARED):
             return PASS
         now = time.monotonic() if now is None else now
         if now < self.open_until or (self.probe and now < self.probe_until):
@@ -125,15 +133,27 @@ class Breaker:
     def success(self) -> None:
         self.failures = 0
         self.probe = 0
+        self.culprit = 0
 
-    def failure(self, now: float | None = None) -> None:
+    def failure(self, group: int, now: float | None = None) -> None:
+        if self.failures == 0:
+            self.culprit = group
+        elif self.culprit != group:
+            self.culprit = SHARED
         self.failures += 1
         self.probe = 0
         if self.failures >= self.threshold:
             self.open_until = (time.monotonic() if now is None else now) + self.cooldown
 
+    def open_for(self, group: int) -> bool:
+        """Whether ``group``'s calls are skipped now (open, and not only another group's doing)."""
+        return (self.failures >= self.threshold and (self.culprit == group or self.culprit == SHARED)
+                and time.monotonic() < self.open_until)  # fmt: skip
+
     @property
     def state(self) -> str:
+        """``closed``, ``open`` or ``half-open``, as the operator sees it (/readyz, /metrics): open
+        also while only the group whose calls opened it is refused (see the module's docstring)."""
         if self.failures < self.threshold:
             return "closed"
         return "half-open" if time.monotonic() >= self.open_until else "open"
@@ -162,12 +182,12 @@ class Breakers:
         return {provider: b.state for provider, b in sorted(self._by_provider.items())}
 
 
-def closed(breakers: Breakers, deps: tuple[Deployment, ...], skipped: set[str] | frozenset[str] = frozenset(),
-           ) -> tuple[Deployment, ...]:  # fmt: skip
-    """The deployments whose circuit is not open (and not ``skipped``), in their order."""
+def closed(breakers: Breakers, deps: tuple[Deployment, ...], group: int,
+           skipped: set[str] | frozenset[str] = frozenset()) -> tuple[Deployment, ...]:  # fmt: skip
+    """The deployments whose circuit is not open for ``group`` (and not ``skipped``), in their order."""
     if len(deps) == 1:  # the usual case: one deployment
-        return deps if deps[0].key not in skipped and breakers[deps[0].key].state != "open" else ()
-    return tuple(d for d in deps if d.key not in skipped and breakers[d.key].state != "open")
+        return deps if deps[0].key not in skipped and not breakers[deps[0].key].open_for(group) else ()
+    return tuple(d for d in deps if d.key not in skipped and not breakers[d.key].open_for(group))
 
 
 def circuit_open(provider: str) -> UpstreamUnavailable:
@@ -196,8 +216,8 @@ def no_deployment(model: Model) -> UpstreamUnavailable:
 async def open_upstream(gw: Gateway, model: Model, deps: tuple[Deployment, ...],
                   build: Callable[[Deployment], UpstreamRequest],
                   to_error: Callable[[int, bytes, Mapping[str, str]], GatewayError], deadline: float,
-                  tokens: int = 0, conversation: bytes | None = None) -> Opened:  # fmt: skip
-    """Send the call to one of ``deps`` (deployments of ``model``'s provider that serve it) and return
+                  group: int, tokens: int = 0, conversation: bytes | None = None) -> Opened:  # fmt: skip
+    """Send ``group``'s call to one of ``deps`` (deployments of ``model``'s provider that serve it) and return
     the response once its status is good, moving between deployments and retrying as the module says,
     within ``deadline``. ``build`` is the call's request for a deployment; ``conversation``: the
     sticky order's digest (gateway/routing.py), if the provider routes conversations."""
@@ -215,7 +235,7 @@ async def open_upstream(gw: Gateway, model: Model, deps: tuple[Deployment, ...],
     waited = False  # the last step was a wait for a deployment to come back (that retry is spent)
     last: GatewayError | None = None
     while True:
-        usable = closed(gw.breakers, deps, skipped)
+        usable = closed(gw.breakers, deps, group, skipped)
         if not usable:
             raise last or circuit_open(pool.prefix)
         order = router.order(pool, model, usable, state, conversation)
@@ -238,7 +258,7 @@ async def open_upstream(gw: Gateway, model: Model, deps: tuple[Deployment, ...],
         waited = False
         dep = got.deployment
         breaker = gw.breakers[dep.key]
-        ticket = breaker.allow()
+        ticket = breaker.allow(group)
         if ticket == REFUSED:  # half-open, and its one probe is another call's
             got.owner.release(got)
             skipped.add(dep.key)
@@ -261,7 +281,7 @@ async def open_upstream(gw: Gateway, model: Model, deps: tuple[Deployment, ...],
         if rest:
             metrics.deployment_cooldown(dep.prefix, dep.name)
         if breaker_failure(error):
-            breaker.failure()
+            breaker.failure(group)
         if not failover(error):
             raise error
         last = error

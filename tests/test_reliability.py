@@ -149,6 +149,34 @@ def test_circuit_opens_then_probes_back(rstack: Stack) -> None:
     assert rstack.gateway.breakers["upstage"].state == "closed"
 
 
+@pytest.mark.parametrize("poison", ["[fault:500]", "[slow:3000]"])
+def test_one_groups_failing_calls_open_the_circuit_for_that_group_only(rstack: Stack, poison: str) -> None:
+    """A provider that fails on what one tenant sends (a 500 on its input, no answer within the
+    first-byte timeout for its long calls) opens the circuit for that tenant's group, not for the
+    others: their calls are served, and the first that succeeds closes it. A failure two groups share
+    is the provider's: then the circuit is open for every group."""
+    ask = {"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "x"}]}
+    a, b, c = rstack.client(), rstack.client(), rstack.client()  # three groups
+    with pytest.raises(openai.InternalServerError):  # 3 attempts, 3 failures, all group A's
+        a.chat.completions.create(**{**ask, "messages": [{"role": "user", "content": f"{time.time()} {poison}"}]})
+    assert rstack.gateway.breakers["openai"].state == "open"
+    with pytest.raises(openai.InternalServerError) as info:  # A's calls are refused at once meanwhile
+        a.chat.completions.create(**ask)
+    assert info.value.code == "circuit_open"  # type: ignore[attr-defined]
+    assert b.chat.completions.create(**ask).choices[0].message.content  # another group is served
+    assert rstack.gateway.breakers["openai"].state == "closed"  # and its success closed the circuit
+    assert a.chat.completions.create(**ask).choices[0].message.content
+
+    _dead(rstack, "openai")  # now the provider itself is down
+    for client in (a, b):
+        with pytest.raises(openai.InternalServerError):
+            client.chat.completions.create(**ask)
+    began = time.monotonic()
+    with pytest.raises(openai.InternalServerError) as info:  # two groups failed: open for everyone
+        c.chat.completions.create(**ask)
+    assert info.value.code == "circuit_open" and time.monotonic() - began < 0.2  # type: ignore[attr-defined]
+
+
 def test_first_byte_timeout(rstack: Stack) -> None:
     began = time.monotonic()
     with pytest.raises(openai.APIStatusError) as info:
@@ -234,30 +262,40 @@ def test_backoff_and_breaker_units() -> None:
     assert 0.125 <= backoff(0, 0.25, 4) <= 0.25
     assert 2.0 <= backoff(10, 0.25, 4) <= 4.0
     b = Breaker(threshold=2, cooldown=10, probe_timeout=100)
-    b.failure(now=0)
-    assert b.allow(now=1) == PASS
-    b.failure(now=1)
-    assert b.allow(now=5) == REFUSED
-    probe = b.allow(now=11)  # half-open: this call is the probe
+    b.failure(7, now=0)
+    assert b.allow(7, now=1) == PASS
+    b.failure(7, now=1)
+    assert b.allow(7, now=5) == REFUSED
+    assert b.allow(8, now=5) == PASS  # group 7's failures alone: open for group 7 only
+    probe = b.allow(7, now=11)  # half-open: this call is the probe
     assert probe > 0
-    assert b.allow(now=11) == REFUSED  # one probe at a time
+    assert b.allow(7, now=11) == REFUSED  # one probe at a time
     b.release(probe)  # it ended without a verdict (the caller's 402, a hang-up): the next call probes
-    second = b.allow(now=12)
+    second = b.allow(7, now=12)
     assert second > 0 and second != probe
     b.release(probe)  # a stale ticket releases nothing
-    assert b.allow(now=12) == REFUSED
-    assert b.allow(now=200) > 0  # a probe nobody released expires
+    assert b.allow(7, now=12) == REFUSED
+    assert b.allow(7, now=200) > 0  # a probe nobody released expires
     b.success()
-    assert b.allow(now=201) == PASS and b.state == "closed"
+    assert b.allow(7, now=201) == PASS and b.state == "closed"
+    b.failure(7, now=300)
+    b.failure(8, now=301)  # two groups' failures: the provider's, open for every group
+    assert b.allow(9, now=302) == REFUSED and b.allow(7, now=302) == REFUSED
 
 
 def _open_circuit(rstack: Stack, model: str = "upstage/solar-mini") -> None:
+    """Open ``model``'s circuit for every group: two groups' calls fail (one group's alone would
+    open it for that group only)."""
     prefix = model.split("/")[0]
     good = rstack.gateway.providers[prefix]
     _dead(rstack, prefix)
-    with pytest.raises(openai.InternalServerError):  # 3 attempts = 3 failures: the circuit opens
-        rstack.client().chat.completions.create(model=model, messages=[{"role": "user", "content": "x"}])
+    for _ in range(2):  # 3 attempts = 3 failures: the circuit opens for the first group, then for all
+        with pytest.raises(openai.InternalServerError):
+            rstack.client().chat.completions.create(model=model, messages=[{"role": "user", "content": "x"}])
     assert rstack.gateway.breakers[prefix].state == "open"
+    with pytest.raises(openai.InternalServerError) as info:  # a third group
+        rstack.client().chat.completions.create(model=model, messages=[{"role": "user", "content": "x"}])
+    assert info.value.code == "circuit_open"  # type: ignore[attr-defined]
     use_deployment(rstack.gateway, good)  # the upstream is back
     time.sleep(0.55)  # cool-down over: the next call is the probe
 
