@@ -11,6 +11,7 @@ one place, :mod:`gateway.stream`, so adapters only translate.
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from core.errors import (
     UpstreamFinal,
     UpstreamQuotaExceeded,
     UpstreamTimeout,
+    UpstreamTooLarge,
     UpstreamUnavailable,
 )
 from core.sse import Event
@@ -128,6 +130,22 @@ def error_message(body: bytes) -> tuple[str | None, str | None]:
 OUT_OF_CREDIT = frozenset({"insufficient_quota", "billing_error", "FAILED_PRECONDITION"})
 
 
+_LIMIT_REQUESTED = re.compile(r"\((\w+)\): Limit (\d+), Requested (\d+)")
+
+
+def too_large(provider: str, message: str) -> UpstreamTooLarge:
+    """OpenAI's "Request too large for gpt-4o in organization org-... on tokens per min (TPM): Limit
+    30000, Requested 61337. The input or output tokens must be reduced ...", said again without the
+    organization: the limit and what this call asked for are the caller's to know, the account not."""
+    found = _LIMIT_REQUESTED.search(message)
+    sizes = f" ({found[1]}): limit {found[2]}, requested {found[3]}" if found else ""
+    return UpstreamTooLarge(
+        f"Request too large for the gateway's account with provider '{provider}'{sizes}. The input or output "
+        "tokens must be reduced in order to run successfully (a shorter prompt or a lower max_tokens).",
+        headers={"x-should-retry": "false"},  # no wait cures it: the OpenAI SDKs would retry a 429 otherwise
+    )
+
+
 def map_upstream_error(provider: str, status: int, body: bytes, headers: Mapping[str, str]) -> GatewayError:
     """What the caller sees for an upstream HTTP error (docs/architecture.md, Errors)."""
     message, code = error_message(body)
@@ -138,6 +156,8 @@ def map_upstream_error(provider: str, status: int, body: bytes, headers: Mapping
             f"{' ' + code if code else ''}){said.rstrip('.')}. This is a gateway billing problem, not your rate limit or credits.",
             headers={"x-should-retry": "false"},  # the OpenAI SDKs would retry a 502 otherwise
         )
+    if status == 429 and message and message.startswith("Request too large for "):
+        return too_large(provider, message)
     if status == 429:  # the provider's own words are not passed on: they name the gateway's
         # organization and its usage, which is every tenant's together (docs/providers.md, Errors)
         retry = headers.get("retry-after")

@@ -14,6 +14,9 @@ Body: ``{"error": {"message": ..., "type": ..., "param": ..., "code": ...}}``.
      ├── PayloadTooLarge       413  invalid_request_error   request body over the limit
      ├── UnsupportedMediaType  415  invalid_request_error   body is not application/json
      ├── RateLimited           429  rate_limit_error        carries Retry-After
+     ├── UpstreamTooLarge      429  tokens                  the call alone is over the provider account's
+     │                                                      tokens per minute: no wait cures it (no
+     │                                                      Retry-After, x-should-retry: false)
      ├── StoreUnavailable      503  server_error            the store cannot reserve now (store_unavailable,
      │                                                      carries Retry-After; billing/ledger.py)
      └── UpstreamError         502  upstream_error          the provider failed or answered garbage
@@ -25,7 +28,8 @@ Body: ``{"error": {"message": ..., "type": ..., "param": ..., "code": ...}}``.
                └── UpstreamStreamError (adapters.base)              the provider failed mid-stream
 
 Retries (gateway/reliability.py) follow the classes: rate limits and upstream failures are retried,
-``UpstreamFinal`` ones are not (a fallback model may still serve the first two).
+``UpstreamFinal`` and ``UpstreamTooLarge`` ones are not (another deployment or a fallback model may
+still serve any of them but a caller's own 4xx).
 
 After a stream has started, an error goes out as one SSE event ``data: {"error": ...}`` instead.
 """
@@ -137,6 +141,17 @@ class UnsupportedMediaType(GatewayError):
 class RateLimited(GatewayError):
     status = 429
     type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+
+class UpstreamTooLarge(GatewayError):
+    """OpenAI's "Request too large" (a 429 of type ``tokens``): the call's input and ``max_tokens``
+    together are over what the gateway's account there may use in a minute. Another deployment (a
+    larger account) or a fallback model may serve it; this one never will, so it is neither retried
+    nor a reason to rest the deployment or count against its circuit: other callers' calls fit."""
+
+    status = 429
+    type = "tokens"
     code = "rate_limit_exceeded"
 
 

@@ -58,10 +58,11 @@ def _text(content: Any) -> str:
 
 
 class OpenAIEmulator(Emulator):
-    def __init__(self, flavour: str = "openai", api_key: str = "emu-key", rpm: int = 0) -> None:
+    def __init__(self, flavour: str = "openai", api_key: str = "emu-key", rpm: int = 0, tpm: int = 0) -> None:
         assert flavour in ("openai", "upstage", "mistral")
         super().__init__(api_key, max_body=64 * 1024 * 1024, rpm=rpm)
         self.flavour = flavour
+        self.tpm = tpm  # the account's tokens per minute: a chat call asking for more is refused whole
         self.streams: list[tuple[str, int]] = []  # ("complete" | "disconnected", events written)
         self.flakiness = Flakiness()
         self.routes()
@@ -105,6 +106,14 @@ class OpenAIEmulator(Emulator):
                           "Visit https://platform.openai.com/account/rate-limits to learn more.",
                           "requests", "rate_limit_exceeded",
                           {"retry-after": retry_after(wait), "x-ratelimit-remaining-requests": "0"})  # fmt: skip
+
+    def too_large(self, model: str, requested: int) -> web.Response:
+        """429 for one request over the account's whole TPM: OpenAI's "Request too large" (type
+        ``tokens``), which no wait cures (the same request always gets it)."""
+        return self.error(429, f"Request too large for {model} in organization {ORGANIZATION} on tokens per min "
+                          f"(TPM): Limit {self.tpm}, Requested {requested}. The input or output tokens must be "
+                          "reduced in order to run successfully. Visit https://platform.openai.com/account/rate-limits "
+                          "to learn more.", "tokens", "rate_limit_exceeded")  # fmt: skip
 
     def _authorised(self, request: web.Request) -> bool:
         return request.headers.get("Authorization") == f"Bearer {self.api_key}"
@@ -228,6 +237,9 @@ class OpenAIEmulator(Emulator):
         if invalid is not None:
             return invalid
         d, replies, finish, tool_call, prompt_tokens, reasoning = self._plan(body)
+        requested = prompt_tokens + int(body.get("max_completion_tokens") or body.get("max_tokens") or 0)
+        if self.tpm and requested > self.tpm:
+            return self.too_large(str(body["model"]), requested)
         await pause(d.slow_ms)
         flaky = self.flakiness.fault(_text(body["messages"][-1].get("content")), d)
         if flaky == 429:

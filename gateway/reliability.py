@@ -11,7 +11,9 @@ to another deployment of the provider, and a circuit breaker per deployment.
                 (a retry) or is a 429 with that Retry-After. A model one deployment alone serves does
                 not rest: the retries honour the upstream's Retry-After, as they always did.
     retryable   upstream 429 / 500 / 502 / 503 / 504 / 529, connection failures, first-byte timeouts —
-                only before the first byte has gone to the caller, within the request's deadline
+                only before the first byte has gone to the caller, within the request's deadline; not
+                OpenAI's "Request too large" 429 (the call alone is over the account's tokens per
+                minute): it moves to another deployment at once, never rests one, never retries
     failover    what a fallback model may not have (gateway.pipeline tries the next candidate)
     backoff     base × 2^attempt, capped, times a jitter factor in (0.5, 1]; an upstream Retry-After
                 (seconds) is honoured when it fits in what is left of the deadline
@@ -51,6 +53,7 @@ from core.errors import (
     UpstreamFinal,
     UpstreamQuotaExceeded,
     UpstreamTimeout,
+    UpstreamTooLarge,
     UpstreamUnavailable,
 )
 from gateway.upstream_state import Lease
@@ -72,13 +75,14 @@ def retryable(exc: GatewayError) -> bool:
 
 def failover(exc: GatewayError) -> bool:
     """A failure that a fallback model (another upstream) may not have: retryable ones, the provider
-    rejecting the gateway's own credentials, and the gateway's account there being out of credit."""
-    return retryable(exc) or isinstance(exc, UpstreamAuthFailed | UpstreamQuotaExceeded)
+    rejecting the gateway's own credentials, the gateway's account there being out of credit, and
+    the call being larger than that account's tokens per minute (another account may be larger)."""
+    return retryable(exc) or isinstance(exc, UpstreamAuthFailed | UpstreamQuotaExceeded | UpstreamTooLarge)
 
 
 def breaker_failure(exc: GatewayError) -> bool:
-    """Failures that count against a provider's health (rate limits do not)."""
-    return failover(exc) and not isinstance(exc, RateLimited)
+    """Failures that count against a provider's health (rate limits and a call too large do not)."""
+    return failover(exc) and not isinstance(exc, RateLimited | UpstreamTooLarge)
 
 
 def backoff(attempt: int, base: float, cap: float, retry_after: str | None = None) -> float:

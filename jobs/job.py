@@ -191,7 +191,9 @@ class Job:
                 return error_line(line.custom_id, "timeout", f"The request took longer than {timeout:g} s.", 504, rid)
             finally:
                 settlements += ledger.unwatch(rid)
-            if answer.status != 429 or attempt == RATE_LIMIT_RETRIES or self.halted:
+            if answer.status != 429 or answer.headers.get("x-should-retry") == "false":
+                break  # (a 429 no wait cures says so: a call too large for the provider's account)
+            if attempt == RATE_LIMIT_RETRIES or self.halted:
                 break
             rel = self.runner.gw.settings.reliability
             wait = backoff(attempt, rel.backoff_base, rel.backoff_max, answer.headers.get("retry-after"))

@@ -7,6 +7,7 @@ two replicas sharing ceilings in Redis, and the deployment in the usage record, 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import re
@@ -21,6 +22,7 @@ import openai
 import pytest
 
 from core.config import ReliabilitySettings, Settings, parse_settings
+from core.money import NANO
 from emulators.openai import OpenAIEmulator
 from tests.conftest import Stack, raw_request
 
@@ -31,7 +33,7 @@ CHEAP = {"model": "openai/gpt-4o-mini", "max_tokens": 1}
 
 def configure(tmp: Path, names: list[str], *, reliability: dict[str, Any] | None = None,
               limits: dict[str, Any] | None = None, routing: dict[str, Any] | None = None,
-              **provider: Any) -> Callable[[dict[str, str]], Settings]:  # fmt: skip
+              jobs: dict[str, Any] | None = None, **provider: Any) -> Callable[[dict[str, str]], Settings]:  # fmt: skip
     """Settings whose openai/ group is one deployment per extra emulator; ``provider`` holds the group's
     other fields, ``<name>`` keys a deployment's own (weight, rpm, ...)."""
 
@@ -47,13 +49,16 @@ def configure(tmp: Path, names: list[str], *, reliability: dict[str, Any] | None
         }
         if limits:
             raw["limits"] = limits
+        if jobs:
+            raw["jobs"] = jobs
         return parse_settings(raw, "test")
 
     return build
 
 
-def emulators(*names: str, **rpm: int) -> dict[str, OpenAIEmulator]:
-    return {name: OpenAIEmulator("openai", f"key-{name}", rpm=rpm.get(name, 0)) for name in names}
+def emulators(*names: str, tpm: dict[str, int] | None = None, **rpm: int) -> dict[str, OpenAIEmulator]:
+    return {name: OpenAIEmulator("openai", f"key-{name}", rpm=rpm.get(name, 0), tpm=(tpm or {}).get(name, 0))
+            for name in names}  # fmt: skip
 
 
 def start(tmp: Path, extra: dict[str, OpenAIEmulator], build: Callable[[dict[str, str]], Settings]) -> Stack:
@@ -213,6 +218,74 @@ def test_every_deployment_resting_is_a_429_with_the_earliest_retry_after_or_the_
         assert served(stack) == {"a": 1, "b": 2}
     finally:
         stack.stop()
+
+
+LARGE = "word " * 400  # about 400 tokens: over an account allowing 300 tokens a minute
+
+
+def test_a_call_too_large_for_the_providers_account_rests_no_deployment(tmp_path: Path) -> None:
+    """OpenAI's "Request too large" 429 (the call alone is over the account's tokens per minute) is
+    not a rate limit: no wait cures it. One group's such call is tried once on each deployment, never
+    retried (by the gateway, the openai SDK or the batch runner), rests no deployment, so another
+    group's calls are served at once; the caller learns the limit and its request's size, not the
+    gateway's organization. (As a rate limit, it rested both deployments for [routing] cooldown and
+    the other group got 429s.)"""
+    build = configure(tmp_path, ["a", "b"], jobs={"poll_interval": 0.05})
+    stack = start(tmp_path, emulators("a", "b", tpm={"a": 300, "b": 300}), build)
+    big = f"{LARGE} {time.time()}"
+    group = stack.group(100)
+    sdk = openai.OpenAI(base_url=stack.base_url, api_key=stack.key(group=group), max_retries=2)  # the SDK's default
+    try:
+        with pytest.raises(openai.RateLimitError) as refused:
+            sdk.chat.completions.create(messages=[{"role": "user", "content": big}], **CHEAP)
+        error, headers = refused.value, refused.value.response.headers
+        assert error.code == "rate_limit_exceeded" and error.type == "tokens"  # type: ignore[attr-defined]
+        assert "Request too large" in error.message and "limit 300, requested 4" in error.message
+        assert "org-" not in error.message and "organization" not in error.message
+        assert headers.get("x-should-retry") == "false" and "retry-after" not in headers
+        sent = [r for e in stack.extra.values() for r in e.requests if big in str(r["messages"])]
+        assert len(sent) == 2  # once on each deployment: no retry anywhere
+
+        other = stack.client()  # another group, at once
+        for i in range(6):
+            assert other.chat.completions.create(messages=[{"role": "user", "content": f"small {i}"}], **CHEAP)
+
+        batch = submit_batch(other, [{"custom_id": "big", "method": "POST", "url": "/v1/chat/completions",
+                                      "body": {"messages": [{"role": "user", "content": big + " batch"}], **CHEAP}}])  # fmt: skip
+        deadline = time.monotonic() + 30
+        while (batch := other.batches.retrieve(batch.id)).status not in ("completed", "failed"):
+            assert time.monotonic() < deadline, batch.status
+            time.sleep(0.05)
+        [line] = [json.loads(x) for x in other.files.content(batch.error_file_id or "").text.splitlines()]
+        assert line["response"]["status_code"] == 429
+        sent = [r for e in stack.extra.values() for r in e.requests if big + " batch" in str(r["messages"])]
+        assert len(sent) == 2  # the batch runner did not try the line again
+        records = stack.run(stack.store.usage(group=group))
+        assert records and {r.status for r in records} == {"error"} and sum(r.credits for r in records) == 0
+        assert stack.run(stack.store.get_group(group)).balance == 100 * NANO  # the refused call cost nothing
+    finally:
+        sdk.close()
+        stack.stop()
+
+
+def test_a_call_too_large_for_one_account_is_served_by_a_larger_one(tmp_path: Path) -> None:
+    stack = start(tmp_path, emulators("small", "large", tpm={"small": 300}), configure(tmp_path, ["small", "large"]))
+    try:
+        client = stack.client()
+        for i in range(4):
+            out = client.chat.completions.create(messages=[{"role": "user", "content": f"{LARGE} {i}"}], **CHEAP)
+            assert out.choices[0].message.content
+        assert stack.extra["large"].served == 4
+        for i in range(8):  # the small one rests for none of it: it still serves small calls
+            client.chat.completions.create(messages=[{"role": "user", "content": f"small {i}"}], **CHEAP)
+        assert stack.extra["small"].served > sum(1 for r in stack.extra["small"].requests if LARGE in str(r["messages"]))
+    finally:
+        stack.stop()
+
+
+def submit_batch(client: openai.OpenAI, items: list[dict[str, Any]]) -> Any:
+    upload = client.files.create(file=("batch.jsonl", "\n".join(json.dumps(i) for i in items).encode()), purpose="batch")
+    return client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
 
 
 def test_sticky_routing_keeps_a_10_turn_conversation_on_one_deployment(tmp_path: Path) -> None:

@@ -14,7 +14,17 @@ import pytest
 from core.catalog import NANO
 from core.config import ReliabilitySettings, Settings, StoreSettings
 from core.deployments import Deployment
-from gateway.reliability import PASS, REFUSED, Breaker, Breakers, backoff
+from core.errors import UpstreamTooLarge
+from gateway.reliability import (
+    PASS,
+    REFUSED,
+    Breaker,
+    Breakers,
+    backoff,
+    breaker_failure,
+    failover,
+    retryable,
+)
 from tests.conftest import Stack, free_port, http_post, raw_request, use_deployment
 
 EXTRA = """
@@ -281,6 +291,8 @@ def test_backoff_and_breaker_units() -> None:
     b.failure(7, now=300)
     b.failure(8, now=301)  # two groups' failures: the provider's, open for every group
     assert b.allow(9, now=302) == REFUSED and b.allow(7, now=302) == REFUSED
+    too_large = UpstreamTooLarge("Request too large")  # another deployment may serve it; no wait will
+    assert failover(too_large) and not retryable(too_large) and not breaker_failure(too_large)
 
 
 def _open_circuit(rstack: Stack, model: str = "upstage/solar-mini") -> None:
