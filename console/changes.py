@@ -69,6 +69,7 @@ class Changes:
     async def create_key(self, settings: Settings, group: str, name: str, cap: int | None,
                          allowed: list[str] | None, meta: KeyMeta | None = None) -> tuple[str, KeyInfo]:  # fmt: skip
         key, info = await new_key(self.store, settings, group, name, cap, allowed, meta=meta)
+        self.forget()  # (a digest looked up before it existed is no longer unknown)
         await self.record("key.create", f"key:{info.id}", None, snapshot(info))
         return key, info
 

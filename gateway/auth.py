@@ -6,7 +6,11 @@ rejected before any store lookup. The store is searched by digest, so how long a
 nothing about the key itself (the constant-time property that matters). Looked-up principals are cached for a couple of seconds so the hot
 path does not touch the store, and the calls that miss the cache together share one lookup
 (core/flights.py); a revocation through this process clears the cache at once, and one
-through another process takes effect within ``auth_cache_seconds``.
+through another process takes effect within ``auth_cache_seconds``. A key the store does not know
+(revoked, or never issued) is remembered as unknown for as long: a client that keeps calling with a
+revoked key (a stale deployment's retry loop) costs the store one lookup per ``auth_cache_seconds``,
+not one per call, so it cannot take the store's time (SQLite's one thread, PostgreSQL's pool) from the
+calls of the keys that work. A key created through this process clears that memory too.
 
 A principal carries its secret's deadline (the key's ``expires_at``; for the secret a rotation
 replaced, the end of its grace period), checked on every call, cached or not: an expired key is
@@ -102,11 +106,13 @@ class Authenticator:
         self.cache_seconds = cache_seconds
         self._form = key_form(prefix)
         self._cache: dict[str, tuple[Principal, float]] = {}
+        self._unknown: dict[str, float] = {}  # digests the store did not know -> until when that holds
         self._lookups: Flights[Principal | None] = Flights()  # concurrent misses of one key: one lookup
         self.last_used = LastUsed(store)
 
     def forget(self) -> None:
         self._cache.clear()
+        self._unknown.clear()
 
     async def authenticate(self, header: str | None) -> Principal:
         if not header:
@@ -128,6 +134,9 @@ class Authenticator:
             if hit.deadline is not None:
                 _check_deadline(hit.deadline, hit.deadline_code, time.time())
             return hit
+        unknown_until = self._unknown.get(digest)
+        if unknown_until is not None and unknown_until > now:
+            raise Unauthorized("Incorrect API key provided, or the key has been revoked.")
         try:
             principal = await self._lookups.fresh(digest, lambda: self.store.principal(digest))
         except StoreDown:
@@ -135,6 +144,9 @@ class Authenticator:
             raise StoreUnavailable() from None
         if principal is None:
             self._cache.pop(digest, None)
+            if len(self._unknown) > 100_000:  # (a flood of random keys: each is looked up once anyway)
+                self._unknown.clear()
+            self._unknown[digest] = now + self.cache_seconds
             raise Unauthorized("Incorrect API key provided, or the key has been revoked.")
         if len(self._cache) > 100_000:
             self._cache.clear()

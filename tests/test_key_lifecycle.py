@@ -129,6 +129,45 @@ def test_a_rotation_elsewhere_reaches_the_cache_within_auth_cache_seconds(lstack
     assert call(lstack, other) == "key_expired"
 
 
+def test_a_revoked_key_called_in_a_loop_costs_the_store_one_lookup_per_cache_period(lstack: Stack) -> None:
+    """A stale client calling with its revoked key (or any unknown one) over and over: every call a
+    401, but the store is asked about that key once per auth_cache_seconds, not once per call (it
+    shares SQLite's one thread and PostgreSQL's pool with every tenant's reservations). The same
+    digest is looked up again after the period; a key created through the console is known at once."""
+    group = lstack.group(10)
+    status, made = admin(lstack, "POST", f"/groups/{group}/keys", {"name": "stale"})
+    assert status == 201 and call(lstack, made["key"]) == "ok"
+    assert admin(lstack, "POST", f"/keys/{made['id']}/revoke")[0] == 200  # (clears this process's cache)
+    store = lstack.gateway.store
+    looked_up: list[str] = []
+    real = store.principal
+
+    async def counted(digest: str) -> Any:
+        looked_up.append(digest)
+        return await real(digest)
+
+    store.principal = counted  # type: ignore[method-assign]  (the real lookup, counted)
+    try:
+        stale = lstack.client(made["key"])
+        unknown = f"{lstack.settings.server.key_prefix}-v1-" + "x" * 43  # well formed, never issued
+        never = lstack.client(unknown)
+        began = time.monotonic()
+        for _ in range(30):
+            for client in (stale, never):
+                with pytest.raises(openai.AuthenticationError):
+                    client.chat.completions.create(model=MODEL, messages=HI)
+        period = lstack.settings.server.auth_cache_seconds
+        assert time.monotonic() - began < period  # (all 60 within one period)
+        assert sorted(looked_up) == sorted({hash_key(made["key"]), hash_key(unknown)})
+        time.sleep(period)
+        with pytest.raises(openai.AuthenticationError):
+            stale.chat.completions.create(model=MODEL, messages=HI)
+        assert looked_up.count(hash_key(made["key"])) == 2  # asked again once the period is over
+        assert call(lstack, lstack.key()) == "ok"  # keys that work are unaffected
+    finally:
+        store.principal = real  # type: ignore[method-assign]
+
+
 def test_last_used_is_written_in_batches(lstack: Stack) -> None:
     group = lstack.group(10)
     key, info = lstack.run(new_key(lstack.store, lstack.settings, group, "used"))
