@@ -10,7 +10,10 @@ re-armed (its episode moves on) once the balance is back at or above the thresho
 Deliveries are claimed with a lease (``lease_owner``, ``lease_until``), as the batch runner claims
 jobs: a replica sets both on a few due rows whose lease is free or run out, in one statement that
 re-checks the lease on each row, so two replicas never hold the same event; a replica that dies
-holding some leaves them to another one when the lease runs out. The outcome is written only by the
+holding some leaves them to another one when the lease runs out. A claim takes the webhooks in turn
+(each one's oldest event first, every webhook's first before any webhook's second), so one group's
+webhook with thousands of events due (a receiver down, every event retried) never keeps another
+group's alerts waiting behind them. The outcome is written only by the
 lease's holder. Signing is Stripe's scheme: ``Router-Signature: t=<unix time>,v1=<hex HMAC-SHA256 of
 "<t>.<body>" with the webhook's secret>`` (:func:`sign`, :func:`verify`).
 """
@@ -23,6 +26,7 @@ import hmac
 import json
 import secrets
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -216,17 +220,21 @@ class AlertBook:
         return [(r[0], r[1], r[2], r[3]) for r in rows]
 
     # -- deliveries ---------------------------------------------------------------------------------
-    async def claim(self, owner: str, lease: float, limit: int) -> list[Delivery]:
-        """Due events whose lease is free or has run out, now held by ``owner`` for ``lease`` seconds."""
+    async def claim(self, owner: str, lease: float, limit: int, busy: Collection[int] = ()) -> list[Delivery]:
+        """Due events whose lease is free or has run out, now held by ``owner`` for ``lease`` seconds:
+        up to ``limit``, the webhooks in turn (each one's oldest first), none for a webhook in ``busy``."""
         await self.ready()
         now = time.time()
+        skip = tuple(busy)
         free = "status = 'pending' AND next_at <= ? AND (lease_until IS NULL OR lease_until < ?)"
-        if not await self.db.select(f"SELECT id FROM alert_outbox WHERE {free} LIMIT 1", (now, now)):
+        due = free + (f" AND webhook_id NOT IN ({', '.join('?' * len(skip))})" if skip else "")
+        if not await self.db.select(f"SELECT id FROM alert_outbox WHERE {due} LIMIT 1", (now, now, *skip)):
             return []  # nothing due: a read, not a write (no write lock taken on SQLite)
         await self.db.atomic([(
             f"UPDATE alert_outbox SET lease_owner = ?, lease_until = ? WHERE {free} AND id IN "
-            f"(SELECT id FROM alert_outbox WHERE {free} ORDER BY id LIMIT ?)",
-            (owner, now + lease, now, now, now, now, limit),
+            f"(SELECT id FROM (SELECT id, ROW_NUMBER() OVER (PARTITION BY webhook_id ORDER BY id) AS turn "
+            f"FROM alert_outbox WHERE {due}) AS due ORDER BY turn, id LIMIT ?)",
+            (owner, now + lease, now, now, now, now, *skip, limit),
         )])  # fmt: skip
         rows = await self.db.select(_DELIVERY + " WHERE lease_owner = ? AND status = 'pending' ORDER BY id", (owner,))
         return [Delivery(*r) for r in rows]

@@ -5,11 +5,15 @@ outbox, and the deliveries that send them (billing/alerts.py holds the tables).
 balance is under its ``balance_below`` (``balance.low``, once until the balance is back above), each
 live key expiring within its ``expiry_within`` (``key.expiring``, once per expiry), and the budget
 windows a :class:`BudgetSource` reports at 50, 80 and 100 % (``budget.threshold``, once per window
-and level). :class:`Deliverer` runs every ``deliver_interval``: it claims due events with a lease,
-POSTs each signed body to its webhook with its own HTTP session (a receiver that hangs holds only
-this task, at most ``timeout`` seconds), and records the outcome: 2xx delivered; anything else is
-retried after ``backoff_base * 2**attempts`` seconds (at most ``backoff_max``), up to
-``max_attempts``, then marked failed. A store that is down fails the round; the next one retries.
+and level). :class:`Deliverer` runs every ``deliver_interval``: it claims due events with a lease (the
+webhooks in turn: billing/alerts.py), starts POSTing each signed body to its webhook with its own HTTP
+session, and each send records its outcome: 2xx delivered; anything else is retried after
+``backoff_base * 2**attempts`` seconds (at most ``backoff_max``), up to ``max_attempts``, then marked
+failed. A round does not wait for its sends, and a webhook with a send in flight here gets no more
+events until it ends: a receiver that hangs (at most ``timeout`` seconds a send) holds up only its
+own webhook's events, never another group's, nor a call (so at most ``batch`` sends a webhook are in
+flight, claimed together). A store that is down fails the round (the next one retries) or a send's record (its lease runs out and
+the event is sent again: at least once, as webhooks are).
 """
 
 from __future__ import annotations
@@ -137,19 +141,22 @@ class Deliverer:
         self.replica = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
         self._rounds = itertools.count()
         self._session: aiohttp.ClientSession | None = None
+        self._sending: dict[asyncio.Future[bool], int] = {}  # sends in flight -> their webhook
 
     def backoff(self, attempts: int) -> float:
         """Seconds before the next try, after ``attempts`` failed ones (1, 2, ...)."""
         return float(min(self.settings.backoff_base * 2 ** (attempts - 1), self.settings.backoff_max))
 
     async def deliver(self) -> int:
-        """One round: claim due events, send them; how many were delivered."""
+        """One round: claim due events and start sending them; how many were started (see the
+        module's docstring: the round does not wait for them)."""
         if self.book.any_webhooks is None:
             await self.book.webhooks()
         if not self.book.any_webhooks:
             return 0  # no webhook (as of the last check): no look at the outbox
         owner = f"{self.replica}:{next(self._rounds)}"
-        claimed = await self.book.claim(owner, self.settings.lease_seconds, self.settings.batch)
+        busy = set(self._sending.values())
+        claimed = await self.book.claim(owner, self.settings.lease_seconds, self.settings.batch, busy)
         if not claimed:
             return 0
         hooks = {h.id: h for h in await self.book.webhooks()}
@@ -157,8 +164,22 @@ class Deliverer:
             self._session = aiohttp.ClientSession(  # shared by every group's webhooks: keeps no cookies
                 timeout=aiohttp.ClientTimeout(total=self.settings.timeout), cookie_jar=aiohttp.DummyCookieJar()
             )
-        done = await asyncio.gather(*(self._send(d, hooks.get(d.webhook_id), owner) for d in claimed))
-        return sum(done)
+        for delivery in claimed:
+            sending = asyncio.ensure_future(self._send(delivery, hooks.get(delivery.webhook_id), owner))
+            self._sending[sending] = delivery.webhook_id
+            sending.add_done_callback(self._sent)
+        return len(claimed)
+
+    def _sent(self, sending: asyncio.Future[bool]) -> None:
+        self._sending.pop(sending, None)
+        if not sending.cancelled() and sending.exception() is not None:  # its outcome could not be written
+            log.warning("webhook delivery: %s (the event is sent again once its lease runs out)",
+                        sending.exception())  # fmt: skip
+
+    async def idle(self) -> None:
+        """Once every send in flight has ended."""
+        while self._sending:
+            await asyncio.wait(list(self._sending))
 
     async def _send(self, delivery: Delivery, hook: Webhook | None, owner: str) -> bool:
         if hook is None:
@@ -186,6 +207,13 @@ class Deliverer:
         return False
 
     async def close(self) -> None:
+        if self._sending:  # a second to end; then cancelled, as a round in progress is on stop: their
+            # leases run out and another replica (or this one, started again) sends them again
+            _, late = await asyncio.wait(list(self._sending), timeout=1.0)
+            for future in late:
+                future.cancel()
+            if late:
+                await asyncio.wait(late)
         if self._session is not None:
             session, self._session = self._session, None
             await session.close()

@@ -45,16 +45,20 @@ class Receiver:
         self.delay = 0.0
         self.cookie = False  # answer with a Set-Cookie header
         self._runner: web.AppRunner | None = None
+        self._released: asyncio.Event | None = None  # set when it goes down: a hanging request ends
 
     async def handle(self, request: web.Request) -> web.Response:
         if self.hang:
-            await asyncio.sleep(30)
+            assert self._released is not None
+            await self._released.wait()
+            return web.Response(status=503)
         if self.delay:
             await asyncio.sleep(self.delay)
         self.got.append(({k.lower(): v for k, v in request.headers.items()}, await request.read()))
         return web.Response(text="ok", headers={"Set-Cookie": f"seen={len(self.got)}; Path=/"} if self.cookie else None)
 
     async def up(self) -> None:
+        self._released = asyncio.Event()
         app = web.Application()
         app.router.add_post("/hook", self.handle)
         self._runner = web.AppRunner(app, shutdown_timeout=0.1)
@@ -62,6 +66,8 @@ class Receiver:
         await web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True).start()
 
     async def down(self) -> None:
+        if self._released is not None:
+            self._released.set()
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()
@@ -212,6 +218,8 @@ def test_two_deliverers_on_one_store_never_send_an_event_twice(receiver_and_stac
                 sent = await asyncio.gather(*(r.deliver() for r in replicas))
                 if not any(sent) and not await books[0].claim("peek", 0.0, 1):
                     break
+                await asyncio.sleep(0.01)  # (a round does not wait for its sends)
+            await asyncio.gather(*(r.idle() for r in replicas))
         finally:
             for r in replicas:
                 await r.close()
@@ -265,6 +273,61 @@ def test_a_receiver_that_hangs_never_slows_a_call(receiver_and_stack: Any) -> No
     # (1.0, not less: on a loaded 2-CPU machine one call in twenty has taken 0.51 s)
     assert slowest < 1.0, slowest
     assert receiver.got == []
+
+
+def test_one_groups_hanging_receiver_never_holds_back_anothers_alerts(receiver_and_stack: Any) -> None:
+    """Group A's receiver hangs (every send waits out the 1.5 s timeout) with forty events due and
+    retried; group B's event, queued after them all, arrives at once: the claims take the webhooks in
+    turn, a round does not wait for its sends, and a webhook with a send in flight gets no more. (Before,
+    each round claimed the oldest twenty, all A's, and waited 1.5 s on them; A's kept coming due again,
+    so B's waited behind them for ever.) Once A's receiver answers, each of A's events arrives once."""
+    hanging, stack = receiver_and_stack
+    healthy = Receiver()
+    hanging.hang = True
+    stack.run(hanging.up())
+    stack.run(healthy.up())
+    try:
+        group_a, group_b = stack.group(10), stack.group(10)
+        hook_a = api(stack, "POST", "/webhooks", {"url": hanging.url, "group": group_a, "budgets": False}, status=201)
+        hook_b = api(stack, "POST", "/webhooks", {"url": healthy.url, "group": group_b, "budgets": False}, status=201)
+        book = stack.gateway.alerts
+        for n in range(40):
+            stack.run(book.fire(f"test:a:{n}", hook_a["id"], "test", {"n": n}))
+        time.sleep(2.0)  # A's events sent, hanging, timed out, due again
+        queued = time.monotonic()
+        stack.run(book.fire("test:b", hook_b["id"], "test", {"n": 0}))
+        wait_for(lambda: len(healthy.got) == 1, 1.0, "group B's event, while group A's receiver hangs")
+        assert time.monotonic() - queued < 1.0
+        assert [e["id"] for e in healthy.events()] == ["test:b"]
+
+        hanging.hang = False
+        wait_for(lambda: len(hanging.got) >= 40, 20, "group A's forty events once its receiver answers")
+        time.sleep(0.5)
+        assert sorted(e["id"] for e in hanging.events()) == sorted(f"test:a:{n}" for n in range(40))
+    finally:
+        stack.run(healthy.down())
+
+
+async def test_claims_take_the_webhooks_in_turn(store_url: str) -> None:
+    """Webhook 1 has thirty events due, webhook 2 one queued after them: a claim of five holds 2's
+    (each webhook's first before any webhook's second; before, the five oldest, all 1's), a claim that
+    skips webhook 1 (busy here) holds only 2's, and what a claim holds no other claim takes."""
+    store = open_store(store_url)
+    await store.open()
+    try:
+        book = AlertBook(store.database)
+        for n in range(30):
+            await book.fire(f"one:{n}", 1, "test", {"n": n})
+        await book.fire("two:0", 2, "test", {"n": 0})
+        first = await book.claim("first", 60.0, 5)
+        assert [d.event_id for d in first] == ["one:0", "one:1", "one:2", "one:3", "two:0"]  # (in id order)
+        await book.fire("two:1", 2, "test", {"n": 1})
+        second = await book.claim("second", 60.0, 5, busy={1})
+        assert [d.event_id for d in second] == ["two:1"]
+        third = await book.claim("third", 60.0, 100)
+        assert [d.event_id for d in third] == [f"one:{n}" for n in range(4, 30)]
+    finally:
+        await store.close()
 
 
 def test_bad_webhook_input_is_a_400_naming_the_field(receiver_and_stack: Any, tmp_path: Path) -> None:
