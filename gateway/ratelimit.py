@@ -248,7 +248,8 @@ class RateLimiter:
         bucket, kind, state = buckets[worst], kinds[worst], states[worst]
         metrics.rate_limited(kind)
         what, whose = _WHAT[kind]
-        if state.retry_after == NEVER:
+        if state.retry_after == NEVER:  # no wait cures it: no Retry-After, and the SDKs are told not to retry
+            headers["x-should-retry"] = "false"
             return RateLimited(
                 f"Request too large for {whose}'s {what}: limit {bucket.limit}, requested {bucket.cost}. "
                 "Lower max_tokens or send a shorter prompt.",

@@ -283,6 +283,27 @@ def test_a_call_too_large_for_one_account_is_served_by_a_larger_one(tmp_path: Pa
         stack.stop()
 
 
+def test_a_call_over_every_declared_tpm_ceiling_is_refused_once_and_never_sent(tmp_path: Path) -> None:
+    """The gateway's own version of the same: deployments that declare their TPM ceiling, a call
+    larger than all of them: 429 without Retry-After and with x-should-retry: false (the openai SDK,
+    with its default 2 retries, sends it once), nothing sent upstream."""
+    build = configure(tmp_path, ["a", "b"], a={"tpm": 300}, b={"tpm": 300})
+    stack = start(tmp_path, emulators("a", "b"), build)
+    sdk = openai.OpenAI(base_url=stack.base_url, api_key=stack.key(), max_retries=2)
+    try:
+        began = metric(stack, 'router_requests_total{endpoint="/v1/chat/completions",status="429"}')
+        with pytest.raises(openai.RateLimitError) as refused:
+            sdk.chat.completions.create(messages=[{"role": "user", "content": LARGE}], **CHEAP)
+        assert "larger than the tokens-per-minute ceiling of every deployment" in refused.value.message
+        headers = refused.value.response.headers
+        assert headers.get("x-should-retry") == "false" and "retry-after" not in headers
+        assert metric(stack, 'router_requests_total{endpoint="/v1/chat/completions",status="429"}') == began + 1
+        assert served(stack) == {"a": 0, "b": 0}
+    finally:
+        sdk.close()
+        stack.stop()
+
+
 def submit_batch(client: openai.OpenAI, items: list[dict[str, Any]]) -> Any:
     upload = client.files.create(file=("batch.jsonl", "\n".join(json.dumps(i) for i in items).encode()), purpose="batch")
     return client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")

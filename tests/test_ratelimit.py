@@ -287,6 +287,7 @@ def test_token_limit_counts_the_worst_case_and_refuses_what_can_never_fit(lstack
         _ask(other, "hi", max_tokens=700)
     assert "Request too large" in info.value.message
     assert "retry-after" not in info.value.response.headers  # waiting would not help
+    assert info.value.response.headers["x-should-retry"] == "false"  # (the openai SDKs obey it)
 
 
 def test_streams_carry_the_headers_and_unlimited_groups_none(lstack: Stack) -> None:
