@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import openai
 import pytest
+import redis
 
 from billing.store import Store, open_store
 from core.catalog import NANO
@@ -441,3 +442,19 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return f"sqlite:///{tmp_path}/router.db"
     postgres: Postgres = request.getfixturevalue("pg")
     return postgres.fresh_url()
+
+
+REDIS_URL = "redis://127.0.0.1:6379/0"  # the machine's Redis (CI starts it)
+
+
+@pytest.fixture
+def redis_prefix() -> Iterator[str]:
+    """A fresh namespace in the machine's Redis per test, its keys deleted afterwards."""
+    prefix = f"test:{secrets.token_hex(6)}:"
+    yield prefix
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        for name in client.scan_iter(match=prefix + "*"):
+            client.delete(name)
+    finally:
+        client.close()

@@ -11,7 +11,6 @@ calls run and expire when it dies.
 from __future__ import annotations
 
 import asyncio
-import secrets
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,7 +18,6 @@ from typing import Any
 
 import openai
 import pytest
-import redis
 
 from billing.store import Principal
 from core.config import (
@@ -33,12 +31,11 @@ from core.config import (
 from core.errors import RateLimited
 from gateway.concurrency import InFlight, MemoryBackend, Place
 from gateway.concurrency_redis import RedisBackend
-from tests.conftest import Stack, free_port
+from tests.conftest import REDIS_URL, Stack, free_port
 from tests.test_batches import request as batch_line
 from tests.test_batches import submit, wait
 
 MODEL = "openai/gpt-4o-mini"
-REDIS_URL = "redis://127.0.0.1:6379/0"
 LONG = "[tokens:40] [delay:150]"  # a stream of ~6 s: held open until the test closes it
 
 
@@ -185,18 +182,6 @@ async def test_memory_backend_takes_a_place_in_every_count_or_in_none() -> None:
     assert backend.counts == {"k": 1, "g": 1}
     backend.leave([key, group], "a")
     assert backend.counts == {}
-
-
-@pytest.fixture
-def redis_prefix() -> Iterator[str]:
-    prefix = f"test:cc:{secrets.token_hex(6)}:"
-    yield prefix
-    client = redis.Redis.from_url(REDIS_URL)
-    try:
-        for name in client.scan_iter(match=prefix + "*"):
-            client.delete(name)
-    finally:
-        client.close()
 
 
 async def test_redis_counts_are_shared_atomic_and_renewed(redis_prefix: str) -> None:

@@ -18,7 +18,6 @@ from typing import Any
 
 import openai
 import pytest
-import redis
 import redis.asyncio as aioredis
 
 from core.config import GroupLimits, LimitsSettings, ReliabilitySettings, Settings, StoreSettings
@@ -26,9 +25,8 @@ from core.errors import RateLimited
 from gateway.ratelimit import NEVER, Bucket, duration, gcra
 from gateway.ratelimit_memory import MemoryBackend
 from gateway.ratelimit_redis import RedisBackend
-from tests.conftest import ADMIN_URL, Stack, free_port, pg_admin, run_sync, wait_healthy
+from tests.conftest import ADMIN_URL, REDIS_URL, Stack, free_port, pg_admin, run_sync, wait_healthy
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "openai/gpt-4o-mini"
 
@@ -69,19 +67,6 @@ async def test_memory_backend_takes_from_all_buckets_or_from_none() -> None:
 
 
 # -- the Redis backend against the real server -------------------------------------------------------
-@pytest.fixture
-def redis_prefix() -> Iterator[str]:
-    """A fresh namespace per test, deleted afterwards."""
-    prefix = f"test:rl:{secrets.token_hex(6)}:"
-    yield prefix
-    client = redis.Redis.from_url(REDIS_URL)
-    try:
-        for name in client.scan_iter(match=prefix + "*"):
-            client.delete(name)
-    finally:
-        client.close()
-
-
 async def test_redis_backend_matches_the_memory_backend(redis_prefix: str) -> None:
     backend = RedisBackend(REDIS_URL, redis_prefix)
     memory = MemoryBackend()

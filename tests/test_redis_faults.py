@@ -59,17 +59,21 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
             server.kill()
 
 
+def limited(tmp_path: Path, redis_server: RedisServer, **limits: int) -> Settings:
+    """A gateway's settings with ``limits`` kept in the test's own Redis (a short timeout)."""
+    return Settings(store=StoreSettings(url=f"sqlite:///{tmp_path}/router.db"),
+                    reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9),
+                    limits=LimitsSettings(redis_url=redis_server.url, redis_timeout=0.2,
+                                          redis_prefix=f"t{redis_server.port}:", **limits))  # fmt: skip
+
+
 def test_rate_limits_fail_open_while_redis_is_down_and_hold_again_once_it_is_back(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:
     """While Redis is down every call is answered (admitted unchecked: [limits] fail_open, the default),
     each one counted in router_ratelimit_backend_errors_total and logged at most every 10 s; no 5xx.
     Once Redis is back the limits hold again, with a fresh window (Redis kept nothing on disk)."""
-    settings = Settings(store=StoreSettings(url=f"sqlite:///{tmp_path}/router.db"),
-                        reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9),
-                        limits=LimitsSettings(key_rpm=3, redis_url=redis_server.url, redis_timeout=0.2,
-                                              redis_prefix=f"t{redis_server.port}:"))  # fmt: skip
-    stack = Stack(tmp_path, settings).start()
+    stack = Stack(tmp_path, limited(tmp_path, redis_server, key_rpm=3)).start()
     try:
         client = stack.client()
         ask = {"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
@@ -131,11 +135,7 @@ def test_calls_in_flight_fail_open_while_redis_is_down_and_count_again_once_it_i
     stream holds the place: the stream ends normally (its place cannot be given back: logged, left to
     the lease), calls meanwhile are admitted uncounted, none gets a 5xx; once Redis is back (empty) the
     count holds again."""
-    settings = Settings(store=StoreSettings(url=f"sqlite:///{tmp_path}/router.db"),
-                        reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9),
-                        limits=LimitsSettings(key_concurrent=1, redis_url=redis_server.url, redis_timeout=0.2,
-                                              redis_prefix=f"t{redis_server.port}:"))  # fmt: skip
-    stack = Stack(tmp_path, settings).start()
+    stack = Stack(tmp_path, limited(tmp_path, redis_server, key_concurrent=1)).start()
     try:
         client = stack.client()
         ask = {"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
