@@ -167,7 +167,8 @@ def map_upstream_error(provider: str, status: int, body: bytes, headers: Mapping
     if status in (401, 403):
         return UpstreamAuthFailed(
             f"The gateway's credentials for provider '{provider}' were rejected (upstream HTTP {status}). "
-            "This is a gateway configuration problem, not a problem with your API key."
+            "This is a gateway configuration problem, not a problem with your API key.",
+            headers={"x-should-retry": "false"},  # until the operator fixes it: the SDKs would retry a 502
         )
     if status in (400, 404, 409, 413, 422):
         return InvalidRequest(f"The provider '{provider}' rejected the request{said}", code=code or "upstream_rejected")

@@ -458,3 +458,12 @@ def redis_prefix() -> Iterator[str]:
             client.delete(name)
     finally:
         client.close()
+
+
+def metric(stack: Stack, sample: str) -> float:
+    """The value of one sample of /metrics (0 if absent): metrics belong to the process, so tests
+    compare before and after."""
+    for line in raw_request(stack, "GET", "/metrics").text.splitlines():
+        if line.startswith(sample + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0

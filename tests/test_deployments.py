@@ -24,7 +24,7 @@ import pytest
 from core.config import ReliabilitySettings, Settings, parse_settings
 from core.money import NANO
 from emulators.openai import OpenAIEmulator
-from tests.conftest import Stack, raw_request
+from tests.conftest import Stack, metric, raw_request
 
 REDIS = "redis://127.0.0.1:6379/0"
 TOKEN = "admin-token-for-deployment-tests"
@@ -63,15 +63,6 @@ def emulators(*names: str, tpm: dict[str, int] | None = None, **rpm: int) -> dic
 
 def start(tmp: Path, extra: dict[str, OpenAIEmulator], build: Callable[[dict[str, str]], Settings]) -> Stack:
     return Stack(tmp, extra=extra, configure=build).start()  # type: ignore[arg-type]
-
-
-def metric(stack: Stack, sample: str) -> float:
-    """The value of one sample of /metrics (0 if absent): metrics belong to the process, so tests
-    compare before and after."""
-    for line in raw_request(stack, "GET", "/metrics").text.splitlines():
-        if line.startswith(sample + " "):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
 
 
 def served(stack: Stack) -> dict[str, int]:

@@ -25,7 +25,7 @@ from gateway.reliability import (
     failover,
     retryable,
 )
-from tests.conftest import Stack, free_port, http_post, raw_request, use_deployment
+from tests.conftest import Stack, free_port, http_post, metric, raw_request, use_deployment
 
 EXTRA = """
 [[models]]
@@ -107,6 +107,23 @@ def test_no_retry_after_the_first_byte(rstack: Stack) -> None:
         list(rstack.client().chat.completions.create(model="openai/gpt-4o-mini", stream=True,
                                                      messages=[{"role": "user", "content": text}]))  # fmt: skip
     assert _requests_with(rstack, "openai", text) == 1
+
+
+def test_the_providers_refusal_of_the_gateways_key_is_a_502_nobody_retries(rstack: Stack) -> None:
+    """The provider refuses the gateway's own key (401): 502 upstream_auth_failed, never blamed on the
+    caller's key, not retried by the gateway (UpstreamFinal) nor by the openai SDK with its default two
+    retries (x-should-retry: false), so the provider sees one request a call."""
+    good = rstack.gateway.providers["mistral"]
+    use_deployment(rstack.gateway, Deployment("mistral", good.base_url, "not-the-gateways-key", 1, 5))
+    count = 'router_upstream_errors_total{provider="mistral",status="401"}'
+    before = metric(rstack, count)
+    with openai.OpenAI(base_url=rstack.base_url, api_key=rstack.key(), max_retries=2) as sdk:
+        with pytest.raises(openai.InternalServerError) as info:
+            sdk.chat.completions.create(model="mistral/mistral-small-latest", messages=[{"role": "user", "content": "x"}])
+    assert info.value.status_code == 502 and info.value.code == "upstream_auth_failed"  # type: ignore[attr-defined]
+    assert "not a problem with your API key" in info.value.message
+    assert info.value.response.headers["x-should-retry"] == "false"
+    assert metric(rstack, count) == before + 1
 
 
 def test_request_fallback_list_serves_and_bills_the_fallback(rstack: Stack) -> None:
