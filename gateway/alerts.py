@@ -12,8 +12,8 @@ session, and each send records its outcome: 2xx delivered; anything else is retr
 failed. A round does not wait for its sends, and a webhook with a send in flight here gets no more
 events until it ends: a receiver that hangs (at most ``timeout`` seconds a send) holds up only its
 own webhook's events, never another group's, nor a call (so at most ``batch`` sends a webhook are in
-flight, claimed together). A store that is down fails the round (the next one retries) or a send's record (its lease runs out and
-the event is sent again: at least once, as webhooks are).
+flight, claimed together). A store that is down fails the round (the next one retries) or a send's
+record (its lease runs out and the event is sent again: at least once, as webhooks are).
 """
 
 from __future__ import annotations
