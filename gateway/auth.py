@@ -105,14 +105,13 @@ class Authenticator:
         self.store = store
         self.cache_seconds = cache_seconds
         self._form = key_form(prefix)
-        self._cache: dict[str, tuple[Principal, float]] = {}
-        self._unknown: dict[str, float] = {}  # digests the store did not know -> until when that holds
+        # digest -> (its principal, or None: the store did not know it; until when that holds)
+        self._cache: dict[str, tuple[Principal | None, float]] = {}
         self._lookups: Flights[Principal | None] = Flights()  # concurrent misses of one key: one lookup
         self.last_used = LastUsed(store)
 
     def forget(self) -> None:
         self._cache.clear()
-        self._unknown.clear()
 
     async def authenticate(self, header: str | None) -> Principal:
         if not header:
@@ -131,31 +130,30 @@ class Authenticator:
         cached = self._cache.get(digest)
         if cached is not None and cached[1] > now:
             hit = cached[0]
+            if hit is None:
+                raise _unknown_key()
             if hit.deadline is not None:
                 _check_deadline(hit.deadline, hit.deadline_code, time.time())
             return hit
-        unknown_until = self._unknown.get(digest)
-        if unknown_until is not None and unknown_until > now:
-            raise Unauthorized("Incorrect API key provided, or the key has been revoked.")
         try:
             principal = await self._lookups.fresh(digest, lambda: self.store.principal(digest))
         except StoreDown:
             metrics.store_error("lookup")
             raise StoreUnavailable() from None
-        if principal is None:
-            self._cache.pop(digest, None)
-            if len(self._unknown) > 100_000:  # (a flood of random keys: each is looked up once anyway)
-                self._unknown.clear()
-            self._unknown[digest] = now + self.cache_seconds
-            raise Unauthorized("Incorrect API key provided, or the key has been revoked.")
-        if len(self._cache) > 100_000:
+        if len(self._cache) > 100_000:  # (a flood of random keys: each is looked up once anyway)
             self._cache.clear()
         self._cache[digest] = (principal, now + self.cache_seconds)
+        if principal is None:
+            raise _unknown_key()
         wall = time.time()
         if principal.deadline is not None:
             _check_deadline(principal.deadline, principal.deadline_code, wall)
         self.last_used.note(principal.key_id, wall)
         return principal
+
+
+def _unknown_key() -> Unauthorized:
+    return Unauthorized("Incorrect API key provided, or the key has been revoked.")
 
 
 def _check_deadline(deadline: float, code: str, now: float) -> None:

@@ -118,7 +118,7 @@ class Breaker:
         """``PASS``, ``REFUSED``, or a probe's ticket (> 0), which the caller must hand back to
         :meth:`release` however the call ends (``success``/``failure`` also end the probe). A call of
         ``group`` passes while another group's failures alone hold the circuit open."""
-        if self.failures < self.threshold or (self.culprit != group and self.culprit != SHARED):
+        if self.failures < self.threshold or not self._blames(group):
             return PASS
         now = time.monotonic() if now is None else now
         if now < self.open_until or (self.probe and now < self.probe_until):
@@ -151,8 +151,11 @@ class Breaker:
 
     def open_for(self, group: int) -> bool:
         """Whether ``group``'s calls are skipped now (open, and not only another group's doing)."""
-        return (self.failures >= self.threshold and (self.culprit == group or self.culprit == SHARED)
-                and time.monotonic() < self.open_until)  # fmt: skip
+        return self.failures >= self.threshold and self._blames(group) and time.monotonic() < self.open_until
+
+    def _blames(self, group: int) -> bool:
+        """Whether ``group``'s calls are among those that failed since the last success."""
+        return self.culprit == group or self.culprit == SHARED
 
     @property
     def state(self) -> str:
