@@ -7,7 +7,6 @@ two replicas sharing ceilings in Redis, and the deployment in the usage record, 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import re
@@ -24,9 +23,9 @@ import pytest
 from core.config import ReliabilitySettings, Settings, parse_settings
 from core.money import NANO
 from emulators.openai import OpenAIEmulator
-from tests.conftest import Stack, metric, raw_request
+from tests.conftest import REDIS_URL, Stack, metric, raw_request
+from tests.test_batches import lines_of, submit, wait
 
-REDIS = "redis://127.0.0.1:6379/0"
 TOKEN = "admin-token-for-deployment-tests"
 CHEAP = {"model": "openai/gpt-4o-mini", "max_tokens": 1}
 
@@ -241,13 +240,10 @@ def test_a_call_too_large_for_the_providers_account_rests_no_deployment(tmp_path
         for i in range(6):
             assert other.chat.completions.create(messages=[{"role": "user", "content": f"small {i}"}], **CHEAP)
 
-        batch = submit_batch(other, [{"custom_id": "big", "method": "POST", "url": "/v1/chat/completions",
-                                      "body": {"messages": [{"role": "user", "content": big + " batch"}], **CHEAP}}])  # fmt: skip
-        deadline = time.monotonic() + 30
-        while (batch := other.batches.retrieve(batch.id)).status not in ("completed", "failed"):
-            assert time.monotonic() < deadline, batch.status
-            time.sleep(0.05)
-        [line] = [json.loads(x) for x in other.files.content(batch.error_file_id or "").text.splitlines()]
+        batch = submit(other, [{"custom_id": "big", "method": "POST", "url": "/v1/chat/completions",
+                                "body": {"messages": [{"role": "user", "content": big + " batch"}], **CHEAP}}])  # fmt: skip
+        batch = wait(other, batch.id, seconds=30)
+        [line] = lines_of(other, batch.error_file_id)
         assert line["response"]["status_code"] == 429
         sent = [r for e in stack.extra.values() for r in e.requests if big + " batch" in str(r["messages"])]
         assert len(sent) == 2  # the batch runner did not try the line again
@@ -295,11 +291,6 @@ def test_a_call_over_every_declared_tpm_ceiling_is_refused_once_and_never_sent(t
         stack.stop()
 
 
-def submit_batch(client: openai.OpenAI, items: list[dict[str, Any]]) -> Any:
-    upload = client.files.create(file=("batch.jsonl", "\n".join(json.dumps(i) for i in items).encode()), purpose="batch")
-    return client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
-
-
 def test_sticky_routing_keeps_a_10_turn_conversation_on_one_deployment(tmp_path: Path) -> None:
     stack = start(tmp_path, emulators("a", "b", "c"), configure(tmp_path, ["a", "b", "c"], sticky=True))
     try:
@@ -329,7 +320,7 @@ def test_sticky_routing_keeps_a_10_turn_conversation_on_one_deployment(tmp_path:
 
 def test_two_replicas_share_the_ceilings_and_rests_in_redis(tmp_path: Path) -> None:
     prefix = f"test:dep:{secrets.token_hex(4)}"
-    shared = {"limits": {"redis_url": REDIS}, "routing": {"redis_prefix": prefix}}
+    shared = {"limits": {"redis_url": REDIS_URL}, "routing": {"redis_prefix": prefix}}
     one = start(tmp_path / "one", emulators("a", "b"),
                 configure(tmp_path / "one", ["a", "b"], a={"rpm": 3}, b={"rpm": 3}, **shared))  # type: ignore[arg-type]
     urls = {name: url for name, url in one.extra_urls.items()}
@@ -353,7 +344,7 @@ def test_two_replicas_share_the_ceilings_and_rests_in_redis(tmp_path: Path) -> N
 
 def test_a_rest_begun_on_one_replica_is_kept_by_the_other(tmp_path: Path) -> None:
     prefix = f"test:dep:{secrets.token_hex(4)}"
-    shared = {"limits": {"redis_url": REDIS}, "routing": {"redis_prefix": prefix}}
+    shared = {"limits": {"redis_url": REDIS_URL}, "routing": {"redis_prefix": prefix}}
     # 'a' answers 429 (Retry-After 3 s) after its first call; 'b' has room. 'a' weighs 10: both
     # replicas would send it nearly every call if it did not rest
     one = start(tmp_path / "one", emulators("a", "b", a=20),
@@ -378,7 +369,7 @@ def test_a_rest_begun_on_one_replica_is_kept_by_the_other(tmp_path: Path) -> Non
 
 
 def test_default_single_deployment_settings_need_no_redis_round_trip(tmp_path: Path) -> None:
-    settings = Settings(limits=parse_settings({"limits": {"redis_url": REDIS}}).limits,
+    settings = Settings(limits=parse_settings({"limits": {"redis_url": REDIS_URL}}).limits,
                         reliability=ReliabilitySettings())  # fmt: skip
     from gateway.state import Gateway
 

@@ -12,7 +12,7 @@ from typing import Any
 import openai
 import pytest
 
-from core.config import ReliabilitySettings, Settings, StoreSettings
+from core.config import ReliabilitySettings, ResponsesSettings, Settings, StoreSettings
 from tests.conftest import ONE_PER_PROVIDER, Postgres, Stack, pg_admin
 
 MODELS = ONE_PER_PROVIDER
@@ -390,15 +390,10 @@ def test_parse_is_stored_and_continued(stored: Stack, model: str) -> None:
     assert follow.output_text and follow.previous_response_id == parsed.id
 
 
-@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
-def test_one_groups_queued_responses_do_not_hold_another_groups(kind: str, tmp_path: Path,
-                                                                request: pytest.FixtureRequest) -> None:  # fmt: skip
+def test_one_groups_queued_responses_do_not_hold_another_groups(store_url: str, tmp_path: Path) -> None:
     """Two runner places; group A queues twelve slow background responses, then group B one. B's runs
     at the next free place (the group running the fewest first), not after A's twelve; all of A's run."""
-    from core.config import ResponsesSettings
-
-    url = f"sqlite:///{tmp_path}/router.db" if kind == "sqlite" else request.getfixturevalue("pg").fresh_url()
-    settings = Settings(store=StoreSettings(url=url), responses=ResponsesSettings(background_concurrency=2),
+    settings = Settings(store=StoreSettings(url=store_url), responses=ResponsesSettings(background_concurrency=2),
                         reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9))  # fmt: skip
     stack = Stack(tmp_path, settings).start()
     try:
