@@ -16,12 +16,13 @@ from core.deployments import Deployment
 from gateway import routing
 from gateway.routing import Load
 from gateway.upstream_state import Lease, MemoryState
-
-REDIS = "redis://127.0.0.1:6379/0"
+from tests.conftest import REDIS_URL
 
 
 def dep(name: str, weight: float = 1.0, rpm: int = 0, tpm: int = 0) -> Deployment:
-    return Deployment("openai", f"http://{name}.test/v1", "k", name=name, weight=weight, rpm=rpm, tpm=tpm)
+    """A deployment of a provider group of these tests' own: its leases move the process's
+    router_deployment_in_flight gauge, which a gateway's openai/ deployments must not share."""
+    return Deployment("routing-unit", f"http://{name}.test/v1", "k", name=name, weight=weight, rpm=rpm, tpm=tpm)
 
 
 A, B, C = dep("a", 1), dep("b", 2), dep("c", 5)
@@ -124,7 +125,7 @@ def test_memory_state_skips_resting_deployments_and_full_ceilings() -> None:
     assert state.load(B, "openai/gpt-4o").latency is None
 
 
-async def _redis_state(prefix: str, url: str = REDIS):  # type: ignore[no-untyped-def]
+async def _redis_state(prefix: str, url: str = REDIS_URL):  # type: ignore[no-untyped-def]
     from gateway.upstream_state_redis import RedisState
 
     return RedisState(url, prefix, timeout=1.0, alpha=0.5)
