@@ -141,8 +141,7 @@ def too_large(provider: str, message: str) -> UpstreamTooLarge:
     sizes = f" ({found[1]}): limit {found[2]}, requested {found[3]}" if found else ""
     return UpstreamTooLarge(
         f"Request too large for the gateway's account with provider '{provider}'{sizes}. The input or output "
-        "tokens must be reduced in order to run successfully (a shorter prompt or a lower max_tokens).",
-        headers={"x-should-retry": "false"},  # no wait cures it: the OpenAI SDKs would retry a 429 otherwise
+        "tokens must be reduced in order to run successfully (a shorter prompt or a lower max_tokens)."
     )
 
 
@@ -153,8 +152,7 @@ def map_upstream_error(provider: str, status: int, body: bytes, headers: Mapping
     if status == 402 or code in OUT_OF_CREDIT:
         return UpstreamQuotaExceeded(
             f"The gateway's account with provider '{provider}' is out of credit or quota (upstream HTTP {status}"
-            f"{' ' + code if code else ''}){said.rstrip('.')}. This is a gateway billing problem, not your rate limit or credits.",
-            headers={"x-should-retry": "false"},  # the OpenAI SDKs would retry a 502 otherwise
+            f"{' ' + code if code else ''}){said.rstrip('.')}. This is a gateway billing problem, not your rate limit or credits."
         )
     if status == 429 and message and message.startswith("Request too large for "):
         return too_large(provider, message)
@@ -167,8 +165,7 @@ def map_upstream_error(provider: str, status: int, body: bytes, headers: Mapping
     if status in (401, 403):
         return UpstreamAuthFailed(
             f"The gateway's credentials for provider '{provider}' were rejected (upstream HTTP {status}). "
-            "This is a gateway configuration problem, not a problem with your API key.",
-            headers={"x-should-retry": "false"},  # until the operator fixes it: the SDKs would retry a 502
+            "This is a gateway configuration problem, not a problem with your API key."
         )
     if status in (400, 404, 409, 413, 422):
         return InvalidRequest(f"The provider '{provider}' rejected the request{said}", code=code or "upstream_rejected")

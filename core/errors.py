@@ -31,6 +31,10 @@ Retries (gateway/reliability.py) follow the classes: rate limits and upstream fa
 ``UpstreamFinal`` and ``UpstreamTooLarge`` ones are not (another deployment or a fallback model may
 still serve any of them but a caller's own 4xx).
 
+An error that no wait cures (``final``: the class's, or ``final=True`` on one ``RateLimited``: a
+call over a ceiling it can never fit) says ``x-should-retry: false``, which the OpenAI SDKs obey
+before their own rule (they retry a 429 and a 5xx twice by default).
+
 After a stream has started, an error goes out as one SSE event ``data: {"error": ...}`` instead.
 """
 
@@ -57,6 +61,7 @@ class GatewayError(Exception):
     status: int = 500
     type: str = "server_error"
     code: str | None = None
+    final: bool = False  # no wait cures it: the clients are told not to retry (x-should-retry: false)
 
     def __init__(
         self,
@@ -65,6 +70,7 @@ class GatewayError(Exception):
         param: str | None = None,
         code: str | None = None,
         headers: dict[str, str] | None = None,
+        final: bool | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -72,6 +78,10 @@ class GatewayError(Exception):
         if code is not None:
             self.code = code
         self.headers = headers or {}
+        if final is not None:
+            self.final = final
+        if self.final:
+            self.headers["x-should-retry"] = "false"
 
     def body(self) -> ErrorEnvelope:
         return ErrorEnvelope(ErrorBody(self.message, self.type, self.param, self.code))
@@ -153,6 +163,7 @@ class UpstreamTooLarge(GatewayError):
     status = 429
     type = "tokens"
     code = "rate_limit_exceeded"
+    final = True
 
 
 class StoreUnavailable(GatewayError):
@@ -190,7 +201,9 @@ class UpstreamFinal(UpstreamError):
 
 class UpstreamAuthFailed(UpstreamFinal):
     code = "upstream_auth_failed"
+    final = True  # until the operator fixes the gateway's credentials
 
 
 class UpstreamQuotaExceeded(UpstreamFinal):
     code = "upstream_quota_exceeded"
+    final = True  # until the operator tops the account up

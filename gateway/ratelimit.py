@@ -249,11 +249,11 @@ class RateLimiter:
         metrics.rate_limited(kind)
         what, whose = _WHAT[kind]
         if state.retry_after == NEVER:  # no wait cures it: no Retry-After, and the SDKs are told not to retry
-            headers["x-should-retry"] = "false"
             return RateLimited(
                 f"Request too large for {whose}'s {what}: limit {bucket.limit}, requested {bucket.cost}. "
                 "Lower max_tokens or send a shorter prompt.",
                 headers=headers,
+                final=True,
             )
         wait = state.retry_after
         headers["Retry-After"] = str(max(math.ceil(wait), 1))

@@ -207,7 +207,7 @@ def all_busy(prefix: str, model_id: str, wait: float) -> RateLimited:
     if wait == math.inf:  # no wait cures it: the SDKs are told not to retry
         return RateLimited(f"The call is larger than the tokens-per-minute ceiling of every deployment of the "
                            f"provider '{prefix}' that serves `{model_id}`; send a shorter prompt or lower max_tokens.",
-                           headers={"x-should-retry": "false"})  # fmt: skip
+                           final=True)  # fmt: skip
     seconds = max(math.ceil(wait), 1)
     return RateLimited(
         f"Every deployment of the provider '{prefix}' that serves `{model_id}` is cooling down or at its rate "
