@@ -58,11 +58,15 @@ def _text(content: Any) -> str:
 
 
 class OpenAIEmulator(Emulator):
-    def __init__(self, flavour: str = "openai", api_key: str = "emu-key", rpm: int = 0, tpm: int = 0) -> None:
+    def __init__(self, flavour: str = "openai", api_key: str = "emu-key", rpm: int = 0, tpm: int = 0,
+                 ms_per_token: int = 0) -> None:  # fmt: skip
         assert flavour in ("openai", "upstage", "mistral")
         super().__init__(api_key, max_body=64 * 1024 * 1024, rpm=rpm)
         self.flavour = flavour
         self.tpm = tpm  # the account's tokens per minute: a chat call asking for more is refused whole
+        # how fast this account generates (deployments differ: regions, tiers): a chat answer takes this
+        # long per output token, a non-stream one before it answers, a stream between its events
+        self.ms_per_token = ms_per_token
         self.streams: list[tuple[str, int]] = []  # ("complete" | "disconnected", events written)
         self.flakiness = Flakiness()
         self.routes()
@@ -265,6 +269,10 @@ class OpenAIEmulator(Emulator):
             usage["completion_tokens_details"] = {"reasoning_tokens": len(thinking), "audio_tokens": 0}
         cid = random_id(32, "0123456789abcdef") if self.flavour == "mistral" else "chatcmpl-" + random_id(24)
         created = int(time.time())
+        if self.ms_per_token and body.get("stream"):
+            d.delay_ms += self.ms_per_token
+        elif self.ms_per_token:
+            await pause(self.ms_per_token * completion_tokens)
         if body.get("stream"):
             return await self._stream(request, body, d, cid, created, replies, thinking, finish, tool_call, usage)
         if d.malformed:

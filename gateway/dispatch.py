@@ -74,15 +74,16 @@ class Router:
         return self.shared if pool.shared else self.local
 
     def order(self, pool: Pool, model: Model, deps: tuple[Deployment, ...], state: UpstreamState,
-              conversation: bytes | None) -> list[Deployment]:  # fmt: skip
+              ask: routing.Ask) -> list[Deployment]:  # fmt: skip
         if len(deps) == 1:
             return [deps[0]]
-        if pool.sticky and conversation is not None:
-            ranked = routing.sticky(conversation, deps)
+        if pool.sticky and ask.conversation is not None:
+            ranked = routing.sticky(ask.conversation, deps)
         else:
             key = model.alias_of or model.id
             loads = [state.load(d, key) for d in deps]
-            ranked = routing.order(pool.strategy_for(model), deps, loads, self.rnd, self.settings.exploration)
+            ranked = routing.order(pool.strategy_for(model), deps, loads, self.rnd, self.settings.exploration,
+                                   ask.stream)  # fmt: skip
         return [deps[i] for i in ranked]
 
     def resting(self) -> dict[tuple[str, str], float]:

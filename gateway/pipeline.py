@@ -45,7 +45,9 @@ from gateway.concurrency import Flight
 from gateway.context import CallContext
 from gateway.relay import relay
 from gateway.reliability import circuit_open, closed, failover, no_deployment, open_upstream
+from gateway.routing import Ask
 from gateway.state import Gateway
+from gateway.upstream_state import Lease
 
 
 @dataclass(slots=True)
@@ -58,6 +60,7 @@ class Started:
     upstream_id: str | None
     rate_headers: Headers | None = None  # x-ratelimit-* for the HTTP response (gateway/ratelimit.py)
     deployment: str = ""  # the name of the provider's deployment that answered
+    lease: Lease | None = None  # its hold on that deployment, ended with the call (gateway/upstream_state.py)
 
     @property
     def model(self) -> Model:
@@ -191,10 +194,10 @@ class Pipeline:
             tokens = input_ceiling(codec.size, codec.view) + output_ceiling(model, codec.view) if pool.tokens else 0
             sticky = codec.conversation(context.key_id, gw.settings.routing.sticky_messages) if pool.sticky else None
             response, lease = await open_upstream(gw, model, deployments, build, leg.error, deadline,
-                                                   context.group_id, tokens, sticky)
+                                                   context.group_id, Ask(tokens, sticky, codec.stream))  # fmt: skip
             meter.on_finish = lease.end
             return Started(legs[lease.deployment.key], meter, response, upstream_request_id(response.headers),
-                           deployment=lease.deployment.name)  # fmt: skip
+                           deployment=lease.deployment.name, lease=lease)  # fmt: skip
 
     async def complete(self, started: Started) -> Answer:
         """The whole answer of a non-stream call, settled."""
@@ -212,6 +215,8 @@ class Pipeline:
                 response.release()
             answer = leg.answer(payload)
             usage = answer.usage
+            if usage is not None and started.lease is not None:  # its seconds per output token (routing)
+                started.lease.output = usage.completion
             await meter.finish(
                 usage,
                 "error" if answer.error else "ok",

@@ -56,6 +56,7 @@ from core.errors import (
     UpstreamTooLarge,
     UpstreamUnavailable,
 )
+from gateway.routing import Ask
 from gateway.upstream_state import Lease
 
 if TYPE_CHECKING:
@@ -224,11 +225,11 @@ def no_deployment(model: Model) -> UpstreamUnavailable:
 async def open_upstream(gw: Gateway, model: Model, deps: tuple[Deployment, ...],
                   build: Callable[[Deployment], UpstreamRequest],
                   to_error: Callable[[int, bytes, Mapping[str, str]], GatewayError], deadline: float,
-                  group: int, tokens: int = 0, conversation: bytes | None = None) -> Opened:  # fmt: skip
+                  group: int, ask: Ask) -> Opened:  # fmt: skip
     """Send ``group``'s call to one of ``deps`` (deployments of ``model``'s provider that serve it) and return
     the response once its status is good, moving between deployments and retrying as the module says,
-    within ``deadline``. ``build`` is the call's request for a deployment; ``conversation``: the
-    sticky order's digest (gateway/routing.py), if the provider routes conversations."""
+    within ``deadline``. ``build`` is the call's request for a deployment; ``ask``: its tokens, its
+    conversation and its kind, as routing needs them (gateway/routing.py)."""
     if not deps:
         raise no_deployment(model)
     router = gw.router
@@ -246,10 +247,10 @@ async def open_upstream(gw: Gateway, model: Model, deps: tuple[Deployment, ...],
         usable = closed(gw.breakers, deps, group, skipped)
         if not usable:
             raise last or circuit_open(pool.prefix)
-        order = router.order(pool, model, usable, state, conversation)
+        order = router.order(pool, model, usable, state, ask)
         if tried:  # deployments not tried yet come first, in the strategy's order
             order = [d for d in order if d.key not in tried] + [d for d in order if d.key in tried]
-        got = await state.acquire(order, key, tokens) if pool.shared else router.local.acquire_now(order, key, tokens)
+        got = await state.acquire(order, key, ask.tokens) if pool.shared else router.local.acquire_now(order, key, ask.tokens)
         if not isinstance(got, Lease):  # every one rests or is at its ceiling: wait for the first back
             busy = all_busy(pool.prefix, model.id, got)
             if time.monotonic() + got > deadline:
@@ -278,6 +279,7 @@ async def open_upstream(gw: Gateway, model: Model, deps: tuple[Deployment, ...],
         else:
             breaker.success()
             got.latency = time.monotonic() - got.opened_at
+            got.stream = ask.stream
             metrics.deployment_call(dep.prefix, dep.name, "ok", got.latency)
             return Opened(response, got)
         finally:  # a probe that ended without a verdict (a 429, a 4xx, the caller gone): the next probes

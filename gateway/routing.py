@@ -7,7 +7,11 @@ one model; core/deployments.py).
 
     simple-shuffle  weighted random: a deployment of weight w comes first w / Σw of the time
     least-busy      fewest calls in flight first
-    latency         lowest recent time to first byte first (a moving average); with probability
+    latency         fastest recently first, by the measure that fits the call (as LiteLLM's
+                    lowest-latency routing): a stream by its time to first byte, a non-stream call by
+                    seconds per output token (its whole answer's time over its output tokens, so one
+                    group's long answers do not make a deployment look slow to everyone's short ones);
+                    each a moving average, fed by calls of its kind only. With probability
                     ``exploration`` the order is weighted random instead, and a deployment not yet
                     measured comes first, so every one keeps being measured
     usage           most headroom first: the least used fraction of its RPM and TPM ceilings (a
@@ -45,8 +49,17 @@ class Load(NamedTuple):
     exchange with the shared state)."""
 
     in_flight: int = 0
-    latency: float | None = None  # seconds to first byte, moving average; None: not measured yet
+    latency: float | None = None  # streams: seconds to first byte, moving average; None: not measured yet
     headroom: float = 1.0  # 0..1: the least unused fraction of its RPM / TPM ceilings
+    per_token: float | None = None  # non-stream calls: seconds per output token, moving average
+
+
+class Ask(NamedTuple):
+    """What a call asks of routing besides its model."""
+
+    tokens: int = 0  # its worst case in tokens, counted against TPM ceilings (0: none declared)
+    conversation: bytes | None = None  # the sticky order's digest, if the provider routes conversations
+    stream: bool = True  # which latency ranks it, and which average its own measure joins
 
 
 IDLE = Load()
@@ -58,8 +71,8 @@ def _weighted_keys(deps: Sequence[Deployment], rnd: random.Random) -> list[float
 
 
 def order(strategy: Strategy, deps: Sequence[Deployment], loads: Sequence[Load], rnd: random.Random,
-          exploration: float = 0.1) -> list[int]:  # fmt: skip
-    """The indexes of ``deps`` in the order to try them."""
+          exploration: float = 0.1, stream: bool = True) -> list[int]:  # fmt: skip
+    """The indexes of ``deps`` in the order to try them (``stream``: the call's kind, for latency)."""
     n = len(deps)
     if n == 1:
         return [0]
@@ -67,7 +80,8 @@ def order(strategy: Strategy, deps: Sequence[Deployment], loads: Sequence[Load],
     if strategy == "least-busy":
         rank: list[Any] = [(loads[i].in_flight, -keys[i]) for i in range(n)]
     elif strategy == "latency" and rnd.random() >= exploration:
-        rank = [(-1.0 if loads[i].latency is None else loads[i].latency, -keys[i]) for i in range(n)]
+        measures = [load.latency if stream else load.per_token for load in loads]
+        rank = [(-1.0 if measures[i] is None else measures[i], -keys[i]) for i in range(n)]
     elif strategy == "usage":
         rank = [(-loads[i].headroom, -keys[i]) for i in range(n)]
     else:  # simple-shuffle, and latency's exploration

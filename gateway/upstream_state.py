@@ -2,8 +2,9 @@
 
 Per deployment: its calls in flight and its RPM/TPM ceilings as GCRA buckets (the rate limits'
 algorithm, gateway/ratelimit.py). Per deployment and model: how long it rests (after a 429: its
-Retry-After; providers limit each model apart, and an Azure deployment is one model) and its time
-to first byte (a moving average: models differ). Two backends implement :class:`UpstreamState`:
+Retry-After; providers limit each model apart, and an Azure deployment is one model) and how fast
+it answers (moving averages: models differ): streams' time to first byte, non-stream calls' seconds
+per output token. Two backends implement :class:`UpstreamState`:
 
     MemoryState                        one process: plain attributes on the event loop
     gateway.upstream_state_redis       several replicas sharing one Redis: one Lua script per call
@@ -11,7 +12,7 @@ to first byte (a moving average: models differ). Two backends implement :class:`
 ``acquire(order, model, tokens)`` walks ``order`` and puts the call on the first deployment that
 does not rest for ``model`` and has room under its ceilings (taking one request and ``tokens`` from its buckets,
 counting it in flight), atomically; or answers how long until one could take it. ``release`` ends
-the call's hold, with what it taught: its latency, and a cooldown if it was refused. It never waits:
+the call's hold, with what it taught: its latency (of its kind), and a cooldown if it was refused. It never waits:
 the Redis backend sends it with the next round trip.
 """
 
@@ -30,9 +31,10 @@ from gateway.routing import IDLE, Load
 
 class Lease:
     """One call's hold on a deployment, from ``acquire`` to ``release`` (``end``: by the state that
-    gave it, with the latency the call measured)."""
+    gave it, with the latency the call measured: a stream's time to first byte; a non-stream call's
+    time to its answer over its ``output`` tokens, once the pipeline has read them)."""
 
-    __slots__ = ("deployment", "model", "owner", "token", "opened_at", "latency", "released")
+    __slots__ = ("deployment", "model", "owner", "token", "opened_at", "latency", "released", "stream", "output")
 
     def __init__(self, deployment: Deployment, model: str, owner: UpstreamState, token: str = "") -> None:
         self.deployment = deployment
@@ -42,11 +44,18 @@ class Lease:
         self.opened_at = time.monotonic()
         self.latency: float | None = None  # seconds from acquire to the upstream's answer
         self.released = False
+        self.stream = True  # the call's kind: which of the deployment's averages its latency joins
+        self.output: int | None = None  # a non-stream call's output tokens, once known
         metrics.deployment_flight(deployment.prefix, deployment.name, 1)
 
     def end(self, *_: object) -> None:
         """The call is over (any arguments are ignored: it may be a callback's)."""
-        self.owner.release(self, self.latency)
+        if self.stream:
+            self.owner.release(self, self.latency)
+        elif self.latency is not None and self.output is not None:  # (an embeddings call: its whole time)
+            self.owner.release(self, per_token=self.latency / max(self.output, 1))
+        else:
+            self.owner.release(self)
 
 
 class UpstreamState(ABC):
@@ -66,35 +75,38 @@ class UpstreamState(ABC):
         seconds until the earliest could (``math.inf``: none ever could, the call exceeds every
         ceiling)."""
 
-    def release(self, lease: Lease, latency: float | None = None, cooldown: float = 0.0) -> None:
-        """The call is over: out of flight, ``latency`` (seconds to first byte) into the average, and
+    def release(self, lease: Lease, latency: float | None = None, cooldown: float = 0.0,
+                per_token: float | None = None) -> None:  # fmt: skip
+        """The call is over: out of flight, ``latency`` (a stream's seconds to first byte) or
+        ``per_token`` (a non-stream call's seconds per output token) into its average, and
         ``cooldown`` seconds of rest for the deployment and model if it was refused. Idempotent,
         never waits."""
         if lease.owner is not self:  # given by another state (Redis's local stand-in)
-            lease.owner.release(lease, latency, cooldown)
+            lease.owner.release(lease, latency, cooldown, per_token)
             return
         if lease.released:
             return
         lease.released = True
         metrics.deployment_flight(lease.deployment.prefix, lease.deployment.name, -1)
-        self._release(lease, latency, cooldown)
+        self._release(lease, latency, cooldown, per_token)
 
     @abstractmethod
-    def _release(self, lease: Lease, latency: float | None, cooldown: float) -> None: ...
+    def _release(self, lease: Lease, latency: float | None, cooldown: float, per_token: float | None) -> None: ...
 
     async def close(self) -> None:
         return None
 
 
 class _Dep:
-    __slots__ = ("in_flight", "rpm_tat", "tpm_tat", "rest_until", "latency")
+    __slots__ = ("in_flight", "rpm_tat", "tpm_tat", "rest_until", "latency", "per_token")
 
     def __init__(self) -> None:
         self.in_flight = 0
         self.rpm_tat = 0.0
         self.tpm_tat = 0.0
         self.rest_until: dict[str, float] = {}  # model -> when its rest ends
-        self.latency: dict[str, float] = {}  # model -> seconds to first byte, moving average
+        self.latency: dict[str, float] = {}  # model -> streams' seconds to first byte, moving average
+        self.per_token: dict[str, float] = {}  # model -> non-stream calls' seconds per output token
 
 
 def room(dep: Deployment, rpm_tat: float, tpm_tat: float, now: float, tokens: int) -> tuple[float, float, float]:
@@ -138,8 +150,8 @@ class MemoryState(UpstreamState):
         state = self._deps.get(dep.key)
         if state is None:
             return IDLE
-        return Load(state.in_flight, state.latency.get(model),
-                    headroom(dep, state.rpm_tat, state.tpm_tat, self.clock()))  # fmt: skip
+        return Load(state.in_flight, state.latency.get(model), headroom(dep, state.rpm_tat, state.tpm_tat, self.clock()),
+                    state.per_token.get(model))  # fmt: skip
 
     def resting(self, dep: Deployment) -> dict[str, float]:
         state = self._deps.get(dep.key)
@@ -171,13 +183,14 @@ class MemoryState(UpstreamState):
             return Lease(dep, model, self)
         return soonest
 
-    def _release(self, lease: Lease, latency: float | None, cooldown: float) -> None:
+    def _release(self, lease: Lease, latency: float | None, cooldown: float, per_token: float | None) -> None:
         state = self._of(lease.deployment)
         state.in_flight -= 1
         model = lease.model
-        if latency is not None:
-            old = state.latency.get(model)
-            state.latency[model] = latency if old is None else old + self.alpha * (latency - old)
+        for sample, averages in ((latency, state.latency), (per_token, state.per_token)):
+            if sample is not None:
+                old = averages.get(model)
+                averages[model] = sample if old is None else old + self.alpha * (sample - old)
         if cooldown > 0:
             now = self.clock()
             state.rest_until = {m: t for m, t in state.rest_until.items() if t > now}  # the ended ones go

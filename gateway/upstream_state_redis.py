@@ -11,7 +11,8 @@ clocks agree.
 
 Per deployment, one hash (``rt`` / ``tt``: the TATs of its RPM / TPM buckets; ``c:<model>``: the end
 of its rest for that model, all in server microseconds; ``l:<model>``: its latency average for that
-model in seconds) and one sorted set (the calls in flight, each scored with the time it stops
+model in seconds: streams' time to first byte; ``p:<model>``: non-stream calls' seconds per output
+token) and one sorted set (the calls in flight, each scored with the time it stops
 counting: a replica that dies leaves nothing behind for longer than :data:`LEASE_SECONDS`). All of a provider group's keys share one hash tag,
 so the scripts also run on a Redis Cluster.
 
@@ -43,20 +44,21 @@ KEEP_MS = 3_600_000  # a deployment's hash lives this long after its last write 
 # ARGV[2]: its lease token, ARGV[3]: lease seconds, ARGV[4]: its model, then per candidate its RPM
 # and TPM ceilings.
 # Returns {chosen (1-based; 0: none), soonest wait in µs (-1: never), then per candidate:
-# in flight, latency (seconds, "" if unknown), cooldown left (µs), headroom (millionths)}.
+# in flight, latency (seconds, "" if unknown), cooldown left (µs), headroom (millionths), seconds per
+# output token ("" if unknown)}.
 ACQUIRE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local period = 60000000
 local tokens = tonumber(ARGV[1])
-local cfield, lfield = 'c:' .. ARGV[4], 'l:' .. ARGV[4]
+local cfield, lfield, pfield = 'c:' .. ARGV[4], 'l:' .. ARGV[4], 'p:' .. ARGV[4]
 local n = #KEYS / 2
 local chosen, soonest = 0, -1
 local out = {0, -1}
 for i = 1, n do
   local h, f = KEYS[2 * i - 1], KEYS[2 * i]
   local rpm, tpm = tonumber(ARGV[3 + 2 * i]), tonumber(ARGV[4 + 2 * i])
-  local v = redis.call('HMGET', h, cfield, 'rt', 'tt', lfield)
+  local v = redis.call('HMGET', h, cfield, 'rt', 'tt', lfield, pfield)
   local cool = tonumber(v[1]) or 0
   local rt = math.max(tonumber(v[2]) or now, now)
   local tt = math.max(tonumber(v[3]) or now, now)
@@ -93,10 +95,11 @@ for i = 1, n do
   if rpm > 0 then left = math.min(left, 1 - (rt - now) / period) end
   if tpm > 0 then left = math.min(left, 1 - (tt - now) / period) end
   if left < 0 then left = 0 end
-  out[4 * i - 1] = redis.call('ZCARD', f)
-  out[4 * i] = v[4] or ''
-  out[4 * i + 1] = math.max(cool - now, 0)
-  out[4 * i + 2] = math.floor(left * 1000000)
+  out[5 * i - 2] = redis.call('ZCARD', f)
+  out[5 * i - 1] = v[4] or ''
+  out[5 * i] = math.max(cool - now, 0)
+  out[5 * i + 1] = math.floor(left * 1000000)
+  out[5 * i + 2] = v[5] or ''
 end
 out[1] = chosen
 out[2] = math.ceil(soonest)
@@ -104,14 +107,16 @@ return out
 """.replace("KEEP", str(KEEP_MS))
 
 # KEYS: the deployment's hash and in-flight set.  ARGV: lease token, latency seconds ("" if none),
-# cooldown µs, the latency sample's weight, the model.
+# cooldown µs, the latency sample's weight, the model, seconds per output token ("" if none).
 RELEASE = """
 redis.call('ZREM', KEYS[2], ARGV[1])
-if ARGV[2] ~= '' then
-  local s = tonumber(ARGV[2])
-  local old = tonumber(redis.call('HGET', KEYS[1], 'l:' .. ARGV[5]))
-  if old then s = old + tonumber(ARGV[4]) * (s - old) end
-  redis.call('HSET', KEYS[1], 'l:' .. ARGV[5], string.format('%.6f', s))
+for _, pair in ipairs({{2, 'l:'}, {6, 'p:'}}) do
+  local s = tonumber(ARGV[pair[1]] or '')
+  if s then
+    local old = tonumber(redis.call('HGET', KEYS[1], pair[2] .. ARGV[5]))
+    if old then s = old + tonumber(ARGV[4]) * (s - old) end
+    redis.call('HSET', KEYS[1], pair[2] .. ARGV[5], string.format('%.9f', s))
+  end
 end
 local cooldown = tonumber(ARGV[3])
 if cooldown > 0 then
@@ -127,6 +132,10 @@ return 1
 _ACQUIRE_SHA, _RELEASE_SHA = sha(ACQUIRE), sha(RELEASE)
 _US = 1_000_000
 log = logging.getLogger("gateway.routing")
+
+
+def _seconds(value: bytes | str) -> float | None:
+    return float(value) if value not in (b"", "") else None
 
 
 class RedisState(UpstreamState):
@@ -179,9 +188,8 @@ class RedisState(UpstreamState):
             return self.local.acquire_now(order, model, tokens)
         now = time.monotonic()
         for i, dep in enumerate(order):
-            in_flight, latency, rest, left = out[4 * i + 2 : 4 * i + 6]
-            lat = float(latency) if latency not in (b"", "") else None
-            self._loads[(dep.key, model)] = Load(int(in_flight), lat, int(left) / _US)
+            in_flight, latency, rest, left, per_token = out[5 * i + 2 : 5 * i + 7]
+            self._loads[(dep.key, model)] = Load(int(in_flight), _seconds(latency), int(left) / _US, _seconds(per_token))
             if int(rest):
                 self._rest_until[(dep.key, model)] = now + int(rest) / _US
             else:
@@ -191,11 +199,12 @@ class RedisState(UpstreamState):
             return Lease(order[chosen - 1], model, self, token)
         return math.inf if int(out[1]) < 0 else int(out[1]) / _US
 
-    def _release(self, lease: Lease, latency: float | None, cooldown: float) -> None:
+    def _release(self, lease: Lease, latency: float | None, cooldown: float, per_token: float | None) -> None:
         if cooldown > 0:  # this replica's view has it at once (Redis's, with the next round trip)
             key = (lease.deployment.key, lease.model)
             self._rest_until[key] = max(self._rest_until.get(key, 0.0), time.monotonic() + cooldown)
-        args = [lease.token, "" if latency is None else f"{latency:.6f}", int(cooldown * _US), self.alpha, lease.model]
+        args = [lease.token, "" if latency is None else f"{latency:.6f}", int(cooldown * _US), self.alpha, lease.model,
+                "" if per_token is None else f"{per_token:.9f}"]  # fmt: skip
         self.pipe.send(_RELEASE_SHA, self._names(lease.deployment), args)
 
     def _failed(self, exc: BaseException) -> None:

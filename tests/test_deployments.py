@@ -291,6 +291,37 @@ def test_a_call_over_every_declared_tpm_ceiling_is_refused_once_and_never_sent(t
         stack.stop()
 
 
+def test_latency_routing_ranks_non_stream_calls_by_time_per_output_token(tmp_path: Path) -> None:
+    """Under latency routing a non-stream call's measure is its answer's time over its output tokens
+    (as LiteLLM's lowest-latency routing), not the whole answer's time: one group's long answers on
+    the faster deployment do not send every other group's calls to the slower one. (Ranked by the
+    whole time, the 300-token answer made 'fast' look slower than 'slow' and group B's ten calls all
+    went to 'slow'.)"""
+    extra = {"fast": OpenAIEmulator("openai", "key-fast", ms_per_token=1),
+             "slow": OpenAIEmulator("openai", "key-slow", ms_per_token=4)}  # fmt: skip
+    build = configure(tmp_path, ["fast", "slow"], routing={"exploration": 0},
+                      model_routing={"gpt-4o-mini": "latency"})  # fmt: skip
+    stack = start(tmp_path, extra, build)
+    try:
+        a, b = stack.client(), stack.client()  # two groups
+
+        def call(client: openai.OpenAI, tokens: int) -> int:
+            out = client.chat.completions.create(model="openai/gpt-4o-mini", max_tokens=1000,
+                                                 messages=[{"role": "user", "content": f"[tokens:{tokens}]"}])  # fmt: skip
+            assert out.usage is not None
+            return out.usage.completion_tokens
+
+        assert [call(b, 20), call(b, 20)] == [20, 20]  # one each: an unmeasured deployment goes first
+        assert served(stack) == {"fast": 1, "slow": 1}
+        assert call(a, 300) == 300  # group A's long answer, on the faster one: 0.3 s
+        assert served(stack) == {"fast": 2, "slow": 1}
+        for _ in range(10):
+            call(b, 20)
+        assert served(stack) == {"fast": 12, "slow": 1}
+    finally:
+        stack.stop()
+
+
 def test_sticky_routing_keeps_a_10_turn_conversation_on_one_deployment(tmp_path: Path) -> None:
     stack = start(tmp_path, emulators("a", "b", "c"), configure(tmp_path, ["a", "b", "c"], sticky=True))
     try:

@@ -53,6 +53,10 @@ def test_least_busy_latency_and_usage_rank_by_their_measure() -> None:
     assert firsts("latency", [A, B, C], slow, 200, exploration=0.0) == {"b": 200}
     unmeasured = [Load(latency=0.5), Load(latency=0.05), Load()]  # measured first, so it gets measured
     assert firsts("latency", [A, B, C], unmeasured, 200, exploration=0.0) == {"c": 200}
+    # a non-stream call ranks by seconds per output token, its own kind's measure
+    both = [Load(latency=0.5, per_token=0.01), Load(latency=0.05, per_token=0.04), Load(latency=0.2, per_token=0.02)]
+    assert firsts("latency", [A, B, C], both, 200, exploration=0.0, stream=False) == {"a": 200}
+    assert firsts("latency", [A, B, C], both, 200, exploration=0.0) == {"b": 200}
     explored = firsts("latency", [A, B, C], slow, 10_000, exploration=0.2)
     # 80 % to the fastest, the 20 % explored weighted at random (b's share of those: 2/8)
     assert within(explored["b"], 10_000, 0.8 + 0.2 * 2 / 8) and within(explored["a"], 10_000, 0.2 / 8)
@@ -123,6 +127,18 @@ def test_memory_state_skips_resting_deployments_and_full_ceilings() -> None:
         state.release(lease, latency=sample)
     assert state.load(B, M).latency == pytest.approx(0.3)  # a moving average, per model
     assert state.load(B, "openai/gpt-4o").latency is None
+    for seconds, output in ((0.4, 200), (0.6, 100)):  # non-stream calls: into the other average
+        lease = state.acquire_now([B], M, 0)
+        assert isinstance(lease, Lease)
+        lease.latency, lease.stream, lease.output = seconds, False, output
+        lease.end()
+    assert state.load(B, M).per_token == pytest.approx(0.004)  # 0.002 and 0.006 seconds a token, alpha 0.5
+    assert state.load(B, M).latency == pytest.approx(0.3)  # streams' time to first byte: untouched
+    lease = state.acquire_now([B], M, 0)
+    assert isinstance(lease, Lease)
+    lease.latency, lease.stream = 5.0, False  # its output never known (the body broke off): no sample
+    lease.end()
+    assert state.load(B, M).per_token == pytest.approx(0.004)
 
 
 async def _redis_state(prefix: str, url: str = REDIS_URL):  # type: ignore[no-untyped-def]
@@ -147,11 +163,12 @@ def test_redis_state_is_shared_by_replicas() -> None:
             other = await two.acquire([A, B], M, 0)
             assert isinstance(other, Lease) and two.load(A, M).in_flight == 2  # its own and one's call
             one.release(lease, cooldown=30.0)  # A answered 429: it rests, for every replica
-            two.release(other, latency=0.25)
+            two.release(other, latency=0.25, per_token=0.002)
             await asyncio.sleep(0.05)  # releases go with the next round trip, or on their own
             moved = await two.acquire([A, B], M, 0)
             assert isinstance(moved, Lease) and moved.deployment is B
             assert two.resting(A)[M] == pytest.approx(30.0, abs=1.0) and two.load(A, M).latency == pytest.approx(0.25)
+            assert two.load(A, M).per_token == pytest.approx(0.002) and two.load(B, M).per_token is None
             assert two.load(A, M).in_flight == 0
             elsewhere = await two.acquire([A, B], "openai/gpt-4o", 0)
             assert isinstance(elsewhere, Lease) and elsewhere.deployment is A  # the rest is for one model
