@@ -10,6 +10,9 @@ to one tick late.
     with gateway.deadlines.after(seconds):
         ...                                    # TimeoutError once ``seconds`` have passed
 
+A deadline may be entered again once its block has ended (each entry counts its ``seconds`` from
+then): one per relayed stream bounds each read of it.
+
 One :class:`Deadlines` serves one event loop at a time (the gateway's); it follows the loop it is
 used on.
 """
@@ -67,6 +70,7 @@ class Deadline:
             raise RuntimeError("a deadline must be opened inside a task")
         loop = task.get_loop()
         self.task = task
+        self.expired = False
         self.cancelling = task.cancelling()
         self.when = loop.time() + self.seconds
         self.owner._open_one(self, loop)

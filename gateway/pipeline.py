@@ -58,9 +58,13 @@ class Started:
     meter: Meter
     response: aiohttp.ClientResponse
     upstream_id: str | None
+    lease: Lease  # the call's hold on the deployment that answered, ended with it (gateway/upstream_state.py)
     rate_headers: Headers | None = None  # x-ratelimit-* for the HTTP response (gateway/ratelimit.py)
-    deployment: str = ""  # the name of the provider's deployment that answered
-    lease: Lease | None = None  # its hold on that deployment, ended with the call (gateway/upstream_state.py)
+
+    @property
+    def deployment(self) -> str:
+        """The name of the provider's deployment that answered."""
+        return self.lease.deployment.name
 
     @property
     def model(self) -> Model:
@@ -196,16 +200,16 @@ class Pipeline:
             response, lease = await open_upstream(gw, model, deployments, build, leg.error, deadline,
                                                    context.group_id, Ask(tokens, sticky, codec.stream))  # fmt: skip
             meter.on_finish = lease.end
-            return Started(legs[lease.deployment.key], meter, response, upstream_request_id(response.headers),
-                           deployment=lease.deployment.name, lease=lease)  # fmt: skip
+            return Started(legs[lease.deployment.key], meter, response, upstream_request_id(response.headers), lease)
 
     async def complete(self, started: Started) -> Answer:
         """The whole answer of a non-stream call, settled."""
         leg, meter, response = started.leg, started.meter, started.response
         async with meter.settles_on_failure():
             try:
-                payload = await response.read()
-            except (TimeoutError, aiohttp.ClientError) as exc:  # the body broke off: nothing to bill
+                with self.gw.deadlines.after(started.lease.deployment.read_timeout):
+                    payload = await response.read()
+            except (TimeoutError, aiohttp.ClientError) as exc:  # the body broke off or stalled: nothing to bill
                 provider = started.model.provider
                 if isinstance(exc, TimeoutError):
                     raise UpstreamTimeout(f"The provider '{provider}' stopped sending its answer.") from None
@@ -215,7 +219,7 @@ class Pipeline:
                 response.release()
             answer = leg.answer(payload)
             usage = answer.usage
-            if usage is not None and started.lease is not None:  # its seconds per output token (routing)
+            if usage is not None:  # its seconds per output token (routing)
                 started.lease.output = usage.completion
             await meter.finish(
                 usage,
@@ -233,8 +237,9 @@ class Pipeline:
 
     def relay(self, started: Started) -> AsyncGenerator[list[Any], None]:
         """The stream's batches of pieces (gateway/relay.py), settled exactly once."""
-        return relay(started.leg.reader(), started.response, started.meter, started.model.provider,
-                     self.gw.settings.billing.cost_in_answer)
+        idle = self.gw.deadlines.after(started.lease.deployment.read_timeout)  # each read of the stream
+        return relay(started.leg.reader(), started.response, started.meter, started.model.provider, idle,
+                     self.gw.settings.billing.cost_in_answer)  # fmt: skip
 
     async def abandon(self, started: Started) -> None:
         """The consumer went away before or while reading: close the upstream, settle (no-op if done)."""

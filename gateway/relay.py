@@ -5,7 +5,8 @@ business; how the stream ends, and that the call is settled exactly once, is thi
 A batch of pieces goes out per upstream network read. The last batch (a :class:`LastBatch`: nothing
 follows it) holds what the last read brought and the reader's end — after a proper end its ``end()``,
 after a failure its ``fail(exc)``: an upstream error in-band, a stream that stopped before its end, a
-lost connection (what arrived before the loss is still relayed, and billed). The call is settled
+lost connection or one silent for the deployment's ``read_timeout`` (what arrived before is still
+relayed, and billed). The call is settled
 before the last batch goes out — before the reader's end is made, so that its usage can carry the
 charge (``usage.cost``) — or in ``finally`` when the consumer went away (``interrupted``: nothing
 more goes out, the usage record alone says what it cost).
@@ -23,6 +24,7 @@ import aiohttp
 
 from adapters.base import upstream_request_id
 from billing.ledger import Meter
+from core.deadlines import Deadline
 from core.errors import GatewayError, UpstreamError
 from core.types import CallStatus
 from gateway.codec import Reader, cost_of
@@ -41,15 +43,23 @@ class LastBatch(list):
     """The last batch of :func:`relay` (nothing follows it)."""
 
 
-async def relay(reader: Reader, response: aiohttp.ClientResponse, meter: Meter, provider: str,
+async def relay(reader: Reader, response: aiohttp.ClientResponse, meter: Meter, provider: str, idle: Deadline,
                 show_cost: bool = False) -> AsyncGenerator[list[Any], None]:  # fmt: skip
-    """The caller's pieces, a batch per upstream read, ending with a :class:`LastBatch`. ``show_cost``:
-    the reader's end carries the call's charge (:class:`~gateway.codec.Cost`; it is settled first)."""
+    """The caller's pieces, a batch per upstream read, ending with a :class:`LastBatch`. ``idle``: the
+    deadline of each read (the deployment's ``read_timeout``: an upstream silent that long has failed).
+    ``show_cost``: the reader's end carries the call's charge (:class:`~gateway.codec.Cost`; it is
+    settled first)."""
     outcome = StreamEnd()
     out = reader.start()
+    content = response.content
     try:
         try:
-            async for data in response.content.iter_any():
+            while True:
+                with idle:
+                    data = await content.readany()
+                if not data:  # the upstream's end
+                    reader.close(out)
+                    break
                 reader.feed(data, out)
                 if out and outcome.first_token_at is None:
                     outcome.first_token_at = time.monotonic()
@@ -58,8 +68,6 @@ async def relay(reader: Reader, response: aiohttp.ClientResponse, meter: Meter, 
                 if out:
                     yield out
                     out = []
-            else:
-                reader.close(out)
             if not reader.complete:
                 raise UpstreamError(f"The provider '{provider}' ended the stream before the answer was complete.")
             failure: GatewayError | None = None

@@ -109,6 +109,31 @@ def test_no_retry_after_the_first_byte(rstack: Stack) -> None:
     assert _requests_with(rstack, "openai", text) == 1
 
 
+def test_an_upstream_silent_mid_stream_for_its_read_timeout_ends_the_stream_billed_for_what_came(rstack: Stack) -> None:
+    """A deployment's ``read_timeout`` bounds each read of a stream (the gateway's own deadline since
+    aiohttp's per-read timer went): the upstream sends its first event (the role), then nothing for
+    longer; the caller gets it, then the in-band error, at the timeout, not when the upstream resumes;
+    the call is settled as an error that produced nothing (no charge) and its reservation released."""
+    good = rstack.gateway.providers["openai"]
+    use_deployment(rstack.gateway, Deployment("openai", good.base_url, good.api_key, 1, 0.4))
+    group = rstack.group(10)
+    client = rstack.client(rstack.key(group=group))
+    began = time.monotonic()
+    stream = client.chat.completions.create(
+        model="openai/gpt-4o-mini", stream=True, stream_options={"include_usage": True},
+        messages=[{"role": "user", "content": f"stall {time.time()} [tokens:6] [delay:1500]"}])  # fmt: skip
+    roles = []
+    with pytest.raises(openai.APIError) as failed:
+        for chunk in stream:
+            roles += [c.delta.role for c in chunk.choices if c.delta.role]
+    assert time.monotonic() - began < 1.3  # the next event was 1.5 s away: the read timed out at 0.4 s
+    assert roles == ["assistant"] and "lost mid-stream" in failed.value.message
+    [record] = rstack.run(rstack.store.usage(group=group))
+    assert record.status == "error" and "TimeoutError" in (record.error or "")
+    assert record.credits == 0 and not record.usage_exact
+    assert rstack.run(rstack.store.get_group(group)).balance == 10 * NANO
+
+
 def test_the_providers_refusal_of_the_gateways_key_is_a_502_nobody_retries(rstack: Stack) -> None:
     """The provider refuses the gateway's own key (401): 502 upstream_auth_failed, never blamed on the
     caller's key, not retried by the gateway (UpstreamFinal) nor by the openai SDK with its default two
