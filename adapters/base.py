@@ -131,6 +131,9 @@ OUT_OF_CREDIT = frozenset({"insufficient_quota", "billing_error", "FAILED_PRECON
 
 
 _LIMIT_REQUESTED = re.compile(r"\((\w+)\): Limit (\d+), Requested (\d+)")
+# Anthropic's 429 over the organization's input tokens per minute: the same words whether the minute's
+# usage or the request alone is over it (docs/providers.md, Errors)
+_INPUT_TPM = re.compile(r"of ([\d,]+) input tokens per minute")
 
 
 def too_large(provider: str, message: str) -> UpstreamTooLarge:
@@ -138,7 +141,12 @@ def too_large(provider: str, message: str) -> UpstreamTooLarge:
     30000, Requested 61337. The input or output tokens must be reduced ...", said again without the
     organization: the limit and what this call asked for are the caller's to know, the account not."""
     found = _LIMIT_REQUESTED.search(message)
-    sizes = f" ({found[1]}): limit {found[2]}, requested {found[3]}" if found else ""
+    return over_account(provider, f" ({found[1]}): limit {found[2]}, requested {found[3]}" if found else "")
+
+
+def over_account(provider: str, sizes: str) -> UpstreamTooLarge:
+    """A call that alone is over what the gateway's account with ``provider`` may use in a minute
+    (``sizes``: the limit and the call's size, for the caller)."""
     return UpstreamTooLarge(
         f"Request too large for the gateway's account with provider '{provider}'{sizes}. The input or output "
         "tokens must be reduced in order to run successfully (a shorter prompt or a lower max_tokens)."
@@ -160,8 +168,12 @@ def map_upstream_error(provider: str, status: int, body: bytes, headers: Mapping
         # organization and its usage, which is every tenant's together (docs/providers.md, Errors)
         retry = headers.get("retry-after")
         out = {"Retry-After": retry} if retry else {}
-        return RateLimited(f"The provider '{provider}' is rate limiting the gateway's requests; "
-                           "try again after the time in Retry-After.", headers=out)  # fmt: skip
+        limited = RateLimited(f"The provider '{provider}' is rate limiting the gateway's requests; "
+                              "try again after the time in Retry-After.", headers=out)  # fmt: skip
+        named = _INPUT_TPM.search(message or "")
+        if named:  # whether this call alone is over it, the caller's side can tell (gateway/chat_codec.py)
+            limited.input_tpm = int(named[1].replace(",", ""))
+        return limited
     if status in (401, 403):
         return UpstreamAuthFailed(
             f"The gateway's credentials for provider '{provider}' were rejected (upstream HTTP {status}). "

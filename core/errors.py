@@ -152,6 +152,7 @@ class RateLimited(GatewayError):
     status = 429
     type = "rate_limit_error"
     code = "rate_limit_exceeded"
+    input_tpm: int | None = None  # the provider's limit of input tokens a minute that its message named
 
 
 class UpstreamTooLarge(GatewayError):

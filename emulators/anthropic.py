@@ -372,9 +372,15 @@ def sse(event: str, data: dict[str, Any]) -> bytes:
     return b"event: " + event.encode() + b"\ndata: " + encode(data) + b"\n\n"
 
 
+def _input_tokens(body: dict[str, Any], turns: list[dict[str, Any]], units: list[Any] | None = None) -> int:
+    units = _units(body, turns) if units is None else units
+    return sum(tokens for _, tokens, _ in units) + 3 * len(turns) + 3
+
+
 class AnthropicEmulator(Emulator):
-    def __init__(self, api_key: str = "emu-key", rpm: int = 0) -> None:
+    def __init__(self, api_key: str = "emu-key", rpm: int = 0, itpm: int = 0) -> None:
         super().__init__(api_key, max_body=32 * 1024 * 1024, rpm=rpm)
+        self.itpm = itpm  # the organization's input tokens per minute: a request over it alone is refused
         self.cache: set[str] = set()  # prompt-cache prefixes written so far
         self.app.router.add_post("/v1/messages", self.messages)
         self.app.router.add_get("/v1/models", self.models)
@@ -391,17 +397,23 @@ class AnthropicEmulator(Emulator):
         if status == 402:
             return self.error(402, "Your credit balance is too low to access the Anthropic API. Please go to Plans & "
                               "Billing to upgrade or purchase credits.")  # fmt: skip
-        if status == 429:  # (the real message names the account's organization)
-            return self.error(429, f"This request would exceed the rate limit for your organization ({ORGANIZATION}) "
-                              "of 50,000 input tokens per minute. For details, refer to: "
+        if status == 429:
+            return self.input_limited(50_000)
+        if status == 529:
+            return self.error(529, "Overloaded")
+        return self.error(status, "Internal server error")
+
+    def input_limited(self, itpm: int) -> web.Response:
+        """Over the organization's input tokens per minute: the same words whether the minute's usage or
+        the request alone is over it (as reported in public bug reports; the real message names the
+        organization)."""
+        return self.error(429, f"This request would exceed the rate limit for your organization ({ORGANIZATION}) "
+                              f"of {itpm:,} input tokens per minute. For details, refer to: "
                               "https://docs.anthropic.com/en/api/rate-limits. You can see the response headers for "
                               "current usage. Please reduce the prompt length or the maximum tokens requested, or try "
                               "again later. You may also contact sales at https://www.anthropic.com/contact-sales to "
                               "discuss your options for a rate limit increase.",
-                              {"retry-after": "1", "anthropic-ratelimit-requests-remaining": "0"})  # fmt: skip
-        if status == 529:
-            return self.error(529, "Overloaded")
-        return self.error(status, "Internal server error")
+                              {"retry-after": "1", "anthropic-ratelimit-input-tokens-remaining": "0"})  # fmt: skip
 
     def _refused(self, request: web.Request) -> web.Response | None:
         key = request.headers.get("x-api-key")
@@ -446,6 +458,8 @@ class AnthropicEmulator(Emulator):
             model, turns = check_request(body)
         except Rejected as exc:
             return self.error(exc.status, exc.message)
+        if self.itpm and _input_tokens(body, turns) > self.itpm:
+            return self.input_limited(self.itpm)
         reply = plan(body, turns)
         await pause(reply.d.slow_ms)
         if reply.d.fault:
@@ -465,7 +479,7 @@ class AnthropicEmulator(Emulator):
 
     def _usage(self, model: str, body: dict[str, Any], turns: list[dict[str, Any]]) -> dict[str, Any]:
         units = _units(body, turns)
-        total = sum(tokens for _, tokens, _ in units) + 3 * len(turns) + 3
+        total = _input_tokens(body, turns, units)
         marks = [i for i, (_, _, cache) in enumerate(units) if isinstance(cache, dict)]
         read = write = 0
         ttl = "5m"

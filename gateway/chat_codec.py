@@ -10,10 +10,11 @@ from typing import Any
 
 import msgspec
 
-from adapters.base import Adapter, Call
+from adapters.base import Adapter, Call, over_account
+from billing import tokens
 from core.catalog import Model
 from core.deployments import Deployment
-from core.errors import GatewayError
+from core.errors import GatewayError, RateLimited
 from core.types import Endpoint, new_id
 from core.wire import ChatRequest, TokenUsage
 from gateway.codec import Answer, Codec, Leg, fallback_list
@@ -82,7 +83,10 @@ class ChatLeg(Leg):
         return self.call.raw
 
     def error(self, status: int, body: bytes, headers: Mapping[str, str]) -> GatewayError:
-        return self.adapter.error(status, body, headers)
+        error = self.adapter.error(status, body, headers)
+        if isinstance(error, RateLimited) and error.input_tpm:
+            return too_large_for(error, error.input_tpm, self.adapter.name, self.call.raw)
+        return error
 
     def answer(self, payload: bytes) -> Answer:
         # a plain answer (Adapter.plain_answer) keeps its fields as the upstream's bytes: of them only
@@ -114,3 +118,19 @@ class ChatLeg(Leg):
         call = self.call
         shaper = Shaper(call, completion_id(), int(time.time()))
         return ChatReader(call, self.adapter.stream(call), shaper, self.encode_only)
+
+
+# how far over a provider's per-minute input limit the gateway's estimate of a call's input must be to
+# call the call too large (the estimate is the gateway's tokenizer's, not the provider's own count)
+OVER = 1.25
+
+
+def too_large_for(error: RateLimited, limit: int, provider: str, request: dict[str, Any]) -> GatewayError:
+    """A 429 that names the account's input tokens per minute (Anthropic's words are the same whether
+    the minute's usage or the call alone is over it): the call alone, when its prompt is well over the
+    limit, which no wait cures (UpstreamTooLarge: never retried, no deployment rests for it); else the
+    rate limit it says."""
+    estimate = tokens.count_request(request)
+    if estimate < limit * OVER:
+        return error
+    return over_account(provider, f" (input tokens per minute): limit {limit}, requested about {estimate}")

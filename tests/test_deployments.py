@@ -22,6 +22,7 @@ import pytest
 
 from core.config import ReliabilitySettings, Settings, parse_settings
 from core.money import NANO
+from emulators.anthropic import AnthropicEmulator
 from emulators.openai import OpenAIEmulator
 from tests.conftest import REDIS_URL, Stack, metric, raw_request
 from tests.test_batches import lines_of, submit, wait
@@ -250,6 +251,43 @@ def test_a_call_too_large_for_the_providers_account_rests_no_deployment(tmp_path
         records = stack.run(stack.store.usage(group=group))
         assert records and {r.status for r in records} == {"error"} and sum(r.credits for r in records) == 0
         assert stack.run(stack.store.get_group(group)).balance == 100 * NANO  # the refused call cost nothing
+    finally:
+        sdk.close()
+        stack.stop()
+
+
+def test_a_prompt_over_anthropics_input_tokens_per_minute_rests_no_deployment(tmp_path: Path) -> None:
+    """Anthropic says the same words ("would exceed the rate limit for your organization of N input
+    tokens per minute") whether the minute's usage or the request alone is over N. A prompt well over
+    N (the gateway's own count, by a quarter) is too large, as OpenAI's "Request too large": tried on
+    each deployment once, never retried, no deployment rests, so another group's calls are served at
+    once; a 429 for the minute's usage (a small prompt) stays a rate limit. (Before, both deployments
+    rested for the Retry-After and the other group's call got 429 "cooling down".)"""
+
+    def build(urls: dict[str, str]) -> Settings:
+        items = [{"name": name, "base_url": urls[name] + "/v1", "api_key": f"key-{name}"} for name in ("a", "b")]
+        return parse_settings({"store": {"url": f"sqlite:///{tmp_path}/router.db"},
+                               "reliability": {"max_retries": 0, "breaker_threshold": 10**9},
+                               "providers": {"anthropic": {"deployments": items}}}, "test")  # fmt: skip
+
+    extra = {name: AnthropicEmulator(f"key-{name}", itpm=300) for name in ("a", "b")}
+    stack = Stack(tmp_path, extra=extra, configure=build).start()  # type: ignore[arg-type]
+    sdk = openai.OpenAI(base_url=stack.base_url, api_key=stack.key(), max_retries=2)  # the SDK's default
+    model = {"model": "anthropic/claude-haiku-4-5", "max_tokens": 5}
+    try:
+        big = f"{LARGE} {time.time()}"
+        with pytest.raises(openai.RateLimitError) as refused:
+            sdk.chat.completions.create(messages=[{"role": "user", "content": big}], **model)
+        error, headers = refused.value, refused.value.response.headers
+        assert error.type == "tokens" and "limit 300, requested about 4" in error.message  # type: ignore[attr-defined]
+        assert "organization" not in error.message and headers.get("x-should-retry") == "false"
+        sent = [r for e in extra.values() for r in e.requests if big in str(r["messages"])]
+        assert len(sent) == 2  # once on each deployment
+        other = stack.client()  # another group, at once: no deployment rests
+        assert other.chat.completions.create(messages=[{"role": "user", "content": "small"}], **model)
+        with pytest.raises(openai.RateLimitError) as limited:  # the minute's usage: a rate limit, as before
+            other.chat.completions.create(messages=[{"role": "user", "content": "small [fault:429]"}], **model)
+        assert limited.value.type == "rate_limit_error"  # type: ignore[attr-defined]
     finally:
         sdk.close()
         stack.stop()

@@ -14,7 +14,7 @@ import pytest
 from core.catalog import NANO
 from core.config import ReliabilitySettings, Settings, StoreSettings
 from core.deployments import Deployment
-from core.errors import UpstreamTooLarge
+from core.errors import RateLimited, UpstreamTooLarge
 from gateway.reliability import (
     PASS,
     REFUSED,
@@ -335,6 +335,28 @@ def test_backoff_and_breaker_units() -> None:
     assert b.allow(9, now=302) == REFUSED and b.allow(7, now=302) == REFUSED
     too_large = UpstreamTooLarge("Request too large")  # another deployment may serve it; no wait will
     assert failover(too_large) and not retryable(too_large) and not breaker_failure(too_large)
+
+
+def test_a_429_naming_the_input_tokens_per_minute_is_too_large_only_for_a_prompt_well_over_it() -> None:
+    from adapters.base import map_upstream_error
+    from gateway.chat_codec import too_large_for
+
+    body = json.dumps({"type": "error", "error": {"type": "rate_limit_error", "message": (
+        "This request would exceed the rate limit for your organization (org-x) of 1,000 input tokens per "
+        "minute. For details, refer to: https://docs.anthropic.com/en/api/rate-limits.")}}).encode()  # fmt: skip
+    limited = map_upstream_error("anthropic", 429, body, {"retry-after": "3"})
+    assert isinstance(limited, RateLimited) and limited.input_tpm == 1000 and limited.headers["Retry-After"] == "3"
+
+    def ask(words: int) -> dict[str, Any]:
+        return {"messages": [{"role": "user", "content": "word " * words}]}
+
+    assert too_large_for(limited, 1000, "anthropic", ask(900)) is limited  # the minute's usage, maybe
+    assert too_large_for(limited, 1000, "anthropic", ask(1100)) is limited  # within the estimate's margin
+    over = too_large_for(limited, 1000, "anthropic", ask(2000))
+    assert isinstance(over, UpstreamTooLarge) and "limit 1000, requested about 20" in over.message
+    assert "org-x" not in over.message and over.headers["x-should-retry"] == "false"
+    plain = map_upstream_error("openai", 429, b'{"error": {"message": "Rate limit reached for requests"}}', {})
+    assert isinstance(plain, RateLimited) and plain.input_tpm is None
 
 
 def _open_circuit(rstack: Stack, model: str = "upstage/solar-mini") -> None:
