@@ -372,8 +372,8 @@ def sse(event: str, data: dict[str, Any]) -> bytes:
     return b"event: " + event.encode() + b"\ndata: " + encode(data) + b"\n\n"
 
 
-def _input_tokens(body: dict[str, Any], turns: list[dict[str, Any]], units: list[Any] | None = None) -> int:
-    units = _units(body, turns) if units is None else units
+def _input_tokens(units: list[tuple[bytes, int, Any]], turns: list[dict[str, Any]]) -> int:
+    """A request's input tokens, from its ``_units``."""
     return sum(tokens for _, tokens, _ in units) + 3 * len(turns) + 3
 
 
@@ -458,7 +458,7 @@ class AnthropicEmulator(Emulator):
             model, turns = check_request(body)
         except Rejected as exc:
             return self.error(exc.status, exc.message)
-        if self.itpm and _input_tokens(body, turns) > self.itpm:
+        if self.itpm and _input_tokens(_units(body, turns), turns) > self.itpm:
             return self.input_limited(self.itpm)
         reply = plan(body, turns)
         await pause(reply.d.slow_ms)
@@ -479,7 +479,7 @@ class AnthropicEmulator(Emulator):
 
     def _usage(self, model: str, body: dict[str, Any], turns: list[dict[str, Any]]) -> dict[str, Any]:
         units = _units(body, turns)
-        total = _input_tokens(body, turns, units)
+        total = _input_tokens(units, turns)
         marks = [i for i, (_, _, cache) in enumerate(units) if isinstance(cache, dict)]
         read = write = 0
         ttl = "5m"

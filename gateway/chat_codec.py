@@ -85,7 +85,7 @@ class ChatLeg(Leg):
     def error(self, status: int, body: bytes, headers: Mapping[str, str]) -> GatewayError:
         error = self.adapter.error(status, body, headers)
         if isinstance(error, RateLimited) and error.input_tpm:
-            return too_large_for(error, error.input_tpm, self.adapter.name, self.call.raw)
+            return too_large_for(error, self.adapter.name, self.call.raw)
         return error
 
     def answer(self, payload: bytes) -> Answer:
@@ -125,11 +125,12 @@ class ChatLeg(Leg):
 OVER = 1.25
 
 
-def too_large_for(error: RateLimited, limit: int, provider: str, request: dict[str, Any]) -> GatewayError:
-    """A 429 that names the account's input tokens per minute (Anthropic's words are the same whether
-    the minute's usage or the call alone is over it): the call alone, when its prompt is well over the
-    limit, which no wait cures (UpstreamTooLarge: never retried, no deployment rests for it); else the
-    rate limit it says."""
+def too_large_for(error: RateLimited, provider: str, request: dict[str, Any]) -> GatewayError:
+    """A 429 that names the account's input tokens per minute (``error.input_tpm``; Anthropic's words
+    are the same whether the minute's usage or the call alone is over it): the call alone, when its
+    prompt is well over the limit, which no wait cures (UpstreamTooLarge: never retried, no deployment
+    rests for it); else the rate limit it says."""
+    limit = error.input_tpm or 0
     estimate = tokens.count_request(request)
     if estimate < limit * OVER:
         return error

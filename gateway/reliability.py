@@ -152,7 +152,7 @@ class Breaker:
 
     def open_for(self, group: int) -> bool:
         """Whether ``group``'s calls are skipped now (open, and not only another group's doing)."""
-        return self.failures >= self.threshold and self._blames(group) and time.monotonic() < self.open_until
+        return self.state == "open" and self._blames(group)
 
     def _blames(self, group: int) -> bool:
         """Whether ``group``'s calls are among those that failed since the last success."""

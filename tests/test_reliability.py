@@ -350,9 +350,9 @@ def test_a_429_naming_the_input_tokens_per_minute_is_too_large_only_for_a_prompt
     def ask(words: int) -> dict[str, Any]:
         return {"messages": [{"role": "user", "content": "word " * words}]}
 
-    assert too_large_for(limited, 1000, "anthropic", ask(900)) is limited  # the minute's usage, maybe
-    assert too_large_for(limited, 1000, "anthropic", ask(1100)) is limited  # within the estimate's margin
-    over = too_large_for(limited, 1000, "anthropic", ask(2000))
+    assert too_large_for(limited, "anthropic", ask(900)) is limited  # the minute's usage, maybe
+    assert too_large_for(limited, "anthropic", ask(1100)) is limited  # within the estimate's margin
+    over = too_large_for(limited, "anthropic", ask(2000))
     assert isinstance(over, UpstreamTooLarge) and "limit 1000, requested about 20" in over.message
     assert "org-x" not in over.message and over.headers["x-should-retry"] == "false"
     plain = map_upstream_error("openai", 429, b'{"error": {"message": "Rate limit reached for requests"}}', {})
