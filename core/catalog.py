@@ -20,8 +20,8 @@ from core.money import NANO
 from core.types import Endpoint
 
 BUILTIN = Path(__file__).with_name("catalog.toml")
-ENDPOINT_PATHS = {"chat": "chat/completions", "responses": "responses", "embeddings": "embeddings",
-                  "images": "images/generations"}
+ENDPOINT_PATHS = {"chat": "chat/completions", "responses": "responses", "messages": "messages",
+                  "embeddings": "embeddings", "images": "images/generations"}
 
 
 class ConfigError(Exception):
@@ -182,11 +182,20 @@ class Catalog:
         for model_spec in models:
             self.models[model_spec.id] = self._build(model_spec, specs, source)
         self._lookup: dict[str, Model] = {}
+        bare: dict[str, list[str]] = {}
         for model_id, model in self.models.items():
             prefix, name = model_id.split("/", 1)
             for alias, canonical in self.prefix_alias.items():
                 if canonical == prefix:
                     self._lookup[f"{alias}/{name}"] = model
+            bare.setdefault(name, []).append(model_id)
+        # a bare id (``claude-opus-4-8``, as coding agents send them) names the one model of that name
+        self._ambiguous = {name: ids for name, ids in bare.items() if len(ids) > 1}
+        for name, ids in bare.items():
+            if len(ids) == 1:
+                self._lookup.setdefault(name, self.models[ids[0]])
+        self._names: dict[str, Model] = {}  # the operator's names for every group (``[models] map``)
+        self._group_names: dict[str, dict[str, Model]] = {}  # and for one group (``[models.groups.<name>]``)
 
     def _build(self, spec: ModelSpec, specs: dict[str, ModelSpec], source: str) -> Model:
         where = f"{source}: model {spec.id!r}"
@@ -210,7 +219,8 @@ class Catalog:
             provider=prefix,
             upstream=upstream,
             kind=target.kind,
-            endpoints=frozenset(target.endpoints),
+            # a model that chats serves Anthropic's Messages API too (gateway/messages_codec.py)
+            endpoints=frozenset(target.endpoints) | ({"messages"} if "chat" in target.endpoints else set()),
             image_input=target.image_input,
             reasoning=target.reasoning,
             context=target.context,
@@ -246,11 +256,36 @@ class Catalog:
             source = str(extra)
         return cls(providers, list(models.values()), source)
 
-    def resolve(self, model_id: str) -> Model:
+    def named(self, names: dict[str, str], groups: dict[str, dict[str, str]], source: str = "config") -> Catalog:
+        """This catalog with the operator's names (``[models]``): a name → a catalog model, for every
+        group or for one group (which wins); a name may hide a catalog id or a bare id."""
+
+        def target(name: str, model_id: str, where: str) -> Model:
+            try:
+                return self.resolve(model_id)
+            except (ModelNotFound, InvalidRequest):
+                raise ConfigError(f"{source}: {where}: {name!r} maps to {model_id!r}, which is not in the catalog") from None
+
+        self._names = {name: target(name, to, "models.map") for name, to in names.items()}
+        self._group_names = {group: {name: target(name, to, f"models.groups.{group}") for name, to in mapped.items()}
+                             for group, mapped in groups.items()}  # fmt: skip
+        return self
+
+    def resolve(self, model_id: str, group: str | None = None) -> Model:
+        """The model a caller means by ``model_id``: the operator's name for its group or for every group,
+        a catalog id (any provider alias, any case), or a bare id that names one model (400 if several)."""
+        if self._names or self._group_names:
+            mapped = self._group_names.get(group or "", {}).get(model_id) or self._names.get(model_id)
+            if mapped is not None:
+                return mapped
         model = self._lookup.get(model_id)
         if model is None:
             model = self._lookup.get(model_id.lower())
         if model is None:
+            candidates = self._ambiguous.get(model_id.lower())
+            if candidates:
+                raise InvalidRequest(f"The model `{model_id}` is ambiguous: it names {', '.join(candidates)}. Send one "
+                                     "of these ids.", param="model", code="ambiguous_model")  # fmt: skip
             hint = ""
             if "/" not in model_id:
                 hint = " Model ids have the form '<provider>/<model_name>', e.g. 'openai/gpt-4o-mini'; GET /v1/models lists them."

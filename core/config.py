@@ -241,6 +241,15 @@ class ResponsesSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
     background_concurrency: Annotated[int, msgspec.Meta(ge=1)] = 16  # background responses one process runs
 
 
+class ModelNames(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``[models]``: names callers send, mapped to catalog models (``map``: for every group;
+    ``groups.<name>``: for one group, which wins). A name may hide a catalog id: Claude Code's
+    ``claude-haiku-4-5`` sent to ``google/gemini-2.5-flash``, say."""
+
+    map: dict[str, str] = {}
+    groups: dict[str, dict[str, str]] = {}
+
+
 class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     server: ServerSettings = msgspec.field(default_factory=ServerSettings)
     store: StoreSettings = msgspec.field(default_factory=StoreSettings)
@@ -256,9 +265,11 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     alerts: AlertsSettings = msgspec.field(default_factory=AlertsSettings)
     billing: BillingSettings = msgspec.field(default_factory=BillingSettings)
     responses: ResponsesSettings = msgspec.field(default_factory=ResponsesSettings)
+    models: ModelNames = msgspec.field(default_factory=ModelNames)
 
     def load_catalog(self) -> Catalog:
-        return Catalog.load(Path(self.catalog.path) if self.catalog.path else None)
+        catalog = Catalog.load(Path(self.catalog.path) if self.catalog.path else None)
+        return catalog.named(self.models.map, self.models.groups) if self.models.map or self.models.groups else catalog
 
     def deployments(self, prefix: str, catalog: Catalog) -> list[Deployment]:
         """One provider group's deployments, credentials read (a ConfigError names a deployment whose

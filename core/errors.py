@@ -36,6 +36,11 @@ call over a ceiling it can never fit) says ``x-should-retry: false``, which the 
 before their own rule (they retry a 429 and a 5xx twice by default).
 
 After a stream has started, an error goes out as one SSE event ``data: {"error": ...}`` instead.
+
+On Anthropic's Messages API (``/v1/messages``) the same errors speak Anthropic's dialect
+(:func:`anthropic_error`): ``{"type": "error", "error": {"type", "message"}}`` with Anthropic's types,
+the gateway's unavailable upstream as 529 ``overloaded_error`` (what its clients retry), and in a
+stream one ``event: error``.
 """
 
 from __future__ import annotations
@@ -208,3 +213,35 @@ class UpstreamAuthFailed(UpstreamFinal):
 class UpstreamQuotaExceeded(UpstreamFinal):
     code = "upstream_quota_exceeded"
     final = True  # until the operator tops the account up
+
+
+# Anthropic's error types by HTTP status (its API reference, "Errors"); what has no status of its own there
+# keeps ours with the nearest type
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 402: "billing_error",
+                   403: "permission_error", 404: "not_found_error", 405: "invalid_request_error",
+                   408: "timeout_error", 413: "request_too_large", 415: "invalid_request_error",
+                   429: "rate_limit_error", 500: "api_error", 502: "api_error", 503: "api_error",
+                   504: "timeout_error", 529: "overloaded_error"}  # fmt: skip
+
+
+class AnthropicBody(msgspec.Struct):
+    type: str
+    message: str
+
+
+class AnthropicEnvelope(msgspec.Struct):
+    error: AnthropicBody
+    type: str = "error"
+
+
+def anthropic_status(exc: GatewayError) -> tuple[int, str]:
+    """The status and Anthropic error type of ``exc``: an upstream that is unavailable or overloaded is
+    529 ``overloaded_error`` (Anthropic's SDKs and Claude Code retry it)."""
+    status = 529 if isinstance(exc, UpstreamUnavailable) else exc.status
+    return status, ANTHROPIC_TYPES.get(status, "api_error")
+
+
+def anthropic_error(exc: GatewayError) -> tuple[int, bytes]:
+    """``exc`` in Anthropic's dialect: (status, body)."""
+    status, kind = anthropic_status(exc)
+    return status, _encode(AnthropicEnvelope(AnthropicBody(kind, exc.message)))

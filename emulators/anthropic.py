@@ -20,7 +20,7 @@ import msgspec
 from aiohttp import web
 
 from emulators.common import Emulator, decode, encode, nth, pause, play, random_id, retry_after
-from emulators.directives import Directives, count_tokens, directives, fake_arguments, reply_pieces
+from emulators.directives import Directives, count_tokens, directives, reply_pieces
 
 # id -> (display name, max output tokens, created_at)
 ORGANIZATION = "5f0c9a3e-7d1b-4c2a-9e8f-3b6d2a1c0e94"  # the account's organization, named in its rate-limit errors
@@ -48,6 +48,8 @@ FIELDS = {
     "tools", "tool_choice", "thinking", "metadata", "service_tier", "cache_control", "output_config",
     "container", "inference_geo", "mcp_servers", "context_management", "diagnostics", "speed",
 }  # fmt: skip
+COUNT_FIELDS = {"model", "messages", "system", "tools", "tool_choice", "thinking", "mcp_servers", "context_management",
+                "output_config", "output_format", "cache_control"}  # fmt: skip
 VERSIONS = {"2023-01-01", "2023-06-01", "2026-10-21"}  # the last is what anthropic SDK 2.x sends
 BLOCKS = {"text", "image", "document", "tool_use", "tool_result", "thinking", "redacted_thinking",
           "search_result", "server_tool_use", "web_search_tool_result"}  # fmt: skip
@@ -155,9 +157,14 @@ def _check_messages(messages: Any) -> list[dict[str, Any]]:
     _require(len(messages) > 0, "messages: at least one message is required")
     turns: list[dict[str, Any]] = []
     for i, message in enumerate(messages):
-        _require(isinstance(message, dict) and message.get("role") in ("user", "assistant"),
-                 f"messages.{i}.role: Input should be 'user' or 'assistant'")  # fmt: skip
+        _require(isinstance(message, dict) and message.get("role") in ("user", "assistant", "system"),
+                 f"messages.{i}.role: Input should be 'user', 'assistant' or 'system'")  # fmt: skip
         content = message.get("content")
+        if message["role"] == "system":  # a mid-conversation system message: text blocks, not a turn
+            _require(isinstance(content, str) or (isinstance(content, list) and all(
+                isinstance(b, dict) and b.get("type") in ("text", "mid_conv_system") for b in content)),
+                f"messages.{i}.content: a system message holds text blocks")  # fmt: skip
+            continue
         _require(isinstance(content, str | list), f"messages.{i}.content: Input should be a valid list")
         final_assistant = i == len(messages) - 1 and message["role"] == "assistant"
         _require(bool(content) or final_assistant,
@@ -168,7 +175,7 @@ def _check_messages(messages: Any) -> list[dict[str, Any]]:
             turns[-1]["content"].extend(_blocks(content))
         else:
             turns.append({"role": message["role"], "content": _blocks(content)})
-    _require(turns[0]["role"] == "user", 'messages: first message must use the "user" role')
+    _require(bool(turns) and turns[0]["role"] == "user", 'messages: first message must use the "user" role')
     _check_pairs(turns)
     last = turns[-1]
     if last["role"] == "assistant" and last["content"] and last["content"][-1].get("type") == "text":
@@ -317,7 +324,7 @@ def _pick_tool(body: dict[str, Any], d: Directives, answered: bool) -> tuple[dic
     forced = choice["type"] in ("any", "tool")
     if not tools or answered or choice["type"] == "none" or not (d.tool or forced):
         return None
-    tool = next((t for t in tools if t["name"] == choice.get("name")), tools[0])
+    tool = next((t for t in tools if t["name"] == choice.get("name")), tools[d.tool_index([t["name"] for t in tools])])
     return tool, forced
 
 
@@ -336,7 +343,7 @@ def plan(body: dict[str, Any], turns: list[dict[str, Any]]) -> Reply:
         tool, forced = picked
         if not forced:  # left to choose, Claude says what it is about to do
             reply.segments.append(Segment("text", ["I'll", " use", f" {tool['name']}", "."]))
-        arguments = encode(fake_arguments(tool.get("input_schema"))).decode()
+        arguments = encode(d.arguments(tool["name"], tool.get("input_schema"))).decode()
         half = len(arguments) // 2
         call = {"id": "toolu_01" + random_id(22), "name": tool["name"], "input": decode(arguments)}
         reply.segments.append(Segment("tool_use", ["", arguments[:half], arguments[half:]], call))
@@ -383,6 +390,7 @@ class AnthropicEmulator(Emulator):
         self.itpm = itpm  # the organization's input tokens per minute: a request over it alone is refused
         self.cache: set[str] = set()  # prompt-cache prefixes written so far
         self.app.router.add_post("/v1/messages", self.messages)
+        self.app.router.add_post("/v1/messages/count_tokens", self.count_tokens)
         self.app.router.add_get("/v1/models", self.models)
 
     # -- errors -----------------------------------------------------------------------------------
@@ -438,6 +446,31 @@ class AnthropicEmulator(Emulator):
         data = [{"type": "model", "id": mid, "display_name": name, "created_at": created}
                 for mid, (name, _, created) in MODELS.items()]  # fmt: skip
         return web.json_response({"data": data, "has_more": False, "first_id": data[0]["id"], "last_id": data[-1]["id"]})
+
+    # -- count_tokens -----------------------------------------------------------------------------
+    async def count_tokens(self, request: web.Request) -> web.Response:
+        """``POST /v1/messages/count_tokens``: the prompt's input tokens (MessageCountTokensParams: no
+        ``max_tokens``, no ``stream``), validated as a message would be."""
+        refused = self._refused(request)
+        if refused is not None:
+            return refused
+        try:
+            body = decode(await request.read())
+        except msgspec.DecodeError:
+            return self.error(400, "There was an error parsing the body of your request as JSON.")
+        if not isinstance(body, dict):
+            return self.error(400, "The request body must be a JSON object.")
+        try:
+            extra = sorted(set(body) - COUNT_FIELDS)
+            _require(not extra, f"{extra[0] if extra else ''}: Extra inputs are not permitted")
+            _require(isinstance(body.get("model"), str), "model: Field required")
+            model = ALIASES.get(body["model"], body["model"])
+            _require(model in MODELS, f"model: {body['model']}", 404)
+            turns = _check_messages(body.get("messages"))
+            _check_tools(body)
+        except Rejected as exc:
+            return self.error(exc.status, exc.message)
+        return web.json_response({"input_tokens": _input_tokens(_units(body, turns), turns)})
 
     # -- messages ---------------------------------------------------------------------------------
     async def messages(self, request: web.Request) -> web.StreamResponse:

@@ -20,6 +20,8 @@ Directives are magic words in the last user message:
     [flaky:N]        the first N requests with this same text get a 503, later ones succeed
     [limited:N]      the first N requests with this same text get a 429 with retry-after 0.1
     [think]          produce reasoning output before the answer (providers that have it)
+    [call:NAME {...}]  call the tool named NAME (if offered; else as [tool]) with these arguments (JSON
+                     without brackets; without it, arguments that fit the tool's schema)
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ _PIECE = re.compile(r"\s*\S+")
 _DIRECTIVE = re.compile(
     r"\[(fault|slow|delay|cut|tokens|flaky|limited):(\d+)\]|\[(midfail|malformed|echo|split|tool|think)\]"
 )
+_CALL = re.compile(r"\[call:([A-Za-z0-9_.-]+)(?:\s+(\{[^\[\]]*\}))?\]")
 
 WORDS = (
     "the router answers every call with care and the credits are billed exactly while streams flow "
@@ -63,7 +66,19 @@ class Directives:
     split: bool = False
     tool: bool = False
     think: bool = False
+    call: str | None = None  # [call:NAME]: the tool to call
+    call_input: dict[str, Any] | None = None  # and its arguments, if given
     text: str = ""
+
+    def tool_index(self, names: list[str]) -> int:
+        """Which of the offered tools (by name) the model calls: the one [call:NAME] names, else the first."""
+        return names.index(self.call) if self.call in names else 0
+
+    def arguments(self, name: str, schema: Any) -> dict[str, Any]:
+        """The arguments of a call of the tool ``name``: those [call:NAME {...}] gives, else ones that fit."""
+        if self.call == name and self.call_input is not None:
+            return self.call_input
+        return fake_arguments(schema)
 
 
 _NUMBERS = {"slow": "slow_ms", "delay": "delay_ms"}  # [name:N] → the field it sets (else the same name)
@@ -77,6 +92,15 @@ def directives(text: str) -> Directives:
             setattr(d, _NUMBERS.get(name, name), int(value))
         elif flag:
             setattr(d, flag, True)
+    call = _CALL.search(text)
+    if call is not None:
+        d.call, d.tool = call.group(1), True
+        try:
+            given = json.loads(call.group(2)) if call.group(2) else None
+        except ValueError:
+            given = None
+        d.call_input = given if isinstance(given, dict) else None
+        text = _CALL.sub("", text)
     d.text = _DIRECTIVE.sub("", text).strip()
     return d
 

@@ -29,7 +29,6 @@ from emulators.directives import (
     Directives,
     count_tokens,
     directives,
-    fake_arguments,
     reply_pieces,
     structured_pieces,
 )
@@ -453,8 +452,9 @@ class GeminiEmulator(Emulator):
             return []
         allowed = get(calling, "allowedFunctionNames") or []
         pool = [f for f in declarations if not allowed or f.get("name") in allowed] or declarations
-        chosen = pool[:2] if two and len(pool) > 1 else pool[:1]
-        return [{"name": f.get("name", "tool"), "args": fake_arguments(_schema(f))} for f in chosen]
+        first = d.tool_index([f.get("name") for f in pool])
+        chosen = pool[:2] if two and len(pool) > 1 else pool[first : first + 1]
+        return [{"name": f.get("name", "tool"), "args": d.arguments(f.get("name", "tool"), _schema(f))} for f in chosen]
 
     async def post(self, request: web.Request) -> web.StreamResponse:
         model, _, method = request.match_info["target"].partition(":")

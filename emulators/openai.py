@@ -17,7 +17,6 @@ from emulators.directives import (
     Flakiness,
     count_tokens,
     directives,
-    fake_arguments,
     reply_pieces,
     structured_pieces,
 )
@@ -185,12 +184,12 @@ class OpenAIEmulator(Emulator):
         if tools and messages[-1].get("role") != "tool" and choice != "none" and (
             d.tool or choice in ("required", "any") or isinstance(choice, dict)
         ):
-            fn = tools[0].get("function", {})
+            fn = tools[d.tool_index([t.get("function", {}).get("name") for t in tools])].get("function", {})
             if isinstance(choice, dict) and choice.get("type") != "custom":
                 fn = next((t["function"] for t in tools if t.get("function", {}).get("name") == choice.get("function", {}).get("name")), fn)
             call_id = random_id(9) if self.flavour == "mistral" else "call_" + random_id(24)
             tool_call = {"id": call_id, "type": "function",
-                         "function": {"name": fn.get("name", "tool"), "arguments": encode(fake_arguments(fn.get("parameters"))).decode()}}  # fmt: skip
+                         "function": {"name": fn.get("name", "tool"), "arguments": encode(d.arguments(fn.get("name", "tool"), fn.get("parameters"))).decode()}}  # fmt: skip
             custom = tools[0].get("custom") if tools[0].get("type") == "custom" else None
             if isinstance(choice, dict) and choice.get("type") == "custom":
                 custom = next((t["custom"] for t in tools if t.get("custom", {}).get("name") == choice.get("custom", {}).get("name")), custom)

@@ -26,7 +26,6 @@ from emulators.directives import (
     Directives,
     count_tokens,
     directives,
-    fake_arguments,
     reply_pieces,
     structured_pieces,
 )
@@ -268,12 +267,12 @@ class ResponsesHandler:
         if not (d.tool or choice == "required" or named):
             return None
         wanted = choice.get("name") if isinstance(choice, dict) else None
-        tool = next((t for t in tools if named and t["name"] == wanted), tools[0])
+        tool = next((t for t in tools if named and t["name"] == wanted), tools[d.tool_index([t["name"] for t in tools])])
         return {
             "id": _rid("fc"),
             "type": "function_call",
             "status": "completed",
-            "arguments": encode(fake_arguments(tool.get("parameters"))).decode(),
+            "arguments": encode(d.arguments(tool["name"], tool.get("parameters"))).decode(),
             "call_id": "call_" + random_id(24),
             "name": tool["name"],
         }

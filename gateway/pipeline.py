@@ -81,7 +81,7 @@ class Pipeline:
         image input, tools, custom tools, the key's allow-list, the output cap (400/403/404)."""
         gw = self.gw
         model_id = model_id or req.model
-        model = gw.catalog.resolve(model_id)
+        model = gw.catalog.resolve(model_id, principal.group_name)
         gw.catalog.require_endpoint(model, model_id, endpoint)
         if not model.image_input and req.has_images():
             raise InvalidRequest(
@@ -116,11 +116,11 @@ class Pipeline:
             )
         return model
 
-    def candidates(self, codec: Codec) -> list[str]:
+    def candidates(self, codec: Codec, group: str) -> list[str]:
         """The models to try in order: the one asked for, the request's own ``models`` list (as
         OpenRouter accepts it), then the catalog's fallbacks of the first."""
         first = codec.view.model
-        return list(dict.fromkeys([first, *codec.models, *self.gw.catalog.resolve(first).fallbacks]))
+        return list(dict.fromkeys([first, *codec.models, *self.gw.catalog.resolve(first, group).fallbacks]))
 
     async def start(self, context: CallContext, codec: Codec) -> Started:
         """Try each candidate model in turn (retrying each as the reliability settings say) until one
@@ -128,7 +128,7 @@ class Pipeline:
         gw = self.gw
         principal = context.principal
         deadline = time.monotonic() + gw.settings.reliability.deadline
-        ids = self.candidates(codec)
+        ids = self.candidates(codec, principal.group_name)
         last: GatewayError | None = None
         limit_headers: Headers | None = None
         flight: Flight | None = None  # its places among the calls in flight, given back when it ends

@@ -24,35 +24,40 @@ from core.errors import GatewayError, MethodNotAllowed, NotFound, StoreUnavailab
 from core.types import ASGIApp, Scope
 from gateway.state import Gateway
 from jobs.runner import JobRunner
-from router import batches, logs, openapi, stored_responses
+from router import batches, logs, messages, openapi, stored_responses
 from router.chat import ChatCompletions, record_refusal
 from router.embeddings import Embeddings
 from router.health import Readiness, metrics_endpoint
 from router.images import Images
-from router.middleware import ErrorApp, Front, cors, endpoint_app
+from router.middleware import ErrorApp, Front, cors, endpoint_app, route_path
 from router.models import Models
 from router.replies import JSONBytes
 from router.responses_api import Responses
 
 log = logging.getLogger("router")
+MESSAGES = "/v1/messages"  # Anthropic's Messages API: its errors in Anthropic's dialect
 
 
-def _error_response(exc: GatewayError) -> Response:
+def _error_response(exc: GatewayError, path: str = "") -> Response:
+    """``exc`` in its caller's dialect: Anthropic's on its Messages API, OpenAI's everywhere else."""
+    if path.startswith(MESSAGES):
+        return messages.error_response(exc)
     return JSONBytes(exc.render(), status_code=exc.status, headers=exc.headers)
 
 
 async def _gateway_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GatewayError)
-    return _error_response(exc)
+    return _error_response(exc, route_path(request.scope))
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
+    path = route_path(request.scope)
     if exc.status_code == 405:
-        return _error_response(MethodNotAllowed(f"Method {request.method} is not allowed on {request.url.path}."))
+        return _error_response(MethodNotAllowed(f"Method {request.method} is not allowed on {request.url.path}."), path)
     if exc.status_code == 404:
-        return _error_response(NotFound(f"Unknown path {request.url.path}: this gateway serves /v1/chat/completions, /v1/responses, /v1/embeddings, /v1/images/generations, /v1/images/edits, /v1/models."))
-    return _error_response(GatewayError(str(exc.detail)))
+        return _error_response(NotFound(f"Unknown path {request.url.path}: this gateway serves /v1/chat/completions, /v1/responses, /v1/messages, /v1/embeddings, /v1/images/generations, /v1/images/edits, /v1/models."), path)
+    return _error_response(GatewayError(str(exc.detail)), path)
 
 
 def _answerer(gateway: Gateway) -> ErrorApp:
@@ -64,23 +69,23 @@ def _answerer(gateway: Gateway) -> ErrorApp:
             exc = StoreUnavailable()
         if isinstance(exc, GatewayError):
             record_refusal(gateway, logs.trace_of(scope), exc)
-        return _answer(exc)
+        return _answer(exc, route_path(scope))
 
     return answer
 
 
-def _answer(exc: Exception) -> Response:
+def _answer(exc: Exception, path: str) -> Response:
     """The error response of an exception (a GatewayError's own, or a generic 500)."""
     if isinstance(exc, GatewayError):
-        return _error_response(exc)
+        return _error_response(exc, path)
     if isinstance(exc, StoreDown):  # the store cannot be used now: the caller may retry (503, Retry-After)
-        return _error_response(StoreUnavailable())
-    return _error_response(GatewayError("The gateway hit an internal error; the request was not completed."))
+        return _error_response(StoreUnavailable(), path)
+    return _error_response(GatewayError("The gateway hit an internal error; the request was not completed."), path)
 
 
 async def _crash(request: Request, exc: Exception) -> Response:
     log.exception("unhandled error on %s", request.url.path)
-    return _answer(exc)
+    return _answer(exc, route_path(request.scope))
 
 
 async def _health(request: Request) -> Response:
@@ -128,11 +133,13 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
             await gateway.stop()
 
     chat, responses = ChatCompletions(gateway).handle, Responses(gateway).handle
+    anthropic = messages.Messages(gateway)
     embeddings = Embeddings(gateway).handle
     images = Images(gateway)
     app = RouterApp(
         # POST on these is answered by Front directly; the routes answer other methods (405)
         fast={"/v1/chat/completions": endpoint_app(chat), "/v1/responses": endpoint_app(responses),
+              MESSAGES: endpoint_app(anthropic.handle), f"{MESSAGES}/count_tokens": endpoint_app(anthropic.count_tokens),
               "/v1/embeddings": endpoint_app(embeddings), "/v1/images/generations": endpoint_app(images.generations),
               "/v1/images/edits": endpoint_app(images.edits)},
         access_log=obs.access_log,
@@ -143,6 +150,8 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
         routes=[
             Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/v1/responses", responses, methods=["POST"]),
+            Route(MESSAGES, anthropic.handle, methods=["POST"]),
+            Route(f"{MESSAGES}/count_tokens", anthropic.count_tokens, methods=["POST"]),
             Route("/v1/embeddings", embeddings, methods=["POST"]),
             Route("/v1/images/generations", images.generations, methods=["POST"]),
             Route("/v1/images/edits", images.edits, methods=["POST"]),

@@ -82,17 +82,19 @@ async def principal_of(gw: Gateway, request: Request) -> Principal:
     return await gw.auth.authenticate(request.headers.get("authorization"))
 
 
-async def begin_call(gw: Gateway, request: Request, endpoint: Endpoint,
-                     json: bool = True) -> tuple[CallContext, Trace, bytes]:  # fmt: skip
+async def begin_call(gw: Gateway, request: Request, endpoint: Endpoint, json: bool = True,
+                     authorization: str | None = None) -> tuple[CallContext, Trace, bytes]:  # fmt: skip
     """The start of a model call endpoint: the gateway started, the caller authenticated (and noted
     in the request's trace for the access log: the key's id and group, never the key), the JSON body
-    read (JSON unless ``json`` is false). Returns the call's context, the request's trace and the body."""
+    read (JSON unless ``json`` is false). ``authorization``: the key as an Authorization header, when
+    the endpoint takes it elsewhere too (else the request's own header). Returns the call's context,
+    the request's trace and the body."""
     if not gw.started:
         await gw.start()
     trace = trace_of(request.scope)
     context = given_context(request)
     if context is None:
-        principal = await gw.auth.authenticate(request.headers.get("authorization"))
+        principal = await gw.auth.authenticate(authorization or request.headers.get("authorization"))
         context = CallContext(principal, trace.request_id or None, "api", endpoint)
     trace.caller = context.principal
     trace.context = context

@@ -40,6 +40,18 @@ ERROR: dict[str, Any] = {
         }
     },
 }
+ANTHROPIC_ERROR: dict[str, Any] = {
+    "type": "object",
+    "required": ["type", "error"],
+    "properties": {
+        "type": {"const": "error"},
+        "error": {
+            "type": "object",
+            "required": ["type", "message"],
+            "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+        },
+    },
+}
 OBJECT: dict[str, Any] = {"type": "object"}
 CREDITS: dict[str, Any] = {"type": ["string", "number"], "description": "credits, up to 9 decimals"}
 RESPONSES_REQUEST: dict[str, Any] = {
@@ -65,6 +77,38 @@ RESPONSES_REQUEST: dict[str, Any] = {
         "user": {"type": "string"},
     },
 }
+_BLOCKS: dict[str, Any] = {"type": "array", "items": {"type": "object", "required": ["type"],
+                                                      "properties": {"type": {"type": "string"}}}}
+MESSAGES_REQUEST: dict[str, Any] = {
+    "type": "object",
+    "required": ["model", "max_tokens", "messages"],
+    "description": "Anthropic's Messages request: passed through for anthropic/... models, translated for the others.",
+    "properties": {
+        "model": {"type": "string"},
+        "max_tokens": {"type": "integer", "minimum": 1},
+        "messages": {"type": "array", "minItems": 1, "items": {
+            "type": "object", "required": ["role", "content"],
+            "properties": {"role": {"type": "string", "enum": ["user", "assistant", "system"]},
+                           "content": {"oneOf": [{"type": "string"}, _BLOCKS]}}}},
+        "system": {"oneOf": [{"type": "string"}, _BLOCKS]},
+        "stream": {"type": "boolean"},
+        "temperature": {"type": "number", "minimum": 0, "maximum": 1},
+        "top_p": {"type": "number", "minimum": 0, "maximum": 1},
+        "top_k": {"type": "integer", "minimum": 0},
+        "stop_sequences": {"type": "array", "items": {"type": "string"}},
+        "tools": {"type": "array", "items": {"type": "object"}},
+        "tool_choice": {"type": "object"},
+        "thinking": {"type": "object"},
+        "metadata": {"type": "object", "properties": {"user_id": {"type": ["string", "null"]}}},
+        "output_config": {"type": "object"},
+    },
+}  # fmt: skip
+COUNT_TOKENS_REQUEST: dict[str, Any] = {
+    "type": "object",
+    "required": ["model", "messages"],
+    "properties": {name: MESSAGES_REQUEST["properties"][name]
+                   for name in ("model", "messages", "system", "tools", "tool_choice", "thinking")},
+}  # fmt: skip
 EMBEDDINGS_REQUEST: dict[str, Any] = {
     "type": "object",
     "required": ["model", "input"],
@@ -192,6 +236,7 @@ class Op:
     body_type: str = "application/json"
     answer: Any = None  # a msgspec type or a JSON Schema; None: a JSON object
     answer_type: str = "application/json"
+    dialect: Literal["openai", "anthropic"] = "openai"  # the shape of its errors
 
 
 def _path(*names: str) -> tuple[Param, ...]:
@@ -203,6 +248,11 @@ OPERATIONS: tuple[Op, ...] = (
        body=ChatRequest),
     Op("post", "/v1/responses", "Create a response (stream: true answers text/event-stream)", "model calls",
        body=RESPONSES_REQUEST),
+    Op("post", "/v1/messages", "Create a message, Anthropic's Messages API (stream: true answers "
+       "text/event-stream)", "model calls", body=MESSAGES_REQUEST, dialect="anthropic"),
+    Op("post", "/v1/messages/count_tokens", "Count a message's input tokens (never billed)", "model calls",
+       body=COUNT_TOKENS_REQUEST, answer={"type": "object", "required": ["input_tokens"],
+                                          "properties": {"input_tokens": {"type": "integer"}}}, dialect="anthropic"),
     Op("post", "/v1/embeddings", "Create embeddings", "model calls", body=EMBEDDINGS_REQUEST),
     Op("post", "/v1/images/generations", "Generate images (b64_json)", "model calls", body=IMAGES_REQUEST),
     Op("post", "/v1/images/edits", "Edit images (b64_json)", "model calls", body=IMAGES_EDIT,
@@ -295,9 +345,13 @@ def document(ops: tuple[Op, ...] = OPERATIONS, title: str = "Model router") -> d
             return OBJECT
         return value if isinstance(value, dict) else schema_of[id(value)]
 
-    error = {"description": "An OpenAI-shaped error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}  # fmt: skip
+    errors = {
+        "openai": {"description": "An OpenAI-shaped error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}},
+        "anthropic": {"description": "An Anthropic-shaped error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/AnthropicError"}}}},
+    }  # fmt: skip
     paths: dict[str, dict[str, Any]] = {}
     for op in ops:
+        error = errors[op.dialect]
         operation: dict[str, Any] = {
             "summary": op.summary,
             "tags": [op.tag],
@@ -320,9 +374,10 @@ def document(ops: tuple[Op, ...] = OPERATIONS, title: str = "Model router") -> d
         "info": {"title": title, "version": "1", "description": "An OpenAI-compatible gateway to several providers."},
         "paths": paths,
         "components": {
-            "schemas": {**components, "Error": ERROR},
+            "schemas": {**components, "Error": ERROR, "AnthropicError": ANTHROPIC_ERROR},
             "securitySchemes": {
-                "apiKey": {"type": "http", "scheme": "bearer", "description": "a key of a group (sk-mr-v1-...)"},
+                "apiKey": {"type": "http", "scheme": "bearer", "description": "a key of a group (sk-mr-v1-...); "
+                           "on /v1/messages also in x-api-key"},
                 "adminToken": {"type": "http", "scheme": "bearer", "description": "[console] admin_token"},
             },
         },

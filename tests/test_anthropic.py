@@ -230,7 +230,8 @@ def test_emulator_checks_headers_and_validates(stack: Stack) -> None:
     bad: list[tuple[dict[str, Any], str]] = [
         ({"model": "claude-sonnet-4-5", "messages": user("hi")}, "max_tokens: Field required"),
         ({**body, "messages": []}, "at least one message"),
-        ({**body, "messages": [{"role": "system", "content": "x"}]}, "'user' or 'assistant'"),
+        ({**body, "messages": [{"role": "system", "content": "x"}]}, 'first message must use the "user" role'),
+        ({**body, "messages": [{"role": "tool", "content": "x"}]}, "'user', 'assistant' or 'system'"),
         ({**body, "messages": [{"role": "assistant", "content": "x"}, *user("hi")]}, "first message"),
         ({**body, "messages": [*user("hi"), {"role": "assistant", "content": "Sure "}]}, "trailing whitespace"),
         ({**body, "messages": [*user(""), {"role": "assistant", "content": "x"}]}, "non-empty content"),

@@ -142,8 +142,11 @@ def test_unknown_model(client: openai.OpenAI) -> None:
         client.chat.completions.create(model="openai/gpt-9000", messages=[{"role": "user", "content": "x"}])
     assert info.value.code == "model_not_found"  # type: ignore[attr-defined]
     with pytest.raises(openai.NotFoundError) as info:
-        client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}])
+        client.chat.completions.create(model="gpt-9000", messages=[{"role": "user", "content": "x"}])
     assert "<provider>/<model_name>" in info.value.message
+    # a bare id that names one catalog model is that model, echoed as sent
+    answer = client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}])
+    assert answer.model == "gpt-4o"
 
 
 @pytest.mark.parametrize(

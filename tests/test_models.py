@@ -30,7 +30,7 @@ def test_model_entry_carries_our_fields(stack: Stack) -> None:
     assert entry["alias_of"] == "openai/gpt-4o-mini-2024-07-18"
     assert entry["pricing"] == {"input": "0.15", "output": "0.6", "cached_input": "0.075", "unit": "credits per 1M tokens"}
     assert entry["context_length"] == 128000 and entry["image_input"] is True
-    assert entry["endpoints"] == ["chat", "responses"]
+    assert entry["endpoints"] == ["chat", "messages", "responses"]
 
 
 def test_pricing_shows_the_cache_write_price_that_is_billed(client: openai.OpenAI) -> None:

@@ -41,10 +41,15 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, str]]
         stack.stop()
 
 
-def _check(response: Any) -> None:
-    """No 5xx; an error is ``{"error": {"message", "type", "param", "code"}}``."""
+def _check(response: Any, anthropic: bool = False) -> None:
+    """No 5xx; an error is ``{"error": {"message", "type", "param", "code"}}`` (Anthropic's Messages API:
+    ``{"type": "error", "error": {"type", "message"}}``)."""
     assert response.status_code < 500, (response.status_code, response.text[:500])
-    if response.status_code >= 400:
+    if response.status_code >= 400 and anthropic:
+        body = json.loads(response.text)
+        assert body["type"] == "error" and set(body["error"]) == {"type", "message"}
+        assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+    elif response.status_code >= 400:
         body = json.loads(response.text)
         error = body["error"]
         assert isinstance(error["message"], str) and error["message"]
@@ -57,7 +62,7 @@ def _call(case: Any, api: tuple[Stack, str]) -> None:
     token = ADMIN if case.path.startswith("/console/api") else key
     response = case.call(base_url=f"http://127.0.0.1:{stack.port}", headers={"Authorization": f"Bearer {token}"},
                          timeout=120)  # fmt: skip
-    _check(response)
+    _check(response, case.path.startswith("/v1/messages"))
 
 
 @schema.include(path_regex=r"^/v1/(chat/completions|responses)$").parametrize()
@@ -66,7 +71,13 @@ def test_model_calls_answer_no_5xx_and_only_openai_errors(case: Any, api: tuple[
     _call(case, api)
 
 
-@schema.exclude(path_regex=r"^/v1/(chat/completions|responses)$").parametrize()
+@schema.include(path_regex=r"^/v1/messages").parametrize()
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+def test_the_messages_api_answers_no_5xx_and_only_anthropic_errors(case: Any, api: tuple[Stack, str]) -> None:
+    _call(case, api)
+
+
+@schema.exclude(path_regex=r"^/v1/(chat/completions|responses|messages.*)$").parametrize()
 @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
 def test_every_other_operation_answers_no_5xx_and_only_openai_errors(case: Any, api: tuple[Stack, str]) -> None:
     _call(case, api)

@@ -1,0 +1,236 @@
+"""The Messages codec: ``POST /v1/messages`` (Anthropic's API) for every group, one codec whose legs
+differ by the serving model's protocol (docs/architecture.md, "Codecs"):
+
+    native      an ``anthropic`` protocol model: the body goes through to ``{base_url}/messages``
+                (:mod:`adapters.anthropic.messages`) with the caller's ``anthropic-version`` and
+                ``anthropic-beta``, the answer and the stream come back as the provider sent them
+                (the caller's model id echoed), usage read from them
+    translated  any other: Messages → chat request (:mod:`gateway.messages_translate`) → a chat leg
+                (:mod:`gateway.chat_codec`) → an Anthropic message, or streamed, the event sequence
+                the API emits (:mod:`gateway.messages_events`)
+
+A call's candidates may mix both (a fallback of a Claude model on another provider). A stream's pieces
+are SSE frames (``bytes``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+from adapters.anthropic import messages as native
+from adapters.base import map_upstream_error
+from core.catalog import Model
+from core.deployments import Deployment
+from core.errors import GatewayError, InvalidRequest
+from core.sse import SSEDecoder
+from core.wire import ChatRequest, TokenUsage
+from gateway.chat_codec import ChatCodec, ChatLeg
+from gateway.codec import Answer, Codec, Cost, Leg, Reader
+from gateway.messages_events import MessageSynth, error_event
+from gateway.messages_translate import estimate_prompt, from_completion, message_id, reserve_request, to_chat
+from gateway.routing import conversation
+from gateway.state import Gateway
+from gateway.stream import ChatReader
+
+_encode = msgspec.json.Encoder().encode
+
+
+def priced(usage: Any, cost: Cost) -> dict[str, Any]:
+    """An Anthropic usage object with ``cost`` (the charge, exact)."""
+    return {**(usage if isinstance(usage, dict) else {}), "cost": cost.amount}
+
+
+def chat_request(chat: dict[str, Any]) -> ChatRequest:
+    try:
+        return msgspec.convert(chat, ChatRequest)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        path = text.rpartition(" - at `$.")[2].rstrip("`") if " - at `$." in text else ""
+        field = path.split("[", 1)[0].split(".", 1)[0]
+        param = {"stop": "stop_sequences", "max_tokens": "max_tokens"}.get(field, field) or None
+        raise InvalidRequest(f"{param or 'request'}: {text.partition(' - at `')[0]}", param=param,
+                             code="invalid_value") from None  # fmt: skip
+
+
+class MessagesCodec(Codec):
+    """A Messages request (``body``, decoded and checked by the endpoint; ``size``: its bytes);
+    ``forwarded``: the caller's ``anthropic-version`` and ``anthropic-beta`` headers."""
+
+    endpoint = "messages"
+    cap_param = "max_tokens"
+
+    def __init__(self, body: dict[str, Any], size: int, forwarded: Mapping[str, str]) -> None:
+        super().__init__(reserve_request(body), size, body.get("stream") is True, [])
+        self.body = body
+        self.forwarded = forwarded
+        self._translated: tuple[dict[str, Any], ChatRequest] | None = None
+
+    def leg(self, gw: Gateway, model: Model, model_id: str, deployment: Deployment) -> Leg:
+        if gw.catalog.providers[model.provider].protocol == "anthropic":
+            return NativeLeg(model, model_id, self.body, deployment, self.forwarded)
+        if self._translated is None:  # (the same for every translated candidate)
+            chat = to_chat(self.body)
+            self._translated = chat, chat_request(chat)
+        chat, req = self._translated
+        if "reasoning_effort" in chat and not model.reasoning and gw.catalog.providers[model.provider].protocol == "openai":
+            chat = {name: value for name, value in chat.items() if name != "reasoning_effort"}
+        inner = ChatCodec(chat, req, self.size, "messages").leg(gw, model, model_id, deployment)
+        return TranslatedLeg(inner)
+
+    def conversation(self, key_id: int, first: int) -> bytes:
+        return conversation(key_id, self.body, first)
+
+
+class NativeLeg(Leg):
+    __slots__ = ("body", "provider")
+
+    def __init__(self, model: Model, model_id: str, body: dict[str, Any], deployment: Deployment,
+                 forwarded: Mapping[str, str]) -> None:  # fmt: skip
+        super().__init__(model, model_id, native.build_request(deployment, body, deployment.upstream_name(model), forwarded))
+        self.body = body
+        self.provider = model.provider
+
+    @property
+    def prompt(self) -> dict[str, Any]:
+        return estimate_prompt(self.body)
+
+    def error(self, status: int, body: bytes, headers: Mapping[str, str]) -> GatewayError:
+        return map_upstream_error(self.provider, status, body, headers)
+
+    def answer(self, payload: bytes) -> Answer:
+        data, usage = native.parse_message(payload, self.model_id, self.provider)
+        return Answer(data, usage)
+
+    def generated(self, body: dict[str, Any]) -> str:
+        return native.message_text(body)
+
+    def reader(self) -> NativeReader:
+        return NativeReader(native.MessagesRelay(self.model_id, self.provider))
+
+    def price(self, body: dict[str, Any], cost: Cost) -> None:
+        body["usage"] = priced(body.get("usage"), cost)
+
+
+class NativeReader(Reader):
+    """The upstream's own events relayed (the model id rewritten in ``message_start``)."""
+
+    __slots__ = ("relay", "decoder")
+
+    def __init__(self, relay: native.MessagesRelay) -> None:
+        self.relay = relay
+        self.decoder = SSEDecoder()
+
+    def feed(self, data: bytes, out: list[Any]) -> None:
+        self._events(self.decoder.feed(data), out)
+
+    def close(self, out: list[Any]) -> None:
+        self._events(self.decoder.close(), out)
+
+    def _events(self, events: list[Any], out: list[Any]) -> None:
+        relay = self.relay
+        try:
+            for event in events:
+                out += relay.feed(event)
+        finally:
+            self.finished, self.error = relay.finished, relay.error
+
+    def reported(self) -> tuple[TokenUsage | None, TokenUsage | None]:
+        return self.relay.usage, self.relay.prompt_usage
+
+    def end(self) -> list[Any]:
+        return []  # message_stop went out as it came
+
+    def fail(self, exc: GatewayError) -> list[Any]:
+        return [error_event(exc)]
+
+    def generated(self) -> str:
+        return self.relay.generated_text()
+
+
+class TranslatedLeg(Leg):
+    __slots__ = ("inner",)
+
+    def __init__(self, inner: ChatLeg) -> None:
+        super().__init__(inner.model, inner.model_id, inner.upstream)
+        self.inner = inner
+
+    @property
+    def prompt(self) -> dict[str, Any]:
+        return self.inner.prompt
+
+    def error(self, status: int, body: bytes, headers: Mapping[str, str]) -> GatewayError:
+        return self.inner.error(status, body, headers)
+
+    def answer(self, payload: bytes) -> Answer:
+        completion = self.inner.answer(payload)
+        return Answer(from_completion(completion.body, self.model_id), completion.usage)
+
+    def generated(self, body: dict[str, Any]) -> str:
+        return native.message_text(body)
+
+    def reader(self) -> SynthReader:
+        message = {"id": message_id(), "type": "message", "role": "assistant", "model": self.model_id}
+        return SynthReader(self.inner.reader(), MessageSynth(message))
+
+    def price(self, body: dict[str, Any], cost: Cost) -> None:
+        body["usage"] = priced(body.get("usage"), cost)
+
+
+class SynthReader(Reader):
+    """A chat stream (:class:`~gateway.stream.ChatReader`) → Anthropic's event sequence."""
+
+    __slots__ = ("inner", "synth")
+
+    def __init__(self, inner: ChatReader, synth: MessageSynth) -> None:
+        self.inner = inner
+        self.synth = synth
+
+    def start(self) -> list[Any]:
+        return [self.synth.start()]
+
+    def feed(self, data: bytes, out: list[Any]) -> None:
+        chunks: list[Any] = []
+        try:
+            self.inner.feed(data, chunks)
+        finally:
+            self._chunks(chunks, out)
+
+    def close(self, out: list[Any]) -> None:
+        chunks: list[Any] = []
+        try:
+            self.inner.close(chunks)
+        finally:
+            self._chunks(chunks, out)
+
+    def _chunks(self, chunks: list[Any], out: list[Any]) -> None:
+        self.finished = self.inner.finished
+        synth = self.synth
+        frames = [piece for chunk in chunks for piece in synth.feed(chunk)]
+        if frames:
+            out.append(b"".join(frames))
+
+    @property
+    def complete(self) -> bool:
+        return self.inner.complete
+
+    def reported(self) -> tuple[TokenUsage | None, TokenUsage | None]:
+        return self.inner.reported()
+
+    def end(self) -> list[Any]:
+        synth = self.synth
+        for chunk in self.inner.end():  # the usage chunk
+            synth.feed(chunk)
+        if synth.usage is None and self.cost is not None:  # no usage reported: the counts charged
+            synth.usage = self.cost.usage.openai()
+        return [b"".join(synth.finish(self.cost.amount if self.cost is not None else None))]
+
+    def fail(self, exc: GatewayError) -> list[Any]:
+        self.synth.done = True
+        return [error_event(exc)]
+
+    def generated(self) -> str:
+        return self.inner.generated()
+

@@ -1,0 +1,128 @@
+"""Chat chunks → the event stream Anthropic's Messages API emits (docs/api.md, "Messages"), for the
+groups whose answers are translated from chat:
+
+    message_start (the message, no content, usage so far), ping,
+    per content block: content_block_start, then
+        thinking:  thinking_delta…   (a reasoning text; Anthropic's signature is its own: empty here)
+        text:      text_delta…
+        tool_use:  input_json_delta… (the arguments' JSON, in the pieces the provider sent)
+    content_block_stop,
+    message_delta (stop_reason, cumulative usage), message_stop
+
+One block is open at a time, as in the API; an error is one ``error`` event. Pure: dicts in, frames out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from core.errors import GatewayError, anthropic_status
+from core.sse import frame_event
+from gateway.messages_translate import anthropic_usage, stop_reason
+
+_encode = msgspec.json.Encoder().encode
+
+def frame(data: dict[str, Any]) -> bytes:
+    return frame_event(data["type"], _encode(data))
+
+
+def error_event(exc: GatewayError) -> bytes:
+    """A failure after the stream began: Anthropic's ``error`` event (nothing follows it)."""
+    return frame({"type": "error", "error": {"type": anthropic_status(exc)[1], "message": exc.message}})
+
+
+class MessageSynth:
+    """Feed it the chat chunks of one answer (:mod:`gateway.stream` order), then :meth:`finish`."""
+
+    __slots__ = ("message", "index", "open", "calls", "finish_reason", "usage", "done")
+
+    def __init__(self, message: dict[str, Any]) -> None:
+        self.message = message  # id, type, role, model: the message without content
+        self.index = -1  # the open (or last) block's index
+        self.open: str | None = None  # its kind
+        self.calls: dict[int, int] = {}  # chat tool-call index → block index
+        self.finish_reason: str | None = None
+        self.usage: Any = None
+        self.done = False
+
+    def start(self) -> bytes:
+        usage = {"input_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0, "output_tokens": 0}
+        start = {**self.message, "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage}
+        return frame({"type": "message_start", "message": start}) + frame({"type": "ping"})
+
+    def feed(self, chunk: dict[str, Any]) -> list[bytes]:
+        if self.done:
+            return []
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        out: list[bytes] = []
+        for choice in chunk.get("choices") or ():
+            if choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            thought = delta.get("reasoning_content")
+            if isinstance(thought, str) and thought:
+                out += self._text("thinking", thought)
+            text = delta.get("content")
+            if isinstance(text, str) and text:
+                out += self._text("text", text)
+            for call in delta.get("tool_calls") or ():
+                out += self._call(call)
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+        return out
+
+    def _start(self, block: dict[str, Any]) -> list[bytes]:
+        out = self._close()
+        self.index += 1
+        self.open = block["type"]
+        out.append(frame({"type": "content_block_start", "index": self.index, "content_block": block}))
+        return out
+
+    def _close(self) -> list[bytes]:
+        if self.open is None:
+            return []
+        self.open = None
+        return [frame({"type": "content_block_stop", "index": self.index})]
+
+    def _text(self, kind: str, piece: str) -> list[bytes]:
+        out: list[bytes] = []
+        if self.open != kind:
+            block = {"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking" else {"type": "text", "text": ""}
+            out = self._start(block)
+        delta = {"type": "thinking_delta", "thinking": piece} if kind == "thinking" else {"type": "text_delta", "text": piece}
+        out.append(frame({"type": "content_block_delta", "index": self.index, "delta": delta}))
+        return out
+
+    def _call(self, call: dict[str, Any]) -> list[bytes]:
+        out: list[bytes] = []
+        position = call.get("index", 0)
+        function = call.get("function") or {}
+        if position not in self.calls:
+            block: dict[str, Any] = {"type": "tool_use", "id": call.get("id") or f"toolu_{position}", "name": function.get("name") or "",
+                     "input": {}}  # fmt: skip
+            out = self._start(block)
+            self.calls[position] = self.index
+        elif self.calls[position] != self.index:  # (providers send one call's pieces together)
+            return out
+        arguments = function.get("arguments")
+        if isinstance(arguments, str) and arguments:
+            delta = {"type": "input_json_delta", "partial_json": arguments}
+            out.append(frame({"type": "content_block_delta", "index": self.index, "delta": delta}))
+        return out
+
+    def finish(self, cost: msgspec.Raw | None = None) -> list[bytes]:
+        """The end of a proper stream: the open block closed, the stop reason and usage."""
+        if self.done:
+            return []
+        self.done = True
+        out = self._close()
+        usage: dict[str, Any] = anthropic_usage(self.usage)
+        if cost is not None:
+            usage["cost"] = cost
+        delta = {"stop_reason": stop_reason(self.finish_reason), "stop_sequence": None}
+        out.append(frame({"type": "message_delta", "delta": delta, "usage": usage}))
+        out.append(frame({"type": "message_stop"}))
+        return out

@@ -1,0 +1,157 @@
+"""``POST /v1/messages`` and ``POST /v1/messages/count_tokens``: Anthropic's Messages API for every
+provider group (gateway/messages_codec.py: passed through for ``anthropic/...``, translated through chat
+for the others), HTTP in and out in Anthropic's dialect: the key in ``x-api-key`` or ``Authorization:
+Bearer``, errors as ``{"type": "error", "error": {...}}`` (core.errors.anthropic_error). Usage records
+say endpoint ``messages``; a count is never billed nor recorded, and is rate-limited like any call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+from adapters.anthropic import messages as native
+from adapters.base import map_upstream_error
+from billing import tokens
+from core.errors import GatewayError, InvalidRequest, UpstreamError, anthropic_error
+from core.inputs import decode_json
+from gateway.context import identify
+from gateway.messages_codec import MessagesCodec
+from gateway.messages_events import error_event
+from gateway.messages_translate import end_user, omitted_tools, to_chat
+from gateway.pipeline import Pipeline
+from gateway.state import Gateway
+from router.chat import answered, begin_call, streamed
+from router.replies import JSONBytes, LateSSE
+
+_encode = msgspec.json.Encoder().encode
+OMITTED = "x-router-omitted-tools"  # the hosted tools a translated call left out
+ESTIMATED = "x-router-token-count"  # count_tokens: "estimate" (the gateway's tokenizer) or "provider"
+
+
+def authorization(request: Request) -> str | None:
+    """The caller's key as the Authorization header ``gateway.auth`` reads: Claude Code and the Anthropic
+    SDKs send it in ``x-api-key`` (``ANTHROPIC_API_KEY``) or as a bearer token (``ANTHROPIC_AUTH_TOKEN``)."""
+    given = request.headers.get("authorization")
+    if given:
+        return given
+    key = request.headers.get("x-api-key")
+    return f"Bearer {key}" if key else None
+
+
+def forwarded(request: Request) -> dict[str, str]:
+    return {name: value for name in native.FORWARDED if (value := request.headers.get(name))}
+
+
+def parse_body(raw: bytes, count: bool = False) -> dict[str, Any]:
+    body = decode_json(raw)
+    if not isinstance(body, dict):
+        raise InvalidRequest("The request body must be a JSON object.", code="invalid_json")
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        raise InvalidRequest("model: Field required", param="model", code="missing_required_parameter")
+    if not isinstance(body.get("messages"), list):
+        raise InvalidRequest("messages: Field required", param="messages", code="missing_required_parameter")
+    if not body["messages"]:
+        raise InvalidRequest("messages: at least one message is required", param="messages", code="invalid_value")
+    if count:
+        body["max_tokens"] = 1
+        return body
+    cap = body.get("max_tokens")
+    if cap is None:
+        raise InvalidRequest("max_tokens: Field required", param="max_tokens", code="missing_required_parameter")
+    if not isinstance(cap, int) or isinstance(cap, bool) or not 1 <= cap <= 100_000_000:
+        raise InvalidRequest("max_tokens: Input should be a valid integer greater than or equal to 1",
+                             param="max_tokens", code="invalid_value")  # fmt: skip
+    if body.get("stream") not in (None, True, False):
+        raise InvalidRequest("stream: Input should be a valid boolean", param="stream", code="invalid_type")
+    return body
+
+
+def failed(exc: GatewayError) -> bytes:
+    """A failure after keep-alives went out, before the upstream answered."""
+    return error_event(exc)
+
+
+class Messages:
+    def __init__(self, gateway: Gateway) -> None:
+        self.gw = gateway
+        self.pipeline = Pipeline(gateway)
+
+    async def handle(self, request: Request) -> Response:
+        gw = self.gw
+        context, trace, raw = await begin_call(gw, request, "messages", authorization=authorization(request))
+        body = parse_body(raw)
+        trace.model, trace.stream = body["model"], body.get("stream") is True
+        identify(context, {"user": end_user(body)})
+        codec = MessagesCodec(body, len(raw), forwarded(request))
+        omitted = self.omitted(body)
+        start = self.pipeline.start(context, codec)
+        if not codec.stream:
+            response = await answered(self.pipeline, start, trace)
+        else:
+            stream = streamed(self.pipeline, start, trace, joined)
+            response = LateSSE(stream, gw.settings.reliability.stream_keepalive, failed)
+        if omitted:
+            response.raw_headers.append((OMITTED.encode(), ", ".join(omitted).encode()))
+        return response
+
+    def omitted(self, body: dict[str, Any]) -> list[str]:
+        """The hosted tools a translated call leaves out (none for an Anthropic model: it runs them)."""
+        names = omitted_tools(body)
+        if not names:
+            return names
+        try:
+            model = self.gw.catalog.resolve(body["model"])
+        except GatewayError:
+            return names
+        return [] if self.gw.catalog.providers[model.provider].protocol == "anthropic" else names
+
+    async def count_tokens(self, request: Request) -> Response:
+        """Anthropic's own count for an Anthropic model; elsewhere the gateway's tokenizer's (an
+        estimate, said in ``x-router-token-count``). Checked and rate-limited like a call, never billed."""
+        gw = self.gw
+        context, trace, raw = await begin_call(gw, request, "messages", authorization=authorization(request))
+        context.metered = True  # (so no refusal of a count is recorded as a call: a count is never usage)
+        body = parse_body(raw, count=True)
+        trace.model = body["model"]
+        codec = MessagesCodec(body, len(raw), forwarded(request))
+        model = self.pipeline.check(context.principal, codec.view, "messages", cap_param="max_tokens")
+        headers = await gw.limits.admit(context.principal, model, codec.size, codec.view)
+        extra = list(headers or ())
+        if gw.catalog.providers[model.provider].protocol != "anthropic":
+            chat = to_chat({**body, "stream": False})
+            count = tokens.count_request(chat)
+            extra.append((ESTIMATED.encode(), b"estimate"))
+            return JSONBytes(_encode({"input_tokens": count}), extra=extra)
+        deployment = gw.router.pools[model.provider].serving(model)[0]
+        upstream = native.count_request(deployment, body, deployment.upstream_name(model), forwarded(request))
+        response = await gw.transport.open(upstream, deployment)
+        try:
+            payload = await response.read()
+        finally:
+            response.release()
+        if response.status >= 400:
+            raise map_upstream_error(model.provider, response.status, payload, response.headers)
+        try:
+            count = msgspec.json.decode(payload)["input_tokens"]
+        except (msgspec.DecodeError, KeyError, TypeError):
+            raise UpstreamError(f"The provider '{model.provider}' returned an unexpected count.") from None
+        extra.append((ESTIMATED.encode(), b"provider"))
+        return JSONBytes(_encode({"input_tokens": count}), extra=extra)
+
+
+async def joined(batches: Any) -> Any:
+    """The encoder of a Messages stream: its pieces are SSE frames already."""
+    try:
+        async for batch in batches:
+            yield b"".join(batch)
+    finally:
+        await batches.aclose()
+
+
+def error_response(exc: GatewayError) -> Response:
+    status, body = anthropic_error(exc)
+    return JSONBytes(body, status_code=status, headers=exc.headers)
