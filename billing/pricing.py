@@ -2,8 +2,8 @@
 
 ``cost`` sums every kind of token at its price and rounds up once, at the end, to a whole
 nano-credit: no floats anywhere. Reasoning tokens are part of ``completion`` and billed as output.
-Cached input is billed at the cached price, cache writes at the cache-write price, the rest of the
-prompt at the input price.
+Cached input is billed at the cached price, cache writes at the cache-write price (those kept for an
+hour at theirs), the rest of the prompt at the input price.
 """
 
 from __future__ import annotations
@@ -19,12 +19,14 @@ FALLBACK_OUTPUT = 4_096
 def cost(prices: Prices, usage: TokenUsage) -> int:
     cached = min(usage.cached, usage.prompt)
     written = min(usage.cache_write, usage.prompt - cached)
+    hour = min(usage.cache_write_1h, written)
     pictured = min(usage.image_prompt, usage.prompt - cached - written)
     fresh = usage.prompt - cached - written - pictured
     total = (
         fresh * prices.input
         + cached * prices.cached_input
-        + written * prices.cache_write
+        + (written - hour) * prices.cache_write
+        + hour * prices.cache_write_1h
         + pictured * prices.image_input
         + usage.completion * prices.output
         + usage.images * prices.image * PER
@@ -64,6 +66,6 @@ def worst_case(model: Model, body_size: int, request: ChatRequest, max_output: i
     completion = output_ceiling(model, request) if max_output is None else max_output * (request.n or 1)
     usage = TokenUsage(prompt=input_ceiling(body_size, request), completion=completion)
     prices = model.prices
-    worst_input = max(prices.input, prices.cache_write, prices.image_input)
+    worst_input = max(prices.input, prices.cache_write, prices.cache_write_1h, prices.image_input)
     images = (request.n or 1) * prices.image * PER if prices.image else 0  # per-image models (Imagen)
     return -(-(usage.prompt * worst_input + usage.completion * prices.output + images) // PER)

@@ -38,6 +38,7 @@ class PriceSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     output: str = "0"
     cached_input: str | None = None
     cache_write: str | None = None
+    cache_write_1h: str | None = None  # a cache write kept for an hour (Anthropic's ttl "1h"); default: cache_write
     image: str | None = None  # credits per generated image (Imagen); token-priced models leave it unset
     image_input: str | None = None  # per 1M tokens of input images (gpt-image edits); default: input
 
@@ -115,6 +116,7 @@ class Prices:
     cached_input: int
     cache_write: int
     image: int = 0  # per generated image
+    cache_write_1h: int = 0  # of the cache writes, those kept for an hour (0: at cache_write)
     image_input: int = 0  # per 1M tokens of input images
 
 
@@ -231,6 +233,7 @@ class Catalog:
                 output=_nano(p.output, where, 0),
                 cached_input=_nano(p.cached_input, where, inp),
                 cache_write=_nano(p.cache_write, where, inp),
+                cache_write_1h=_nano(p.cache_write_1h, where, _nano(p.cache_write, where, inp)),
                 image=_nano(p.image, where, 0),
                 image_input=_nano(p.image_input, where, inp),
             ),

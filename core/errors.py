@@ -242,6 +242,10 @@ def anthropic_status(exc: GatewayError) -> tuple[int, str]:
 
 
 def anthropic_error(exc: GatewayError) -> tuple[int, bytes]:
-    """``exc`` in Anthropic's dialect: (status, body)."""
+    """``exc`` in Anthropic's dialect: (status, body). A prompt over the model's context window (any
+    provider's) says "Prompt is too long", the words by which Claude Code compacts its conversation."""
     status, kind = anthropic_status(exc)
-    return status, _encode(AnthropicEnvelope(AnthropicBody(kind, exc.message)))
+    message = exc.message
+    if exc.code == "context_length_exceeded" and not message.startswith("Prompt is too long"):
+        message = f"Prompt is too long: {message}"
+    return status, _encode(AnthropicEnvelope(AnthropicBody(kind, message)))

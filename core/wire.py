@@ -208,6 +208,7 @@ class Pricing(msgspec.Struct):
     output: str
     cached_input: str
     cache_write: str | UnsetType = UNSET  # shown when it differs from input (Anthropic's prompt caching)
+    cache_write_1h: str | UnsetType = UNSET  # a cache write kept for an hour, where it has its own price
     image_input: str | UnsetType = UNSET  # input images' tokens, where they differ from input (gpt-image)
     image: str | UnsetType = UNSET  # credits per generated image (Imagen), not per 1M tokens
     unit: str = "credits per 1M tokens"
@@ -245,6 +246,7 @@ class TokenUsage(msgspec.Struct, kw_only=True):
     completion: int = 0
     cached: int = 0
     cache_write: int = 0
+    cache_write_1h: int = 0  # of ``cache_write``, what is kept for an hour (Anthropic's ttl "1h": its own price)
     reasoning: int = 0
     reasoning_estimated: bool = False  # the provider counts reasoning inside completion only (Anthropic)
     image_prompt: int = 0  # of ``prompt``, the input images' tokens (gpt-image edits: their own price)

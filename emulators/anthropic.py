@@ -483,7 +483,7 @@ class AnthropicEmulator(Emulator):
             return self.error(400, "There was an error parsing the body of your request as JSON.")
         if not isinstance(body, dict):
             return self.error(400, "The request body must be a JSON object.")
-        self.received(body)
+        self.received(body, request.headers)
         if (wait := self.over_limit()) is not None:
             return self.error(429, "Number of requests has exceeded your per-minute rate limit",
                               {"retry-after": retry_after(wait), "anthropic-ratelimit-requests-remaining": "0"})  # fmt: skip

@@ -1,5 +1,5 @@
 """What every emulator is made of: the key it accepts, its aiohttp app, the last request bodies it
-received (for tests), JSON codecs, ids, and writing a stream as the fault directives want it
+received and their headers (for tests), JSON codecs, ids, and writing a stream as the fault directives want it
 (:mod:`emulators.directives`)."""
 
 from __future__ import annotations
@@ -59,13 +59,15 @@ class Emulator:
     def __init__(self, api_key: str, max_body: int, rpm: int = 0) -> None:
         self.api_key = api_key
         self.requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []  # each request's headers, beside ``requests``
         self.app = web.Application(client_max_size=max_body)
         self.limit = Rpm(rpm)
         self.served = 0
         self.refused = 0
 
-    def received(self, body: dict[str, Any]) -> None:
+    def received(self, body: dict[str, Any], headers: Any = None) -> None:
         self.requests = [*self.requests[-49:], body]
+        self.headers = [*self.headers[-49:], {k.lower(): v for k, v in (headers or {}).items()}]
 
     def over_limit(self) -> float | None:
         """None if this request is within the emulator's RPM (it is counted as served), else the

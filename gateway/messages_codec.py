@@ -21,10 +21,10 @@ from typing import Any
 import msgspec
 
 from adapters.anthropic import messages as native
-from adapters.base import map_upstream_error
+from adapters.base import error_message, map_upstream_error
 from core.catalog import Model
 from core.deployments import Deployment
-from core.errors import GatewayError, InvalidRequest
+from core.errors import GatewayError, InvalidRequest, PayloadTooLarge
 from core.sse import SSEDecoder
 from core.wire import ChatRequest, TokenUsage
 from gateway.chat_codec import ChatCodec, ChatLeg
@@ -98,7 +98,14 @@ class NativeLeg(Leg):
         return estimate_prompt(self.body)
 
     def error(self, status: int, body: bytes, headers: Mapping[str, str]) -> GatewayError:
-        return map_upstream_error(self.provider, status, body, headers)
+        """As any upstream error, but a refusal of the caller's request keeps Anthropic's own words
+        (Claude Code recovers by them: "Prompt is too long", "Extra inputs are not permitted", ...)."""
+        error = map_upstream_error(self.provider, status, body, headers)
+        if status in (400, 413) and isinstance(error, InvalidRequest):
+            message, _ = error_message(body)
+            if message:
+                return (PayloadTooLarge if status == 413 else InvalidRequest)(message, code=error.code)
+        return error
 
     def answer(self, payload: bytes) -> Answer:
         data, usage = native.parse_message(payload, self.model_id, self.provider)

@@ -39,6 +39,7 @@ def card(catalog: Catalog, model: Model) -> ModelCard:
             output=_credits(prices.output),
             cached_input=_credits(prices.cached_input),
             cache_write=UNSET if prices.cache_write == prices.input else _credits(prices.cache_write),
+            cache_write_1h=UNSET if prices.cache_write_1h == prices.cache_write else _credits(prices.cache_write_1h),
             image_input=UNSET if prices.image_input == prices.input else _credits(prices.image_input),
             image=_credits(prices.image) if prices.image else UNSET,
         ),

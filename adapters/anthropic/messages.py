@@ -88,8 +88,9 @@ def message_text(message: dict[str, Any]) -> str:
 
 class MessagesRelay:
     """One upstream Messages event stream → the caller's frames. After the stream: ``finished``
-    (``message_stop`` came), ``usage`` (the latest cumulative counts), ``prompt_usage`` (the prompt's,
-    from ``message_start``), ``error`` (an ``error`` event's text)."""
+    (``message_stop`` came), ``usage`` (the latest ``message_delta``'s cumulative counts; None before
+    one came), ``prompt_usage`` (the prompt's, from ``message_start``), ``error`` (an ``error`` event's
+    text). A stream cut before its ``message_delta`` is billed for the prompt and what it generated."""
 
     __slots__ = ("error", "finished", "generated", "model_id", "provider", "prompt_usage", "usage", "_counts")
 
@@ -125,22 +126,23 @@ class MessagesRelay:
             message = data.get("message")
             if isinstance(message, dict):
                 message["model"] = self.model_id
-                self._count(message.get("usage"))
-                self.prompt_usage = self.usage
+                self.prompt_usage = self._count(message.get("usage"))  # (its output count is not the answer's)
                 return [frame_event(kind, _encode(data))]
         elif kind == "message_delta":
-            self._count(data.get("usage"))
+            self.usage = self._count(data.get("usage"))
         elif kind == "message_stop":
             self.finished = True
-        elif kind == "error":
+        elif kind == "error":  # the stream's end: nothing follows it
             error = data.get("error")
             self.error = str(error.get("message") or error.get("type")) if isinstance(error, dict) else "error"
+            self.finished = True
         return [frame_event(kind, event.data)]
 
-    def _count(self, usage: Any) -> None:
+    def _count(self, usage: Any) -> TokenUsage | None:
+        """The counts so far, with ``usage``'s (message_delta's are cumulative, and may leave some out)."""
         if isinstance(usage, dict):
             self._counts.update({k: v for k, v in usage.items() if v is not None})
-            self.usage = usage_from_anthropic(self._counts)
+        return usage_from_anthropic(self._counts)
 
     def generated_text(self) -> str:
         return "".join(self.generated)

@@ -38,11 +38,13 @@ def usage_from_anthropic(usage: Any) -> TokenUsage | None:
         return None
     read = _int(usage.get("cache_read_input_tokens"))
     write = _int(usage.get("cache_creation_input_tokens"))
+    ttl = usage.get("cache_creation")
+    hour = min(_int(ttl.get("ephemeral_1h_input_tokens")), write) if isinstance(ttl, dict) else 0
     output = _int(usage.get("output_tokens"))
     details = usage.get("output_tokens_details")
     thinking = _int(details.get("thinking_tokens")) if isinstance(details, dict) else 0
     return TokenUsage(prompt=_int(usage.get("input_tokens")) + read + write, completion=output,
-                      cached=read, cache_write=write, reasoning=min(thinking, output))  # fmt: skip
+                      cached=read, cache_write=write, cache_write_1h=hour, reasoning=min(thinking, output))  # fmt: skip
 
 
 def with_thinking_share(usage: TokenUsage | None, thinking_chars: int, other_chars: int) -> TokenUsage | None:
