@@ -26,7 +26,7 @@ from adapters.base import (
 )
 from core.errors import UpstreamError
 from core.sse import Event
-from core.wire import TokenUsage, usage_from_openai
+from core.wire import TokenUsage, usage_from_openai, with_details
 
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
@@ -156,7 +156,10 @@ class OpenAIAdapter(Adapter):
                 if isinstance(message, dict):
                     self._normalise(message)
                     _typed_calls(message.get("tool_calls"))
-        return data, usage_from_openai(data.get("usage"))
+        usage = usage_from_openai(data.get("usage"))
+        if usage is not None:
+            data["usage"] = with_details(data["usage"], usage)
+        return data, usage
 
     def plain_answer(self, call: Call, body: bytes) -> tuple[dict[str, msgspec.Raw], TokenUsage] | None:
         """The common answer (every choice a text message ended other than by ``error``, no tool calls, a
@@ -172,8 +175,8 @@ class OpenAIAdapter(Adapter):
             usage = _decode(top["usage"])
         except (msgspec.DecodeError, KeyError):  # (ValidationError is a DecodeError)
             return None
-        if not isinstance(usage, dict) or not usage or "cost" in usage:
-            return None
+        if not isinstance(usage, dict) or not usage or "cost" in usage or "completion_tokens_details" not in usage:
+            return None  # (without its details: parse_response adds them)
         for choice in choices:
             message = choice.message
             if choice.finish_reason == "error" or message is None or message.tool_calls is not None:
@@ -234,8 +237,8 @@ class _OpenAIStream(StreamTranslator):
             raise UpstreamStreamError(f"The provider '{self.adapter.name}' failed mid-stream: {message or 'unknown error'}")
         usage = chunk.get("usage")
         if usage:
-            self.usage_raw = usage
             self.usage = usage_from_openai(usage)
+            self.usage_raw = with_details(usage, self.usage) if isinstance(usage, dict) and self.usage else usage
         elif not chunk.get("choices"):
             return []  # no choice and no usage: an annotation (Azure's prompt_filter_results frame)
         for choice in chunk.get("choices") or ():

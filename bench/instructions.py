@@ -1,6 +1,6 @@
 """Instructions per call, counted by callgrind: the gateway against the bare proxy, without noise.
 
-    .venv/bin/python -m bench.instructions [--calls 400] [--concurrency 8] [--repeat 3]
+    .venv/bin/python -m bench.instructions [--calls 400] [--concurrency 8] [--repeat 3] [--responses | --messages]
 
 req/s on a shared 2-CPU machine moves by 10-30 % from run to run, and so do the throughput ratios of
 ``make bench``. An instruction count does not: ``valgrind --tool=callgrind`` counts what the server
@@ -58,6 +58,8 @@ class Mode(NamedTuple):
     stream: bool
     responses: bool = False  # POST /v1/responses instead of chat
     store: bool = False  # with store: true (the gateway keeps the response), else store: false
+    messages: bool = False  # POST /v1/messages (Anthropic's API) instead of chat
+    model: str | None = None  # another model than the target's
 
 
 MODES = (Mode("non-stream", False), Mode("stream", True))
@@ -65,6 +67,13 @@ MODE_NAMES = [mode.name for mode in MODES]
 # --responses: the Responses endpoint, each call unstored and stored (what keeping a response costs)
 RESPONSES = (Mode("resp", False, True), Mode("resp stored", False, True, True), Mode("resp stream", True, True),
              Mode("resp str stored", True, True, True))  # fmt: skip
+# --messages: a call to Claude (passed through) and to Gemini (translated) on /v1/messages against the
+# same call on /v1/chat/completions
+CLAUDE, GEMINI = "anthropic/claude-haiku-4-5", "google/gemini-2.5-flash"
+MESSAGES = (Mode("chat claude", False, model=CLAUDE), Mode("msg claude", False, messages=True, model=CLAUDE),
+            Mode("chat claude str", True, model=CLAUDE), Mode("msg claude str", True, messages=True, model=CLAUDE),
+            Mode("chat gemini", False, model=GEMINI), Mode("msg gemini", False, messages=True, model=GEMINI),
+            Mode("chat gemini str", True, model=GEMINI), Mode("msg gemini str", True, messages=True, model=GEMINI))  # fmt: skip
 
 
 class Server(NamedTuple):
@@ -125,16 +134,26 @@ def responses_body(model: str, stream: bool, store: bool) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
 
 
+def messages_body(model: str, stream: bool) -> bytes:
+    chat = json.loads(body_bytes(model, stream, 12))
+    body = {"model": model, "max_tokens": 4096, "messages": chat["messages"], "stream": stream}
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
 async def drive(target: Target, mode: Mode, calls: int, concurrency: int) -> None:
     import aiohttp
 
     stream = mode.stream
     url = target.url
-    data = body_bytes(target.model, stream, 12)
+    model = mode.model or target.model
+    data = body_bytes(model, stream, 12)
     if mode.responses:
         url = url.replace("/chat/completions", "/responses")
-        data = responses_body(target.model, stream, mode.store)
-    end = b"response.completed" if mode.responses else b"data: [DONE]"
+        data = responses_body(model, stream, mode.store)
+    if mode.messages:
+        url = url.replace("/chat/completions", "/messages")
+        data = messages_body(model, stream)
+    end = b"response.completed" if mode.responses else b"message_stop" if mode.messages else b"data: [DONE]"
     headers = {"Authorization": f"Bearer {target.key}", "Content-Type": "application/json"}
     left = [calls]
 
@@ -207,6 +226,17 @@ def responses_report(results: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
+def messages_report(results: dict[str, dict[str, float]]) -> str:
+    lines = ["Messages calls (callgrind, thousands of instructions per call): /v1/chat/completions and /v1/messages, "
+             "the same model and prompt"]  # fmt: skip
+    for name, figures in results.items():
+        for chat in ("chat claude", "chat claude str", "chat gemini", "chat gemini str"):
+            msg = chat.replace("chat", "msg")
+            lines.append(f"  {SERVERS[name].label:40s} {msg:16s} chat {figures[chat]:9,.0f}  messages {figures[msg]:9,.0f}"
+                         f"  messages / chat {figures[msg] / figures[chat]:.3f}x")  # fmt: skip
+    return "\n".join(lines)
+
+
 def report(results: dict[str, dict[str, float]]) -> str:
     lines = ["Instructions per call (callgrind, thousands), and against its floor: the bare proxy on the same server "
              "(the gateway on SQLite for gw-postgres)",
@@ -249,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--servers", default=",".join(DEFAULT), help=f"comma-separated, of: {', '.join(SERVERS)}")
     parser.add_argument("--responses", action="store_true",
                         help="gateways only: POST /v1/responses with store false and true, stream and not")
+    parser.add_argument("--messages", action="store_true",
+                        help="gateways only: POST /v1/messages against /v1/chat/completions, Claude and Gemini")
     parser.add_argument("--keep", type=Path, default=None,
                         help="keep the callgrind dumps in this directory (read them with callgrind_annotate)")
     args = parser.parse_args(argv)
@@ -269,16 +301,16 @@ def main(argv: list[str] | None = None) -> int:
         emulator, emulators = start_emulators(tmp / "logs")
         try:
             for name in names:
-                results[name] = measure(name, emulators, tmp, args.calls, args.concurrency,
-                                        RESPONSES if args.responses else MODES, args.repeat)  # fmt: skip
+                modes = RESPONSES if args.responses else MESSAGES if args.messages else MODES
+                results[name] = measure(name, emulators, tmp, args.calls, args.concurrency, modes, args.repeat)
         finally:
             stop_all([emulator])
-    text = responses_report(results) if args.responses else report(results)
+    text = responses_report(results) if args.responses else messages_report(results) if args.messages else report(results)
     print(text, flush=True)
     RESULTS.mkdir(exist_ok=True)
     record: dict[str, Any] = {"calls": args.calls, "concurrency": args.concurrency, "repeat": args.repeat,
                               "k_instructions_per_call": results}
-    name = "instructions-responses.json" if args.responses else "instructions.json"
+    name = "instructions-responses.json" if args.responses else "instructions-messages.json" if args.messages else "instructions.json"
     (RESULTS / name).write_text(json.dumps(record, indent=2) + "\n")
     return 0
 

@@ -265,6 +265,19 @@ class TokenUsage(msgspec.Struct, kw_only=True):
         }
 
 
+def with_details(usage: dict[str, Any], normal: TokenUsage) -> dict[str, Any]:
+    """An OpenAI-shaped usage object with both details objects, as OpenAI always sends them (client code
+    reads ``usage.completion_tokens_details.reasoning_tokens``): Mistral's lack them."""
+    if "completion_tokens_details" in usage and "prompt_tokens_details" in usage:
+        return usage
+    out = dict(usage)
+    if not isinstance(out.get("prompt_tokens_details"), dict):
+        out["prompt_tokens_details"] = {"cached_tokens": normal.cached}
+    if not isinstance(out.get("completion_tokens_details"), dict):
+        out["completion_tokens_details"] = {"reasoning_tokens": normal.reasoning}
+    return out
+
+
 def usage_from_openai(usage: dict[str, Any] | None) -> TokenUsage | None:
     """Read an OpenAI-shaped usage object (also DeepSeek's and Mistral's extras) defensively: a count
     that is not a number (nor a numeric string) counts 0, a details field that is not an object is

@@ -31,7 +31,7 @@ def card(catalog: Catalog, model: Model) -> ModelCard:
         kind=model.kind,
         endpoints=sorted(model.endpoints),
         image_input=model.image_input,
-        tools=model.tools,
+        tools=model.tools and not model.endpoints.isdisjoint(("chat", "responses")),  # (not embeddings, images)
         context_length=model.context,
         max_output_tokens=model.max_output,
         pricing=Pricing(

@@ -290,3 +290,18 @@ def test_sampling_parameters_are_not_sent_to_reasoning_models(stack: Stack, clie
     client.chat.completions.create(model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "hi"}],
                                    **sampling)  # type: ignore[arg-type]  # fmt: skip
     assert {k: stack.emulator("openai").requests[-1][k] for k in sampling} == sampling
+
+
+def test_every_groups_usage_has_both_details_objects(client: openai.OpenAI) -> None:
+    """Client code reads usage.completion_tokens_details.reasoning_tokens: OpenAI always sends both details
+    objects, Mistral never does; the gateway's answer has them whatever the provider."""
+    for model in ("mistral/mistral-small-latest", "upstage/solar-pro3", "openai/gpt-4o-mini"):
+        answer = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}])
+        assert answer.usage is not None and answer.usage.completion_tokens_details is not None, model
+        assert answer.usage.completion_tokens_details.reasoning_tokens == 0
+        assert answer.usage.prompt_tokens_details is not None and answer.usage.prompt_tokens_details.cached_tokens == 0
+        chunks = list(client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}],
+                                                     stream=True, stream_options={"include_usage": True}))  # fmt: skip
+        usage = chunks[-1].usage
+        assert usage is not None and usage.completion_tokens_details is not None, model
+        assert usage.completion_tokens_details.reasoning_tokens == 0

@@ -249,3 +249,23 @@ def test_bare_and_mapped_model_names(stack: Stack, tmp_path: Any) -> None:
     # through the gateway: the bare id echoed as sent on chat too
     answer = sdk(stack, stack.key()).messages.create(model="claude-haiku-4-5", max_tokens=5, messages=HI)
     assert answer.model == "claude-haiku-4-5"
+
+
+def test_cache_writes_and_reads_are_billed_at_their_prices(stack: Stack) -> None:
+    """Claude's prompt cache through /v1/messages: a one-hour write at its price (2x input), a read at
+    the cached price (LiteLLM billed reads at the full input price: BerriAI/litellm#35127)."""
+    name = stack.group(10)
+    client = sdk(stack, stack.key(group=name))
+    rules = " ".join(f"rule{i} keep it short" for i in range(400))  # over the 1024 tokens a cache needs
+    system: Any = [{"type": "text", "text": rules, "cache_control": {"type": "ephemeral", "ttl": "1h"}}]
+    first = client.messages.create(model="claude-haiku-4-5", max_tokens=20, system=system, messages=HI)
+    second = client.messages.create(model="claude-haiku-4-5", max_tokens=20, system=system, messages=HI)
+    assert first.usage.cache_creation is not None and first.usage.cache_creation.ephemeral_1h_input_tokens > 1024
+    assert second.usage.cache_read_input_tokens == first.usage.cache_creation_input_tokens
+    older, newer = reversed(billed_once(stack, name, 2))
+    # haiku 4.5 per token, in nano-credits: input 1,000, a one-hour write 2,000, a read 100, output 5,000
+    u = first.usage
+    assert older.credits == u.input_tokens * 1000 + u.cache_creation_input_tokens * 2000 + u.output_tokens * 5000  # type: ignore[operator]
+    u = second.usage
+    assert newer.credits == u.input_tokens * 1000 + u.cache_read_input_tokens * 100 + u.output_tokens * 5000  # type: ignore[operator]
+    assert older.cache_write_tokens == first.usage.cache_creation_input_tokens and newer.cached_tokens > 1024

@@ -36,7 +36,8 @@ def test_model_entry_carries_our_fields(stack: Stack) -> None:
 def test_pricing_shows_the_cache_write_price_that_is_billed(client: openai.OpenAI) -> None:
     sonnet = client.models.retrieve("anthropic/claude-sonnet-4-5").model_extra
     assert sonnet is not None and sonnet["pricing"] == {
-        "input": "3", "output": "15", "cached_input": "0.3", "cache_write": "3.75", "unit": "credits per 1M tokens"
+        "input": "3", "output": "15", "cached_input": "0.3", "cache_write": "3.75", "cache_write_1h": "6",
+        "unit": "credits per 1M tokens",
     }  # fmt: skip
     listed = {m.id: m.model_extra or {} for m in client.models.list()}
     assert listed["anthropic/claude-sonnet-4-5"] == sonnet
@@ -116,3 +117,11 @@ def test_anthropic_output_ceiling_is_the_documented_one(stack: Stack, client: op
 def test_gpt_5_5_context_is_the_documented_one(client: openai.OpenAI) -> None:
     card = client.models.retrieve("openai/gpt-5.5").model_extra or {}  # OpenAI's model page: 1,050,000
     assert card["context_length"] == 1_050_000 and card["max_output_tokens"] == 128_000
+
+
+def test_only_models_that_chat_say_they_take_tools(stack: Stack) -> None:
+    r = raw_request(stack, "GET", "/v1/models", headers={"Authorization": f"Bearer {stack.key()}"})
+    cards = {m["id"]: m for m in r.json()["data"]}
+    assert cards["openai/gpt-4o-mini"]["tools"] is True
+    assert cards["mistral/mistral-embed"]["tools"] is False and cards["openai/gpt-image-1"]["tools"] is False
+    assert all(not m["tools"] for m in cards.values() if m["kind"] in ("embedding", "image-generation"))
