@@ -28,6 +28,7 @@ from core.errors import (
     UpstreamAuthFailed,
     UpstreamError,
     UpstreamFinal,
+    UpstreamNotFound,
     UpstreamQuotaExceeded,
     UpstreamTimeout,
     UpstreamTooLarge,
@@ -179,7 +180,10 @@ def map_upstream_error(provider: str, status: int, body: bytes, headers: Mapping
             f"The gateway's credentials for provider '{provider}' were rejected (upstream HTTP {status}). "
             "This is a gateway configuration problem, not a problem with your API key."
         )
-    if status in (400, 404, 409, 413, 422):
+    if status == 404:  # the deployment lacks the model or the endpoint: the gateway's configuration
+        return UpstreamNotFound(f"The provider '{provider}' has no such model or endpoint at this deployment "
+                                f"(upstream HTTP 404){said}. This is a gateway configuration problem.")  # fmt: skip
+    if status in (400, 409, 413, 422):
         return InvalidRequest(f"The provider '{provider}' rejected the request{said}", code=code or "upstream_rejected")
     if status in (502, 503, 529):
         return UpstreamUnavailable(f"The provider '{provider}' is unavailable or overloaded (HTTP {status}){said}")

@@ -24,6 +24,7 @@ from adapters.base import (
     UpstreamRequest,
     UpstreamStreamError,
 )
+from core.deployments import Deployment
 from core.errors import UpstreamError
 from core.sse import Event
 from core.wire import TokenUsage, usage_from_openai, with_details
@@ -86,6 +87,17 @@ def _alnum9_call(call: Any) -> Any:
     return {**call, "id": fixed} if isinstance(cid, str) and (fixed := alnum9(cid)) != cid else call
 
 
+
+def address(deployment: Deployment, path: str, name: str) -> tuple[str, dict[str, str]]:
+    """Where ``path`` (``chat/completions``, ``embeddings``, ``images/generations``, ...) of an OpenAI-protocol
+    deployment is, and the header its key goes in: Azure OpenAI puts the deployment (``name``) in the path
+    and the key in ``api-key`` (docs/providers.md, "Azure OpenAI"); the others, ``{base_url}/{path}`` and a
+    bearer token."""
+    if deployment.kind == "azure":
+        return (f"{deployment.base_url}/openai/deployments/{quote(name, safe='')}/{path}"
+                f"?api-version={quote(deployment.api_version, safe='')}"), {"api-key": deployment.api_key}  # fmt: skip
+    return f"{deployment.base_url}/{path}", {"Authorization": f"Bearer {deployment.api_key}"}
+
 class OpenAIAdapter(Adapter):
     protocol = "openai"
 
@@ -114,13 +126,8 @@ class OpenAIAdapter(Adapter):
                 body.pop(field, None)
         if spec.tool_call_ids == "alnum9" and isinstance(body.get("messages"), list):
             body["messages"] = alnum9_ids(body["messages"])
-        if target.kind == "azure":  # Azure OpenAI: the deployment in the path, its key in api-key
-            url = f"{target.base_url}/openai/deployments/{quote(name, safe='')}/chat/completions?api-version={quote(target.api_version, safe='')}"
-            headers = {"api-key": target.api_key, "Content-Type": "application/json", "User-Agent": USER_AGENT}
-        else:
-            url = f"{target.base_url}/chat/completions"
-            headers = {"Authorization": f"Bearer {target.api_key}", "Content-Type": "application/json",
-                       "User-Agent": USER_AGENT}  # fmt: skip
+        url, headers = address(target, "chat/completions", name)
+        headers |= {"Content-Type": "application/json", "User-Agent": USER_AGENT}
         if call.stream:
             headers["Accept"] = "text/event-stream"
         return UpstreamRequest(url, headers, _encode(body))
@@ -175,13 +182,18 @@ class OpenAIAdapter(Adapter):
             usage = _decode(top["usage"])
         except (msgspec.DecodeError, KeyError):  # (ValidationError is a DecodeError)
             return None
-        if not isinstance(usage, dict) or not usage or "cost" in usage or "completion_tokens_details" not in usage:
-            return None  # (without its details: parse_response adds them)
+        if not isinstance(usage, dict) or not usage or "cost" in usage:
+            return None
         for choice in choices:
             message = choice.message
             if choice.finish_reason == "error" or message is None or message.tool_calls is not None:
                 return None
-        return top, usage_from_openai(usage)  # type: ignore[return-value]  # (a dict: never None)
+        normal = usage_from_openai(usage)
+        assert normal is not None  # (a dict: never None)
+        full = with_details(usage, normal)
+        if full is not usage:  # (Mistral's: its details objects added, as parse_response adds them)
+            top["usage"] = msgspec.Raw(_encode(full))
+        return top, normal
 
     def stream(self, call: Call) -> StreamTranslator:
         return _OpenAIStream(self)

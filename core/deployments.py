@@ -25,6 +25,7 @@ what the deployments are, and refuses a configuration that cannot work, naming t
     api_version = "2024-10-21"
     api_key_file = "/run/secrets/azure-eu"
     models = ["gpt-4o-mini"]              # only these models (default: every model of the group)
+    endpoints = ["chat", "embeddings"]    # only these endpoints (default: every one)
     model_names = { "gpt-4o-mini" = "mini-eu" }   # this deployment's name for a model
 
 Credentials are read when the gateway starts (a variable that is unset or a file that cannot be
@@ -41,6 +42,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 import msgspec
 
 from core.catalog import ConfigError
+from core.types import Endpoint
 
 if TYPE_CHECKING:
     from core.catalog import Catalog, Model
@@ -76,6 +78,7 @@ class DeploymentSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=Tru
     rpm: PerMinute = 0  # calls per minute the gateway sends it (0: no ceiling)
     tpm: PerMinute = 0  # tokens per minute (a call's worst case, as the rate limits count it)
     models: list[str] = []  # the models it serves (default: all of the group's)
+    endpoints: list[Endpoint] = []  # the gateway endpoints it serves (default: all)
     model_names: dict[str, str] = {}  # model -> its name at this deployment (azure: the deployment)
     connect_timeout: float | None = None  # default: the provider's
     read_timeout: float | None = None
@@ -97,6 +100,7 @@ class Deployment(msgspec.Struct, frozen=True):
     rpm: int = 0
     tpm: int = 0
     models: frozenset[str] | None = None  # canonical model ids it serves; None: every one
+    endpoints: frozenset[str] | None = None  # the endpoints it serves; None: every one
     names: dict[str, str] = {}  # canonical model id -> upstream name here
     api_version: str = ""
     key: str = ""  # set from prefix and name
@@ -110,8 +114,9 @@ class Deployment(msgspec.Struct, frozen=True):
     def __repr__(self) -> str:  # never the key
         return f"Deployment({self.prefix}/{self.name}, {self.kind or 'native'}, {self.base_url})"
 
-    def serves(self, model: Model) -> bool:
-        return self.models is None or (model.alias_of or model.id) in self.models
+    def serves(self, model: Model, endpoint: str = "chat") -> bool:
+        return ((self.models is None or (model.alias_of or model.id) in self.models)
+                and (self.endpoints is None or endpoint in self.endpoints))  # fmt: skip
 
     def upstream_name(self, model: Model) -> str:
         """The model's name at this deployment (an Azure deployment's name, a renamed model)."""
@@ -195,4 +200,5 @@ def resolve(prefix: str, protocol: str, default_url: str, item: DeploymentSettin
         models=models,
         names=names,
         api_version=item.api_version or "",
+        endpoints=frozenset(item.endpoints) if item.endpoints else None,
     )

@@ -24,6 +24,7 @@ Body: ``{"error": {"message": ..., "type": ..., "param": ..., "code": ...}}``.
           ├── UpstreamTimeout       504                     the provider did not answer in time
           └── UpstreamFinal         502                     another try at the same upstream would fail too:
                ├── UpstreamAuthFailed     upstream_auth_failed      the gateway's own credentials were refused
+               ├── UpstreamNotFound       upstream_not_found        the deployment has no such model or endpoint (404)
                ├── UpstreamQuotaExceeded  upstream_quota_exceeded   the gateway's account there is out of credit
                └── UpstreamStreamError (adapters.base)              the provider failed mid-stream
 
@@ -105,6 +106,7 @@ class Unauthorized(GatewayError):
     status = 401
     type = "invalid_request_error"
     code = "invalid_api_key"
+    final = True  # a key no wait mends (Claude Code retries a 401 ten times over three minutes otherwise)
 
 
 class InsufficientCredits(GatewayError):
@@ -210,6 +212,14 @@ class UpstreamAuthFailed(UpstreamFinal):
     final = True  # until the operator fixes the gateway's credentials
 
 
+class UpstreamNotFound(UpstreamFinal):
+    """The deployment answered 404: it does not have the model, or not the endpoint. The gateway's
+    configuration, not the caller's request: another deployment may serve the call (gateway/reliability.py)."""
+
+    code = "upstream_not_found"
+    final = True  # until the operator mends the deployment
+
+
 class UpstreamQuotaExceeded(UpstreamFinal):
     code = "upstream_quota_exceeded"
     final = True  # until the operator tops the account up
@@ -243,9 +253,12 @@ def anthropic_status(exc: GatewayError) -> tuple[int, str]:
 
 def anthropic_error(exc: GatewayError) -> tuple[int, bytes]:
     """``exc`` in Anthropic's dialect: (status, body). A prompt over the model's context window (any
-    provider's) says "Prompt is too long", the words by which Claude Code compacts its conversation."""
+    provider's) says "Prompt is too long", the words by which Claude Code compacts its conversation; a
+    group out of credits says "Your credit balance is too low" (Claude Code: "Credit balance is too low")."""
     status, kind = anthropic_status(exc)
     message = exc.message
     if exc.code == "context_length_exceeded" and not message.startswith("Prompt is too long"):
         message = f"Prompt is too long: {message}"
+    elif exc.code == "insufficient_credits":  # the words by which Claude Code tells its user what it is
+        message = f"Your credit balance is too low. {message}"
     return status, _encode(AnthropicEnvelope(AnthropicBody(kind, message)))

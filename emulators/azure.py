@@ -3,6 +3,7 @@ checks) under Azure's URL shape and auth, with its errors and content-filter ann
 (docs/providers.md, "Azure OpenAI"; the ``openai`` SDK's ``AzureOpenAI`` client proves it in the tests).
 
     POST /openai/deployments/{deployment}/chat/completions?api-version=...   key in the api-key header
+    POST /openai/deployments/{deployment}/embeddings, /images/generations, /images/edits   (the same)
 
 A request without ``api-version`` is a 404 ``Resource not found``, a wrong key a 401, a deployment the
 resource does not have a 404 ``DeploymentNotFound``. The answer names the deployment's model, not the
@@ -17,7 +18,9 @@ from typing import Any
 
 from aiohttp import web
 
-from emulators.common import encode, retry_after
+from emulators.common import DEPLOYED, encode, retry_after
+from emulators.embeddings import OpenAIEmbeddings
+from emulators.images import OpenAIImages
 from emulators.openai import OpenAIEmulator
 
 CATEGORIES = ("hate", "self_harm", "sexual", "violence")
@@ -38,6 +41,46 @@ class AzureOpenAIEmulator(OpenAIEmulator):
 
     def routes(self) -> None:
         self.app.router.add_post("/openai/deployments/{deployment}/chat/completions", self.deployment_chat)
+        embeddings, images = OpenAIEmbeddings(self), OpenAIImages(self)
+        for path, handler in (("embeddings", embeddings.handle), ("images/generations", images.generations),
+                              ("images/edits", images.edits)):  # fmt: skip
+            self.app.router.add_post(f"/openai/deployments/{{deployment}}/{path}", self.deployed(handler))
+
+    def deployed(self, handler: Any) -> Any:
+        """An OpenAI endpoint under Azure's URL shape and auth: the deployment names the model."""
+
+        async def handle(request: web.Request) -> web.StreamResponse:
+            refused = self._refused(request)
+            if refused is not None:
+                return refused
+            return await handler(request)
+
+        return handle
+
+    def _refused(self, request: web.Request) -> web.Response | None:
+        """Azure's answer to a request its resource does not take (no api-version, a wrong key, a
+        deployment it does not have), else None (and the deployment's model noted on the request)."""
+        if not request.query.get("api-version"):
+            return self.azure_error(404, "404", "Resource not found")
+        if request.headers.get("api-key") != self.api_key:
+            return self.azure_error(401, "401", DENIED)
+        name = request.match_info["deployment"]
+        model = name if self.deployments is None else self.deployments.get(name)
+        if model is None:
+            return self.azure_error(404, "DeploymentNotFound", "The API deployment for this resource does not exist. "
+                                    "If you created the deployment within the last 5 minutes, please wait a moment "
+                                    "and try again.")  # fmt: skip
+        request[DEPLOYED] = model
+        return None
+
+    def _authorised(self, request: web.Request) -> bool:
+        return DEPLOYED in request  # (checked by _refused: the api-key header)
+
+    async def body(self, request: web.Request) -> dict[str, Any] | web.Response:
+        body = await super().body(request)
+        if isinstance(body, dict) and DEPLOYED in request:  # (the body as received stays in ``requests``)
+            return {**body, "model": request[DEPLOYED]}  # the deployment decides the model, whatever the body says
+        return body
 
     def azure_error(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> web.Response:
         body = {"error": {"code": code, "message": message}}
@@ -55,23 +98,14 @@ class AzureOpenAIEmulator(OpenAIEmulator):
         )  # fmt: skip
 
     async def deployment_chat(self, request: web.Request) -> web.StreamResponse:
-        version = request.query.get("api-version")
-        if not version:
-            return self.azure_error(404, "404", "Resource not found")
-        if request.headers.get("api-key") != self.api_key:
-            return self.azure_error(401, "401", DENIED)
-        name = request.match_info["deployment"]
-        model = name if self.deployments is None else self.deployments.get(name)
-        if model is None:
-            return self.azure_error(404, "DeploymentNotFound", "The API deployment for this resource does not exist. "
-                                    "If you created the deployment within the last 5 minutes, please wait a moment "
-                                    "and try again.")  # fmt: skip
+        refused = self._refused(request)
+        if refused is not None:
+            return refused
         body = await self.body(request)
         if isinstance(body, web.Response):
             return body
         if "[filtered]" in _last_user_text(body):
             return self.filtered()
-        body = {**body, "model": model}  # the deployment decides the model, whatever the body says
         return await self.answer(request, body)
 
     def filtered(self) -> web.Response:

@@ -18,6 +18,8 @@ from aiohttp import web
 from emulators.directives import Directives
 
 encode = msgspec.json.Encoder().encode
+# under Azure's URL shape (emulators/azure.py), the model the request's deployment serves
+DEPLOYED = web.RequestKey("azure_model", str)
 decode = msgspec.json.Decoder().decode
 
 

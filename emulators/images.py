@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import BodyPartReader, web
 
-from emulators.common import encode, pause, random_id
+from emulators.common import DEPLOYED, encode, pause, random_id
 from emulators.directives import count_tokens, directives
 
 if TYPE_CHECKING:
@@ -113,6 +113,8 @@ class OpenAIImages:
                 image_tokens += 323  # a 1024x1024 input image at low fidelity
         if not image_tokens:
             return self._invalid("Missing required parameter: 'image'.", "image")
+        if DEPLOYED in request:  # under Azure's URL shape the deployment names the model
+            fields["model"] = request[DEPLOYED]
         if "n" in fields:
             try:
                 fields["n"] = int(fields["n"])

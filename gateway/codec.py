@@ -185,6 +185,7 @@ class Codec(ABC):
     endpoint: Endpoint
     image_param = "messages"  # the field a 400 about images names
     cap_param = "max_tokens"  # the field a 400 about the output cap names
+    clamp_cap = False  # an output cap over the model's ceiling is lowered to it (else a 400)
 
     def __init__(self, view: ChatRequest, size: int, stream: bool, models: list[str]) -> None:
         self.view = view  # chat-shaped: model, images, output cap (checks, rate limits, worst case)
@@ -199,7 +200,7 @@ class Codec(ABC):
 
     def deployments(self, gw: Gateway, model: Model) -> tuple[Deployment, ...]:
         """The deployments that may serve this call of ``model`` (gateway/dispatch.py picks)."""
-        return gw.router.pools[model.provider].serving(model)
+        return gw.router.pools[model.provider].serving(model, self.endpoint)
 
     @abstractmethod
     def conversation(self, key_id: int, first: int) -> bytes:

@@ -17,6 +17,7 @@ itself and its state this process's memory, with no Redis round trip.
 from __future__ import annotations
 
 import random
+import time
 from typing import TYPE_CHECKING, Any
 
 from core import metrics
@@ -46,13 +47,29 @@ class Pool:
         # worth the shared state (one Redis round trip a call): several deployments, or a ceiling
         self.shared = len(deployments) > 1 or any(d.rpm or d.tpm for d in deployments)
         self.tokens = any(d.tpm for d in deployments)  # a call's worst case in tokens must be counted
-        self._serving: dict[str, tuple[Deployment, ...]] = {}
+        self._serving: dict[tuple[str, str], tuple[Deployment, ...]] = {}
+        # (deployment key, model) -> until when: a deployment that answered 404 for the model (it does not
+        # have it, or not the endpoint) is left out of its calls meanwhile (gateway/reliability.py)
+        self._unserved: dict[tuple[str, str], float] = {}
 
-    def serving(self, model: Model) -> tuple[Deployment, ...]:
-        found = self._serving.get(model.id)
+    def serving(self, model: Model, endpoint: str = "chat") -> tuple[Deployment, ...]:
+        """The deployments that serve ``model`` on ``endpoint`` (as configured, less those that answered
+        404 for it lately, unless that leaves none)."""
+        found = self._serving.get((model.id, endpoint))
         if found is None:
-            found = self._serving[model.id] = tuple(d for d in self.deployments if d.serves(model))
+            found = self._serving[model.id, endpoint] = tuple(d for d in self.deployments if d.serves(model, endpoint))
+        if self._unserved:
+            now = time.monotonic()
+            known = model.alias_of or model.id
+            usable = tuple(d for d in found if self._unserved.get((d.key, known), 0.0) <= now)
+            return usable or found
         return found
+
+    def unserved(self, deployment: Deployment, model: Model, seconds: float) -> None:
+        """``deployment`` answered 404 for ``model``: other deployments serve it for ``seconds``."""
+        now = time.monotonic()
+        self._unserved = {k: until for k, until in self._unserved.items() if until > now}  # (few: a misconfiguration's)
+        self._unserved[deployment.key, model.alias_of or model.id] = now + seconds
 
     def strategy_for(self, model: Model) -> Strategy:
         return self.by_model.get(model.alias_of or model.id, self.strategy) if self.by_model else self.strategy

@@ -28,6 +28,7 @@ from urllib.parse import quote
 import msgspec
 
 from adapters.base import USER_AGENT, UpstreamRequest
+from adapters.openai import address
 from billing import tokens
 from core.catalog import EmbeddingSpec, Model
 from core.deployments import Deployment
@@ -182,13 +183,7 @@ class OpenAIEmbeddingsLeg(_EmbeddingsLeg):
             for key in ("output_dimension", "output_dtype"):
                 if key in req.raw:
                     body[key] = req.raw[key]
-        if deployment.kind == "azure":
-            url = (f"{deployment.base_url}/openai/deployments/{quote(name, safe='')}/embeddings"
-                   f"?api-version={quote(deployment.api_version, safe='')}")  # fmt: skip
-            headers = {"api-key": deployment.api_key}
-        else:
-            url = f"{deployment.base_url}/embeddings"
-            headers = {"Authorization": f"Bearer {deployment.api_key}"}
+        url, headers = address(deployment, "embeddings", name)
         headers |= {"Content-Type": "application/json", "User-Agent": USER_AGENT}
         super().__init__(req, model, model_id, UpstreamRequest(url, headers, _encode(body)), map_error)
 

@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 
 from adapters.base import USER_AGENT, UpstreamRequest
+from adapters.openai import address
 from core.catalog import ImageSpec, Model
 from core.deployments import Deployment
 from core.errors import InvalidRequest, UpstreamError
@@ -140,14 +141,13 @@ class OpenAIImagesLeg(_ImagesLeg):
     def __init__(self, req: ImagesRequest, model: Model, model_id: str, deployment: Deployment,
                  map_error: Any) -> None:  # fmt: skip
         fields = {k: v for k, v in req.raw.items() if k not in NOT_SENT}
-        fields["model"] = deployment.upstream_name(model)
-        headers = {"Authorization": f"Bearer {deployment.api_key}", "User-Agent": USER_AGENT}
+        name = fields["model"] = deployment.upstream_name(model)
+        url, headers = address(deployment, "images/edits" if req.edit else "images/generations", name)
+        headers["User-Agent"] = USER_AGENT
         if req.edit:
             body, headers["Content-Type"] = multipart(fields, req)
-            url = f"{deployment.base_url}/images/edits"
         else:
             body, headers["Content-Type"] = _encode(fields), "application/json"
-            url = f"{deployment.base_url}/images/generations"
         super().__init__(req, model, model_id, UpstreamRequest(url, headers, body), map_error)
 
     def answer(self, payload: bytes) -> Answer:

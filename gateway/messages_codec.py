@@ -38,6 +38,11 @@ from gateway.stream import ChatReader
 _encode = msgspec.json.Encoder().encode
 
 
+def body_cap(body: dict[str, Any]) -> int:
+    cap = body.get("max_tokens")
+    return cap if isinstance(cap, int) else 0
+
+
 def priced(usage: Any, cost: Cost) -> dict[str, Any]:
     """An Anthropic usage object with ``cost`` (the charge, exact)."""
     return {**(usage if isinstance(usage, dict) else {}), "cost": cost.amount}
@@ -61,6 +66,9 @@ class MessagesCodec(Codec):
 
     endpoint = "messages"
     cap_param = "max_tokens"
+    # Claude Code asks 32,000 output tokens of a model it does not know (128,000 of one it does): a cap
+    # over the serving model's ceiling is lowered to it, not refused
+    clamp_cap = True
 
     def __init__(self, body: dict[str, Any], size: int, forwarded: Mapping[str, str]) -> None:
         super().__init__(reserve_request(body), size, body.get("stream") is True, [])
@@ -69,14 +77,18 @@ class MessagesCodec(Codec):
         self._translated: tuple[dict[str, Any], ChatRequest] | None = None
 
     def leg(self, gw: Gateway, model: Model, model_id: str, deployment: Deployment) -> Leg:
+        cap = model.max_output
         if gw.catalog.providers[model.provider].protocol == "anthropic":
-            return NativeLeg(model, model_id, self.body, deployment, self.forwarded)
+            body = self.body if not cap or body_cap(self.body) <= cap else {**self.body, "max_tokens": cap}
+            return NativeLeg(model, model_id, body, deployment, self.forwarded)
         if self._translated is None:  # (the same for every translated candidate)
             chat = to_chat(self.body)
             self._translated = chat, chat_request(chat)
         chat, req = self._translated
         if "reasoning_effort" in chat and not model.reasoning and gw.catalog.providers[model.provider].protocol == "openai":
             chat = {name: value for name, value in chat.items() if name != "reasoning_effort"}
+        if cap and chat["max_tokens"] > cap:
+            chat, req = {**chat, "max_tokens": cap}, msgspec.structs.replace(req, max_tokens=cap)
         inner = ChatCodec(chat, req, self.size, "messages").leg(gw, model, model_id, deployment)
         return TranslatedLeg(inner)
 

@@ -76,9 +76,10 @@ class Pipeline:
         self.gw = gateway
 
     def check(self, principal: Principal, req: ChatRequest, endpoint: Endpoint = "chat", model_id: str | None = None,
-              *, image_param: str = "messages", cap_param: str = "max_tokens") -> Model:  # fmt: skip
+              *, image_param: str = "messages", cap_param: str = "max_tokens", clamp: bool = False) -> Model:  # fmt: skip
         """The model ``model_id`` (default: the request's) for this caller and request: its endpoint,
-        image input, tools, custom tools, the key's allow-list, the output cap (400/403/404)."""
+        image input, tools, custom tools, the key's allow-list, the output cap (400/403/404; ``clamp``:
+        a cap over the model's ceiling is the codec's to lower)."""
         gw = self.gw
         model_id = model_id or req.model
         model = gw.catalog.resolve(model_id, principal.group_name)
@@ -107,7 +108,7 @@ class Pipeline:
             )
         if not may_use(principal, model.id, model_id):
             raise PermissionDenied(f"This API key is not allowed to use the model `{model_id}`.", param="model")
-        if req.output_cap is not None and model.max_output and req.output_cap > model.max_output:
+        if req.output_cap is not None and model.max_output and req.output_cap > model.max_output and not clamp:
             raise InvalidRequest(
                 f"{cap_param} is too large: {req.output_cap}. The model `{model_id}` produces at most "
                 f"{model.max_output} output tokens.",
@@ -135,8 +136,8 @@ class Pipeline:
         try:
             for n, model_id in enumerate(ids):
                 try:
-                    model = self.check(principal, codec.view, codec.endpoint, model_id,
-                                       image_param=codec.image_param, cap_param=codec.cap_param)  # fmt: skip
+                    model = self.check(principal, codec.view, codec.endpoint, model_id, image_param=codec.image_param,
+                                       cap_param=codec.cap_param, clamp=codec.clamp_cap)  # fmt: skip
                     deployments = codec.deployments(gw, model)
                     if not deployments:
                         raise no_deployment(model)

@@ -51,6 +51,7 @@ from core.errors import (
     UpstreamAuthFailed,
     UpstreamError,
     UpstreamFinal,
+    UpstreamNotFound,
     UpstreamQuotaExceeded,
     UpstreamTimeout,
     UpstreamTooLarge,
@@ -76,14 +77,20 @@ def retryable(exc: GatewayError) -> bool:
 
 def failover(exc: GatewayError) -> bool:
     """A failure that a fallback model (another upstream) may not have: retryable ones, the provider
-    rejecting the gateway's own credentials, the gateway's account there being out of credit, and
-    the call being larger than that account's tokens per minute (another account may be larger)."""
-    return retryable(exc) or isinstance(exc, UpstreamAuthFailed | UpstreamQuotaExceeded | UpstreamTooLarge)
+    rejecting the gateway's own credentials, the gateway's account there being out of credit, the
+    deployment not having the model or endpoint (404), and the call being larger than that account's
+    tokens per minute (another account may be larger)."""
+    return retryable(exc) or isinstance(exc, UpstreamAuthFailed | UpstreamQuotaExceeded | UpstreamTooLarge
+                                        | UpstreamNotFound)  # fmt: skip
 
 
 def breaker_failure(exc: GatewayError) -> bool:
-    """Failures that count against a provider's health (rate limits and a call too large do not)."""
-    return failover(exc) and not isinstance(exc, RateLimited | UpstreamTooLarge)
+    """Failures that count against a provider's health (rate limits, a call too large and a model or
+    endpoint one deployment lacks do not: the deployment serves its other calls)."""
+    return failover(exc) and not isinstance(exc, RateLimited | UpstreamTooLarge | UpstreamNotFound)
+
+
+UNSERVED = 60.0  # seconds a deployment that answered 404 for a model is left out of that model's calls
 
 
 def backoff(attempt: int, base: float, cap: float, retry_after: str | None = None) -> float:
@@ -292,6 +299,8 @@ async def open_upstream(gw: Gateway, model: Model, deps: tuple[Deployment, ...],
             metrics.deployment_cooldown(dep.prefix, dep.name)
         if breaker_failure(error):
             breaker.failure(group)
+        elif isinstance(error, UpstreamNotFound):  # its next calls of this model go to the others meanwhile
+            pool.unserved(dep, model, UNSERVED)
         if not failover(error):
             raise error
         last = error

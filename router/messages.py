@@ -126,7 +126,7 @@ class Messages:
             count = tokens.count_request(chat)
             extra.append((ESTIMATED.encode(), b"estimate"))
             return JSONBytes(_encode({"input_tokens": count}), extra=extra)
-        deployment = gw.router.pools[model.provider].serving(model)[0]
+        deployment = codec.deployments(gw, model)[0]
         upstream = native.count_request(deployment, body, deployment.upstream_name(model), forwarded(request))
         response = await gw.transport.open(upstream, deployment)
         try:

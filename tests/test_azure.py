@@ -16,7 +16,8 @@ from tests.conftest import Stack
 
 KEY = "emu-azure-key"
 VERSION = "2024-10-21"
-MODELS = {"gpt-4o-mini": "gpt-4o-mini-2024-07-18", "mini-eu": "gpt-4o-mini-2024-07-18"}
+MODELS = {"gpt-4o-mini": "gpt-4o-mini-2024-07-18", "mini-eu": "gpt-4o-mini-2024-07-18", "img-eu": "gpt-image-1",
+          "emb-eu": "text-embedding-3-small"}
 
 
 def azure_settings(tmp: str) -> object:
@@ -24,7 +25,8 @@ def azure_settings(tmp: str) -> object:
         settings = parse_settings({
             "providers": {"openai": {"deployments": [
                 {"name": "azure-eu", "kind": "azure", "base_url": urls["azure"], "api_version": VERSION,
-                 "api_key": KEY, "model_names": {"gpt-4o-mini": "mini-eu"}},
+                 "api_key": KEY, "model_names": {"gpt-4o-mini": "mini-eu", "gpt-image-1": "img-eu",
+                                                 "text-embedding-3-small": "emb-eu"}},
             ]}},
         })  # fmt: skip
         return Settings(store=StoreSettings(url=f"sqlite:///{tmp}/router.db"), providers=settings.providers)
@@ -123,3 +125,19 @@ def test_responses_through_an_azure_deployment_go_through_chat(azure_stack: Stac
     assert emulator.served == before + 1 and emulator.requests[-1]["model"] == "mini-eu"  # Azure's chat
     events = list(client.responses.create(model="openai/gpt-4o-mini", input="Hello", stream=True))
     assert events[0].type == "response.created" and events[-1].type == "response.completed"
+
+
+def test_embeddings_and_images_on_azure_as_the_sdk_and_the_gateway_send_them(azure_stack: Stack) -> None:
+    """Azure serves embeddings and images under its URL shape (the deployment in the path, api-key):
+    the AzureOpenAI SDK proves the emulator, then the gateway sends both there (it sent images to
+    OpenAI's URL with a bearer token, and got 404)."""
+    emulator = azure_stack.extra["azure"]
+    with azure_client(azure_stack) as sdk:
+        vectors = sdk.embeddings.create(model="emb-eu", input=["one", "two"])
+        drawn = sdk.images.generate(model="img-eu", prompt="a red square", size="1024x1024")
+    assert len(vectors.data) == 2 and len(vectors.data[0].embedding) == 1536 and drawn.data and drawn.data[0].b64_json
+    client = azure_stack.client()
+    assert len(client.embeddings.create(model="openai/text-embedding-3-small", input="one").data) == 1
+    assert emulator.requests[-1]["model"] == "emb-eu"
+    image = client.images.generate(model="openai/gpt-image-1", prompt="a red square", size="1024x1024")
+    assert image.data and image.data[0].b64_json and emulator.requests[-1]["model"] == "img-eu"

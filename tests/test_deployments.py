@@ -466,3 +466,45 @@ def test_each_deployment_has_its_own_circuit(tmp_path: Path) -> None:
         assert stack.extra["b"].served == 8
     finally:
         stack.stop()
+
+
+def test_a_deployment_that_answers_404_for_a_model_is_failed_over_and_left_out(tmp_path: Path) -> None:
+    """One deployment lacks images (an emulator without the route: aiohttp's plain 404), the other has
+    them: every image call succeeds on the first try of the caller, the 404 one is tried once and then
+    left out of that model's calls, and its chat calls go on."""
+    extra = {"noimg": OpenAIEmulator("upstage", "key-noimg"), "full": OpenAIEmulator("openai", "key-full")}
+    build = configure(tmp_path, ["noimg", "full"], noimg={"weight": 1000})  # (tried first, nearly always)
+    stack = start(tmp_path, extra, build)  # type: ignore[arg-type]
+    try:
+        group = stack.group()
+        client = stack.client(stack.key(group=group))
+        before = metric(stack, 'router_upstream_errors_total{provider="openai",status="404"}')
+        for _ in range(8):
+            image = client.images.generate(model="openai/gpt-image-1", prompt="a red square", size="1024x1024")
+            assert image.data and image.data[0].b64_json
+        records = stack.run(stack.store.usage(group=group))
+        assert {r.deployment for r in records} == {"full"} and all(r.status == "ok" for r in records)
+        assert metric(stack, 'router_upstream_errors_total{provider="openai",status="404"}') - before == 1
+        for _ in range(4):
+            client.chat.completions.create(model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "hi"}])
+        chats = stack.run(stack.store.usage(group=group, limit=100))
+        assert "noimg" in {r.deployment for r in chats if r.endpoint == "chat"}  # (left out of image calls only)
+    finally:
+        stack.stop()
+
+
+def test_a_deployment_takes_only_the_endpoints_it_declares(tmp_path: Path) -> None:
+    build = configure(tmp_path, ["chatonly", "all"], chatonly={"endpoints": ["chat"]})
+    stack = start(tmp_path, emulators("chatonly", "all"), build)
+    try:
+        group = stack.group()
+        client = stack.client(stack.key(group=group))
+        for _ in range(10):
+            client.embeddings.create(model="openai/text-embedding-3-small", input="one")
+            client.chat.completions.create(model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "hi"}])
+        records = stack.run(stack.store.usage(group=group, limit=100))
+        assert {r.deployment for r in records if r.endpoint == "embeddings"} == {"all"}
+        assert {r.deployment for r in records if r.endpoint == "chat"} == {"chatonly", "all"}
+        assert stack.extra["chatonly"].served == len([r for r in records if r.deployment == "chatonly"])
+    finally:
+        stack.stop()
