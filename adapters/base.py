@@ -58,6 +58,9 @@ class Call:
 
 USER_AGENT = "model-router"  # sent upstream with every request (aiohttp's own otherwise)
 REASONING = "reasoning_content"  # where every adapter puts reasoning text, on a message or a delta
+# Anthropic's thinking blocks whole (text and signature, or redacted data), on an assistant message or a
+# delta: what a later turn of a tool loop must send back for thinking to go on (LiteLLM names it the same)
+THINKING_BLOCKS = "thinking_blocks"
 
 
 class UpstreamRequest(NamedTuple):

@@ -32,6 +32,7 @@ import msgspec
 
 from core.catalog import Catalog, ConfigError
 from core.deployments import Deployment, DeploymentSettings, Strategy, canonical, check, resolve
+from core.inputs import key_of
 
 
 class ServerSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -239,6 +240,9 @@ class ResponsesSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
     max_stored_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 4 * 1024 * 1024  # one response's input + output
     max_chain: Annotated[int, msgspec.Meta(ge=1)] = 1000  # responses one previous_response_id chain may hold
     background_concurrency: Annotated[int, msgspec.Meta(ge=1)] = 16  # background responses one process runs
+    # the key (64 hex digits, or base64 of 32 bytes) that seals provider state into reasoning items for
+    # callers that keep nothing (gateway/sealed.py); or $ROUTER_SEAL_KEY; empty: one made once, kept in the store
+    seal_key: str = ""
 
 
 class ModelNames(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -318,6 +322,11 @@ def parse_settings(raw: dict, source: str = "config") -> Settings:
     except (ZoneInfoNotFoundError, ValueError):
         raise ConfigError(f"{source}: billing.timezone: unknown time zone {settings.billing.timezone!r} "
                           "(an IANA name such as UTC or Europe/Paris)") from None  # fmt: skip
+    if settings.responses.seal_key:
+        try:
+            key_of(settings.responses.seal_key)
+        except ValueError as exc:
+            raise ConfigError(f"{source}: responses.seal_key: {exc}") from None
     catalog = settings.load_catalog()
     for prefix, own in settings.providers.items():
         if prefix not in catalog.providers:

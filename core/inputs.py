@@ -16,6 +16,8 @@ the body holds more than 128 brackets at all.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import math
 import re
 from typing import Any
@@ -93,3 +95,15 @@ def finite(text: str | None) -> float | None:
 def group_name_problem(name: str) -> str | None:
     """None if ``name`` is a valid group name, else the rule it breaks."""
     return None if GROUP_NAME.fullmatch(name) else GROUP_NAME_RULE
+
+
+def key_of(text: str) -> bytes:
+    """A 32-byte key from its configured form: 64 hex digits, or base64 of 32 bytes (ValueError else)."""
+    text = text.strip()
+    try:
+        raw = bytes.fromhex(text) if len(text) == 64 else base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    except (ValueError, binascii.Error):
+        raise ValueError("a seal key is 64 hex digits or the base64 of 32 bytes") from None
+    if len(raw) != 32:
+        raise ValueError("a seal key is 32 bytes (64 hex digits, or their base64)")
+    return raw

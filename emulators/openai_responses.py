@@ -33,15 +33,20 @@ from emulators.directives import (
 if TYPE_CHECKING:
     from emulators.openai import OpenAIEmulator
 
+# ResponseCreateParams of the openai SDK (3.57: src/openai/types/responses/response_create_params.py), and
+# client_metadata, which the API takes and Codex sends on every call
 KNOWN = frozenset(
     """model input instructions max_output_tokens max_tool_calls temperature top_p tools tool_choice
     parallel_tool_calls stream stream_options text reasoning include metadata previous_response_id conversation
     store truncation user safety_identifier prompt_cache_key prompt_cache_retention service_tier background
-    prompt top_logprobs context_management""".split()
+    prompt top_logprobs context_management access_programs background_options image moderation
+    prompt_cache_options client_metadata""".split()
 )
+# the tool union (ToolParam) but function and namespace
 HOSTED_TOOLS = frozenset(
-    """web_search web_search_preview file_search code_interpreter computer_use_preview image_generation mcp
-    local_shell shell apply_patch custom""".split()
+    """web_search web_search_2025_08_26 web_search_preview web_search_preview_2025_03_11 file_search
+    code_interpreter computer computer_use_preview image_generation mcp local_shell shell apply_patch custom
+    tool_search programmatic_tool_calling""".split()
 )
 MAX_STORED = 500
 
@@ -137,6 +142,15 @@ class ResponsesHandler:
             kind = tool.get("type") if isinstance(tool, dict) else None
             if kind == "function" and not isinstance(tool.get("name"), str):
                 raise _missing(f"tools[{i}].name")
+            if kind == "namespace":  # NamespaceToolParam: a name, a description and function tools
+                for field in ("name", "description", "tools"):
+                    if field not in tool:
+                        raise _missing(f"tools[{i}].{field}")
+                for j, inner in enumerate(tool["tools"] if isinstance(tool["tools"], list) else ()):
+                    if not isinstance(inner, dict) or inner.get("type") != "function" or not isinstance(inner.get("name"), str):
+                        raise Invalid(400, f"Invalid value for 'tools[{i}].tools[{j}]': a namespace holds function tools.",
+                                      f"tools[{i}].tools[{j}]", "invalid_value")  # fmt: skip
+                continue
             if kind != "function" and kind not in HOSTED_TOOLS:
                 raise Invalid(
                     400,
@@ -232,7 +246,10 @@ class ResponsesHandler:
                 if (body.get("reasoning") or {}).get("summary")
                 else []
             )
-            out.append({"id": _rid("rs"), "type": "reasoning", "summary": summary})
+            item: dict[str, Any] = {"id": _rid("rs"), "type": "reasoning", "summary": summary}
+            if "reasoning.encrypted_content" in (body.get("include") or ()):  # the reasoning, opaque, to send back
+                item["encrypted_content"] = "gAAAAA" + secrets.token_urlsafe(48)
+            out.append(item)
         call = self._tool_call(body, d, last)
         if call is not None:
             out.append(call)

@@ -20,6 +20,7 @@ from typing import Any
 from core.errors import InvalidRequest, NotFound
 from gateway.response_store import ResponseStore
 from gateway.responses_events import item_id
+from gateway.sealed import sealed
 
 ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
 
@@ -70,8 +71,9 @@ def own_items(given: Any) -> list[Any]:
 
 
 def upstream_item(item: dict[str, Any]) -> dict[str, Any] | None:
-    """A stored item as it goes upstream again: no id; a reasoning item only with its encrypted content."""
-    if item.get("type") == "reasoning" and not item.get("encrypted_content"):
+    """A stored item as it goes upstream again: no id; a reasoning item only with its encrypted content,
+    and only the provider's own (not what the gateway sealed for another provider: gateway/sealed.py)."""
+    if item.get("type") == "reasoning" and (not item.get("encrypted_content") or sealed(item["encrypted_content"])):
         return None
     return {k: v for k, v in item.items() if k != "id"}
 

@@ -49,6 +49,8 @@ def migrations(dialect: str) -> list[str]:
         # 2: the background queue by group: a claim visits the groups with queued responses (one index
         # probe each) and takes the oldest of the groups running the fewest
         "CREATE INDEX responses_queue_groups ON responses (status, group_id, created_at) WHERE background = 1",
+        # 3: the gateway's own values shared by replicas (the key that seals reasoning state: gateway/sealed.py)
+        "CREATE TABLE response_settings (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
     ]
 
 
@@ -194,6 +196,15 @@ class ResponseStore:
             if not self._ready:
                 await self.db.migrate("responses_schema_version", migrations(self.db.dialect))
                 self._ready = True
+
+    async def setting(self, name: str, default: str) -> str:
+        """The stored value of ``name``, storing ``default`` first if there is none (the first writer wins:
+        every replica reads the same)."""
+        await self.ready()
+        await self.db.write("INSERT INTO response_settings (name, value) VALUES (?, ?) ON CONFLICT (name) DO NOTHING",
+                            (name, default))  # fmt: skip
+        rows = await self.db.select("SELECT value FROM response_settings WHERE name = ?", (name,))
+        return str(rows[0][0])
 
     # -- writes ------------------------------------------------------------------------------------
     def _items(self, stored: Stored) -> list[tuple[str, list[Any]]]:

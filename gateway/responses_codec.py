@@ -31,8 +31,8 @@ from core.wire import ChatRequest, FunctionDef, ImagePart, ImageURL, Message, To
 from gateway.chat_codec import ChatCodec, ChatLeg
 from gateway.codec import Answer, Codec, Cost, Leg, Reader, fallback_list
 from gateway.conversation import upstream_item
-from gateway.responses_events import EventSynth, responses_usage
-from gateway.responses_translate import estimate_prompt, from_completion, image_urls, shell, to_chat
+from gateway.responses_events import EventSynth, Options, responses_usage
+from gateway.responses_translate import estimate_prompt, from_completion, image_urls, options, shell, to_chat
 from gateway.routing import conversation
 from gateway.state import Gateway
 from gateway.stream import ChatReader, error_chunk
@@ -111,20 +111,21 @@ class ResponsesCodec(Codec):
         super().__init__(reserve_request(body), size, bool(body.get("stream")), models)
         self.body = body
         self.echo = echo  # fields of the Response object the gateway decides (id, store, previous_response_id)
-        self._translated: tuple[dict[str, Any], ChatRequest] | None = None
+        self._translated: tuple[dict[str, Any], ChatRequest, Options] | None = None
 
     def leg(self, gw: Gateway, model: Model, model_id: str, deployment: Deployment) -> Leg:
         if gw.catalog.providers[model.provider].responses_api and not deployment.kind:
             return NativeLeg(gw, model, model_id, self.body, deployment, self.echo)
         if self._translated is None:  # (the same for every translated candidate)
-            chat = to_chat(self.body)
-            self._translated = chat, chat_request(chat)
-        chat, req = self._translated
+            sealer = gw.sealer
+            chat = to_chat(self.body, sealer.open if sealer is not None else None)
+            self._translated = chat, chat_request(chat), options(self.body, sealer.seal if sealer is not None else None)
+        chat, req, how = self._translated
         inner = ChatCodec(chat, req, self.size, "responses").leg(gw, model, model_id, deployment)
         response = shell(self.body, model_id)
         if self.echo:
             response.update(self.echo)
-        return TranslatedLeg(inner, response)
+        return TranslatedLeg(inner, response, how)
 
     def conversation(self, key_id: int, first: int) -> bytes:
         return conversation(key_id, self.body, first)
@@ -237,12 +238,13 @@ class NativeReader(Reader):
 
 
 class TranslatedLeg(Leg):
-    __slots__ = ("inner", "shell")
+    __slots__ = ("how", "inner", "shell")
 
-    def __init__(self, inner: ChatLeg, response: dict[str, Any]) -> None:
+    def __init__(self, inner: ChatLeg, response: dict[str, Any], how: Options) -> None:
         super().__init__(inner.model, inner.model_id, inner.upstream)
         self.inner = inner
         self.shell = response  # the Response object before any output
+        self.how = how  # summaries, the caller's tool names, the sealer (gateway/responses_events.py)
 
     @property
     def prompt(self) -> dict[str, Any]:
@@ -253,13 +255,13 @@ class TranslatedLeg(Leg):
 
     def answer(self, payload: bytes) -> Answer:
         completion = self.inner.answer(payload)
-        return Answer(from_completion(completion.body, self.shell), completion.usage)
+        return Answer(from_completion(completion.body, self.shell, self.how), completion.usage)
 
     def generated(self, body: dict[str, Any]) -> str:
         return openai_responses.output_text(body)
 
     def reader(self) -> SynthReader:
-        return SynthReader(self.inner.reader(), EventSynth(self.shell))
+        return SynthReader(self.inner.reader(), EventSynth(self.shell, self.how))
 
     def price(self, body: dict[str, Any], cost: Cost) -> None:
         responses_priced(body, cost)

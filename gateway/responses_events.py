@@ -5,20 +5,32 @@ OpenAI Responses), for the groups whose answers are translated from chat:
     per output item: response.output_item.added, then
         message:       response.content_part.added, response.output_text.delta…, response.output_text.done,
                        response.content_part.done
-        reasoning:     the same with response.reasoning_text.delta / .done and a reasoning_text part
+        reasoning:     the same with response.reasoning_text.delta / .done and a reasoning_text part, or,
+                       when a summary is asked (Options.summary), response.reasoning_summary_part.added,
+                       response.reasoning_summary_text.delta…, .done, response.reasoning_summary_part.done
+        custom_tool_call: (a free-form tool, sent to the provider as a function of one string ``input``)
+                       response.custom_tool_call_input.delta, .done, once the whole input is known
         function_call: response.function_call_arguments.delta…, response.function_call_arguments.done
                        (a chat tool call's ``extra_content``, Gemini's thought signature, rides on the item)
     response.output_item.done,
     response.completed | response.incomplete (finish reason length / content_filter) | response.failed
 
 Every event has ``type`` and a ``sequence_number`` counting from 0. One item is open at a time, as in
-the API; usage comes only in the terminal event's response. Pure: dicts in, dicts out.
+the API; usage comes only in the terminal event's response. A function call keeps the name and
+``namespace`` the caller gave its tool (Options.names). When the caller asked for encrypted reasoning
+(Options.seal), the provider's state of a tool turn (Anthropic's signed thinking blocks, Gemini's
+thought signatures) goes out last, sealed into a reasoning item, for the next turn to send back.
+Pure: dicts in, dicts out.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 from core.types import new_id
 from core.wire import usage_from_openai
@@ -47,17 +59,45 @@ def responses_usage(usage: Any) -> dict[str, Any] | None:
     }
 
 
+_SUMMARY_EMPTY = {"type": "summary_text", "text": ""}
+
+
+def custom_input(arguments: str) -> str:
+    """A free-form tool's input from the arguments the provider gave its function (``{"input": ...}``)."""
+    try:
+        value = msgspec.json.decode(arguments or "{}")
+    except msgspec.DecodeError:
+        return arguments
+    given = value.get("input") if isinstance(value, dict) else None
+    return given if isinstance(given, str) else arguments
+
+
 def _part(kind: str, text: str) -> dict[str, Any]:
     if kind == "message":
         return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
     return {"type": "reasoning_text", "text": text}
 
 
+@dataclass(frozen=True, slots=True)
+class Options:
+    """How the answer is written: thinking as summary parts, the caller's names of the functions the
+    provider was given (chat name → responses_translate.ToolName), and the sealer of provider state."""
+
+    summary: bool = False
+    names: Mapping[str, Any] = field(default_factory=dict)
+    seal: Callable[[dict[str, Any]], str] | None = None
+
+
+PLAIN = Options()
+
+
 class EventSynth:
     """Feed it the chat chunks of one answer (:mod:`gateway.stream` order), then ``finish()``."""
 
-    def __init__(self, shell: dict[str, Any]) -> None:
+    def __init__(self, shell: dict[str, Any], options: Options | None = None) -> None:
         self.shell = shell  # the Response object without output (see responses_translate.shell)
+        self.options = options or PLAIN
+        self.blocks: list[Any] = []  # the provider's thinking blocks, signed (Anthropic), to seal
         self.sequence = 0
         self.output: list[dict[str, Any]] = []  # every item so far, in its latest state
         self.pieces: dict[int, list[str]] = {}  # output index → its text / arguments so far
@@ -92,9 +132,11 @@ class EventSynth:
         events: list[dict[str, Any]] = []
         for choice in chunk.get("choices") or ():
             delta = choice.get("delta") or {}
-            for field, kind in (("reasoning_content", "reasoning"), ("content", "message")):
-                if isinstance(delta.get(field), str) and delta[field]:
-                    events += self._text(kind, delta[field])
+            for name, kind in (("reasoning_content", "reasoning"), ("content", "message")):
+                if isinstance(delta.get(name), str) and delta[name]:
+                    events += self._text(kind, delta[name])
+            if isinstance(delta.get("thinking_blocks"), list):
+                self.blocks += delta["thinking_blocks"]
             for call in delta.get("tool_calls") or ():
                 events += self._call(call)
             if choice.get("finish_reason"):
@@ -119,6 +161,12 @@ class EventSynth:
                 "role": "assistant",
                 "content": [],
             }
+        elif self.options.summary:
+            item = {"id": item_id("rs"), "type": "reasoning", "summary": [], "status": "in_progress"}
+            events = self._open(item)
+            events.append(self._event("response.reasoning_summary_part.added", item_id=item["id"],
+                                      output_index=self.current, summary_index=0, part=_SUMMARY_EMPTY))  # fmt: skip
+            return events
         else:
             item = {
                 "id": item_id("rs"),
@@ -149,6 +197,9 @@ class EventSynth:
         where = {"item_id": self.output[index]["id"], "output_index": index, "content_index": 0}
         if kind == "message":
             events.append(self._event("response.output_text.delta", **where, delta=piece, logprobs=[]))
+        elif self.options.summary:
+            events.append(self._event("response.reasoning_summary_text.delta", item_id=where["item_id"],
+                                      output_index=index, summary_index=0, delta=piece))  # fmt: skip
         else:
             events.append(self._event("response.reasoning_text.delta", **where, delta=piece))
         return events
@@ -159,14 +210,22 @@ class EventSynth:
         index = self.calls.get(chat_index)
         events: list[dict[str, Any]] = []
         if index is None:
-            item = {
-                "id": item_id("fc"),
-                "type": "function_call",
-                "status": "in_progress",
-                "arguments": "",
-                "call_id": call.get("id") or item_id("call"),
-                "name": function.get("name") or "",
-            }
+            name = function.get("name") or ""
+            known = self.options.names.get(name)
+            if known is not None and known.custom:  # a free-form tool: its input once whole (see _final)
+                item = {"id": item_id("ctc"), "type": "custom_tool_call", "status": "in_progress",
+                        "call_id": call.get("id") or item_id("call"), "input": "", "name": known.name}  # fmt: skip
+            else:
+                item = {
+                    "id": item_id("fc"),
+                    "type": "function_call",
+                    "status": "in_progress",
+                    "arguments": "",
+                    "call_id": call.get("id") or item_id("call"),
+                    "name": known.name if known is not None else name,
+                }
+                if known is not None and known.namespace is not None:
+                    item["namespace"] = known.namespace
             if isinstance(call.get("extra_content"), dict):  # Gemini's thought signature (adapters.gemini)
                 item["extra_content"] = call["extra_content"]
             events += self._open(item)
@@ -176,7 +235,9 @@ class EventSynth:
         arguments = function.get("arguments")
         if isinstance(arguments, str) and arguments:
             self.pieces[index].append(arguments)
-            if index == self.current:
+            if index != self.current:  # a late piece of a call already done (no adapter does this): keep it
+                self.output[index] = self._final(index, self.output[index]["status"])
+            elif self.output[index]["type"] == "function_call":  # (a free-form input goes out whole, at its end)
                 events.append(
                     self._event(
                         "response.function_call_arguments.delta",
@@ -185,8 +246,6 @@ class EventSynth:
                         delta=arguments,
                     )
                 )
-            else:  # a late piece of a call already done (no adapter does this): keep it in the final output
-                self.output[index] = {**self.output[index], "arguments": "".join(self.pieces[index])}
         return events
 
     # -- items out --------------------------------------------------------------------------------
@@ -195,6 +254,10 @@ class EventSynth:
         text = "".join(self.pieces[index])
         if item["type"] == "function_call":
             return {**item, "arguments": text, "status": status}
+        if item["type"] == "custom_tool_call":
+            return {**item, "input": custom_input(text), "status": status}
+        if item["type"] == "reasoning" and "content" not in item:  # (a summary)
+            return {**item, "summary": [{"type": "summary_text", "text": text}], "status": status}
         return {**item, "content": [_part(item["type"], text)], "status": status}
 
     def _close(self, status: str = "completed") -> list[dict[str, Any]]:
@@ -212,6 +275,13 @@ class EventSynth:
                     arguments=item["arguments"],
                 )
             ]
+        elif item["type"] == "custom_tool_call":
+            events = [self._event("response.custom_tool_call_input.delta", **where, delta=item["input"]),
+                      self._event("response.custom_tool_call_input.done", **where, input=item["input"])]  # fmt: skip
+        elif item["type"] == "reasoning" and "content" not in item:
+            part = item["summary"][0]
+            events = [self._event("response.reasoning_summary_text.done", **where, summary_index=0, text=part["text"]),
+                      self._event("response.reasoning_summary_part.done", **where, summary_index=0, part=part)]  # fmt: skip
         else:
             part = item["content"][0]
             done = (
@@ -237,6 +307,7 @@ class EventSynth:
         events += self._close(
             "incomplete" if reason and self.output[-1]["type"] == "message" else "completed"
         )
+        events += self._sealed()
         changes: dict[str, Any] = {"usage": responses_usage(self.usage)}
         if reason:
             changes.update(status="incomplete", incomplete_details={"reason": reason})
@@ -245,6 +316,24 @@ class EventSynth:
             changes.update(status="completed", completed_at=int(time.time()))
             events.append(self._event("response.completed", response=self._response(**changes)))
         return events
+
+    def _sealed(self) -> list[dict[str, Any]]:
+        """A tool turn's provider state as the last output item: a reasoning item whose
+        ``encrypted_content`` the gateway sealed (when the caller asked for it)."""
+        seal = self.options.seal
+        calls = [item for item in self.output if item["type"] in ("function_call", "custom_tool_call")]
+        if seal is None or not calls:
+            return []
+        signatures = {c["call_id"]: c["extra_content"] for c in calls if isinstance(c.get("extra_content"), dict)}
+        if not self.blocks and not signatures:
+            return []
+        state = {"b": self.blocks, "s": signatures, "c": [c["call_id"] for c in calls]}
+        item = {"id": item_id("rs"), "type": "reasoning", "summary": [], "encrypted_content": seal(state),
+                "status": "completed"}  # fmt: skip
+        index = len(self.output)
+        self.output.append(item)
+        return [self._event("response.output_item.added", output_index=index, item=item),
+                self._event("response.output_item.done", output_index=index, item=item)]  # fmt: skip
 
     def fail(self, error: dict[str, Any]) -> list[dict[str, Any]]:
         """The answer broke off: ``response.failed`` with what was generated so far (items incomplete)."""

@@ -9,24 +9,46 @@ request, the chat answer becomes a Response object (docs/providers.md, OpenAI Re
 
 ``previous_response_id``, ``item_reference`` and ``store`` are the gateway's own (gateway/conversation.py
 resolves the conversation from the stored responses before it gets here; router/responses_api.py
-stores the answer). Reasoning items in the input are dropped: chat providers take no reasoning input.
-Pure functions, no I/O.
+stores the answer). Reasoning items in the input are dropped (chat providers take no reasoning input),
+except what the gateway sealed into one's ``encrypted_content`` (gateway/sealed.py): the provider's
+own state of a tool turn, which goes back onto the turn's assistant message and tool calls.
+
+Tools as Codex sends them: a ``namespace`` of functions becomes functions named ``<namespace>__<name>``
+(:func:`tool_names` maps them back), a ``custom`` (free-form) tool a function of one string ``input``,
+and a hosted tool (``web_search``, ``file_search``, ...) is left out (:func:`omitted_tools`) unless
+``tool_choice`` forces it (a 400). Pure functions, no I/O.
 """
 
 from __future__ import annotations
 
+import re
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
+import msgspec
+
+from adapters.base import THINKING_BLOCKS
 from core.errors import InvalidRequest
-from gateway.responses_events import EventSynth, item_id
+from gateway.responses_events import EventSynth, Options, item_id
 
 # request fields we translate, or accept as hints with no effect on a chat provider
 TRANSLATED = frozenset(
     """model input instructions max_output_tokens temperature top_p tools tool_choice parallel_tool_calls stream
     stream_options text reasoning user metadata store previous_response_id include truncation max_tool_calls
-    top_logprobs service_tier safety_identifier prompt_cache_key prompt_cache_retention background""".split()
+    top_logprobs service_tier safety_identifier prompt_cache_key prompt_cache_retention background
+    client_metadata prompt_cache_options context_management""".split()
 )
+# tools OpenAI runs (or defines, for the client to run in its own item types): left out elsewhere
+HOSTED = frozenset(
+    """web_search web_search_2025_08_26 web_search_preview web_search_preview_2025_03_11 file_search
+    code_interpreter computer computer_use_preview image_generation mcp local_shell shell tool_search apply_patch
+    programmatic_tool_calling""".split()
+)
+ENCRYPTED = "reasoning.encrypted_content"  # include: reasoning items carry the state to send back
+_FLAT = re.compile(r"[^a-zA-Z0-9_-]")
+CUSTOM_INPUT = {"type": "object", "properties": {"input": {"type": "string", "description": "The tool's input, "
+                "free-form text."}}, "required": ["input"], "additionalProperties": False}  # fmt: skip
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
 DETAILS = frozenset({"low", "high", "auto"})
@@ -45,7 +67,6 @@ def _check_fields(body: dict[str, Any]) -> None:
                 f"The parameter '{name}' is not supported for the model `{model}`: {P1_ONLY}.", name
             )
     for name, harmless in (
-        ("include", []),
         ("truncation", "disabled"),
         ("max_tool_calls", None),
         ("top_logprobs", 0),
@@ -187,15 +208,61 @@ def _item(item: Any, out: list[dict[str, Any]], where: str) -> None:
         out.append(_message(item, where))
     elif kind == "function_call":
         _function_call(item, out, where)
-    elif kind == "function_call_output":
+    elif kind == "function_call_output" or kind == "custom_tool_call_output":
         out.append(_function_output(item, where))
+    elif kind == "custom_tool_call":  # a free-form tool's call: a function of one string, as the tools say
+        arguments = msgspec.json.encode({"input": _string(item, "input", where)}).decode()
+        _function_call({**item, "arguments": arguments}, out, where)
     elif kind != "reasoning":  # reasoning items (fed back from an earlier output) are dropped
         raise _refuse(
             f"Input items of type {kind!r} ('{where}') are not supported for this model: {P1_ONLY}.", where
         )
 
 
-def messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+class State(NamedTuple):
+    """What the gateway sealed into a reasoning item (gateway/sealed.py): the provider's state of one
+    tool turn: Anthropic's signed thinking blocks (``b``), Gemini's thought signatures per call (``s``),
+    the turn's call ids (``c``)."""
+
+    blocks: list[Any]
+    signatures: dict[str, Any]
+    calls: list[str]
+
+
+Opener = Callable[[str, str], dict[str, Any]]  # (sealed text, where) -> payload; raises InvalidRequest
+
+
+def _states(given: list[Any], opener: Opener | None) -> list[State]:
+    states: list[State] = []
+    for i, item in enumerate(given):
+        sealed = item.get("encrypted_content") if isinstance(item, dict) and item.get("type") == "reasoning" else None
+        if opener is None or not isinstance(sealed, str):
+            continue
+        payload = opener(sealed, f"input[{i}].encrypted_content")
+        if payload:
+            states.append(State(list(payload.get("b") or ()), dict(payload.get("s") or {}), list(payload.get("c") or ())))
+    return states
+
+
+def _restore(out: list[dict[str, Any]], states: list[State]) -> None:
+    """Each state back onto the assistant message that holds its calls: the thinking blocks on the
+    message, a call's thought signature on the call (as adapters.anthropic and adapters.gemini read them)."""
+    for state in states:
+        wanted = set(state.calls)
+        for message in out:
+            calls = message.get("tool_calls") if message["role"] == "assistant" else None
+            if not calls or not wanted.intersection(c["id"] for c in calls):
+                continue
+            if state.blocks and THINKING_BLOCKS not in message:
+                message[THINKING_BLOCKS] = state.blocks
+            for call in calls:
+                signature = state.signatures.get(call["id"])
+                if isinstance(signature, dict) and "extra_content" not in call:
+                    call["extra_content"] = signature
+            break
+
+
+def messages(body: dict[str, Any], opener: Opener | None = None) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     instructions = body.get("instructions")
     if instructions is not None:
@@ -220,38 +287,108 @@ def messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         raise InvalidRequest(
             "'input' must contain at least one message.", param="input", code="invalid_value"
         )
+    if isinstance(given, list):
+        states = _states(given, opener)
+        if states:
+            _restore(out, states)
     return out
 
 
 # ------------------------------------------------------------------ tools, formats, options
 
 
-def _tools(tools: Any) -> list[dict[str, Any]]:
+class ToolName(NamedTuple):
+    """A function the chat provider is given, as the caller named it."""
+
+    name: str
+    namespace: str | None = None
+    custom: bool = False  # a free-form tool: its one argument ``input`` is the call's input
+
+
+def flat(namespace: str | None, name: str) -> str:
+    """The chat function's name of ``name`` in ``namespace``: ``<namespace>__<name>``, what every provider's
+    function names allow (letters, digits, ``_``, ``-``; at most 64)."""
+    if namespace is None:
+        return name
+    joined = _FLAT.sub("_", f"{namespace}__{name}")
+    return joined if len(joined) <= 64 else joined[:55] + "_" + format(hash_of(joined), "08x")
+
+
+def hash_of(text: str) -> int:
+    value = 2166136261  # FNV-1a: a stable short suffix (Python's hash() differs per process)
+    for byte in text.encode():
+        value = ((value ^ byte) * 16777619) & 0xFFFFFFFF
+    return value
+
+
+def tool_names(body: dict[str, Any]) -> dict[str, ToolName]:
+    """The chat function names a call's tools become → the tools as the caller named them (those that
+    are not the same name: namespaced functions and free-form tools)."""
+    out: dict[str, ToolName] = {}
+    tools = body.get("tools")
+    for tool in tools if isinstance(tools, list) else ():
+        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+            continue
+        if tool.get("type") == "custom":
+            out[tool["name"]] = ToolName(tool["name"], custom=True)
+        elif tool.get("type") == "namespace":
+            for inner in tool.get("tools") or ():
+                if isinstance(inner, dict) and isinstance(inner.get("name"), str):
+                    out[flat(tool["name"], inner["name"])] = ToolName(inner["name"], tool["name"])
+    return out
+
+
+def omitted_tools(body: dict[str, Any]) -> list[str]:
+    """The hosted tools a translated call leaves out (named in the answer's header)."""
+    tools = body.get("tools")
+    return [str(t.get("type")) for t in tools if isinstance(t, dict) and t.get("type") in HOSTED] if isinstance(tools, list) else []
+
+
+def _function(tool: dict[str, Any], where: str, name: str | None = None) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": name or _string(tool, "name", where)}
+    for field in ("description", "parameters", "strict"):
+        if tool.get(field) is not None:
+            function[field] = tool[field]
+    return {"type": "function", "function": function}
+
+
+def _tools(tools: Any, choice: Any = None) -> list[dict[str, Any]]:
     if not isinstance(tools, list):
         raise InvalidRequest("'tools' must be a list.", param="tools", code="invalid_value")
+    forced = choice.get("type") if isinstance(choice, dict) else None
     out = []
     for i, tool in enumerate(tools):
-        kind = _kind(tool, f"tools[{i}]") if isinstance(tool, dict) else None
-        if kind != "function":
-            raise _refuse(
-                f"The tool type {kind!r} (tools[{i}]) is a built-in tool of OpenAI's Responses API: "
-                f"{P1_ONLY}. Other models take function tools.",
-                f"tools[{i}]",
-                "unsupported_tool",
-            )
-        function = {"name": _string(tool, "name", f"tools[{i}]")}
-        for field in ("description", "parameters", "strict"):
-            if tool.get(field) is not None:
-                function[field] = tool[field]
-        out.append({"type": "function", "function": function})
+        where = f"tools[{i}]"
+        kind = _kind(tool, where) if isinstance(tool, dict) else None
+        if kind == "function":
+            out.append(_function(tool, where))
+        elif kind == "namespace":
+            namespace = _string(tool, "name", where)
+            for j, inner in enumerate(tool.get("tools") or ()):
+                if not isinstance(inner, dict) or inner.get("type", "function") != "function":
+                    raise _refuse(f"'{where}.tools[{j}]': a namespace holds function tools.", f"{where}.tools[{j}]",
+                                  "unsupported_tool")  # fmt: skip
+                out.append(_function(inner, f"{where}.tools[{j}]", flat(namespace, _string(inner, "name", f"{where}.tools[{j}]"))))
+        elif kind == "custom":  # free-form input: one string argument
+            function = {"name": _string(tool, "name", where), "parameters": CUSTOM_INPUT}
+            if isinstance(tool.get("description"), str):
+                function["description"] = tool["description"]
+            out.append({"type": "function", "function": function})
+        elif kind in HOSTED:  # run by OpenAI alone: left out (named in x-router-omitted-tools)
+            if forced == kind:
+                raise _refuse(f"tool_choice forces the tool {kind!r}, which only OpenAI runs: {P1_ONLY}.",
+                              "tool_choice", "unsupported_tool")  # fmt: skip
+        else:
+            raise _refuse(f"The tool type {kind!r} ({where}) is not supported for this model.", where, "unsupported_tool")
     return out
 
 
 def _tool_choice(choice: Any) -> Any:
     if choice in ("none", "auto", "required"):
         return choice
-    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
-        return {"type": "function", "function": {"name": choice["name"]}}
+    if isinstance(choice, dict) and choice.get("type") in ("function", "custom") and isinstance(choice.get("name"), str):
+        namespace = choice.get("namespace") if isinstance(choice.get("namespace"), str) else None
+        return {"type": "function", "function": {"name": flat(namespace, choice["name"])}}
     kind = choice.get("type") if isinstance(choice, dict) else choice
     raise _refuse(
         f"tool_choice {kind!r} is not supported for this model: use 'none', 'auto', 'required' or "
@@ -263,9 +400,7 @@ def _tool_choice(choice: Any) -> Any:
 def _text_format(text: Any) -> dict[str, Any] | None:
     if not isinstance(text, dict):
         raise InvalidRequest("'text' must be an object.", param="text", code="invalid_value")
-    if text.get("verbosity") is not None:
-        raise _refuse(f"'text.verbosity' is not supported for this model: {P1_ONLY}.", "text.verbosity")
-    fmt = text.get("format") or {"type": "text"}
+    fmt = text.get("format") or {"type": "text"}  # (``verbosity``: a hint the chat providers lack)
     kind = fmt.get("type") if isinstance(fmt, dict) else None
     if kind == "text":
         return None
@@ -282,22 +417,30 @@ def _text_format(text: Any) -> dict[str, Any] | None:
 
 
 def _reasoning(reasoning: Any) -> str | None:
+    """``reasoning.effort``; a summary (``summary``, ``generate_summary``) is the provider's thinking
+    text as summary parts (gateway/responses_events.py)."""
     if not isinstance(reasoning, dict):
         raise InvalidRequest("'reasoning' must be an object.", param="reasoning", code="invalid_value")
-    for field in ("summary", "generate_summary"):
-        if reasoning.get(field) is not None:
-            raise _refuse(
-                f"Reasoning summaries ('reasoning.{field}') are not supported for this model: {P1_ONLY}.",
-                f"reasoning.{field}",
-            )
     effort = reasoning.get("effort")
     return effort if isinstance(effort, str) else None
 
 
-def to_chat(body: dict[str, Any]) -> dict[str, Any]:
-    """A Responses request → the chat request the chat pipeline takes (``model`` as the caller wrote it)."""
+def options(body: dict[str, Any], seal: Callable[[dict[str, Any]], str] | None) -> Options:
+    """How a translated answer is written back: its thinking as summary parts when a summary is asked,
+    the caller's tool names, and the provider's state sealed into a reasoning item when the caller asks
+    for ``reasoning.encrypted_content`` (it keeps nothing: ``store: false``, as Codex)."""
+    reasoning = body.get("reasoning")
+    summary = isinstance(reasoning, dict) and (reasoning.get("summary") or reasoning.get("generate_summary")) is not None
+    include = body.get("include")
+    sealed = seal if isinstance(include, list) and ENCRYPTED in include else None
+    return Options(summary=summary, names=tool_names(body), seal=sealed)
+
+
+def to_chat(body: dict[str, Any], opener: Opener | None = None) -> dict[str, Any]:
+    """A Responses request → the chat request the chat pipeline takes (``model`` as the caller wrote it);
+    ``opener`` opens what the gateway sealed into reasoning items (else they are dropped)."""
     _check_fields(body)
-    chat: dict[str, Any] = {"model": body["model"], "messages": messages(body)}
+    chat: dict[str, Any] = {"model": body["model"], "messages": messages(body, opener)}
     for ours, theirs in (
         ("max_output_tokens", "max_tokens"),
         ("temperature", "temperature"),
@@ -308,8 +451,10 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
         if body.get(ours) is not None:
             chat[theirs] = body[ours]
     if body.get("tools"):
-        chat["tools"] = _tools(body["tools"])
-    if body.get("tool_choice") is not None:
+        tools = _tools(body["tools"], body.get("tool_choice"))
+        if tools:
+            chat["tools"] = tools
+    if body.get("tool_choice") is not None and "tools" in chat:
         chat["tool_choice"] = _tool_choice(body["tool_choice"])
     if body.get("text") is not None and (fmt := _text_format(body["text"])) is not None:
         chat["response_format"] = fmt
@@ -391,7 +536,7 @@ def shell(body: dict[str, Any], model_id: str) -> dict[str, Any]:
         "output": [],
         "parallel_tool_calls": body.get("parallel_tool_calls") is not False,
         "previous_response_id": body.get("previous_response_id"),
-        "reasoning": {"effort": reasoning.get("effort"), "summary": None},
+        "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")},
         "service_tier": "default",
         "store": body.get("store") is not False,
         "temperature": body.get("temperature"),
@@ -407,19 +552,19 @@ def shell(body: dict[str, Any], model_id: str) -> dict[str, Any]:
     }
 
 
-def from_completion(completion: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
+def from_completion(completion: dict[str, Any], response: dict[str, Any], how: Options | None = None) -> dict[str, Any]:
     """A chat.completion → the finished Response object (``response`` is its :func:`shell`)."""
     choices = completion.get("choices") or [{}]
     choice = choices[0] if isinstance(choices[0], dict) else {}
     message = choice.get("message") or {}
     delta: dict[str, Any] = {}
-    for field in ("reasoning_content", "content"):
-        if isinstance(message.get(field), str):
+    for field in ("reasoning_content", "content", THINKING_BLOCKS):
+        if isinstance(message.get(field), str | list):
             delta[field] = message[field]
     calls = message.get("tool_calls") or []
     if calls:
         delta["tool_calls"] = [{**call, "index": i} for i, call in enumerate(calls) if isinstance(call, dict)]
-    synth = EventSynth(response)
+    synth = EventSynth(response, how)
     synth.feed(
         {
             "choices": [{"index": 0, "delta": delta, "finish_reason": choice.get("finish_reason")}],

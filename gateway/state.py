@@ -7,6 +7,8 @@ mounted inside another application whose lifespan does not reach ours.
 from __future__ import annotations
 
 import asyncio
+import os
+import secrets
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -27,6 +29,7 @@ from gateway.periodic import Periodic
 from gateway.ratelimit import RateLimiter
 from gateway.reliability import Breakers
 from gateway.response_store import ResponseStore
+from gateway.sealed import Sealer, key_of
 
 
 class Service(Protocol):
@@ -125,6 +128,7 @@ class Gateway:
         self.breakers = Breakers(rel.breaker_threshold, rel.breaker_cooldown, rel.deadline + rel.first_byte_timeout,
                                  [d.key for deps in self.deployments.values() for d in deps])  # fmt: skip
         self.responses = ResponseStore(self.store.database)  # the stored responses of /v1/responses
+        self.sealer: Sealer | None = None  # seals provider state into reasoning items (gateway/sealed.py), at start
         self.jobs: Service | None = None  # the Batch API's runner (jobs/), set by create_app
         self.batches: BatchBook | None = None  # the same runner, as the console reads it
         self.backgrounds: Backgrounds | None = None  # the same runner, running background responses
@@ -138,6 +142,7 @@ class Gateway:
                 await self.store.serve(self.settings.store)
                 store = self.settings.store
                 await self.ledger.start(Journal(store.journal_path(), store_tag(store.url)))
+                self.sealer = Sealer(await self._seal_key())
                 await self.transport.start()
                 if self.jobs is not None:
                     await self.jobs.start()
@@ -146,6 +151,14 @@ class Gateway:
                 for task in self.background:
                     task.start()
                 self.started = True
+
+    async def _seal_key(self) -> bytes:
+        """``[responses] seal_key``, else ``$ROUTER_SEAL_KEY``, else the one kept in the store (made by the
+        first replica to start)."""
+        given = self.settings.responses.seal_key or os.environ.get("ROUTER_SEAL_KEY", "")
+        if given:
+            return key_of(given)
+        return key_of(await self.responses.setting("seal_key", secrets.token_hex(32)))
 
     async def stop(self) -> None:
         async with self._lock:

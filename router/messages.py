@@ -25,10 +25,9 @@ from gateway.messages_translate import end_user, omitted_tools, to_chat
 from gateway.pipeline import Pipeline
 from gateway.state import Gateway
 from router.chat import answered, begin_call, streamed
-from router.replies import JSONBytes, LateSSE
+from router.replies import OMITTED, JSONBytes, LateSSE
 
 _encode = msgspec.json.Encoder().encode
-OMITTED = "x-router-omitted-tools"  # the hosted tools a translated call left out
 ESTIMATED = "x-router-token-count"  # count_tokens: "estimate" (the gateway's tokenizer) or "provider"
 
 
@@ -95,7 +94,7 @@ class Messages:
             stream = streamed(self.pipeline, start, trace, joined)
             response = LateSSE(stream, gw.settings.reliability.stream_keepalive, failed)
         if omitted:
-            response.raw_headers.append((OMITTED.encode(), ", ".join(omitted).encode()))
+            response.raw_headers.append((OMITTED, ", ".join(omitted).encode()))
         return response
 
     def omitted(self, body: dict[str, Any]) -> list[str]:

@@ -177,7 +177,8 @@ async def _drained(receive: Receive, most: int) -> bool:
             return True
 
 
-CORS_EXPOSED = ("x-request-id", "retry-after", "retry-after-ms", "x-request-cost", "x-budget-window", "x-budget-reset", *(
+CORS_EXPOSED = ("x-request-id", "retry-after", "retry-after-ms", "x-request-cost", "x-budget-window", "x-budget-reset",
+                "x-router-omitted-tools", "x-router-token-count", *(
     f"x-ratelimit-{what}-{unit}" for what in ("limit", "remaining", "reset") for unit in ("requests", "tokens")
 ))  # fmt: skip
 

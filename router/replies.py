@@ -24,6 +24,8 @@ from router.channels import Channel
 _JSON = (b"content-type", b"application/json")
 
 
+OMITTED = b"x-router-omitted-tools"  # the hosted tools a translated call left out (Responses, Messages)
+
 class JSONBytes(Response):
     media_type = "application/json"
 

@@ -26,11 +26,11 @@ from gateway.pipeline import Pipeline
 from gateway.response_keep import Keep
 from gateway.responses_codec import ResponsesCodec, Terminal
 from gateway.responses_events import item_id
-from gateway.responses_translate import shell
+from gateway.responses_translate import omitted_tools, shell
 from gateway.state import Gateway
 from router.chat import Encoder, begin_call, streamed
 from router.logs import Trace
-from router.replies import JSONBytes, LateSSE
+from router.replies import OMITTED, JSONBytes, LateSSE
 
 _encode = msgspec.json.Encoder().encode
 
@@ -99,9 +99,25 @@ class Responses:
             return await self.queue(context, codec, keep, conversation, run)
         start = self.pipeline.start(context, codec)
         if not codec.stream:
-            return await self.answered(start, trace, keep, conversation)
-        stream = streamed(self.pipeline, start, trace, events(keep, conversation))
-        return LateSSE(stream, gw.settings.reliability.stream_keepalive, _error_event)
+            response: Response = await self.answered(start, trace, keep, conversation)
+        else:
+            stream = streamed(self.pipeline, start, trace, events(keep, conversation))
+            response = LateSSE(stream, gw.settings.reliability.stream_keepalive, _error_event)
+        omitted = self.omitted(conversation.body)
+        if omitted:
+            response.raw_headers.append((OMITTED, ", ".join(omitted).encode()))
+        return response
+
+    def omitted(self, body: dict[str, Any]) -> list[str]:
+        """The hosted tools a translated call leaves out (none where the provider runs them: OpenAI)."""
+        names = omitted_tools(body)
+        if not names:
+            return names
+        try:
+            model = self.gw.catalog.resolve(str(body["model"]))
+        except GatewayError:
+            return names
+        return [] if self.gw.catalog.providers[model.provider].responses_api else names
 
     async def answered(self, start: Any, trace: Trace, keep: Keep, conversation: Conversation) -> Response:
         started = await start

@@ -33,6 +33,7 @@ SDK_MODEL = "claude-haiku-4-5"  # the SDK warns (DeprecationWarning) on retiring
 MODELS = ["anthropic/claude-sonnet-4-5", "claude/claude-haiku-4-5"]
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOLS: Any = [{"type": "function", "function": {"name": "get_weather", "description": "Weather now", "parameters": WEATHER}}]
+SIGNATURE = "EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pkiMOYds"  # tests/fixtures/anthropic/stream_thinking.sse
 PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
 
 
@@ -438,7 +439,9 @@ def test_stream_thinking_fixture() -> None:
     chunks, translator = translate((FIXTURES / "stream_thinking.sse").read_bytes())
     assert deltas(chunks, "reasoning_content") == "The user is asking me to warm up."
     assert deltas(chunks, "content") == "I'm ready to assist you."
-    assert not any("signature" in json.dumps(c) for c in chunks)
+    # the block whole, signed, once it ended: what the next turn of a tool loop must send back
+    signed = [b for c in chunks for b in c["choices"][0]["delta"].get("thinking_blocks", [])]
+    assert signed == [{"type": "thinking", "thinking": "The user is asking me to warm up.", "signature": SIGNATURE}]
     assert translator.finished and translator.usage is not None and translator.usage.completion == 41
 
 

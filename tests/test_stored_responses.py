@@ -334,8 +334,8 @@ def test_background_bad_input_is_refused_at_once(stored: Stack) -> None:
         client.responses.create(model="anthropic/no-such-model", input="hi", background=True)
     with pytest.raises(openai.BadRequestError) as info:
         client.responses.create(model="anthropic/claude-haiku-4-5", input="hi", background=True,
-                                tools=[{"type": "web_search"}])  # fmt: skip
-    assert info.value.param == "tools[0]"  # type: ignore[attr-defined]
+                                tools=[{"type": "web_search"}], tool_choice={"type": "web_search"})  # type: ignore[misc,arg-type]  # fmt: skip
+    assert info.value.param == "tool_choice"  # type: ignore[attr-defined]
     [gid] = _rows(stored, "SELECT id FROM groups WHERE name = ?", group)[0]
     assert _rows(stored, "SELECT COUNT(*) FROM responses WHERE group_id = ?", gid) == [(0,)]
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from adapters.base import USER_AGENT, Call, UpstreamRequest
+from adapters.base import THINKING_BLOCKS, USER_AGENT, Call, UpstreamRequest
 from core.errors import InvalidRequest
 from core.wire import ChatRequest, FilePart, ImagePart, Message, RefusalPart, TextPart, ToolCall
 
@@ -137,6 +137,20 @@ def _tool_input(call: ToolCall) -> dict[str, Any]:
     return value
 
 
+def _thinking_blocks(given: Any) -> list[Block]:
+    """An assistant message's ``thinking_blocks`` (as this adapter returned them) → Anthropic blocks;
+    anything else in the list is left out."""
+    out: list[Block] = []
+    for block in given if isinstance(given, list) else ():
+        if not isinstance(block, dict):
+            continue
+        if block.get("type") == "thinking" and isinstance(block.get("thinking"), str) and isinstance(block.get("signature"), str):
+            out.append({"type": "thinking", "thinking": block["thinking"], "signature": block["signature"]})
+        elif block.get("type") == "redacted_thinking" and isinstance(block.get("data"), str):
+            out.append({"type": "redacted_thinking", "data": block["data"]})
+    return out
+
+
 def _tool_result(message: Message, raw: dict[str, Any]) -> Block:
     if not isinstance(message.tool_call_id, str):
         raise _invalid("A 'tool' message needs the 'tool_call_id' of the call it answers.", "missing_tool_call_id")
@@ -159,6 +173,8 @@ def _turn(message: Message, raw: dict[str, Any]) -> tuple[str, list[Block]]:
     if message.role == "function":
         raise _invalid("The legacy 'function' role is not supported for Anthropic models; use 'tool' messages.")
     blocks = _blocks(message.content, raw)
+    if message.role == "assistant":  # its thinking blocks, signed, first (a tool loop's next turn needs them)
+        blocks[:0] = _thinking_blocks(raw.get(THINKING_BLOCKS))
     if message.role == "assistant" and isinstance(message.tool_calls, list):
         for call in message.tool_calls:
             blocks.append({"type": "tool_use", "id": tool_id(call.id), "name": call.function.name,
@@ -263,9 +279,9 @@ def _thinking(call: Call, body: dict[str, Any]) -> None:
     if thinking is None:
         effort = call.raw.get("reasoning_effort")
         budget = EFFORT_BUDGET.get(effort) if isinstance(effort, str) else None
-        last = body["messages"][-1]
-        if budget is None or last["content"][0]["type"] == "tool_result":
-            return  # mid tool loop: the assistant turn has no (signed) thinking block to send back, so no thinking
+        turns = body["messages"]
+        if budget is None or (turns[-1]["content"][0]["type"] == "tool_result" and not _thought(turns)):
+            return  # mid tool loop, the assistant turn without its signed thinking block: no thinking
         if budget >= body["max_tokens"] and call.request.output_cap is None:  # no cap asked: make room
             limit = call.model.max_output if call.model.max_output > 0 else budget + body["max_tokens"]
             body["max_tokens"] = min(budget + body["max_tokens"], limit)
@@ -280,6 +296,11 @@ def _thinking(call: Call, body: dict[str, Any]) -> None:
         body.pop("top_k", None)
         if body.get("top_p", 1) < 0.95:
             body.pop("top_p")
+
+
+def _thought(turns: list[dict[str, Any]]) -> bool:
+    """The assistant turn before the last (a tool loop's) opens with its thinking block."""
+    return len(turns) > 1 and bool(turns[-2]["content"]) and turns[-2]["content"][0]["type"] in ("thinking", "redacted_thinking")
 
 
 def _sampling(call: Call, body: dict[str, Any]) -> None:

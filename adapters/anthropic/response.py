@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 
 from adapters.anthropic.request import JSON_TOOL, json_mode
-from adapters.base import REASONING, Call
+from adapters.base import REASONING, THINKING_BLOCKS, Call
 from core.errors import UpstreamError
 from core.wire import TokenUsage
 
@@ -68,10 +68,11 @@ def finish_reason(stop_reason: Any) -> str:
     return STOP_REASONS.get(stop_reason, "stop") if isinstance(stop_reason, str) else "stop"
 
 
-def _read_blocks(content: list[Any]) -> tuple[list[str], list[str], list[dict[str, Any]]]:
+def _read_blocks(content: list[Any]) -> tuple[list[str], list[str], list[dict[str, Any]], list[dict[str, Any]]]:
     text: list[str] = []
     thinking: list[str] = []
     calls: list[dict[str, Any]] = []
+    signed: list[dict[str, Any]] = []  # the thinking blocks whole (thinking_blocks)
     for block in content:
         if not isinstance(block, dict):
             continue
@@ -80,11 +81,15 @@ def _read_blocks(content: list[Any]) -> tuple[list[str], list[str], list[dict[st
             text.append(str(block.get("text") or ""))
         elif kind == "thinking":
             thinking.append(str(block.get("thinking") or ""))
+            signed.append({"type": "thinking", "thinking": str(block.get("thinking") or ""),
+                           "signature": str(block.get("signature") or "")})  # fmt: skip
+        elif kind == "redacted_thinking" and isinstance(block.get("data"), str):
+            signed.append({"type": "redacted_thinking", "data": block["data"]})
         elif kind == "tool_use":
             arguments = _encode(block.get("input") or {}).decode()
             calls.append({"id": block.get("id"), "type": "function",
                           "function": {"name": block.get("name"), "arguments": arguments}})  # fmt: skip
-    return text, thinking, calls
+    return text, thinking, calls, signed
 
 
 def error_text(data: dict[str, Any]) -> str:
@@ -102,7 +107,7 @@ def parse(provider: str, call: Call, body: bytes) -> tuple[dict[str, Any], Token
         raise UpstreamError(f"The provider '{provider}' failed: {error_text(data)}")
     if not isinstance(data, dict) or not isinstance(data.get("content"), list):
         raise UpstreamError(f"The provider '{provider}' returned an unexpected answer shape.")
-    text, thinking, calls = _read_blocks(data["content"])
+    text, thinking, calls, signed = _read_blocks(data["content"])
     reason = finish_reason(data.get("stop_reason"))
     answer = next((c for c in calls if c["function"]["name"] == JSON_TOOL), None) if json_mode(call.raw) else None
     if answer is not None:  # JSON mode: the tool's input is the answer
@@ -113,6 +118,8 @@ def parse(provider: str, call: Call, body: bytes) -> tuple[dict[str, Any], Token
         message["tool_calls"] = calls
     if thinking:
         message[REASONING] = "".join(thinking)
+    if signed:
+        message[THINKING_BLOCKS] = signed
     other = sum(map(len, text)) + sum(len(c["function"]["arguments"]) for c in calls)
     usage = with_thinking_share(usage_from_anthropic(data.get("usage")), sum(map(len, thinking)), other)
     choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}

@@ -17,7 +17,7 @@ from adapters.anthropic.response import (
     usage_from_anthropic,
     with_thinking_share,
 )
-from adapters.base import REASONING, StreamTranslator, UpstreamStreamError
+from adapters.base import REASONING, THINKING_BLOCKS, StreamTranslator, UpstreamStreamError
 from core.sse import Event
 
 _decode = msgspec.json.Decoder().decode
@@ -42,6 +42,7 @@ class AnthropicStream(StreamTranslator):
         self.tools: dict[int, int] = {}  # content block index → OpenAI tool-call index
         self.tool_args: set[int] = set()  # block indexes whose arguments have been sent
         self.raw_usage: dict[str, Any] = {}
+        self.thinking: dict[int, list[str]] = {}  # open thinking blocks: index -> [text so far, signature]
         self.thinking_chars = 0  # what thought and what else was said: how output_tokens splits
         self.other_chars = 0
         self.finish_sent = False
@@ -95,9 +96,15 @@ class AnthropicStream(StreamTranslator):
         if kind == "text" and block.get("text"):
             self.other_chars += len(block["text"])
             return [_chunk({"content": block["text"]})]
-        if kind == "thinking" and block.get("thinking"):
-            self.thinking_chars += len(block["thinking"])
-            return [_chunk({REASONING: block["thinking"]})]
+        if kind == "thinking" and isinstance(index, int):
+            text, signature = block.get("thinking"), block.get("signature")
+            text = text if isinstance(text, str) else ""
+            self.thinking[index] = [text, signature if isinstance(signature, str) else ""]
+            if text:
+                self.thinking_chars += len(text)
+                return [_chunk({REASONING: text})]
+        if kind == "redacted_thinking" and isinstance(block.get("data"), str):  # kept whole, shown as nothing
+            return [_chunk({THINKING_BLOCKS: [{"type": "redacted_thinking", "data": block["data"]}]})]
         return []
 
     def _block_delta(self, data: dict[str, Any]) -> Chunks:
@@ -108,7 +115,12 @@ class AnthropicStream(StreamTranslator):
             return [_chunk({"content": delta["text"]})]
         if kind == "thinking_delta" and delta.get("thinking"):
             self.thinking_chars += len(delta["thinking"])
+            if index in self.thinking:
+                self.thinking[index][0] += delta["thinking"]
             return [_chunk({REASONING: delta["thinking"]})]
+        if kind == "signature_delta" and index in self.thinking and isinstance(delta.get("signature"), str):
+            self.thinking[index][1] += delta["signature"]
+            return []
         if kind == "input_json_delta" and index == self.json_block and delta.get("partial_json"):
             self.other_chars += len(delta["partial_json"])
             return [_chunk({"content": delta["partial_json"]})]
@@ -116,10 +128,13 @@ class AnthropicStream(StreamTranslator):
             self.other_chars += len(delta["partial_json"])
             self.tool_args.add(index)
             return self._tool_delta(index, function={"arguments": delta["partial_json"]})
-        return []  # signature_delta, citations_delta, empty fragments
+        return []  # citations_delta, empty fragments
 
     def _block_stop(self, data: dict[str, Any]) -> Chunks:
         index = data.get("index")
+        thought = self.thinking.pop(index, None) if isinstance(index, int) else None
+        if thought is not None:  # the whole block, signed: what a later turn must send back (thinking_blocks)
+            return [_chunk({THINKING_BLOCKS: [{"type": "thinking", "thinking": thought[0], "signature": thought[1]}]})]
         if index in self.tools and index not in self.tool_args:  # no input at all: "{}", not ""
             self.tool_args.add(index)
             return self._tool_delta(index, function={"arguments": "{}"})
