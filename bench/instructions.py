@@ -1,6 +1,6 @@
 """Instructions per call, counted by callgrind: the gateway against the bare proxy, without noise.
 
-    .venv/bin/python -m bench.instructions [--calls 400] [--concurrency 8] [--repeat 3] [--responses | --messages]
+    .venv/bin/python -m bench.instructions [--calls 400] [--concurrency 8] [--repeat 3] [--responses | --messages | --codex]
 
 req/s on a shared 2-CPU machine moves by 10-30 % from run to run, and so do the throughput ratios of
 ``make bench``. An instruction count does not: ``valgrind --tool=callgrind`` counts what the server
@@ -60,6 +60,7 @@ class Mode(NamedTuple):
     store: bool = False  # with store: true (the gateway keeps the response), else store: false
     messages: bool = False  # POST /v1/messages (Anthropic's API) instead of chat
     model: str | None = None  # another model than the target's
+    codex: bool = False  # the Responses call as Codex makes it (30 tools, store false, ...: codex_body)
 
 
 MODES = (Mode("non-stream", False), Mode("stream", True))
@@ -134,6 +135,32 @@ def responses_body(model: str, stream: bool, store: bool) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
 
 
+# --codex: a Responses call on Claude (translated) as Codex makes it against a plain one, stream and not
+CODEX = (Mode("resp claude", False, True, model=CLAUDE), Mode("codex claude", False, True, model=CLAUDE, codex=True),
+         Mode("resp claude str", True, True, model=CLAUDE),
+         Mode("codex claude str", True, True, model=CLAUDE, codex=True))  # fmt: skip
+
+
+def codex_body(model: str, stream: bool) -> bytes:
+    """What Codex sends each turn: 30 tools (28 functions, a namespace of two, the hosted web_search),
+    store false, encrypted reasoning included, a reasoning summary, client_metadata, prompt_cache_key."""
+    schema = {"type": "object", "properties": {"cmd": {"type": "string", "description": "The command."},
+                                               "workdir": {"type": "string"}}, "required": ["cmd"],
+              "additionalProperties": False}  # fmt: skip
+    tools: list[Any] = [{"type": "function", "name": f"tool_{i}", "description": f"Tool number {i}.", "strict": False,
+                         "parameters": schema} for i in range(27)]  # fmt: skip
+    tools.append({"type": "namespace", "name": "agents", "description": "Sub-agents.",
+                  "tools": [{"type": "function", "name": n, "parameters": schema} for n in ("spawn", "close")]})
+    tools.append({"type": "web_search", "external_web_access": False})
+    chat = json.loads(body_bytes(model, stream, 12))
+    body = {"model": model, "stream": stream, "store": False, "tools": tools, "tool_choice": "auto",
+            "parallel_tool_calls": True, "reasoning": {"summary": "auto"}, "include": ["reasoning.encrypted_content"],
+            "prompt_cache_key": "thread-1", "client_metadata": {"session_id": "thread-1"},
+            "input": [{"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "You are Codex."}]},
+                      {"type": "message", "role": "user", "content": [{"type": "input_text", "text": chat["messages"][0]["content"]}]}]}  # fmt: skip
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
 def messages_body(model: str, stream: bool) -> bytes:
     chat = json.loads(body_bytes(model, stream, 12))
     body = {"model": model, "max_tokens": 4096, "messages": chat["messages"], "stream": stream}
@@ -149,7 +176,7 @@ async def drive(target: Target, mode: Mode, calls: int, concurrency: int) -> Non
     data = body_bytes(model, stream, 12)
     if mode.responses:
         url = url.replace("/chat/completions", "/responses")
-        data = responses_body(model, stream, mode.store)
+        data = codex_body(model, stream) if mode.codex else responses_body(model, stream, mode.store)
     if mode.messages:
         url = url.replace("/chat/completions", "/messages")
         data = messages_body(model, stream)
@@ -226,6 +253,16 @@ def responses_report(results: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
+def codex_report(results: dict[str, dict[str, float]]) -> str:
+    lines = ["Codex-shaped Responses calls (callgrind, thousands of instructions per call): a plain call and the same "
+             "prompt as Codex sends it (30 tools, store false, ...), on Claude"]  # fmt: skip
+    for name, figures in results.items():
+        for plain, codex in (("resp claude", "codex claude"), ("resp claude str", "codex claude str")):
+            lines.append(f"  {SERVERS[name].label:40s} {codex:16s} plain {figures[plain]:9,.0f}  codex {figures[codex]:9,.0f}"
+                         f"  codex / plain {figures[codex] / figures[plain]:.3f}x")  # fmt: skip
+    return "\n".join(lines)
+
+
 def messages_report(results: dict[str, dict[str, float]]) -> str:
     lines = ["Messages calls (callgrind, thousands of instructions per call): /v1/chat/completions and /v1/messages, "
              "the same model and prompt"]  # fmt: skip
@@ -281,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="gateways only: POST /v1/responses with store false and true, stream and not")
     parser.add_argument("--messages", action="store_true",
                         help="gateways only: POST /v1/messages against /v1/chat/completions, Claude and Gemini")
+    parser.add_argument("--codex", action="store_true",
+                        help="gateways only: a Responses call on Claude as Codex makes it against a plain one")
     parser.add_argument("--keep", type=Path, default=None,
                         help="keep the callgrind dumps in this directory (read them with callgrind_annotate)")
     args = parser.parse_args(argv)
@@ -301,16 +340,18 @@ def main(argv: list[str] | None = None) -> int:
         emulator, emulators = start_emulators(tmp / "logs")
         try:
             for name in names:
-                modes = RESPONSES if args.responses else MESSAGES if args.messages else MODES
+                modes = RESPONSES if args.responses else MESSAGES if args.messages else CODEX if args.codex else MODES
                 results[name] = measure(name, emulators, tmp, args.calls, args.concurrency, modes, args.repeat)
         finally:
             stop_all([emulator])
-    text = responses_report(results) if args.responses else messages_report(results) if args.messages else report(results)
+    text = (responses_report(results) if args.responses else messages_report(results) if args.messages
+            else codex_report(results) if args.codex else report(results))  # fmt: skip
     print(text, flush=True)
     RESULTS.mkdir(exist_ok=True)
     record: dict[str, Any] = {"calls": args.calls, "concurrency": args.concurrency, "repeat": args.repeat,
                               "k_instructions_per_call": results}
-    name = "instructions-responses.json" if args.responses else "instructions-messages.json" if args.messages else "instructions.json"
+    name = "instructions-responses.json" if args.responses else "instructions-messages.json" if args.messages \
+        else "instructions-codex.json" if args.codex else "instructions.json"
     (RESULTS / name).write_text(json.dumps(record, indent=2) + "\n")
     return 0
 

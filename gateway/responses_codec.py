@@ -32,7 +32,15 @@ from gateway.chat_codec import ChatCodec, ChatLeg
 from gateway.codec import Answer, Codec, Cost, Leg, Reader, fallback_list
 from gateway.conversation import upstream_item
 from gateway.responses_events import EventSynth, Options, responses_usage
-from gateway.responses_translate import estimate_prompt, from_completion, image_urls, options, shell, to_chat
+from gateway.responses_translate import (
+    cache_marked,
+    estimate_prompt,
+    from_completion,
+    image_urls,
+    options,
+    shell,
+    to_chat,
+)
 from gateway.routing import conversation
 from gateway.state import Gateway
 from gateway.stream import ChatReader, error_chunk
@@ -121,6 +129,8 @@ class ResponsesCodec(Codec):
             chat = to_chat(self.body, sealer.open if sealer is not None else None)
             self._translated = chat, chat_request(chat), options(self.body, sealer.seal if sealer is not None else None)
         chat, req, how = self._translated
+        if self.body.get("prompt_cache_key") and gw.catalog.providers[model.provider].protocol == "anthropic":
+            chat = cache_marked(chat)  # Anthropic caches up to a marked block: the instructions (and tools)
         inner = ChatCodec(chat, req, self.size, "responses").leg(gw, model, model_id, deployment)
         response = shell(self.body, model_id)
         if self.echo:

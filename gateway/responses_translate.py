@@ -425,6 +425,17 @@ def _reasoning(reasoning: Any) -> str | None:
     return effort if isinstance(effort, str) else None
 
 
+def cache_marked(chat: dict[str, Any]) -> dict[str, Any]:
+    """``chat`` with its last system message marked for the prompt cache (``prompt_cache_key`` on a model
+    whose provider caches up to a marked block: Anthropic; the tools before it are cached with it)."""
+    messages = chat["messages"]
+    last = max((i for i, m in enumerate(messages) if m["role"] == "system"), default=None)
+    if last is None:
+        return chat
+    marked = {**messages[last], "cache_control": {"type": "ephemeral"}}
+    return {**chat, "messages": [*messages[:last], marked, *messages[last + 1 :]]}
+
+
 def options(body: dict[str, Any], seal: Callable[[dict[str, Any]], str] | None) -> Options:
     """How a translated answer is written back: its thinking as summary parts when a summary is asked,
     the caller's tool names, and the provider's state sealed into a reasoning item when the caller asks

@@ -76,3 +76,33 @@ def test_agent_conversation_moves_from_claude_to_gemini(stack: Stack) -> None:
     assert text and last
     sent = json.dumps(stack.emulator("google").requests[-1])
     assert "temperature_c" in sent and "Repeat the temperature." in sent  # Claude's tool turn, seen by Gemini
+
+
+def test_an_agent_with_a_plain_model_string_through_multi_provider(stack: Stack) -> None:
+    """``Agent(model="anthropic/claude-haiku-4-5")``: the Agents SDK reads the prefix as its own provider
+    (``anthropic/`` is unknown to it, ``openai/`` an alias it strips) unless its MultiProvider is told to
+    send the whole string (``openai_prefix_mode="model_id"``, ``unknown_prefix_mode="model_id"``), as the
+    README shows."""
+    from agents import MultiProvider, RunConfig
+
+    key = stack.key()
+
+    async def run() -> list[str]:
+        client = openai.AsyncOpenAI(base_url=stack.base_url, api_key=key, max_retries=0)
+        provider = MultiProvider(openai_client=client, openai_use_responses=True,
+                                 openai_prefix_mode="model_id", unknown_prefix_mode="model_id")  # fmt: skip
+        try:
+            out = []
+            for model in ("anthropic/claude-haiku-4-5", "openai/gpt-4o-mini"):
+                agent = Agent(name="weather", instructions="Answer with the weather.", tools=[get_weather], model=model)
+                result = await Runner.run(agent, "What is the weather in Seoul? [tool]",
+                                          run_config=RunConfig(model_provider=provider))  # fmt: skip
+                out.append(str(result.final_output))
+            return out
+        finally:
+            await client.close()
+
+    for answer in stack.run(run()):
+        assert '"temperature_c":21' in answer.replace(" ", "")
+    assert stack.emulator("anthropic").requests[-1]["model"] == "claude-haiku-4-5-20251001"
+    assert stack.emulator("openai").requests[-1]["model"] == "gpt-4o-mini-2024-07-18"

@@ -203,3 +203,19 @@ def test_the_openai_emulator_takes_what_codex_sends(stack: Stack) -> None:
         direct.close()
     out = stack.client().responses.create(model="openai/gpt-5-mini", input="hi", tools=tools, extra_body=CODEX_FIELDS)
     assert out.output_text and stack.emulator("openai").requests[-1]["client_metadata"] == {"session_id": "s-1"}
+
+
+def test_prompt_cache_key_caches_claudes_instructions(stack: Stack) -> None:
+    """Codex sends prompt_cache_key and a long system prompt each turn: on Claude the instructions are
+    marked for Anthropic's prompt cache, so the next turn reads them from it (billed at the cached price)."""
+    client = stack.client()
+    instructions = " ".join(f"rule{i} keep answers short" for i in range(400))
+    body: Any = [{"type": "message", "role": "developer", "content": [{"type": "input_text", "text": instructions}]},
+                 {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello"}]}]  # fmt: skip
+    first = client.responses.create(model="anthropic/claude-haiku-4-5", input=body, extra_body=CODEX_FIELDS)
+    second = client.responses.create(model="anthropic/claude-haiku-4-5", input=body, extra_body=CODEX_FIELDS)
+    assert first.usage is not None and second.usage is not None
+    assert first.usage.input_tokens_details.cached_tokens == 0 and second.usage.input_tokens_details.cached_tokens > 1024
+    plain = {k: v for k, v in CODEX_FIELDS.items() if k != "prompt_cache_key"}
+    again = client.responses.create(model="anthropic/claude-haiku-4-5", input=body, extra_body=plain)
+    assert again.usage is not None and again.usage.input_tokens_details.cached_tokens == 0  # not asked: not marked
