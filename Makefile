@@ -1,14 +1,16 @@
-# The two front-door commands are `make demo` and `make test`; both install first when needed.
+# The two front-door commands are `make demo` and `make test`; both install first when needed: the demo
+# the runtime dependencies alone (no dev tools, no npm), the tests everything.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+RUNTIME := $(VENV)/.runtime
 # the client matrix's Node clients (tests/test_client_matrix.py), exactly as the lockfile pins them
 CLIENTS := tests/clients
 NODE_STAMP := $(CLIENTS)/node_modules/.installed
 PACKAGES := core adapters billing emulators gateway jobs console router
 
-.PHONY: install demo run test bench lint clean
+.PHONY: install demo run test test-machine bench lint clean
 
 install: $(STAMP) $(NODE_STAMP)
 
@@ -16,19 +18,28 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+	touch $(STAMP) $(RUNTIME)
+
+$(RUNTIME): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e .
+	touch $(RUNTIME)
 
 $(NODE_STAMP): $(CLIENTS)/package.json $(CLIENTS)/package-lock.json
 	cd $(CLIENTS) && npm ci --no-audit --no-fund
 	touch $(NODE_STAMP)
 
-demo: install
+demo: $(RUNTIME)
 	$(BIN)/router demo $(if $(PORT),--port $(PORT)) $(if $(EMULATOR_PORT),--emulator-port $(EMULATOR_PORT)) $(if $(NEW_KEY),--new-key)
 
-run: install
+run: $(RUNTIME)
 	$(BIN)/router serve $(if $(CONFIG),--config $(CONFIG))
 
-test: install
+# what pip and npm cannot install (Chromium, Node.js and npm) and the services the tests use
+test-machine:
+	bash scripts/test-machine.sh
+
+test: test-machine install
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 bench: install

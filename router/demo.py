@@ -220,6 +220,7 @@ def banner(base: str, running: dict[str, Running], key: str, directory: Path, co
          -H "Content-Type: application/json" \\
          -d '{{"model": "openai/gpt-4o-mini", "messages": [{{"role": "user", "content": "Hello"}}]}}'
 
+    pip install openai      # in your own Python, then:
     python -c "from openai import OpenAI; c = OpenAI(base_url='{base}', api_key='{key}'); \\
 print(c.chat.completions.create(model='mistral/mistral-small-latest', messages=[{{'role': 'user', 'content': 'Hi'}}]).choices[0].message.content)"
   Ctrl-C stops it.
