@@ -65,7 +65,7 @@ from bench.stack import (
 )
 
 RESULTS = ROOT / "bench" / "results"
-TARGET_RATIO = 1.6  # issue 23: 2 workers serve >= 1.6x one worker's calls, given the cores
+TARGET_RATIO = 1.6  # the budget: 2 workers serve >= 1.6x one worker's calls, given the cores
 # a PostgreSQL server's processes that work for every database (the WAL and the checkpoints)
 PG_WRITERS = ("checkpointer", "background writer", "walwriter", "autovacuum")
 

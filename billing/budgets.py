@@ -1,5 +1,5 @@
 """Budgets with periods: spend limits over time for a group or a key, beside the prepaid balance
-(README, "Budgets").
+(docs/operations.md, "Budgets").
 
 A budget is an amount per window. A window is a calendar period in a time zone (``day``, ``week``
 from Monday, ``month``) or a rolling duration (``30m``, ``12h``, ``7d``: the last that long, up to

@@ -1,4 +1,4 @@
-"""Settlements that survive the store's faults (README, "Faults").
+"""Settlements that survive the store's faults (docs/operations.md, "Faults").
 
     settle ──► store ──ok──► durable
                  │ fails (connection lost, locked past the busy timeout, unreachable)

@@ -1,4 +1,4 @@
-"""Holds as leases (PostgreSQL, several replicas; README, "Faults").
+"""Holds as leases (PostgreSQL, several replicas; docs/operations.md, "Faults").
 
 Each replica names itself (host, pid, a random tag) on the reservations it makes and heartbeats a
 row of ``replicas`` every ``heartbeat_seconds``. Any replica that has itself heartbeaten without a

@@ -1,5 +1,5 @@
 """The credit ledger on top of a store: reserve the worst case before a call, settle the real cost
-after it, exactly once, whatever happened in between (README, "Credits and billing").
+after it, exactly once, whatever happened in between (docs/operations.md, "Credits and billing").
 
     reserve ──► upstream call ──► settle(real cost)      (the rest of the reservation goes back)
        │ 402 if the group cannot afford the worst case; nothing is sent upstream

@@ -168,7 +168,7 @@ def principal_row(row: Any, digest: str | None = None) -> Principal | None:
 
 @dataclass(slots=True)
 class UsageRecord:
-    """One call, as the README lists it ("Usage records"). ``credits`` is what was charged, in
+    """One call, as docs/operations.md lists it ("Usage records"). ``credits`` is what was charged, in
     nano-credits. ``status``: ``ok``, ``error`` (it failed after its reservation: upstream, timeout),
     ``interrupted`` (the caller went away, or the gateway stopped) or ``rejected`` (refused before
     anything was reserved: a bad request, a model it may not use, a rate limit, too few credits; never

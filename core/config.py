@@ -228,7 +228,7 @@ class BillingSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """``[billing]``: what a caller is told of a call's price, and the calendar budgets follow."""
 
     # ``usage.cost`` (credits, exact) in every answer and stream usage, and ``x-request-cost`` on
-    # non-stream answers (README, "Cost in the answer")
+    # non-stream answers (docs/api.md, "Cost in the answer")
     cost_in_answer: bool = True
     # the time zone of calendar budget windows (a day, a week, a month): an IANA name
     timezone: str = "UTC"

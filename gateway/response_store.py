@@ -1,6 +1,6 @@
 """The stored responses of ``/v1/responses``, owned by their group, on the store's database handle.
 
-Every response created with ``store`` true or absent is kept, for every provider group (README,
+Every response created with ``store`` true or absent is kept, for every provider group (docs/api.md,
 "Responses API: stored responses"): its Response object (instructions, tools, usage, status, model,
 ``created_at``, ``previous_response_id`` and its output items: ``body``, as the API answers it) and its
 input items (the request's own, item references resolved: ``input``, a JSON array), until

@@ -151,7 +151,7 @@ class ResponsesCodec(Codec):
 
 def native_body(body: dict[str, Any]) -> dict[str, Any]:
     """The body as it goes to a provider that speaks the Responses API: ``store: false`` (the gateway's
-    own store keeps the response: README, "Responses API: stored responses"), no ``background`` (run
+    own store keeps the response: docs/api.md, "Stored responses"), no ``background`` (run
     here), and input items without ids or unreadable reasoning items (an upstream that keeps nothing
     refuses ids it does not know)."""
     out = {name: value for name, value in body.items() if name != "background"}

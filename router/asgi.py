@@ -2,7 +2,7 @@
 
     ROUTER_CONFIG=router.toml uvicorn router.asgi:app --loop uvloop --http httptools --no-access-log
 
-``router serve`` (hypercorn) is the default; README "More throughput" has the measured figures.
+``router serve`` (hypercorn) is the default; docs/benchmarks.md has the measured figures.
 """
 
 from core.config import load_settings

@@ -2,7 +2,7 @@
 (gateway/responses_codec.py: native pass-through for a provider that speaks the Responses API,
 translated through chat for the others), HTTP out. Usage records say endpoint ``responses``.
 
-Around the call, the stored responses (README, "Responses API: stored responses"): the conversation
+Around the call, the stored responses (docs/api.md, "Stored responses"): the conversation
 is resolved from them first (``previous_response_id``, ``item_reference``: gateway/conversation.py),
 and the finished response is stored before the caller sees it (gateway/response_keep.py); a
 ``background: true`` request is checked, queued for jobs/background.py and answered at once.

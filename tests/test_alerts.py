@@ -360,7 +360,7 @@ def test_budget_windows_alert_at_50_80_100_percent_once_per_window(receiver_and_
     used = {"day": 0}
     start = {"day": 1_000_000.0}
 
-    async def windows() -> list[BudgetWindow]:  # what the budgets report (issue 21, item 1)
+    async def windows() -> list[BudgetWindow]:  # what the budgets report
         return [BudgetWindow(group, None, "day", start["day"], used["day"], 100 * NANO),
                 BudgetWindow("another-group", None, "day", start["day"], 100 * NANO, 100 * NANO)]  # fmt: skip
 

@@ -1,4 +1,4 @@
-"""Billing through the real path: every call reserved, settled exactly once, recorded (README, Credits and billing)."""
+"""Billing through the real path: every call reserved, settled exactly once, recorded (docs/operations.md, "Credits and billing")."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ def test_non_stream_answer_echoes_model(client: openai.OpenAI, model: str) -> No
 @pytest.mark.parametrize("model", [*OPENAI_PROTOCOL, "claude/claude-haiku-4-5", "gemini/gemini-2.5-flash"])
 @pytest.mark.parametrize("include_usage", [False, True])
 def test_stream_order(client: openai.OpenAI, model: str, include_usage: bool) -> None:
-    """The promised order whatever the provider (README, "Streams"), and the model id as sent."""
+    """The promised order whatever the provider (docs/api.md, "Chat completions"), and the model id as sent."""
     kwargs = {"stream_options": {"include_usage": True}} if include_usage else {}
     chunks = list(
         client.chat.completions.create(

@@ -1,4 +1,4 @@
-"""The OpenAI Agents SDK (``openai-agents``) against the gateway (issue 18): an agent with a function
+"""The OpenAI Agents SDK (``openai-agents``) against the gateway: an agent with a function
 tool, run on a Claude and a Gemini model through the SDK's Responses model with its OpenAI client
 pointed at the gateway (tracing disabled: nothing is exported), then continued with
 ``previous_response_id`` — on the same model, and across providers — from the gateway's stored
@@ -82,7 +82,7 @@ def test_an_agent_with_a_plain_model_string_through_multi_provider(stack: Stack)
     """``Agent(model="anthropic/claude-haiku-4-5")``: the Agents SDK reads the prefix as its own provider
     (``anthropic/`` is unknown to it, ``openai/`` an alias it strips) unless its MultiProvider is told to
     send the whole string (``openai_prefix_mode="model_id"``, ``unknown_prefix_mode="model_id"``), as the
-    README shows."""
+    docs/api.md shows."""
     from agents import MultiProvider, RunConfig
 
     key = stack.key()

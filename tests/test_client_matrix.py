@@ -31,7 +31,7 @@ SCRIPTS = {
 }
 CLIENTS = [client for clients in SCRIPTS.values() for client in clients]
 # Cells neither run nor tested (none: the AI SDK's Responses mode refers to earlier output by id,
-# item_reference, which the gateway resolves from its own store for every group since issue 18).
+# item_reference, which the gateway resolves from its own store for every group).
 WAITING: list[str] = []
 
 

@@ -1,4 +1,4 @@
-"""Every bad input gets its clear OpenAI-shaped error, and the server keeps serving (README, Errors)."""
+"""Every bad input gets its clear OpenAI-shaped error, and the server keeps serving (docs/api.md, "Errors")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The ledger under store faults, through the real server and a real store (README, "Faults").
+"""The ledger under store faults, through the real server and a real store (docs/operations.md, "Faults").
 
 After each fault: every answered call has its usage record (calls answered == calls charged), the
 usage records' credits add up to what left the balance, no hold is left, and the only 5xx is 503

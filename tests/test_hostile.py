@@ -1,5 +1,5 @@
 """Hostile input: each case gets a clear error or a closed connection, never a crash or a leak, and
-the gateway keeps serving (README, Errors; issue 8)."""
+the gateway keeps serving (docs/api.md, Errors)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""POST /v1/responses for the five provider groups, through the real OpenAI SDK (issue 5): p1 passes the
+"""POST /v1/responses for the five provider groups, through the real OpenAI SDK : p1 passes the
 Responses API through to OpenAI (emulated), the others are translated to chat and back."""
 
 from __future__ import annotations

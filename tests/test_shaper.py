@@ -1,5 +1,5 @@
 """``gateway.stream.Shaper.shape``: whatever an adapter's translator gives, the caller gets the chunks in
-the promised order and shape (README, "Streams"). The pass-through of plain OpenAI chunks is compared
+the promised order and shape (docs/api.md, "Chat completions"). The pass-through of plain OpenAI chunks is compared
 with this general path in test_stream_passthrough.py; here the general path alone, on the chunk
 shapes the translators produce."""
 

@@ -1,4 +1,4 @@
-"""Stored responses for every group (issue 18), through the OpenAI Python SDK on a real gateway, on SQLite
+"""Stored responses for every group, through the OpenAI Python SDK on a real gateway, on SQLite
 and on PostgreSQL: retrieve, delete, input items, previous_response_id across providers, item_reference,
 isolation between groups, what is not stored, and a store write that fails after the provider answered."""
 

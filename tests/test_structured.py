@@ -1,5 +1,5 @@
 """Structured output on every group, and the OpenAI-flavour emulator's tool_choice, n and [cut], Mistral's
-tool calls and Anthropic's reasoning count: through the gateway with the OpenAI SDK (issue 17)."""
+tool calls and Anthropic's reasoning count: through the gateway with the OpenAI SDK."""
 
 from __future__ import annotations
 
