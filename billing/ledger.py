@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from billing import budgets, tokens
+from billing import budgets, rules, tokens
 from billing.durable import Durable
 from billing.journal import Journal
 from billing.pricing import cost
@@ -219,19 +219,14 @@ class LocalLedger(Ledger):
             raise StoreUnavailable() from None
 
     def _refusal(self, group: _Holds, key: _Holds, amount: int, group_id: int = 0, key_id: int = 0) -> Refusal | None:
-        if key.limit is not None and key.limit - key.held < amount:
-            return Refusal("key_cap", max(key.limit - key.held, 0), amount)
         windows = self._windows.get(group_id) if self._windows else None
+        over = None
         if windows is not None:  # every call's worst case held against every window (billing/budgets.py)
             windows.now = self.store.clock()
-            over = windows.check(group_id, key_id, group.held, key.held, amount)
-            if over is not None:
-                return Refusal("budget", max(over.budget.amount - over.used, 0), amount, over.budget.describe(),
-                               over.resets_at)  # fmt: skip
+            over = partial(windows.check, group_id, key_id, group.held, key.held, amount)
         assert group.limit is not None
-        if group.limit - group.held < amount:
-            return Refusal("balance", max(group.limit - group.held, 0), amount)
-        return None
+        key_room = key.limit - key.held if key.limit is not None else None
+        return rules.refusal(amount, key_room, over, group.limit - group.held)
 
     async def reserve(self, group_id: int, key_id: int, amount: int, hold: Hold | None = None) -> Reservation:
         group, key = self._groups.get(group_id), self._keys.get(key_id)

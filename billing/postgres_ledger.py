@@ -42,12 +42,13 @@ import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import asyncpg
 import msgspec
 
-from billing import budgets
+from billing import budgets, rules
 from billing.postgres_pool import PostgresPool, down, lost, pg_sql
 from billing.store import (
     USAGE_COLUMNS,
@@ -336,20 +337,19 @@ class Plan:
         return self.settle(op.reservation, op.record, op.once)
 
     def reserve(self, group_id: int, key_id: int, amount: int, hold: Hold | None = None) -> Refusal | int:
-        key = self.keys.get(key_id)
-        if key is not None and key.cap is not None and key.spent + key.reserved + amount > key.cap:
-            return Refusal("key_cap", max(key.cap - key.spent - key.reserved, 0), amount)
-        group = self.groups.get(group_id)
-        if group is None or group.balance < amount:
-            return Refusal("balance", group.balance if group else 0, amount)
+        key, group = self.keys.get(key_id), self.groups.get(group_id)
+        if group is None:
+            return Refusal("balance", 0, amount)
         if key is None:
             raise StoreError(f"no key with id {key_id}")
         if amount < 0:
             raise StoreError("a reservation cannot be negative")
-        if self.windows:  # the key's and group's budgets (billing/budgets.py), their rows locked above
-            over = self.windows.check(group_id, key_id, group.reserved, key.reserved, amount)
-            if over is not None:
-                return budget_refusal(over)
+        key_room = key.cap - key.spent - key.reserved if key.cap is not None else None
+        # the key's and group's budgets (billing/budgets.py), their rows locked above
+        over = partial(self.windows.check, group_id, key_id, group.reserved, key.reserved, amount) if self.windows else None
+        refused = rules.refusal(amount, key_room, over, group.balance)
+        if refused is not None:
+            return refused
         group.balance -= amount
         group.reserved += amount
         key.reserved += amount
@@ -367,7 +367,7 @@ class Plan:
         if group.reserved < held:
             raise StoreError("the reservation holds more than its group has reserved")
         self.released.discard(reservation.id)
-        charge = min(record.credits, group.balance + held)
+        charge = rules.charge(record.credits, group.balance, held)
         group.reserved -= held
         group.balance += held - charge
         group.spent += charge
@@ -495,11 +495,6 @@ async def read_windows(conn: asyncpg.Connection, group_ids: list[int], now: floa
     Read after the key and group rows are locked: every change of a budget's spend is made holding
     its key's and group's row locks, so no replica can move it until this transaction ends."""
     return budgets.windows_of(await conn.fetch(budgets.READ_PG, int(now), group_ids), now)
-
-
-def budget_refusal(over: budgets.Exceeded) -> Refusal:
-    return Refusal("budget", max(over.budget.amount - over.used, 0), over.needed, over.budget.describe(),
-                   over.resets_at)  # fmt: skip
 
 
 # -- group commit -------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from itertools import groupby
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from billing import budgets, end_users, rollup
+from billing import budgets, end_users, rollup, rules
 from billing.history import History
 from billing.sqlite_thread import SQLiteThread, down
 from billing.store import (
@@ -381,7 +381,7 @@ def settle_rows(db: sqlite3.Connection, settles: list[tuple[Reservation, UsageRe
     budgeted = [group_id for group_id, _, has in found if has]  # (most groups have none: no read)
     windows = budgets.read_sync(db, budgeted, time.time() if now is None else now)
     for (r, record), held in zip(settles, held_of, strict=True):
-        charge = min(record.credits, balance[r.group_id] + held) if record.credits > 0 else 0
+        charge = rules.charge(record.credits, balance[r.group_id], held) if record.credits > 0 else 0
         if r.group_id in balance:
             balance[r.group_id] += held - charge
         for total in (groups.setdefault(r.group_id, [0, 0]), keys.setdefault(r.key_id, [0, 0])):
@@ -669,15 +669,13 @@ class SQLiteStore(Store):
                       ) -> Reservation | Refusal:  # fmt: skip
         def op(db: sqlite3.Connection) -> Reservation | Refusal:
             key = db.execute("SELECT spend_cap, spent, reserved FROM keys WHERE id = ?", (key_id,)).fetchone()
-            if key is not None and key[0] is not None and key[1] + key[2] + amount > key[0]:
-                return Refusal("key_cap", max(key[0] - key[1] - key[2], 0), amount)
-            cur = db.execute(
-                "UPDATE groups SET balance = balance - ?, reserved = reserved + ? WHERE id = ? AND balance >= ?",
-                (amount, amount, group_id, amount),
-            )
-            if cur.rowcount == 0:
-                row = db.execute("SELECT balance FROM groups WHERE id = ?", (group_id,)).fetchone()
-                return Refusal("balance", row[0] if row else 0, amount)
+            row = db.execute("SELECT balance FROM groups WHERE id = ?", (group_id,)).fetchone()
+            key_room = key[0] - key[1] - key[2] if key is not None and key[0] is not None else None
+            refused = rules.refusal(amount, key_room, None, row[0] if row else 0)  # (budgets: the LocalLedger's)
+            if refused is not None:
+                return refused
+            db.execute("UPDATE groups SET balance = balance - ?, reserved = reserved + ? WHERE id = ?",
+                       (amount, amount, group_id))  # fmt: skip
             db.execute("UPDATE keys SET reserved = reserved + ? WHERE id = ?", (amount, key_id))
             rid = db.execute(
                 "INSERT INTO reservations (group_id, key_id, amount, created_at) VALUES (?, ?, ?, ?)",
