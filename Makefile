@@ -5,25 +5,34 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 RUNTIME := $(VENV)/.runtime
+# Python dependencies are installed exactly as uv.lock pins them (`uv lock` after changing pyproject.toml);
+# uv itself comes from PyPI, at this version, into the virtualenv
+UV_VERSION := 0.13.9
+UV := $(BIN)/uv
+SYNC := UV_PROJECT_ENVIRONMENT=$(VENV) $(UV) sync --frozen --inexact --quiet --python $(BIN)/python
 # the client matrix's Node clients (tests/test_client_matrix.py), exactly as the lockfile pins them
 CLIENTS := tests/clients
 NODE_STAMP := $(CLIENTS)/node_modules/.installed
 PACKAGES := core adapters billing emulators gateway jobs console router
 
-.PHONY: install demo run test test-machine bench lint clean
+.PHONY: install demo run test test-machine bench lint lock clean
 
 install: $(STAMP) $(NODE_STAMP)
 
-$(STAMP): pyproject.toml
+$(UV):
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
+
+$(STAMP): pyproject.toml uv.lock | $(UV)
+	$(SYNC) --extra dev --extra fast
 	touch $(STAMP) $(RUNTIME)
 
-$(RUNTIME): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e .
+$(RUNTIME): pyproject.toml uv.lock | $(UV)
+	$(SYNC)
 	touch $(RUNTIME)
+
+lock: | $(UV)
+	$(UV) lock --python $(BIN)/python
 
 $(NODE_STAMP): $(CLIENTS)/package.json $(CLIENTS)/package-lock.json
 	cd $(CLIENTS) && npm ci --no-audit --no-fund

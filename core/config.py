@@ -33,12 +33,13 @@ import msgspec
 from core.catalog import Catalog, ConfigError
 from core.deployments import Deployment, DeploymentSettings, Strategy, canonical, check, resolve
 from core.inputs import key_of
+from core.redact import DEFAULT_KEY_PREFIX
 
 
 class ServerSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     host: str = "127.0.0.1"
     port: int = 8080
-    key_prefix: str = "sk-mr"
+    key_prefix: str = DEFAULT_KEY_PREFIX
     max_body_bytes: int = 8 * 1024 * 1024
     graceful_timeout: float = 30.0  # on SIGTERM: how long open streams may take to finish
     keep_alive_timeout: float = 75.0  # idle connections (and half-sent request heads) are closed after this
@@ -54,6 +55,9 @@ class ServerSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     workers: Annotated[int, msgspec.Meta(ge=1, le=256)] = 1
     # browser origins that may call /v1/* (CORS), e.g. ["https://app.example.com"], or ["*"]; [] = none
     cors_origins: list[str] = []
+    # the server layer over hypercorn (router/serve.py: bounded connections, httptools for HTTP/1.1, leaner
+    # HTTP/2 steps), verified on the pinned hypercorn; false: stock hypercorn, whatever its version
+    fast_path: bool = True
 
 
 class StoreSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -272,7 +276,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     models: ModelNames = msgspec.field(default_factory=ModelNames)
 
     def load_catalog(self) -> Catalog:
-        catalog = Catalog.load(Path(self.catalog.path) if self.catalog.path else None)
+        catalog = Catalog.load(Path(self.catalog.path) if self.catalog.path else None, self.server.key_prefix)
         return catalog.named(self.models.map, self.models.groups) if self.models.map or self.models.groups else catalog
 
     def deployments(self, prefix: str, catalog: Catalog) -> list[Deployment]:

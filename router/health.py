@@ -21,6 +21,7 @@ other providers too. Alert on ``router_circuit_state`` in /metrics instead.
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import time
 from typing import Any
 from urllib.parse import urlsplit
@@ -58,6 +59,8 @@ async def reachable(host: str, port: int, seconds: float) -> str | None:
         pass
     return None
 
+
+SERVER = f"hypercorn {importlib.metadata.version('hypercorn')}, {{}}"  # /readyz: what serves (router/serve.py)
 
 class Readiness:
     def __init__(self, gateway: Gateway) -> None:
@@ -138,7 +141,8 @@ class Readiness:
     async def endpoint(self, request: Request) -> Response:
         ready, details = await self.check()
         # live, not cached
-        details = {**details, "circuits": self.gw.breakers.states(), "deployments": self.gw.router.report()}
+        details = {**details, "circuits": self.gw.breakers.states(), "deployments": self.gw.router.report(),
+                   "server": SERVER.format("fast path" if self.gw.settings.server.fast_path else "stock")}  # fmt: skip
         return JSONBytes(
             _encode(details), status_code=200 if ready else 503, headers={"cache-control": "no-store"}
         )

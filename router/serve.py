@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import importlib.metadata
 import signal
 import socket
 import subprocess
@@ -17,6 +18,7 @@ from wsgiref.handlers import format_date_time
 from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config
 
+from core.catalog import ConfigError
 from core.config import ServerSettings
 from core.types import ASGIApp
 from router import channels, connections, fast_h2, fast_http1
@@ -52,11 +54,29 @@ def hypercorn_config(server: ServerSettings) -> Config:
     return config
 
 
+VERIFIED = ("0.18.",)  # the hypercorn releases the fast path was verified on (pyproject.toml pins them)
+
+
+def hypercorn_version() -> str:
+    return importlib.metadata.version("hypercorn")
+
+
+def check_hypercorn(version: str) -> None:
+    """The fast path replaces some of hypercorn's internals: another release may differ in them."""
+    if not version.startswith(VERIFIED):
+        raise ConfigError(f"the server's fast path was verified on hypercorn {', '.join(v + 'x' for v in VERIFIED)}, "
+                          f"not {version}: install the locked one (make install), or set [server] fast_path = false")  # fmt: skip
+
+
 def install_server_layer(server: ServerSettings) -> None:
     """hypercorn as the gateway runs it: its connections bounded and let go of when the client goes
     (router.connections), HTTP/1.1 read by httptools instead of h11 (router.fast_http1), and its
     per-request steps in fewer instructions and less memory (router.fast_h2, channels), each held
-    equal to the original by its tests. For the whole process (the test suite's servers run on it too)."""
+    equal to the original by its tests. For the whole process (the test suite's servers run on it too).
+    ``[server] fast_path = false``: stock hypercorn, untouched (any release)."""
+    if not server.fast_path:
+        return
+    check_hypercorn(hypercorn_version())
     connections.install(server.max_connections, server.max_idle_connections)
     fast_http1.install()
     fast_h2.install()
