@@ -36,7 +36,7 @@ def test_the_quick_start_commands_run(tmp_path: Path) -> None:
     found = commands()
     assert found[:2] == ["make demo", "make test"], found
     # a directory of its own: the project's Makefile, pyproject and .venv, the demo's data/ apart
-    for name in ("Makefile", "pyproject.toml", ".venv", "scripts"):
+    for name in ("Makefile", "pyproject.toml", "uv.lock", ".venv", "scripts"):
         (tmp_path / name).symlink_to(ROOT / name)
     port, emulators = free_port(), free_ports(7)
     env = {**os.environ, "PORT": str(port), "EMULATOR_PORT": str(emulators)}
@@ -56,7 +56,8 @@ def test_the_quick_start_commands_run(tmp_path: Path) -> None:
             assert done.returncode == 0, (command, done.stdout, done.stderr)
             assert '"object":"chat.completion"' in done.stdout.replace(" ", ""), (command, done.stdout)
     finally:
-        os.killpg(demo.pid, signal.SIGINT)
+        if demo.poll() is None:
+            os.killpg(demo.pid, signal.SIGINT)
         demo.wait(30)
 
 
