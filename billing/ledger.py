@@ -281,6 +281,8 @@ class Meter:
     finished: bool = False
     settled: asyncio.Future[int] | None = None  # once finished: resolves when its settlement is durable
     on_finish: Callable[[], None] | None = None  # told once the call is over (the deployment's lease)
+    # told its record, filled, and its settlement's future (the call's trace: gateway/tracing.py)
+    on_record: Callable[[UsageRecord, asyncio.Future[int]], None] | None = None
 
     def settles_on_failure(self) -> _SettlesOnFailure:
         """Around a step of the call (``async with``): if it fails, settle at once — ``error`` for a
@@ -322,6 +324,8 @@ class Meter:
         record.ts = time.time()
         metrics.call_settled(record)
         self.settled = self.ledger.queue(self.reservation, record)  # durable at the next group commit (see Ledger)
+        if self.on_record is not None:
+            self.on_record(record, self.settled)
 
     def _estimate(self, generated: str, prompt: TokenUsage | None) -> TokenUsage:
         completion = tokens.count(generated)

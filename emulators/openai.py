@@ -229,7 +229,7 @@ class OpenAIEmulator(Emulator):
             return self.error(400, "We could not parse the JSON body of your request.", "invalid_request_error")
         if not isinstance(body, dict):
             return self.error(400, "The body must be a JSON object.", "invalid_request_error")
-        self.received(body)
+        self.received(body, request.headers)
         return body
 
     async def answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:

@@ -18,6 +18,7 @@ import msgspec
 
 from billing.store import Principal, UsageRecord
 from core.errors import GatewayError
+from core.redact import DEFAULT_KEY_PREFIX, holds_key, redact_keys
 from core.types import Endpoint, Source
 
 CONTEXT = "call"  # the scope["state"] key of an in-process call's context (jobs/calls.py)
@@ -39,6 +40,8 @@ class CallContext:
     metadata: str | None = None  # the request's ``metadata`` map, as compact JSON
     metered: bool = False  # a usage record was made for a reservation: the ledger will store it
     response_id: str | None = None  # the queued background response this call runs (jobs/background.py)
+    traceparent: str | None = None  # the caller's W3C trace context, the parent of the call's span (gateway/tracing.py)
+    key_prefix: str = DEFAULT_KEY_PREFIX  # the form of the gateway's keys: redacted from who the call is for
 
     @property
     def waited_on(self) -> bool:
@@ -76,29 +79,44 @@ class CallContext:
         return record
 
 
-def end_user(body: dict[str, Any]) -> str | None:
+def end_user(body: dict[str, Any], key_prefix: str) -> str | None:
     """The end user a request names (OpenAI's ``user``), if it is a string; at most ``MAX_USER``
-    characters of it."""
-    user = body.get("user")
-    return user[:MAX_USER] if isinstance(user, str) and user else None
+    characters of it. A key of the gateway's (``key_prefix``) in it is redacted, in ``body`` too."""
+    return _named(body, "user", key_prefix)
 
 
 def identify(context: CallContext, body: dict[str, Any]) -> None:
     """Who the call is for, as the request says (kept on its usage record): ``user``,
     ``safety_identifier`` (at most ``MAX_USER`` characters each) and ``metadata`` (a map of strings, as
-    OpenAI takes it: at most 16 pairs, kept as compact JSON of at most ``MAX_METADATA`` characters)."""
-    context.end_user = end_user(body)
+    OpenAI takes it: at most 16 pairs, kept as compact JSON of at most ``MAX_METADATA`` characters).
+
+    A key of the gateway's pasted into any of them is redacted (core/redact.py) on the record and in
+    ``body`` itself, so it goes neither upstream nor into an answer or a stored response that echoes
+    them (a Response object echoes all three)."""
+    context.end_user = end_user(body, context.key_prefix)
     if "safety_identifier" in body:
-        given = body["safety_identifier"]
-        context.safety_identifier = given[:MAX_USER] if isinstance(given, str) and given else None
+        context.safety_identifier = _named(body, "safety_identifier", context.key_prefix)
     if "metadata" in body:
-        context.metadata = _metadata(body["metadata"])
+        context.metadata = _metadata(body, context.key_prefix)
 
 
-def _metadata(value: Any) -> str | None:
-    if not isinstance(value, dict) or not value or len(value) > 16:
+def _named(body: dict[str, Any], name: str, key_prefix: str) -> str | None:
+    given = body.get(name)
+    if not isinstance(given, str) or not given:
         return None
-    if not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+    if holds_key(given, key_prefix):
+        given = body[name] = redact_keys(given, key_prefix)
+    return given[:MAX_USER]
+
+
+def _metadata(body: dict[str, Any], key_prefix: str) -> str | None:
+    value = body["metadata"]
+    if not isinstance(value, dict) or not value:
+        return None
+    if any(isinstance(v, str) and holds_key(v, key_prefix) or holds_key(k, key_prefix) for k, v in value.items()):
+        value = body["metadata"] = {redact_keys(k, key_prefix): redact_keys(v, key_prefix) if isinstance(v, str) else v
+                                    for k, v in value.items()}  # fmt: skip
+    if len(value) > 16 or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
         return None
     text = _encode(value).decode()
     return text if len(text) <= MAX_METADATA else None

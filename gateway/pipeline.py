@@ -47,6 +47,8 @@ from gateway.relay import relay
 from gateway.reliability import circuit_open, closed, failover, no_deployment, open_upstream
 from gateway.routing import Ask
 from gateway.state import Gateway
+from gateway.tracing import current as traced
+from gateway.tracing import finish_reasons
 from gateway.upstream_state import Lease
 
 
@@ -125,7 +127,19 @@ class Pipeline:
 
     async def start(self, context: CallContext, codec: Codec) -> Started:
         """Try each candidate model in turn (retrying each as the reliability settings say) until one
-        upstream answers; the caller is billed at the prices of the model that served."""
+        upstream answers; the caller is billed at the prices of the model that served. Traced when
+        tracing is on (gateway/tracing.py: the call's span ends with its record, or here if refused)."""
+        tracing = self.gw.tracing
+        if tracing is None:
+            return await self._start(context, codec)
+        call = tracing.call(context, codec.view.model, codec.stream)
+        try:
+            return await self._start(context, codec)
+        except BaseException as exc:
+            call.failed(exc)  # (a call that reserved has ended with its record already)
+            raise
+
+    async def _start(self, context: CallContext, codec: Codec) -> Started:
         gw = self.gw
         principal = context.principal
         deadline = time.monotonic() + gw.settings.reliability.deadline
@@ -182,9 +196,16 @@ class Pipeline:
         # (rate limits were checked once per call, in start(), before the first candidate)
         amount = worst_case(model, codec.size, codec.view, leg.upstream.max_output)
         hold = Hold(model.id, model.provider, context.request_id)  # kept with a shared hold (PostgreSQL)
-        reservation = await gw.ledger.reserve(context.group_id, context.key_id, amount, hold)
+        call = traced() if gw.tracing is not None else None
+        if call is None:
+            reservation = await gw.ledger.reserve(context.group_id, context.key_id, amount, hold)
+        else:
+            with call.reserve(amount):
+                reservation = await gw.ledger.reserve(context.group_id, context.key_id, amount, hold)
         record = context.record(model.id, model.provider, codec.stream)
         meter = Meter(gw.ledger, reservation, model, record, leg.prompt)
+        if call is not None:
+            meter.on_record = call.finished
         async with meter.settles_on_failure():
             legs = {deployments[0].key: leg}
 
@@ -219,6 +240,8 @@ class Pipeline:
             finally:
                 response.release()
             answer = leg.answer(payload)
+            if self.gw.tracing is not None and (call := traced()) is not None:
+                call.reasons = finish_reasons(answer.body)
             usage = answer.usage
             if usage is not None:  # its seconds per output token (routing)
                 started.lease.output = usage.completion

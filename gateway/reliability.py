@@ -58,6 +58,7 @@ from core.errors import (
     UpstreamUnavailable,
 )
 from gateway.routing import Ask
+from gateway.tracing import current as traced
 from gateway.upstream_state import Lease
 
 if TYPE_CHECKING:
@@ -319,6 +320,17 @@ async def open_upstream(gw: Gateway, model: Model, deps: tuple[Deployment, ...],
 async def _send(gw: Gateway, upstream: UpstreamRequest, dep: Deployment,
                 to_error: Callable[[int, bytes, Mapping[str, str]], GatewayError]) -> aiohttp.ClientResponse:  # fmt: skip
     """One attempt: the response once its headers say it succeeded, else the error it means."""
+    call = traced() if gw.tracing is not None else None
+    if call is not None:  # one span per attempt (gateway/tracing.py), its traceparent sent upstream
+        with call.attempt(dep, upstream.headers) as span:
+            response = await _attempt(gw, upstream, dep, to_error)
+            span.set_attribute("http.response.status_code", response.status)
+            return response
+    return await _attempt(gw, upstream, dep, to_error)
+
+
+async def _attempt(gw: Gateway, upstream: UpstreamRequest, dep: Deployment,
+                   to_error: Callable[[int, bytes, Mapping[str, str]], GatewayError]) -> aiohttp.ClientResponse:  # fmt: skip
     first_byte = gw.settings.reliability.first_byte_timeout
     try:
         with gw.deadlines.after(first_byte):

@@ -30,6 +30,8 @@ from gateway.ratelimit import RateLimiter
 from gateway.reliability import Breakers
 from gateway.response_store import ResponseStore
 from gateway.sealed import Sealer, key_of
+from gateway.tracing import Tracing
+from gateway.tracing import from_environment as tracing_from_environment
 
 
 class Service(Protocol):
@@ -128,6 +130,7 @@ class Gateway:
         self.breakers = Breakers(rel.breaker_threshold, rel.breaker_cooldown, rel.deadline + rel.first_byte_timeout,
                                  [d.key for deps in self.deployments.values() for d in deps])  # fmt: skip
         self.responses = ResponseStore(self.store.database)  # the stored responses of /v1/responses
+        self.tracing: Tracing | None = tracing_from_environment()  # traces of calls: None unless OTEL_* configure them
         self.sealer: Sealer | None = None  # seals provider state into reasoning items (gateway/sealed.py), at start
         self.jobs: Service | None = None  # the Batch API's runner (jobs/), set by create_app
         self.batches: BatchBook | None = None  # the same runner, as the console reads it
@@ -176,4 +179,6 @@ class Gateway:
                     await self.ledger.drain()  # store closes
                 await self.ledger.close()
                 await self.store.close()
+                if self.tracing is not None:
+                    await self.tracing.close()  # (the spans of the last settlements exported)
                 self.started = False

@@ -96,6 +96,8 @@ async def begin_call(gw: Gateway, request: Request, endpoint: Endpoint, json: bo
     if context is None:
         principal = await gw.auth.authenticate(authorization or request.headers.get("authorization"))
         context = CallContext(principal, trace.request_id or None, "api", endpoint)
+        context.traceparent = request.headers.get("traceparent")
+    context.key_prefix = gw.settings.server.key_prefix  # (who the call is for is read with it: identify)
     trace.caller = context.principal
     trace.context = context
     limit, seconds = gw.settings.server.max_body_bytes, gw.settings.reliability.body_timeout
