@@ -269,3 +269,27 @@ def test_cache_writes_and_reads_are_billed_at_their_prices(stack: Stack) -> None
     u = second.usage
     assert newer.credits == u.input_tokens * 1000 + u.cache_read_input_tokens * 100 + u.output_tokens * 5000  # type: ignore[operator]
     assert older.cache_write_tokens == first.usage.cache_creation_input_tokens and newer.cached_tokens > 1024
+
+
+def test_a_slow_upstream_gets_keep_alives_then_the_stream(tmp_path: Any) -> None:
+    """While the upstream is slow to answer, the stream has begun with SSE comments (Claude Code counts
+    every byte and gives up on a silent stream), then Anthropic's events follow; an upstream failure after
+    the keep-alives is Anthropic's error event."""
+    from core.config import ReliabilitySettings, Settings, StoreSettings
+
+    settings = Settings(store=StoreSettings(url=f"sqlite:///{tmp_path}/router.db"),
+                        reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9, stream_keepalive=0.2))  # fmt: skip
+    slow = Stack(tmp_path, settings).start()
+    try:
+        key = slow.key()
+        for group in ("anthropic", "google"):
+            body = json.dumps({"model": MODELS[group], "max_tokens": 50, "stream": True,
+                               "messages": [{"role": "user", "content": "[slow:900] hello"}]}).encode()  # fmt: skip
+            r = raw_request(slow, "POST", "/v1/messages", body, {"x-api-key": key, "content-type": "application/json"})
+            assert r.status == 200 and r.text.startswith(": keep-alive") and "event: message_stop" in r.text, r.text[:300]
+        failing = json.dumps({"model": MODELS["anthropic"], "max_tokens": 50, "stream": True,
+                              "messages": [{"role": "user", "content": "[slow:900] [fault:500]"}]}).encode()  # fmt: skip
+        r = raw_request(slow, "POST", "/v1/messages", failing, {"x-api-key": key, "content-type": "application/json"})
+        assert r.text.startswith(": keep-alive") and "event: error" in r.text and '"type":"api_error"' in r.text, r.text
+    finally:
+        slow.stop()
