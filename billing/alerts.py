@@ -24,6 +24,7 @@ import asyncio
 import hashlib
 import hmac
 import json
+import re
 import secrets
 import time
 from collections.abc import Collection
@@ -34,6 +35,8 @@ from billing.store import Database
 
 SIGNATURE_HEADER = "Router-Signature"
 EVENT_HEADER = "Router-Event-Id"
+DELETED = "webhook deleted"
+_HTTP_STATUS = re.compile(r"HTTP \d{3}")
 
 
 def migrations(dialect: str) -> list[str]:
@@ -111,10 +114,18 @@ class Delivery:
     last_status: int | None
     delivered_at: float | None
 
+    @property
+    def error(self) -> str | None:
+        """The last attempt's error as the API, the console and the CLI show it: ``HTTP <status>``,
+        ``failed`` or ``webhook deleted``, never what failed in the network (which would map it for
+        whoever can add a webhook); rows written before this rule kept an exception's text."""
+        shown = self.last_error
+        return shown if shown is None or shown == DELETED or _HTTP_STATUS.fullmatch(shown) else "failed"
+
     def json(self) -> dict[str, Any]:
         return {"id": self.id, "event_id": self.event_id, "webhook_id": self.webhook_id, "type": self.event_type,
                 "created_at": self.created_at, "status": self.status, "attempts": self.attempts,
-                "next_at": self.next_at, "last_error": self.last_error, "last_status": self.last_status,
+                "next_at": self.next_at, "last_error": self.error, "last_status": self.last_status,
                 "delivered_at": self.delivered_at, "event": json.loads(self.body)}  # fmt: skip
 
 

@@ -35,6 +35,7 @@ input), with the exact integer of nano-credits beside them (``balance_nano``). E
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Awaitable, Callable
 from decimal import Decimal
@@ -214,11 +215,13 @@ async def key_of(c: Console, request: Request) -> KeyInfo:
 
 
 MAX_SECONDS = 1e11  # timestamps and widths (year 5138): beyond any use, within every column's range
+MIN_WIDTH, MAX_BUCKETS = 60.0, 1000  # the usage buckets: seconds each, and how many one answer holds
 
 
-def number(params: Any, name: str, kind: type = float) -> Any:
+def number(params: Any, name: str, kind: type = float, low: float = 0.0) -> Any:
     """The query parameter ``name``: None when absent; a non-negative integer up to 2**63 - 1
-    (``kind=int``: ids and cursors, as the stores take them) or a finite float up to ``MAX_SECONDS``."""
+    (``kind=int``: ids and cursors, as the stores take them) or a finite float from ``low`` to
+    ``MAX_SECONDS``. Anything else is a 400 naming it."""
     text = params.get(name)
     if text in (None, ""):
         return None
@@ -228,8 +231,8 @@ def number(params: Any, name: str, kind: type = float) -> Any:
             raise Invalid(name, f"'{name}' must be a whole number from 0 to {INT64_MAX}.")
         return value
     value = finite(text)
-    if value is None or not 0 <= value <= MAX_SECONDS:
-        raise Invalid(name, f"'{name}' must be a number from 0 to {MAX_SECONDS:.0f}.")
+    if value is None or not low <= value <= MAX_SECONDS:
+        raise Invalid(name, f"'{name}' must be a number from {low:g} to {MAX_SECONDS:.0f}.")
     return value
 
 
@@ -355,6 +358,7 @@ async def add_webhook(c: Console, request: Request) -> Response:
     budgets = data.get("budgets", True)
     if not isinstance(budgets, bool):
         raise Invalid("budgets", "'budgets' is true or false.")
+    await webhooks.destination_of(url, c.gateway.settings.alerts.destinations())  # (last: it resolves the host)
     hook = await changes(c, request).add_webhook(c.gateway.alerts, url, group, below, within, budgets)
     # the signing secret, in this answer only
     return JSONResponse({**hook.json(), "secret": hook.secret}, status_code=201, headers={"cache-control": "no-store"})
@@ -409,12 +413,15 @@ async def group_usage(c: Console, request: Request) -> Response:
 async def group_buckets(c: Console, request: Request) -> Response:
     group = await group_of(c, request)
     f = usage_filter(request, group.id)
-    width = number(request.query_params, "width") or 3600.0
+    width = number(request.query_params, "width", low=MIN_WIDTH)  # (a tiny width: no bucket count overflows)
+    width = 3600.0 if width is None else width
     until = f.until if f.until is not None else time.time()
     since = f.since if f.since is not None else until - 86400.0
-    count = int((until - since) // width) + (1 if (until - since) % width else 0)
-    if width < 60 or not 1 <= count <= 1000:
-        raise Invalid("width", "Pick a width of at least 60 seconds and at most 1000 buckets.")
+    if since >= until:
+        raise Invalid("since", "'since' must be before 'until'.")
+    count = math.ceil((until - since) / width)
+    if count > MAX_BUCKETS:
+        raise Invalid("width", f"Pick a width of at least {MIN_WIDTH:g} seconds and at most {MAX_BUCKETS} buckets.")
     buckets = await c.history.buckets(f, since, width, count)
     return JSONResponse(
         {

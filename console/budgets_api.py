@@ -20,6 +20,7 @@ from console import forms
 from console.api import AdminError, amount_text, body, changes, group_of, number
 from console.app import Console
 from console.forms import Invalid
+from core.inputs import INT64_MAX, natural
 from core.money import to_credits
 
 
@@ -43,7 +44,7 @@ async def create_budget(c: Console, request: Request) -> Response:
     except budgets.BudgetError as exc:
         raise Invalid("window", str(exc)) from None
     key_id = data.get("key_id")
-    if key_id is not None and (isinstance(key_id, bool) or not isinstance(key_id, int) or key_id < 1):
+    if key_id is not None and (isinstance(key_id, bool) or not isinstance(key_id, int) or not 1 <= key_id <= INT64_MAX):
         raise Invalid("key_id", "'key_id' must be the id of one of the group's keys, or null.")
     try:
         made = await budgets.add(c.store, group.name, amount, str(data["window"]), key_id, str(tz))
@@ -56,11 +57,14 @@ async def create_budget(c: Console, request: Request) -> Response:
 
 async def delete_budget(c: Console, request: Request) -> Response:
     text = request.path_params["budget_id"]
-    before = [s.as_dict() for s in await budgets.states(c.store) if text.isdigit() and s.budget.id == int(text)]
-    if not text.isdigit() or not await budgets.remove(c.store, int(text)):
+    budget_id = natural(text)  # ("²".isdigit() is True; 10**20 is past every store's integers)
+    if budget_id is None:
         raise AdminError(404, f"No budget with id {text[:40]}.", "budget_not_found")
-    await changes(c, request).record("budget.remove", f"budget:{text}", before[0] if before else None, None)
-    return JSONResponse({"id": int(text), "deleted": True})
+    before = [s.as_dict() for s in await budgets.states(c.store) if s.budget.id == budget_id]
+    if not await budgets.remove(c.store, budget_id):
+        raise AdminError(404, f"No budget with id {text[:40]}.", "budget_not_found")
+    await changes(c, request).record("budget.remove", f"budget:{budget_id}", before[0] if before else None, None)
+    return JSONResponse({"id": budget_id, "deleted": True})
 
 
 async def users(c: Console, request: Request) -> Response:

@@ -1,6 +1,11 @@
 """Webhooks: reading what an operator gives (the admin API, the console's form, the CLI), and the
 console's page: the webhooks, a form to add one (its signing secret shown once), removing one, and the
-latest events with their delivery status (pending with its next try, delivered, failed)."""
+latest events with their delivery status (pending with its next try, delivered, failed).
+
+A webhook's URL is read in two steps: its form (:func:`url_of`), then where it points
+(:func:`destination_of`: a public address, or what ``[alerts] allow_destinations`` lists; its host
+resolved now, and again at each send: gateway/alerts.py). One message for every refusal, so that
+adding a webhook tells an admin nothing of what a name resolves to."""
 
 from __future__ import annotations
 
@@ -15,7 +20,9 @@ from console import flash, forms
 from console.app import Console, action, page
 from console.forms import Invalid
 from console.lifecycle import duration
+from core.destinations import Destinations
 from core.inputs import finite, natural
+from gateway.alerts import refused
 
 MAX_URL = 2000
 NOTICES = {"added": "Webhook added.", "removed": "Webhook removed: it gets no more events."}
@@ -27,6 +34,15 @@ def url_of(value: Any, field: str = "url") -> str:
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in text):
         raise Invalid(field, f"'{field}' must be an http:// or https:// URL with a host.")
     return text
+
+
+async def destination_of(url: str, allowed: Destinations, field: str = "url") -> str:
+    """``url`` (see :func:`url_of`) if a webhook may point there, else a 400 naming ``field``."""
+    if await refused(url, allowed):
+        raise Invalid(field, f"'{field}' must point to a public address: private, loopback, link-local, unique-local, "
+                             "multicast and unspecified addresses, cloud metadata services and hosts that do not "
+                             "resolve are refused (a receiver inside your network: [alerts] allow_destinations).")  # fmt: skip
+    return url
 
 
 def threshold_of(value: Any, field: str = "balance_below") -> int | None:
@@ -95,6 +111,11 @@ async def add(c: Console, request: Request, form: dict[str, str]) -> Response:
         values["group"] = await group_of(c, form.get("group", ""))
     except Invalid as exc:
         errors[exc.field] = exc.message
+    if "url" not in errors:
+        try:
+            await destination_of(values["url"], c.gateway.settings.alerts.destinations())
+        except Invalid as exc:
+            errors[exc.field] = exc.message
     if errors:
         return await webhooks_page(c, request, 400, errors=errors, values=form)
     hook = await c.changes(request, "console").add_webhook(c.gateway.alerts, values["url"], values["group"],

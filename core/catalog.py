@@ -17,6 +17,7 @@ import msgspec
 
 from core.errors import InvalidRequest, ModelNotFound
 from core.money import NANO
+from core.redact import DEFAULT_KEY_PREFIX, redact_keys
 from core.types import Endpoint
 
 BUILTIN = Path(__file__).with_name("catalog.toml")
@@ -172,8 +173,10 @@ def not_found(model_id: str, hint: str = "") -> ModelNotFound:
 
 
 class Catalog:
-    def __init__(self, providers: dict[str, ProviderSpec], models: list[ModelSpec], source: str = "catalog"):
+    def __init__(self, providers: dict[str, ProviderSpec], models: list[ModelSpec], source: str = "catalog",
+                 key_prefix: str = DEFAULT_KEY_PREFIX):  # fmt: skip
         self.providers = providers
+        self.key_prefix = key_prefix  # a key sent as the model is not echoed in the 404 (core/redact.py)
         self.prefix_alias: dict[str, str] = {}
         for name, spec in providers.items():
             self.prefix_alias[name] = name
@@ -247,7 +250,7 @@ class Catalog:
         )
 
     @classmethod
-    def load(cls, extra: Path | None = None) -> Catalog:
+    def load(cls, extra: Path | None = None, key_prefix: str = DEFAULT_KEY_PREFIX) -> Catalog:
         base = _decode(BUILTIN)
         providers = dict(base.providers)
         models = {m.id: m for m in base.models}
@@ -257,7 +260,7 @@ class Catalog:
             providers.update(more.providers)
             models.update({m.id: m for m in more.models})
             source = str(extra)
-        return cls(providers, list(models.values()), source)
+        return cls(providers, list(models.values()), source, key_prefix)
 
     def named(self, names: dict[str, str], groups: dict[str, dict[str, str]], source: str = "config") -> Catalog:
         """This catalog with the operator's names (``[models]``): a name → a catalog model, for every
@@ -292,7 +295,7 @@ class Catalog:
             hint = ""
             if "/" not in model_id:
                 hint = " Model ids have the form '<provider>/<model_name>', e.g. 'openai/gpt-4o-mini'; GET /v1/models lists them."
-            raise not_found(model_id, hint)
+            raise not_found(redact_keys(model_id, self.key_prefix), hint)
         return model
 
     def require_endpoint(self, model: Model, model_id: str, endpoint: Endpoint) -> None:

@@ -32,6 +32,7 @@ import msgspec
 
 from core.catalog import Catalog, ConfigError
 from core.deployments import Deployment, DeploymentSettings, Strategy, canonical, check, resolve
+from core.destinations import Destinations
 from core.inputs import key_of
 from core.redact import DEFAULT_KEY_PREFIX
 
@@ -226,6 +227,12 @@ class AlertsSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     timeout: Annotated[float, msgspec.Meta(gt=0)] = 10.0  # seconds a receiver has to answer
     lease_seconds: Annotated[float, msgspec.Meta(gt=0)] = 60.0  # a replica's hold on the events it delivers
     batch: Annotated[int, msgspec.Meta(ge=1)] = 20  # events claimed per look
+    # webhooks go to public addresses only; receivers inside: their networks and host names, e.g.
+    # ["10.0.0.0/8", "receiver.internal"] (core/destinations.py; cloud metadata services never)
+    allow_destinations: list[str] = []
+
+    def destinations(self) -> Destinations:
+        return Destinations.parse(self.allow_destinations)
 
 
 class BillingSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -326,6 +333,10 @@ def parse_settings(raw: dict, source: str = "config") -> Settings:
     except (ZoneInfoNotFoundError, ValueError):
         raise ConfigError(f"{source}: billing.timezone: unknown time zone {settings.billing.timezone!r} "
                           "(an IANA name such as UTC or Europe/Paris)") from None  # fmt: skip
+    try:
+        settings.alerts.destinations()
+    except ValueError as exc:
+        raise ConfigError(f"{source}: alerts.allow_destinations: {exc}") from None
     if settings.responses.seal_key:
         try:
             key_of(settings.responses.seal_key)

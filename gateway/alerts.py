@@ -14,6 +14,14 @@ events until it ends: a receiver that hangs (at most ``timeout`` seconds a send)
 own webhook's events, never another group's, nor a call (so at most ``batch`` sends a webhook are in
 flight, claimed together). A store that is down fails the round (the next one retries) or a send's
 record (its lease runs out and the event is sent again: at least once, as webhooks are).
+
+Where a webhook may point (core/destinations.py: public addresses, or what ``[alerts]
+allow_destinations`` lists; never a cloud metadata service) is checked twice: when it is added
+(:func:`refused`: the host resolved, every address checked) and at each send, where the session
+connects only to the addresses its resolver (:class:`CheckedResolver`) let through, so a name that
+resolves elsewhere by then (DNS rebinding) reaches nothing it may not. A send records only its outcome:
+delivered, ``HTTP <status>``, or ``failed`` (a refused address, a connection that failed, a timeout:
+the same word, so the deliveries API tells an admin nothing of the network behind a URL).
 """
 
 from __future__ import annotations
@@ -28,11 +36,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import aiohttp
+from aiohttp.abc import AbstractResolver, ResolveResult
+from yarl import URL
 
 from billing import budgets
-from billing.alerts import EVENT_HEADER, SIGNATURE_HEADER, AlertBook, Delivery, Webhook, sign
+from billing.alerts import DELETED, EVENT_HEADER, SIGNATURE_HEADER, AlertBook, Delivery, Webhook, sign
 from billing.store import Group, Store
 from core.config import AlertsSettings
+from core.destinations import Destinations, address_of, metadata_name
 from core.money import to_credits
 
 log = logging.getLogger("router.alerts")
@@ -134,10 +145,67 @@ class Checker:
         return queued
 
 
+FAILED = "failed"  # a send that got no HTTP answer, whatever the reason
+RESOLVE_SECONDS = 5.0  # a webhook's host, when it is added: resolved within this, or refused
+
+
+def host_of(url: str) -> tuple[str, int] | None:
+    """The host and port a webhook's URL connects to, as aiohttp reads it (None: no host)."""
+    try:
+        parsed = URL(url)
+    except (ValueError, TypeError):
+        return None
+    return (parsed.raw_host, parsed.port or 0) if parsed.raw_host else None
+
+
+async def refused(url: str, allowed: Destinations) -> bool:
+    """Whether a webhook may not point at ``url``: its host a cloud metadata name, an address that is
+    not allowed, or a name that does not resolve or resolves to any address that is not allowed (an
+    allow-listed name is not resolved: its addresses are checked at each send)."""
+    target = host_of(url)
+    if target is None:
+        return True
+    host, port = target
+    if metadata_name(host):
+        return True
+    if address_of(host) is not None:
+        return not allowed.permits(host, host)
+    if allowed.trusts(host):
+        return False
+    try:
+        infos = await asyncio.wait_for(asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM),
+                                       RESOLVE_SECONDS)  # fmt: skip
+    except (OSError, UnicodeError):  # (TimeoutError is an OSError)
+        return True
+    addresses = {str(info[4][0]) for info in infos}
+    return not addresses or not all(allowed.permits(host, a) for a in addresses)
+
+
+class CheckedResolver(AbstractResolver):
+    """The addresses a webhook's host resolves to that it may be sent to (``allowed``); with none, an
+    OSError: the session fails the send without a connection. (aiohttp resolves names only: a URL
+    whose host is an address is checked by the deliverer before it sends.)"""
+
+    def __init__(self, allowed: Destinations, inner: AbstractResolver | None = None) -> None:
+        self.allowed = allowed
+        self.inner = inner or aiohttp.ThreadedResolver()
+
+    async def resolve(self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
+        found = await self.inner.resolve(host, port, family)
+        kept = [r for r in found if self.allowed.permits(host, r["host"])]
+        if not kept:
+            raise OSError(f"{host}: no address a webhook may be sent to")
+        return kept
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
 class Deliverer:
     def __init__(self, book: AlertBook, settings: AlertsSettings) -> None:
         self.book = book
         self.settings = settings
+        self.allowed = settings.destinations()  # (checked when the settings were read)
         self.replica = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
         self._rounds = itertools.count()
         self._session: aiohttp.ClientSession | None = None
@@ -162,7 +230,8 @@ class Deliverer:
         hooks = {h.id: h for h in await self.book.webhooks()}
         if self._session is None:
             self._session = aiohttp.ClientSession(  # shared by every group's webhooks: keeps no cookies
-                timeout=aiohttp.ClientTimeout(total=self.settings.timeout), cookie_jar=aiohttp.DummyCookieJar()
+                timeout=aiohttp.ClientTimeout(total=self.settings.timeout), cookie_jar=aiohttp.DummyCookieJar(),
+                connector=aiohttp.TCPConnector(resolver=CheckedResolver(self.allowed)),  # (no proxy: trust_env off)
             )
         for delivery in claimed:
             sending = asyncio.ensure_future(self._send(delivery, hooks.get(delivery.webhook_id), owner))
@@ -183,7 +252,7 @@ class Deliverer:
 
     async def _send(self, delivery: Delivery, hook: Webhook | None, owner: str) -> bool:
         if hook is None:
-            await self.book.failed(delivery, owner, "webhook deleted", None, None)
+            await self.book.failed(delivery, owner, DELETED, None, None)
             return False
         body = delivery.body.encode()
         headers = {"content-type": "application/json", SIGNATURE_HEADER: sign(hook.secret, body),
@@ -191,19 +260,23 @@ class Deliverer:
         status: int | None = None
         try:
             assert self._session is not None
+            target = host_of(hook.url)
+            host = target[0] if target is not None else ""
+            if not host or (address_of(host) is not None and not self.allowed.permits(host, host)):
+                raise OSError(f"{host}: not an address a webhook may be sent to")  # (a name: the resolver checks it)
             async with self._session.post(hook.url, data=body, headers=headers, allow_redirects=False) as answer:
                 status = answer.status
                 await answer.read()
             if 200 <= status < 300:
                 await self.book.delivered(delivery, owner, status)
                 return True
-            error = f"HTTP {status}"
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            error = f"{type(exc).__name__}: {exc}"[:300]
+            error = detail = f"HTTP {status}"
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+            error, detail = FAILED, f"{type(exc).__name__}: {exc}"[:300]  # (the detail for the operator's log only)
         attempts = delivery.attempts + 1
         retry = time.time() + self.backoff(attempts) if attempts < self.settings.max_attempts else None
         await self.book.failed(delivery, owner, error, status, retry)
-        log.info("webhook %s: event %s attempt %d failed (%s)", hook.id, delivery.event_id, attempts, error)
+        log.info("webhook %s: event %s attempt %d failed (%s)", hook.id, delivery.event_id, attempts, detail)
         return False
 
     async def close(self) -> None:

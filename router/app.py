@@ -98,8 +98,10 @@ class RouterApp(Starlette):
     CORS, when configured, outside that."""
 
     def __init__(self, *, fast: dict[str, ASGIApp], access_log: bool, cors_origins: list[str],
-                 on_error: ErrorApp, drain_bytes: int, drain_seconds: float, **kwargs: Any) -> None:  # fmt: skip
+                 on_error: ErrorApp, drain_bytes: int, drain_seconds: float, key_prefix: str,
+                 **kwargs: Any) -> None:  # fmt: skip
         self.drain_bytes, self.drain_seconds = drain_bytes, drain_seconds
+        self.key_prefix = key_prefix
         self.fast = fast
         self.on_error = on_error
         self.access_log = access_log
@@ -109,7 +111,7 @@ class RouterApp(Starlette):
     def build_middleware_stack(self) -> ASGIApp:
         front = Front(
             super().build_middleware_stack(), access_log=self.access_log, fast=self.fast, on_error=self.on_error,
-            drain_bytes=self.drain_bytes, drain_seconds=self.drain_seconds,
+            drain_bytes=self.drain_bytes, drain_seconds=self.drain_seconds, key_prefix=self.key_prefix,
         )
         return cors(front, self.cors_origins)  # outside Front: preflights of the fast paths too
 
@@ -147,6 +149,7 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
         drain_bytes=gateway.settings.server.max_body_bytes,
         drain_seconds=gateway.settings.reliability.body_timeout,
         cors_origins=gateway.settings.server.cors_origins,
+        key_prefix=gateway.settings.server.key_prefix,
         routes=[
             Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/v1/responses", responses, methods=["POST"]),

@@ -164,6 +164,7 @@ def _webhooks(args: argparse.Namespace, settings: Settings) -> None:
             async def add(store: Store) -> Any:
                 if args.group and await store.get_group(args.group) is None:
                     raise StoreError(f"no group named {args.group!r}")
+                await webhooks.destination_of(target, settings.alerts.destinations())
                 book = AlertBook(store.database)
                 return await cli_changes(store).add_webhook(book, target, args.group, below, within, not args.no_budgets)
 
@@ -181,7 +182,7 @@ def _webhooks(args: argparse.Namespace, settings: Settings) -> None:
         print(f"{'id':>5}  {'created (UTC)':<20} {'hook':>4} {'event':<17} {'status':<10} {'tries':>5}  last error")
         for d in rows:
             print(f"{d.id:>5}  {_when(d.created_at):<20} {d.webhook_id:>4} {d.event_type:<17} {d.status:<10} "
-                  f"{d.attempts:>5}  {d.last_error or ''}")  # fmt: skip
+                  f"{d.attempts:>5}  {d.error or ''}")  # fmt: skip
     else:
         hooks = asyncio.run(with_store(url, lambda s: AlertBook(s.database).webhooks()))
         print(f"{'id':>4}  {'group':<16} {'balance under':>14} {'expiry within':>14} {'budgets':<8} url")

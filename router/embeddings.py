@@ -40,7 +40,7 @@ class Embeddings:
         context, trace, body = await begin_call(gw, request, "embeddings")
         req = parse_embeddings(body)
         trace.model, trace.stream = req.model, False
-        context.end_user = end_user(req.raw)
+        context.end_user = end_user(req.raw, context.key_prefix)
         refused = no_embeddings(gw.catalog, req.model)
         if refused is not None:
             raise refused

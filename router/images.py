@@ -34,6 +34,6 @@ class Images:
 
     async def _call(self, context: CallContext, trace: Trace, req: ImagesRequest, size: int) -> Response:
         trace.model = req.model
-        context.end_user = end_user(req.raw)
+        context.end_user = end_user(req.raw, context.key_prefix)
         codec = ImagesCodec(req, size)
         return await answered(self.pipeline, self.pipeline.start(context, codec), trace)

@@ -7,7 +7,8 @@ formats (JSON or text) and writes them to stderr in batches every 50 ms, so a sl
 stalls the event loop and no record costs a thread wake-up. An
 application that mounts the gateway and configured logging itself keeps its own handlers (it may use
 :class:`JsonFormatter`). The ``router.access`` logger gets one line per HTTP request (see
-:func:`access`); keys never appear in it (only the key's id and its group's name).
+:func:`access`); keys never appear in it (only the key's id and its group's name; a key sent as the
+model or in the path is redacted, and one sent as the x-request-id is not taken: core/redact.py).
 
     {"ts": "2026-11-22T10:00:00.123Z", "level": "INFO", "logger": "router.access", "msg": "request",
      "method": "POST", "path": "/v1/chat/completions", "status": 200, "latency_ms": 12.3,
@@ -30,6 +31,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import msgspec
 
+from core.redact import DEFAULT_KEY_PREFIX, redact_keys
+
 if TYPE_CHECKING:
     from billing.store import Principal
     from core.config import ObservabilitySettings
@@ -45,12 +48,13 @@ class Trace:
     """What one request's access-log line says beyond HTTP, filled in while it is served: its id
     (``router.middleware.Front``), the caller once authenticated, the model asked for and the provider
     and deployment that serve it (the endpoints); for a model call, its context (a call refused before
-    anything was reserved is recorded from it: ``router.chat.record_refusal``)."""
+    anything was reserved is recorded from it: ``router.chat.record_refusal``). A key sent as the model
+    is redacted as it is noted (core/redact.py): neither the access log nor a refusal's record gets it."""
 
     request_id: str
     began: float = 0.0  # time.perf_counter() when the request arrived
     caller: Principal | None = None
-    model: str | None = None
+    _model: str | None = None  # (see model)
     provider: str | None = None
     deployment: str | None = None  # the provider's deployment that served (core/deployments.py)
 
@@ -61,6 +65,16 @@ class Trace:
     stream: bool = False  # the call asked for a stream
     # the request's body was read to its end (router.chat.read_body says so; Front watches other routes' reads)
     body_read: bool = False
+    key_prefix: str = DEFAULT_KEY_PREFIX  # the form of this gateway's keys ([server] key_prefix)
+
+    @property
+    def model(self) -> str | None:
+        """The model the request asks for, as it asks (a key in it redacted)."""
+        return self._model
+
+    @model.setter
+    def model(self, value: str | None) -> None:
+        self._model = redact_keys(value, self.key_prefix) if isinstance(value, str) else value
 
 
 def trace_of(scope: Scope) -> Trace:
@@ -278,9 +292,10 @@ def access(scope: Scope, status: int, seconds: float, stream: bool) -> None:
     trace = trace_of(scope)
     caller = trace.caller
     client = scope.get("client")
+    path = scope.get("path")
     values = (  # ACCESS_FIELDS
         scope.get("method"),
-        scope.get("path"),
+        redact_keys(path, trace.key_prefix) if isinstance(path, str) else path,  # (GET /v1/models/<a key>)
         status,
         round(seconds * 1000, 3),
         trace.request_id or None,

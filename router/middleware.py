@@ -1,10 +1,10 @@
 """``Front``: the gateway's outermost ASGI layer, pure ASGI so streams and disconnects pass through
 untouched.
 
-Every HTTP request gets an id (the caller's ``x-request-id`` if it sent a sane one), returned as the
-``x-request-id`` response header; it is counted in the metrics (core/metrics.py) and gets its
-access-log line (router/logs.py) once the last byte is sent. SSE responses count as open streams
-while they are written.
+Every HTTP request gets an id (the caller's ``x-request-id`` if it sent a sane one: short, plain
+characters, no key of this gateway in it, core/redact.py), returned as the ``x-request-id`` response
+header; it is counted in the metrics (core/metrics.py) and gets its access-log line (router/logs.py)
+once the last byte is sent. SSE responses count as open streams while they are written.
 
 The hot endpoints (``POST /v1/chat/completions``, ``POST /v1/responses``) are called from here
 directly: Starlette's error middleware, exception middleware, router and request/response wrappers
@@ -26,6 +26,7 @@ from starlette.requests import ClientDisconnect, Request
 
 from core import metrics
 from core.errors import GatewayError
+from core.redact import DEFAULT_KEY_PREFIX, holds_key
 from core.types import ASGIApp, Message, Receive, Scope, Send, new_id
 from router import logs
 
@@ -52,8 +53,9 @@ class Front:
 
     def __init__(self, app: ASGIApp, *, access_log: bool = True, fast: Mapping[str, ASGIApp] | None = None,
                  on_error: ErrorApp | None = None, drain_bytes: int = 8 * 1024 * 1024,
-                 drain_seconds: float = 30.0) -> None:  # fmt: skip
+                 drain_seconds: float = 30.0, key_prefix: str = DEFAULT_KEY_PREFIX) -> None:  # fmt: skip
         self.app = app
+        self.key_prefix = key_prefix  # the form of the gateway's keys: never taken as a request id or logged
         self.access_log = access_log
         self.fast = dict(fast or {})
         self.on_error = on_error
@@ -80,7 +82,7 @@ class Front:
         began = time.perf_counter()
         rid = b""
         for name, value in scope["headers"]:
-            if name == b"x-request-id" and _SANE.match(value):
+            if name == b"x-request-id" and _SANE.match(value) and not holds_key(value.decode(), self.key_prefix):
                 rid = value
                 break
         if not rid:
@@ -88,7 +90,7 @@ class Front:
         state = scope.get("state")
         if state is None:
             state = scope["state"] = {}
-        trace = state[logs.TRACE] = logs.Trace(rid.decode(), began)
+        trace = state[logs.TRACE] = logs.Trace(rid.decode(), began, key_prefix=self.key_prefix)
         status = 0
         stream = False
 

@@ -186,7 +186,8 @@ WEBHOOK_CREATE: dict[str, Any] = {
     "type": "object",
     "required": ["url"],
     "properties": {
-        "url": {"type": "string", "format": "uri"},
+        "url": {"type": "string", "format": "uri",
+                "description": "http(s); a public address, unless [alerts] allow_destinations lists it"},
         "group": {"type": ["string", "null"]},
         "balance_below": {"oneOf": [CREDITS, {"type": "null"}]},
         "expiry_within": {"oneOf": [{"type": "number", "minimum": 0}, {"type": "string"}, {"type": "null"}]},
@@ -299,7 +300,7 @@ OPERATIONS: tuple[Op, ...] = (
        params=(*_path("name"), *USAGE, Param("before", schema=INT), Param("limit", schema=INT),
                Param("deployment"))),
     Op("get", "/console/api/groups/{name}/usage/buckets", "A group's usage per time bucket", "admin", auth="admin",
-       params=(*_path("name"), *USAGE, Param("width", schema={"type": "number", "exclusiveMinimum": 0}))),
+       params=(*_path("name"), *USAGE, Param("width", schema={"type": "number", "minimum": 60, "maximum": 1e11}))),
     Op("get", "/console/api/keys/{key_id}", "A key", "admin", auth="admin", params=_path("key_id")),
     Op("patch", "/console/api/keys/{key_id}", "Change a key's spend cap, models, expiry, tags or owner", "admin", auth="admin",
        params=_path("key_id"), body=KEY_UPDATE),

@@ -2,25 +2,32 @@
 loopback whose outage the test controls (the backoff is configured short so the test is quick): each
 alert arrives once, signed (HMAC-SHA256 over "t.body", Router-Signature: t=...,v1=...), after the
 receiver comes back; the outbox survives a restart; two deliverers on one store never send an event
-twice; a receiver that hangs never slows a call; bad webhook input is a 400 naming the field."""
+twice; a receiver that hangs never slows a call; bad webhook input is a 400 naming the field; a webhook
+points at a public address unless the allow-list says otherwise (these tests' receivers listen on
+loopback: FAST allows it), checked when it is added and again at each send, and its deliveries say
+only delivered, HTTP <status> or failed."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from aiohttp import web
 
-from billing.alerts import AlertBook, verify
+from billing.alerts import AlertBook, Delivery, verify
 from billing.store import KeyMeta, open_store
 from core.config import AlertsSettings, ConsoleSettings, ReliabilitySettings, Settings, StoreSettings
+from core.destinations import Destinations
 from core.money import NANO
 from gateway.alerts import BudgetWindow, Deliverer
 from gateway.auth import new_key
@@ -29,8 +36,9 @@ from tests.test_console import Client
 from tests.test_key_lifecycle import HI, MODEL, TOKEN
 
 OUTAGE = float(os.environ.get("ALERTS_TEST_OUTAGE", "2.0"))  # seconds the receiver is down (30 in the issue)
+LOOPBACK = ["127.0.0.0/8", "::1"]  # where the receivers listen (localhost: either)
 FAST = AlertsSettings(check_interval=0.2, deliver_interval=0.1, backoff_base=0.2, backoff_max=0.8,
-                      max_attempts=1000, timeout=1.5, lease_seconds=10.0)  # fmt: skip
+                      max_attempts=1000, timeout=1.5, lease_seconds=10.0, allow_destinations=LOOPBACK)  # fmt: skip
 
 
 class Receiver:
@@ -44,6 +52,7 @@ class Receiver:
         self.hang = False
         self.delay = 0.0
         self.cookie = False  # answer with a Set-Cookie header
+        self.status = 200  # what it answers
         self._runner: web.AppRunner | None = None
         self._released: asyncio.Event | None = None  # set when it goes down: a hanging request ends
 
@@ -55,6 +64,8 @@ class Receiver:
         if self.delay:
             await asyncio.sleep(self.delay)
         self.got.append(({k.lower(): v for k, v in request.headers.items()}, await request.read()))
+        if self.status != 200:
+            return web.Response(status=self.status, headers={"Location": "http://10.0.0.1/"})
         return web.Response(text="ok", headers={"Set-Cookie": f"seen={len(self.got)}; Path=/"} if self.cookie else None)
 
     async def up(self) -> None:
@@ -74,6 +85,34 @@ class Receiver:
 
     def events(self) -> list[dict[str, Any]]:
         return [json.loads(body) for _, body in self.got]
+
+
+class Listener:
+    """A TCP port on loopback that counts the connections made to it (the kernel completes them; a
+    thread accepts and closes each), whatever event loop is running or not."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock.settimeout(0.05)
+        self.port = self.sock.getsockname()[1]
+        self.connections = 0
+        self.open = True
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        while self.open:
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            self.connections += 1
+            conn.close()
+
+    def close(self) -> None:
+        self.open = False
+        self.thread.join(2)
+        self.sock.close()
 
 
 def alert_stack(tmp: Path, url: str, alerts: AlertsSettings = FAST) -> Stack:
@@ -125,7 +164,7 @@ def test_each_alert_arrives_once_signed_after_an_outage(receiver_and_stack: Any)
     time.sleep(OUTAGE)  # the receiver is down: every attempt fails, retried with backoff
     during = api(stack, "GET", f"/webhooks/{hook['id']}/deliveries")["data"]
     assert {d["type"] for d in during} == {"balance.low", "key.expiring"}
-    assert all(d["status"] == "pending" and d["attempts"] >= 2 and d["last_error"] for d in during), during
+    assert all(d["status"] == "pending" and d["attempts"] >= 2 and d["last_error"] == "failed" for d in during), during
     assert receiver.got == []
     stack.run(receiver.up())
     wait_for(lambda: len(receiver.got) >= 2, 10, "two alerts")
@@ -414,3 +453,125 @@ def test_a_real_budget_spent_past_half_alerts_once(receiver_and_stack: Any) -> N
     wait_for(lambda: len([e for e in receiver.events() if e["type"] == "budget.threshold"]) >= 2, 10, "budget alerts")
     levels = sorted(e["data"]["level"] for e in receiver.events() if e["type"] == "budget.threshold")
     assert levels[:2] == [50, 80] and all(e["data"]["group"] == group for e in receiver.events())
+
+
+REFUSED = ["http://169.254.169.254/latest/meta-data/", "http://metadata.google.internal/computeMetadata/v1/",
+           "http://10.0.0.1/hook", "http://[fd00::1]/hook", "http://127.0.0.1:6379/", "http://localhost:8080/hook",
+           "https://0.0.0.0/", "http://[::1]/", "http://[::]/", "http://[::ffff:127.0.0.1]/", "http://0x7f.1/",
+           "http://2130706433/", "http://224.0.0.1/", "http://[ff02::1]/", "http://100.100.100.200/",
+           "http://[fe80::1]/", "http://192.168.1.1/", "http://172.16.0.1/", "http://[fd00:ec2::254]/",
+           "http://metadata.google.internal./", "http://nowhere.invalid/"]  # fmt: skip
+
+
+def test_webhooks_to_private_loopback_or_metadata_addresses_are_refused_when_added(store_url: str,
+                                                                                   tmp_path: Path) -> None:  # fmt: skip
+    stack = alert_stack(tmp_path, store_url, AlertsSettings())  # no allow-list: public addresses only
+    try:
+        messages = set()
+        for url in REFUSED:
+            answer = Client(stack).api("POST", "/webhooks", {"url": url}, token=TOKEN)
+            assert answer.status == 400 and answer.json()["error"]["param"] == "url", (url, answer.text)
+            messages.add(answer.json()["error"]["message"])
+        assert len(messages) == 1 and "public address" in messages.pop()  # (nothing of what a name resolves to)
+        console = Client(stack)
+        assert console.login(TOKEN).status == 303
+        form = console.post("/console/webhooks", {"url": "http://169.254.169.254/", "budgets": "on"})
+        assert form.status == 400 and "must point to a public address" in form.text, form.text[-2000:]
+        assert api(stack, "GET", "/webhooks")["webhooks"] == []
+        hook = api(stack, "POST", "/webhooks", {"url": "https://8.8.8.8/hook", "budgets": False}, status=201)
+        assert hook["url"] == "https://8.8.8.8/hook"  # a public address (it gets no event here)
+    finally:
+        stack.stop()
+    for config, code in [("", 1), ('[alerts]\nallow_destinations = ["10.0.0.0/8"]\n', 0)]:  # the CLI, its settings
+        (tmp_path / "router.toml").write_text(config)
+        out = subprocess.run([sys.executable, "-m", "router", "webhooks", "add", "http://10.0.0.1/hook"], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "ROUTER_CONFIG": str(tmp_path / "router.toml")})  # fmt: skip
+        assert out.returncode == code, out.stderr
+        assert (out.stderr.count("\n"), "public address" in out.stderr) == ((1, True) if code else (0, False)), out.stderr
+
+
+def test_a_webhook_no_longer_allowed_fails_at_send_time_without_a_connection(store_url: str, tmp_path: Path) -> None:
+    """Two webhooks added while the allow-list let loopback in (one by address, one by name), their
+    events queued; the gateway restarted without it: each send fails, reported as just "failed", and
+    nothing connects to the port (the resolver drops the name's addresses, the address is refused
+    before any connection)."""
+    listener = Listener()
+    first = alert_stack(tmp_path / "a", store_url, msgspec.structs.replace(FAST, enabled=False))  # (sends nothing)
+    try:
+        hooks = [api(first, "POST", "/webhooks", {"url": f"http://{host}:{listener.port}/hook", "budgets": False},
+                     status=201)["id"] for host in ("127.0.0.1", "localhost")]  # fmt: skip
+        for hook in hooks:
+            first.run(first.gateway.alerts.fire(f"test:{hook}", hook, "test", {"hook": hook}))
+    finally:
+        first.stop()
+    second = alert_stack(tmp_path / "b", store_url, msgspec.structs.replace(FAST, allow_destinations=[]))
+    try:
+        def tried() -> list[Any]:
+            return [api(second, "GET", f"/webhooks/{hook}/deliveries")["data"][0] for hook in hooks]
+
+        wait_for(lambda: all(d["attempts"] >= 3 for d in tried()), 10, "three attempts of each")
+        for delivery in tried():
+            assert (delivery["status"], delivery["last_error"], delivery["last_status"]) == ("pending", "failed", None)
+        console = Client(second)
+        assert console.login(TOKEN).status == 303
+        page = console.get("/console/webhooks").text
+        assert ">failed<" in page and "Error" not in page and "connect" not in page.lower()
+        assert listener.connections == 0
+        socket.create_connection(("127.0.0.1", listener.port), timeout=5).close()  # (the listener does count)
+        wait_for(lambda: listener.connections == 1, 5, "the test's own connection")
+    finally:
+        second.stop()
+        listener.close()
+
+
+def test_deliveries_say_delivered_an_http_status_or_failed_and_nothing_else(receiver_and_stack: Any) -> None:
+    """A receiver answering 302 and a port nobody listens on (both allow-listed): "HTTP 302" and
+    "failed", never the connection's error (which told a closed port from a filtered one from a host
+    that is down); a row an earlier version wrote with an exception's text is shown as "failed"."""
+    receiver, stack = receiver_and_stack
+    receiver.status = 302
+    stack.run(receiver.up())
+    closed = free_port()
+    hooks = [api(stack, "POST", "/webhooks", {"url": url, "budgets": False}, status=201)["id"]
+             for url in (receiver.url, f"http://127.0.0.1:{closed}/hook")]  # fmt: skip
+    book = stack.gateway.alerts
+    for hook in hooks:
+        stack.run(book.fire(f"test:{hook}", hook, "test", {"hook": hook}))
+
+    def last(hook: int) -> Any:
+        return api(stack, "GET", f"/webhooks/{hook}/deliveries")["data"][0]
+
+    wait_for(lambda: all(last(h)["attempts"] >= 2 for h in hooks), 10, "two attempts of each")
+    assert (last(hooks[0])["last_error"], last(hooks[0])["last_status"]) == ("HTTP 302", 302)
+    assert (last(hooks[1])["last_error"], last(hooks[1])["last_status"]) == ("failed", None)
+    kept = stack.run(book.db.select("SELECT last_error FROM alert_outbox WHERE webhook_id IN (?, ?) ORDER BY webhook_id",
+                                    tuple(hooks)))  # fmt: skip
+    assert [row[0] for row in kept] == ["HTTP 302", "failed"]  # (the detail is not even stored)
+    assert receiver.got  # (the 302 is the answer: redirects are not followed)
+    old = "ClientConnectorError: Cannot connect to host 10.0.0.7:22 ssl:default [Connect call failed]"
+    stack.run(book.db.write("UPDATE alert_outbox SET status = 'failed', last_error = ? WHERE event_id = ?",
+                            (old, f"test:{hooks[1]}")))  # fmt: skip
+    assert last(hooks[1])["last_error"] == "failed"
+    assert "10.0.0.7" not in Client(stack).api("GET", f"/webhooks/{hooks[1]}/deliveries", token=TOKEN).text
+
+
+def test_the_destination_rule() -> None:
+    default = Destinations()
+    assert not any(default.permits("x", a) for a in ("10.0.0.1", "fd00::1", "127.0.0.1", "::1", "169.254.169.254",
+                                                     "::ffff:10.0.0.1", "64:ff9b::a00:1", "2002:a00:1::", "224.0.0.1"))  # fmt: skip
+    assert all(default.permits("x", a) for a in ("8.8.8.8", "2606:4700:4700::1111", "64:ff9b::808:808"))
+    allowed = Destinations.parse(["10.0.0.0/8", "169.254.0.0/16", "Receiver.Internal.", "metadata.google.internal"])
+    assert allowed.permits("x", "10.1.2.3") and allowed.permits("x", "::ffff:10.1.2.3")
+    assert allowed.permits("receiver.internal", "192.168.7.7") and allowed.permits("x", "169.254.1.1")
+    # a cloud metadata service, never: by address (however written) or by name, allow-listed or not
+    assert not allowed.permits("x", "169.254.169.254") and not allowed.permits("x", "::ffff:169.254.169.254")
+    assert not allowed.permits("metadata.google.internal", "8.8.8.8") and not allowed.trusts("metadata.google.internal")
+    with pytest.raises(ValueError, match="'10.0.0.0/33'"):
+        Destinations.parse(["10.0.0.0/33"])
+    from core.config import ConfigError, parse_settings
+
+    with pytest.raises(ConfigError, match="alerts.allow_destinations: 'http://x'"):
+        parse_settings({"alerts": {"allow_destinations": ["http://x"]}})
+    stored = Delivery(1, "e", 1, "test", "{}", 0.0, "failed", 1, 0.0, "TimeoutError: ", None, None)
+    assert stored.error == "failed"

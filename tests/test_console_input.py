@@ -68,3 +68,57 @@ def test_console_pages_with_absurd_cursors(istack: Stack) -> None:
         assert 200 <= r.status < 500 and r.status != 500, (path[:80], r.status, r.text[:300])
     assert web.get("/console/keys/%C2%B2").status == 404
     assert web.get("/console/keys/99999999999999999999").status == 404
+
+
+EXTREMES = ["5e-324", "1e308", "-1", "nan", "inf", "-inf", "99999999999999999999999", "1e400", "%C2%B2", "0x10"]
+
+
+def test_every_admin_api_query_number_answers_extremes_with_a_4xx_naming_it(istack: Stack) -> None:
+    """Each number the admin API reads from a query string or a path, sent 5e-324, 1e308, -1, nan, inf,
+    a 23-digit integer...: never a 5xx; out of its range, a 400 naming the parameter. (The buckets'
+    width=5e-324 was a 500: 86400 // 5e-324 is inf, and int(inf) raises OverflowError.)"""
+    api = Client(istack)
+    assert api.api("POST", "/groups", {"name": "extremes", "credits": "1"}).status == 201
+    key_id = api.api("POST", "/groups/extremes/keys", {"name": "k"}).json()["id"]
+    hook = istack.run(istack.gateway.alerts.add_webhook("https://hooks.example/x", None, None, None, False))
+    queries = {
+        "/groups/extremes/usage": ("key", "since", "until", "before", "after", "limit"),
+        "/groups/extremes/usage/buckets": ("width", "since", "until", "key"),
+        f"/keys/{key_id}/usage": ("since", "until"),
+        f"/webhooks/{hook.id}/deliveries": ("limit",),
+        "/audit": ("before", "limit"),
+        "/groups/extremes/users": ("key", "since", "until", "limit"),
+    }
+    in_range = {("since", "5e-324"), ("until", "5e-324")}  # a time at the epoch: a number from 0 to 1e11
+    for path, names in queries.items():
+        for name in names:
+            for value in EXTREMES:
+                r = api.api("GET", f"{path}?{name}={value}")
+                assert r.status < 500, (path, name, value, r.status, r.text[:200])
+                if (name, value) not in in_range:
+                    assert r.status == 400 and _error(r)["param"] == name, (path, name, value, r.status, r.text[:200])
+    r = api.api("GET", "/groups/extremes/usage/buckets?width=5e-324")  # the issue's request
+    assert r.status == 400 and _error(r)["param"] == "width", r.text[:200]
+    r = api.api("GET", "/groups/extremes/usage/buckets?since=2000&until=1000")
+    assert r.status == 400 and _error(r)["param"] == "since", r.text[:200]
+    assert api.api("GET", "/groups/extremes/usage/buckets?width=60&since=0&until=60000").status == 200
+    for value in EXTREMES:  # ids in the path: not found, whatever they are
+        for method, path in [("GET", f"/keys/{value}"), ("GET", f"/keys/{value}/usage"), ("POST", f"/keys/{value}/revoke"),
+                             ("GET", f"/webhooks/{value}/deliveries"), ("DELETE", f"/webhooks/{value}"),
+                             ("DELETE", f"/budgets/{value}")]:  # fmt: skip
+            r = api.api(method, path)
+            assert r.status == 404, (method, path, r.status, r.text[:200])
+    for key in (99999999999999999999999, 2**63, -1, 0, 1.5, True):  # a number in a body: the budget's key
+        r = api.api("POST", "/groups/extremes/budgets", {"amount": "1", "window": "day", "key_id": key})
+        assert r.status == 400 and _error(r)["param"] == "key_id", (key, r.status, r.text[:200])
+
+
+def test_console_pages_answer_extreme_numbers_without_a_5xx(istack: Stack) -> None:
+    web = admin(istack)
+    assert Client(istack).api("POST", "/groups", {"name": "extreme-pages", "credits": "1"}).status == 201
+    for page in ("/console/groups/extreme-pages/calls", "/console/groups/extreme-pages/calls.csv", "/console/calls",
+                 "/console/audit", "/console/batches", "/console/keys", "/console/"):  # fmt: skip
+        for name in ("page", "limit", "before", "after", "key", "from", "to"):
+            for value in EXTREMES:
+                r = web.get(f"{page}?{name}={value}")
+                assert r.status < 500, (page, name, value, r.status, r.text[:200])
