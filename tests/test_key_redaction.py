@@ -146,3 +146,15 @@ def test_a_key_in_the_wrong_field_is_never_echoed_stored_or_logged(gateway: str,
     assert [line["model"] for line in lines[:4]] == [redacted, f"openai/{redacted}", redacted, redacted]
     assert lines[4]["path"] == f"/v1/models/{redacted}"
     assert all(secret not in line for line in access_lines.lines), [line for line in access_lines.lines if secret in line]
+
+
+def test_a_key_in_anthropics_metadata_user_id_goes_nowhere(stack: Any) -> None:
+    import anthropic
+
+    key = stack.key()
+    client = anthropic.Anthropic(base_url=f"http://127.0.0.1:{stack.port}", api_key=key, max_retries=0)
+    answer = client.messages.create(model="anthropic/claude-haiku-4-5", max_tokens=5, metadata={"user_id": f"me {key}"},
+                                    messages=[{"role": "user", "content": "hi"}])  # fmt: skip
+    assert key not in answer.model_dump_json()
+    sent = stack.emulator("anthropic").requests[-1]["metadata"]["user_id"]
+    assert key not in sent and sent.startswith("me sk-mr-v1-")
