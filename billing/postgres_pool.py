@@ -5,14 +5,21 @@ their own tables with ``migrate(lock, version_table, scripts)`` (replicas starti
 turns on an advisory lock). An error that means the database cannot be reached now (connection
 refused, lost or terminated, the server shutting down or starting, too many connections, a timeout)
 raises :class:`billing.store.StoreDown`; other errors (constraints, SQL) pass through unchanged.
+
+A connection the server killed while it sat in the pool (``pg_terminate_backend``, a restart) looks
+alive until the client has read its close; a statement given it is refused by asyncpg before any of
+it is sent (:func:`unsent`). The pool's statements (``fetch``, ``select``, ``write``, ``atomic``, ...)
+and ``transaction``'s ``BEGIN`` then go again on another connection (the dead one closed, so at most
+``max_size`` times): such a call did nothing. A statement cut off after it was sent may have run, so
+it is never sent again (its caller gets the ``StoreDown``).
 """
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 
@@ -29,6 +36,22 @@ _DOWN: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.InsufficientResourcesError,
     asyncpg.exceptions.ReadOnlySQLTransactionError,
 )
+
+
+T = TypeVar("T")
+# what asyncpg says when it refuses to start an operation on a connection whose server has gone
+_REFUSED = ("cannot switch to state", "not connected")
+
+
+def unsent(exc: BaseException, conn: asyncpg.Connection) -> bool:
+    """Whether asyncpg refused a statement on ``conn`` before sending any of it, the connection being
+    dead: closed (``InterfaceError``), or with the server's goodbye read and its close not yet (the
+    protocol cannot start an operation: ``InternalClientError``). Nothing of that statement ran. A
+    connection lost after the statement went out (``ConnectionDoesNotExistError``, a FATAL answer, a
+    timeout) is not such a refusal: the statement may have run."""
+    if isinstance(exc, asyncpg.InterfaceError):
+        return conn.is_closed()
+    return isinstance(exc, asyncpg.exceptions.InternalClientError) and str(exc).startswith(_REFUSED)
 
 
 def down(exc: BaseException) -> bool:
@@ -93,9 +116,25 @@ class PostgresPool:
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[asyncpg.Connection]:
-        """A connection in a transaction, committed when the block ends (rolled back if it raises)."""
-        async with self.connection() as conn, conn.transaction():
-            yield conn
+        """A connection in a transaction, committed when the block ends (rolled back if it raises). A
+        connection found dead at ``BEGIN`` (:func:`unsent`) is replaced by another first."""
+        for tries_left in range(self.max_size, -1, -1):
+            async with self.connection() as conn:
+                xact = conn.transaction()
+                try:
+                    await xact.start()
+                except Exception as exc:
+                    if not tries_left or not unsent(exc, conn):
+                        raise
+                    conn.terminate()  # (the pool connects again in its place)
+                    continue
+                try:
+                    yield conn
+                except BaseException:
+                    await xact.rollback()
+                    raise
+                await xact.commit()
+                return
 
     async def acquire(self) -> asyncpg.Connection:
         """A connection kept by its user across many batches (the ledger's); give it back with
@@ -116,8 +155,23 @@ class PostgresPool:
                     raise
 
     async def _call(self, method: str, sql: str, args: Sequence[Any]) -> Any:
+        return await self._run(lambda conn: getattr(conn, method)(sql, *args))
+
+    async def _run(self, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+        """``work`` on a connection of the pool; on another if asyncpg refused it on a dead one before
+        sending it (:func:`unsent`; in a transaction, any of its statements: the COMMIT was never sent,
+        so nothing of it stays). The pool hands out the connections it believes live first: after a
+        kill of them all, the dead ones come one after the other, each closed here."""
         try:
-            return await getattr(self.pool, method)(sql, *args)
+            for tries_left in range(self.max_size, -1, -1):
+                async with self.pool.acquire() as conn:
+                    try:
+                        return await work(conn)
+                    except Exception as exc:
+                        if not tries_left or not unsent(exc, conn):
+                            raise
+                        conn.terminate()  # (the pool connects again in its place)
+            raise AssertionError("unreachable")
         except Exception as exc:
             if down(exc):
                 raise lost(exc) from exc
@@ -147,13 +201,17 @@ class PostgresPool:
 
     async def atomic(self, steps: Sequence[tuple[str, Sequence[Any]]]) -> list[int]:
         """Run the statements in one transaction (all or none); the rows each changed."""
-        counts: list[int] = []
-        async with self.transaction() as conn:
-            for sql, args in steps:
-                status = await conn.execute(pg_sql(sql), *args)
-                tail = status.rsplit(" ", 1)[-1]
-                counts.append(int(tail) if tail.isdigit() else 0)
-        return counts
+
+        async def run(conn: asyncpg.Connection) -> list[int]:
+            counts: list[int] = []
+            async with conn.transaction():
+                for sql, args in steps:
+                    status = await conn.execute(pg_sql(sql), *args)
+                    tail = status.rsplit(" ", 1)[-1]
+                    counts.append(int(tail) if tail.isdigit() else 0)
+            return counts
+
+        return await self._run(run)
 
     async def migrate(self, version_table: str, migrations: Sequence[str], lock: int | None = None) -> None:
         """Bring a schema up to date under an advisory lock (``lock``, else one named after

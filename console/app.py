@@ -35,6 +35,7 @@ from console.changes import Changes
 from console.forms import MAX_FORM_BYTES, form_data
 from console.queries import Queries, queries_for
 from core.types import ASGIApp, Message, Receive, Scope, Send
+from gateway.attempts import Window
 
 if TYPE_CHECKING:
     from gateway.state import Gateway
@@ -43,6 +44,7 @@ HERE = Path(__file__).resolve().parent
 COOKIE = "mr_console"
 DEVICE_COOKIE = "mr_console_device"  # this browser has logged in before (console/auth.py, Throttling)
 CACHE_SECONDS = 5.0  # how soon a password set by the CLI (in the store) takes effect
+ACCOUNT = "admin"  # the login's one account: the admin password (or token)
 STATIC = {name: (HERE / "static" / name).read_bytes() for name in ("console.css", "console.js")}
 SECURITY_HEADERS = [
     (
@@ -71,6 +73,7 @@ class Console:
         self.settings = gateway.settings.console
         self._queries: Queries | None = None
         s = self.settings
+        # the admin API's bad tokens (the login form's attempts: gateway.attempts, login_windows)
         self.throttle = auth.Throttle(
             s.login_attempts_per_ip, s.login_attempts_global, s.login_window_seconds
         )
@@ -190,6 +193,16 @@ class Console:
             return True
         stored = await self.password_hash()
         return bool(stored) and await asyncio.to_thread(auth.verify_password, password, stored)
+
+    def login_windows(self, ip: str, device: str | None = None) -> list[Window]:
+        """Where a login attempt is counted (console/auth.py, Throttling): a browser that logged in
+        before, on its device alone; any other, on its client IP and on the account, whose window holds
+        every IP's attempts (one account: ``login_attempts_global``). The first is what a success clears."""
+        s = self.settings
+        if device:
+            return [Window(f"login:device:{device}", s.login_attempts_per_ip)]
+        return [Window(f"login:ip:{ip}", s.login_attempts_per_ip),
+                Window(f"login:account:{ACCOUNT}", s.login_attempts_global)]  # fmt: skip
 
     async def device(self, request: Request) -> str | None:
         return auth.read_device(request.cookies.get(DEVICE_COOKIE), await self.secret())

@@ -14,17 +14,21 @@ CSRF tokens bound to the session, and login throttling.
   ``password_hash`` or the admin token) ends every session, since their fingerprint no longer matches.
 - **CSRF**: every form carries the session's token in a hidden field; a POST whose token does not
   match, or whose ``Origin`` is another site, is refused (403).
-- **Throttling**: failed logins (and bad admin tokens) are counted over a sliding window, so that
+- **Throttling**: login attempts (and bad admin tokens) are counted over a sliding window, so that
   guessing is slow, without letting a guesser lock the real admin out:
-  - the login form counts per client IP and for all IPs together; past either limit, attempts are
-    refused (429) without checking the credential (no scrypt work for a guesser). But a browser that
-    has logged in before holds a signed *device cookie* (OWASP's defence against lockout attacks), and
-    its attempts are counted on that device alone: five bad tries from behind the same proxy, or a
-    global flood, do not lock out the admin's own browser;
+  - the login form counts per client IP and for the account (the login has one: its window holds
+    every IP's attempts), each attempt *before* its credential is checked (gateway/attempts.py): past
+    either limit it is refused (429) without the check (no scrypt work for a guesser), and guesses sent
+    at once are bounded as guesses sent in turn are; a success gives its place back and starts its
+    IP's count again. The count is shared by the replicas and outlives a restart (in Redis when
+    ``[limits] redis_url`` is set, else in the store). A browser that has logged in before holds a
+    signed *device cookie* (OWASP's defence against lockout attacks), and its attempts are counted on
+    that device alone: five bad tries from behind the same proxy, or a global flood, do not lock out
+    the admin's own browser;
   - the admin API checks the token first (constant time, no scrypt) and lets a valid one through
-    whatever the counts say; bad tokens are counted per IP and refused with 429 past the limit. A token
-    must be at least ``MIN_TOKEN`` characters, so that guessing it is hopeless even unthrottled.
-  Counted in this process (each replica counts its own).
+    whatever the counts say; bad tokens are counted per IP in this process (:class:`Throttle`) and
+    refused with 429 past the limit. A token must be at least ``MIN_TOKEN`` characters, so that
+    guessing it is hopeless even unthrottled.
 """
 
 from __future__ import annotations
@@ -214,8 +218,9 @@ def csrf_ok(session: Session | None, token: str | None) -> bool:
 
 # -- throttling -----------------------------------------------------------------------------------
 class Throttle:
-    """Failed attempts per key (a client IP, or a device) and overall, in a sliding window. Attempts
-    with ``overall=False`` (a known device's) neither count toward nor wait for the overall limit."""
+    """Failed attempts per key (a client IP) and overall, in a sliding window, in this process (the
+    admin API's bad tokens). Attempts with ``overall=False`` neither count toward nor wait for the
+    overall limit."""
 
     MAX_IPS = 10_000
 

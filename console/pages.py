@@ -55,18 +55,20 @@ async def login(request: Request) -> Response:
         await c.set_cookie(response, request, fresh)
         return response
     request.state.session = session
-    # a browser that logged in before counts its failures on its own (console/auth.py, Throttling)
+    # counted before the check, so that guesses sent at once are bounded too; a browser that logged in
+    # before counts on its own (console/auth.py, Throttling)
     device = await c.device(request)
-    who, overall = (f"device:{device}", False) if device else (client_ip(request), True)
-    wait = c.throttle.retry_after(who, overall)
-    if wait is not None:
+    windows = c.login_windows(client_ip(request), device)
+    attempt = await c.gateway.attempts.take(windows, c.settings.login_window_seconds)
+    if attempt.wait:
+        wait = attempt.wait
         response = await login_page(c, request, f"Too many failed logins: try again in {wait} seconds.", 429)
         response.headers["retry-after"] = str(wait)
         return response
     if not await c.check_login(form.get("password", "")):
-        c.throttle.failed(who, overall)
-        return await login_page(c, request, "Wrong password.", 401)
-    c.throttle.succeeded(who)
+        return await login_page(c, request, "Wrong password.", 401)  # (the attempt keeps its place)
+    await c.gateway.attempts.clear(windows[:1])  # the IP's (or device's) count starts again
+    await c.gateway.attempts.give_back(attempt, windows[1:])  # and the account's place is free
     fresh = await c.log_in()
     response = RedirectResponse(c.safe(request, form.get("next", ""), "/"), status_code=303)
     await c.set_cookie(response, request, fresh)

@@ -5,11 +5,15 @@ Each count (a key's, a group's) is a sorted set: one member per call in flight, 
 adds the call to every set if none is full, atomically; ``LEAVE`` removes it when the call ends. While
 its calls run, a replica renews their expiry every quarter of ``lease`` seconds (``RENEW``, one
 script call per set, together in one round trip), so a call may last as long as it likes, and the
-places of a replica that died (or could not send a ``LEAVE``) expire within ``lease``. A call's sets
-share its group's hash tag: the scripts run on a Redis Cluster. All three go through one
-:class:`~gateway.redis_scripts.ScriptPipe`, the rate limits' when they use Redis too (``ENTER`` is
-awaited, in the same round trip as the rate limits' check; ``LEAVE`` goes with the next round trip, or
-5 ms later; ``RENEW`` is not awaited: their failures are logged and the lease ends what they could not).
+places of a replica that died expire within ``lease``. A ``LEAVE`` that fails (Redis frozen or
+unreachable when the call ended) is kept in memory and sent again before this replica's next
+``ENTER``, in the same round trip, and with each ``RENEW``: once Redis answers again, the calls that
+ended meanwhile no longer hold their places (until then, or if the replica dies first, the lease ends
+them). A call's sets share its group's hash tag: the scripts run on a Redis Cluster. All three go
+through one :class:`~gateway.redis_scripts.ScriptPipe`, the rate limits' when they use Redis too
+(``ENTER`` is awaited, in the same round trip as the rate limits' check; ``LEAVE`` goes with the next
+round trip, or 5 ms later; ``RENEW`` is not awaited: its failures are logged and the lease ends what it
+could not renew).
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
+from functools import partial
 from typing import Any
 
 import redis.asyncio as redis
@@ -71,6 +76,7 @@ class RedisBackend(Backend):
         """``pipe``: another's (the rate limits', gateway/ratelimit_redis.py) to share, with its
         connection: a call's two checks then go in one round trip. Closed by its owner."""
         self.namespace = prefix.rstrip(":") + ":" if prefix else ""
+        self.lease = lease
         self.lease_us = int(lease * _US)
         self.owned = pipe is None
         if pipe is None:
@@ -82,6 +88,8 @@ class RedisBackend(Backend):
         self.pipe = pipe
         self.client: Any = pipe.client
         self.live: dict[str, set[str]] = {}  # set name -> this replica's calls in it that run now
+        # calls that ended but whose LEAVE failed -> (their sets, when it first failed): sent again
+        self.unreleased: dict[str, tuple[Sequence[str], float]] = {}
         self.renewer = Periodic("concurrency-renew", lease / 4, self.renew, final=False)
         self._warned = 0.0
 
@@ -89,13 +97,15 @@ class RedisBackend(Backend):
         args: list[Any] = [self.lease_us, member]
         args += [place.limit for place in places]
         names = [place.name for place in places]
+        if self.unreleased:  # ahead of this ENTER, in its round trip: the places they held are free for it
+            self._replay()
         return self._entered(self.pipe.call(_ENTER, names, args), places, names, member)  # queued now
 
     async def _entered(self, answer: asyncio.Future[Any], places: list[Place], names: list[str], member: str) -> int:
         try:
             full = int(await answer)
         except BaseException:  # the caller went away, or Redis failed: the script may have run all the same
-            self.pipe.send(_LEAVE, names, [member])
+            self._release(names, member)
             raise
         if full:
             return full - 1
@@ -111,9 +121,31 @@ class RedisBackend(Backend):
                 members.discard(member)
                 if not members:
                     del self.live[place.name]
-        self.pipe.later(_LEAVE, [place.name for place in places], [member])  # (with the next call's check)
+        self._release([place.name for place in places], member)  # (with the next call's check)
+
+    def _release(self, names: Sequence[str], member: str, since: float | None = None) -> None:
+        """``LEAVE`` with the next round trip; kept in :attr:`unreleased` if it fails."""
+        answer = self.pipe.later(_LEAVE, names, [member])
+        answer.add_done_callback(partial(self._released, names, member, since))
+
+    def _released(self, names: Sequence[str], member: str, since: float | None,
+                  answer: asyncio.Future[Any]) -> None:  # fmt: skip
+        exc = answer.exception() if not answer.cancelled() else None
+        if exc is not None:
+            self.unreleased[member] = (names, time.monotonic() if since is None else since)
+            self._failed(exc)
+
+    def _replay(self) -> None:
+        """Send the failed LEAVEs again (those older than the lease are moot: their places expired)."""
+        now = time.monotonic()
+        unreleased, self.unreleased = self.unreleased, {}
+        for member, (names, since) in unreleased.items():
+            if now - since < self.lease:
+                self._release(names, member, since)
 
     async def renew(self) -> None:
+        if self.unreleased:
+            self._replay()
         for name, members in self.live.items():
             self.pipe.send(_RENEW, [name], [self.lease_us, *members])
 
@@ -122,7 +154,8 @@ class RedisBackend(Backend):
         if now - self._warned < 10:
             return
         self._warned = now
-        log.warning("calls in flight: a Redis update failed (%s: %s); the places expire with their lease",
+        log.warning("calls in flight: a Redis update failed (%s: %s); the places of calls that ended are "
+                    "given back when Redis answers, the others expire with their lease",
                     type(exc).__name__, exc)  # fmt: skip
 
     async def close(self) -> None:

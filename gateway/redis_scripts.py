@@ -5,7 +5,8 @@ Calls that arrive while a round trip is in flight go together in the next one (a
 ``EVALSHA``, not a transaction), so a burst costs few round trips and there is no pool to exhaust. A
 script the server does not have (first use, or it restarted or flushed its scripts) is loaded and
 its calls sent again. ``call`` is awaited for its answer; ``send`` is not (its failure goes to
-``on_error``), nor is ``later``, which goes with the next round trip or a few milliseconds later.
+``on_error``); ``later`` goes with the next round trip or a few milliseconds later, its answer a future
+for a done callback.
 
 A round trip takes a connection of the client's pool, writes the batch's commands at once, packed
 here (``evalsha``), and reads one reply per command; anything that goes wrong halfway (a timeout, a
@@ -65,12 +66,17 @@ class ScriptPipe:
         """Run the script with the next round trip; nobody waits for it."""
         self._queue((script_sha, keys, args, None))
 
-    def later(self, script_sha: str, keys: Sequence[str], args: Sequence[Any], delay: float = 0.005) -> None:
-        """Like :meth:`send`, but with the next round trip that goes anyway, or within ``delay`` seconds
-        (what nobody waits for need not cost a round trip of its own)."""
-        self._pending.append((script_sha, keys, args, None))
+    def later(self, script_sha: str, keys: Sequence[str], args: Sequence[Any],
+              delay: float = 0.005) -> asyncio.Future[Any]:  # fmt: skip
+        """Like :meth:`call`, but with the next round trip that goes anyway, or within ``delay`` seconds
+        (what nobody waits for need not cost a round trip of its own). Its failure goes to the future
+        it returns (read in a done callback, say), not to ``on_error``."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._pending.append((script_sha, keys, args, future))
         if self._timer is None and (self._flusher is None or self._flusher.done()):
-            self._timer = asyncio.get_running_loop().call_later(delay, self._kick)
+            self._timer = loop.call_later(delay, self._kick)
+        return future
 
     def _kick(self) -> None:
         self._timer = None

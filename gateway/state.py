@@ -22,6 +22,7 @@ from core.config import Settings
 from core.deadlines import Deadlines
 from core.deployments import Deployment
 from gateway.alerts import Checker, Deliverer, budget_source
+from gateway.attempts import Attempts
 from gateway.auth import LAST_USED_SECONDS, Authenticator
 from gateway.concurrency import InFlight
 from gateway.dispatch import router_for
@@ -104,6 +105,9 @@ class Gateway:
         self.limits = RateLimiter(settings.limits)
         # calls in flight per key and group (gateway/concurrency.py), on the rate limits' Redis connection
         self.in_flight = InFlight(settings.limits, rate_limits=self.limits.backend)
+        # the console's logins, counted before they are checked, in Redis or the store (gateway/attempts.py)
+        lim = settings.limits
+        self.attempts = Attempts(self.store.database, lim.redis_url, lim.redis_prefix, lim.redis_timeout)
         self.deadlines = Deadlines()  # the call path's timeouts (body, first byte)
         self.auth = Authenticator(self.store, settings.server.key_prefix, settings.server.auth_cache_seconds)
         # the keys' last-used times, written in one batch a minute (gateway/auth.py: LastUsed)
@@ -174,6 +178,7 @@ class Gateway:
                 await self.transport.close()
                 await self.in_flight.close()  # (first: it may share the rate limits' connection)
                 await self.limits.close()
+                await self.attempts.close()
                 await self.router.close()
                 while self.ledger.pending:  # every call's settlement durable (or journaled) before the
                     await self.ledger.drain()  # store closes

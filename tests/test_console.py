@@ -11,6 +11,7 @@ import io
 import json
 import re
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator
 from http.cookies import SimpleCookie
@@ -18,11 +19,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
+import httpx
 import openai
 import pytest
+import redis
 
 from billing.history import Filter, History
 from billing.sqlite import SQLiteStore
+from billing.sqlite_thread import SQLiteThread
 from billing.store import Store, UsageRecord
 from console import auth
 from console.app import Console
@@ -32,12 +36,14 @@ from core.catalog import ConfigError
 from core.config import (
     ConsoleSettings,
     JobsSettings,
+    LimitsSettings,
     ReliabilitySettings,
     Settings,
     StoreSettings,
     parse_settings,
 )
-from tests.conftest import Raw, Stack
+from gateway.attempts import Attempts, Window
+from tests.conftest import REDIS_URL, Raw, Stack, free_port
 
 TOKEN = "admin-token-for-tests-0123456789"
 PASSWORD = "correct horse battery"
@@ -180,9 +186,17 @@ def cstack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         s.stop()
 
 
+def forget_failures(stack: Stack) -> None:
+    """Forget this machine's failed logins and bad admin tokens, so that a test leaves none to the next
+    (the logins' count is in the store: gateway/attempts.py; the tokens' in the console's memory)."""
+    console = console_of(stack)
+    console.throttle.succeeded("127.0.0.1")
+    stack.run(console.gateway.attempts.clear(console.login_windows("127.0.0.1")))
+
+
 @pytest.fixture
 def web(cstack: Stack) -> Iterator[Client]:
-    console_of(cstack).throttle.succeeded("127.0.0.1")
+    forget_failures(cstack)
     yield admin(cstack)
     cstack.close_clients()
 
@@ -244,7 +258,7 @@ def test_every_page_and_form_needs_a_login(cstack: Stack) -> None:
     assert anon.post("/console/login", {"password": key}, csrf=token).status == 401
     assert anon.api("GET", "/groups", token=key).status == 401
     assert anon.get("/console/groups").status == 303
-    console_of(cstack).throttle.succeeded("127.0.0.1")
+    forget_failures(cstack)
 
 
 def test_login_logout_and_a_forged_cookie(cstack: Stack) -> None:
@@ -337,7 +351,7 @@ def test_a_new_password_ends_every_session(cstack: Stack) -> None:
     finally:
         cstack.run(store_password(cstack.store, auth.hash_password(PASSWORD)))
         console_of(cstack).forget()
-        console_of(cstack).throttle.succeeded("127.0.0.1")
+        forget_failures(cstack)
 
 
 def test_csrf_is_enforced_on_every_form(cstack: Stack, web: Client) -> None:
@@ -366,7 +380,6 @@ def test_csrf_is_enforced_on_every_form(cstack: Stack, web: Client) -> None:
 
 
 def test_login_is_throttled(cstack: Stack) -> None:
-    console = console_of(cstack)
     try:
         web = Client(cstack)
         web.get("/console/login")
@@ -381,9 +394,9 @@ def test_login_is_throttled(cstack: Stack) -> None:
         assert blocked.status == 429 and "Too many failed logins" in blocked.text
         assert int(blocked.headers["retry-after"]) > 0
         assert web.get("/console/groups").status == 303  # a browser never logged in before: not even the right one
-        assert web.api("GET", "/groups", token="wrong-token").status == 429  # bad tokens from this IP too
+        assert web.api("GET", "/groups", token="wrong-token").status == 401  # (the API counts its bad tokens apart)
     finally:
-        console.throttle.succeeded("127.0.0.1")
+        forget_failures(cstack)
     assert admin(cstack).get("/console/groups").status == 200
 
 
@@ -414,6 +427,7 @@ def test_a_lockout_from_the_same_ip_does_not_lock_out_the_admin(cstack: Stack) -
     finally:
         console.throttle._ips.clear()
         console.throttle._all.clear()
+        forget_failures(cstack)
     assert admin(cstack).get("/console/groups").status == 200
 
 
@@ -433,6 +447,124 @@ def test_throttle_per_ip_overall_and_window(monkeypatch: pytest.MonkeyPatch) -> 
     t.succeeded("a")
     assert t.retry_after("a") is None
 
+
+# -- login attempts counted before the check, shared, kept over a restart ----------------------------------
+def login_stack(tmp: Path, url: str, redis_url: str = "", prefix: str = "", **console: Any) -> Stack:
+    """A console on the store at ``url`` (and its logins counted in Redis with ``redis_url``)."""
+    settings = Settings(
+        store=StoreSettings(url=url, journal=str(tmp / "journal.jsonl")),
+        reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9),
+        limits=LimitsSettings(redis_url=redis_url, redis_prefix=prefix),
+        console=ConsoleSettings(admin_token=TOKEN, **console),
+    )
+    stack = Stack(tmp, settings).start()
+    stack.run(store_password(stack.store, auth.hash_password(PASSWORD)))
+    return stack
+
+
+class Checks:
+    """Counts the password checks (scrypt) of every console in this process."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        lock = threading.Lock()  # (the checks run on worker threads)
+        verify = auth.verify_password
+
+        def counted(password: str, stored: str) -> bool:
+            with lock:
+                self.count += 1
+            return verify(password, stored)
+
+        monkeypatch.setattr(auth, "verify_password", counted)
+
+
+def guesses(stacks: list[Stack], n: int, password: str = "wrong guess 1") -> list[int]:
+    """``n`` logins sent at once, spread over ``stacks``, each from a browser that never logged in:
+    their statuses."""
+    forms = []
+    for stack in stacks:
+        browser = Client(stack)
+        browser.get("/console/login")
+        forms.append((stack, browser.csrf("/console/login"), browser.cookies))
+
+    async def send() -> list[int]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            posts = []
+            for i in range(n):
+                stack, csrf, cookies = forms[i % len(forms)]
+                posts.append(client.post(f"http://127.0.0.1:{stack.port}/console/login",
+                                         data={"password": password, "csrf": csrf},
+                                         headers={"cookie": "; ".join(f"{k}={v}" for k, v in cookies.items())}))  # fmt: skip
+            answers = await asyncio.gather(*posts)
+        return [answer.status_code for answer in answers]
+
+    return asyncio.run(send())
+
+
+@pytest.mark.parametrize(("per_ip", "overall"), [(5, 50), (50, 5)])
+def test_guesses_sent_at_once_are_counted_before_they_are_checked(
+    store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, per_ip: int, overall: int
+) -> None:
+    """40 wrong passwords sent at once: the failures were counted after the check, so all 40 were
+    checked (scrypt each) before the first was counted. Now an attempt takes its place in its IP's and
+    the account's windows first: 5 are checked, 35 refused (429) unchecked, whichever limit binds. The
+    count is in the store: a restarted console still refuses, even the right password."""
+    checks = Checks(monkeypatch)
+    stack = login_stack(tmp_path / "a", store_url, login_attempts_per_ip=per_ip, login_attempts_global=overall)
+    try:
+        statuses = guesses([stack], 40)
+    finally:
+        stack.stop()
+    assert sorted(set(statuses)) == [401, 429] and statuses.count(401) == checks.count == 5, (checks.count, statuses)
+
+    again = login_stack(tmp_path / "b", store_url, login_attempts_per_ip=per_ip, login_attempts_global=overall)
+    try:
+        refused = Client(again).login()
+        assert refused.status == 429 and int(refused.headers["retry-after"]) > 250  # (300 s window)
+        assert checks.count == 5
+    finally:
+        again.stop()
+
+
+def test_login_attempts_are_shared_through_redis_by_replicas_and_kept_over_a_restart(
+    pg: Any, tmp_path: Path, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two consoles on one store and one Redis: guesses sent at once to both are counted once (each
+    process counted its own: a second replica accepted five more, and a restart cleared the count);
+    a restarted one still refuses."""
+    checks = Checks(monkeypatch)
+    url = pg.fresh_url()
+    stacks = [login_stack(tmp_path / name, url, REDIS_URL, redis_prefix) for name in ("one", "two")]
+    try:
+        statuses = guesses(stacks, 40)
+        assert statuses.count(401) == checks.count == 5 and statuses.count(429) == 35, (checks.count, statuses)
+        assert [Client(stack).login().status for stack in stacks] == [429, 429] and checks.count == 5
+        with redis.Redis.from_url(REDIS_URL) as shared:
+            assert shared.keys(f"{redis_prefix}{{attempts}}:login:*")  # counted in Redis
+        stacks.pop(0).stop()
+        stacks.append(login_stack(tmp_path / "restarted", url, REDIS_URL, redis_prefix))
+        assert Client(stacks[-1]).login().status == 429 and checks.count == 5
+    finally:
+        for stack in stacks:
+            stack.stop()
+
+
+
+async def test_login_attempts_are_counted_in_the_store_while_redis_cannot_be_reached(tmp_path: Path) -> None:
+    """Redis configured but unreachable (a port nobody listens on): the attempts are counted in the store
+    meanwhile, neither let through uncounted nor refused for the loss of a counter."""
+    db = SQLiteThread(str(tmp_path / "router.db"))
+    await db.open()
+    attempts = Attempts(db, f"redis://127.0.0.1:{free_port()}/0", timeout=0.2)
+    try:
+        windows = [Window("login:ip:192.0.2.1", 2)]
+        taken = [await attempts.take(windows, 300) for _ in range(3)]
+        assert [a.wait for a in taken][:2] == [0, 0] and taken[2].wait > 250 and taken[0].stored
+        await attempts.give_back(taken[0], windows)
+        assert (await attempts.take(windows, 300)).wait == 0
+    finally:
+        await attempts.close()
+        await db.close()
 
 def test_sessions_and_passwords() -> None:
     hashed = auth.hash_password(PASSWORD)

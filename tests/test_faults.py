@@ -23,6 +23,7 @@ from typing import Any
 
 import asyncpg
 import openai
+import pytest
 
 from billing.store import Refusal, Reservation, UsageRecord, open_store
 from core import metrics
@@ -172,11 +173,13 @@ def test_postgres_connections_killed_mid_load_lose_no_charge(pg: Postgres, tmp_p
 # -- PostgreSQL: the connection lost for seconds (a TCP proxy the test cuts) ----------------------------------
 class Proxy:
     """A TCP proxy to PostgreSQL, on a loop of its own, that the test can cut: every connection through
-    it closed and new ones refused until :meth:`restore`."""
+    it closed and new ones refused until :meth:`restore`. Between :meth:`hold` and :meth:`let_go`, what
+    the server sends goes on at once but its close does not (a middlebox keeping the client's side open)."""
 
     def __init__(self, host: str, port: int) -> None:
         self.target = (host, port)
         self.down = False
+        self.held: asyncio.Event | None = None  # set when the closes held back may go on
         self.writers: set[asyncio.StreamWriter] = set()
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -198,18 +201,20 @@ class Proxy:
             return
         self.writers |= {writer, up_writer}
 
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, holds: bool = False) -> None:
             try:
                 while data := await src.read(65536):
                     dst.write(data)
                     await dst.drain()
+                if holds and (held := self.held) is not None:
+                    await held.wait()
             except OSError:
                 pass
             finally:
                 dst.close()
                 self.writers.discard(dst)
 
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer, holds=True))
 
     def cut(self) -> None:
         async def close_all() -> None:
@@ -221,6 +226,14 @@ class Proxy:
 
     def restore(self) -> None:
         self.down = False
+
+    def hold(self) -> None:
+        self.held = asyncio.Event()
+
+    def let_go(self) -> None:
+        held, self.held = self.held, None
+        if held is not None:
+            self.loop.call_soon_threadsafe(held.set)
 
     def close(self) -> None:
         async def shut() -> None:
@@ -296,6 +309,121 @@ def test_postgres_unreachable_for_seconds_journals_and_replays(pg: Postgres, tmp
         assert tally.unavailable > 0 and went > 0 and 0 < back <= went
         assert not stack.gateway.ledger.durable.journal.count
     finally:
+        stack.stop()
+        proxy.close()
+
+
+# -- PostgreSQL: connections killed while they wait in the pool ----------------------------------------------
+def behind(proxy: Proxy, url: str, app: str) -> str:
+    """``url`` (a test schema's) through ``proxy``, its connections named ``app``."""
+    parts = urllib.parse.urlsplit(url)
+    netloc = f"{parts.username}@127.0.0.1:{proxy.port}"
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc)) + f"&application_name={app}"
+
+
+async def kill_idle(admin_url: str, app: str, spare: int = 0) -> int:
+    """``pg_terminate_backend`` on the connections named ``app`` (but ``spare``'s), once they are gone."""
+    conn = await asyncpg.connect(admin_url)
+    try:
+        pids = [r[0] for r in await conn.fetch("SELECT pid FROM pg_stat_activity WHERE application_name = $1 "
+                                               "AND pid <> $2", app, spare)]  # fmt: skip
+        for pid in pids:
+            assert await conn.fetchval("SELECT pg_terminate_backend($1)", pid)
+        for _ in range(100):
+            if not await conn.fetchval("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)", pids):
+                return len(pids)
+            await asyncio.sleep(0.05)
+        raise AssertionError("the killed backends are still there")
+    finally:
+        await conn.close()
+
+
+def test_a_statement_refused_on_a_killed_connection_goes_again_and_one_cut_off_does_not(pg: Postgres) -> None:
+    """The pool's connections killed while idle, behind a proxy that passes the server's goodbye on at
+    once and its close only later (as a middlebox may): asyncpg has read the goodbye and refuses every
+    statement on them before sending it. Those statements failed (StoreDown); now each goes again on a
+    new connection. A statement cut off while it ran is not sent again: it may have done its work."""
+    from billing.postgres_pool import PostgresPool
+    from billing.store import StoreDown
+
+    direct = pg.fresh_url()
+    parts = urllib.parse.urlsplit(direct)
+    proxy = Proxy(parts.hostname or "127.0.0.1", parts.port or 5432)
+    app = f"router-pool-{os.getpid()}"
+
+    async def scenario() -> None:
+        db = PostgresPool(behind(proxy, direct, app), min_size=3, max_size=3)
+        await db.open()
+        try:
+            await db.write("CREATE TABLE marks (n INTEGER NOT NULL)")
+            await asyncio.gather(*(db.select("SELECT pg_sleep(0.05)") for _ in range(3)))  # three connections
+            proxy.hold()
+            assert await kill_idle(pg.url, app) == 3
+            assert await db.select("SELECT 1") == [(1,)]
+            assert await db.atomic([("INSERT INTO marks VALUES (?)", (1,))]) == [1]
+            async with db.transaction() as conn:
+                await conn.execute("INSERT INTO marks VALUES (2)")
+            assert await db.select("SELECT n FROM marks ORDER BY n") == [(1,), (2,)]
+            proxy.let_go()
+
+            cut = asyncio.ensure_future(db.write("INSERT INTO marks SELECT 3 FROM pg_sleep(1)"))
+            await asyncio.sleep(0.3)
+            assert await kill_idle(pg.url, app) >= 1
+            with pytest.raises(StoreDown):
+                await cut
+            # the cut statement's row is not there: rolled back, and not sent again
+            assert await db.select("SELECT n FROM marks ORDER BY n") == [(1,), (2,)]
+        finally:
+            proxy.let_go()
+            await db.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        proxy.close()
+
+
+def test_calls_after_the_pools_connections_were_killed_are_served(pg: Postgres, tmp_path: Path) -> None:
+    """``pg_terminate_backend`` on the gateway's connections while no call runs (behind the proxy of
+    the test above): the next calls' keys were looked up on the killed connections and the calls got
+    503 store_unavailable, though no statement of theirs had been cut. Now they are all served, each
+    charged once. (The ledger's own connection is spared: its batches are billing/postgres_ledger.py's.)"""
+    direct = pg.fresh_url()
+    parts = urllib.parse.urlsplit(direct)
+    proxy = Proxy(parts.hostname or "127.0.0.1", parts.port or 5432)
+    app = f"router-pool-calls-{os.getpid()}"
+    store = StoreSettings(url=behind(proxy, direct, app), journal=str(tmp_path / "journal.jsonl"))
+    settings = Settings(store=store, reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9))
+    stack = Stack(tmp_path, settings).start()
+    try:
+        group = stack.group(1_000)
+        keys = [stack.key(group=group) for _ in range(16)]
+        tally = Tally()
+
+        async def calls(keys: list[str]) -> None:
+            clients = [openai.AsyncOpenAI(base_url=stack.base_url, api_key=key, max_retries=0, timeout=60)
+                       for key in keys]  # fmt: skip
+            try:
+                outcomes = await asyncio.gather(*(call(c, stream=n % 2 == 0) for n, c in enumerate(clients)))
+                for outcome in outcomes:
+                    tally.add(outcome)
+            finally:
+                for client in clients:
+                    await client.close()
+
+        asyncio.run(calls(keys[:8]))  # eight lookups at once: several connections of the pool open
+        ledger = stack.gateway.store.commits.conn
+        assert ledger is not None
+        proxy.hold()
+        killed = asyncio.run(kill_idle(pg.url, app, spare=ledger.get_server_pid()))
+        asyncio.run(calls(keys[8:]))  # eight keys not looked up yet
+        proxy.let_go()
+        stack.run(stack.gateway.ledger.drain(), timeout=60)
+        balance, reserved, spent, records = asyncio.run(books(direct, group))
+        figures = check_books(1_000 * NANO, tally, balance, reserved, spent, records)
+        assert killed >= 3 and tally.ok == 16 and tally.unavailable == 0, figures
+    finally:
+        proxy.let_go()
         stack.stop()
         proxy.close()
 

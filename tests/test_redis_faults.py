@@ -9,6 +9,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -168,5 +169,45 @@ def test_calls_in_flight_fail_open_while_redis_is_down_and_count_again_once_it_i
         records = dict(stack.run(stack.store.database.select("SELECT status, COUNT(*) FROM usage GROUP BY status")))
         assert records.get("error", 0) == 0
     finally:
+        stack.close_clients()
+        stack.stop()
+
+
+def test_calls_that_end_while_redis_is_frozen_give_their_places_back_when_it_answers(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """A key allowed two calls in flight, both taken by streams; Redis freezes (CLIENT PAUSE on the
+    test's own server, longer than the backend's timeout) and both streams end meanwhile: their
+    releases fail. They were left to their 60 s lease, and the key was refused (429) for a minute;
+    now they are sent again with the next check once Redis answers, so two new calls get in at once."""
+    stack = Stack(tmp_path, limited(tmp_path, redis_server, key_concurrent=2)).start()
+    admin = redis.Redis.from_url(redis_server.url)
+    try:
+        client = stack.client()
+
+        def slow() -> Any:
+            return client.chat.completions.create(model="openai/gpt-4o-mini", stream=True,
+                                                  messages=[{"role": "user", "content": "[tokens:3] [delay:150]"}])  # fmt: skip
+
+        streams = [iter(slow()) for _ in range(2)]
+        for chunks in streams:
+            next(chunks)  # both places taken, in Redis
+        with pytest.raises(openai.RateLimitError):
+            slow()
+
+        frozen = time.monotonic()
+        admin.execute_command("CLIENT", "PAUSE", "2500", "ALL")
+        for chunks in streams:  # the streams end while Redis answers nothing
+            assert [c for c in chunks if c.choices and c.choices[0].finish_reason]
+        assert time.monotonic() - frozen < 2.0
+        time.sleep(max(frozen + 2.8 - time.monotonic(), 0))  # Redis answers again
+
+        again = [slow() for _ in range(2)]
+        for stream in again:  # both admitted: the two ended calls hold no place any more
+            assert next(iter(stream)).choices
+        for stream in again:
+            stream.close()
+    finally:
+        admin.close()
         stack.close_clients()
         stack.stop()
