@@ -53,6 +53,7 @@ from console.app import Console, console_of
 from console.changes import Changes
 from console.forms import Invalid
 from console.keys import key_or_404
+from core.catalog import ConfigError
 from core.deployments import is_name
 from core.errors import InvalidRequest
 from core.inputs import INT64_MAX, decode_json, finite, natural
@@ -464,8 +465,25 @@ async def key_usage(c: Console, request: Request) -> Response:
     )
 
 
+async def reload(c: Console, request: Request) -> Response:
+    """``POST /console/api/reload``: the configuration file read again and applied to new calls
+    (gateway.state.Gateway.reload), audited; a file that does not load changes nothing (400, the reason)."""
+    gw = c.gateway
+    before = {"providers": sorted(gw.deployments), "deployments": sum(len(d) for d in gw.deployments.values()),
+              "models": len(gw.catalog.models)}  # fmt: skip
+    try:
+        pending = gw.reload_file()
+    except ConfigError as exc:
+        raise AdminError(400, f"The configuration was not reloaded: {exc}", "invalid_configuration") from None
+    after = {"providers": sorted(gw.deployments), "deployments": sum(len(d) for d in gw.deployments.values()),
+             "models": len(gw.catalog.models), "at_restart": pending}  # fmt: skip
+    await changes(c, request).record("config.reload", gw.config_path or "settings", before, after)
+    return JSONResponse({"reloaded": True, "restart_needed": pending})
+
+
 def routes() -> list[Route]:
     table: list[tuple[str, API, str]] = [
+        ("/api/reload", reload, "POST"),
         ("/api/groups", list_groups, "GET"),
         ("/api/groups", create_group, "POST"),
         ("/api/groups/{name}", get_group, "GET"),

@@ -10,7 +10,9 @@ import asyncio
 import os
 import secrets
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
+
+import msgspec
 
 from adapters import Adapter, adapter_for
 from adapters.transport import ObservedTransport
@@ -18,7 +20,8 @@ from billing.alerts import AlertBook
 from billing.journal import Journal, store_tag
 from billing.ledger import ledger_for
 from billing.store import Store, open_store
-from core.config import Settings
+from core.catalog import ConfigError
+from core.config import Settings, load_settings
 from core.deadlines import Deadlines
 from core.deployments import Deployment
 from gateway.alerts import Checker, Deliverer, budget_source
@@ -34,6 +37,8 @@ from gateway.sealed import Sealer, key_of
 from gateway.tracing import Tracing
 from gateway.tracing import from_environment as tracing_from_environment
 
+# what a reload keeps as the process started with (they take effect at the next restart)
+RESTART = ("server", "store", "jobs", "console", "observability", "alerts", "billing", "responses", "health")
 
 class Service(Protocol):
     """Something that runs beside the calls and starts and stops with the gateway (the batch runner,
@@ -139,6 +144,8 @@ class Gateway:
         self.jobs: Service | None = None  # the Batch API's runner (jobs/), set by create_app
         self.batches: BatchBook | None = None  # the same runner, as the console reads it
         self.backgrounds: Backgrounds | None = None  # the same runner, running background responses
+        self.config_path: str | None = None  # the file the settings came from: what a reload re-reads
+        self._retired: list[Any] = []  # routers a reload replaced: closed at stop (their calls may still hold leases)
         self.started = False
         self._lock = asyncio.Lock()
 
@@ -167,6 +174,40 @@ class Gateway:
             return key_of(given)
         return key_of(await self.responses.setting("seal_key", secrets.token_hex(32)))
 
+    def reload(self, settings: Settings) -> list[str]:
+        """Apply ``settings`` to the calls that start from now on (calls in flight finish on what they
+        started with: their model, prices and deployment): providers and deployments (their keys read
+        again), catalog and prices, model names, routing, reliability, limits. Built whole before
+        anything changes: a ConfigError (a key that cannot be read, an unknown model, a Redis address
+        that changed) leaves everything as it was. Returns the sections that changed but take effect
+        at the next restart ([server], [store], [jobs], ...)."""
+        old = self.settings
+        redis = ("redis_url", "redis_prefix", "redis_timeout", "fail_open")
+        if any(getattr(old.limits, name) != getattr(settings.limits, name) for name in redis):
+            raise ConfigError("limits: redis_url, redis_prefix, redis_timeout and fail_open change at a restart, "
+                              "not a reload")  # fmt: skip
+        catalog = settings.load_catalog()
+        deployments = {prefix: settings.deployments(prefix, catalog) for prefix in catalog.providers}
+        adapters = {prefix: adapter_for(prefix, spec) for prefix, spec in catalog.providers.items()}
+        router = router_for(settings, catalog, deployments)
+        limits = RateLimiter(settings.limits, backend=self.limits.backend)
+        in_flight = InFlight(settings.limits, backend=self.in_flight.backend, rate_limits=limits.backend)
+        kept = {name: getattr(old, name) for name in RESTART if getattr(old, name) != getattr(settings, name)}
+        applied = msgspec.structs.replace(settings, **{name: getattr(old, name) for name in RESTART})
+        # every part is built: now the swap, with no await in between
+        self._retired.append(self.router)
+        self.settings, self.catalog, self.deployments, self.adapters = applied, catalog, deployments, adapters
+        self.providers = {prefix: deps[0] for prefix, deps in deployments.items()}
+        self.router, self.limits, self.in_flight = router, limits, in_flight
+        for deps in deployments.values():
+            for deployment in deps:
+                self.breakers[deployment.key]  # (a new deployment's breaker)
+        return sorted(kept)
+
+    def reload_file(self) -> list[str]:
+        """:meth:`reload` from the file the settings came from (``config_path``, else $ROUTER_CONFIG)."""
+        return self.reload(load_settings(self.config_path))
+
     async def stop(self) -> None:
         async with self._lock:
             if self.started:
@@ -180,6 +221,8 @@ class Gateway:
                 await self.limits.close()
                 await self.attempts.close()
                 await self.router.close()
+                for retired in self._retired:
+                    await retired.close()
                 while self.ledger.pending:  # every call's settlement durable (or journaled) before the
                     await self.ledger.drain()  # store closes
                 await self.ledger.close()

@@ -351,7 +351,9 @@ def main(argv: list[str] | None = None) -> None:
                 from router.serve import serve_workers
 
                 raise SystemExit(serve_workers(settings, config, host, port, workers))
-            run(serve(create_app(settings), msgspec.structs.replace(server, host=host, port=port), fd=args.fd))
+            app = create_app(settings)
+            app.state.gateway.config_path = config  # what SIGHUP and the admin API's reload read again
+            run(serve(app, msgspec.structs.replace(server, host=host, port=port), fd=args.fd))
         elif args.command == "demo":
             from router.demo import DemoError, DemoOptions, demo
             from router.serve import run

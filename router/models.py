@@ -53,9 +53,16 @@ class Models:
 
     def __init__(self, gateway: Gateway) -> None:
         self.gw = gateway
-        catalog = gateway.catalog
-        self._cards = {m.id: card(catalog, m) for m in catalog.models.values()}
+        self._catalog = gateway.catalog
+        self._cards = {m.id: card(self._catalog, m) for m in self._catalog.models.values()}
         self._lists: dict[frozenset[str] | None, bytes] = {None: self._encode(None)}
+
+    def _fresh(self) -> None:
+        """The cards again after a reload changed the catalog (gateway.state.Gateway.reload)."""
+        if self.gw.catalog is not self._catalog:
+            self._catalog = self.gw.catalog
+            self._cards = {m.id: card(self._catalog, m) for m in self._catalog.models.values()}
+            self._lists = {None: self._encode(None)}
 
     def _encode(self, allowed: frozenset[str] | None) -> bytes:
         cards = [c for c in self._cards.values() if allowed is None or c.id in allowed]
@@ -65,6 +72,7 @@ class Models:
         if not self.gw.started:
             await self.gw.start()
         allowed = (await self.gw.auth.authenticate(request.headers.get("authorization"))).allowed_models
+        self._fresh()
         body = self._lists.get(allowed)
         if body is None:
             if len(self._lists) > 10_000:
@@ -76,6 +84,7 @@ class Models:
         if not self.gw.started:
             await self.gw.start()
         principal = await self.gw.auth.authenticate(request.headers.get("authorization"))
+        self._fresh()
         asked = request.path_params["model"]
         model = self.gw.catalog.resolve(asked)
         if not may_use(principal, model.id, asked):

@@ -288,6 +288,8 @@ OPERATIONS: tuple[Op, ...] = (
     Op("get", "/metrics", "Prometheus metrics", "operations", auth="none", answer={"type": "string"},
        answer_type="text/plain"),
     Op("get", "/openapi.json", "This document", "operations", auth="none"),
+    Op("post", "/console/api/reload", "Read the configuration file again and apply it to new calls (audited)",
+       "admin", auth="admin"),
     Op("get", "/console/api/groups", "Groups", "admin", auth="admin"),
     Op("post", "/console/api/groups", "Create a group", "admin", auth="admin", body=GROUP_CREATE),
     Op("get", "/console/api/groups/{name}", "A group", "admin", auth="admin", params=_path("name")),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import importlib.metadata
+import logging
 import signal
 import socket
 import subprocess
@@ -83,6 +84,17 @@ def install_server_layer(server: ServerSettings) -> None:
     channels.install()
 
 
+def reload(gateway: Any) -> None:
+    """SIGHUP: apply the configuration file again to new calls; one that does not load changes nothing."""
+    log = logging.getLogger("router")
+    try:
+        pending = gateway.reload_file()
+    except ConfigError as exc:
+        log.error("configuration not reloaded: %s", exc)
+        return
+    log.warning("configuration reloaded%s", f"; at the next restart: {', '.join(pending)}" if pending else "")
+
+
 async def serve(app: ASGIApp, server: ServerSettings, started: Callable[[], Awaitable[None]] | None = None,
                 fd: int | None = None) -> None:  # fmt: skip
     """Serve on ``server.host:port`` until SIGINT/SIGTERM; then stop accepting, let open requests
@@ -93,6 +105,12 @@ async def serve(app: ASGIApp, server: ServerSettings, started: Callable[[], Awai
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:
             loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):
+            pass
+    gateway = getattr(getattr(app, "state", None), "gateway", None)
+    if gateway is not None:  # SIGHUP: the configuration read again (gateway.state.Gateway.reload)
+        try:
+            loop.add_signal_handler(signal.SIGHUP, reload, gateway)
         except (NotImplementedError, RuntimeError):
             pass
     config = hypercorn_config(server)
@@ -179,6 +197,12 @@ def serve_workers(settings: Settings, config: str | None, host: str, port: int, 
     # the handlers go in before the port is bound: a SIGTERM as soon as it accepts is a clean stop
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, forward)
+
+    def reload_all(signum: int, frame: Any) -> None:  # each worker reloads
+        for child in children:
+            child.send_signal(signum)
+
+    signal.signal(signal.SIGHUP, reload_all)
     sock = socket.create_server((host, port), backlog=4096)
     sock.set_inheritable(True)
     argv = [sys.executable, "-m", "router", *(["--config", config] if config else []), "serve",
