@@ -15,7 +15,7 @@ CLIENTS := tests/clients
 NODE_STAMP := $(CLIENTS)/node_modules/.installed
 PACKAGES := core adapters billing emulators gateway jobs console router
 
-.PHONY: install demo run test test-machine bench lint lock clean
+.PHONY: install demo run test test-machine image-test bench lint lock clean
 
 install: $(STAMP) $(NODE_STAMP)
 
@@ -50,6 +50,10 @@ test-machine:
 
 test: test-machine install
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# the container image (Containerfile) built on a Debian base made with mmdebstrap, run with buildah (root)
+image-test: $(RUNTIME)
+	$(BIN)/python scripts/image_test.py
 
 bench: install
 	$(BIN)/python -m bench $(BENCH_ARGS)
