@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import msgspec
 
@@ -29,6 +29,7 @@ from billing.ledger import credits
 from billing.store import UsageRecord
 from core.catalog import Model
 from core.errors import GatewayError, InvalidRequest
+from core.sse import Event, SSEDecoder
 from core.types import Endpoint
 from core.wire import ChatRequest, TokenUsage
 
@@ -118,6 +119,86 @@ class Reader(ABC):
     @abstractmethod
     def generated(self) -> str:
         """Everything generated so far, as text (to estimate its tokens when no usage came)."""
+
+
+class Relay(Protocol):
+    """An upstream's own event stream, passed on: each event → the caller's frames (adapters:
+    openai_responses.ResponsesRelay, anthropic.messages.MessagesRelay)."""
+
+    finished: bool
+    error: str | None
+
+    def feed(self, event: Event) -> list[bytes]: ...
+
+    def generated_text(self) -> str: ...
+
+
+class RelayReader(Reader):
+    """A stream passed on event by event (a native leg): the upstream's SSE decoded, each event to
+    ``relay``; its end and error are the relay's."""
+
+    __slots__ = ("relay", "decoder")
+
+    def __init__(self, relay: Relay) -> None:
+        self.relay = relay
+        self.decoder = SSEDecoder()
+
+    def feed(self, data: bytes, out: list[Any]) -> None:
+        self._events(self.decoder.feed(data), out)
+
+    def close(self, out: list[Any]) -> None:
+        self._events(self.decoder.close(), out)
+
+    def _events(self, events: list[Event], out: list[Any]) -> None:
+        relay = self.relay
+        try:
+            for event in events:
+                out += relay.feed(event)
+        finally:
+            self.finished, self.error = relay.finished, relay.error
+
+    def generated(self) -> str:
+        return self.relay.generated_text()
+
+
+class ChatWrapper(Reader):
+    """A chat stream written in another endpoint's events (a translated leg): the chat reader's chunks
+    of each read to :meth:`_chunks`; the rest is the chat reader's."""
+
+    __slots__ = ("inner",)
+
+    def __init__(self, inner: Reader) -> None:
+        self.inner = inner
+
+    def feed(self, data: bytes, out: list[Any]) -> None:
+        chunks: list[Any] = []
+        try:
+            self.inner.feed(data, chunks)
+        finally:
+            self.finished = self.inner.finished
+            self._chunks(chunks, out)
+
+    def close(self, out: list[Any]) -> None:
+        chunks: list[Any] = []
+        try:
+            self.inner.close(chunks)
+        finally:
+            self.finished = self.inner.finished
+            self._chunks(chunks, out)
+
+    @abstractmethod
+    def _chunks(self, chunks: list[Any], out: list[Any]) -> None:
+        """Chat chunks → this endpoint's pieces, appended to ``out``."""
+
+    @property
+    def complete(self) -> bool:
+        return self.inner.complete
+
+    def reported(self) -> tuple[TokenUsage | None, TokenUsage | None]:
+        return self.inner.reported()
+
+    def generated(self) -> str:
+        return self.inner.generated()
 
 
 class Leg(ABC):

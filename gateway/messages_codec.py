@@ -25,10 +25,9 @@ from adapters.base import error_message, map_upstream_error
 from core.catalog import Model
 from core.deployments import Deployment
 from core.errors import GatewayError, InvalidRequest, PayloadTooLarge
-from core.sse import SSEDecoder
 from core.wire import ChatRequest, TokenUsage
 from gateway.chat_codec import ChatCodec, ChatLeg
-from gateway.codec import Answer, Codec, Cost, Leg, Reader
+from gateway.codec import Answer, ChatWrapper, Codec, Cost, Leg, RelayReader
 from gateway.messages_events import MessageSynth, error_event
 from gateway.messages_translate import estimate_prompt, from_completion, message_id, reserve_request, to_chat
 from gateway.routing import conversation
@@ -133,28 +132,10 @@ class NativeLeg(Leg):
         body["usage"] = priced(body.get("usage"), cost)
 
 
-class NativeReader(Reader):
+class NativeReader(RelayReader):
     """The upstream's own events relayed (the model id rewritten in ``message_start``)."""
 
-    __slots__ = ("relay", "decoder")
-
-    def __init__(self, relay: native.MessagesRelay) -> None:
-        self.relay = relay
-        self.decoder = SSEDecoder()
-
-    def feed(self, data: bytes, out: list[Any]) -> None:
-        self._events(self.decoder.feed(data), out)
-
-    def close(self, out: list[Any]) -> None:
-        self._events(self.decoder.close(), out)
-
-    def _events(self, events: list[Any], out: list[Any]) -> None:
-        relay = self.relay
-        try:
-            for event in events:
-                out += relay.feed(event)
-        finally:
-            self.finished, self.error = relay.finished, relay.error
+    relay: native.MessagesRelay
 
     def reported(self) -> tuple[TokenUsage | None, TokenUsage | None]:
         return self.relay.usage, self.relay.prompt_usage
@@ -164,9 +145,6 @@ class NativeReader(Reader):
 
     def fail(self, exc: GatewayError) -> list[Any]:
         return [error_event(exc)]
-
-    def generated(self) -> str:
-        return self.relay.generated_text()
 
 
 class TranslatedLeg(Leg):
@@ -198,45 +176,23 @@ class TranslatedLeg(Leg):
         body["usage"] = priced(body.get("usage"), cost)
 
 
-class SynthReader(Reader):
+class SynthReader(ChatWrapper):
     """A chat stream (:class:`~gateway.stream.ChatReader`) → Anthropic's event sequence."""
 
-    __slots__ = ("inner", "synth")
+    __slots__ = ("synth",)
 
     def __init__(self, inner: ChatReader, synth: MessageSynth) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.synth = synth
 
     def start(self) -> list[Any]:
         return [self.synth.start()]
 
-    def feed(self, data: bytes, out: list[Any]) -> None:
-        chunks: list[Any] = []
-        try:
-            self.inner.feed(data, chunks)
-        finally:
-            self._chunks(chunks, out)
-
-    def close(self, out: list[Any]) -> None:
-        chunks: list[Any] = []
-        try:
-            self.inner.close(chunks)
-        finally:
-            self._chunks(chunks, out)
-
     def _chunks(self, chunks: list[Any], out: list[Any]) -> None:
-        self.finished = self.inner.finished
         synth = self.synth
         frames = [piece for chunk in chunks for piece in synth.feed(chunk)]
         if frames:
             out.append(b"".join(frames))
-
-    @property
-    def complete(self) -> bool:
-        return self.inner.complete
-
-    def reported(self) -> tuple[TokenUsage | None, TokenUsage | None]:
-        return self.inner.reported()
 
     def end(self) -> list[Any]:
         synth = self.synth
@@ -249,7 +205,3 @@ class SynthReader(Reader):
     def fail(self, exc: GatewayError) -> list[Any]:
         self.synth.done = True
         return [error_event(exc)]
-
-    def generated(self) -> str:
-        return self.inner.generated()
-

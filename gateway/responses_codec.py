@@ -26,10 +26,10 @@ from adapters.base import map_upstream_error
 from core.catalog import Model
 from core.deployments import Deployment
 from core.errors import GatewayError, InvalidRequest
-from core.sse import SSEDecoder, frame_event
+from core.sse import frame_event
 from core.wire import ChatRequest, FunctionDef, ImagePart, ImageURL, Message, TokenUsage, Tool
 from gateway.chat_codec import ChatCodec, ChatLeg
-from gateway.codec import Answer, Codec, Cost, Leg, Reader, fallback_list
+from gateway.codec import Answer, ChatWrapper, Codec, Cost, Leg, RelayReader, fallback_list
 from gateway.conversation import upstream_item
 from gateway.responses_events import EventSynth, Options, responses_usage
 from gateway.responses_translate import (
@@ -204,28 +204,10 @@ class NativeLeg(Leg):
         responses_priced(body, cost)
 
 
-class NativeReader(Reader):
+class NativeReader(RelayReader):
     """The upstream's own events, relayed (model rewritten), the terminal one held back."""
 
-    __slots__ = ("relay", "decoder")
-
-    def __init__(self, relay: openai_responses.ResponsesRelay) -> None:
-        self.relay = relay
-        self.decoder = SSEDecoder()
-
-    def feed(self, data: bytes, out: list[Any]) -> None:
-        self._events(self.decoder.feed(data), out)
-
-    def close(self, out: list[Any]) -> None:
-        self._events(self.decoder.close(), out)
-
-    def _events(self, events: list[Any], out: list[Any]) -> None:
-        relay = self.relay
-        try:
-            for event in events:
-                out += relay.feed(event)
-        finally:
-            self.finished, self.error = relay.finished, relay.error
+    relay: openai_responses.ResponsesRelay
 
     def reported(self) -> tuple[TokenUsage | None, TokenUsage | None]:
         return self.relay.usage, None
@@ -243,8 +225,6 @@ class NativeReader(Reader):
             responses_priced(terminal.response, self.cost)
         return terminal
 
-    def generated(self) -> str:
-        return self.relay.generated_text()
 
 
 class TranslatedLeg(Leg):
@@ -277,45 +257,23 @@ class TranslatedLeg(Leg):
         responses_priced(body, cost)
 
 
-class SynthReader(Reader):
+class SynthReader(ChatWrapper):
     """A chat stream (:class:`~gateway.stream.ChatReader`) → the Responses event sequence."""
 
-    __slots__ = ("inner", "synth")
+    __slots__ = ("synth",)
 
     def __init__(self, inner: ChatReader, synth: EventSynth) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.synth = synth
 
     def start(self) -> list[Any]:
         return [frames(self.synth.start())]
 
-    def feed(self, data: bytes, out: list[Any]) -> None:
-        chunks: list[Any] = []
-        try:
-            self.inner.feed(data, chunks)
-        finally:
-            self._chunks(chunks, out)
-
-    def close(self, out: list[Any]) -> None:
-        chunks: list[Any] = []
-        try:
-            self.inner.close(chunks)
-        finally:
-            self._chunks(chunks, out)
-
     def _chunks(self, chunks: list[Any], out: list[Any]) -> None:
-        self.finished = self.inner.finished
         synth = self.synth
         events = [event for chunk in chunks for event in synth.feed(chunk)]
         if events:
             out.append(frames(events))
-
-    @property
-    def complete(self) -> bool:
-        return self.inner.complete
-
-    def reported(self) -> tuple[TokenUsage | None, TokenUsage | None]:
-        return self.inner.reported()
 
     def end(self) -> list[Any]:
         synth = self.synth
@@ -334,7 +292,4 @@ class SynthReader(Reader):
         if self.cost is not None:
             responses_priced(terminal.response, self.cost)
         return [*head, terminal]
-
-    def generated(self) -> str:
-        return self.inner.generated()
 
