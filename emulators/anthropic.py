@@ -451,15 +451,9 @@ class AnthropicEmulator(Emulator):
     async def count_tokens(self, request: web.Request) -> web.Response:
         """``POST /v1/messages/count_tokens``: the prompt's input tokens (MessageCountTokensParams: no
         ``max_tokens``, no ``stream``), validated as a message would be."""
-        refused = self._refused(request)
-        if refused is not None:
-            return refused
-        try:
-            body = decode(await request.read())
-        except msgspec.DecodeError:
-            return self.error(400, "There was an error parsing the body of your request as JSON.")
-        if not isinstance(body, dict):
-            return self.error(400, "The request body must be a JSON object.")
+        body = await self._body(request)
+        if isinstance(body, web.Response):
+            return body
         try:
             extra = sorted(set(body) - COUNT_FIELDS)
             _require(not extra, f"{extra[0] if extra else ''}: Extra inputs are not permitted")
@@ -473,7 +467,8 @@ class AnthropicEmulator(Emulator):
         return web.json_response({"input_tokens": _input_tokens(_units(body, turns), turns)})
 
     # -- messages ---------------------------------------------------------------------------------
-    async def messages(self, request: web.Request) -> web.StreamResponse:
+    async def _body(self, request: web.Request) -> dict[str, Any] | web.Response:
+        """The request's JSON object once its key and version are checked, or the API's refusal."""
         refused = self._refused(request)
         if refused is not None:
             return refused
@@ -483,6 +478,12 @@ class AnthropicEmulator(Emulator):
             return self.error(400, "There was an error parsing the body of your request as JSON.")
         if not isinstance(body, dict):
             return self.error(400, "The request body must be a JSON object.")
+        return body
+
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        body = await self._body(request)
+        if isinstance(body, web.Response):
+            return body
         self.received(body, request.headers)
         if (wait := self.over_limit()) is not None:
             return self.error(429, "Number of requests has exceeded your per-minute rate limit",

@@ -25,7 +25,7 @@ from gateway.messages_translate import end_user, omitted_tools, to_chat
 from gateway.pipeline import Pipeline
 from gateway.state import Gateway
 from router.chat import answered, begin_call, streamed
-from router.replies import OMITTED, JSONBytes, LateSSE
+from router.replies import JSONBytes, LateSSE, name_omitted
 
 _encode = msgspec.json.Encoder().encode
 ESTIMATED = "x-router-token-count"  # count_tokens: "estimate" (the gateway's tokenizer) or "provider"
@@ -89,27 +89,14 @@ class Messages:
         if who["user"] is not None and who["user"] != end_user(body):
             body["metadata"] = {**body["metadata"], "user_id": who["user"]}
         codec = MessagesCodec(body, len(raw), forwarded(request))
-        omitted = self.omitted(body)
         start = self.pipeline.start(context, codec)
         if not codec.stream:
             response = await answered(self.pipeline, start, trace)
         else:
             stream = streamed(self.pipeline, start, trace, joined)
             response = LateSSE(stream, gw.settings.reliability.stream_keepalive, failed)
-        if omitted:
-            response.raw_headers.append((OMITTED, ", ".join(omitted).encode()))
+        name_omitted(response, gw.catalog, body["model"], omitted_tools(body), lambda spec: spec.protocol == "anthropic")
         return response
-
-    def omitted(self, body: dict[str, Any]) -> list[str]:
-        """The hosted tools a translated call leaves out (none for an Anthropic model: it runs them)."""
-        names = omitted_tools(body)
-        if not names:
-            return names
-        try:
-            model = self.gw.catalog.resolve(body["model"])
-        except GatewayError:
-            return names
-        return [] if self.gw.catalog.providers[model.provider].protocol == "anthropic" else names
 
     async def count_tokens(self, request: Request) -> Response:
         """Anthropic's own count for an Anthropic model; elsewhere the gateway's tokenizer's (an

@@ -13,10 +13,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
-from typing import cast
+from typing import Any, cast
 
 from starlette.responses import Response
 
+from core.catalog import Catalog, ProviderSpec
 from core.errors import GatewayError
 from core.types import Headers, Message, Receive, Scope, Send
 from router.channels import Channel
@@ -25,6 +26,22 @@ _JSON = (b"content-type", b"application/json")
 
 
 OMITTED = b"x-router-omitted-tools"  # the hosted tools a translated call left out (Responses, Messages)
+
+
+def name_omitted(response: Response, catalog: Catalog, model_id: Any, names: list[str],
+                 runs_them: Callable[[ProviderSpec], bool]) -> None:  # fmt: skip
+    """Name in ``OMITTED`` the hosted tools (``names``) a translated call left out: none when the model's
+    provider runs them itself (``runs_them`` of its catalog entry)."""
+    if not names:
+        return
+    try:
+        model = catalog.resolve(str(model_id))
+    except GatewayError:
+        pass
+    else:
+        if runs_them(catalog.providers[model.provider]):
+            return
+    response.raw_headers.append((OMITTED, ", ".join(names).encode()))
 
 class JSONBytes(Response):
     media_type = "application/json"

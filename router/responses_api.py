@@ -30,7 +30,7 @@ from gateway.responses_translate import omitted_tools, shell
 from gateway.state import Gateway
 from router.chat import Encoder, begin_call, streamed
 from router.logs import Trace
-from router.replies import OMITTED, JSONBytes, LateSSE
+from router.replies import JSONBytes, LateSSE, name_omitted
 
 _encode = msgspec.json.Encoder().encode
 
@@ -103,21 +103,9 @@ class Responses:
         else:
             stream = streamed(self.pipeline, start, trace, events(keep, conversation))
             response = LateSSE(stream, gw.settings.reliability.stream_keepalive, _error_event)
-        omitted = self.omitted(conversation.body)
-        if omitted:
-            response.raw_headers.append((OMITTED, ", ".join(omitted).encode()))
+        name_omitted(response, gw.catalog, conversation.body.get("model"), omitted_tools(conversation.body),
+                     lambda spec: spec.responses_api)  # (OpenAI runs its hosted tools)  # fmt: skip
         return response
-
-    def omitted(self, body: dict[str, Any]) -> list[str]:
-        """The hosted tools a translated call leaves out (none where the provider runs them: OpenAI)."""
-        names = omitted_tools(body)
-        if not names:
-            return names
-        try:
-            model = self.gw.catalog.resolve(str(body["model"]))
-        except GatewayError:
-            return names
-        return [] if self.gw.catalog.providers[model.provider].responses_api else names
 
     async def answered(self, start: Any, trace: Trace, keep: Keep, conversation: Conversation) -> Response:
         started = await start
