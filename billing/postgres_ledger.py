@@ -49,7 +49,7 @@ import asyncpg
 import msgspec
 
 from billing import budgets, rules
-from billing.postgres_pool import PostgresPool, down, lost, pg_sql
+from billing.postgres_pool import PostgresPool, down, lost, pg_sql, unsent
 from billing.store import (
     USAGE_COLUMNS,
     USAGE_LIST,
@@ -608,24 +608,41 @@ class LedgerCommits:
         finally:
             self.task = None
 
-    async def _commit(self, conn: asyncpg.Connection, batch: list[tuple[Op, asyncio.Future[Any]]]) -> None:
+    async def _commit(self, conn: asyncpg.Connection, batch: list[tuple[Op, asyncio.Future[Any]]],
+                      again: bool = True) -> None:  # fmt: skip
         try:
             results = await self._attempt(conn, [op for op, _ in batch])
-        except BaseException as exc:  # nothing committed (or, if the connection went during COMMIT,
-            # unknown: a settlement's retry finds out, billing/durable.py): every caller gets the error
-            if down(exc):
-                exc = lost(exc)
-                self.suspect = self.suspect or (self.replica is not None and
-                                                any(isinstance(op, ReserveOp) for op, _ in batch))  # fmt: skip
+        except Exception as exc:
+            if again and unsent(exc, conn):  # the server killed the kept connection, and asyncpg refused the
+                await self._drop()  # batch's first statement before sending it: nothing ran; once more, on another
                 try:
-                    await self._drop()
-                finally:
-                    self._fail(batch, exc)
-            else:
-                self._fail(batch, exc)
-            if not isinstance(exc, Exception):
-                raise
+                    other = await self._connection()
+                except Exception as none:
+                    await self._failed(batch, none)
+                    return
+                await self._commit(other, batch, again=False)
+                return
+            await self._failed(batch, exc)
             return
+        except BaseException as exc:
+            await self._failed(batch, exc)
+            raise
+        self._done(batch, results)
+
+    async def _failed(self, batch: list[tuple[Op, asyncio.Future[Any]]], exc: BaseException) -> None:
+        """Nothing committed (or, if the connection went during COMMIT, unknown: a settlement's retry finds
+        out, billing/durable.py): every caller gets the error."""
+        if not down(exc):
+            self._fail(batch, exc)
+            return
+        self.suspect = self.suspect or (self.replica is not None and
+                                        any(isinstance(op, ReserveOp) for op, _ in batch))  # fmt: skip
+        try:
+            await self._drop()
+        finally:
+            self._fail(batch, lost(exc))
+
+    def _done(self, batch: list[tuple[Op, asyncio.Future[Any]]], results: list[tuple[bool, Any]]) -> None:
         self.batches += 1
         live = self.live
         for (op, future), (ok, value) in zip(batch, results, strict=True):

@@ -387,7 +387,7 @@ def test_calls_after_the_pools_connections_were_killed_are_served(pg: Postgres, 
     """``pg_terminate_backend`` on the gateway's connections while no call runs (behind the proxy of
     the test above): the next calls' keys were looked up on the killed connections and the calls got
     503 store_unavailable, though no statement of theirs had been cut. Now they are all served, each
-    charged once. (The ledger's own connection is spared: its batches are billing/postgres_ledger.py's.)"""
+    charged once; the ledger's own kept connection killed too (its next batch goes on another)."""
     direct = pg.fresh_url()
     parts = urllib.parse.urlsplit(direct)
     proxy = Proxy(parts.hostname or "127.0.0.1", parts.port or 5432)
@@ -412,10 +412,9 @@ def test_calls_after_the_pools_connections_were_killed_are_served(pg: Postgres, 
                     await client.close()
 
         asyncio.run(calls(keys[:8]))  # eight lookups at once: several connections of the pool open
-        ledger = stack.gateway.store.commits.conn
-        assert ledger is not None
+        assert stack.gateway.store.commits.conn is not None  # (the ledger's kept connection: killed with the rest)
         proxy.hold()
-        killed = asyncio.run(kill_idle(pg.url, app, spare=ledger.get_server_pid()))
+        killed = asyncio.run(kill_idle(pg.url, app))
         asyncio.run(calls(keys[8:]))  # eight keys not looked up yet
         proxy.let_go()
         stack.run(stack.gateway.ledger.drain(), timeout=60)
