@@ -25,10 +25,15 @@ def _form(prefix: str) -> re.Pattern[str]:
     return re.compile(rf"({re.escape(prefix)}-v1-)[A-Za-z0-9_-]+", re.IGNORECASE)
 
 
+def _may_hold(text: str) -> bool:
+    """A cheap first look (every call's model and path pass here): a key's form has ``-v1-`` (any case)."""
+    return "-v1-" in text or "-V1-" in text
+
+
 def redact_keys(text: str, prefix: str) -> str:
     """``text`` with every key of ``prefix``'s form redacted (``text`` itself when it holds none)."""
-    return _form(prefix).sub(r"\1" + REDACTED, text)
+    return _form(prefix).sub(r"\1" + REDACTED, text) if _may_hold(text) else text
 
 
 def holds_key(text: str, prefix: str) -> bool:
-    return _form(prefix).search(text) is not None
+    return _may_hold(text) and _form(prefix).search(text) is not None
