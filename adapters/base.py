@@ -101,6 +101,17 @@ class UpstreamStreamError(UpstreamFinal):
 _decode = msgspec.json.Decoder().decode
 
 
+def stream_object(data: bytes, provider: str) -> dict[str, Any]:
+    """A stream event's JSON object; anything else is the provider's fault (:class:`UpstreamStreamError`)."""
+    try:
+        value = _decode(data)
+    except msgspec.DecodeError:
+        raise UpstreamStreamError(f"The provider '{provider}' sent a malformed stream event.") from None
+    if not isinstance(value, dict):
+        raise UpstreamStreamError(f"The provider '{provider}' sent an unexpected stream event.")
+    return value
+
+
 def error_message(body: bytes) -> tuple[str | None, str | None]:
     """(message, code) from any provider's error body: nested ``{"error": {...}}`` (OpenAI,
     Anthropic, Gemini), flat ``{"message": ...}`` (Mistral) or FastAPI ``{"detail": [...]}``."""

@@ -23,6 +23,7 @@ from adapters.base import (
     StreamTranslator,
     UpstreamRequest,
     UpstreamStreamError,
+    stream_object,
 )
 from core.deployments import Deployment
 from core.errors import UpstreamError
@@ -237,12 +238,7 @@ class _OpenAIStream(StreamTranslator):
         if data == b"[DONE]":
             self.finished = True
             return []
-        try:
-            chunk = _decode(data)
-        except msgspec.DecodeError:
-            raise UpstreamStreamError(f"The provider '{self.adapter.name}' sent a malformed stream event.") from None
-        if not isinstance(chunk, dict):
-            raise UpstreamStreamError(f"The provider '{self.adapter.name}' sent an unexpected stream event.")
+        chunk = stream_object(data, self.adapter.name)
         if "error" in chunk or chunk.get("object") == "error":
             err = chunk.get("error")
             message = err.get("message") if isinstance(err, dict) else chunk.get("message")

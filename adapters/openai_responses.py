@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from adapters.base import USER_AGENT, UpstreamRequest, UpstreamStreamError
+from adapters.base import USER_AGENT, UpstreamRequest, stream_object
 from core.deployments import Deployment
 from core.errors import UpstreamError
 from core.sse import Event, frame_event
@@ -131,14 +131,7 @@ class ResponsesRelay:
     def feed(self, event: Event) -> list[bytes]:
         if event.data == b"[DONE]" or self.finished:
             return []  # some proxies append [DONE]; nothing may follow a terminal event
-        try:
-            data = _decode(event.data)
-        except msgspec.DecodeError:
-            raise UpstreamStreamError(
-                f"The provider '{self.provider}' sent a malformed stream event."
-            ) from None
-        if not isinstance(data, dict):
-            raise UpstreamStreamError(f"The provider '{self.provider}' sent an unexpected stream event.")
+        data = stream_object(event.data, self.provider)
         kind = str(data.get("type") or event.event or "message")
         sequence = data.get("sequence_number")
         if isinstance(sequence, int):

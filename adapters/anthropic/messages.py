@@ -20,7 +20,7 @@ import msgspec
 
 from adapters.anthropic.request import VERSION
 from adapters.anthropic.response import error_text, usage_from_anthropic
-from adapters.base import USER_AGENT, UpstreamRequest, UpstreamStreamError
+from adapters.base import USER_AGENT, UpstreamRequest, stream_object
 from core.deployments import Deployment
 from core.errors import UpstreamError
 from core.sse import Event, frame_event
@@ -108,12 +108,7 @@ class MessagesRelay:
         kind = event.event
         if kind == "ping" or self.finished:
             return [frame_event("ping", event.data)] if kind == "ping" else []
-        try:
-            data = _decode(event.data)
-        except msgspec.DecodeError:
-            raise UpstreamStreamError(f"The provider '{self.provider}' sent a malformed stream event.") from None
-        if not isinstance(data, dict):
-            raise UpstreamStreamError(f"The provider '{self.provider}' sent an unexpected stream event.")
+        data = stream_object(event.data, self.provider)
         kind = str(data.get("type") or kind or "message")
         if kind == "content_block_delta":
             delta = data.get("delta")

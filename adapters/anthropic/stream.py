@@ -17,7 +17,7 @@ from adapters.anthropic.response import (
     usage_from_anthropic,
     with_thinking_share,
 )
-from adapters.base import REASONING, THINKING_BLOCKS, StreamTranslator, UpstreamStreamError
+from adapters.base import REASONING, THINKING_BLOCKS, StreamTranslator, UpstreamStreamError, stream_object
 from core.sse import Event
 
 _decode = msgspec.json.Decoder().decode
@@ -58,12 +58,7 @@ class AnthropicStream(StreamTranslator):
     def feed(self, event: Event) -> Chunks:
         if not event.data or event.event == "ping":
             return []
-        try:
-            data = _decode(event.data)
-        except msgspec.DecodeError:
-            raise UpstreamStreamError(f"The provider '{self.provider}' sent a malformed stream event.") from None
-        if not isinstance(data, dict):
-            raise UpstreamStreamError(f"The provider '{self.provider}' sent an unexpected stream event.")
+        data = stream_object(event.data, self.provider)
         kind = data.get("type") or event.event
         if kind == "error" or event.event == "error":
             raise UpstreamStreamError(f"The provider '{self.provider}' failed mid-stream: {error_text(data)}")
