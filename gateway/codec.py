@@ -239,6 +239,33 @@ class Leg(ABC):
             body["usage"] = chat_priced(usage, cost)
 
 
+class ChatBackedLeg(Leg):
+    """A leg answered by a chat leg (``inner``) and written in another endpoint's shape (a translated
+    Responses or Messages call): the prompt and the errors are the chat leg's; :meth:`translate` turns
+    its answer."""
+
+    __slots__ = ("inner",)
+
+    def __init__(self, inner: Leg) -> None:
+        super().__init__(inner.model, inner.model_id, inner.upstream)
+        self.inner = inner
+
+    @property
+    def prompt(self) -> dict[str, Any]:
+        return self.inner.prompt
+
+    def error(self, status: int, body: bytes, headers: Mapping[str, str]) -> GatewayError:
+        return self.inner.error(status, body, headers)
+
+    def answer(self, payload: bytes) -> Answer:
+        completion = self.inner.answer(payload)
+        return Answer(self.translate(completion.body), completion.usage)
+
+    @abstractmethod
+    def translate(self, completion: dict[str, Any]) -> dict[str, Any]:
+        """The chat completion → this endpoint's answer."""
+
+
 class WholeLeg(Leg):
     """A leg of an endpoint that does not stream (embeddings, images): the provider's errors are
     mapped by its adapter (``map_error``), and its answer has no text to estimate tokens from."""

@@ -27,7 +27,7 @@ from core.deployments import Deployment
 from core.errors import GatewayError, InvalidRequest, PayloadTooLarge
 from core.wire import ChatRequest, TokenUsage
 from gateway.chat_codec import ChatCodec, ChatLeg
-from gateway.codec import Answer, ChatWrapper, Codec, Cost, Leg, RelayReader
+from gateway.codec import Answer, ChatBackedLeg, ChatWrapper, Codec, Cost, Leg, RelayReader
 from gateway.messages_events import MessageSynth, error_event
 from gateway.messages_translate import estimate_prompt, from_completion, message_id, reserve_request, to_chat
 from gateway.routing import conversation
@@ -147,23 +147,12 @@ class NativeReader(RelayReader):
         return [error_event(exc)]
 
 
-class TranslatedLeg(Leg):
-    __slots__ = ("inner",)
+class TranslatedLeg(ChatBackedLeg):
+    __slots__ = ()
+    inner: ChatLeg
 
-    def __init__(self, inner: ChatLeg) -> None:
-        super().__init__(inner.model, inner.model_id, inner.upstream)
-        self.inner = inner
-
-    @property
-    def prompt(self) -> dict[str, Any]:
-        return self.inner.prompt
-
-    def error(self, status: int, body: bytes, headers: Mapping[str, str]) -> GatewayError:
-        return self.inner.error(status, body, headers)
-
-    def answer(self, payload: bytes) -> Answer:
-        completion = self.inner.answer(payload)
-        return Answer(from_completion(completion.body, self.model_id), completion.usage)
+    def translate(self, completion: dict[str, Any]) -> dict[str, Any]:
+        return from_completion(completion, self.model_id)
 
     def generated(self, body: dict[str, Any]) -> str:
         return native.message_text(body)

@@ -29,7 +29,7 @@ from core.errors import GatewayError, InvalidRequest
 from core.sse import frame_event
 from core.wire import ChatRequest, FunctionDef, ImagePart, ImageURL, Message, TokenUsage, Tool
 from gateway.chat_codec import ChatCodec, ChatLeg
-from gateway.codec import Answer, ChatWrapper, Codec, Cost, Leg, RelayReader, fallback_list
+from gateway.codec import Answer, ChatBackedLeg, ChatWrapper, Codec, Cost, Leg, RelayReader, fallback_list
 from gateway.conversation import upstream_item
 from gateway.responses_events import EventSynth, Options, responses_usage
 from gateway.responses_translate import (
@@ -227,25 +227,17 @@ class NativeReader(RelayReader):
 
 
 
-class TranslatedLeg(Leg):
-    __slots__ = ("how", "inner", "shell")
+class TranslatedLeg(ChatBackedLeg):
+    __slots__ = ("how", "shell")
+    inner: ChatLeg
 
     def __init__(self, inner: ChatLeg, response: dict[str, Any], how: Options) -> None:
-        super().__init__(inner.model, inner.model_id, inner.upstream)
-        self.inner = inner
+        super().__init__(inner)
         self.shell = response  # the Response object before any output
         self.how = how  # summaries, the caller's tool names, the sealer (gateway/responses_events.py)
 
-    @property
-    def prompt(self) -> dict[str, Any]:
-        return self.inner.prompt
-
-    def error(self, status: int, body: bytes, headers: Mapping[str, str]) -> GatewayError:
-        return self.inner.error(status, body, headers)
-
-    def answer(self, payload: bytes) -> Answer:
-        completion = self.inner.answer(payload)
-        return Answer(from_completion(completion.body, self.shell, self.how), completion.usage)
+    def translate(self, completion: dict[str, Any]) -> dict[str, Any]:
+        return from_completion(completion, self.shell, self.how)
 
     def generated(self, body: dict[str, Any]) -> str:
         return openai_responses.output_text(body)
