@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
+import logging
 import os
 import secrets
 import socket
@@ -32,6 +34,7 @@ from emulators.registry import Running, start_emulators, stop_emulators
 from gateway.auth import new_key
 from router.app import create_app
 from router.demo import with_emulators
+from router.logs import JsonFormatter
 from router.serve import hypercorn_config, install_server_layer
 
 T = TypeVar("T")
@@ -467,3 +470,34 @@ def metric(stack: Stack, sample: str) -> float:
         if line.startswith(sample + " "):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
+
+
+class Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.setFormatter(JsonFormatter())
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+    def find(self, request_id: str, seconds: float = 5) -> dict[str, Any]:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:  # written after the last byte went out
+            for line in self.lines:
+                entry = json.loads(line)
+                if entry.get("request_id") == request_id:
+                    return entry
+            time.sleep(0.01)
+        raise AssertionError(f"no access-log line for {request_id}")
+
+
+@pytest.fixture
+def access_lines() -> Iterator[Lines]:
+    handler = Lines()
+    logger = logging.getLogger("router.access")
+    logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)

@@ -142,7 +142,7 @@ def test_the_console_filters_usage_by_deployment_and_sums_each(weighted: Stack) 
 
 
 def test_metrics_readyz_and_access_log_name_deployments(weighted: Stack) -> None:
-    from tests.test_observability import Lines
+    from tests.conftest import Lines
 
     client = weighted.client()
     before = served(weighted)

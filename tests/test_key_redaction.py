@@ -16,8 +16,7 @@ import pytest
 from core.config import ReliabilitySettings, ServerSettings, Settings, StoreSettings
 from core.redact import holds_key, redact_keys
 from gateway.auth import generate_key
-from tests.conftest import Stack, raw_request
-from tests.test_observability import Lines
+from tests.conftest import Lines, Stack, raw_request
 
 HI: Any = [{"role": "user", "content": "hi"}]
 MODEL = "openai/gpt-4o-mini"
@@ -34,19 +33,6 @@ def acme(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         yield s
     finally:
         s.stop()
-
-
-@pytest.fixture
-def access_lines() -> Iterator[Lines]:
-    import logging
-
-    handler = Lines()
-    logger = logging.getLogger("router.access")
-    logger.addHandler(handler)
-    try:
-        yield handler
-    finally:
-        logger.removeHandler(handler)
 
 
 def post(stack: Stack, key: str, path: str, body: dict[str, Any], rid: str | None = None) -> Any:

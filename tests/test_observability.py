@@ -29,7 +29,7 @@ from core.config import (
 from router.app import create_app
 from router.health import Readiness
 from router.logs import JsonFormatter, TextFormatter
-from tests.conftest import Stack, free_port, raw_request
+from tests.conftest import Lines, Stack, free_port, raw_request
 
 MODEL = "openai/gpt-4o-mini"
 
@@ -134,37 +134,6 @@ def test_metrics_speak_openmetrics_when_asked_and_can_be_turned_off(ostack: Stac
     )
     paths = {getattr(route, "path", None) for route in create_app(settings).routes}
     assert "/metrics" not in paths and "/readyz" in paths
-
-
-class Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.setFormatter(JsonFormatter())
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(self.format(record))
-
-    def find(self, request_id: str, seconds: float = 5) -> dict[str, Any]:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:  # written after the last byte went out
-            for line in self.lines:
-                entry = json.loads(line)
-                if entry.get("request_id") == request_id:
-                    return entry
-            time.sleep(0.01)
-        raise AssertionError(f"no access-log line for {request_id}")
-
-
-@pytest.fixture
-def access_lines() -> Iterator[Lines]:
-    handler = Lines()
-    logger = logging.getLogger("router.access")
-    logger.addHandler(handler)
-    try:
-        yield handler
-    finally:
-        logger.removeHandler(handler)
 
 
 def test_access_log_is_one_json_line_per_request_without_the_key(ostack: Stack, access_lines: Lines) -> None:
