@@ -84,6 +84,7 @@ class Server(NamedTuple):
     server: str = "hypercorn"
     shared: bool = False  # the scale-out path: PostgreSQL store, rate limits and routing state in Redis
     in_flight: bool = False  # with limits of calls in flight per key and group (gateway/concurrency.py)
+    store: tuple[str, ...] = ()  # more lines of its [store] section
 
 
 SERVERS = {
@@ -103,6 +104,9 @@ SERVERS = {
     "gw-in-flight": Server("gateway + calls-in-flight limits", "gateway", (True, True, True), in_flight=True),
     "gw-pg-in-flight": Server("PostgreSQL + Redis + in-flight limits", "gw-postgres", (True, True, True),
                               shared=True, in_flight=True),
+    # what a reply waiting for its settlement to be durable costs (the default): against replies that don't
+    "gw-reply-no-wait": Server("gateway, replies not waiting for their charge", "gateway", (True, True, True),
+                               store=("reply_wait_seconds = 0",)),
     # not in the default set: LiteLLM starts for minutes under callgrind, and a call costs it ~25x ours
     "litellm": Server("LiteLLM proxy (from .bench-venv)", "bare", None, "litellm"),
 }
@@ -202,7 +206,7 @@ def measure(name: str, emulators: dict[str, tuple[str, str]], tmp: Path, calls: 
     """k instructions per call of server ``name``, per mode: the median of ``repeat`` windows of
     ``calls`` calls (the gateway's varies by a few percent between windows: how many settlements a
     SQLite group commit gathers, and its work by the clock, depend on timing)."""
-    label, _, features, server, shared, in_flight = SERVERS[name]
+    label, _, features, server, shared, in_flight, store = SERVERS[name]
     out = tmp / "callgrind" / name
     out.parent.mkdir(parents=True, exist_ok=True)
     logs = tmp / "logs"
@@ -220,7 +224,8 @@ def measure(name: str, emulators: dict[str, tuple[str, str]], tmp: Path, calls: 
         store_url = pg_database(f"router_instr_{os.getpid()}") if shared else None
         target = start_gateway(logs, tmp, emulators, "gateway" if server == "hypercorn" else "gw-uvicorn",
                                store_url, REDIS_URL if shared else None, limits=limits, limit_headers=limit_headers,
-                               access_log=access_log, wrap=callgrind(out), home=name, in_flight=in_flight)  # fmt: skip
+                               access_log=access_log, wrap=callgrind(out), home=name, in_flight=in_flight,
+                               store=store)  # fmt: skip
     try:
         wait_ready(target, 900 if server == "litellm" else 180)  # (python under valgrind starts in 10-30 s)
         pid = target.proc.popen.pid

@@ -88,19 +88,19 @@ def gateway_argv(name: str, config: Path, port: int) -> tuple[list[str], dict[st
 def start_gateway(logs: Path, tmp: Path, emulators: dict[str, tuple[str, str]], name: str = "gateway",
                   store_url: str | None = None, redis_url: str | None = None, *, limits: bool = True,
                   limit_headers: bool = True, access_log: bool = True, wrap: list[str] | None = None,
-                  home: str | None = None, in_flight: bool = False) -> Target:  # fmt: skip
+                  home: str | None = None, in_flight: bool = False, store: tuple[str, ...] = ()) -> Target:  # fmt: skip
     """Our gateway with every provider on its emulator, a store (temp SQLite unless ``store_url``), a
     rich group and one key, and rate limits on (in Redis if ``redis_url``), served as ``name`` says
     (GATEWAY_SERVERS). ``limits`` / ``limit_headers`` (x-ratelimit-* on admitted answers) /
     ``access_log`` False turn those off (bench.instructions measures what they cost); ``in_flight``
     adds the limits of calls in flight per key and group (high: never reached); ``wrap`` runs the
-    server under a tool (``valgrind ...``)."""
+    server under a tool (``valgrind ...``); ``store``: more lines of the ``[store]`` section."""
     port = free_port()
     home_dir = tmp / (home or name)
     home_dir.mkdir(parents=True, exist_ok=True)
     config = home_dir / "router.toml"
     store_url = store_url or "sqlite:///" + str(home_dir / "router.db")
-    lines = ["[server]", 'host = "127.0.0.1"', f"port = {port}", "", "[store]", f"url = {json.dumps(store_url)}", ""]
+    lines = ["[server]", 'host = "127.0.0.1"', f"port = {port}", "", "[store]", f"url = {json.dumps(store_url)}", *store, ""]
     if limits:
         # every feature on: rate limits checked on every call (per key and per group, requests and
         # tokens), set high enough that the benchmark never hits them

@@ -3,8 +3,9 @@
 Each replica names itself (host, pid, a random tag) on the reservations it makes and heartbeats a
 row of ``replicas`` every ``heartbeat_seconds``. Any replica that has itself heartbeaten without a
 miss for ``lease_grace_seconds`` releases the holds of a replica whose heartbeat is older than that
-grace, each with an ``interrupted`` usage record carrying the hold's model, key and request id and
-no charge (what the dead process had streamed is unknown), then deletes its row. The "itself" rule
+grace, each with an ``interrupted`` usage record carrying the hold's model, key and request id,
+charged what its stream had generated at its last checkpoint (billing/progress.py; nothing for a
+call that had none), then deletes its row. The "itself" rule
 keeps an outage of the database from looking like the death of everyone: when it comes back, no
 replica judges another before both have had a whole grace to heartbeat.
 
@@ -21,16 +22,18 @@ import os
 import secrets
 import socket
 import time
+from dataclasses import replace
 
 import asyncpg
 
 from billing.postgres_ledger import NOW, TAKE_STALE, apply, lock
 from billing.postgres_pool import PostgresPool
-from billing.store import Reservation, UsageRecord
+from billing.store import Reservation, UsageRecord, record_of
 from core import metrics
 
 log = logging.getLogger("router.store")
 CHUNK = 500
+CHARGED = "charged for what its stream had generated at its last checkpoint"
 HEARTBEAT = (
     f"INSERT INTO replicas (id, started_at, heartbeat, pid, host) VALUES ($1, {NOW}, {NOW}, $2, $3) "
     f"ON CONFLICT (id) DO UPDATE SET heartbeat = {NOW}"
@@ -51,19 +54,23 @@ def released_by_lease(replica: str) -> str:
 
 
 async def release(conn: asyncpg.Connection, ids: list[int], why: str) -> int:
-    """Release these reservations with an ``interrupted`` record each (its hold's model, provider and
-    request id, no charge), unless another replica holds or has released them already."""
+    """Release these reservations with an ``interrupted`` record each, unless another replica holds or
+    has released them already: the usage its stream had at its last checkpoint, and its charge
+    (billing/progress.py); else its hold's model, provider and request id, and no charge."""
     async with conn.transaction():
         rows = await conn.fetch(
             "SELECT DISTINCT group_id, key_id FROM reservations WHERE id = ANY($1::int8[])", ids
         )
         plan = await lock(conn, [], sorted({r[1] for r in rows}), sorted({r[0] for r in rows}))
         taken = await conn.fetch(TAKE_STALE, ids)  # rows another replica has locked are skipped
-        for rid, group_id, key_id, amount, model, provider, request_id in taken:
+        for rid, group_id, key_id, amount, model, provider, request_id, progress in taken:
             plan.released.add(rid)
-            record = UsageRecord(key_id=key_id, group_id=group_id, model=model or "", provider=provider or "",
-                                 status="interrupted", usage_exact=False, request_id=request_id,
-                                 error=f"{released_mark(rid)}{why}", error_code="interrupted")  # fmt: skip
+            if progress:  # what the stream had generated at its last checkpoint
+                record = replace(record_of(progress), error=f"{released_mark(rid)}{why}; {CHARGED}")
+            else:
+                record = UsageRecord(key_id=key_id, group_id=group_id, model=model or "", provider=provider or "",
+                                     status="interrupted", usage_exact=False, request_id=request_id,
+                                     error=f"{released_mark(rid)}{why}", error_code="interrupted")  # fmt: skip
             plan.settle(Reservation(rid, group_id, key_id, amount), record)
         await apply(conn, plan)
     return len(taken)

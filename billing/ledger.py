@@ -20,6 +20,7 @@ from billing import budgets, rules, tokens
 from billing.durable import Durable
 from billing.journal import Journal
 from billing.pricing import cost
+from billing.progress import Progress, Source
 from billing.store import Hold, Refusal, Reservation, Store, StoreDown, UsageRecord
 from core import metrics
 from core.catalog import NANO, Model
@@ -73,17 +74,21 @@ class Ledger:
     usage record. While the store cannot take a reservation, :meth:`reserve` raises
     ``StoreUnavailable`` (503 ``store_unavailable``): nothing is sent upstream unreserved."""
 
-    def __init__(self, store: Store, give_up: float = 5.0) -> None:
+    def __init__(self, store: Store, give_up: float = 5.0, reply_wait: float = 1.0, checkpoint: float = 1.0) -> None:
         self.store = store
         self.durable = Durable(store, give_up)
+        # how long a reply waits for its call's settlement to be durable (0: it does not wait); past it
+        # (the store slow or down) the reply goes out and the settlement is retried, then journaled
+        self.reply_wait = reply_wait
+        self.progress = Progress(store, checkpoint)  # the streams in flight, their usage so far kept every few s
         self.pending: set[asyncio.Future[int]] = set()  # settlements queued and not yet durable
         self.last: asyncio.Future[int] | None = None  # the settlement queued last
         self._watched: dict[str, list[asyncio.Future[int]]] = {}
 
-    def queue(self, reservation: Reservation, record: UsageRecord) -> asyncio.Future[int]:
-        """Settle without waiting (the store may batch it with others); the future resolves once it
-        is durable."""
-        return self._track(self.settle_soon(reservation, record, linger=True), record)
+    def queue(self, reservation: Reservation, record: UsageRecord, linger: bool = True) -> asyncio.Future[int]:
+        """Settle without waiting; the future resolves once it is durable. ``linger``: nobody waits for
+        it, so the store may hold it a little to batch it with others."""
+        return self._track(self.settle_soon(reservation, record, linger=linger), record)
 
     def record(self, record: UsageRecord) -> asyncio.Future[int]:
         """Store the record of a call refused before anything was reserved (status ``rejected``), as a
@@ -125,9 +130,14 @@ class Ledger:
             await asyncio.wait(set(self.pending))
 
     async def start(self, journal: Journal | None) -> None:
-        """Open the settlement journal and replay what it holds (the gateway's start)."""
+        """Open the settlement journal and replay what it holds, then charge the streams a stopped
+        process left in progress (the gateway's start)."""
         metrics.watch_ledger(self)
         await self.durable.start(journal)
+        try:
+            await self.store.charge_cut_streams()
+        except StoreDown as exc:  # their rows stay: charged at the next start
+            log.error("the streams a stopped process left could not be charged now: %s", exc)
 
     async def close(self) -> None:
         await self.durable.close()
@@ -152,11 +162,14 @@ class Ledger:
         return self.store.settle_soon(reservation, record, linger)  # kept until durable: billing/durable.py
 
 
-def ledger_for(store: Store, give_up: float = 5.0) -> Ledger:
+def ledger_for(store: Store, give_up: float = 5.0, reply_wait: float = 1.0, checkpoint: float = 1.0) -> Ledger:
     """The ledger for a store: held in this process's memory if it alone spends from the store
     (SQLite), else in the store itself (PostgreSQL: reservations shared by the replicas). ``give_up``:
-    seconds a settlement is retried before it goes to the journal."""
-    return LocalLedger(store, give_up=give_up) if store.exclusive else Ledger(store, give_up)
+    seconds a settlement is retried before it goes to the journal; ``reply_wait``: see :class:`Ledger`;
+    ``checkpoint``: seconds between checkpoints of the streams in flight (billing/progress.py)."""
+    if store.exclusive:
+        return LocalLedger(store, give_up=give_up, reply_wait=reply_wait, checkpoint=checkpoint)
+    return Ledger(store, give_up, reply_wait, checkpoint)
 
 
 @dataclass(slots=True)
@@ -177,8 +190,9 @@ class LocalLedger(Ledger):
     the hold. Nothing is ever reserved in the store, so a crash leaves nothing to reconcile: the
     balance is exactly what was charged."""
 
-    def __init__(self, store: Store, refresh: float = 2.0, give_up: float = 5.0) -> None:
-        super().__init__(store, give_up)
+    def __init__(self, store: Store, refresh: float = 2.0, give_up: float = 5.0, reply_wait: float = 1.0,
+                 checkpoint: float = 1.0) -> None:  # fmt: skip
+        super().__init__(store, give_up, reply_wait, checkpoint)
         self.refresh = refresh
         self._groups: dict[int, _Holds] = {}
         self._keys: dict[int, _Holds] = {}
@@ -292,12 +306,16 @@ class Meter:
 
     async def finish(self, usage: TokenUsage | None, status: str, *, generated: str = "", error: str | None = None,
                      first_token_at: float | None = None, upstream_id: str | None = None,
-                     prompt_usage: TokenUsage | None = None, estimated: bool = False) -> None:  # fmt: skip
+                     prompt_usage: TokenUsage | None = None, estimated: bool = False,
+                     reply: bool = False) -> None:  # fmt: skip
         """``prompt_usage``: the prompt's exact counts, when the upstream gave them before it stopped
-        (Anthropic's ``message_start``); an estimate then counts only the output."""
+        (Anthropic's ``message_start``); an estimate then counts only the output. ``reply``: the
+        caller's answer goes out after :meth:`durable` (its settlement is written at once, not
+        lingered for a batch)."""
         if self.finished:
             return
         self.finished = True
+        self.ledger.progress.drop(self.reservation)
         if self.on_finish is not None:
             self.on_finish()
         record = self.record
@@ -323,9 +341,24 @@ class Meter:
         record.ttft_ms = (first_token_at - self.started) * 1000 if first_token_at else None
         record.ts = time.time()
         metrics.call_settled(record)
-        self.settled = self.ledger.queue(self.reservation, record)  # durable at the next group commit (see Ledger)
+        # durable at the store's next group commit (see Ledger); at once if the reply waits for it
+        self.settled = self.ledger.queue(self.reservation, record, linger=not (reply and self.ledger.reply_wait))
         if self.on_record is not None:
             self.on_record(record, self.settled)
+
+    def follow(self, source: Source) -> None:
+        """This call streams: its usage so far, as ``source`` tells it, is kept in the store every few
+        seconds until it settles, so a crash still charges what it generated (billing/progress.py)."""
+        self.ledger.progress.follow(self, source)
+
+    async def durable(self) -> None:
+        """Wait until this call's settlement is durable, at most the ledger's ``reply_wait``: the
+        caller's last byte goes out after it, so a call the caller saw complete is charged even if
+        the process dies the next instant. Past the wait (the store slow or down) the reply goes out
+        and the settlement goes on being retried, then journaled (billing/durable.py)."""
+        settled = self.settled
+        if settled is not None and not settled.done() and self.ledger.reply_wait:
+            await asyncio.wait((settled,), timeout=self.ledger.reply_wait)
 
     def _estimate(self, generated: str, prompt: TokenUsage | None) -> TokenUsage:
         completion = tokens.count(generated)

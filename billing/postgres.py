@@ -11,6 +11,7 @@ import json
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
@@ -50,6 +51,7 @@ from billing.store import (
     meta_values,
     principal_by_hash_query,
     principal_row,
+    record_text,
 )
 from core import metrics
 
@@ -179,20 +181,33 @@ MIGRATIONS: list[str] = [
     """,
     # 10: a ledger batch in one round trip (billing/postgres_ledger.py)
     BATCH_FUNCTION,
+    # 11: a stream's usage so far on its reservation (billing/progress.py): what the release of a dead
+    # replica's hold charges
+    """
+    ALTER TABLE reservations ADD COLUMN progress TEXT;
+    """,
 ]
+NOTE_PROGRESS = (
+    "UPDATE reservations r SET progress = p.progress FROM unnest($1::int8[], $2::text[]) AS p(id, progress) "
+    "WHERE r.id = p.id"
+)
 
 
-async def released_holds(conn: asyncpg.Connection, entries: Sequence[Entry]) -> set[int]:
+async def released_holds(conn: asyncpg.Connection, entries: Sequence[Entry]) -> dict[int, int]:
     """Of these journaled settlements whose reservation is gone, the reservations that were released
-    for a stopped process (an ``interrupted`` record with no charge, billing/leases.py) rather than
-    settled by an earlier try: their charge is still owed."""
+    for a stopped process (an ``interrupted`` record, billing/leases.py) rather than settled by an
+    earlier try, with what that record charged (its stream's last checkpoint): the rest is still owed."""
     gone = {e.reservation.id: e.record.request_id for e in entries if e.reservation.id > 0 and e.record.request_id}
     if not gone:
-        return set()
-    rows = await conn.fetch("SELECT error FROM usage WHERE request_id = ANY($1::text[]) AND status = 'interrupted'",
-                            sorted(set(gone.values())))  # fmt: skip
-    errors = [r[0] or "" for r in rows]
-    return {rid for rid in gone if any(e.startswith(released_mark(rid)) for e in errors)}
+        return {}
+    rows = await conn.fetch("SELECT error, credits FROM usage WHERE request_id = ANY($1::text[]) "
+                            "AND status = 'interrupted'", sorted(set(gone.values())))  # fmt: skip
+    released = {}
+    for rid in gone:
+        for error, credits in rows:
+            if (error or "").startswith(released_mark(rid)):
+                released[rid] = credits
+    return released
 
 
 # -- the store ----------------------------------------------------------------------------------------
@@ -348,6 +363,10 @@ class PostgresStore(Store):
     def settle_soon(self, reservation: Reservation, record: UsageRecord, linger: bool = False) -> asyncio.Future[int]:
         return self.commits.submit(SettleOp(reservation, record), linger)
 
+    async def note_progress(self, progress: list[tuple[Reservation, UsageRecord]]) -> None:
+        """On the reservations' rows, in one statement (a row its settlement deleted meanwhile: nothing)."""
+        await self.db.execute(NOTE_PROGRESS, [r.id for r, _ in progress], [record_text(rec) for _, rec in progress])
+
     def settle_again(self, reservation: Reservation, record: UsageRecord) -> asyncio.Future[int]:
         return self.commits.submit(SettleOp(reservation, record, once=True))
 
@@ -363,8 +382,11 @@ class PostgresStore(Store):
             done = dict.fromkeys((e.id for e in entries), False)
             for entry in todo:
                 once = entry.reservation.id not in released  # a hold released for a stop: charge it now
+                record = entry.record
+                if not once and released[entry.reservation.id]:  # less what its release charged already
+                    record = replace(record, credits=max(record.credits - released[entry.reservation.id], 0))
                 try:
-                    done[entry.id] = plan.settle(entry.reservation, entry.record, once=once) is not None
+                    done[entry.id] = plan.settle(entry.reservation, record, once=once) is not None
                 except StoreError as exc:
                     log.error("a journaled settlement was refused (%r): %r", exc, entry.record)
             await apply(conn, plan, self.commits.replica)

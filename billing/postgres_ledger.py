@@ -263,7 +263,7 @@ STALE = (
 TAKE_STALE = (
     "DELETE FROM reservations WHERE id IN "
     "(SELECT id FROM reservations WHERE id = ANY($1::int8[]) ORDER BY id FOR UPDATE SKIP LOCKED) "
-    "RETURNING id, group_id, key_id, amount, model, provider, request_id"
+    "RETURNING id, group_id, key_id, amount, model, provider, request_id, progress"
 )
 INTERRUPTED = "reservation left by a stopped process, released on restart"
 CUT = "reservation whose commit was cut off with the connection (its call was refused), released"

@@ -43,7 +43,10 @@ from billing.store import (
     meta_values,
     principal_by_hash_query,
     principal_row,
+    record_of,
+    record_text,
 )
+from core.catalog import NANO
 
 if TYPE_CHECKING:
     from billing.journal import Entry
@@ -165,6 +168,11 @@ MIGRATIONS: list[str] = [
     ALTER TABLE keys ADD COLUMN prev_hash TEXT;
     ALTER TABLE keys ADD COLUMN prev_until REAL;
     CREATE UNIQUE INDEX keys_prev_hash ON keys(prev_hash) WHERE prev_hash IS NOT NULL;
+    """,
+    # 10: the usage so far of streams in flight (billing/progress.py): charged at the next start if the
+    # process died before it settled them (their reservation's id in that process, their record)
+    """
+    CREATE TABLE in_progress (reservation INTEGER PRIMARY KEY, request_id TEXT, record TEXT NOT NULL);
     """,
 ]
 
@@ -337,17 +345,24 @@ class Settle:
     """A settlement queued for the group commit: one call's charge and usage record. A run of them in
     one batch is applied together by :func:`_settle_together`."""
 
-    __slots__ = ("reservation", "record", "credits", "again", "now")
+    __slots__ = ("reservation", "record", "credits", "again", "now", "noted")
 
-    def __init__(self, reservation: Reservation, record: UsageRecord, now: float, again: bool = False) -> None:
+    def __init__(self, reservation: Reservation, record: UsageRecord, now: float, again: bool = False,
+                 noted: bool = False) -> None:  # fmt: skip
         self.reservation = reservation
         self.record = record
         self.credits = record.credits  # a failed transaction may leave the capped charge in the record
         self.again = again  # a retry (Store.settle_again): never offered to Store.rescue
         self.now = now  # the store's clock when it was queued: the budget buckets it falls in
+        self.noted = noted  # its stream's progress was kept (SQLiteStore.note_progress): that row goes with it
 
     def __call__(self, db: sqlite3.Connection) -> int:
+        if self.noted:
+            db.execute(_FORGET_PROGRESS, (self.reservation.id,))
         return settle_rows(db, [(self.reservation, self.record)], self.now)[0]
+
+
+_FORGET_PROGRESS = "DELETE FROM in_progress WHERE reservation = ?"
 
 
 @lru_cache(maxsize=16)
@@ -414,6 +429,9 @@ def _settle_together(db: sqlite3.Connection, settles: list[Settle], results: lis
     credits = [s.record.credits for s in settles]
     db.execute("SAVEPOINT settles")
     try:
+        noted = [(s.reservation.id,) for s in settles if s.noted]
+        if noted:
+            db.executemany(_FORGET_PROGRESS, noted)
         charges = settle_rows(db, [(s.reservation, s.record) for s in settles], settles[-1].now)
         db.execute("RELEASE settles")
     except Exception:
@@ -438,6 +456,9 @@ def replay_rows(db: sqlite3.Connection, entries: Sequence[Entry]) -> dict[str, b
                 continue
             db.execute("SAVEPOINT entry")
             try:
+                if entry.reservation.id < 0:  # (a stream's progress kept, then its settlement journaled)
+                    db.execute("DELETE FROM in_progress WHERE reservation = ? AND request_id IS ?",
+                               (entry.reservation.id, entry.record.request_id))  # fmt: skip
                 settle_rows(db, [(entry.reservation, entry.record)])
                 db.execute("RELEASE entry")
                 done[entry.id] = True
@@ -453,6 +474,10 @@ def replay_rows(db: sqlite3.Connection, entries: Sequence[Entry]) -> dict[str, b
         db.execute("ROLLBACK")
         raise
     return done
+
+
+def _note_progress(db: sqlite3.Connection, rows: list[tuple[int, str | None, str]]) -> None:
+    db.executemany("INSERT OR REPLACE INTO in_progress (reservation, request_id, record) VALUES (?, ?, ?)", rows)
 
 
 def _resolve(future: asyncio.Future[Any]) -> None:
@@ -489,6 +514,7 @@ class SQLiteStore(Store):
         self._here: sqlite3.Connection | None = None  # the event loop's connection (group commits)
         self._checkpointed = 0.0
         self._checkpoint: asyncio.Future[Any] | None = None
+        self._noted: set[int] = set()  # reservations whose stream's progress was kept (note_progress)
 
     # -- plumbing -------------------------------------------------------------------------------
     async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
@@ -744,10 +770,43 @@ class SQLiteStore(Store):
     ) -> asyncio.Future[int]:
         """Queue the settlement for the next group commit; the future resolves once it committed
         (``linger``: nobody waits for it, see GroupCommit.submit)."""
-        return self.commits.submit(Settle(reservation, record, self.clock()), linger)
+        noted = False
+        if self._noted and reservation.id in self._noted:
+            self._noted.discard(reservation.id)
+            noted = True
+        return self.commits.submit(Settle(reservation, record, self.clock(), noted=noted), linger)
 
     def settle_again(self, reservation: Reservation, record: UsageRecord) -> asyncio.Future[int]:
-        return self.commits.submit(Settle(reservation, record, self.clock(), again=True))
+        return self.commits.submit(Settle(reservation, record, self.clock(), again=True, noted=reservation.id < 0))
+
+    def note_progress(self, progress: list[tuple[Reservation, UsageRecord]]) -> asyncio.Future[None]:
+        """In the group commit, before the settlements queued after it (which remove the rows)."""
+        rows = [(r.id, record.request_id, record_text(record)) for r, record in progress]
+        self._noted.update(r.id for r, _ in progress)
+        return self.commits.submit(partial(_note_progress, rows=rows), linger=True)
+
+    async def charge_cut_streams(self) -> int:
+        """The streams a stopped process left in progress, each charged what it had generated at its
+        last checkpoint (an ``interrupted`` record), their rows removed: one transaction."""
+
+        def fn(db: sqlite3.Connection) -> list[UsageRecord]:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                records = [record_of(text) for (text,) in db.execute("SELECT record FROM in_progress ORDER BY reservation")]
+                if records:
+                    settle_rows(db, [(Reservation(0, r.group_id, r.key_id, 0), r) for r in records])
+                    db.execute("DELETE FROM in_progress")
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            return records
+
+        records = await self.run(fn)
+        if records:
+            log.warning("charged %d streams cut by a stop for what they had generated: %s credits",
+                        len(records), sum(r.credits for r in records) / NANO)  # fmt: skip
+        return len(records)
 
     async def replay(self, entries: Sequence[Entry]) -> dict[str, bool]:
         return await self.run(partial(replay_rows, entries=entries))

@@ -15,7 +15,7 @@ import json
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
@@ -203,6 +203,15 @@ class UsageRecord:
     metadata: str | None = None  # the request's ``metadata`` (a map of strings), as compact JSON
     ts: float = 0.0
     id: int = 0
+
+
+def record_text(record: UsageRecord) -> str:
+    """A usage record as compact JSON (what a stream's checkpoint keeps: billing/progress.py)."""
+    return json.dumps(asdict(record), separators=(",", ":"))
+
+
+def record_of(text: str) -> UsageRecord:
+    return UsageRecord(**json.loads(text))
 
 
 # The columns of the ``usage`` table are the fields of UsageRecord (``id`` aside), in this order; every
@@ -435,6 +444,20 @@ class Store(ABC):
         never offered to :attr:`rescue` (its retrier waits for it)."""
 
     @abstractmethod
+    def note_progress(self, progress: list[tuple[Reservation, UsageRecord]]) -> Awaitable[None]:
+        """Keep these streams' usage so far (each record ``interrupted``, with its tokens and credits
+        so far), in place of what was kept for them before, until their settlement removes it in its
+        own transaction. If the process dies first, it is charged: by :meth:`charge_cut_streams` at
+        the next start (SQLite), by the release of the dead replica's holds (PostgreSQL;
+        billing/leases.py)."""
+
+    async def charge_cut_streams(self) -> int:
+        """At the start, after the settlement journal's replay: charge the streams a stopped process
+        left in progress (SQLite; on PostgreSQL the release of a dead replica's holds does it).
+        Returns how many."""
+        return 0
+
+    @abstractmethod
     async def replay(self, entries: Sequence[Entry]) -> dict[str, bool]:
         """Apply journaled settlements in one transaction, each at most once (its id is kept in
         ``journal_applied``): for each entry handled, True if applied now, False if it was applied
@@ -443,7 +466,8 @@ class Store(ABC):
     @abstractmethod
     async def reconcile(self, older_than: float | None = None) -> int:
         """Release reservations left by a crashed process (all, or those older than ``older_than``
-        seconds), each leaving an ``interrupted`` usage record. Returns how many."""
+        seconds), each leaving an ``interrupted`` usage record (charged what its stream had generated
+        at its last checkpoint, if it had one: :meth:`note_progress`). Returns how many."""
 
     # usage
     async def usage(self, group: str | None = None, key_id: int | None = None, source: str | None = None,

@@ -74,6 +74,14 @@ class StoreSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # (<file>.settlements.jsonl), or ./data/settlements.jsonl for PostgreSQL
     journal: str = ""
     journal_after_seconds: Annotated[float, msgspec.Meta(ge=0)] = 5.0
+    # a reply's last byte waits up to this for its call's settlement to be durable, so a call the caller
+    # saw complete is charged even if the process dies the next instant; 0: replies do not wait (a hard
+    # kill may then lose the charges of the calls settled in the last ~30 ms)
+    reply_wait_seconds: Annotated[float, msgspec.Meta(ge=0)] = 1.0
+    # every this many seconds, the usage so far of each stream in flight is kept in the store: a stream
+    # cut by a crash is charged for what it generated up to then (at the next start on SQLite, by the
+    # replica that releases the dead one's holds on PostgreSQL); 0: not kept (such a stream costs nothing)
+    checkpoint_seconds: Annotated[float, msgspec.Meta(ge=0)] = 1.0
 
     def journal_path(self) -> Path:
         if self.journal:

@@ -252,7 +252,9 @@ class Pipeline:
                 error=answer.error,
                 upstream_id=started.upstream_id,
                 estimated=answer.estimated,
+                reply=True,
             )
+            await meter.durable()  # the answer goes out once its charge is stored
             if not self.gw.settings.billing.cost_in_answer:
                 return answer
             charged = cost_of(meter.record)  # the figure the settlement stores, computed once

@@ -6,7 +6,7 @@ A batch of pieces goes out per upstream network read. The last batch (a :class:`
 follows it) holds what the last read brought and the reader's end — after a proper end its ``end()``,
 after a failure its ``fail(exc)``: an upstream error in-band, a stream that stopped before its end, a
 lost connection or one silent for the deployment's ``read_timeout`` (what arrived before is still
-relayed, and billed). The call is settled
+relayed, and billed). The call is settled, and its settlement durable,
 before the last batch goes out — before the reader's end is made, so that its usage can carry the
 charge (``usage.cost``) — or in ``finally`` when the consumer went away (``interrupted``: nothing
 more goes out, the usage record alone says what it cost).
@@ -50,6 +50,7 @@ async def relay(reader: Reader, response: aiohttp.ClientResponse, meter: Meter, 
     ``show_cost``: the reader's end carries the call's charge (:class:`~gateway.codec.Cost`; it is
     settled first)."""
     outcome = StreamEnd()
+    meter.follow(reader)  # its usage so far kept every few seconds (billing/progress.py)
     out = reader.start()
     content = response.content
     try:
@@ -86,7 +87,8 @@ async def relay(reader: Reader, response: aiohttp.ClientResponse, meter: Meter, 
             failure = UpstreamError(f"The connection to the provider '{provider}' was lost mid-stream.")
         if reader.error is not None and outcome.status == "ok":  # reported in-band, in a proper end
             outcome.status, outcome.error = "error", reader.error
-        await _settle(meter, reader, outcome, response)
+        await _settle(meter, reader, outcome, response, reply=True)
+        await meter.durable()  # the end of the stream goes out once its charge is stored
         if show_cost:  # the charge just computed, in the stream's usage (the record holds the same)
             reader.cost = cost_of(meter.record)
         out += reader.end() if failure is None else reader.fail(failure)
@@ -113,7 +115,8 @@ def _unread(response: aiohttp.ClientResponse) -> bytes:
     return data
 
 
-async def _settle(meter: Meter, reader: Reader, outcome: StreamEnd, response: aiohttp.ClientResponse) -> None:
+async def _settle(meter: Meter, reader: Reader, outcome: StreamEnd, response: aiohttp.ClientResponse,
+                  reply: bool = False) -> None:  # fmt: skip
     if meter.finished:
         return
     usage, prompt_usage = reader.reported()
@@ -125,4 +128,5 @@ async def _settle(meter: Meter, reader: Reader, outcome: StreamEnd, response: ai
         first_token_at=outcome.first_token_at,
         upstream_id=upstream_request_id(response.headers),
         prompt_usage=prompt_usage,
+        reply=reply,
     )

@@ -106,7 +106,8 @@ class Gateway:
         self.transport = ObservedTransport()  # the shared transport, counting failed upstream attempts
         # SQLite: one gateway per file, so admission is held in this process's memory (no store round
         # trip per call); PostgreSQL: reservations are atomic updates in the store, shared by replicas
-        self.ledger = ledger_for(self.store, settings.store.journal_after_seconds)
+        st = settings.store
+        self.ledger = ledger_for(self.store, st.journal_after_seconds, st.reply_wait_seconds, st.checkpoint_seconds)
         self.limits = RateLimiter(settings.limits)
         # calls in flight per key and group (gateway/concurrency.py), on the rate limits' Redis connection
         self.in_flight = InFlight(settings.limits, rate_limits=self.limits.backend)
@@ -117,6 +118,9 @@ class Gateway:
         self.auth = Authenticator(self.store, settings.server.key_prefix, settings.server.auth_cache_seconds)
         # the keys' last-used times, written in one batch a minute (gateway/auth.py: LastUsed)
         self.background: list[Periodic] = [Periodic("last-used", LAST_USED_SECONDS, self.auth.last_used.flush)]
+        if st.checkpoint_seconds:  # the usage so far of the streams in flight (billing/progress.py)
+            self.background.append(Periodic("stream-checkpoints", st.checkpoint_seconds, self.ledger.progress.tick,
+                                            final=False))  # fmt: skip
         # alerts: threshold checks queue events in the outbox, deliveries send them (gateway/alerts.py)
         self.alerts = AlertBook(self.store.database)
         self.alert_checker = Checker(self.store, self.alerts)

@@ -13,6 +13,7 @@ import pytest
 from billing.pricing import cost, worst_case
 from billing.store import UsageRecord
 from core.catalog import NANO, Prices
+from core.config import ReliabilitySettings, Settings, StoreSettings
 from core.wire import ChatRequest, TokenUsage
 from tests.conftest import Stack, break_off, http_post
 
@@ -309,9 +310,12 @@ def test_a_lingering_batch_waits_for_a_quiet_moment_and_no_longer(tmp_path) -> N
 
 
 def test_a_call_going_to_its_upstream_writes_the_lingering_settlements(tmp_path: Path) -> None:
-    """On the call path: a call's settlement lingers, then is written when the next call goes to its
-    upstream (long before ``quiet_wait`` would have run out)."""
-    stack = Stack(tmp_path).start()
+    """On the call path, with replies that do not wait for their charge (``reply_wait_seconds = 0``): a
+    call's settlement lingers, then is written when the next call goes to its upstream (long before
+    ``quiet_wait`` would have run out)."""
+    settings = Settings(store=StoreSettings(url=f"sqlite:///{tmp_path}/r.db", reply_wait_seconds=0),
+                        reliability=ReliabilitySettings(max_retries=0))  # fmt: skip
+    stack = Stack(tmp_path, settings).start()
     try:
         stack.gateway.store.commits.quiet_wait = 60.0
         client = stack.client()

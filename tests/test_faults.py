@@ -569,7 +569,8 @@ def test_a_replica_killed_under_load_has_its_holds_released_by_the_survivor(
         assert len(interrupted) == 6 and tally.ok > 20
         for r in interrupted:
             assert r.model == MODEL and r.provider == "openai" and r.key_id and r.request_id
-            assert r.credits == 0 and "stopped heartbeating" in (r.error or "")
+            assert "stopped heartbeating" in (r.error or "")  # charged only past a checkpoint (billing/progress.py)
+            assert r.credits == 0 or "at its last checkpoint" in (r.error or "")
         assert released_after < GRACE + 10
     finally:
         for proc in procs:
