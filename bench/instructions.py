@@ -107,6 +107,8 @@ SERVERS = {
     # what a reply waiting for its settlement to be durable costs (the default): against replies that don't
     "gw-reply-no-wait": Server("gateway, replies not waiting for their charge", "gateway", (True, True, True),
                                store=("reply_wait_seconds = 0",)),
+    "gw-pg-reply-no-wait": Server("PostgreSQL + Redis, replies not waiting", "gw-postgres", (True, True, True),
+                                  shared=True, store=("reply_wait_seconds = 0",)),
     # not in the default set: LiteLLM starts for minutes under callgrind, and a call costs it ~25x ours
     "litellm": Server("LiteLLM proxy (from .bench-venv)", "bare", None, "litellm"),
 }

@@ -40,8 +40,8 @@ class Entry:
     store: str = ""  # which store it belongs to (:func:`store_tag`): a journal never crosses stores
 
     @staticmethod
-    def new(reservation: Reservation, record: UsageRecord) -> Entry:
-        return Entry(secrets.token_hex(16), reservation, record)
+    def new(reservation: Reservation, record: UsageRecord, id: str = "") -> Entry:
+        return Entry(id or secrets.token_hex(16), reservation, record)
 
     def line(self) -> bytes:
         r = self.reservation

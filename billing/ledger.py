@@ -85,10 +85,12 @@ class Ledger:
         self.last: asyncio.Future[int] | None = None  # the settlement queued last
         self._watched: dict[str, list[asyncio.Future[int]]] = {}
 
-    def queue(self, reservation: Reservation, record: UsageRecord, linger: bool = True) -> asyncio.Future[int]:
-        """Settle without waiting; the future resolves once it is durable. ``linger``: nobody waits for
-        it, so the store may hold it a little to batch it with others."""
-        return self._track(self.settle_soon(reservation, record, linger=linger), record)
+    def queue(self, reservation: Reservation, record: UsageRecord, reply: bool = False) -> asyncio.Future[int]:
+        """Settle without waiting; the future resolves once it is durable. ``reply``: the caller's
+        reply waits until the settlement survives the process (where the store owes it, at once:
+        billing/owed.py; else at its commit, which then does not linger for a batch)."""
+        owed = reply and self.store.owes
+        return self._track(self.settle_soon(reservation, record, linger=owed or not reply, owed=owed), record)
 
     def record(self, record: UsageRecord) -> asyncio.Future[int]:
         """Store the record of a call refused before anything was reserved (status ``rejected``), as a
@@ -135,9 +137,9 @@ class Ledger:
         metrics.watch_ledger(self)
         await self.durable.start(journal)
         try:
-            await self.store.charge_cut_streams()
-        except StoreDown as exc:  # their rows stay: charged at the next start
-            log.error("the streams a stopped process left could not be charged now: %s", exc)
+            await self.store.recover_stopped()
+        except StoreDown as exc:  # what it left stays: settled at the next start
+            log.error("what a stopped process left could not be settled now: %s", exc)
 
     async def close(self) -> None:
         await self.durable.close()
@@ -155,11 +157,12 @@ class Ledger:
         return result
 
     def settle_soon(
-        self, reservation: Reservation, record: UsageRecord, linger: bool = False
+        self, reservation: Reservation, record: UsageRecord, linger: bool = False, owed: bool = False
     ) -> asyncio.Future[int]:
         """Start settling now (nothing can cancel it); the future resolves once it is durable.
-        ``linger``: nobody waits for it (a store may then wait a little to batch it with others)."""
-        return self.store.settle_soon(reservation, record, linger)  # kept until durable: billing/durable.py
+        ``linger``: nobody waits for it (a store may then wait a little to batch it with others);
+        ``owed``: see :meth:`billing.store.Store.settle_soon`."""
+        return self.store.settle_soon(reservation, record, linger, owed)  # kept until durable: billing/durable.py
 
 
 def ledger_for(store: Store, give_up: float = 5.0, reply_wait: float = 1.0, checkpoint: float = 1.0) -> Ledger:
@@ -258,9 +261,9 @@ class LocalLedger(Ledger):
         return Reservation(next(self._ids), group_id, key_id, amount)
 
     def settle_soon(
-        self, reservation: Reservation, record: UsageRecord, linger: bool = False
+        self, reservation: Reservation, record: UsageRecord, linger: bool = False, owed: bool = False
     ) -> asyncio.Future[int]:
-        settled = self.store.settle_soon(reservation, record, linger)
+        settled = self.store.settle_soon(reservation, record, linger, owed)
 
         def release(done: asyncio.Future[int]) -> None:
             charge = 0 if done.cancelled() or done.exception() is not None else done.result()
@@ -294,6 +297,7 @@ class Meter:
     started: float = field(default_factory=time.monotonic)
     finished: bool = False
     settled: asyncio.Future[int] | None = None  # once finished: resolves when its settlement is durable
+    waits: bool = False  # its reply waits for that (:meth:`durable`)
     on_finish: Callable[[], None] | None = None  # told once the call is over (the deployment's lease)
     # told its record, filled, and its settlement's future (the call's trace: gateway/tracing.py)
     on_record: Callable[[UsageRecord, asyncio.Future[int]], None] | None = None
@@ -341,8 +345,10 @@ class Meter:
         record.ttft_ms = (first_token_at - self.started) * 1000 if first_token_at else None
         record.ts = time.time()
         metrics.call_settled(record)
-        # durable at the store's next group commit (see Ledger); at once if the reply waits for it
-        self.settled = self.ledger.queue(self.reservation, record, linger=not (reply and self.ledger.reply_wait))
+        # durable at the store's next group commit (see Ledger); a reply goes out once it survives the process
+        reply = reply and bool(self.ledger.reply_wait)
+        self.settled = self.ledger.queue(self.reservation, record, reply)
+        self.waits = reply and not self.ledger.store.owes
         if self.on_record is not None:
             self.on_record(record, self.settled)
 
@@ -352,12 +358,13 @@ class Meter:
         self.ledger.progress.follow(self, source)
 
     async def durable(self) -> None:
-        """Wait until this call's settlement is durable, at most the ledger's ``reply_wait``: the
-        caller's last byte goes out after it, so a call the caller saw complete is charged even if
-        the process dies the next instant. Past the wait (the store slow or down) the reply goes out
-        and the settlement goes on being retried, then journaled (billing/durable.py)."""
+        """Wait until this call's settlement survives the process, at most the ledger's ``reply_wait``:
+        the caller's last byte goes out after it, so a call the caller saw complete is charged even if
+        the process dies the next instant. SQLite: at once (its owed log has it: billing/owed.py);
+        PostgreSQL: its commit. Past the wait (the store slow or down) the reply goes out and the
+        settlement goes on being retried, then journaled (billing/durable.py)."""
         settled = self.settled
-        if settled is not None and not settled.done() and self.ledger.reply_wait:
+        if self.waits and settled is not None and not settled.done():
             await asyncio.wait((settled,), timeout=self.ledger.reply_wait)
 
     def _estimate(self, generated: str, prompt: TokenUsage | None) -> TokenUsage:

@@ -360,7 +360,8 @@ class PostgresStore(Store):
         result: Reservation | Refusal = await self.commits.submit(ReserveOp(group_id, key_id, amount, hold))
         return result
 
-    def settle_soon(self, reservation: Reservation, record: UsageRecord, linger: bool = False) -> asyncio.Future[int]:
+    def settle_soon(self, reservation: Reservation, record: UsageRecord, linger: bool = False,
+                    owed: bool = False) -> asyncio.Future[int]:  # fmt: skip
         return self.commits.submit(SettleOp(reservation, record), linger)
 
     async def note_progress(self, progress: list[tuple[Reservation, UsageRecord]]) -> None:

@@ -19,10 +19,13 @@ from collections.abc import Callable, Sequence
 from functools import lru_cache, partial
 from itertools import groupby
 from operator import attrgetter
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from billing import budgets, end_users, rollup, rules
 from billing.history import History
+from billing.journal import Entry
+from billing.owed import OwedLog, entry_id
 from billing.sqlite_thread import SQLiteThread, down
 from billing.store import (
     KEY_SQL,
@@ -49,7 +52,6 @@ from billing.store import (
 from core.catalog import NANO
 
 if TYPE_CHECKING:
-    from billing.journal import Entry
     from core.config import StoreSettings
 
 T = TypeVar("T")
@@ -173,6 +175,11 @@ MIGRATIONS: list[str] = [
     # process died before it settled them (their reservation's id in that process, their record)
     """
     CREATE TABLE in_progress (reservation INTEGER PRIMARY KEY, request_id TEXT, record TEXT NOT NULL);
+    """,
+    # 11: the lines of the owed log (billing/owed.py) each group commit applied, as ranges of its seqs
+    """
+    CREATE TABLE owed_applied (epoch TEXT NOT NULL, lo INTEGER NOT NULL, hi INTEGER NOT NULL);
+    CREATE INDEX owed_applied_hi ON owed_applied(epoch, hi);
     """,
 ]
 
@@ -308,7 +315,8 @@ class GroupCommit:
                         if ok:
                             future.set_result(value)
                         elif not (rescue is not None and isinstance(op, Settle) and not op.again
-                                  and rescue(op.reservation, op.record, op.credits, began, future, value)):  # fmt: skip
+                                  and rescue(op.reservation, op.record, op.credits, began, future, value,
+                                             self.store.owed_retry(op))):  # fmt: skip
                             future.set_exception(value)
         finally:
             self.draining = False
@@ -334,6 +342,7 @@ class GroupCommit:
                         db.execute("ROLLBACK TO op")
                         db.execute("RELEASE op")
                         results.append((False, exc))
+            _owed_applied(db, ops, results)
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -345,16 +354,17 @@ class Settle:
     """A settlement queued for the group commit: one call's charge and usage record. A run of them in
     one batch is applied together by :func:`_settle_together`."""
 
-    __slots__ = ("reservation", "record", "credits", "again", "now", "noted")
+    __slots__ = ("reservation", "record", "credits", "again", "now", "noted", "epoch", "owed")
 
     def __init__(self, reservation: Reservation, record: UsageRecord, now: float, again: bool = False,
-                 noted: bool = False) -> None:  # fmt: skip
+                 noted: bool = False, epoch: str = "", owed: int = 0) -> None:  # fmt: skip
         self.reservation = reservation
         self.record = record
         self.credits = record.credits  # a failed transaction may leave the capped charge in the record
         self.again = again  # a retry (Store.settle_again): never offered to Store.rescue
         self.now = now  # the store's clock when it was queued: the budget buckets it falls in
         self.noted = noted  # its stream's progress was kept (SQLiteStore.note_progress): that row goes with it
+        self.epoch, self.owed = epoch, owed  # its line in the owed log (billing/owed.py), if it has one
 
     def __call__(self, db: sqlite3.Connection) -> int:
         if self.noted:
@@ -476,6 +486,22 @@ def replay_rows(db: sqlite3.Connection, entries: Sequence[Entry]) -> dict[str, b
     return done
 
 
+def _owed_applied(db: sqlite3.Connection, ops: list[Callable[[sqlite3.Connection], Any]],
+                  results: list[tuple[bool, Any]]) -> None:  # fmt: skip
+    """In a group commit's transaction: the owed log's lines it applied, as ranges of their seqs (one row
+    per epoch grows while the ranges follow each other: one statement per commit)."""
+    ranges: list[list[Any]] = []
+    for op, (ok, _) in zip(ops, results, strict=True):
+        if ok and type(op) is Settle and op.owed:
+            if ranges and ranges[-1][0] == op.epoch and ranges[-1][2] == op.owed - 1:
+                ranges[-1][2] = op.owed
+            else:
+                ranges.append([op.epoch, op.owed, op.owed])
+    for epoch, lo, hi in ranges:
+        if not db.execute("UPDATE owed_applied SET hi = ? WHERE epoch = ? AND hi = ?", (hi, epoch, lo - 1)).rowcount:
+            db.execute("INSERT INTO owed_applied (epoch, lo, hi) VALUES (?, ?, ?)", (epoch, lo, hi))
+
+
 def _note_progress(db: sqlite3.Connection, rows: list[tuple[int, str | None, str]]) -> None:
     db.executemany("INSERT OR REPLACE INTO in_progress (reservation, request_id, record) VALUES (?, ?, ?)", rows)
 
@@ -515,6 +541,10 @@ class SQLiteStore(Store):
         self._checkpointed = 0.0
         self._checkpoint: asyncio.Future[Any] | None = None
         self._noted: set[int] = set()  # reservations whose stream's progress was kept (note_progress)
+        self.owed: OwedLog | None = None  # the gateway's (serve): settlements its replies went out before
+        self._owed_left: tuple[str, list[tuple[int, Reservation, UsageRecord]]] = ("", [])  # a crash's lines
+        self._owed_pending = 0  # settlements with a line, not yet committed
+        self._owed_retried: dict[int, Settle] = {}  # reservation id -> its first try, rescued (owed_retry)
 
     # -- plumbing -------------------------------------------------------------------------------
     async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
@@ -535,6 +565,13 @@ class SQLiteStore(Store):
     async def serve(self, settings: StoreSettings) -> None:
         self.lock_owner()  # one gateway per SQLite file
         await self.reconcile()  # reservations of an older version's crash, if any
+        if self.path != ":memory:":  # its lines are settled by recover_stopped, after the journal's replay
+            self.owed = OwedLog(Path(self.path + ".owed"))
+            self._owed_left = self.owed.open()
+
+    @property
+    def owes(self) -> bool:
+        return self.owed is not None and bool(self.owed.epoch)
 
     async def close(self) -> None:
         await self.commits.flush()  # settle what is queued before closing
@@ -543,6 +580,9 @@ class SQLiteStore(Store):
             self._here = None
         if self._checkpoint is not None:
             await asyncio.wait((self._checkpoint,))
+        if self.owed is not None:
+            self.owed.close()
+            self.owed = None
         await self.thread.close()
         if self._owner is not None:
             self._owner.close()
@@ -766,7 +806,7 @@ class SQLiteStore(Store):
         self._owner = lock
 
     def settle_soon(
-        self, reservation: Reservation, record: UsageRecord, linger: bool = False
+        self, reservation: Reservation, record: UsageRecord, linger: bool = False, owed: bool = False
     ) -> asyncio.Future[int]:
         """Queue the settlement for the next group commit; the future resolves once it committed
         (``linger``: nobody waits for it, see GroupCommit.submit)."""
@@ -774,10 +814,34 @@ class SQLiteStore(Store):
         if self._noted and reservation.id in self._noted:
             self._noted.discard(reservation.id)
             noted = True
-        return self.commits.submit(Settle(reservation, record, self.clock(), noted=noted), linger)
+        book = self.owed if owed and self.owes else None
+        if book is None:
+            return self.commits.submit(Settle(reservation, record, self.clock(), noted=noted), linger)
+        seq = book.write(reservation, record)  # survives the process from here: the reply may go out
+        self._owed_pending += 1
+        settling = self.commits.submit(Settle(reservation, record, self.clock(), noted=noted, epoch=book.epoch,
+                                              owed=seq), linger)  # fmt: skip
+        settling.add_done_callback(self._owed_done)
+        return settling
+
+    def _owed_done(self, _: asyncio.Future[int]) -> None:
+        self._owed_pending -= 1
+        if not self._owed_pending and self.owed is not None:
+            self.owed.truncate()  # every line is applied (or journaled): the file starts over
+
+    def owed_retry(self, op: Settle) -> str:
+        """A settlement with a line whose first write failed (GroupCommit, to Store.rescue): its retry
+        records that line as applied, its journal entry has the line's id (billing/owed.py)."""
+        if not op.owed:
+            return ""
+        self._owed_retried[op.reservation.id] = op
+        return entry_id(op.epoch, op.owed)
 
     def settle_again(self, reservation: Reservation, record: UsageRecord) -> asyncio.Future[int]:
-        return self.commits.submit(Settle(reservation, record, self.clock(), again=True, noted=reservation.id < 0))
+        first = self._owed_retried.pop(reservation.id, None)
+        epoch, seq = (first.epoch, first.owed) if first is not None else ("", 0)
+        return self.commits.submit(Settle(reservation, record, self.clock(), again=True, noted=reservation.id < 0,
+                                          epoch=epoch, owed=seq))  # fmt: skip
 
     def note_progress(self, progress: list[tuple[Reservation, UsageRecord]]) -> asyncio.Future[None]:
         """In the group commit, before the settlements queued after it (which remove the rows)."""
@@ -785,9 +849,38 @@ class SQLiteStore(Store):
         self._noted.update(r.id for r, _ in progress)
         return self.commits.submit(partial(_note_progress, rows=rows), linger=True)
 
-    async def charge_cut_streams(self) -> int:
-        """The streams a stopped process left in progress, each charged what it had generated at its
-        last checkpoint (an ``interrupted`` record), their rows removed: one transaction."""
+    async def recover_stopped(self) -> int:
+        """The lines of the owed log no group commit applied (each once: as a journal entry), then the
+        streams left in progress, each charged what it had generated at its last checkpoint (an
+        ``interrupted`` record), their rows removed: one transaction. Then a new epoch of the log."""
+        owed = 0
+        if self.owed is not None:
+            epoch, lines = self._owed_left
+            if lines:
+                owed = await self._settle_owed(epoch, lines)
+            self.owed.begin()  # (after the lines are settled: a crash before leaves them to the next start)
+            self._owed_left = ("", [])
+            await self.run(lambda db: db.execute("DELETE FROM owed_applied WHERE epoch <> ?", (self.owed_epoch,)))
+        return owed + await self._charge_cut_streams()
+
+    @property
+    def owed_epoch(self) -> str:
+        return self.owed.epoch if self.owed is not None else ""
+
+    async def _settle_owed(self, epoch: str, lines: list[tuple[int, Reservation, UsageRecord]]) -> int:
+        def applied(db: sqlite3.Connection) -> list[tuple[int, int]]:
+            return db.execute("SELECT lo, hi FROM owed_applied WHERE epoch = ?", (epoch,)).fetchall()
+
+        ranges = await self.run(applied)
+        todo = [Entry(entry_id(epoch, seq), r, record) for seq, r, record in lines
+                if not any(lo <= seq <= hi for lo, hi in ranges)]  # fmt: skip
+        if not todo:
+            return 0
+        done = sum((await self.replay(todo)).values())
+        log.warning("settled %d charges a stopped process owed (its replies had gone out)", done)
+        return done
+
+    async def _charge_cut_streams(self) -> int:
 
         def fn(db: sqlite3.Connection) -> list[UsageRecord]:
             db.execute("BEGIN IMMEDIATE")

@@ -286,10 +286,11 @@ class ModelUsage:
 class Rescue(Protocol):
     """:attr:`Store.rescue`: ``(reservation, record, credits, began, future, error) -> bool``, for a
     first try (``credits``: the record's credits when it was queued; ``began``: ``time.monotonic()``
-    when the store first tried it)."""
+    when the store first tried it; ``entry_id``: the id its journal entry must have, if it has one
+already: billing/owed.py)."""
 
     def __call__(self, reservation: Reservation, record: UsageRecord, credits: int, began: float,
-                 future: asyncio.Future[int], error: BaseException) -> bool: ...  # fmt: skip
+                 future: asyncio.Future[int], error: BaseException, entry_id: str = "") -> bool: ...  # fmt: skip
 
 
 class Store(ABC):
@@ -418,15 +419,22 @@ class Store(ABC):
     async def ledger_state(self, group_id: int, key_id: int) -> tuple[int, int | None]:
         """The group's balance and the key's room under its spend cap (None: no cap), as committed."""
 
+    @property
+    def owes(self) -> bool:
+        """Whether :meth:`settle_soon` can make a settlement survive the process before its commit
+        (``owed``: SQLite's owed log, billing/owed.py); else a reply waits for the commit."""
+        return False
+
     @abstractmethod
     def settle_soon(
-        self, reservation: Reservation, record: UsageRecord, linger: bool = False
+        self, reservation: Reservation, record: UsageRecord, linger: bool = False, owed: bool = False
     ) -> asyncio.Future[int]:
         """Start settling now: release the reservation, charge ``record.credits`` (capped at what the
         group has: the balance never goes below zero) and insert the usage record. The future
         resolves with the charge once it is durable. ``linger``: nobody waits for it, so the store
-        may wait a little to commit it with others. If the write fails, the store offers the
-        settlement to :attr:`rescue` (if set) before failing the future."""
+        may wait a little to commit it with others. ``owed``: a reply goes out as soon as this
+        returns (where :attr:`owes`, the settlement survives the process from then on). If the write
+        fails, the store offers the settlement to :attr:`rescue` (if set) before failing the future."""
 
     def upstream_wait(self) -> None:
         """A call is about to wait for its upstream: a moment when the event loop has no call's work
@@ -447,14 +455,15 @@ class Store(ABC):
     def note_progress(self, progress: list[tuple[Reservation, UsageRecord]]) -> Awaitable[None]:
         """Keep these streams' usage so far (each record ``interrupted``, with its tokens and credits
         so far), in place of what was kept for them before, until their settlement removes it in its
-        own transaction. If the process dies first, it is charged: by :meth:`charge_cut_streams` at
+        own transaction. If the process dies first, it is charged: by :meth:`recover_stopped` at
         the next start (SQLite), by the release of the dead replica's holds (PostgreSQL;
         billing/leases.py)."""
 
-    async def charge_cut_streams(self) -> int:
-        """At the start, after the settlement journal's replay: charge the streams a stopped process
-        left in progress (SQLite; on PostgreSQL the release of a dead replica's holds does it).
-        Returns how many."""
+    async def recover_stopped(self) -> int:
+        """At the start, after the settlement journal's replay, what a stopped process left (SQLite; on
+        PostgreSQL the release of a dead replica's holds does it): the settlements it owed (replies
+        that went out before their commit), then its streams in progress, charged for what they had
+        generated at their last checkpoint. Returns how many records it wrote."""
         return 0
 
     @abstractmethod

@@ -383,7 +383,10 @@ async def test_a_settlement_that_cannot_be_stored_is_logged_with_its_usage_recor
     from billing.store import Reservation
 
     class BrokenStore:
-        def settle_soon(self, reservation: Reservation, record: UsageRecord, linger: bool) -> asyncio.Future[int]:
+        owes = False
+
+        def settle_soon(self, reservation: Reservation, record: UsageRecord, linger: bool,
+                        owed: bool = False) -> asyncio.Future[int]:  # fmt: skip
             failed: asyncio.Future[int] = asyncio.get_running_loop().create_future()
             failed.set_exception(RuntimeError("disk full"))
             return failed

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -122,8 +123,10 @@ def test_a_hard_kill_loses_no_charge_the_caller_saw(stack: Stack, store_url: str
         proc.wait(20)
     charged = {r.request_id for r in records if r.status == "ok"}
     lost = [rid for rid in seen if rid not in charged]
+    owed = re.search(r"settled (\d+) charges a stopped process owed", (tmp_path / "restarted.log").read_text())
     print(f"\nkilled under load ({store_url.split(':')[0]}): {len(seen)} calls seen complete, "
-          f"{len(records)} records, {len(lost)} seen complete but not charged")  # fmt: skip
+          f"{len(records)} records, {len(lost)} seen complete but not charged; "
+          f"{owed.group(1) if owed else 0} settled from the owed log at the restart")  # fmt: skip
     assert not lost, f"{len(lost)} calls the caller saw complete were not charged: {lost[:5]}"
     ok = [r.request_id for r in records if r.status == "ok"]
     assert len(ok) == len(set(ok)), "a call charged twice"
@@ -200,3 +203,66 @@ def test_streams_cut_by_a_hard_kill_are_charged_up_to_their_last_checkpoint(
         assert record.credits > 0 and record.prompt_tokens > 0 and not record.usage_exact
     assert reserved == 0
     assert balance + spent == initial and spent == sum(r.credits for r in records)
+
+
+def test_the_owed_log_settles_what_a_crash_left_once(tmp_path: Path) -> None:
+    """SQLite's owed log (billing/owed.py), at the store: the lines of settlements whose replies went out
+    but whose group commit never ran are settled at the next start, once; a line whose commit ran (the
+    file not yet emptied) is not settled again; a clean run leaves the file holding its epoch only."""
+    from billing.owed import entry_id
+    from billing.sqlite import Settle, SQLiteStore
+    from billing.store import Reservation, UsageRecord
+    from core.config import StoreSettings
+
+    url = f"sqlite:///{tmp_path}/owed.db"
+    owed = tmp_path / "owed.db.owed"
+
+    async def started() -> SQLiteStore:
+        store = SQLiteStore(url)
+        await store.open()
+        await store.serve(StoreSettings(url=url))
+        return store
+
+    def crash(store: SQLiteStore) -> None:  # what SIGKILL leaves: the files as they are, nothing flushed
+        assert store.owed is not None and store._owner is not None
+        store.owed.close()
+        store._owner.close()
+
+    async def main() -> None:
+        store = await started()
+        await store.recover_stopped()
+        group = await store.create_group("g", 10_000)
+        key = await store.create_key("g", "k", "h" * 64, "hint")
+
+        def charge(rid: int, credits: int, name: str) -> tuple[Reservation, UsageRecord]:
+            record = UsageRecord(key_id=key.id, group_id=group.id, model="m", provider="p", credits=credits,
+                                 request_id=name)  # fmt: skip
+            return Reservation(rid, group.id, key.id, credits), record
+
+        assert await store.settle_soon(*charge(-1, 100, "a"), owed=True) == 100
+        assert owed.read_bytes() == store.owed_epoch.encode() + b"\n"  # committed: the file starts over
+        assert store.owed is not None
+        store.owed.write(*charge(-2, 200, "b"))  # replies gone, commits never ran
+        store.owed.write(*charge(-3, 300, "c"))
+        seq = store.owed.write(*charge(-4, 400, "d"))  # committed, but the file not emptied yet
+        assert await store.commits.submit(Settle(*charge(-4, 400, "d"), 0.0, epoch=store.owed_epoch, owed=seq)) == 400
+        first_epoch = store.owed_epoch
+        crash(store)
+        await store.thread.close()
+
+        store = await started()
+        assert await store.recover_stopped() == 2  # b and c
+        assert store.owed_epoch != first_epoch and owed.read_bytes() == store.owed_epoch.encode() + b"\n"
+        records = await store.usage(group="g", limit=100)
+        assert sorted(r.request_id or "" for r in records) == ["a", "b", "c", "d"]
+        g = await store.get_group("g")
+        assert g is not None and g.spent == 1_000
+        await store.close()
+
+        store = await started()  # a clean stop before: nothing to settle again
+        assert await store.recover_stopped() == 0
+        assert len(await store.usage(group="g", limit=100)) == 4
+        await store.close()
+        assert entry_id(first_epoch, 2) == f"owed:{first_epoch}:2"
+
+    asyncio.run(main())
