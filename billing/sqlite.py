@@ -821,11 +821,13 @@ class SQLiteStore(Store):
         self._owed_pending += 1
         settling = self.commits.submit(Settle(reservation, record, self.clock(), noted=noted, epoch=book.epoch,
                                               owed=seq), linger)  # fmt: skip
-        settling.add_done_callback(self._owed_done)
+        settling.add_done_callback(partial(self._owed_done, reservation.id))
         return settling
 
-    def _owed_done(self, _: asyncio.Future[int]) -> None:
+    def _owed_done(self, reservation_id: int, _: asyncio.Future[int]) -> None:
         self._owed_pending -= 1
+        if self._owed_retried:
+            self._owed_retried.pop(reservation_id, None)
         if not self._owed_pending and self.owed is not None:
             self.owed.truncate()  # every line is applied (or journaled): the file starts over
 
@@ -838,7 +840,7 @@ class SQLiteStore(Store):
         return entry_id(op.epoch, op.owed)
 
     def settle_again(self, reservation: Reservation, record: UsageRecord) -> asyncio.Future[int]:
-        first = self._owed_retried.pop(reservation.id, None)
+        first = self._owed_retried.get(reservation.id)  # (kept for each retry until the settlement is done)
         epoch, seq = (first.epoch, first.owed) if first is not None else ("", 0)
         return self.commits.submit(Settle(reservation, record, self.clock(), again=True, noted=reservation.id < 0,
                                           epoch=epoch, owed=seq))  # fmt: skip

@@ -15,9 +15,11 @@ import json
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
+
+import msgspec
 
 from core.clock import Clock, clock
 
@@ -205,13 +207,17 @@ class UsageRecord:
     id: int = 0
 
 
+_record_json = msgspec.json.Encoder()
+_record_of = msgspec.json.Decoder(UsageRecord)
+
+
 def record_text(record: UsageRecord) -> str:
     """A usage record as compact JSON (what a stream's checkpoint keeps: billing/progress.py)."""
-    return json.dumps(asdict(record), separators=(",", ":"))
+    return _record_json.encode(record).decode()
 
 
-def record_of(text: str) -> UsageRecord:
-    return UsageRecord(**json.loads(text))
+def record_of(text: str | bytes) -> UsageRecord:
+    return _record_of.decode(text)
 
 
 # The columns of the ``usage`` table are the fields of UsageRecord (``id`` aside), in this order; every

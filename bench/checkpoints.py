@@ -1,0 +1,111 @@
+"""What the streams' checkpoints cost (billing/progress.py): one tick with N streams in flight, on SQLite
+and on PostgreSQL.
+
+    .venv/bin/python -m bench.checkpoints [--streams 100,1000,10000] [--ticks 5]
+
+Each stream is a real :class:`billing.ledger.Meter` of a real reservation, its source a reader that has
+generated one second of a 25-token-a-second answer more at each tick. A tick counts the new text's
+tokens on a worker thread and writes every stream's usage so far to the store (SQLite: ``in_progress``
+through the group commit; PostgreSQL: the reservation rows). Reported per tick: the wall time, the
+event loop's share (the rest is the worker thread and the store), and per stream. PostgreSQL: a
+throwaway database at ``BENCH_POSTGRES``. Results: bench/results/checkpoints.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.stack import _pg_admin, pg_database
+from billing.ledger import Meter, ledger_for
+from billing.store import Hold, Store, UsageRecord, open_store
+from core.config import Settings, StoreSettings
+from core.wire import TokenUsage
+
+RESULTS = Path(__file__).with_name("results")
+SECOND = "the router answers every call with care and the credits are billed to the group exactly " * 2
+MODEL = Settings().load_catalog().models["openai/gpt-4o-mini"]
+
+
+class Source:
+    """A stream that has generated one more second of text at each tick."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def reported(self) -> tuple[TokenUsage | None, TokenUsage | None]:
+        return None, None
+
+    def generated(self) -> str:
+        return self.text
+
+
+async def one(url: str, streams: int, ticks: int) -> dict[str, float]:
+    store: Store = open_store(url)
+    await store.open()
+    await store.serve(StoreSettings(url=url))
+    ledger = ledger_for(store, checkpoint=1.0)
+    await ledger.start(None)
+    try:
+        group = await store.create_group("bench", 10**15)
+        key = await store.create_key("bench", "k", os.urandom(32).hex(), "hint")
+        sources = []
+        for n in range(streams):
+            reservation = await ledger.reserve(group.id, key.id, 10**9, Hold(MODEL.id, "openai", f"r{n}"))
+            record = UsageRecord(key_id=key.id, group_id=group.id, model=MODEL.id, provider="openai", stream=True,
+                                 request_id=f"r{n}")  # fmt: skip
+            meter = Meter(ledger, reservation, MODEL, record, {"messages": [{"role": "user", "content": "hi"}]})
+            meter.started -= 2.0  # old enough to be due
+            source = Source()
+            meter.follow(source)
+            sources.append(source)
+        walls, loops = [], []
+        for _ in range(ticks):
+            for source in sources:
+                source.text += SECOND
+            began, cpu = time.perf_counter(), time.thread_time()
+            noted = await ledger.progress.tick()
+            walls.append(time.perf_counter() - began)
+            loops.append(time.thread_time() - cpu)  # this thread: the event loop's work in the tick
+            assert noted == streams
+        wall, loop = sorted(walls)[len(walls) // 2], sorted(loops)[len(loops) // 2]
+        return {"streams": streams, "tick_ms": wall * 1000, "loop_ms": loop * 1000,
+                "per_stream_us": wall / streams * 1e6}  # fmt: skip
+    finally:
+        await ledger.close()
+        await store.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--streams", default="100,1000,10000")
+    parser.add_argument("--ticks", type=int, default=5)
+    args = parser.parse_args()
+    counts = [int(n) for n in args.streams.split(",")]
+    results: dict[str, list[dict[str, float]]] = {"sqlite": [], "postgres": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in counts:
+            results["sqlite"].append(asyncio.run(one(f"sqlite:///{tmp}/c{n}.db", n, args.ticks)))
+    database = f"bench_checkpoints_{os.getpid()}"
+    try:
+        for n in counts:
+            results["postgres"].append(asyncio.run(one(pg_database(database), n, args.ticks)))  # (a fresh one each)
+    finally:
+        _pg_admin(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+    for store, rows in results.items():
+        for r in rows:
+            print(f"  {store:9s} {int(r['streams']):>6,} streams: a tick {r['tick_ms']:8.1f} ms "
+                  f"(event loop {r['loop_ms']:6.1f} ms), {r['per_stream_us']:6.1f} us per stream")  # fmt: skip
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "checkpoints.json").write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
