@@ -250,6 +250,10 @@ class LocalLedger(Ledger):
         now = time.monotonic()
         if group is None or key is None or now - group.read_at > self.refresh or now - key.read_at > self.refresh:
             group, key = await self._reread(group_id, key_id)
+        elif now - group.read_at > self.refresh / 2 or now - key.read_at > self.refresh / 2:
+            # read again ahead of time, waited for by nobody: under another group's burst the read
+            # queues behind its store work, and this group's calls must not queue with it
+            self._reads.ahead((group_id, key_id), lambda: self._read(group_id, key_id))
         refusal = self._refusal(group, key, amount, group_id, key_id)
         if refusal is not None:
             group, key = await self._reread(group_id, key_id)  # a top-up may have come since

@@ -164,6 +164,9 @@ class LimitsSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # responses do not count
     key_concurrent: InFlightLimit = 0
     group_concurrent: InFlightLimit = 0
+    # with no group_concurrent: once one process holds this many calls in flight, a group holding its
+    # share of them (this over the groups active now) is refused 429 (gateway/fairshare.py); 0: never
+    fair_share_calls: Annotated[int, msgspec.Meta(ge=0)] = 256
     redis_url: str = ""  # empty: counted in this process; redis://host:port/db: shared by every replica
     redis_prefix: str = "router:rl"
     redis_timeout: float = 0.25  # seconds per check before it counts as a Redis failure

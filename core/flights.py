@@ -43,6 +43,15 @@ class Flights(Generic[T]):
             task.add_done_callback(self._tasks.discard)
         return await asyncio.shield(flight)
 
+    def ahead(self, key: Hashable, read: Callable[[], Awaitable[T]]) -> None:
+        """Start a read for ``key`` now unless one is running or about to, and wait for none: a cache
+        refreshed before it expires, so that no caller waits while its value is still good (``read``
+        puts its result where it belongs; a failure is dropped: the next caller reads again)."""
+        if key in self._next or key in self._running:
+            return
+        task = asyncio.ensure_future(self.fresh(key, read))
+        task.add_done_callback(_retrieve)
+
     async def _fly(self, key: Hashable, flight: asyncio.Future[T], read: Callable[[], Awaitable[T]]) -> None:
         before = self._running.get(key)  # (none can start meanwhile: the next read to start is this one)
         if before is not None:

@@ -192,6 +192,12 @@ UPSTREAM_ERRORS = Counter(
     registry=REGISTRY,
 )
 RETRIES = Counter("router_upstream_retries", "Upstream retries by provider.", ["provider"], registry=REGISTRY)
+REFUSALS_UNRECORDED = Counter(
+    "router_refusals_unrecorded",
+    "Refused calls left without a usage record of their own (a flood past 10 a second per group and code: "
+    "gateway/refusals.py), by error code.",
+    ["code"],
+)
 RATE_LIMITED = Counter(
     "router_rate_limited",
     "Calls refused by the gateway's rate limits, by the limit that refused.",
@@ -270,6 +276,10 @@ def rate_limited(limit: str) -> None:
     if child is None:
         child = _limited[limit] = RATE_LIMITED.labels(limit)
     child.inc()
+
+
+def refusal_unrecorded(code: str) -> None:
+    REFUSALS_UNRECORDED.labels(code).inc()
 
 
 def ratelimit_backend_error() -> None:

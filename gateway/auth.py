@@ -129,6 +129,8 @@ class Authenticator:
         now = time.monotonic()
         cached = self._cache.get(digest)
         if cached is not None and cached[1] > now:
+            if cached[1] - now < self.cache_seconds / 2:  # looked up again ahead of time, waited for by nobody
+                self._lookups.ahead(digest, lambda: self._lookup(digest))
             hit = cached[0]
             if hit is None:
                 raise _unknown_key()
@@ -136,19 +138,24 @@ class Authenticator:
                 _check_deadline(hit.deadline, hit.deadline_code, time.time())
             return hit
         try:
-            principal = await self._lookups.fresh(digest, lambda: self.store.principal(digest))
+            principal = await self._lookups.fresh(digest, lambda: self._lookup(digest))
         except StoreDown:
             metrics.store_error("lookup")
             raise StoreUnavailable() from None
-        if len(self._cache) > 100_000:  # (a flood of random keys: each is looked up once anyway)
-            self._cache.clear()
-        self._cache[digest] = (principal, now + self.cache_seconds)
         if principal is None:
             raise _unknown_key()
         wall = time.time()
         if principal.deadline is not None:
             _check_deadline(principal.deadline, principal.deadline_code, wall)
         self.last_used.note(principal.key_id, wall)
+        return principal
+
+    async def _lookup(self, digest: str) -> Principal | None:
+        """The store's answer for a key, kept for ``cache_seconds`` from when it came."""
+        principal = await self.store.principal(digest)
+        if len(self._cache) > 100_000:  # (a flood of random keys: each is looked up once anyway)
+            self._cache.clear()
+        self._cache[digest] = (principal, time.monotonic() + self.cache_seconds)
         return principal
 
 

@@ -43,6 +43,7 @@ from gateway.auth import may_use
 from gateway.codec import Answer, Codec, Leg, cost_of
 from gateway.concurrency import Flight
 from gateway.context import CallContext
+from gateway.fairshare import Share
 from gateway.relay import relay
 from gateway.reliability import circuit_open, closed, failover, no_deployment, open_upstream
 from gateway.routing import Ask
@@ -147,6 +148,7 @@ class Pipeline:
         last: GatewayError | None = None
         limit_headers: Headers | None = None
         flight: Flight | None = None  # its places among the calls in flight, given back when it ends
+        share: Share | None = None  # its place in its group's fair share of this process's (gateway/fairshare.py)
         try:
             for n, model_id in enumerate(ids):
                 try:
@@ -161,6 +163,8 @@ class Pipeline:
                         raise
                     continue  # a fallback this call cannot use
                 if n == 0:  # limits: once per call (429 here is final: no fallback), before any reserve
+                    if context.waited_on:
+                        share = gw.fair.enter(principal.group_id, principal.group_name)
                     entering = gw.in_flight.enter(principal) if gw.in_flight.enabled and context.waited_on else None
                     if entering is None:
                         limit_headers = await gw.limits.admit(principal, model, codec.size, codec.view)
@@ -178,6 +182,9 @@ class Pipeline:
                     if flight is not None:  # the call's places now end with its settlement
                         flight.then, started.meter.on_finish = started.meter.on_finish, flight.end
                         flight = None
+                    if share is not None:
+                        share.then, started.meter.on_finish = started.meter.on_finish, share.end
+                        share = None
                     return started
                 except GatewayError as exc:
                     if not failover(exc) or n == len(ids) - 1 or time.monotonic() >= deadline:
@@ -187,6 +194,8 @@ class Pipeline:
         finally:
             if flight is not None:  # refused, failed or cancelled before an upstream answered
                 flight.end()
+            if share is not None:
+                share.end()
 
     async def _open(self, context: CallContext, codec: Codec, leg: Leg, deployments: tuple[Deployment, ...],
                     deadline: float) -> Started:  # fmt: skip

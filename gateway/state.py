@@ -16,6 +16,7 @@ import msgspec
 
 from adapters import Adapter, adapter_for
 from adapters.transport import ObservedTransport
+from billing import tokens
 from billing.alerts import AlertBook
 from billing.journal import Journal, store_tag
 from billing.ledger import ledger_for
@@ -29,8 +30,10 @@ from gateway.attempts import Attempts
 from gateway.auth import LAST_USED_SECONDS, Authenticator
 from gateway.concurrency import InFlight
 from gateway.dispatch import router_for
+from gateway.fairshare import FairShare
 from gateway.periodic import Periodic
 from gateway.ratelimit import RateLimiter
+from gateway.refusals import Refusals
 from gateway.reliability import Breakers
 from gateway.response_store import ResponseStore
 from gateway.sealed import Sealer, key_of
@@ -111,6 +114,8 @@ class Gateway:
         self.limits = RateLimiter(settings.limits)
         # calls in flight per key and group (gateway/concurrency.py), on the rate limits' Redis connection
         self.in_flight = InFlight(settings.limits, rate_limits=self.limits.backend)
+        self.fair = FairShare(settings.limits)  # each group's share of this process's calls in flight
+        self.refusals = Refusals()  # which refused calls leave a usage record (a flood: a sample)
         # the console's logins, counted before they are checked, in Redis or the store (gateway/attempts.py)
         lim = settings.limits
         self.attempts = Attempts(self.store.database, lim.redis_url, lim.redis_prefix, lim.redis_timeout)
@@ -151,6 +156,7 @@ class Gateway:
         self.config_path: str | None = None  # the file the settings came from: what a reload re-reads
         self._retired: list[Any] = []  # routers a reload replaced: closed at stop (their calls may still hold leases)
         self.started = False
+        self._warming: asyncio.Future[Any] | None = None
         self._lock = asyncio.Lock()
 
     async def start(self) -> None:
@@ -168,6 +174,9 @@ class Gateway:
                     await self.alerts.ready()  # the alerts' tables, migrated now rather than in a first round
                 for task in self.background:
                     task.start()
+                if store.checkpoint_seconds:  # the tokenizer the checkpoints count with, loaded now on a
+                    # worker thread (0.2 s of parsing): at a first checkpoint under load it would hold the loop
+                    self._warming = asyncio.get_running_loop().run_in_executor(None, tokens.encoding)
                 self.started = True
 
     async def _seal_key(self) -> bytes:
@@ -203,6 +212,7 @@ class Gateway:
         self.settings, self.catalog, self.deployments, self.adapters = applied, catalog, deployments, adapters
         self.providers = {prefix: deps[0] for prefix, deps in deployments.items()}
         self.router, self.limits, self.in_flight = router, limits, in_flight
+        self.fair.configure(applied.limits)
         for deps in deployments.values():
             for deployment in deps:
                 self.breakers[deployment.key]  # (a new deployment's breaker)

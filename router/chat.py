@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
@@ -166,9 +167,14 @@ class ChatCompletions:
 def record_refusal(gw: Gateway, trace: Trace, exc: GatewayError) -> None:
     """A model call refused before anything was reserved for it (a bad body, a model it may not use,
     a rate limit, too few credits, an open circuit) still leaves a usage record: status ``rejected``,
-    no credits, the error's code. Calls whose caller is unknown (401) have no group to record it in."""
+    no credits, the error's code; past 10 a second per group and code, one in a while, saying how many
+    it stands for (gateway/refusals.py). Calls whose caller is unknown (401) have no group to record
+    it in."""
     context = trace.context
     if context is None or context.metered:
+        return
+    more = gw.refusals.keep(context.group_id, exc.code or exc.type, time.monotonic())
+    if more is None:  # a flood of them: counted, not each recorded (gateway/refusals.py)
         return
     asked = trace.model or ""
     try:
@@ -176,7 +182,10 @@ def record_refusal(gw: Gateway, trace: Trace, exc: GatewayError) -> None:
         name, provider = model.id, model.provider
     except GatewayError:
         name, provider = asked, ""
-    gw.ledger.record(context.rejected(exc, name, provider, trace.stream, trace.began))
+    record = context.rejected(exc, name, provider, trace.stream, trace.began)
+    if more:
+        record.error = f"{record.error} (and {more} more refused alike in this group since, not recorded one by one)"
+    gw.ledger.record(record)
 
 
 def _error_events(exc: GatewayError) -> bytes:

@@ -93,3 +93,31 @@ async def test_a_keys_spend_cap_is_held_the_same_way(books: Books) -> None:
         await books.ledger.reserve(books.group_id, capped.id, 2 * NANO)
     assert refused.value.code == "key_spend_cap_reached"
     await books.ledger.reserve(books.group_id, books.key.id, 7 * NANO)  # the group's other key: the rest
+
+
+async def test_a_balance_read_is_refreshed_ahead_and_no_call_waits_for_it(books: Books) -> None:
+    """Past half its ``refresh``, a group's balance is read again in the background while calls go on with
+    the value read before (still within ``refresh``): under another group's burst that read queues behind
+    the burst's store work, and this group's calls must not queue with it. Past ``refresh`` a call waits."""
+    ledger, store = books.ledger, books.store
+    ledger.refresh = 0.4
+    await ledger.reserve(books.group_id, books.key.id, NANO)  # the first read
+    reads, gate = [], asyncio.Event()
+    plain = store.ledger_state
+
+    async def slow(group_id: int, key_id: int) -> tuple[int, int | None]:
+        reads.append(group_id)
+        await gate.wait()  # (the store is busy with somebody else's work)
+        return await plain(group_id, key_id)
+
+    store.ledger_state = slow  # type: ignore[method-assign]
+    await asyncio.sleep(0.25)  # past half the refresh
+    for _ in range(5):  # none waits for the read they started
+        await asyncio.wait_for(ledger.reserve(books.group_id, books.key.id, NANO), 0.05)
+    assert reads == [books.group_id]  # one read, ahead of time
+    await asyncio.sleep(0.2)  # past the refresh: a call waits for a fresh value
+    waiting = asyncio.ensure_future(ledger.reserve(books.group_id, books.key.id, NANO))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    gate.set()
+    await asyncio.wait_for(waiting, 1)

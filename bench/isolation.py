@@ -1,0 +1,156 @@
+"""One group's burst against another group's calls, with the default configuration (no limits set).
+
+    .venv/bin/python -m bench.isolation [--burst 1000] [--calls 200]
+
+The emulators and the gateway (SQLite, no rate or concurrency limits: the defaults) run as their own
+processes. Group B makes ``--calls`` ordinary calls one after another, one every 25 ms (12 tokens, non-stream),
+while ``/healthz`` is probed every 20 ms: first quiet, then while group A, from a client process of its own,
+opens ``--burst`` slow streams at once (each waits 2 s for its first byte, then 40 tokens 50 ms apart).
+Reported: B's latency and ``/healthz``'s, p50 and p99, quiet and under the burst, and how A's streams
+ended. The promise (docs/operations.md, "Tenant isolation"): B's p99 under the burst within 3x its
+quiet p99 and under 100 ms, ``/healthz`` p99 under 50 ms. Results: bench/results/isolation.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+from bench.procs import stop_all
+from bench.stack import _cli, health_url, start_emulators, start_gateway, wait_ready
+from bench.streams import raise_descriptor_limit
+
+RESULTS = Path(__file__).with_name("results")
+MODEL = "openai/gpt-4o-mini"
+
+
+def _body(content: str, stream: bool) -> bytes:
+    return json.dumps({"model": MODEL, "stream": stream, "max_tokens": 60,
+                       "messages": [{"role": "user", "content": content}]}).encode()  # fmt: skip
+
+
+async def burst_client(url: str, key: str, n: int) -> dict[str, int]:
+    """Group A: ``n`` slow streams at once (run in a process of its own)."""
+    raise_descriptor_limit(n)
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    body = _body("burst [slow:2000] [delay:50] [tokens:40]", True)
+    outcome: dict[str, int] = {}
+
+    async def one(session: aiohttp.ClientSession) -> None:
+        try:
+            async with session.post(url, data=body, headers=headers) as response:
+                await response.read()
+                kind = str(response.status)
+        except aiohttp.ClientError as exc:
+            kind = type(exc).__name__
+        outcome[kind] = outcome.get(kind, 0) + 1
+
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as session:
+        await asyncio.gather(*(one(session) for _ in range(n)))
+    return outcome
+
+
+async def measure(url: str, health: str, key: str, calls: int, every: float = 0.025) -> dict[str, list[float]]:
+    """Group B's ``calls`` calls, one after another, one every ``every`` seconds (or as soon as the last one
+    ended), and ``/healthz`` every 20 ms meanwhile: their latencies (seconds)."""
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    body = _body("hello [tokens:12]", False)
+    b: list[float] = []
+    probes: list[float] = []
+    done = asyncio.Event()
+    async with aiohttp.ClientSession() as session:
+
+        async def probe() -> None:
+            while not done.is_set():
+                began = time.perf_counter()
+                async with session.get(health) as response:
+                    await response.read()
+                probes.append(time.perf_counter() - began)
+                await asyncio.sleep(0.02)
+
+        prober = asyncio.ensure_future(probe())
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            began = time.perf_counter()
+            async with session.post(url, data=body, headers=headers) as response:
+                await response.read()
+                assert response.status == 200, response.status
+            b.append(time.perf_counter() - began)
+            if b[-1] > 0.05:
+                print(f"    slow B call at +{began - t0:.2f} s: {b[-1] * 1000:.0f} ms", file=sys.stderr)
+            await asyncio.sleep(max(0.0, every - b[-1]))
+        done.set()
+        await prober
+    return {"b": b, "healthz": probes}
+
+
+def _figures(samples: list[float]) -> dict[str, float]:
+    ms = sorted(s * 1000 for s in samples)
+    return {"p50_ms": round(statistics.median(ms), 2), "p99_ms": round(ms[min(len(ms) - 1, int(len(ms) * 0.99))], 2),
+            "max_ms": round(ms[-1], 2), "n": len(ms)}  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--burst", type=int, default=1000)
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--store", action="append", default=[], help="a line for the [store] section")
+    parser.add_argument("--burst-client", nargs=3, metavar=("URL", "KEY", "N"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.burst_client:
+        url, key, n = args.burst_client
+        print(json.dumps(asyncio.run(burst_client(url, key, int(n)))))
+        return 0
+    procs = []
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        logs = tmp / "logs"
+        logs.mkdir()
+        try:
+            emulators_proc, emulators = start_emulators(logs)
+            procs.append(emulators_proc)
+            target = start_gateway(logs, tmp, emulators, limits=False, store=tuple(args.store))  # no limits set
+            procs.append(target.proc)
+            wait_ready(target, 60)
+            config = tmp / "gateway" / "router.toml"
+            _cli(["--config", str(config), "groups", "create", "other", "--credits", "1000000"], logs / "cli.log")
+            b_key = _cli(["--config", str(config), "keys", "create", "--group", "other"], logs / "cli.log")
+            b_key = b_key.strip().splitlines()[-1].strip()
+            health = health_url(target)
+            asyncio.run(measure(target.url, health, b_key, 20, 0.0))  # warm-up
+            quiet = asyncio.run(measure(target.url, health, b_key, args.calls))
+            burst = subprocess.Popen([sys.executable, "-m", "bench.isolation", "--burst-client", target.url,
+                                      target.key, str(args.burst)], stdout=subprocess.PIPE, text=True)  # fmt: skip
+            time.sleep(0.2)  # A's streams are opening (their first bytes come after 2 s, the last 2 s later)
+            loaded = asyncio.run(measure(target.url, health, b_key, args.calls))
+            out, _ = burst.communicate(timeout=600)
+            a = json.loads(out.strip().splitlines()[-1])
+        finally:
+            stop_all(procs)
+    results = {
+        "burst": args.burst, "a_outcomes": a,
+        "b_quiet": _figures(quiet["b"]), "b_under_burst": _figures(loaded["b"]),
+        "healthz_quiet": _figures(quiet["healthz"]), "healthz_under_burst": _figures(loaded["healthz"]),
+    }  # fmt: skip
+    for name in ("b_quiet", "b_under_burst", "healthz_quiet", "healthz_under_burst"):
+        f = results[name]
+        assert isinstance(f, dict)
+        print(f"  {name:20s} p50 {f['p50_ms']:8.2f} ms  p99 {f['p99_ms']:8.2f} ms  max {f['max_ms']:8.2f} ms  ({f['n']})")
+    print(f"  group A's {args.burst} streams: {a}")
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "isolation.json").write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""Each group's fair share of one gateway process's calls in flight, when no limit is configured
+(``[limits] fair_share_calls``; docs/operations.md, "Tenant isolation").
+
+One group's burst (a thousand slow streams at once) takes the event loop's time from every other
+group: their calls wait behind its chunks. The limits of calls in flight (gateway/concurrency.py) stop
+that, but only where an operator set them. So, by default, once this process holds ``capacity`` calls
+in flight, a call is refused (429 ``concurrency_limit_exceeded``, ``Retry-After: 1``) if its group
+already holds its share: ``capacity`` over the number of groups active now (a call in flight, or one
+started within the last second). Below ``capacity`` nobody is refused, and a group alone may hold as
+many as it likes: the share only divides what is contended, and grows back as the others go quiet.
+
+Counts are this process's (each replica protects its own event loop). Groups with a
+``group_concurrent`` of their own, and every group when ``[limits] group_concurrent`` is set, are
+left to those limits. A batch line or a background response takes no place (their runners are bounded).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from core import metrics
+from core.errors import RateLimited
+
+if TYPE_CHECKING:
+    from core.config import LimitsSettings
+
+ACTIVE_SECONDS = 1.0  # a group that started a call this recently is active
+
+
+class Share:
+    """A call's place in its group's count, given back once by :meth:`end`; ``then``: what else ends with
+    the call (as :class:`gateway.concurrency.Flight`)."""
+
+    __slots__ = ("book", "group", "then", "ended")
+
+    def __init__(self, book: FairShare, group: int) -> None:
+        self.book = book
+        self.group = group
+        self.then: Callable[[], None] | None = None
+        self.ended = False
+
+    def end(self) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        try:
+            if self.then is not None:
+                self.then()
+        finally:
+            self.book.leave(self.group)
+
+
+class FairShare:
+    def __init__(self, settings: LimitsSettings) -> None:
+        self.capacity = 0  # calls in flight from which the share applies; 0: never
+        self.exempt: frozenset[str] = frozenset()  # groups with a group_concurrent of their own
+        self.configure(settings)
+        self.total = 0
+        self.counts: dict[int, int] = {}  # group id -> its calls in flight
+        self.started: dict[int, float] = {}  # group id -> when it last started one (monotonic)
+        self.refused = 0
+
+    def configure(self, settings: LimitsSettings) -> None:
+        """At the start and at a reload (the counts of the calls in flight are kept)."""
+        self.capacity = 0 if settings.group_concurrent else settings.fair_share_calls
+        self.exempt = frozenset(name for name, own in settings.groups.items() if own.group_concurrent)
+
+    def enter(self, group_id: int, group: str) -> Share | None:
+        """The call's place, or None (no share applies); raises 429 if its group holds its share."""
+        if not self.capacity or group in self.exempt:
+            return None
+        now = time.monotonic()
+        self.started[group_id] = now
+        held = self.counts.get(group_id, 0)
+        if self.total >= self.capacity and held and held >= self.share(now):
+            self.refused += 1
+            metrics.rate_limited("fair_share")
+            raise RateLimited(
+                f"This gateway is busy and this key's group holds its share of the calls in flight ({held}). "
+                "Send the next one when one of them has ended.",
+                code="concurrency_limit_exceeded",
+                headers={"Retry-After": "1", "retry-after-ms": "1000"},
+            )
+        self.counts[group_id] = held + 1
+        self.total += 1
+        return Share(self, group_id)
+
+    def share(self, now: float) -> int:
+        """``capacity`` over the groups active now (at least one place each); no bound for a group alone."""
+        started = self.started
+        if len(started) > 64:  # (forget the groups gone quiet)
+            for gone in [g for g, at in started.items() if now - at > ACTIVE_SECONDS and g not in self.counts]:
+                del started[gone]
+        active = sum(1 for g, at in started.items() if now - at <= ACTIVE_SECONDS or g in self.counts)
+        if active < 2:
+            return self.total + 1
+        return max(self.capacity // active, 1)
+
+    def leave(self, group_id: int) -> None:
+        self.total -= 1
+        left = self.counts[group_id] - 1
+        if left:
+            self.counts[group_id] = left
+        else:
+            del self.counts[group_id]
