@@ -88,8 +88,8 @@ class Durable:
         if self.journal is not None:
             self.journal.close()
 
-    def rescue(self, reservation: Reservation, record: UsageRecord, credits: int, began: float,
-               future: asyncio.Future[int], error: BaseException, entry_id: str = "") -> bool:  # fmt: skip
+    def rescue(self, reservation: Reservation, record: UsageRecord, began: float, future: asyncio.Future[int],
+               error: BaseException, entry_id: str = "") -> bool:  # fmt: skip
         """:attr:`billing.store.Store.rescue`: take over a settlement whose first write failed (the
         store calls it; nothing is added to a settlement that succeeds). False: not retried (the store
         refused it for what it is), the future gets the error."""
@@ -99,20 +99,19 @@ class Durable:
         log.warning("a settlement could not be stored (%r); retrying", error)
         self.retrying += 1
         task = asyncio.get_running_loop().create_task(
-            self._retry(future, reservation, record, credits, began, error, entry_id)
+            self._retry(future, reservation, record, began, error, entry_id)
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return True
 
-    async def _retry(self, outer: asyncio.Future[int], reservation: Reservation, record: UsageRecord, credits: int,
-                     began: float, last: BaseException, entry_id: str = "") -> None:  # fmt: skip
+    async def _retry(self, outer: asyncio.Future[int], reservation: Reservation, record: UsageRecord, began: float,
+                     last: BaseException, entry_id: str = "") -> None:  # fmt: skip
         wait = RETRY_FIRST
         try:
             while time.monotonic() - began < self.give_up and not self._closing:
                 await asyncio.sleep(wait)
                 wait = min(wait * 2, RETRY_MAX)
-                record.credits = credits  # a failed transaction may have left the capped charge in it
                 try:
                     charge = await self.store.settle_again(reservation, record)
                 except StoreError as exc:
@@ -125,10 +124,8 @@ class Durable:
                     continue
                 outer.set_result(charge)
                 return
-            record.credits = credits
             self._to_journal(Entry.new(reservation, record, entry_id), outer, last)
         except asyncio.CancelledError:  # the loop is going away: the journal is the last resort
-            record.credits = credits
             self._to_journal(Entry.new(reservation, record, entry_id), outer, last)
             self._write_journal()
         finally:

@@ -289,10 +289,6 @@ class SettleOp:
     reservation: Reservation
     record: UsageRecord
     once: bool = False  # a retry: skip it if its reservation is gone (an earlier try committed)
-    credits: int = -1  # the record's credits when it was queued (set from it)
-
-    def __post_init__(self) -> None:
-        self.credits = self.record.credits
 
 
 Op = ReserveOp | SettleOp
@@ -559,7 +555,7 @@ class LedgerCommits:
         if rescue is not None and not isinstance(exc, asyncio.CancelledError):
             batch = [(op, future) for op, future in batch
                      if not (isinstance(op, SettleOp) and not op.once and not future.done()
-                             and rescue(op.reservation, op.record, op.credits, self.began, future, exc))]  # fmt: skip
+                             and rescue(op.reservation, op.record, self.began, future, exc))]  # fmt: skip
         fail(batch, exc)
 
     async def _sweep(self, conn: asyncpg.Connection) -> None:
@@ -648,9 +644,8 @@ class LedgerCommits:
         for (op, future), (ok, value) in zip(batch, results, strict=True):
             if ok and isinstance(op, SettleOp):
                 live.discard(op.reservation.id)
-                if value is None:  # a retry that an earlier try had applied
+                if value is None:  # a retry that an earlier try had applied: its charge
                     value = op.record.credits
-                op.record.credits = value  # the actual charge, once it is committed
             elif ok and isinstance(value, Reservation):
                 live.add(value.id)
             if future.done():

@@ -194,6 +194,7 @@ _rare_of = attrgetter(*_RARE)
 _lean_of = attrgetter(*_LEAN)
 _full_of = attrgetter(*_LEAN, *_RARE)
 _TS = _LEAN.index("ts")
+_CREDITS = _LEAN.index("credits")
 # the bool fields, stored as 0 / 1: bound as ints, which sqlite3 binds as they are (a bool it adapts)
 _BOOLS = tuple(_LEAN.index(n) for n, kind in USAGE_TYPES.items() if kind == "bool")
 
@@ -205,16 +206,17 @@ def _insert_sql(rows: int, lean: bool) -> str:
     return f"INSERT INTO usage ({', '.join(columns)}) VALUES {', '.join([marks] * rows)}"
 
 
-def _usage_insert(records: Sequence[UsageRecord], stamp: float) -> tuple[str, list[Any]]:
-    """The statement and parameters that insert ``records`` (as charged) into ``usage``, stamped
-    ``stamp`` if they have no time yet: the values :func:`billing.store.usage_values` gives, bools as
-    0 / 1, and the :data:`_RARE` columns left out if every record has them None."""
+def _usage_insert(records: Sequence[UsageRecord], charges: Sequence[int], stamp: float) -> tuple[str, list[Any]]:
+    """The statement and parameters that insert ``records``, charged ``charges``, into ``usage``,
+    stamped ``stamp`` if they have no time yet: the values :func:`billing.store.usage_values` gives,
+    bools as 0 / 1, and the :data:`_RARE` columns left out if every record has them None."""
     lean = all(_rare_of(record) == _NO_RARE for record in records)
     values_of = _lean_of if lean else _full_of
     width = len(_LEAN) if lean else len(USAGE_COLUMNS)
     params: list[Any] = []
-    for at, record in zip(range(0, width * len(records), width), records, strict=True):
+    for at, record, charge in zip(range(0, width * len(records), width), records, charges, strict=True):
         params += values_of(record)
+        params[at + _CREDITS] = charge
         if not params[at + _TS]:
             params[at + _TS] = stamp
         for i in _BOOLS:
@@ -315,7 +317,7 @@ class GroupCommit:
                         if ok:
                             future.set_result(value)
                         elif not (rescue is not None and isinstance(op, Settle) and not op.again
-                                  and rescue(op.reservation, op.record, op.credits, began, future, value,
+                                  and rescue(op.reservation, op.record, began, future, value,
                                              self.store.owed_retry(op))):  # fmt: skip
                             future.set_exception(value)
         finally:
@@ -354,13 +356,12 @@ class Settle:
     """A settlement queued for the group commit: one call's charge and usage record. A run of them in
     one batch is applied together by :func:`_settle_together`."""
 
-    __slots__ = ("reservation", "record", "credits", "again", "now", "noted", "epoch", "owed")
+    __slots__ = ("reservation", "record", "again", "now", "noted", "epoch", "owed")
 
     def __init__(self, reservation: Reservation, record: UsageRecord, now: float, again: bool = False,
                  noted: bool = False, epoch: str = "", owed: int = 0) -> None:  # fmt: skip
         self.reservation = reservation
         self.record = record
-        self.credits = record.credits  # a failed transaction may leave the capped charge in the record
         self.again = again  # a retry (Store.settle_again): never offered to Store.rescue
         self.now = now  # the store's clock when it was queued: the budget buckets it falls in
         self.noted = noted  # its stream's progress was kept (SQLiteStore.note_progress): that row goes with it
@@ -412,7 +413,6 @@ def settle_rows(db: sqlite3.Connection, settles: list[tuple[Reservation, UsageRe
         for total in (groups.setdefault(r.group_id, [0, 0]), keys.setdefault(r.key_id, [0, 0])):
             total[0] += held
             total[1] += charge
-        record.credits = charge
         charges.append(charge)
         if windows:
             windows.charge(r.group_id, r.key_id, charge)
@@ -420,7 +420,7 @@ def settle_rows(db: sqlite3.Connection, settles: list[tuple[Reservation, UsageRe
     stamp = time.time()
     records = [record for _, record in settles]
     for at in range(0, len(records), _ROWS_PER_INSERT):
-        db.execute(*_usage_insert(records[at : at + _ROWS_PER_INSERT], stamp))
+        db.execute(*_usage_insert(records[at : at + _ROWS_PER_INSERT], charges[at : at + _ROWS_PER_INSERT], stamp))
     for g, (h, c) in groups.items():
         if h or c:
             db.execute(
@@ -436,7 +436,6 @@ def settle_rows(db: sqlite3.Connection, settles: list[tuple[Reservation, UsageRe
 def _settle_together(db: sqlite3.Connection, settles: list[Settle], results: list[tuple[bool, Any]]) -> bool:
     """Apply ``settles`` in one savepoint with the same outcome as one by one, in order; False (and
     nothing changed) if any of them fails, so the caller runs them one by one instead."""
-    credits = [s.record.credits for s in settles]
     db.execute("SAVEPOINT settles")
     try:
         noted = [(s.reservation.id,) for s in settles if s.noted]
@@ -447,8 +446,6 @@ def _settle_together(db: sqlite3.Connection, settles: list[Settle], results: lis
     except Exception:
         db.execute("ROLLBACK TO settles")
         db.execute("RELEASE settles")
-        for s, amount in zip(settles, credits, strict=True):
-            s.record.credits = amount
         return False
     results.extend((True, charge) for charge in charges)
     return True
@@ -884,24 +881,23 @@ class SQLiteStore(Store):
 
     async def _charge_cut_streams(self) -> int:
 
-        def fn(db: sqlite3.Connection) -> list[UsageRecord]:
+        def fn(db: sqlite3.Connection) -> list[int]:
             db.execute("BEGIN IMMEDIATE")
             try:
                 records = [record_of(text) for (text,) in db.execute("SELECT record FROM in_progress ORDER BY reservation")]
-                if records:
-                    settle_rows(db, [(Reservation(0, r.group_id, r.key_id, 0), r) for r in records])
-                    db.execute("DELETE FROM in_progress")
+                charges = settle_rows(db, [(Reservation(0, r.group_id, r.key_id, 0), r) for r in records]) if records else []
+                db.execute("DELETE FROM in_progress")
                 db.execute("COMMIT")
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
-            return records
+            return charges
 
-        records = await self.run(fn)
-        if records:
+        charges = await self.run(fn)
+        if charges:
             log.warning("charged %d streams cut by a stop for what they had generated: %s credits",
-                        len(records), sum(r.credits for r in records) / NANO)  # fmt: skip
-        return len(records)
+                        len(charges), sum(charges) / NANO)  # fmt: skip
+        return len(charges)
 
     async def replay(self, entries: Sequence[Entry]) -> dict[str, bool]:
         return await self.run(partial(replay_rows, entries=entries))

@@ -290,13 +290,12 @@ class ModelUsage:
 
 
 class Rescue(Protocol):
-    """:attr:`Store.rescue`: ``(reservation, record, credits, began, future, error) -> bool``, for a
-    first try (``credits``: the record's credits when it was queued; ``began``: ``time.monotonic()``
-    when the store first tried it; ``entry_id``: the id its journal entry must have, if it has one
-already: billing/owed.py)."""
+    """:attr:`Store.rescue`: ``(reservation, record, began, future, error) -> bool``, for a first try
+    (``began``: ``time.monotonic()`` when the store first tried it; ``entry_id``: the id its journal
+    entry must have, if it has one already: billing/owed.py)."""
 
-    def __call__(self, reservation: Reservation, record: UsageRecord, credits: int, began: float,
-                 future: asyncio.Future[int], error: BaseException, entry_id: str = "") -> bool: ...  # fmt: skip
+    def __call__(self, reservation: Reservation, record: UsageRecord, began: float, future: asyncio.Future[int],
+                 error: BaseException, entry_id: str = "") -> bool: ...  # fmt: skip
 
 
 class Store(ABC):

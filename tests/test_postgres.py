@@ -206,8 +206,8 @@ async def test_settle_is_capped_at_what_the_group_has(store: Store) -> None:
     reservation = await store.reserve(group_id, key_id, 400)
     assert isinstance(reservation, Reservation)
     record = usage(key_id, group_id, 5_000)  # costs more than reserved and more than the balance
-    assert await store.settle(reservation, record) == 1_000
-    assert record.credits == 1_000
+    assert await store.settle(reservation, record) == 1_000  # the charge is returned ...
+    assert record.credits == 5_000  # ... not written into the caller's record
     assert await ledger(store) == (0, 0, 1_000)
     assert [u.credits for u in await store.usage(group="team")] == [1_000]
 
@@ -641,7 +641,10 @@ async def test_two_gateways_share_one_ledger(cluster: Cluster) -> None:
     assert balance + spent == initial
     assert spent == sum(r.credits for r in records)
     assert len([r for r in records if r.status == "ok"]) == ok
-    assert [r.error_code for r in records if r.status != "ok"] == ["insufficient_credits"] * refused
+    rejected = [r for r in records if r.status != "ok"]  # a flood of refusals is recorded as a sample
+    assert {r.error_code for r in rejected} == {"insufficient_credits"}  # (gateway/refusals.py)
+    noted = sum(int(r.error.split("(and ")[1].split(" ")[0]) for r in rejected if r.error and "(and " in r.error)
+    assert min(refused, 10) <= len(rejected) and len(rejected) + noted <= refused
     # 50 worst cases fit at once; then the unused part of each hold comes back
     assert 50 <= ok < 60, (ok, refused, worst)
 
