@@ -671,12 +671,15 @@ class SQLiteStore(Store):
             row = db.execute("SELECT id FROM groups WHERE name = ?", (group,)).fetchone()
             if row is None:
                 raise StoreError(f"no group named {group!r}")
-            cur = db.execute(
-                "INSERT INTO keys (group_id, name, key_hash, hint, created_at, spend_cap, allowed_models, "
-                "expires_at, tags, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (row[0], name, key_hash, hint, time.time(), spend_cap,
-                 json.dumps(allowed_models) if allowed_models else None, *meta_values(meta)),
-            )  # fmt: skip
+            try:
+                cur = db.execute(
+                    "INSERT INTO keys (group_id, name, key_hash, hint, created_at, spend_cap, allowed_models, "
+                    "expires_at, tags, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (row[0], name, key_hash, hint, time.time(), spend_cap,
+                     json.dumps(allowed_models) if allowed_models else None, *meta_values(meta)),
+                )  # fmt: skip
+            except sqlite3.IntegrityError:  # (as PostgreSQL's: the same StoreError on both stores)
+                raise StoreError("a key with this hash already exists") from None
             return self._key(db.execute(self._KEY_SQL + " WHERE k.id = ?", (cur.lastrowid,)).fetchone())
 
         return await self.run(fn)

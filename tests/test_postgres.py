@@ -110,6 +110,8 @@ async def test_groups_keys_principal_and_revoke(store: Store) -> None:
         await store.topup("nobody", 5)
 
     key = await store.create_key("beta", "ci", "hash-1", "sk-mr-...wxyz", 300, ["openai/gpt-4o"])
+    with pytest.raises(StoreError, match="a key with this hash already exists"):  # the same error on both stores
+        await store.create_key("Alpha", "again", "hash-1", "sk-mr-...wxyz")
     assert (key.group_id, key.group_name, key.name) == (group.id, "beta", "ci")
     assert (key.spend_cap, key.spent) == (300, 0)
     assert key.allowed_models == ("openai/gpt-4o",) and key.revoked_at is None
