@@ -23,7 +23,8 @@ from typing import Any, TypeVar
 
 import asyncpg
 
-from billing.store import Refusal, Store, UsageRecord, open_store
+from billing.ledger import Ledger, ledger_for
+from billing.store import Store, UsageRecord, open_store
 
 T = TypeVar("T")
 
@@ -34,16 +35,16 @@ WORST = 2_000  # reserved per call
 COSTS = (0, 700, 1_500, 2_000, 2_600)  # charged: nothing, less, all, and more than reserved (capped)
 
 
-async def caller(store: Store, group_id: int, key_id: int, deadline: float, n: int) -> int:
+async def caller(ledger: Ledger, group_id: int, key_id: int, deadline: float, n: int) -> int:
+    """Reserve and settle through the ledger the gateway uses for the store (SQLite: holds in memory,
+    the settlement in the group commit; PostgreSQL: both in the store's batches), waiting for each."""
     done = 0
     while time.perf_counter() < deadline:
-        reservation = await store.reserve(group_id, key_id, WORST)
-        if isinstance(reservation, Refusal):
-            raise RuntimeError(f"refused: {reservation}")
+        reservation = await ledger.reserve(group_id, key_id, WORST)
         record = UsageRecord(key_id=key_id, group_id=group_id, model="bench/model", provider="bench",
                              prompt_tokens=12, completion_tokens=34, credits=COSTS[(n + done) % len(COSTS)],
                              latency_ms=1.0, request_id=f"req-{n}-{done}")  # fmt: skip
-        await store.settle(reservation, record)
+        await ledger.settle_soon(reservation, record)
         done += 1
     return done
 
@@ -54,7 +55,8 @@ async def measure(store: Store, seconds: float, tasks: int) -> dict[str, Any]:
     batches = getattr(getattr(store, "commits", None), "batches", 0)
     started = time.perf_counter()
     deadline = started + seconds
-    counts = await asyncio.gather(*(caller(store, group.id, key.id, deadline, n) for n in range(tasks)))
+    ledger = ledger_for(store)
+    counts = await asyncio.gather(*(caller(ledger, group.id, key.id, deadline, n) for n in range(tasks)))
     elapsed = time.perf_counter() - started
     batches = getattr(getattr(store, "commits", None), "batches", 0) - batches
     settled = sum(counts)

@@ -32,11 +32,9 @@ from billing.store import (
     USAGE_COLUMNS,
     USAGE_TYPES,
     Group,
-    Hold,
     KeyInfo,
     KeyMeta,
     Principal,
-    Refusal,
     Reservation,
     Store,
     StoreDown,
@@ -731,27 +729,6 @@ class SQLiteStore(Store):
         )
 
     # -- ledger ---------------------------------------------------------------------------------
-    async def reserve(self, group_id: int, key_id: int, amount: int, hold: Hold | None = None,
-                      ) -> Reservation | Refusal:  # fmt: skip
-        def op(db: sqlite3.Connection) -> Reservation | Refusal:
-            key = db.execute("SELECT spend_cap, spent, reserved FROM keys WHERE id = ?", (key_id,)).fetchone()
-            row = db.execute("SELECT balance FROM groups WHERE id = ?", (group_id,)).fetchone()
-            key_room = key[0] - key[1] - key[2] if key is not None and key[0] is not None else None
-            refused = rules.refusal(amount, key_room, None, row[0] if row else 0)  # (budgets: the LocalLedger's)
-            if refused is not None:
-                return refused
-            db.execute("UPDATE groups SET balance = balance - ?, reserved = reserved + ? WHERE id = ?",
-                       (amount, amount, group_id))  # fmt: skip
-            db.execute("UPDATE keys SET reserved = reserved + ? WHERE id = ?", (amount, key_id))
-            rid = db.execute(
-                "INSERT INTO reservations (group_id, key_id, amount, created_at) VALUES (?, ?, ?, ?)",
-                (group_id, key_id, amount, time.time()),
-            ).lastrowid
-            assert rid is not None
-            return Reservation(rid, group_id, key_id, amount)
-
-        return await self.commits.submit(op)
-
     @staticmethod
     def _settle(db: sqlite3.Connection, reservation: Reservation, record: UsageRecord) -> int:
         return settle_rows(db, [(reservation, record)])[0]

@@ -413,12 +413,14 @@ class Store(ABC):
         return info
 
     # ledger
-    @abstractmethod
     async def reserve(self, group_id: int, key_id: int, amount: int, hold: Hold | None = None,
                       ) -> Reservation | Refusal:  # fmt: skip
         """Atomically move ``amount`` from the group's balance to reserved, if the balance (and the
         key's spend cap) allow it; never lets a balance go below zero, whatever runs concurrently.
-        ``hold``: the call's model and request id, kept with a stored reservation."""
+        ``hold``: the call's model and request id, kept with a stored reservation. Only a store shared
+        by replicas has stored reservations (not ``exclusive``): an exclusive store's are held in the
+        gateway's memory (:class:`billing.ledger.LocalLedger`)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no reservations: billing.ledger.LocalLedger holds them")
 
     @abstractmethod
     async def ledger_state(self, group_id: int, key_id: int) -> tuple[int, int | None]:

@@ -501,3 +501,21 @@ def access_lines() -> Iterator[Lines]:
         yield handler
     finally:
         logger.removeHandler(handler)
+
+
+async def older_hold(store: Any, group_id: int, key_id: int, amount: int) -> Any:
+    """A reservation row in a SQLite store, as versions that reserved in the store left them (this one holds
+    its reservations in memory: billing.ledger.LocalLedger); settled or reconciled like any other."""
+    from billing.store import Reservation
+
+    def hold(db: Any) -> Reservation:
+        db.execute("BEGIN IMMEDIATE")
+        db.execute("UPDATE groups SET balance = balance - ?, reserved = reserved + ? WHERE id = ?",
+                   (amount, amount, group_id))  # fmt: skip
+        db.execute("UPDATE keys SET reserved = reserved + ? WHERE id = ?", (amount, key_id))
+        rid = db.execute("INSERT INTO reservations (group_id, key_id, amount, created_at) VALUES (?, ?, ?, ?)",
+                         (group_id, key_id, amount, time.time())).lastrowid  # fmt: skip
+        db.execute("COMMIT")
+        return Reservation(rid, group_id, key_id, amount)
+
+    return await store.run(hold)

@@ -211,15 +211,17 @@ def test_a_balance_alert_rearms_once_the_balance_is_back(receiver_and_stack: Any
     hook = api(stack, "POST", "/webhooks", {"url": receiver.url, "group": group, "balance_below": "5"}, status=201)
     checker = stack.gateway.alert_checker
 
-    async def hold(amount: int) -> Any:
+    async def hold(amount: int) -> Any:  # the balance lowered by a charge, given back by a top-up
+        from billing.store import Reservation, UsageRecord
+
         g = await stack.store.get_group(group)
-        return await stack.store.reserve(g.id, info.id, amount)  # type: ignore[union-attr]
+        assert g is not None
+        await stack.store.settle(Reservation(0, g.id, info.id, 0), UsageRecord(key_id=info.id, group_id=g.id,
+                                 model=MODEL, provider="openai", credits=amount))  # fmt: skip
+        return amount
 
-    async def release(reservation: Any) -> None:
-        from billing.store import UsageRecord
-
-        await stack.store.settle(reservation, UsageRecord(key_id=info.id, group_id=reservation.group_id,
-                                                          model=MODEL, provider="openai", credits=0))  # fmt: skip
+    async def release(amount: int) -> None:
+        await stack.store.topup(group, amount)
 
     def queued_after_two_checks() -> int:  # (the gateway's own checks run every 0.2 s beside these)
         stack.run(checker.check())

@@ -15,7 +15,7 @@ from billing.store import UsageRecord
 from core.catalog import NANO, Prices
 from core.config import ReliabilitySettings, Settings, StoreSettings
 from core.wire import ChatRequest, TokenUsage
-from tests.conftest import Stack, break_off, http_post
+from tests.conftest import Stack, break_off, http_post, older_hold
 
 
 def test_cost_of_each_price_kind() -> None:
@@ -221,7 +221,7 @@ def test_settlements_committed_together_match_one_by_one(tmp_path) -> None:  # t
             b = await store.create_group("b", 50)
             ka = await store.create_key("a", "ka", "h" * 64, "hint")
             kb = await store.create_key("b", "kb", "g" * 64, "hint")
-            held = await store.reserve(a.id, ka.id, 300)  # a stored reservation: balance 700, reserved 300
+            held = await older_hold(store, a.id, ka.id, 300)  # a stored reservation: balance 700, reserved 300
             assert isinstance(held, Reservation)
             memory = Reservation(-1, a.id, ka.id, 0)  # admission held in the gateway's memory
             statements: list[str] = []
@@ -427,3 +427,36 @@ def test_reservation_covers_the_output_cap_the_adapter_raised(stack: Stack) -> N
     usage = TokenUsage(prompt=out.usage.prompt_tokens, completion=out.usage.completion_tokens)
     assert record.credits == cost(model.prices, usage) > 30_000_000
     assert _group(stack, rich).balance == NANO - record.credits
+
+
+def test_reservations_an_older_version_left_in_sqlite_are_released_at_the_start(tmp_path: Path) -> None:
+    """Versions that reserved in the SQLite store left rows when they crashed; this one holds reservations in
+    memory, and releases such rows when the gateway starts (``serve``), each with an ``interrupted``
+    record and no charge."""
+    from billing.sqlite import SQLiteStore
+    from core.config import StoreSettings
+
+    async def main() -> None:
+        url = f"sqlite:///{tmp_path / 'old.db'}"
+        store = SQLiteStore(url)
+        await store.open()
+        group = await store.create_group("g", 10_000)
+        key = await store.create_key("g", "k", "h" * 64, "hint")
+        for amount in (1_000, 2_000):
+            await older_hold(store, group.id, key.id, amount)
+        g = await store.get_group("g")
+        assert g is not None and (g.balance, g.reserved) == (7_000, 3_000)
+        await store.close()
+        store = SQLiteStore(url)
+        await store.open()
+        try:
+            await store.serve(StoreSettings(url=url))
+            g = await store.get_group("g")
+            assert g is not None and (g.balance, g.reserved, g.spent) == (10_000, 0, 0)
+            records = await store.usage(group="g")
+            assert [(r.status, r.credits) for r in records] == [("interrupted", 0), ("interrupted", 0)]
+            assert await store.reconcile() == 0
+        finally:
+            await store.close()
+
+    asyncio.run(main())

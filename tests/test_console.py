@@ -27,7 +27,7 @@ import redis
 from billing.history import Filter, History
 from billing.sqlite import SQLiteStore
 from billing.sqlite_thread import SQLiteThread
-from billing.store import Store, UsageRecord
+from billing.store import Reservation, Store, UsageRecord
 from console import auth
 from console.app import Console
 from console.cli import store_password
@@ -80,13 +80,12 @@ def console_of(stack: Stack) -> Console:
 def job_record(
     stack: Stack, group: str, key_id: int, model: str = MODEL, credits: int = 1234, **kw: Any
 ) -> None:
-    """A usage record with source=job, through the store's reserve -> settle path (as a job runner would)."""
+    """A usage record with source=job, settled through the store (as the ledger settles a job's line)."""
 
     async def go() -> None:
         g = await stack.store.get_group(group)
         assert g is not None
-        reservation = await stack.store.reserve(g.id, key_id, credits)
-        assert not hasattr(reservation, "reason"), reservation
+        reservation = Reservation(-1, g.id, key_id, credits)  # (held in the gateway's memory: none stored)
         record = UsageRecord(
             key_id=key_id,
             group_id=g.id,

@@ -56,6 +56,18 @@ async def store(url: str) -> AsyncIterator[Store]:
         await s.close()
 
 
+@pytest.fixture
+async def pg_store(pg_url: str) -> AsyncIterator[Store]:
+    """A store whose reservations are rows, shared by replicas (PostgreSQL; SQLite's are held in the
+    gateway's memory: billing.ledger.LocalLedger, tests/test_local_ledger.py)."""
+    s = open_store(pg_url)
+    await s.open()
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
 def usage(key_id: int, group_id: int, credits: int, **kw: Any) -> UsageRecord:
     return UsageRecord(key_id=key_id, group_id=group_id, model=kw.pop("model", "openai/gpt-4o-mini"),
                        provider="openai", credits=credits, **kw)  # fmt: skip
@@ -74,7 +86,7 @@ async def ledger(store: Store, name: str = "team") -> tuple[int, int, int]:
     return group.balance, group.reserved, group.spent
 
 
-# -- the contract, on both stores -------------------------------------------------------------------------
+# -- the contract, on both stores (reservations: PostgreSQL's) ------------------------------------------
 async def test_migrations_are_idempotent(url: str) -> None:
     first = open_store(url)
     await first.open()
@@ -150,7 +162,8 @@ async def test_update_key_and_ping(store: Store) -> None:
         await store.update_key(key.id, -1, None)
 
 
-async def test_reserve_refuses_beyond_the_balance(store: Store) -> None:
+async def test_reserve_refuses_beyond_the_balance(pg_store: Store) -> None:
+    store = pg_store
     group_id, key_id = await team(store, 1_000)
     first = await store.reserve(group_id, key_id, 600)
     assert isinstance(first, Reservation)
@@ -163,7 +176,8 @@ async def test_reserve_refuses_beyond_the_balance(store: Store) -> None:
     assert await store.reserve(group_id + 100, key_id, 1) == Refusal("balance", 0, 1)  # no such group
 
 
-async def test_reserve_refuses_beyond_the_key_cap(store: Store) -> None:
+async def test_reserve_refuses_beyond_the_key_cap(pg_store: Store) -> None:
+    store = pg_store
     group_id, key_id = await team(store, 10_000, cap=1_000)
     held = await store.reserve(group_id, key_id, 700)
     assert isinstance(held, Reservation)
@@ -178,7 +192,8 @@ async def test_reserve_refuses_beyond_the_key_cap(store: Store) -> None:
     assert (await store.list_keys("team"))[0].spent == 500
 
 
-async def test_settle_charges_the_exact_cost_and_records_the_call(store: Store) -> None:
+async def test_settle_charges_the_exact_cost_and_records_the_call(pg_store: Store) -> None:
+    store = pg_store
     group_id, key_id = await team(store, 10_000)
     reservation = await store.reserve(group_id, key_id, 3_000)
     assert isinstance(reservation, Reservation)
@@ -203,7 +218,8 @@ def vars_of(record: UsageRecord) -> dict[str, Any]:
     return {name: getattr(record, name) for name in UsageRecord.__dataclass_fields__}
 
 
-async def test_settle_is_capped_at_what_the_group_has(store: Store) -> None:
+async def test_settle_is_capped_at_what_the_group_has(pg_store: Store) -> None:
+    store = pg_store
     group_id, key_id = await team(store, 1_000)
     reservation = await store.reserve(group_id, key_id, 400)
     assert isinstance(reservation, Reservation)
@@ -214,7 +230,8 @@ async def test_settle_is_capped_at_what_the_group_has(store: Store) -> None:
     assert [u.credits for u in await store.usage(group="team")] == [1_000]
 
 
-async def test_settling_twice_releases_the_hold_once(store: Store) -> None:
+async def test_settling_twice_releases_the_hold_once(pg_store: Store) -> None:
+    store = pg_store
     group_id, key_id = await team(store, 1_000)
     reservation = await store.reserve(group_id, key_id, 600)
     assert isinstance(reservation, Reservation)
@@ -226,7 +243,8 @@ async def test_settling_twice_releases_the_hold_once(store: Store) -> None:
     assert len(await store.usage(group="team")) == 2
 
 
-async def test_a_failing_operation_does_not_fail_the_others(store: Store) -> None:
+async def test_a_failing_operation_does_not_fail_the_others(pg_store: Store) -> None:
+    store = pg_store
     group_id, key_id = await team(store, 1_000)
     results = await asyncio.gather(
         store.reserve(group_id, key_id, 100),
@@ -239,7 +257,8 @@ async def test_a_failing_operation_does_not_fail_the_others(store: Store) -> Non
     assert await ledger(store) == (700, 300, 0)
 
 
-async def test_reconcile_releases_what_a_crash_left(url: str) -> None:
+async def test_reconcile_releases_what_a_crash_left(pg_url: str) -> None:
+    url = pg_url
     crashed = open_store(url)
     await crashed.open()
     group_id, key_id = await team(crashed, 10_000, cap=10_000)
@@ -266,7 +285,8 @@ async def test_reconcile_releases_what_a_crash_left(url: str) -> None:
         await restarted.close()
 
 
-async def test_usage_filters_and_pages_newest_first(store: Store) -> None:
+async def test_usage_filters_and_pages_newest_first(pg_store: Store) -> None:
+    store = pg_store
     group_id, key_id = await team(store, 10_000)
     other_group, other_key = await team(store, 10_000, name="other")
     for n, (source, model) in enumerate([("api", "a/x"), ("job", "a/y"), ("api", "a/x"), ("job", "a/x")]):
@@ -291,7 +311,8 @@ async def test_usage_filters_and_pages_newest_first(store: Store) -> None:
     assert [(m.model, m.calls) for m in window] == [("a/x", 1)]
 
 
-async def test_concurrent_reservations_from_two_replicas_never_overspend(url: str) -> None:
+async def test_concurrent_reservations_from_two_replicas_never_overspend(pg_url: str) -> None:
+    url = pg_url
     """200 calls at once, half through each of two stores on one database, credit for 50 worst cases,
     some costing more than they reserved."""
     worst = 1_000_000
@@ -333,7 +354,8 @@ async def test_concurrent_reservations_from_two_replicas_never_overspend(url: st
             await s.close()
 
 
-async def test_many_groups_and_keys_across_two_replicas_stay_consistent(url: str) -> None:
+async def test_many_groups_and_keys_across_two_replicas_stay_consistent(pg_url: str) -> None:
+    url = pg_url
     """Calls on three groups (two keys each) through two stores, with top-ups and reconcile passes
     running meanwhile: no operation fails (no deadlock), and every group's ledger adds up."""
     replicas = [open_store(url), open_store(url)]
