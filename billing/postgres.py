@@ -7,12 +7,10 @@ jobs store and the console share. Reservations and settlements go through the le
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import time
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import asyncpg
 
@@ -36,19 +34,13 @@ from billing.postgres_ledger import (
 from billing.postgres_pool import PostgresPool
 from billing.postgres_pool import migrate as pool_migrate
 from billing.store import (
-    KEY_SQL,
-    Group,
     Hold,
-    KeyInfo,
-    KeyMeta,
     Principal,
     Refusal,
     Reservation,
     Store,
     StoreError,
     UsageRecord,
-    key_row,
-    meta_values,
     principal_by_hash_query,
     principal_row,
     record_text,
@@ -211,16 +203,6 @@ async def released_holds(conn: asyncpg.Connection, entries: Sequence[Entry]) -> 
 
 
 # -- the store ----------------------------------------------------------------------------------------
-GROUP_COLS = "id, name, balance, reserved, spent, created_at"
-
-
-def group_of(row: Sequence[Any]) -> Group:
-    return Group(id=row[0], name=row[1], balance=row[2], reserved=row[3], spent=row[4], created_at=row[5])
-
-
-key_of = key_row
-
-
 async def migrate(conn: asyncpg.Connection) -> None:
     """Bring the schema up to date; replicas starting together take turns on an advisory lock."""
     async with conn.transaction():
@@ -272,85 +254,6 @@ class PostgresStore(Store):
         await self.leases.start()
 
     # -- groups ---------------------------------------------------------------------------------
-    async def create_group(self, name: str, credits: int) -> Group:
-        if credits < 0:
-            raise StoreError("a group's credits cannot be negative")
-        try:
-            row = await self.db.fetchrow(
-                f"INSERT INTO groups (name, balance, created_at) VALUES ($1, $2, $3) RETURNING {GROUP_COLS}",
-                name, credits, time.time(),
-            )  # fmt: skip
-        except asyncpg.UniqueViolationError:
-            raise StoreError(f"a group named {name!r} already exists") from None
-        return group_of(row)
-
-    async def get_group(self, name: str) -> Group | None:
-        row = await self.db.fetchrow(f"SELECT {GROUP_COLS} FROM groups WHERE name = $1", name)
-        return group_of(row) if row else None
-
-    async def list_groups(self) -> list[Group]:
-        rows = await self.db.fetch(f'SELECT {GROUP_COLS} FROM groups ORDER BY name COLLATE "C"')
-        return [group_of(r) for r in rows]
-
-    async def topup(self, name: str, amount: int) -> Group:
-        if amount <= 0:
-            raise StoreError("a top-up must be a positive amount")
-        row = await self.db.fetchrow(
-            f"UPDATE groups SET balance = balance + $1 WHERE name = $2 RETURNING {GROUP_COLS}", amount, name
-        )
-        if row is None:
-            raise StoreError(f"no group named {name!r}")
-        return group_of(row)
-
-    # -- keys -----------------------------------------------------------------------------------
-    async def create_key(self, group: str, name: str, key_hash: str, hint: str, spend_cap: int | None = None,
-                         allowed_models: list[str] | None = None, meta: KeyMeta | None = None) -> KeyInfo:  # fmt: skip
-        async with self.db.transaction() as conn:
-            group_id = await conn.fetchval("SELECT id FROM groups WHERE name = $1", group)
-            if group_id is None:
-                raise StoreError(f"no group named {group!r}")
-            try:
-                key_id = await conn.fetchval(
-                    "INSERT INTO keys (group_id, name, key_hash, hint, created_at, spend_cap, "
-                    "allowed_models, expires_at, tags, owner) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) "
-                    "RETURNING id",
-                    group_id, name, key_hash, hint, time.time(), spend_cap,
-                    json.dumps(allowed_models) if allowed_models else None, *meta_values(meta),
-                )  # fmt: skip
-            except asyncpg.UniqueViolationError:
-                raise StoreError("a key with this hash already exists") from None
-            return key_of(await conn.fetchrow(KEY_SQL + " WHERE k.id = $1", key_id))
-
-    async def revoke_key(self, key_id: int) -> bool:
-        status = await self.db.execute(
-            "UPDATE keys SET revoked_at = $1 WHERE id = $2 AND revoked_at IS NULL", time.time(), key_id
-        )
-        return status != "UPDATE 0"
-
-    async def update_key(self, key_id: int, spend_cap: int | None, allowed_models: list[str] | None,
-                         ) -> KeyInfo:  # fmt: skip
-        if spend_cap is not None and spend_cap < 0:
-            raise StoreError("a spend cap cannot be negative")
-        async with self.db.transaction() as conn:
-            status = await conn.execute(
-                "UPDATE keys SET spend_cap = $1, allowed_models = $2 WHERE id = $3",
-                spend_cap, json.dumps(allowed_models) if allowed_models else None, key_id,
-            )  # fmt: skip
-            if status == "UPDATE 0":
-                raise StoreError(f"no key with id {key_id}")
-            return key_of(await conn.fetchrow(KEY_SQL + " WHERE k.id = $1", key_id))
-
-    async def get_key(self, key_id: int) -> KeyInfo | None:
-        row = await self.db.fetchrow(KEY_SQL + " WHERE k.id = $1", key_id)
-        return key_of(row) if row else None
-
-    async def list_keys(self, group: str | None = None) -> list[KeyInfo]:
-        if group is None:
-            rows = await self.db.fetch(KEY_SQL + " ORDER BY k.id")
-        else:
-            rows = await self.db.fetch(KEY_SQL + " WHERE g.name = $1 ORDER BY k.id", group)
-        return [key_of(r) for r in rows]
-
     async def principal(self, key_hash: str) -> Principal | None:
         return principal_row(await self.db.fetchrow(_PRINCIPAL_BY_HASH, key_hash), key_hash)
 

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import asyncpg
 
-from billing.store import StoreDown
+from billing.store import StoreConstraint, StoreDown
 
 # the server is gone, going, starting, full, read-only (a standby after failover) or cancelled us
 _DOWN: tuple[type[BaseException], ...] = (
@@ -192,12 +192,19 @@ class PostgresPool:
         status: str = await self._call("execute", sql, args)
         return status
 
-    # dialect-neutral SQL (``?`` placeholders), for queries shared with SQLite
+    # dialect-neutral SQL (``?`` placeholders), for queries shared with SQLite (a broken constraint is
+    # StoreConstraint, as on SQLite)
     async def select(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        return [tuple(r) for r in await self._call("fetch", pg_sql(sql), args)]
+        try:
+            return [tuple(r) for r in await self._call("fetch", pg_sql(sql), args)]
+        except asyncpg.IntegrityConstraintViolationError as exc:
+            raise StoreConstraint(str(exc)) from None
 
     async def write(self, sql: str, args: Sequence[Any] = ()) -> None:
-        await self._call("execute", pg_sql(sql), args)
+        try:
+            await self._call("execute", pg_sql(sql), args)
+        except asyncpg.IntegrityConstraintViolationError as exc:
+            raise StoreConstraint(str(exc)) from None
 
     async def atomic(self, steps: Sequence[tuple[str, Sequence[Any]]]) -> list[int]:
         """Run the statements in one transaction (all or none); the rows each changed."""
@@ -211,7 +218,10 @@ class PostgresPool:
                     counts.append(int(tail) if tail.isdigit() else 0)
             return counts
 
-        return await self._run(run)
+        try:
+            return await self._run(run)
+        except asyncpg.IntegrityConstraintViolationError as exc:
+            raise StoreConstraint(str(exc)) from None
 
     async def migrate(self, version_table: str, migrations: Sequence[str], lock: int | None = None) -> None:
         """Bring a schema up to date under an advisory lock (``lock``, else one named after

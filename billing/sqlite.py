@@ -10,7 +10,6 @@ timeout make that safe.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import sqlite3
@@ -28,20 +27,14 @@ from billing.journal import Entry
 from billing.owed import OwedLog, entry_id
 from billing.sqlite_thread import SQLiteThread, down
 from billing.store import (
-    KEY_SQL,
     USAGE_COLUMNS,
     USAGE_TYPES,
-    Group,
-    KeyInfo,
-    KeyMeta,
     Principal,
     Reservation,
     Store,
     StoreDown,
     StoreError,
     UsageRecord,
-    key_row,
-    meta_values,
     principal_by_hash_query,
     principal_row,
     record_of,
@@ -610,119 +603,6 @@ class SQLiteStore(Store):
             log.warning("WAL checkpoint failed: %r", done.exception())
 
     # -- groups ---------------------------------------------------------------------------------
-    @staticmethod
-    def _group(row: Any) -> Group:
-        return Group(id=row[0], name=row[1], balance=row[2], reserved=row[3], spent=row[4], created_at=row[5])
-
-    _GROUP_COLS = "id, name, balance, reserved, spent, created_at"
-
-    async def create_group(self, name: str, credits: int) -> Group:
-        if credits < 0:
-            raise StoreError("a group's credits cannot be negative")
-
-        def fn(db: sqlite3.Connection) -> Group:
-            try:
-                db.execute(
-                    "INSERT INTO groups (name, balance, created_at) VALUES (?, ?, ?)", (name, credits, time.time())
-                )
-            except sqlite3.IntegrityError:
-                raise StoreError(f"a group named {name!r} already exists") from None
-            row = db.execute(f"SELECT {self._GROUP_COLS} FROM groups WHERE name = ?", (name,)).fetchone()
-            return self._group(row)
-
-        return await self.run(fn)
-
-    async def get_group(self, name: str) -> Group | None:
-        def fn(db: sqlite3.Connection) -> Group | None:
-            row = db.execute(f"SELECT {self._GROUP_COLS} FROM groups WHERE name = ?", (name,)).fetchone()
-            return self._group(row) if row else None
-
-        return await self.run(fn)
-
-    async def list_groups(self) -> list[Group]:
-        def fn(db: sqlite3.Connection) -> list[Group]:
-            rows = db.execute(f"SELECT {self._GROUP_COLS} FROM groups ORDER BY name").fetchall()
-            return [self._group(r) for r in rows]
-
-        return await self.run(fn)
-
-    async def topup(self, name: str, amount: int) -> Group:
-        if amount <= 0:
-            raise StoreError("a top-up must be a positive amount")
-
-        def fn(db: sqlite3.Connection) -> Group:
-            cur = db.execute("UPDATE groups SET balance = balance + ? WHERE name = ?", (amount, name))
-            if cur.rowcount == 0:
-                raise StoreError(f"no group named {name!r}")
-            row = db.execute(f"SELECT {self._GROUP_COLS} FROM groups WHERE name = ?", (name,)).fetchone()
-            return self._group(row)
-
-        return await self.run(fn)
-
-    # -- keys -----------------------------------------------------------------------------------
-    _KEY_SQL = KEY_SQL
-    _key = staticmethod(key_row)
-
-    async def create_key(self, group: str, name: str, key_hash: str, hint: str, spend_cap: int | None = None,
-                         allowed_models: list[str] | None = None, meta: KeyMeta | None = None) -> KeyInfo:  # fmt: skip
-        def fn(db: sqlite3.Connection) -> KeyInfo:
-            row = db.execute("SELECT id FROM groups WHERE name = ?", (group,)).fetchone()
-            if row is None:
-                raise StoreError(f"no group named {group!r}")
-            try:
-                cur = db.execute(
-                    "INSERT INTO keys (group_id, name, key_hash, hint, created_at, spend_cap, allowed_models, "
-                    "expires_at, tags, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (row[0], name, key_hash, hint, time.time(), spend_cap,
-                     json.dumps(allowed_models) if allowed_models else None, *meta_values(meta)),
-                )  # fmt: skip
-            except sqlite3.IntegrityError:  # (as PostgreSQL's: the same StoreError on both stores)
-                raise StoreError("a key with this hash already exists") from None
-            return self._key(db.execute(self._KEY_SQL + " WHERE k.id = ?", (cur.lastrowid,)).fetchone())
-
-        return await self.run(fn)
-
-    async def revoke_key(self, key_id: int) -> bool:
-        def fn(db: sqlite3.Connection) -> bool:
-            cur = db.execute(
-                "UPDATE keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL", (time.time(), key_id)
-            )
-            return cur.rowcount > 0
-
-        return await self.run(fn)
-
-    async def update_key(self, key_id: int, spend_cap: int | None, allowed_models: list[str] | None) -> KeyInfo:
-        if spend_cap is not None and spend_cap < 0:
-            raise StoreError("a spend cap cannot be negative")
-
-        def fn(db: sqlite3.Connection) -> KeyInfo:
-            cur = db.execute(
-                "UPDATE keys SET spend_cap = ?, allowed_models = ? WHERE id = ?",
-                (spend_cap, json.dumps(allowed_models) if allowed_models else None, key_id),
-            )
-            if cur.rowcount == 0:
-                raise StoreError(f"no key with id {key_id}")
-            return self._key(db.execute(self._KEY_SQL + " WHERE k.id = ?", (key_id,)).fetchone())
-
-        return await self.run(fn)
-
-    async def get_key(self, key_id: int) -> KeyInfo | None:
-        def fn(db: sqlite3.Connection) -> KeyInfo | None:
-            row = db.execute(self._KEY_SQL + " WHERE k.id = ?", (key_id,)).fetchone()
-            return self._key(row) if row else None
-
-        return await self.run(fn)
-
-    async def list_keys(self, group: str | None = None) -> list[KeyInfo]:
-        def fn(db: sqlite3.Connection) -> list[KeyInfo]:
-            if group is None:
-                rows = db.execute(self._KEY_SQL + " ORDER BY k.id").fetchall()
-            else:
-                rows = db.execute(self._KEY_SQL + " WHERE g.name = ? ORDER BY k.id", (group,)).fetchall()
-            return [self._key(r) for r in rows]
-
-        return await self.run(fn)
-
     async def principal(self, key_hash: str) -> Principal | None:
         return await self.run(
             lambda db: principal_row(db.execute(_PRINCIPAL_BY_HASH, (key_hash, key_hash)).fetchone(), key_hash)

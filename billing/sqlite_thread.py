@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from billing.store import StoreDown
+from billing.store import StoreConstraint, StoreDown
 
 T = TypeVar("T")
 BUSY_TIMEOUT_MS = 10_000
@@ -66,15 +66,16 @@ class SQLiteThread:
             raise
 
     # -- dialect-neutral SQL (``?`` placeholders), for queries shared with PostgreSQL ---------------
+    # (a broken constraint is StoreConstraint, as on PostgreSQL)
     async def select(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        return await self.run(lambda db: db.execute(sql, tuple(args)).fetchall())
+        return await self.run(lambda db: _constrained(lambda: db.execute(sql, tuple(args)).fetchall()))
 
     async def write(self, sql: str, args: Sequence[Any] = ()) -> None:
-        await self.run(lambda db: db.execute(sql, tuple(args)))
+        await self.run(lambda db: _constrained(lambda: db.execute(sql, tuple(args))))
 
     async def atomic(self, steps: Sequence[tuple[str, Sequence[Any]]]) -> list[int]:
         """Run the statements in one transaction (all or none); the rows each changed."""
-        return await self.run(lambda db: _atomic(db, steps))
+        return await self.run(lambda db: _constrained(lambda: _atomic(db, steps)))
 
     async def open(self) -> None:
         if self._executor is not None:
@@ -127,6 +128,13 @@ class SQLiteThread:
         """Apply the scripts of ``migrations`` not yet applied, in order, in one transaction; the
         number applied is kept in ``version_table``."""
         await self.run(lambda db: _migrate(db, version_table, migrations))
+
+
+def _constrained(work: Callable[[], T]) -> T:
+    try:
+        return work()
+    except sqlite3.IntegrityError as exc:
+        raise StoreConstraint(str(exc)) from None
 
 
 def _atomic(db: sqlite3.Connection, steps: Sequence[tuple[str, Sequence[Any]]]) -> list[int]:

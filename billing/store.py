@@ -35,6 +35,11 @@ class StoreError(Exception):
     """A store operation could not be done (unknown group, duplicate name, ...)."""
 
 
+class StoreConstraint(StoreError):
+    """A statement broke a constraint of the schema (a unique name or hash, a check, a reference): what
+    both database handles raise for it (``Database``), for the store to say which."""
+
+
 class StoreDown(Exception):
     """The store cannot be used now (unreachable, locked past its busy timeout, an I/O error): the
     operation may succeed later. Callers answer 503 ``store_unavailable``; settlements are retried."""
@@ -102,6 +107,13 @@ KEY_COLUMNS = (
     "k.allowed_models, k.expires_at, k.tags, k.owner, k.last_used_at, k.prev_until"
 )
 KEY_SQL = f"SELECT {KEY_COLUMNS} FROM keys k JOIN groups g ON g.id = k.group_id"
+
+
+GROUP_COLS = "id, name, balance, reserved, spent, created_at"
+
+
+def group_row(row: Sequence[Any]) -> Group:
+    return Group(id=row[0], name=row[1], balance=row[2], reserved=row[3], spent=row[4], created_at=row[5])
 
 
 def key_row(row: Sequence[Any]) -> KeyInfo:
@@ -336,39 +348,79 @@ class Store(ABC):
         """Make this process a gateway spending from the store (after ``open``): release what a
         stopped gateway left held, and (SQLite) take the lock that makes it the only one."""
 
-    # groups
-    @abstractmethod
-    async def create_group(self, name: str, credits: int) -> Group: ...
+    # groups and keys: dialect-neutral statements on the store's database handle, once for both stores
+    async def create_group(self, name: str, credits: int) -> Group:
+        if credits < 0:
+            raise StoreError("a group's credits cannot be negative")
+        try:
+            rows = await self.database.select(
+                f"INSERT INTO groups (name, balance, created_at) VALUES (?, ?, ?) RETURNING {GROUP_COLS}",
+                (name, credits, time.time()),
+            )
+        except StoreConstraint:
+            raise StoreError(f"a group named {name!r} already exists") from None
+        return group_row(rows[0])
 
-    @abstractmethod
-    async def get_group(self, name: str) -> Group | None: ...
+    async def get_group(self, name: str) -> Group | None:
+        rows = await self.database.select(f"SELECT {GROUP_COLS} FROM groups WHERE name = ?", (name,))
+        return group_row(rows[0]) if rows else None
 
-    @abstractmethod
-    async def list_groups(self) -> list[Group]: ...
+    async def list_groups(self) -> list[Group]:
+        binary = ' COLLATE "C"' if self.database.dialect == "postgresql" else ""  # (byte order, as SQLite's)
+        return [group_row(r) for r in await self.database.select(f"SELECT {GROUP_COLS} FROM groups ORDER BY name{binary}")]
 
-    @abstractmethod
-    async def topup(self, name: str, amount: int) -> Group: ...
+    async def topup(self, name: str, amount: int) -> Group:
+        if amount <= 0:
+            raise StoreError("a top-up must be a positive amount")
+        rows = await self.database.select(
+            f"UPDATE groups SET balance = balance + ? WHERE name = ? RETURNING {GROUP_COLS}", (amount, name)
+        )
+        if not rows:
+            raise StoreError(f"no group named {name!r}")
+        return group_row(rows[0])
 
-    # keys
-    @abstractmethod
     async def create_key(self, group: str, name: str, key_hash: str, hint: str, spend_cap: int | None = None,
-                         allowed_models: list[str] | None = None, meta: KeyMeta | None = None) -> KeyInfo: ...  # fmt: skip
+                         allowed_models: list[str] | None = None, meta: KeyMeta | None = None) -> KeyInfo:  # fmt: skip
+        found = await self.database.select("SELECT id FROM groups WHERE name = ?", (group,))
+        if not found:
+            raise StoreError(f"no group named {group!r}")
+        try:
+            rows = await self.database.select(
+                "INSERT INTO keys (group_id, name, key_hash, hint, created_at, spend_cap, allowed_models, expires_at, "
+                "tags, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                (found[0][0], name, key_hash, hint, time.time(), spend_cap,
+                 json.dumps(allowed_models) if allowed_models else None, *meta_values(meta)),
+            )  # fmt: skip
+        except StoreConstraint:  # (groups are never deleted: the hash is what is taken)
+            raise StoreError("a key with this hash already exists") from None
+        return await self._changed_key(rows[0][0], 1)
 
-    @abstractmethod
-    async def revoke_key(self, key_id: int) -> bool: ...
+    async def revoke_key(self, key_id: int) -> bool:
+        changed = await self.database.atomic(
+            [("UPDATE keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL", (time.time(), key_id))]
+        )
+        return changed[0] > 0
 
-    @abstractmethod
-    async def update_key(
-        self, key_id: int, spend_cap: int | None, allowed_models: list[str] | None
-    ) -> KeyInfo:
+    async def update_key(self, key_id: int, spend_cap: int | None, allowed_models: list[str] | None) -> KeyInfo:
         """Set a key's spend cap (nano-credits, None = no cap) and model allow-list (None = every model);
         raises StoreError if there is no such key."""
+        if spend_cap is not None and spend_cap < 0:
+            raise StoreError("a spend cap cannot be negative")
+        changed = await self.database.atomic([("UPDATE keys SET spend_cap = ?, allowed_models = ? WHERE id = ?",
+                                               (spend_cap, json.dumps(allowed_models) if allowed_models else None,
+                                                key_id))])  # fmt: skip
+        return await self._changed_key(key_id, changed[0])
 
-    @abstractmethod
-    async def get_key(self, key_id: int) -> KeyInfo | None: ...
+    async def get_key(self, key_id: int) -> KeyInfo | None:
+        rows = await self.database.select(KEY_SQL + " WHERE k.id = ?", (key_id,))
+        return key_row(rows[0]) if rows else None
 
-    @abstractmethod
-    async def list_keys(self, group: str | None = None) -> list[KeyInfo]: ...
+    async def list_keys(self, group: str | None = None) -> list[KeyInfo]:
+        if group is None:
+            rows = await self.database.select(KEY_SQL + " ORDER BY k.id")
+        else:
+            rows = await self.database.select(KEY_SQL + " WHERE g.name = ? ORDER BY k.id", (group,))
+        return [key_row(r) for r in rows]
 
     @abstractmethod
     async def principal(self, key_hash: str) -> Principal | None:
