@@ -25,7 +25,6 @@ from jobs.store import (
     GroupLoad,
     JobStore,
     Line,
-    LineState,
     Outcome,
     batch_of,
     file_of,
@@ -124,6 +123,10 @@ class PostgresJobStore(JobStore):
     def __init__(self, pool: PostgresPool) -> None:
         self.pool = pool
 
+    @property
+    def db(self) -> PostgresPool:
+        return self.pool
+
     async def open(self) -> None:
         await self.pool.migrate("jobs_schema_version", MIGRATIONS, MIGRATION_LOCK)
 
@@ -158,42 +161,6 @@ class PostgresJobStore(JobStore):
         return _count(status) > 0
 
     # -- batches --------------------------------------------------------------------------------------
-    async def create_batch(self, row: BatchRow) -> None:
-        marks = ", ".join(f"${n}" for n in range(1, len(BATCH_COLUMNS) + 1))
-        await self.pool.execute(f"INSERT INTO batches ({', '.join(BATCH_COLUMNS)}) VALUES ({marks})", *row.values())
-
-    async def get_batch(self, group_id: int | None, batch_id: str) -> BatchRow | None:
-        row = await self.pool.fetchrow(
-            _BATCH + " WHERE id = $1 AND ($2::int8 IS NULL OR group_id = $2)", batch_id, group_id
-        )
-        return batch_of(row) if row else None
-
-    async def list_batches(self, group_id: int, after: str | None, limit: int) -> list[BatchRow]:
-        rows = await self.pool.fetch(
-            _BATCH + " WHERE group_id = $1 AND ($2::text IS NULL OR "
-            "seq < (SELECT seq FROM batches WHERE id = $2 AND group_id = $1)) ORDER BY seq DESC LIMIT $3",
-            group_id, after, limit,
-        )  # fmt: skip
-        return [batch_of(r) for r in rows]
-
-    async def browse(self, group_id: int | None, status: str | None, before: str | None, limit: int) -> list[BatchRow]:
-        rows = await self.pool.fetch(
-            _BATCH + " WHERE ($1::int8 IS NULL OR group_id = $1) AND ($2::text IS NULL OR status = $2) AND "
-            "($3::text IS NULL OR seq < (SELECT seq FROM batches WHERE id = $3)) ORDER BY seq DESC LIMIT $4",
-            group_id, status, before, limit,
-        )  # fmt: skip
-        return [batch_of(r) for r in rows]
-
-    async def cancel_batch(self, group_id: int, batch_id: str, now: int) -> BatchRow | None:
-        async with self.pool.transaction() as conn:
-            await conn.execute(
-                "UPDATE batches SET status = 'cancelling', cancelling_at = $1 WHERE id = $2 AND group_id = $3 "
-                "AND status IN ('validating', 'in_progress')",
-                now, batch_id, group_id,
-            )  # fmt: skip
-            row = await conn.fetchrow(_BATCH + " WHERE id = $1 AND group_id = $2", batch_id, group_id)
-        return batch_of(row) if row else None
-
     # -- leases ---------------------------------------------------------------------------------------
     async def claim_batch(self, owner: str, lease: float, skip: list[str]) -> BatchRow | None:
         row = await self.pool.fetchrow(
@@ -223,18 +190,6 @@ class PostgresJobStore(JobStore):
         )  # fmt: skip
         return str(status) if status is not None else None
 
-    async def release(self, batch_id: str, owner: str) -> None:
-        await self.pool.execute(
-            "UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE id = $1 AND lease_owner = $2",
-            batch_id, owner,
-        )  # fmt: skip
-
-    async def release_all(self) -> int:
-        status = await self.pool.execute(
-            "UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS NOT NULL"
-        )
-        return _count(status)
-
     # -- the run of one batch -------------------------------------------------------------------------
     async def start_batch(self, batch_id: str, owner: str, lines: list[Line], now: int) -> bool:
         async with self.pool.transaction() as conn:
@@ -261,22 +216,6 @@ class PostgresJobStore(JobStore):
             now, json.dumps(errors), batch_id, owner,
         )  # fmt: skip
         return _count(status) > 0
-
-    async def set_finalizing(self, batch_id: str, owner: str, now: int) -> bool:
-        status = await self.pool.execute(
-            "UPDATE batches SET status = 'finalizing', finalizing_at = $1 WHERE id = $2 AND lease_owner = $3 "
-            "AND status = 'in_progress'",
-            now, batch_id, owner,
-        )  # fmt: skip
-        return _count(status) > 0
-
-    async def running_lines(self, batch_id: str) -> list[Line]:
-        rows = await self.pool.fetch(
-            "SELECT line_no, custom_id, body FROM batch_lines WHERE batch_id = $1 AND state = 'running' "
-            "ORDER BY line_no",
-            batch_id,
-        )
-        return [Line(*r) for r in rows]
 
     async def claim_line(self, batch_id: str, owner: str, now: float) -> Line | None:
         row = await self.pool.fetchrow(
@@ -307,21 +246,6 @@ class PostgresJobStore(JobStore):
                 batch_id, int(outcome.ok), int(not outcome.ok), t.input, t.output, t.cached, t.reasoning,
             )  # fmt: skip
         return True
-
-    async def line_states(self, batch_id: str) -> list[LineState]:
-        rows = await self.pool.fetch(
-            "SELECT line_no, custom_id, state, result FROM batch_lines WHERE batch_id = $1 ORDER BY line_no",
-            batch_id,
-        )
-        return [LineState(*r) for r in rows]
-
-    async def failed_lines(self, batch_id: str, limit: int) -> list[LineState]:
-        rows = await self.pool.fetch(
-            "SELECT line_no, custom_id, state, result FROM batch_lines WHERE batch_id = $1 AND state = 'failed' "
-            "ORDER BY line_no LIMIT $2",
-            batch_id, limit,
-        )  # fmt: skip
-        return [LineState(*r) for r in rows]
 
     async def finalize(self, batch_id: str, owner: str, final: Final) -> bool:
         stamp = f"{final.status}_at"

@@ -32,7 +32,6 @@ from jobs.store import (
     JobStore,
     JobStoreError,
     Line,
-    LineState,
     Outcome,
     batch_of,
     file_of,
@@ -119,6 +118,12 @@ class SQLiteJobStore(JobStore):
         self.files_dir = Path(files_dir) if files_dir else base / "files"
 
     # -- plumbing -------------------------------------------------------------------------------------
+    @property
+    def db(self) -> SQLiteThread:
+        if not self.thread.is_open:
+            raise JobStoreError("the jobs store is not open")
+        return self.thread
+
     async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         if not self.thread.is_open:
             raise JobStoreError("the jobs store is not open")
@@ -222,54 +227,6 @@ class SQLiteJobStore(JobStore):
         return await self.run(fn)
 
     # -- batches --------------------------------------------------------------------------------------
-    async def create_batch(self, row: BatchRow) -> None:
-        sql = f"INSERT INTO batches ({', '.join(BATCH_COLUMNS)}) VALUES ({', '.join('?' * len(BATCH_COLUMNS))})"
-        await self.run(lambda db: db.execute(sql, row.values()))
-
-    async def get_batch(self, group_id: int | None, batch_id: str) -> BatchRow | None:
-        def fn(db: sqlite3.Connection) -> BatchRow | None:
-            if group_id is None:
-                row = db.execute(_BATCH + " WHERE id = ?", (batch_id,)).fetchone()
-            else:
-                row = db.execute(_BATCH + " WHERE id = ? AND group_id = ?", (batch_id, group_id)).fetchone()
-            return batch_of(row) if row else None
-
-        return await self.run(fn)
-
-    async def list_batches(self, group_id: int, after: str | None, limit: int) -> list[BatchRow]:
-        def fn(db: sqlite3.Connection) -> list[BatchRow]:
-            sql = _BATCH + " WHERE group_id = ?"
-            args: list[Any] = [group_id]
-            if after is not None:
-                sql += " AND seq < (SELECT seq FROM batches WHERE id = ? AND group_id = ?)"
-                args += [after, group_id]
-            rows = db.execute(sql + " ORDER BY seq DESC LIMIT ?", (*args, limit)).fetchall()
-            return [batch_of(r) for r in rows]
-
-        return await self.run(fn)
-
-    async def browse(self, group_id: int | None, status: str | None, before: str | None, limit: int) -> list[BatchRow]:
-        where, args = ["1 = 1"], []
-        for clause, value in (("group_id = ?", group_id), ("status = ?", status),
-                              ("seq < (SELECT seq FROM batches WHERE id = ?)", before)):  # fmt: skip
-            if value is not None:
-                where.append(clause)
-                args.append(value)
-        sql = f"{_BATCH} WHERE {' AND '.join(where)} ORDER BY seq DESC LIMIT ?"
-        return await self.run(lambda db: [batch_of(r) for r in db.execute(sql, (*args, limit)).fetchall()])
-
-    async def cancel_batch(self, group_id: int, batch_id: str, now: int) -> BatchRow | None:
-        def fn(db: sqlite3.Connection) -> BatchRow | None:
-            db.execute(
-                "UPDATE batches SET status = 'cancelling', cancelling_at = ? WHERE id = ? AND group_id = ? "
-                "AND status IN ('validating', 'in_progress')",
-                (now, batch_id, group_id),
-            )
-            row = db.execute(_BATCH + " WHERE id = ? AND group_id = ?", (batch_id, group_id)).fetchone()
-            return batch_of(row) if row else None
-
-        return await self.tx(fn)
-
     # -- leases ---------------------------------------------------------------------------------------
     async def claim_batch(self, owner: str, lease: float, skip: list[str]) -> BatchRow | None:
         marks = ", ".join("?" * len(skip))
@@ -319,19 +276,6 @@ class SQLiteJobStore(JobStore):
 
         return await self.tx(fn)
 
-    async def release(self, batch_id: str, owner: str) -> None:
-        await self.run(
-            lambda db: db.execute(f"UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE {_HELD}",
-                                  (batch_id, owner))  # fmt: skip
-        )
-
-    async def release_all(self) -> int:
-        return await self.run(
-            lambda db: db.execute(
-                "UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS NOT NULL"
-            ).rowcount
-        )
-
     # -- the run of one batch -------------------------------------------------------------------------
     async def start_batch(self, batch_id: str, owner: str, lines: list[Line], now: int) -> bool:
         def fn(db: sqlite3.Connection) -> bool:
@@ -360,26 +304,6 @@ class SQLiteJobStore(JobStore):
             ).rowcount > 0
 
         return await self.tx(fn)
-
-    async def set_finalizing(self, batch_id: str, owner: str, now: int) -> bool:
-        def fn(db: sqlite3.Connection) -> bool:
-            return db.execute(
-                f"UPDATE batches SET status = 'finalizing', finalizing_at = ? WHERE {_HELD} AND status = 'in_progress'",
-                (now, batch_id, owner),
-            ).rowcount > 0
-
-        return await self.tx(fn)
-
-    async def running_lines(self, batch_id: str) -> list[Line]:
-        def fn(db: sqlite3.Connection) -> list[Line]:
-            rows = db.execute(
-                "SELECT line_no, custom_id, body FROM batch_lines WHERE batch_id = ? AND state = 'running' "
-                "ORDER BY line_no",
-                (batch_id,),
-            ).fetchall()
-            return [Line(*r) for r in rows]
-
-        return await self.run(fn)
 
     async def claim_line(self, batch_id: str, owner: str, now: float) -> Line | None:
         def fn(db: sqlite3.Connection) -> Line | None:
@@ -421,21 +345,6 @@ class SQLiteJobStore(JobStore):
             return True
 
         return await self.tx(fn)
-
-    async def line_states(self, batch_id: str) -> list[LineState]:
-        def fn(db: sqlite3.Connection) -> list[LineState]:
-            rows = db.execute(
-                "SELECT line_no, custom_id, state, result FROM batch_lines WHERE batch_id = ? ORDER BY line_no",
-                (batch_id,),
-            ).fetchall()
-            return [LineState(*r) for r in rows]
-
-        return await self.run(fn)
-
-    async def failed_lines(self, batch_id: str, limit: int) -> list[LineState]:
-        sql = ("SELECT line_no, custom_id, state, result FROM batch_lines WHERE batch_id = ? AND state = 'failed' "
-               "ORDER BY line_no LIMIT ?")  # fmt: skip
-        return await self.run(lambda db: [LineState(*r) for r in db.execute(sql, (batch_id, limit)).fetchall()])
 
     async def finalize(self, batch_id: str, owner: str, final: Final) -> bool:
         # the files go to disk first: a crash before the commit leaves at most an unreferenced file

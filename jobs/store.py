@@ -20,7 +20,7 @@ from typing import Any
 
 from billing.postgres_pool import PostgresPool
 from billing.sqlite_thread import SQLiteThread
-from billing.store import Principal, Store
+from billing.store import Database, Principal, Store
 
 OPEN = ("validating", "in_progress", "finalizing", "cancelling")  # a runner still has work to do
 
@@ -160,6 +160,13 @@ class Final:
 
 
 class JobStore(ABC):
+    """The operations both stores run alike are written here once, in dialect-neutral SQL on the
+    billing store's database handle (``db``); each store keeps what differs: claims, clocks, files."""
+
+    @property
+    @abstractmethod
+    def db(self) -> Database: ...
+
     @abstractmethod
     async def open(self) -> None:
         """Migrate the jobs tables (on the billing store's database handle, opened by that store)."""
@@ -188,25 +195,36 @@ class JobStore(ABC):
     async def delete_file(self, group_id: int, file_id: str) -> bool: ...
 
     # -- batches ------------------------------------------------------------------------------------
-    @abstractmethod
-    async def create_batch(self, row: BatchRow) -> None: ...
+    async def create_batch(self, row: BatchRow) -> None:
+        await self.db.write(f"INSERT INTO batches ({', '.join(BATCH_COLUMNS)}) VALUES ({_marks(BATCH_COLUMNS)})",
+                            row.values())  # fmt: skip
 
-    @abstractmethod
     async def get_batch(self, group_id: int | None, batch_id: str) -> BatchRow | None:
         """The batch, if it belongs to the group (``None``: any group, for the runner)."""
+        where, args = _where(("id = ?", batch_id), ("group_id = ?", group_id))
+        rows = await self.db.select(f"{_BATCH} WHERE {where}", args)
+        return batch_of(rows[0]) if rows else None
 
-    @abstractmethod
     async def list_batches(self, group_id: int, after: str | None, limit: int) -> list[BatchRow]:
         """Up to ``limit`` batches of the group, newest first, after the batch ``after``."""
+        where, args = _where(("group_id = ?", group_id),
+                             ("seq < (SELECT seq FROM batches WHERE id = ? AND group_id = ?)", after, group_id))  # fmt: skip
+        rows = await self.db.select(f"{_BATCH} WHERE {where} ORDER BY seq DESC LIMIT ?", (*args, limit))
+        return [batch_of(r) for r in rows]
 
-    @abstractmethod
     async def browse(self, group_id: int | None, status: str | None, before: str | None, limit: int) -> list[BatchRow]:
         """Up to ``limit`` batches, newest first, older than the batch ``before``: of one group or of
         all (``None``), of one status or of any (the console's list)."""
+        where, args = _where(("group_id = ?", group_id), ("status = ?", status),
+                             ("seq < (SELECT seq FROM batches WHERE id = ?)", before))  # fmt: skip
+        rows = await self.db.select(f"{_BATCH} WHERE {where} ORDER BY seq DESC LIMIT ?", (*args, limit))
+        return [batch_of(r) for r in rows]
 
-    @abstractmethod
     async def cancel_batch(self, group_id: int, batch_id: str, now: int) -> BatchRow | None:
         """``validating``/``in_progress`` → ``cancelling``; returns the batch as it now is."""
+        await self.db.write("UPDATE batches SET status = 'cancelling', cancelling_at = ? WHERE id = ? AND group_id = ? "
+                            "AND status IN ('validating', 'in_progress')", (now, batch_id, group_id))  # fmt: skip
+        return await self.get_batch(group_id, batch_id)
 
     # -- leases (one runner per batch at a time) ----------------------------------------------------
     @abstractmethod
@@ -224,12 +242,15 @@ class JobStore(ABC):
     async def renew(self, batch_id: str, owner: str, lease: float) -> str | None:
         """Extend our lease; the batch's status, or None if the lease is no longer ours."""
 
-    @abstractmethod
-    async def release(self, batch_id: str, owner: str) -> None: ...
+    async def release(self, batch_id: str, owner: str) -> None:
+        await self.db.write(f"UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE {_HELD}", (batch_id, owner))
 
-    @abstractmethod
     async def release_all(self) -> int:
         """Free every lease (SQLite: one gateway per file, so any lease is from a process now gone)."""
+        changed = await self.db.atomic(
+            [("UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS NOT NULL", ())]
+        )
+        return changed[0]
 
     # -- the run of one batch (every write is conditional on holding its lease) ----------------------
     @abstractmethod
@@ -240,12 +261,16 @@ class JobStore(ABC):
     async def fail_batch(self, batch_id: str, owner: str, errors: list[dict[str, Any]], now: int) -> bool:
         """Validation failed: ``failed`` with ``errors``; the lease is let go."""
 
-    @abstractmethod
-    async def set_finalizing(self, batch_id: str, owner: str, now: int) -> bool: ...
+    async def set_finalizing(self, batch_id: str, owner: str, now: int) -> bool:
+        changed = await self.db.atomic([(f"UPDATE batches SET status = 'finalizing', finalizing_at = ? WHERE {_HELD} "
+                                         "AND status = 'in_progress'", (now, batch_id, owner))])  # fmt: skip
+        return changed[0] > 0
 
-    @abstractmethod
     async def running_lines(self, batch_id: str) -> list[Line]:
         """Lines claimed but never finished (their runner is gone)."""
+        rows = await self.db.select("SELECT line_no, custom_id, body FROM batch_lines WHERE batch_id = ? "
+                                    "AND state = 'running' ORDER BY line_no", (batch_id,))  # fmt: skip
+        return [Line(*r) for r in rows]
 
     @abstractmethod
     async def claim_line(self, batch_id: str, owner: str, now: float) -> Line | None:
@@ -258,17 +283,39 @@ class JobStore(ABC):
         """A claimed line's result, counted in the batch; only if it is still ``running`` (and, with an
         ``owner``, claimed by it). ``owner=None``: any claim (the lease holder failing a dead claim)."""
 
-    @abstractmethod
-    async def line_states(self, batch_id: str) -> list[LineState]: ...
+    async def line_states(self, batch_id: str) -> list[LineState]:
+        rows = await self.db.select("SELECT line_no, custom_id, state, result FROM batch_lines WHERE batch_id = ? "
+                                    "ORDER BY line_no", (batch_id,))  # fmt: skip
+        return [LineState(*r) for r in rows]
 
-    @abstractmethod
     async def failed_lines(self, batch_id: str, limit: int) -> list[LineState]:
         """The first ``limit`` failed lines of a batch, with their error lines."""
+        rows = await self.db.select("SELECT line_no, custom_id, state, result FROM batch_lines WHERE batch_id = ? "
+                                    "AND state = 'failed' ORDER BY line_no LIMIT ?", (batch_id, limit))  # fmt: skip
+        return [LineState(*r) for r in rows]
 
     @abstractmethod
     async def finalize(self, batch_id: str, owner: str, final: Final) -> bool:
         """The end: create the output and error files, set the final status, counts and file ids, drop
         the lines and the lease — all at once."""
+
+
+_BATCH = f"SELECT {', '.join(BATCH_COLUMNS)} FROM batches"
+_HELD = "id = ? AND lease_owner = ?"  # a write by the lease holder only
+
+
+def _marks(columns: tuple[str, ...]) -> str:
+    return ", ".join("?" * len(columns))
+
+
+def _where(*clauses: tuple[Any, ...]) -> tuple[str, list[Any]]:
+    """The clauses whose values are not None, and their values (``1 = 1`` if none)."""
+    where, args = ["1 = 1"], []
+    for clause, *values in clauses:
+        if values[0] is not None:
+            where.append(clause)
+            args += values
+    return " AND ".join(where), args
 
 
 def open_job_store(store: Store, files_dir: str = "") -> JobStore:
