@@ -21,15 +21,13 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Protocol
+from typing import Any, Protocol
 
 from billing import tokens
 from billing.pricing import cost
 from billing.store import Reservation, Store, UsageRecord
+from core.catalog import Model
 from core.wire import TokenUsage
-
-if TYPE_CHECKING:
-    from billing.ledger import Meter
 
 log = logging.getLogger("router.ledger")
 CUT = "the gateway stopped during this stream; charged for what it generated up to its last checkpoint"
@@ -41,6 +39,17 @@ class Source(Protocol):
     def reported(self) -> tuple[TokenUsage | None, TokenUsage | None]: ...
 
     def generated(self) -> str: ...
+
+
+class Meter(Protocol):
+    """What a checkpoint reads of a call (billing.ledger.Meter)."""
+
+    reservation: Reservation
+    model: Model
+    record: UsageRecord
+    prompt: dict[str, Any]
+    started: float
+    finished: bool
 
 
 @dataclass(slots=True)
