@@ -124,15 +124,11 @@ class Flight:
 class InFlight:
     """The admission of :class:`gateway.pipeline.Pipeline` for calls in flight (with the rate limits)."""
 
-    def __init__(self, settings: LimitsSettings, backend: Backend | None = None, name: str = "",
-                 rate_limits: object = None) -> None:  # fmt: skip
-        """``rate_limits``: the rate limiter's backend, whose Redis connection this shares."""
+    def __init__(self, settings: LimitsSettings, backend: Backend | None, name: str = "") -> None:
+        """``backend``: where the counts are (gateway/backends.py ``in_flight``); None: no limit is set."""
         self.settings = settings
-        self.enabled = any(getattr(settings, k) for k in _KINDS) or any(
-            getattr(g, k) for g in settings.groups.values() for k in _KINDS
-        )
-        if backend is None and self.enabled:
-            backend = _backend(settings, rate_limits)
+        self.enabled = configured(settings)
+        assert backend is not None or not self.enabled, "limits of calls in flight are set: they need a backend"
         self.backend = backend
         self._members = itertools.count(1)
         self._name = name or f"{secrets.token_hex(4)}:"  # this replica's prefix of its calls' members (Redis)
@@ -199,12 +195,6 @@ class InFlight:
             await self.backend.close()
 
 
-def _backend(settings: LimitsSettings, rate_limits: object) -> Backend:
-    if settings.redis_url:
-        from gateway.concurrency_redis import RedisBackend
-        from gateway.ratelimit_redis import RedisBackend as RateLimitsRedis
-
-        # the rate limits' connection and pipe when they use Redis too: one round trip for both checks
-        pipe = rate_limits.pipe if isinstance(rate_limits, RateLimitsRedis) else None
-        return RedisBackend(settings.redis_url, settings.redis_prefix, settings.redis_timeout, pipe=pipe)
-    return MemoryBackend()
+def configured(settings: LimitsSettings) -> bool:
+    """Whether any limit of calls in flight is set (for every group or for one)."""
+    return any(getattr(settings, k) for k in _KINDS) or any(getattr(g, k) for g in settings.groups.values() for k in _KINDS)

@@ -25,7 +25,7 @@ from core.catalog import Catalog, Model
 from core.config import ProviderSettings, RoutingSettings, Settings
 from core.deployments import Deployment, Strategy, canonical
 from core.errors import GatewayError, RateLimited
-from gateway import routing
+from gateway import backends, routing
 from gateway.upstream_state import MemoryState, UpstreamState
 
 if TYPE_CHECKING:
@@ -147,10 +147,5 @@ def router_for(settings: Settings, catalog: Catalog, deployments: dict[str, list
     }
     routing_settings = settings.routing
     local = MemoryState(routing_settings.latency_weight)
-    shared: UpstreamState | None = None
-    if settings.limits.redis_url and any(pool.shared for pool in pools.values()):
-        from gateway.upstream_state_redis import RedisState
-
-        shared = RedisState(settings.limits.redis_url, routing_settings.redis_prefix, settings.limits.redis_timeout,
-                            routing_settings.latency_weight)  # fmt: skip
+    shared = backends.upstream_state(settings.limits, routing_settings, any(pool.shared for pool in pools.values()))
     return Router(pools, routing_settings, local, shared)

@@ -30,7 +30,7 @@ import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from billing.pricing import input_ceiling, output_ceiling
 from billing.store import Principal
@@ -85,9 +85,16 @@ class Backend(ABC):
     """Takes ``cost`` from every bucket if all have room, else from none, atomically."""
 
     namespace: str = ""  # prefix of the bucket names
+    pipe: Any = None  # a shared backend's script pipe, which the calls-in-flight counts may share (gateway/backends.py)
 
     @abstractmethod
     async def take(self, buckets: Sequence[Bucket]) -> tuple[bool, list[BucketState]]: ...
+
+    def admit_now(self, plan: Plan, tokens: int) -> Headers | None:
+        """The common case of :meth:`take` without awaiting, where the backend can (this process's
+        memory): if every bucket has room, take from all and return the headers; None: go the general
+        way (a shared backend always does)."""
+        return None
 
     async def close(self) -> None:
         return None
@@ -168,19 +175,14 @@ def duration(seconds: float) -> str:
 class RateLimiter:
     """The admission check of :class:`gateway.pipeline.Pipeline` (limits, then the reservation: docs/architecture.md, the path of one call)."""
 
-    def __init__(self, settings: LimitsSettings, backend: Backend | None = None) -> None:
+    def __init__(self, settings: LimitsSettings, backend: Backend | None) -> None:
+        """``backend``: where the buckets are (gateway/backends.py ``rate_limits``); None: no limit is set."""
         self.settings = settings
-        self.enabled = any(getattr(settings, k) for k in _KINDS) or any(
-            getattr(g, k) for g in settings.groups.values() for k in _KINDS
-        )
-        if backend is None:
-            backend = _backend(settings) if self.enabled else None
+        self.enabled = configured(settings)
+        assert backend is not None or not self.enabled, "rate limits are set: they need a backend"
         self.backend = backend
         self._quotas: dict[str, Quota] = {}
         self._plans: dict[int, Plan] = {}
-        from gateway.ratelimit_memory import MemoryBackend
-
-        self._local = self.backend if isinstance(self.backend, MemoryBackend) else None
 
     def quota(self, group: str) -> Quota:
         quota = self._quotas.get(group)
@@ -219,13 +221,12 @@ class RateLimiter:
         if not plan.buckets:
             return None
         tokens = input_ceiling(body_size, req) + output_ceiling(model, req) if plan.tokens else 0
-        if self._local is not None:
-            headers = self._local.admit_now(plan, tokens)
-            if headers is not None:
-                return headers if self.settings.headers else None
+        assert self.backend is not None
+        headers = self.backend.admit_now(plan, tokens)
+        if headers is not None:
+            return headers if self.settings.headers else None
         buckets = [Bucket(name, limit, tokens if is_tokens else 1) for name, limit, _, is_tokens in plan.buckets]
         kinds = plan.kinds
-        assert self.backend is not None
         try:
             ok, states = await self.backend.take(buckets)
         except Exception as exc:  # the shared store is down: admit rather than refuse every call
@@ -306,11 +307,6 @@ def warn_unavailable(exc: Exception) -> None:
         )
 
 
-def _backend(settings: LimitsSettings) -> Backend:
-    if settings.redis_url:
-        from gateway.ratelimit_redis import RedisBackend
-
-        return RedisBackend(settings.redis_url, settings.redis_prefix, settings.redis_timeout)
-    from gateway.ratelimit_memory import MemoryBackend
-
-    return MemoryBackend()
+def configured(settings: LimitsSettings) -> bool:
+    """Whether any rate limit is set (for every group or for one)."""
+    return any(getattr(settings, k) for k in _KINDS) or any(getattr(g, k) for g in settings.groups.values() for k in _KINDS)

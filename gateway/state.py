@@ -25,6 +25,7 @@ from core.catalog import ConfigError
 from core.config import Settings, load_settings
 from core.deadlines import Deadlines
 from core.deployments import Deployment
+from gateway import backends
 from gateway.alerts import Checker, Deliverer, budget_source
 from gateway.attempts import Attempts
 from gateway.auth import LAST_USED_SECONDS, Authenticator
@@ -111,9 +112,9 @@ class Gateway:
         # trip per call); PostgreSQL: reservations are atomic updates in the store, shared by replicas
         st = settings.store
         self.ledger = ledger_for(self.store, st.journal_after_seconds, st.reply_wait_seconds, st.checkpoint_seconds)
-        self.limits = RateLimiter(settings.limits)
+        self.limits = RateLimiter(settings.limits, backends.rate_limits(settings.limits))
         # calls in flight per key and group (gateway/concurrency.py), on the rate limits' Redis connection
-        self.in_flight = InFlight(settings.limits, rate_limits=self.limits.backend)
+        self.in_flight = InFlight(settings.limits, backends.in_flight(settings.limits, self.limits.backend))
         self.fair = FairShare(settings.limits)  # each group's share of this process's calls in flight
         self.refusals = Refusals()  # which refused calls leave a usage record (a flood: a sample)
         # the console's logins, counted before they are checked, in Redis or the store (gateway/attempts.py)
@@ -203,8 +204,9 @@ class Gateway:
         deployments = {prefix: settings.deployments(prefix, catalog) for prefix in catalog.providers}
         adapters = {prefix: adapter_for(prefix, spec) for prefix, spec in catalog.providers.items()}
         router = router_for(settings, catalog, deployments)
-        limits = RateLimiter(settings.limits, backend=self.limits.backend)
-        in_flight = InFlight(settings.limits, backend=self.in_flight.backend, rate_limits=limits.backend)
+        # the backends kept (a Redis address changes at a restart), or built if limits are set anew
+        limits = RateLimiter(settings.limits, self.limits.backend or backends.rate_limits(settings.limits))
+        in_flight = InFlight(settings.limits, self.in_flight.backend or backends.in_flight(settings.limits, limits.backend))
         kept = {name: getattr(old, name) for name in RESTART if getattr(old, name) != getattr(settings, name)}
         applied = msgspec.structs.replace(settings, **{name: getattr(old, name) for name in RESTART})
         # every part is built: now the swap, with no await in between

@@ -29,6 +29,7 @@ from core.config import (
     StoreSettings,
 )
 from core.errors import RateLimited
+from gateway import backends
 from gateway.concurrency import InFlight, MemoryBackend, Place
 from gateway.concurrency_redis import RedisBackend
 from tests.conftest import REDIS_URL, Stack, free_port
@@ -225,7 +226,8 @@ async def test_an_unreachable_redis_fails_open_or_closed_as_configured() -> None
     who = Principal(1, "k", 1, "g", None, None)
     dead = f"redis://127.0.0.1:{free_port()}/0"
     for fail_open in (True, False):
-        limiter = InFlight(LimitsSettings(key_concurrent=1, redis_url=dead, redis_timeout=0.2, fail_open=fail_open))
+        limits = LimitsSettings(key_concurrent=1, redis_url=dead, redis_timeout=0.2, fail_open=fail_open)
+        limiter = InFlight(limits, backends.in_flight(limits, None))
         try:
             if fail_open:
                 assert await limiter.enter(who) is None  # admitted, uncounted
