@@ -31,6 +31,7 @@ import itertools
 import secrets
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import TYPE_CHECKING, NamedTuple
 
 from billing.store import Principal
@@ -98,15 +99,14 @@ class MemoryBackend(Backend):
 
 
 class Flight:
-    """A call's places, given back once by :meth:`end`; ``then``: what else ends with the call (the
-    deployment's lease, billing/ledger.py ``Meter.on_finish``)."""
+    """A call's places, given back once by :meth:`end` (``leave``); ``then``: what else ends with the call
+    (the deployment's lease, billing/ledger.py ``Meter.on_finish``). Also a place in a group's fair share
+    (gateway/fairshare.py)."""
 
-    __slots__ = ("backend", "places", "member", "then", "ended")
+    __slots__ = ("leave", "then", "ended")
 
-    def __init__(self, backend: Backend, places: list[Place], member: str) -> None:
-        self.backend = backend
-        self.places = places
-        self.member = member
+    def __init__(self, leave: Callable[[], None]) -> None:
+        self.leave = leave
         self.then: Callable[[], None] | None = None
         self.ended = False
 
@@ -118,7 +118,7 @@ class Flight:
             if self.then is not None:
                 self.then()
         finally:
-            self.backend.leave(self.places, self.member)
+            self.leave()
 
 
 class InFlight:
@@ -180,7 +180,7 @@ class InFlight:
             raise RateLimited("Calls in flight cannot be counted right now; retry shortly.",
                               headers={"Retry-After": "1"}) from None  # fmt: skip
         if full < 0:
-            return Flight(backend, places, member)
+            return Flight(partial(backend.leave, places, member))
         place = places[full]
         metrics.rate_limited(place.kind)
         raise RateLimited(

@@ -17,11 +17,12 @@ left to those limits. A batch line or a background response takes no place (thei
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 from core import metrics
 from core.errors import RateLimited
+from gateway.concurrency import Flight
 
 if TYPE_CHECKING:
     from core.config import LimitsSettings
@@ -29,27 +30,7 @@ if TYPE_CHECKING:
 ACTIVE_SECONDS = 1.0  # a group that started a call this recently is active
 
 
-class Share:
-    """A call's place in its group's count, given back once by :meth:`end`; ``then``: what else ends with
-    the call (as :class:`gateway.concurrency.Flight`)."""
-
-    __slots__ = ("book", "group", "then", "ended")
-
-    def __init__(self, book: FairShare, group: int) -> None:
-        self.book = book
-        self.group = group
-        self.then: Callable[[], None] | None = None
-        self.ended = False
-
-    def end(self) -> None:
-        if self.ended:
-            return
-        self.ended = True
-        try:
-            if self.then is not None:
-                self.then()
-        finally:
-            self.book.leave(self.group)
+Share = Flight  # a call's place in its group's count, given back once by ``end``
 
 
 class FairShare:
@@ -85,7 +66,7 @@ class FairShare:
             )
         self.counts[group_id] = held + 1
         self.total += 1
-        return Share(self, group_id)
+        return Share(partial(self.leave, group_id))
 
     def share(self, now: float) -> int:
         """``capacity`` over the groups active now (at least one place each); no bound for a group alone."""

@@ -6,7 +6,6 @@ ledger balances once the store has reconciled the dead process's calls (docs/ope
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import signal
 import subprocess
@@ -16,23 +15,13 @@ from pathlib import Path
 
 import openai
 
+from billing.store import UsageRecord
 from core.catalog import NANO
-from tests.conftest import Stack, free_port, wait_healthy
-from tests.test_faults import books
+from tests.conftest import Stack
+from tests.test_faults import _config, _serve, books
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "openai/gpt-4o-mini"
-
-
-def _config(tmp: Path, url: str, stack: Stack, name: str) -> Path:
-    emulator = stack.emulators["openai"]
-    path = tmp / f"{name}.toml"
-    path.write_text(
-        f"[store]\nurl = {json.dumps(url)}\nheartbeat_seconds = 0.2\nlease_grace_seconds = 1\n"
-        f"journal = {json.dumps(str(tmp / 'settlements.jsonl'))}\n"
-        f"[providers.openai]\nbase_url = {json.dumps(emulator.base_url)}\napi_key = {json.dumps(emulator.api_key)}\n"
-    )
-    return path
 
 
 def _run(config: Path, *args: str) -> str:
@@ -42,14 +31,28 @@ def _run(config: Path, *args: str) -> str:
     return out.stdout
 
 
-def _serve(config: Path, tmp: Path, name: str) -> tuple[subprocess.Popen[bytes], int]:
-    port = free_port()
-    log = tmp / f"{name}.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "router", "serve", "--config", str(config), "--port", str(port)],
-                                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
-    wait_healthy(port, proc, log)
-    return proc, port
+def _gateway(stack: Stack, url: str, tmp: Path, group: str, initial: int) -> tuple[Path, str]:
+    """A config (leases of 1 s: a restarted replica releases the dead one's holds at once) and a key of
+    ``group``, made with ``initial`` credits."""
+    config = _config(tmp, url, stack, "gateway", grace=1)
+    _run(config, "groups", "create", group, "--credits", str(initial // NANO))
+    return config, _run(config, "keys", "create", "--group", group).strip().splitlines()[-1]
+
+
+def _restarted_books(config: Path, tmp: Path, url: str, group: str) -> tuple[int, int, int, list[UsageRecord]]:
+    """The group's books once a restarted gateway has reconciled (SQLite at its start; PostgreSQL when
+    it releases the dead replica's holds)."""
+    proc, _ = _serve(config, tmp, "restarted")
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            books_now = asyncio.run(books(url, group))
+            if books_now[1] == 0 or time.monotonic() > deadline:
+                return books_now
+            time.sleep(0.2)
+    finally:
+        proc.terminate()
+        proc.wait(20)
 
 
 async def _caller(client: openai.AsyncOpenAI, name: str, seen: list[str], stop: asyncio.Event) -> None:
@@ -80,18 +83,15 @@ async def _caller(client: openai.AsyncOpenAI, name: str, seen: list[str], stop: 
 
 
 def _killed_under_load(stack: Stack, url: str, tmp: Path) -> tuple[list[str], Path, str, int]:
-    config = _config(tmp, url, stack, "gateway")
     group, initial = "killed", 1_000 * NANO
-    _run(config, "groups", "create", group, "--credits", str(initial // NANO))
-    key = _run(config, "keys", "create", "--group", group).strip().splitlines()[-1]
-    proc, port = _serve(config, tmp, "first")
+    config, key = _gateway(stack, url, tmp, group, initial)
+    proc, base = _serve(config, tmp, "first")
     seen: list[str] = []
     try:
 
         async def load() -> None:
             stop = asyncio.Event()
-            async with openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0,
-                                          timeout=30) as client:  # fmt: skip
+            async with openai.AsyncOpenAI(base_url=base, api_key=key, max_retries=0, timeout=30) as client:
                 callers = [asyncio.ensure_future(_caller(client, f"c{i}", seen, stop)) for i in range(12)]
                 await asyncio.sleep(1.5)
                 proc.send_signal(signal.SIGKILL)  # calls are completing all the time: some the instant before
@@ -109,18 +109,7 @@ def _killed_under_load(stack: Stack, url: str, tmp: Path) -> tuple[list[str], Pa
 def test_a_hard_kill_loses_no_charge_the_caller_saw(stack: Stack, store_url: str, tmp_path: Path) -> None:
     seen, config, group, initial = _killed_under_load(stack, store_url, tmp_path)
     assert len(seen) > 100
-    # restarted: SQLite reconciles at start; on PostgreSQL the new replica releases the dead one's holds
-    proc, _ = _serve(config, tmp_path, "restarted")
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            balance, reserved, spent, records = asyncio.run(books(store_url, group))
-            if reserved == 0 or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-    finally:
-        proc.terminate()
-        proc.wait(20)
+    balance, reserved, spent, records = _restarted_books(config, tmp_path, store_url, group)
     charged = {r.request_id for r in records if r.status == "ok"}
     lost = [rid for rid in seen if rid not in charged]
     owed = re.search(r"settled (\d+) charges a stopped process owed", (tmp_path / "restarted.log").read_text())
@@ -141,11 +130,9 @@ def test_streams_cut_by_a_hard_kill_are_charged_up_to_their_last_checkpoint(
     generated at its last checkpoint (every second by default): no more than the caller received, and
     no less than that minus what one checkpoint interval brings (SQLite at the next start, PostgreSQL
     when the restarted replica releases the dead one's holds)."""
-    config = _config(tmp_path, store_url, stack, "gateway")
     group, initial = "cut", 1_000 * NANO
-    _run(config, "groups", "create", group, "--credits", str(initial // NANO))
-    key = _run(config, "keys", "create", "--group", group).strip().splitlines()[-1]
-    proc, port = _serve(config, tmp_path, "first")
+    config, key = _gateway(stack, store_url, tmp_path, group, initial)
+    proc, base = _serve(config, tmp_path, "first")
     received: dict[str, str] = {}
     try:
 
@@ -162,8 +149,7 @@ def test_streams_cut_by_a_hard_kill_are_charged_up_to_their_last_checkpoint(
                 pass
 
         async def load() -> float:
-            async with openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0,
-                                          timeout=30) as client:  # fmt: skip
+            async with openai.AsyncOpenAI(base_url=base, api_key=key, max_retries=0, timeout=30) as client:
                 began = time.monotonic()
                 streams = [asyncio.ensure_future(stream(client, f"cut-{n}")) for n in range(8)]
                 await asyncio.sleep(2.7)
@@ -178,17 +164,7 @@ def test_streams_cut_by_a_hard_kill_are_charged_up_to_their_last_checkpoint(
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
-    proc, _ = _serve(config, tmp_path, "restarted")
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            balance, reserved, spent, records = asyncio.run(books(store_url, group))
-            if reserved == 0 or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-    finally:
-        proc.terminate()
-        proc.wait(20)
+    balance, reserved, spent, records = _restarted_books(config, tmp_path, store_url, group)
     from billing import tokens
 
     cut = {r.request_id: r for r in records if r.status == "interrupted"}

@@ -9,6 +9,7 @@ database ``router_test_<random>`` (one schema per test in it) and drops it at th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -46,8 +47,8 @@ def pg_url(pg: Postgres) -> str:
     return pg.fresh_url()
 
 
-@pytest.fixture
-async def store(url: str) -> AsyncIterator[Store]:
+@contextlib.asynccontextmanager
+async def _opened(url: str) -> AsyncIterator[Store]:
     s = open_store(url)
     await s.open()
     try:
@@ -57,15 +58,17 @@ async def store(url: str) -> AsyncIterator[Store]:
 
 
 @pytest.fixture
+async def store(url: str) -> AsyncIterator[Store]:
+    async with _opened(url) as s:
+        yield s
+
+
+@pytest.fixture
 async def pg_store(pg_url: str) -> AsyncIterator[Store]:
     """A store whose reservations are rows, shared by replicas (PostgreSQL; SQLite's are held in the
     gateway's memory: billing.ledger.LocalLedger, tests/test_local_ledger.py)."""
-    s = open_store(pg_url)
-    await s.open()
-    try:
+    async with _opened(pg_url) as s:
         yield s
-    finally:
-        await s.close()
 
 
 def usage(key_id: int, group_id: int, credits: int, **kw: Any) -> UsageRecord:
