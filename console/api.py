@@ -388,9 +388,10 @@ async def webhook_deliveries(c: Console, request: Request) -> Response:
 
 def usage_filter(request: Request, group_id: int) -> Filter:
     p = request.query_params
-    source = p.get("source") or None
-    if source not in (None, "api", "job"):
+    given = p.get("source") or "all"
+    if given not in forms.SOURCES:
         raise Invalid("source", "'source' is api or job (or absent for all).")
+    source = forms.SOURCES[given]
     model = (p.get("model") or "").strip().lower() or None
     deployment = (p.get("deployment") or "").strip() or None
     if deployment is not None and not is_name(deployment):

@@ -9,11 +9,12 @@ crashes on bad input. Amounts are credits with up to 9 decimals, turned into nan
 from __future__ import annotations
 
 import re
-from typing import TypeVar
+from typing import TypeVar, get_args
 from urllib.parse import parse_qs
 
 from core.inputs import group_name_problem, natural
 from core.money import to_nano
+from core.types import Source
 
 T = TypeVar("T")
 
@@ -21,7 +22,8 @@ MAX_FORM_BYTES = 64 * 1024
 AMOUNT = re.compile(r"^\d{1,12}(\.\d{1,9})?$")
 GROUPED = re.compile(r"^\d{1,3}([,\s\u00a0\u202f_]\d{3})+(\.\d{1,9})?$")  # 1,000,000.5 · 1 000 000 · 1_000_000
 MODEL = re.compile(r"^[a-z0-9][a-z0-9._:/-]{0,127}$")
-SOURCES = {"all": None, "api": "api", "job": "job"}
+# ``?source=`` everywhere in the console: every core.types.Source, or all of them
+SOURCES: dict[str, Source | None] = {"all": None, **{s: s for s in get_args(Source)}}
 PAGE_SIZES = (25, 50, 100, 200, 500)
 
 
