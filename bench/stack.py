@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import secrets
 import subprocess
 import sys
@@ -14,12 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.procs import Proc, StartError, free_port, free_port_block, start, stop_all, wait_http, wait_log
+from emulators.registry import read_banner
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = ROOT / ".venv" / "bin"
 GATEWAY_MODEL = "openai/gpt-4o-mini"
 UPSTREAM_MODEL = "gpt-4o-mini"
-_EMULATOR_LINE = re.compile(r"^(\w+)\s+(http://\S+)\s+key=(\S+)\s*$", re.M)
 
 
 @dataclass
@@ -55,8 +54,7 @@ def start_emulators(logs: Path) -> tuple[Proc, dict[str, tuple[str, str]]]:
     except BaseException:
         stop_all([proc])
         raise
-    found = {m.group(1): (m.group(2), m.group(3)) for m in _EMULATOR_LINE.finditer(text)}
-    return proc, found
+    return proc, read_banner(text.splitlines())
 
 
 def _cli(args: list[str], log: Path) -> str:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -60,6 +61,28 @@ async def start_emulators(host: str = "127.0.0.1", first_port: int = 0,
         await stop_emulators(running)
         raise
     return running
+
+
+# the line ``router emulators`` prints for each one it started, and reads back from its output
+_BANNER = re.compile(r"^(\w+)\s+(http://\S+)\s+key=(\S+)\s*$")
+
+
+def banner_line(item: Running) -> str:
+    return f"{item.prefix:<10} {item.base_url}  key={item.api_key}"
+
+
+def read_banner(lines: Iterable[str]) -> dict[str, tuple[str, str]]:
+    """From the output of ``router emulators``: prefix -> (base URL, key), read up to the line of its
+    last provider group (an iterator of a running process's output is left there). Fewer: the output
+    ended first."""
+    found: dict[str, tuple[str, str]] = {}
+    for line in lines:
+        match = _BANNER.match(line)
+        if match:
+            found[match.group(1)] = (match.group(2), match.group(3))
+            if len(found) == len(FACTORIES):
+                break
+    return found
 
 
 async def stop_emulators(running: dict[str, Running]) -> None:

@@ -32,7 +32,7 @@ from core.catalog import NANO
 from core.config import ProviderSettings, Settings
 from core.deployments import DeploymentSettings
 from emulators.azure import AzureOpenAIEmulator
-from emulators.registry import DEPLOYMENTS, FACTORIES, Running, start_emulators, stop_emulators
+from emulators.registry import DEPLOYMENTS, FACTORIES, Running, banner_line, start_emulators, stop_emulators
 from gateway.auth import generate_key, hash_key, key_form, new_key
 from router.app import create_app
 from router.serve import serve
@@ -269,7 +269,7 @@ async def demo(settings: Settings, options: DemoOptions) -> None:
 async def run_emulators_forever(host: str, first_port: int) -> None:
     running = await start_emulators(host, first_port)
     for item in running.values():
-        print(f"{item.prefix:<10} {item.base_url}  key={item.api_key}", flush=True)
+        print(banner_line(item), flush=True)
     try:
         await asyncio.Event().wait()
     finally:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -93,13 +92,11 @@ def emulators() -> tuple[subprocess.Popen[str], dict[str, str]]:
     proc = subprocess.Popen([sys.executable, "-m", "router", "emulators", "--port", str(first)], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     assert proc.stdout is not None
-    urls: dict[str, str] = {}
-    for line in proc.stdout:
-        found = re.search(r"(\w+)\s+(http://\S+)\s+key=", line)
-        if found:
-            urls[found.group(1)] = found.group(2)
-        if len(urls) == 5:
-            return proc, urls
+    from emulators.registry import FACTORIES, read_banner
+
+    urls = {prefix: url for prefix, (url, _) in read_banner(proc.stdout).items()}
+    if len(urls) == len(FACTORIES):
+        return proc, urls
     raise SystemExit("image-test: the emulators did not start")
 
 

@@ -24,6 +24,7 @@ from core.catalog import BUILTIN, ConfigError
 from core.config import parse_settings
 from core.wire import TokenUsage
 from emulators.openai import OpenAIEmulator
+from emulators.registry import read_banner
 from router.demo import with_emulators
 from tests.conftest import Stack, free_port
 from tests.test_demo import free_ports
@@ -98,13 +99,7 @@ def test_router_serve_reloads_on_sighup_and_through_the_admin_api(tmp_path: Path
     emu = subprocess.Popen([sys.executable, "-m", "router", "emulators", "--port", str(emulators)],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     assert emu.stdout is not None
-    urls: dict[str, str] = {}
-    for line in emu.stdout:
-        found = re.search(r"(\w+)\s+(http://\S+)\s+key=(\S+)", line)
-        if found:
-            urls[found.group(1)] = found.group(2)
-        if len(urls) == 5:
-            break
+    urls = {prefix: url for prefix, (url, _) in read_banner(emu.stdout).items()}
     config = tmp_path / "router.toml"
 
     def write(catalog: Path | None = None, broken: bool = False) -> None:
