@@ -85,12 +85,19 @@ class Ledger:
         self.last: asyncio.Future[int] | None = None  # the settlement queued last
         self._watched: dict[str, list[asyncio.Future[int]]] = {}
 
-    def queue(self, reservation: Reservation, record: UsageRecord, reply: bool = False) -> asyncio.Future[int]:
-        """Settle without waiting; the future resolves once it is durable. ``reply``: the caller's
-        reply waits until the settlement survives the process (where the store owes it, at once:
-        billing/owed.py; else at its commit, which then does not linger for a batch)."""
-        owed = reply and self.store.owes
-        return self._track(self.settle_soon(reservation, record, linger=owed or not reply, owed=owed), record)
+    def queue(self, reservation: Reservation, record: UsageRecord) -> asyncio.Future[int]:
+        """Settle without waiting (the store may batch it with others); the future resolves once it
+        is durable."""
+        return self._track(self.settle_soon(reservation, record, linger=True), record)
+
+    def queue_reply(self, reservation: Reservation, record: UsageRecord) -> tuple[asyncio.Future[int], bool]:
+        """Settle a call whose reply goes out next: the future, and whether the reply must wait for it
+        (``reply_wait``). Where the store owes the settlement (billing/owed.py) it survives the process
+        at once and lingers for a batch; else the reply waits for its commit, which then does not."""
+        if not self.reply_wait:
+            return self.queue(reservation, record), False
+        owed = self.store.owes
+        return self._track(self.settle_soon(reservation, record, linger=owed, owed=owed), record), not owed
 
     def record(self, record: UsageRecord) -> asyncio.Future[int]:
         """Store the record of a call refused before anything was reserved (status ``rejected``), as a
@@ -350,9 +357,10 @@ class Meter:
         record.ts = time.time()
         metrics.call_settled(record)
         # durable at the store's next group commit (see Ledger); a reply goes out once it survives the process
-        reply = reply and bool(self.ledger.reply_wait)
-        self.settled = self.ledger.queue(self.reservation, record, reply)
-        self.waits = reply and not self.ledger.store.owes
+        if reply:
+            self.settled, self.waits = self.ledger.queue_reply(self.reservation, record)
+        else:
+            self.settled = self.ledger.queue(self.reservation, record)
         if self.on_record is not None:
             self.on_record(record, self.settled)
 
