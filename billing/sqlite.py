@@ -359,12 +359,15 @@ class Settle:
         self.epoch, self.owed = epoch, owed  # its line in the owed log (billing/owed.py), if it has one
 
     def __call__(self, db: sqlite3.Connection) -> int:
-        if self.noted:
-            db.execute(_FORGET_PROGRESS, (self.reservation.id,))
+        _forget_progress(db, (self,))
         return settle_rows(db, [(self.reservation, self.record)], self.now)[0]
 
 
-_FORGET_PROGRESS = "DELETE FROM in_progress WHERE reservation = ?"
+def _forget_progress(db: sqlite3.Connection, settles: Sequence[Settle]) -> None:
+    """The progress rows of the streams these settle (in the settlement's transaction)."""
+    noted = [(s.reservation.id,) for s in settles if s.noted]
+    if noted:
+        db.executemany("DELETE FROM in_progress WHERE reservation = ?", noted)
 
 
 @lru_cache(maxsize=16)
@@ -429,9 +432,7 @@ def _settle_together(db: sqlite3.Connection, settles: list[Settle], results: lis
     nothing changed) if any of them fails, so the caller runs them one by one instead."""
     db.execute("SAVEPOINT settles")
     try:
-        noted = [(s.reservation.id,) for s in settles if s.noted]
-        if noted:
-            db.executemany(_FORGET_PROGRESS, noted)
+        _forget_progress(db, settles)
         charges = settle_rows(db, [(s.reservation, s.record) for s in settles], settles[-1].now)
         db.execute("RELEASE settles")
     except Exception:
