@@ -30,9 +30,6 @@ if TYPE_CHECKING:
 ACTIVE_SECONDS = 1.0  # a group that started a call this recently is active
 
 
-Share = Flight  # a call's place in its group's count, given back once by ``end``
-
-
 class FairShare:
     def __init__(self, settings: LimitsSettings) -> None:
         self.capacity = 0  # calls in flight from which the share applies; 0: never
@@ -48,7 +45,7 @@ class FairShare:
         self.capacity = 0 if settings.group_concurrent else settings.fair_share_calls
         self.exempt = frozenset(name for name, own in settings.groups.items() if own.group_concurrent)
 
-    def enter(self, group_id: int, group: str) -> Share | None:
+    def enter(self, group_id: int, group: str) -> Flight | None:
         """The call's place, or None (no share applies); raises 429 if its group holds its share."""
         if not self.capacity or group in self.exempt:
             return None
@@ -66,7 +63,7 @@ class FairShare:
             )
         self.counts[group_id] = held + 1
         self.total += 1
-        return Share(partial(self.leave, group_id))
+        return Flight(partial(self.leave, group_id))  # its place, given back once by ``end``
 
     def share(self, now: float) -> int:
         """``capacity`` over the groups active now (at least one place each); no bound for a group alone."""

@@ -43,7 +43,6 @@ from gateway.auth import may_use
 from gateway.codec import Answer, Codec, Leg, cost_of
 from gateway.concurrency import Flight
 from gateway.context import CallContext
-from gateway.fairshare import Share
 from gateway.relay import relay
 from gateway.reliability import circuit_open, closed, failover, no_deployment, open_upstream
 from gateway.routing import Ask
@@ -147,8 +146,9 @@ class Pipeline:
         ids = self.candidates(codec, principal.group_name)
         last: GatewayError | None = None
         limit_headers: Headers | None = None
-        flight: Flight | None = None  # its places among the calls in flight, given back when it ends
-        share: Share | None = None  # its place in its group's fair share of this process's (gateway/fairshare.py)
+        # its places, given back when it ends: its group's fair share of this process's calls in flight
+        # (gateway/fairshare.py), the key's and group's calls in flight (gateway/concurrency.py)
+        places: list[Flight] = []
         try:
             for n, model_id in enumerate(ids):
                 try:
@@ -163,8 +163,8 @@ class Pipeline:
                         raise
                     continue  # a fallback this call cannot use
                 if n == 0:  # limits: once per call (429 here is final: no fallback), before any reserve
-                    if context.waited_on:
-                        share = gw.fair.enter(principal.group_id, principal.group_name)
+                    if context.waited_on and (share := gw.fair.enter(principal.group_id, principal.group_name)):
+                        places.append(share)
                     entering = gw.in_flight.enter(principal) if gw.in_flight.enabled and context.waited_on else None
                     if entering is None:
                         limit_headers = await gw.limits.admit(principal, model, codec.size, codec.view)
@@ -172,19 +172,17 @@ class Pipeline:
                         try:
                             limit_headers = await gw.limits.admit(principal, model, codec.size, codec.view)
                         finally:
-                            flight = await entering
+                            if flight := await entering:
+                                places.append(flight)
                 if not closed(gw.breakers, deployments, context.group_id):  # every circuit open: nothing reserved for it
                     last = circuit_open(model.provider)
                     continue
                 try:
                     started = await self._open(context, codec, leg, deployments, deadline)
                     started.rate_headers = limit_headers
-                    if flight is not None:  # the call's places now end with its settlement
-                        flight.then, started.meter.on_finish = started.meter.on_finish, flight.end
-                        flight = None
-                    if share is not None:
-                        share.then, started.meter.on_finish = started.meter.on_finish, share.end
-                        share = None
+                    for place in places:  # the call's places now end with its settlement
+                        place.then, started.meter.on_finish = started.meter.on_finish, place.end
+                    places.clear()
                     return started
                 except GatewayError as exc:
                     if not failover(exc) or n == len(ids) - 1 or time.monotonic() >= deadline:
@@ -192,10 +190,8 @@ class Pipeline:
                     last = exc
             raise last or UpstreamUnavailable("No upstream could serve this call.")
         finally:
-            if flight is not None:  # refused, failed or cancelled before an upstream answered
-                flight.end()
-            if share is not None:
-                share.end()
+            for place in places:  # refused, failed or cancelled before an upstream answered
+                place.end()
 
     async def _open(self, context: CallContext, codec: Codec, leg: Leg, deployments: tuple[Deployment, ...],
                     deadline: float) -> Started:  # fmt: skip
