@@ -23,8 +23,9 @@ import time
 from pathlib import Path
 
 from bench.stack import _pg_admin, pg_database
+from billing.backends import open_store
 from billing.ledger import Meter, ledger_for
-from billing.store import Hold, Store, UsageRecord, open_store
+from billing.store import Hold, Store, UsageRecord
 from core.config import Settings, StoreSettings
 from core.wire import TokenUsage
 

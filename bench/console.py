@@ -38,8 +38,10 @@ from urllib.parse import urlencode
 from bench.console_data import GROUPS, seed
 from bench.procs import free_port
 from billing.analysis import Analysis
-from billing.store import Store, open_store
-from jobs.store import BatchRow, open_job_store
+from billing.backends import open_store
+from billing.store import Store
+from jobs.backends import open_job_store
+from jobs.store import BatchRow
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"

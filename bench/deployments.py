@@ -25,7 +25,7 @@ from typing import Any
 
 import aiohttp
 
-from billing.store import open_store
+from billing.backends import open_store
 from core.catalog import NANO
 from core.config import ServerSettings, Settings, StoreSettings, parse_settings
 from emulators.common import serve

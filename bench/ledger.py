@@ -23,8 +23,9 @@ from typing import Any, TypeVar
 
 import asyncpg
 
+from billing.backends import open_store
 from billing.ledger import Ledger, ledger_for
-from billing.store import Store, UsageRecord, open_store
+from billing.store import Store, UsageRecord
 
 T = TypeVar("T")
 

@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 
 from bench.stack import PG_ADMIN, _pg_admin
-from billing.store import Database, open_store
+from billing.backends import open_store
+from billing.store import Database
 from gateway.conversation import own_items
 from gateway.response_store import Encoded, ResponseStore, Stored
 from gateway.responses_translate import from_completion, shell

@@ -22,18 +22,13 @@ import os
 import secrets
 import socket
 import time
-from dataclasses import replace
 
-import asyncpg
-
-from billing.postgres_ledger import NOW, TAKE_STALE, apply, lock
+from billing.postgres_ledger import NOW, release
 from billing.postgres_pool import PostgresPool
-from billing.store import Reservation, UsageRecord, record_of
 from core import metrics
 
 log = logging.getLogger("router.store")
 CHUNK = 500
-CHARGED = "charged for what its stream had generated at its last checkpoint"
 HEARTBEAT = (
     f"INSERT INTO replicas (id, started_at, heartbeat, pid, host) VALUES ($1, {NOW}, {NOW}, $2, $3) "
     f"ON CONFLICT (id) DO UPDATE SET heartbeat = {NOW}"
@@ -43,37 +38,8 @@ HOLDS_OF = "SELECT id FROM reservations WHERE replica = $1 ORDER BY id LIMIT $2"
 FORGET = "DELETE FROM replicas WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM reservations WHERE replica = $1)"
 
 
-def released_mark(reservation_id: int) -> str:
-    """How the record of a released hold begins: a journaled settlement of that hold replayed later
-    (billing/postgres.py ``replay``) knows from it that the hold was released, not settled."""
-    return f"hold {reservation_id}: "
-
-
 def released_by_lease(replica: str) -> str:
     return f"held by replica {replica}, which stopped heartbeating; released by another replica"
-
-
-async def release(conn: asyncpg.Connection, ids: list[int], why: str) -> int:
-    """Release these reservations with an ``interrupted`` record each, unless another replica holds or
-    has released them already: the usage its stream had at its last checkpoint, and its charge
-    (billing/progress.py); else its hold's model, provider and request id, and no charge."""
-    async with conn.transaction():
-        rows = await conn.fetch(
-            "SELECT DISTINCT group_id, key_id FROM reservations WHERE id = ANY($1::int8[])", ids
-        )
-        plan = await lock(conn, [], sorted({r[1] for r in rows}), sorted({r[0] for r in rows}))
-        taken = await conn.fetch(TAKE_STALE, ids)  # rows another replica has locked are skipped
-        for rid, group_id, key_id, amount, model, provider, request_id, progress in taken:
-            plan.released.add(rid)
-            if progress:  # what the stream had generated at its last checkpoint
-                record = replace(record_of(progress), error=f"{released_mark(rid)}{why}; {CHARGED}")
-            else:
-                record = UsageRecord(key_id=key_id, group_id=group_id, model=model or "", provider=provider or "",
-                                     status="interrupted", usage_exact=False, request_id=request_id,
-                                     error=f"{released_mark(rid)}{why}", error_code="interrupted")  # fmt: skip
-            plan.settle(Reservation(rid, group_id, key_id, amount), record)
-        await apply(conn, plan)
-    return len(taken)
 
 
 class Leases:

@@ -16,7 +16,7 @@ import asyncpg
 
 from billing import budgets, end_users, rollup
 from billing.history import History
-from billing.leases import Leases, release, released_mark
+from billing.leases import Leases
 from billing.postgres_ledger import (
     ADD_SPEND,
     APPLIED,
@@ -30,6 +30,8 @@ from billing.postgres_ledger import (
     apply,
     lock,
     read_windows,
+    release,
+    released_mark,
 )
 from billing.postgres_pool import PostgresPool
 from billing.postgres_pool import migrate as pool_migrate

@@ -41,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -60,6 +60,7 @@ from billing.store import (
     Store,
     StoreError,
     UsageRecord,
+    record_of,
     usage_values,
 )
 from core.clock import Clock
@@ -560,8 +561,6 @@ class LedgerCommits:
 
     async def _sweep(self, conn: asyncpg.Connection) -> None:
         """Release the holds of this replica that none of its calls knows (see ``suspect``)."""
-        from billing.leases import release  # (leases builds on this module)
-
         rows = await conn.fetch("SELECT id FROM reservations WHERE replica = $1", self.replica)
         orphans = sorted({r[0] for r in rows} - self.live)
         if orphans:
@@ -711,3 +710,33 @@ def fail(batch: list[tuple[Op, asyncio.Future[Any]]], exc: BaseException) -> Non
             future.set_exception(exc)
 
 
+CHARGED = "charged for what its stream had generated at its last checkpoint"
+
+
+def released_mark(reservation_id: int) -> str:
+    """How the record of a released hold begins: a journaled settlement of that hold replayed later
+    (billing/postgres.py ``replay``) knows from it that the hold was released, not settled."""
+    return f"hold {reservation_id}: "
+
+
+async def release(conn: asyncpg.Connection, ids: list[int], why: str) -> int:
+    """Release these reservations with an ``interrupted`` record each, unless another replica holds or
+    has released them already: the usage its stream had at its last checkpoint, and its charge
+    (billing/progress.py); else its hold's model, provider and request id, and no charge."""
+    async with conn.transaction():
+        rows = await conn.fetch(
+            "SELECT DISTINCT group_id, key_id FROM reservations WHERE id = ANY($1::int8[])", ids
+        )
+        plan = await lock(conn, [], sorted({r[1] for r in rows}), sorted({r[0] for r in rows}))
+        taken = await conn.fetch(TAKE_STALE, ids)  # rows another replica has locked are skipped
+        for rid, group_id, key_id, amount, model, provider, request_id, progress in taken:
+            plan.released.add(rid)
+            if progress:  # what the stream had generated at its last checkpoint
+                record = replace(record_of(progress), error=f"{released_mark(rid)}{why}; {CHARGED}")
+            else:
+                record = UsageRecord(key_id=key_id, group_id=group_id, model=model or "", provider=provider or "",
+                                     status="interrupted", usage_exact=False, request_id=request_id,
+                                     error=f"{released_mark(rid)}{why}", error_code="interrupted")  # fmt: skip
+            plan.settle(Reservation(rid, group_id, key_id, amount), record)
+        await apply(conn, plan)
+    return len(taken)

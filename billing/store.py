@@ -1,7 +1,7 @@
 """The store interface: groups, keys, balances, reservations and usage, behind one async API.
 
 Implementations: :mod:`billing.sqlite` (embedded default) and :mod:`billing.postgres` (several
-replicas). ``open_store(url)`` picks one from the store URL. Each store owns one database handle
+replicas); :func:`billing.backends.open_store` picks one from the store URL. Each store owns one database handle
 (``store.database``: :class:`billing.sqlite_thread.SQLiteThread` or
 :class:`billing.postgres_pool.PostgresPool`), which the jobs store and the console share; the usage
 history is queried through ``store.history`` (:class:`billing.history.History`).
@@ -14,14 +14,14 @@ import hmac
 import json
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, fields
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 import msgspec
 
-from core.clock import Clock, clock
+from core.clock import Clock
 
 if TYPE_CHECKING:
     from billing.history import History
@@ -547,29 +547,3 @@ class Store(ABC):
         self, key_id: int, since: float = 0.0, until: float | None = None
     ) -> list[ModelUsage]:
         return await self.history.usage_by_model(key_id, since, until)
-
-
-def open_store(url: str) -> Store:
-    store: Store
-    if url.startswith("sqlite://"):
-        from billing.sqlite import SQLiteStore
-
-        store = SQLiteStore(url)
-    elif url.startswith(("postgres://", "postgresql://")):
-        from billing.postgres import PostgresStore
-
-        store = PostgresStore(url)
-    else:
-        raise StoreError(f"unsupported store URL {url!r}: use sqlite:///path or postgresql://...")
-    store.clock = clock()
-    return store
-
-
-async def with_store(url: str, action: Callable[[Store], Awaitable[T]]) -> T:
-    """Open the store at ``url``, run ``action`` on it, close it (the CLI's one-shot commands)."""
-    store = open_store(url)
-    await store.open()
-    try:
-        return await action(store)
-    finally:
-        await store.close()

@@ -504,12 +504,4 @@ def routes() -> list[Route]:
         ("/api/webhooks/{webhook_id}", delete_webhook, "DELETE"),
         ("/api/webhooks/{webhook_id}/deliveries", webhook_deliveries, "GET"),
     ]
-    from console import budgets_api  # (it builds on this module's helpers)
-
-    table += [
-        ("/api/groups/{name}/budgets", budgets_api.list_budgets, "GET"),
-        ("/api/groups/{name}/budgets", budgets_api.create_budget, "POST"),
-        ("/api/budgets/{budget_id}", budgets_api.delete_budget, "DELETE"),
-        ("/api/groups/{name}/users", budgets_api.users, "GET"),
-    ]
     return [Route(path, guarded(handler), methods=[method]) for path, handler, method in table]

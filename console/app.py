@@ -1,11 +1,10 @@
-"""The console's ASGI sub-app, mounted at ``/console`` by ``router.app.create_app``.
-
-``console_app(gateway)`` builds it around the gateway's store and settings. Pages are in
-:mod:`console.pages`, the admin JSON API in :mod:`console.api`; this module holds what they share:
+"""What the console's pages and its admin API share (``console.site.console_app`` assembles them into
+the sub-app that ``router.app.create_app`` mounts at ``/console``). Pages are in
+:mod:`console.pages`, the admin JSON API in :mod:`console.api`; this module holds
 the ``Console`` object (templates, queries, credentials, throttle, aggregates), the ``page`` /
-``action`` wrappers (login required; forms also need the session's CSRF token), the security headers
-(scripts only from the console itself: ``console.js``, which the pages do not need to work) and a
-``Server-Timing`` header on every answer (``app;dur=`` milliseconds spent serving it).
+``action`` wrappers (login required; forms also need the session's CSRF token), the static files and
+the security headers (scripts only from the console itself: ``console.js``, which the pages do not
+need to work).
 """
 
 from __future__ import annotations
@@ -19,12 +18,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
 import jinja2
-from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
-from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
-from starlette.routing import Route
+from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from billing.analysis import Analysis
 from billing.audit import Audit
@@ -34,7 +29,6 @@ from console import auth, display, prefs
 from console.changes import Changes
 from console.forms import MAX_FORM_BYTES, form_data
 from console.queries import Queries, queries_for
-from core.types import ASGIApp, Message, Receive, Scope, Send
 from gateway.attempts import Window
 
 if TYPE_CHECKING:
@@ -334,80 +328,3 @@ def action(handler: FormHandler) -> Callable[[Request], Awaitable[Response]]:
         return await handler(c, request, form)
 
     return page(checked)
-
-
-async def static(request: Request) -> Response:
-    name = request.path_params["name"]
-    if name not in STATIC:
-        raise HTTPException(404)
-    kind = "text/css" if name.endswith(".css") else "text/javascript"
-    return Response(STATIC[name], media_type=kind, headers={"cache-control": "public, max-age=3600"})
-
-
-class Headers:
-    """The security headers, and ``Server-Timing: app;dur=<ms>`` (the time from the request to its
-    headers: the console bench reads it), on every answer."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        began = time.perf_counter()
-
-        async def with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                spent = f"app;dur={(time.perf_counter() - began) * 1000:.1f}".encode()
-                message["headers"] = [*message.get("headers", ()), *SECURITY_HEADERS, (b"server-timing", spent)]
-            await send(message)
-
-        await self.app(scope, receive, with_headers)
-
-
-class SettledFirst:
-    """Each console request sees every call answered before it: the calls' settlements, which the
-    answers do not wait for (billing/ledger.py), are made durable first (a few milliseconds)."""
-
-    def __init__(self, app: ASGIApp, gateway: Gateway) -> None:
-        self.app = app
-        self.gateway = gateway
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            await self.gateway.ledger.settled_so_far()
-        await self.app(scope, receive, send)
-
-
-async def http_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HTTPException)
-    if "/api/" in request.url.path:
-        return JSONResponse(
-            {
-                "error": {
-                    "message": str(exc.detail),
-                    "type": "invalid_request_error",
-                    "param": None,
-                    "code": "not_found" if exc.status_code == 404 else "invalid_request",
-                }
-            },
-            status_code=exc.status_code,
-        )
-    c = console_of(request)
-    message = "There is no such page in the console." if exc.status_code == 404 else str(exc.detail)
-    return c.render(
-        request, "error.html", status=exc.status_code, title=str(exc.status_code), message=message
-    )
-
-
-def console_app(gateway: Gateway) -> Starlette:
-    from console import api, pages
-
-    app = Starlette(
-        routes=[Route("/static/{name}", static, methods=["GET"]), *pages.routes(), *api.routes()],
-        middleware=[Middleware(Headers), Middleware(SettledFirst, gateway=gateway)],
-        exception_handlers={HTTPException: http_error},
-    )
-    app.state.console = Console(gateway)
-    return app

@@ -14,10 +14,11 @@ from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
 from billing import budgets, end_users
 from console import forms
-from console.api import AdminError, amount_text, body, changes, group_of, number
+from console.api import API, AdminError, amount_text, body, changes, group_of, guarded, number
 from console.app import Console
 from console.forms import Invalid
 from core.inputs import INT64_MAX, natural
@@ -82,3 +83,13 @@ async def users(c: Console, request: Request) -> Response:
 def _user(u: end_users.UserUsage) -> dict[str, Any]:
     return {"user": u.user, "calls": u.calls, "prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
             "credits": to_credits(u.credits), "credits_nano": u.credits, "last_ts": u.last_ts}  # fmt: skip
+
+
+def routes() -> list[Route]:
+    table: list[tuple[str, API, str]] = [
+        ("/api/groups/{name}/budgets", list_budgets, "GET"),
+        ("/api/groups/{name}/budgets", create_budget, "POST"),
+        ("/api/budgets/{budget_id}", delete_budget, "DELETE"),
+        ("/api/groups/{name}/users", users, "GET"),
+    ]
+    return [Route(path, guarded(handler), methods=[method]) for path, handler, method in table]

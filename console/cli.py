@@ -55,7 +55,7 @@ async def store_password(store: Store, hashed: str) -> None:
 def run(args: argparse.Namespace, settings: Settings) -> None:
     import asyncio
 
-    from billing.store import with_store
+    from billing.backends import with_store
 
     hashed = auth.hash_password(read_password(args.stdin))
     if args.action == "hash-password":

@@ -18,9 +18,10 @@ from adapters import Adapter, adapter_for
 from adapters.transport import ObservedTransport
 from billing import tokens
 from billing.alerts import AlertBook
+from billing.backends import open_store
 from billing.journal import Journal, store_tag
 from billing.ledger import ledger_for
-from billing.store import Store, open_store
+from billing.store import Store
 from core.catalog import ConfigError
 from core.config import Settings, load_settings
 from core.deadlines import Deadlines

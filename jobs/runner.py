@@ -37,9 +37,10 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from core.types import ASGIApp
+from jobs.backends import open_job_store
 from jobs.background import Background
 from jobs.job import Job
-from jobs.store import BatchRow, JobStore, LineState, open_job_store
+from jobs.store import BatchRow, JobStore, LineState
 
 if TYPE_CHECKING:
     from gateway.state import BatchView, Gateway

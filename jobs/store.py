@@ -18,9 +18,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
-from billing.postgres_pool import PostgresPool
-from billing.sqlite_thread import SQLiteThread
-from billing.store import Database, Principal, Store
+from billing.store import Database, Principal
 
 OPEN = ("validating", "in_progress", "finalizing", "cancelling")  # a runner still has work to do
 
@@ -316,21 +314,6 @@ def _where(*clauses: tuple[Any, ...]) -> tuple[str, list[Any]]:
             where.append(clause)
             args += values
     return " AND ".join(where), args
-
-
-def open_job_store(store: Store, files_dir: str = "") -> JobStore:
-    """The jobs store on the billing store's database handle. ``files_dir``: where the SQLite store
-    keeps file contents (empty: a ``files`` directory beside the database file)."""
-    db = store.database
-    if isinstance(db, SQLiteThread):
-        from jobs.sqlite import SQLiteJobStore
-
-        return SQLiteJobStore(db, files_dir)
-    if isinstance(db, PostgresPool):
-        from jobs.postgres import PostgresJobStore
-
-        return PostgresJobStore(db)
-    raise JobStoreError(f"the Batch API has no store for a {type(db).__name__} database")
 
 
 def new_file_id() -> str:

@@ -14,7 +14,8 @@ import asyncio
 from typing import Any
 
 from billing import budgets
-from billing.store import Store, with_store
+from billing.backends import with_store
+from billing.store import Store
 from core.config import Settings
 from core.money import to_credits, to_nano
 

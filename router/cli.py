@@ -24,7 +24,8 @@ from typing import Any
 import msgspec
 
 from billing.audit import Audit
-from billing.store import KeyInfo, KeyMeta, Store, StoreDown, StoreError, with_store
+from billing.backends import with_store
+from billing.store import KeyInfo, KeyMeta, Store, StoreDown, StoreError
 from console import lifecycle
 from console.changes import Changes, cli_actor
 from console.forms import Invalid

@@ -24,7 +24,8 @@ import openai
 import pytest
 import redis
 
-from billing.store import Store, open_store
+from billing.backends import open_store
+from billing.store import Store
 from core.catalog import NANO
 from core.config import ReliabilitySettings, ServerSettings, Settings, StoreSettings
 from core.deployments import Deployment

@@ -25,7 +25,8 @@ import pytest
 from aiohttp import web
 
 from billing.alerts import AlertBook, Delivery, verify
-from billing.store import KeyMeta, open_store
+from billing.backends import open_store
+from billing.store import KeyMeta
 from core.config import AlertsSettings, ConsoleSettings, ReliabilitySettings, Settings, StoreSettings
 from core.destinations import Destinations
 from core.money import NANO

@@ -17,7 +17,8 @@ import pytest
 from bench.usage_rows import load, rows_of
 from billing import analysis
 from billing.analysis import Analysis, Totals, percentile
-from billing.store import Store, UsageRecord, open_store
+from billing.backends import open_store
+from billing.store import Store, UsageRecord
 from billing.usage_filter import Filter
 
 T0 = 1_790_000_000.0  # a whole hour

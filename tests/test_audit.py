@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from billing.audit import Audit
-from billing.store import open_store
+from billing.backends import open_store
 from console import auth
 from core.money import NANO
 from gateway.auth import hash_key

@@ -27,11 +27,13 @@ import openai
 import pytest
 from aiohttp import web
 
-from billing.store import Store, open_store
+from billing.backends import open_store
+from billing.store import Store
 from core.config import JobsSettings, ReliabilitySettings, Settings, StoreSettings
 from emulators.common import serve as serve_emulator
 from emulators.registry import FACTORIES
-from jobs.store import BatchRow, FileRow, Final, GroupLoad, JobStore, Line, Outcome, Tokens, open_job_store
+from jobs.backends import open_job_store
+from jobs.store import BatchRow, FileRow, Final, GroupLoad, JobStore, Line, Outcome, Tokens
 from tests.conftest import Postgres, Stack, free_port, run_sync
 from tests.test_crash import _cli, _serve
 

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from billing import budgets
+from billing.backends import open_store
 from billing.ledger import Ledger, ledger_for
-from billing.store import Store, UsageRecord, open_store
+from billing.store import Store, UsageRecord
 from core.catalog import NANO, ConfigError
 from core.config import parse_settings
 from core.errors import InsufficientCredits

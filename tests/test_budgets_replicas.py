@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 
 from billing import budgets
-from billing.store import open_store
+from billing.backends import open_store
 from core.clock import ENV
 from tests.conftest import Postgres, Stack, free_port, run_sync, wait_healthy
 from tests.test_crash import _config_with_key

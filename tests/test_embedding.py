@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Mount, Route
 
-from billing.store import open_store
+from billing.backends import open_store
 from core.config import ServerSettings, Settings, StoreSettings
 from gateway.auth import new_key
 from router.app import create_app

@@ -25,7 +25,8 @@ import asyncpg
 import openai
 import pytest
 
-from billing.store import Refusal, Reservation, UsageRecord, open_store
+from billing.backends import open_store
+from billing.store import Refusal, Reservation, UsageRecord
 from core import metrics
 from core.catalog import NANO
 from core.config import ReliabilitySettings, Settings, StoreSettings
@@ -662,8 +663,9 @@ def test_a_journaled_settlement_is_charged_once_whether_its_hold_was_settled_or_
     """Replaying on PostgreSQL: a settlement whose reservation is gone because an earlier try committed
     is skipped; one whose hold was released as a dead replica's (0 credits) is still charged."""
     from billing.journal import Entry
-    from billing.leases import release, released_by_lease
+    from billing.leases import released_by_lease
     from billing.postgres import PostgresStore
+    from billing.postgres_ledger import release
     from billing.store import Hold
 
     url = pg.fresh_url()

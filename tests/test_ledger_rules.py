@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from billing import budgets
+from billing.backends import open_store
 from billing.ledger import LocalLedger, ledger_for
 from billing.rules import charge, refusal
-from billing.store import open_store
 from core.catalog import NANO
 from core.errors import InsufficientCredits
 from tests.conftest import Postgres

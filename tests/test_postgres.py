@@ -26,9 +26,10 @@ import asyncpg
 import openai
 import pytest
 
+from billing.backends import open_store
 from billing.postgres import MIGRATIONS, PostgresStore, migrate
 from billing.postgres_ledger import usable
-from billing.store import Refusal, Reservation, Store, StoreError, UsageRecord, open_store
+from billing.store import Refusal, Reservation, Store, StoreError, UsageRecord
 from emulators.registry import Running, start_emulators, stop_emulators
 from tests.conftest import Postgres, Stack, free_port, wait_healthy
 
