@@ -13,7 +13,7 @@ SYNC := UV_PROJECT_ENVIRONMENT=$(VENV) $(UV) sync --frozen --inexact --quiet --p
 # the client matrix's Node clients (tests/test_client_matrix.py), exactly as the lockfile pins them
 CLIENTS := tests/clients
 NODE_STAMP := $(CLIENTS)/node_modules/.installed
-PACKAGES := core adapters billing emulators gateway jobs console router
+PACKAGES := core server adapters billing emulators gateway jobs console router cli
 
 .PHONY: install demo run test test-machine image-test bench lint lock clean
 

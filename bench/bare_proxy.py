@@ -5,8 +5,8 @@
 No auth, no parsing, no billing: the body goes upstream as-is with the upstream's key, the answer comes
 back as-is (streams chunk by chunk). Same hypercorn settings as ``router serve``, uvloop when present.
 ``--server hypercorn-tuned``: on the gateway's own server layer (what ``router serve`` installs under
-hypercorn: router/connections.py's connections and keep-alive timer, router/fast_http1.py's HTTP/1.1
-on httptools, router/channels.py), to tell what the gateway's features cost from what its
+hypercorn: server/connections.py's connections and keep-alive timer, server/fast_http1.py's HTTP/1.1
+on httptools, server/channels.py), to tell what the gateway's features cost from what its
 server layer saves (bench.instructions reports both).
 """
 
@@ -91,7 +91,7 @@ if __name__ == "__main__":
     args = parser.parse_args()
     if args.server == "hypercorn-tuned":
         from core.config import ServerSettings
-        from router.serve import install_server_layer
+        from server.serve import install_server_layer
 
         install_server_layer(ServerSettings())  # what router serve runs hypercorn on, default caps
     if args.server == "uvicorn":  # the floor of the gateway's uvicorn run (bench gw-uvicorn)

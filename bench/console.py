@@ -182,7 +182,7 @@ def serve(url: str, workdir: Path) -> tuple[subprocess.Popen[bytes], int]:
     config.write_text(f'[store]\nurl = "{url}"\n[console]\nadmin_token = "{TOKEN}"\n'
                       '[observability]\naccess_log = false\n[jobs]\nrunner = false\n')  # fmt: skip
     log = open(workdir / "gateway.log", "wb")  # noqa: SIM115 (kept open for the process's life)
-    proc = subprocess.Popen([sys.executable, "-m", "router", "serve", "--config", str(config), "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--config", str(config), "--port", str(port)],
                             stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

@@ -32,7 +32,7 @@ from emulators.common import serve
 from emulators.openai import OpenAIEmulator
 from gateway.auth import new_key
 from router.app import create_app
-from router.serve import hypercorn_config
+from server.serve import hypercorn_config
 
 ROWS = (("1 deployment", 1, False), ("3 deployments, ceilings declared", 3, True),
         ("3 deployments, ceilings learned from 429s", 3, False))  # fmt: skip

@@ -47,7 +47,7 @@ class ServerSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # client connections open at once (0: what the descriptor limit allows, a client and an upstream
     # socket each) and idle ones (no request in flight; 0: as many as max_connections); over either,
     # the one idle longest is closed to make room, and with every connection busy a new one is
-    # answered 503 (router/connections.py)
+    # answered 503 (server/connections.py)
     max_connections: Annotated[int, msgspec.Meta(ge=0)] = 0
     max_idle_connections: Annotated[int, msgspec.Meta(ge=0)] = 0
     auth_cache_seconds: float = 2.0
@@ -56,7 +56,7 @@ class ServerSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     workers: Annotated[int, msgspec.Meta(ge=1, le=256)] = 1
     # browser origins that may call /v1/* (CORS), e.g. ["https://app.example.com"], or ["*"]; [] = none
     cors_origins: list[str] = []
-    # the server layer over hypercorn (router/serve.py: bounded connections, httptools for HTTP/1.1, leaner
+    # the server layer over hypercorn (server/serve.py: bounded connections, httptools for HTTP/1.1, leaner
     # HTTP/2 steps), verified on the pinned hypercorn; false: stock hypercorn, whatever its version
     fast_path: bool = True
 

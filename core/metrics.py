@@ -384,7 +384,7 @@ def routing_state_error() -> None:
 
 
 class ConnectionCounts(Protocol):
-    """What the connection metrics read (router.connections.Limits)."""
+    """What the connection metrics read (server.connections.Limits)."""
 
     @property
     def open(self) -> Sized: ...

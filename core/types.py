@@ -11,6 +11,13 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
+# The ASGI scope extension (``scope["extensions"][RECEIVE_WATCH]``) by which the server (server/channels.py)
+# offers ``{"watch": watch}``: ``watch(f)`` hands each message that ``receive`` would return to ``f`` as
+# it comes instead, until ``watch(None)``. An app answering for a long time hears the caller's
+# ``http.disconnect`` without a task waiting on ``receive`` (router/replies.py, SSE); under a server
+# without it, the app keeps such a task.
+RECEIVE_WATCH = "router.receive.watch"
+
 JSON = dict[str, Any]
 Headers = list[tuple[bytes, bytes]]
 

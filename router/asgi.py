@@ -7,7 +7,7 @@
 
 from core.config import load_settings
 from router.app import create_app
-from router.serve import tune_gc
+from server.serve import tune_gc
 
 app = create_app(load_settings(None))
 tune_gc()

@@ -60,7 +60,7 @@ async def reachable(host: str, port: int, seconds: float) -> str | None:
     return None
 
 
-SERVER = f"hypercorn {importlib.metadata.version('hypercorn')}, {{}}"  # /readyz: what serves (router/serve.py)
+SERVER = f"hypercorn {importlib.metadata.version('hypercorn')}, {{}}"  # /readyz: what serves (server/serve.py)
 
 class Readiness:
     def __init__(self, gateway: Gateway) -> None:

@@ -19,8 +19,7 @@ from starlette.responses import Response
 
 from core.catalog import Catalog, ProviderSpec
 from core.errors import GatewayError
-from core.types import Headers, Message, Receive, Scope, Send
-from router.channels import Channel
+from core.types import RECEIVE_WATCH, Headers, Message, Receive, Scope, Send
 
 _JSON = (b"content-type", b"application/json")
 
@@ -96,15 +95,14 @@ class SSE(Response):
             while not gone:
                 heard(await receive())
 
-        # under router.serve, receive is a Channel's get: the channel hands each message to heard as it
-        # comes, with no task waiting on it for the whole stream (a task, its coroutines and a future:
-        # ~1 KB of an open stream's memory); any other server, a task that waits on receive
-        channel = getattr(receive, "__self__", None)
+        # a server that offers the RECEIVE_WATCH extension (server/channels.py) hands each message to
+        # heard as it comes, with no task waiting on receive for the whole stream (a task, its
+        # coroutines and a future: ~1 KB of an open stream's memory); any other server, such a task
+        offer = scope.get("extensions", {}).get(RECEIVE_WATCH)
         watcher: asyncio.Task[None] | None = None
-        if type(channel) is Channel:
-            channel.watch(heard)
+        if offer is not None:
+            offer["watch"](heard)
         else:
-            channel = None
             watcher = asyncio.create_task(watch())
         try:
             await self.begin(send)
@@ -118,8 +116,8 @@ class SSE(Response):
         except OSError:
             gone = True  # the server told us the client is gone
         finally:
-            if channel is not None:
-                channel.watch(None)
+            if offer is not None:
+                offer["watch"](None)
             if watcher is not None:
                 watcher.cancel()
             await self.stream.aclose()

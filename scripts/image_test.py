@@ -89,7 +89,7 @@ def build() -> None:
 
 def emulators() -> tuple[subprocess.Popen[str], dict[str, str]]:
     first = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "router", "emulators", "--port", str(first)], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "emulators", "--port", str(first)], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     assert proc.stdout is not None
     from emulators.registry import FACTORIES, read_banner

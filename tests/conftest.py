@@ -26,6 +26,7 @@ import redis
 
 from billing.backends import open_store
 from billing.store import Store
+from cli.demo import with_emulators
 from core.catalog import NANO
 from core.config import ReliabilitySettings, ServerSettings, Settings, StoreSettings
 from core.deployments import Deployment
@@ -34,9 +35,8 @@ from emulators.common import serve as serve_emulator
 from emulators.registry import Running, start_emulators, stop_emulators
 from gateway.auth import new_key
 from router.app import create_app
-from router.demo import with_emulators
 from router.logs import JsonFormatter
-from router.serve import hypercorn_config, install_server_layer
+from server.serve import hypercorn_config, install_server_layer
 
 T = TypeVar("T")
 ONE_PER_PROVIDER = [  # a model of each provider group (p1..p5)
@@ -218,7 +218,7 @@ class Stack:
         self.gateway = self.app.state.gateway
         self._stop = asyncio.Event()
         server = ServerSettings(port=self.port)
-        install_server_layer(server)  # the gateway's server layer, as router.serve runs it
+        install_server_layer(server)  # the gateway's server layer, as server.serve runs it
         config = hypercorn_config(server)
         config.errorlog = None
         config.graceful_timeout = 1.0

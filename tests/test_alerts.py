@@ -389,7 +389,7 @@ def test_bad_webhook_input_is_a_400_naming_the_field(receiver_and_stack: Any, tm
     assert api(stack, "GET", "/webhooks")["webhooks"] == []
     cwd = str(tmp_path)
     for args, words in [(["ftp://x"], "http"), (["https://x.example", "--balance-below", "-2"], "negative")]:
-        out = subprocess.run([sys.executable, "-m", "router", "webhooks", "add", *args], cwd=cwd,
+        out = subprocess.run([sys.executable, "-m", "cli", "webhooks", "add", *args], cwd=cwd,
                              capture_output=True, text=True, timeout=60)  # fmt: skip
         assert out.returncode != 0 and out.stderr.count("\n") == 1 and words in out.stderr, out.stderr
 
@@ -487,7 +487,7 @@ def test_webhooks_to_private_loopback_or_metadata_addresses_are_refused_when_add
         stack.stop()
     for config, code in [("", 1), ('[alerts]\nallow_destinations = ["10.0.0.0/8"]\n', 0)]:  # the CLI, its settings
         (tmp_path / "router.toml").write_text(config)
-        out = subprocess.run([sys.executable, "-m", "router", "webhooks", "add", "http://10.0.0.1/hook"], cwd=tmp_path,
+        out = subprocess.run([sys.executable, "-m", "cli", "webhooks", "add", "http://10.0.0.1/hook"], cwd=tmp_path,
                              capture_output=True, text=True, timeout=60,
                              env={**os.environ, "ROUTER_CONFIG": str(tmp_path / "router.toml")})  # fmt: skip
         assert out.returncode == code, out.stderr

@@ -131,7 +131,7 @@ def test_the_console_records_its_changes_and_shows_them(tmp_path: Path) -> None:
 
 
 def router_cli(*args: str, cwd: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "router", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "cli", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=60, env=dict(os.environ), input=stdin)  # fmt: skip
 
 

@@ -171,7 +171,7 @@ def test_the_cli_answers_bad_budgets_in_one_line(tmp_path: Path) -> None:
     config.write_text(f'[store]\nurl = "sqlite:///{tmp_path}/r.db"\n')
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "router", "--config", str(config), *args],
+        return subprocess.run([sys.executable, "-m", "cli", "--config", str(config), *args],
                               capture_output=True, text=True, timeout=60)  # fmt: skip
 
     assert cli("groups", "create", "acme", "--credits", "10").returncode == 0

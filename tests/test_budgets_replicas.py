@@ -27,7 +27,7 @@ BODY = {"model": "openai/gpt-4o-mini", "max_tokens": 16, "messages": [{"role": "
 def _serve(config: Path, port: int, clock_file: Path, log: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, ENV: str(clock_file)}
     with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "router", "serve", "--config", str(config), "--port", str(port)],
+        proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--config", str(config), "--port", str(port)],
                                 stdout=out, stderr=subprocess.STDOUT, env=env)  # fmt: skip
     wait_healthy(port, proc, log)
     return proc
@@ -62,7 +62,7 @@ def test_two_replicas_never_exceed_a_daily_budget(stack: Stack, pg: Postgres, tm
     clock_file.write_text("0")
     probe = _one_call_cost(stack)
     budget = probe * 50  # about 50 calls' worth (each holds its worst case until it settles)
-    out = subprocess.run([sys.executable, "-m", "router", "--config", str(config), "budgets", "add", "--group", "team",
+    out = subprocess.run([sys.executable, "-m", "cli", "--config", str(config), "budgets", "add", "--group", "team",
                           "--key", "1", "--amount", _credits(budget), "--window", "day"],
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert out.returncode == 0, out.stderr

@@ -1,4 +1,4 @@
-"""router/channels.py against asyncio's own: the same generated programs of puts, gets, waits, sets,
+"""server/channels.py against asyncio's own: the same generated programs of puts, gets, waits, sets,
 clears, loop turns and cancellations run on ``asyncio.Queue`` / hypercorn's ``EventWrapper`` and on
 ``Channel`` / ``Event``, and everything a caller can see (which call has finished, with what, and in
 which turn; the queue's length; the event's flag) is compared after every step. Then the whole of it
@@ -15,7 +15,8 @@ from hypercorn.asyncio.worker_context import EventWrapper
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from router import channels
+from core.types import RECEIVE_WATCH
+from server import channels
 from tests.conftest import hypercorn_on
 
 # the calls a program makes, as often as each other; a cancellation names one of the last few calls
@@ -130,6 +131,40 @@ def test_a_body_in_more_pieces_than_the_queue_holds_arrives_whole_through_hyperc
 
     assert TaskGroup.spawn_app is channels.spawn_app
     assert WorkerContext.event_class is channels.Event
+
+
+def test_the_scope_offers_the_channels_watch_and_it_hears_the_callers_disconnect_through_hypercorn() -> None:
+    """The seam between the server and the app (core.types.RECEIVE_WATCH): an app that watches
+    hears the caller go without a task waiting on ``receive``."""
+    channels.install()
+    heard: list[str] = []
+    gone = asyncio.Event()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        await receive()  # the request's (empty) body
+
+        def hear(message: Any) -> None:
+            heard.append(message["type"])
+            gone.set()
+
+        offer = scope["extensions"][RECEIVE_WATCH]
+        offer["watch"](hear)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})
+        await asyncio.wait_for(gone.wait(), 5)
+        offer["watch"](None)
+
+    async def main() -> None:
+        async with hypercorn_on(app) as (reader, writer):
+            writer.write(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            await reader.readuntil(b"data: 1")
+            writer.close()
+            await asyncio.wait_for(gone.wait(), 5)
+
+    asyncio.run(main())
+    assert heard == ["http.disconnect"]
 
 
 def test_a_watched_channel_hands_every_item_on_as_it_comes_and_none_to_get() -> None:

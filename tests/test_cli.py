@@ -14,7 +14,7 @@ from tests.conftest import Stack
 
 
 def router(*args: str, cwd: str, env: dict | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "router", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "cli", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=60, env={**os.environ, **(env or {})})  # fmt: skip
 
 
@@ -85,7 +85,7 @@ def _commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> li
 
 
 def test_every_command_and_option_has_a_line_of_help() -> None:
-    from router.cli import parser
+    from cli.main import parser
 
     top = parser()
     commands = _commands(top)

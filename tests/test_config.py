@@ -61,7 +61,7 @@ def test_unreadable_and_invalid_files(tmp_path) -> None:
 def test_cli_reports_config_errors(tmp_path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[server]\nprot = 1\n")
-    result = subprocess.run([sys.executable, "-m", "router", "serve", "--config", str(bad)],
+    result = subprocess.run([sys.executable, "-m", "cli", "serve", "--config", str(bad)],
                             capture_output=True, text=True, timeout=60)  # fmt: skip
     assert result.returncode != 0
     assert "config error" in result.stderr and "prot" in result.stderr

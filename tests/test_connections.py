@@ -1,4 +1,4 @@
-"""One client cannot exhaust the server's connections (router/connections.py), through a real
+"""One client cannot exhaust the server's connections (server/connections.py), through a real
 ``router serve`` process with a small descriptor limit so the floods are quick; and the connection's
 own steps (keep-alive timer, reading loop, drain) through a real server."""
 
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from core.config import ServerSettings
-from router.serve import install_server_layer
+from server.serve import install_server_layer
 from tests.conftest import Stack, free_port, h2_chat, h2_exchange, hypercorn_on, wait_healthy
 from tests.test_crash import _config_with_key
 
@@ -31,7 +31,7 @@ def _serve(config: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
         resource.setrlimit(resource.RLIMIT_NOFILE, (NOFILE, NOFILE))
 
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "router", "serve", "--config", str(config), "--port", str(port)],
+        proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--config", str(config), "--port", str(port)],
                                 stdout=out, stderr=subprocess.STDOUT, preexec_fn=small_limit)  # fmt: skip
     wait_healthy(port, proc, log)
     return proc
@@ -234,7 +234,7 @@ def _closed_within(sock: socket.socket, seconds: float) -> float:
 
 
 def test_idle_connections_are_closed_after_the_keep_alive_timeout_and_at_shutdown(stack: Stack, tmp_path: Path) -> None:
-    """The keep-alive timer runs while a connection is idle (router/connections.py: a timer handle per
+    """The keep-alive timer runs while a connection is idle (server/connections.py: a timer handle per
     idle period): a connection that never sent, one idle after its answers, one whose requests came
     within the timeout each time are closed keep_alive_timeout after they were last busy, not before;
     a worker shutting down closes its idle connections at once."""
@@ -294,7 +294,7 @@ def test_idle_connections_are_closed_after_the_keep_alive_timeout_and_at_shutdow
 
 
 def test_a_large_answer_to_a_caller_that_stops_reading_for_a_while_arrives_whole() -> None:
-    """The connection's writes wait for the socket to drain (router.connections keeps asyncio's drain
+    """The connection's writes wait for the socket to drain (server.connections keeps asyncio's drain
     waiters in a list) and go on when the caller reads again."""
     install_server_layer(ServerSettings())
     piece = bytes(range(256)) * 256  # 64 KB

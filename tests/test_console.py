@@ -28,9 +28,9 @@ from billing.history import Filter, History
 from billing.sqlite import SQLiteStore
 from billing.sqlite_thread import SQLiteThread
 from billing.store import Reservation, Store, UsageRecord
+from cli.console import store_password
 from console import auth
 from console.app import Console
-from console.cli import store_password
 from console.queries import Queries, queries_for
 from core.catalog import ConfigError
 from core.config import (
@@ -597,7 +597,7 @@ def test_config_console_table() -> None:
 def test_cli_sets_the_password(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from router.cli import main
+    from cli.main import main
 
     config = tmp_path / "router.toml"
     config.write_text(f'[store]\nurl = "sqlite:///{tmp_path}/cli.db"\n')

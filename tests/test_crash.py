@@ -17,7 +17,7 @@ from tests.conftest import Stack, free_port, http_post
 
 
 def _cli(config: Path, *args: str) -> str:
-    out = subprocess.run([sys.executable, "-m", "router", "--config", str(config), *args],
+    out = subprocess.run([sys.executable, "-m", "cli", "--config", str(config), *args],
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert out.returncode == 0, out.stderr
     return out.stdout
@@ -35,7 +35,7 @@ def _config_with_key(tmp_path: Path, store_url: str, emulator: Any, group: str, 
 
 
 def _serve(config: Path, port: int) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([sys.executable, "-m", "router", "serve", "--config", str(config), "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--config", str(config), "--port", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
@@ -53,7 +53,7 @@ def test_second_gateway_on_one_sqlite_file_is_refused(stack: Stack, tmp_path: Pa
     config.write_text(f'[store]\nurl = "sqlite:///{tmp_path}/one.db"\n')
     first = _serve(config, free_port())
     try:
-        second = subprocess.run([sys.executable, "-m", "router", "serve", "--config", str(config), "--port",
+        second = subprocess.run([sys.executable, "-m", "cli", "serve", "--config", str(config), "--port",
                                  str(free_port())], capture_output=True, text=True, timeout=30)  # fmt: skip
         assert second.returncode != 0 and f"another gateway process (pid {first.pid}) already serves" in second.stderr
         assert "reserved" in _cli(config, "groups", "list")  # the CLI still works beside the gateway
@@ -105,7 +105,7 @@ def test_killed_mid_stream_then_restart_reconciles(stack: Stack, tmp_path: Path)
 def test_several_workers_on_sqlite_are_refused(tmp_path: Path) -> None:
     config = tmp_path / "router.toml"
     config.write_text(f'[store]\nurl = "sqlite:///{tmp_path}/w.db"\n')
-    out = subprocess.run([sys.executable, "-m", "router", "--config", str(config), "serve", "--workers", "2",
+    out = subprocess.run([sys.executable, "-m", "cli", "--config", str(config), "serve", "--workers", "2",
                           "--port", str(free_port())], capture_output=True, text=True, timeout=60)  # fmt: skip
     assert out.returncode == 2
     assert "several workers need a store they can share" in out.stderr and "PostgreSQL" in out.stderr

@@ -30,7 +30,7 @@ class Demo:
     def __init__(self, cwd: Path, *args: str, env: dict[str, str] | None = None) -> None:
         self.cwd = cwd
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "router", "demo", *args], cwd=cwd, env={**os.environ, **(env or {})},
+            [sys.executable, "-m", "cli", "demo", *args], cwd=cwd, env={**os.environ, **(env or {})},
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
         self.lines: list[str] = []
@@ -164,7 +164,7 @@ def test_a_second_demo_on_the_same_data_directory_says_which_pid_and_creates_not
     assert len(output.strip().splitlines()) == 1, output
     assert f"pid {running.process.pid}" in output and "gateway on" not in output
     assert (running.cwd / "data" / "demo-key").read_text() == keys_before
-    listed = subprocess.run([sys.executable, "-m", "router", "keys", "list"], cwd=running.cwd,
+    listed = subprocess.run([sys.executable, "-m", "cli", "keys", "list"], cwd=running.cwd,
                             capture_output=True, text=True, check=True).stdout  # fmt: skip
     assert len([line for line in listed.splitlines() if " demo " in line]) == 1, listed
 

@@ -109,7 +109,7 @@ def test_router_serve_names_the_deployment_and_exits(tmp_path) -> None:
     config = tmp_path / "router.toml"
     config.write_text(f'[store]\nurl = "sqlite:///{tmp_path}/r.db"\n[[providers.openai.deployments]]\nname = "east"\n'
                       'api_key_env = "TEST_UNSET_VARIABLE"\n')  # fmt: skip
-    result = subprocess.run([sys.executable, "-m", "router", "serve", "--config", str(config), "--port", "0"],
+    result = subprocess.run([sys.executable, "-m", "cli", "serve", "--config", str(config), "--port", "0"],
                             capture_output=True, text=True, timeout=60)  # fmt: skip
     assert result.returncode != 0
     assert "deployments 'east': the environment variable TEST_UNSET_VARIABLE" in result.stderr

@@ -15,7 +15,7 @@ from billing.backends import open_store
 from core.config import ServerSettings, Settings, StoreSettings
 from gateway.auth import new_key
 from router.app import create_app
-from router.serve import hypercorn_config
+from server.serve import hypercorn_config
 from tests.conftest import Stack, free_port
 
 

@@ -1,4 +1,4 @@
-"""router.fast_h2 against hypercorn's own HTTP/2 sending, through a real hypercorn and a real HTTP/2
+"""server.fast_h2 against hypercorn's own HTTP/2 sending, through a real hypercorn and a real HTTP/2
 client (the h2 library): the same bytes in the same order on concurrent streams, whether a chunk goes
 at once, waits for the client's flow-control window, or lands behind others already waiting."""
 
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from hypercorn.protocol.h2 import H2Protocol
 
-from router import fast_h2
+from server import fast_h2
 from tests.conftest import h2_exchange, h2_get, hypercorn_on
 
 

@@ -1,4 +1,4 @@
-"""router.fast_headers gives what h11's own header checks give, on generated headers valid and not:
+"""server.fast_headers gives what h11's own header checks give, on generated headers valid and not:
 the same normalised headers, or the same error."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import h11
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router import fast_headers
+from server import fast_headers
 
 NAMES = st.one_of(
     st.sampled_from([b"content-type", b"Content-Length", b"content-length", b"Transfer-Encoding", b"x-request-id",

@@ -1,4 +1,4 @@
-"""router/fast_http1.py against hypercorn's own HTTP/1.1 protocol on h11: both run side by side on the
+"""server/fast_http1.py against hypercorn's own HTTP/1.1 protocol on h11: both run side by side on the
 same generated requests (valid and not, pipelined, split at generated points) and answer through the
 same app with every framing h11 knows; the bytes written, the events sent to the connection and the
 errors raised must be equal. Where llhttp is stricter than h11 (the module's docstring), ours must
@@ -21,7 +21,7 @@ from hypercorn.protocol.h11 import H2CProtocolRequiredError, H2ProtocolAssumedEr
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from router import fast_http1
+from server import fast_http1
 
 DATE = (b"date", b"Thu, 26 Nov 2026 06:00:00 GMT")
 

@@ -504,7 +504,7 @@ def _serve(config: Path, tmp: Path, name: str) -> tuple[subprocess.Popen[bytes],
     port = free_port()
     log = tmp / f"{name}.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "router", "serve", "--config", str(config), "--port", str(port)],
+        proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--config", str(config), "--port", str(port)],
                                 cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
     wait_healthy(port, proc, log)
     return proc, f"http://127.0.0.1:{port}/v1"
@@ -591,7 +591,7 @@ async def holds_of_pid(url: str, pid: int) -> int:
 
 def _cli(config: Path, group: str, credits: int) -> str:
     def run(*args: str) -> str:
-        out = subprocess.run([sys.executable, "-m", "router", "--config", str(config), *args], cwd=ROOT,
+        out = subprocess.run([sys.executable, "-m", "cli", "--config", str(config), *args], cwd=ROOT,
                              capture_output=True, text=True, timeout=60)  # fmt: skip
         assert out.returncode == 0, out.stderr
         return out.stdout

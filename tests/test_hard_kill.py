@@ -25,7 +25,7 @@ MODEL = "openai/gpt-4o-mini"
 
 
 def _run(config: Path, *args: str) -> str:
-    out = subprocess.run([sys.executable, "-m", "router", "--config", str(config), *args], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "cli", "--config", str(config), *args], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert out.returncode == 0, out.stderr
     return out.stdout

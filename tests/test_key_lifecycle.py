@@ -205,7 +205,7 @@ def test_bad_lifecycle_input_is_a_400_naming_the_field(lstack: Stack) -> None:
 
 
 def router_cli(*args: str, cwd: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "router", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "cli", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=60, env=dict(os.environ))  # fmt: skip
 
 

@@ -8,8 +8,9 @@ import random
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from router.channels import Channel
+from core.types import RECEIVE_WATCH
 from router.replies import KEEPALIVE, LateSSE
+from server.channels import Channel
 
 
 async def _one(keepalive: float, answer_after: float) -> list[dict[str, Any]]:
@@ -53,8 +54,8 @@ async def test_the_response_starts_before_its_body_however_the_answer_and_the_ke
 
 async def _disconnected(receive_from: str) -> tuple[list[bytes], bool]:
     """An endless stream whose caller disconnects after the third piece: the response returns, the
-    stream closed (its finally ran), whether ``receive`` is a Channel's get (watched, no task) or any
-    other function (a task waits on it)."""
+    stream closed (its finally ran), whether the scope offers the channel's watch (no task waits on
+    ``receive``) or not (a task waits on it)."""
     closed = False
 
     async def stream() -> AsyncGenerator[Any, None]:
@@ -84,7 +85,8 @@ async def _disconnected(receive_from: str) -> tuple[list[bytes], bool]:
         return await channel.get()
 
     receive = channel.get if receive_from == "channel" else plain_receive
-    await asyncio.wait_for(LateSSE(stream(), 10.0, lambda exc: b"")({"type": "http"}, receive, send), 5)
+    scope = {"type": "http", "extensions": {RECEIVE_WATCH: {"watch": channel.watch}} if receive_from == "channel" else {}}
+    await asyncio.wait_for(LateSSE(stream(), 10.0, lambda exc: b"")(scope, receive, send), 5)
     return sent, closed
 
 

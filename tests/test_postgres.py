@@ -563,7 +563,7 @@ class Cluster:
         return path
 
     def cli(self, *args: str) -> str:
-        command = [sys.executable, "-m", "router", "--config", str(self.config()), *args]
+        command = [sys.executable, "-m", "cli", "--config", str(self.config()), *args]
         out = subprocess.run(command, cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, f"router {' '.join(args)} failed: {out.stderr}"
         return out.stdout
@@ -576,7 +576,7 @@ class Cluster:
         """A gateway on a free port, once it answers; returns the process and its /v1 base URL."""
         port = free_port()
         log = (self.tmp / f"gateway-{port}.log").open("wb")
-        command = [sys.executable, "-m", "router", "serve", "--config", str(self.config(stale_seconds)),
+        command = [sys.executable, "-m", "cli", "serve", "--config", str(self.config(stale_seconds)),
                    "--port", str(port)]  # fmt: skip
         proc = subprocess.Popen(command, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         log.close()

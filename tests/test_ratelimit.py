@@ -342,7 +342,7 @@ class Emulators:
 
 def _router(config: Path, *args: str) -> str:
     out = subprocess.run(
-        [sys.executable, "-m", "router", "--config", str(config), *args],
+        [sys.executable, "-m", "cli", "--config", str(config), *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -412,7 +412,7 @@ def test_two_gateways_share_one_allowance_through_redis(tmp_path: Path, redis_pr
             logs.append(log)
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "router", "serve", "--config", str(config), "--port", str(port)],
+                    [sys.executable, "-m", "cli", "serve", "--config", str(config), "--port", str(port)],
                     cwd=ROOT,
                     env=env,
                     stdout=log,

@@ -20,12 +20,12 @@ import openai
 import pytest
 
 from billing.pricing import cost
+from cli.demo import with_emulators
 from core.catalog import BUILTIN, ConfigError
 from core.config import parse_settings
 from core.wire import TokenUsage
 from emulators.openai import OpenAIEmulator
 from emulators.registry import read_banner
-from router.demo import with_emulators
 from tests.conftest import Stack, free_port
 from tests.test_demo import free_ports
 
@@ -96,7 +96,7 @@ async def _reload(gw: Any, settings: Any) -> list[str]:
 
 def test_router_serve_reloads_on_sighup_and_through_the_admin_api(tmp_path: Path) -> None:
     port, emulators = free_port(), free_ports(5)
-    emu = subprocess.Popen([sys.executable, "-m", "router", "emulators", "--port", str(emulators)],
+    emu = subprocess.Popen([sys.executable, "-m", "cli", "emulators", "--port", str(emulators)],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     assert emu.stdout is not None
     urls = {prefix: url for prefix, (url, _) in read_banner(emu.stdout).items()}
@@ -113,7 +113,7 @@ def test_router_serve_reloads_on_sighup_and_through_the_admin_api(tmp_path: Path
         config.write_text("\n".join(lines))
 
     write()
-    cli = [sys.executable, "-m", "router", "--config", str(config)]
+    cli = [sys.executable, "-m", "cli", "--config", str(config)]
     subprocess.run([*cli, "groups", "create", "g", "--credits", "100"], check=True, capture_output=True)
     key = subprocess.run([*cli, "keys", "create", "--group", "g", "--name", "k"], check=True, capture_output=True,
                          text=True).stdout.strip().splitlines()[-1]  # fmt: skip

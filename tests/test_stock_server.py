@@ -20,7 +20,7 @@ import openai
 import pytest
 
 from core.catalog import ConfigError
-from router.serve import check_hypercorn, hypercorn_version
+from server.serve import check_hypercorn, hypercorn_version
 from tests.conftest import free_port
 from tests.test_demo import free_ports
 
@@ -37,7 +37,7 @@ def test_every_endpoint_on_stock_hypercorn(tmp_path: Path) -> None:
     config.write_text(f'[server]\nfast_path = false\n\n[store]\nurl = "sqlite:///{tmp_path}/data/router.db"\n')
     port = free_port()
     with open(tmp_path / "demo.out", "w") as out:
-        demo = subprocess.Popen([sys.executable, "-m", "router", "demo", "--port", str(port), "--emulator-port",
+        demo = subprocess.Popen([sys.executable, "-m", "cli", "demo", "--port", str(port), "--emulator-port",
                                  str(free_ports(7))], cwd=tmp_path, env={**os.environ, "ROUTER_CONFIG": str(config)},
                                 stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
     try:

@@ -324,8 +324,8 @@ def parser() -> argparse.ArgumentParser:
     usage.add_argument("--source", choices=["api", "job"], help="only API calls or only batch-job lines")
     usage.add_argument("--limit", type=int, default=50, help="how many records (default: %(default)s)")
 
-    from console.cli import add_commands
-    from router.budgets_cli import add_commands as add_budget_commands
+    from cli.budgets import add_commands as add_budget_commands
+    from cli.console import add_commands
 
     add_budget_commands(sub)  # router budgets add | list | remove
     add_commands(sub)  # router console set-password | hash-password
@@ -342,22 +342,22 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args.command == "serve":
             from router.app import create_app
-            from router.serve import run, serve
+            from server.serve import run, serve
 
             host = args.host or settings.server.host
             port = args.port or settings.server.port
             server = settings.server
             workers = args.workers or server.workers
             if workers > 1 and args.fd is None:
-                from router.serve import serve_workers
+                from server.serve import serve_workers
 
                 raise SystemExit(serve_workers(settings, config, host, port, workers))
             app = create_app(settings)
             app.state.gateway.config_path = config  # what SIGHUP and the admin API's reload read again
             run(serve(app, msgspec.structs.replace(server, host=host, port=port), fd=args.fd))
         elif args.command == "demo":
-            from router.demo import DemoError, DemoOptions, demo
-            from router.serve import run
+            from cli.demo import DemoError, DemoOptions, demo
+            from server.serve import run
 
             options = DemoOptions(args.host, args.port, args.emulator_port, args.new_key, args.access_log)
             try:
@@ -365,8 +365,8 @@ def main(argv: list[str] | None = None) -> None:
             except DemoError as exc:
                 raise SystemExit(f"router demo: {exc}") from None
         elif args.command == "emulators":
-            from router.demo import run_emulators_forever
-            from router.serve import run
+            from cli.demo import run_emulators_forever
+            from server.serve import run
 
             run(run_emulators_forever(args.host, args.port))
         elif args.command == "groups":
@@ -378,11 +378,11 @@ def main(argv: list[str] | None = None) -> None:
         elif args.command == "webhooks":
             _webhooks(args, settings)
         elif args.command == "budgets":
-            from router.budgets_cli import run as budgets_command
+            from cli.budgets import run as budgets_command
 
             budgets_command(args, settings)
         elif args.command == "console":
-            from console.cli import run as console_command
+            from cli.console import run as console_command
 
             console_command(args, settings)
     except (StoreError, StoreDown) as exc:

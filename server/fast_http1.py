@@ -3,7 +3,7 @@ processes run (hypercorn keeps the sockets, the HTTP/2 connections and each requ
 
 hypercorn reads and writes HTTP/1.1 through h11, a state machine in pure Python: a request's head
 and its answer came to about a quarter of the instructions of a call through the gateway, even after
-:mod:`router.fast_headers` took h11's header checks down. :class:`HTTP1Protocol` has the same
+:mod:`server.fast_headers` took h11's header checks down. :class:`HTTP1Protocol` has the same
 constructor, the same three methods (``initiate``, ``handle``, ``stream_send``) and sends hypercorn
 the same events, and hands each request to hypercorn's own ``HTTPStream`` as hypercorn does; what
 changes is how the bytes are read and written:
@@ -35,7 +35,7 @@ RFC 7540 requires of the client. ``tests/test_fast_http1.py`` runs this protocol
 answers of every framing, and holds the bytes written, the events sent and the errors equal.
 And :func:`build_and_validate_headers` is hypercorn's copy of an answer's headers without the copy
 of what is ``bytes`` already. :func:`install` puts both where hypercorn looks them up;
-``router.serve`` calls it.
+``server.serve`` calls it.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ from hypercorn.protocol.events import (
 from hypercorn.protocol.h11 import H2CProtocolRequiredError, H2ProtocolAssumedError
 from hypercorn.protocol.http_stream import HTTPStream
 
-from router.fast_headers import (
+from server.fast_headers import (
     KNOWN_NAMES,
     MAX_LENGTH_DIGITS,
     field_value_ok,

@@ -1,4 +1,4 @@
-"""h11's checks of an answer's headers, the same rules in fewer steps (:mod:`router.fast_http1` writes
+"""h11's checks of an answer's headers, the same rules in fewer steps (:mod:`server.fast_http1` writes
 HTTP/1.1 answers by h11's rules without h11's state machine).
 
 h11 converts every name and value with ``bytesify`` and runs each through ``validate`` (a regex and a

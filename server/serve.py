@@ -22,7 +22,7 @@ from hypercorn.config import Config
 from core.catalog import ConfigError
 from core.config import ServerSettings
 from core.types import ASGIApp
-from router import channels, connections, fast_h2, fast_http1
+from server import channels, connections, fast_h2, fast_http1
 
 if TYPE_CHECKING:
     from core.config import Settings
@@ -71,8 +71,8 @@ def check_hypercorn(version: str) -> None:
 
 def install_server_layer(server: ServerSettings) -> None:
     """hypercorn as the gateway runs it: its connections bounded and let go of when the client goes
-    (router.connections), HTTP/1.1 read by httptools instead of h11 (router.fast_http1), and its
-    per-request steps in fewer instructions and less memory (router.fast_h2, channels), each held
+    (server.connections), HTTP/1.1 read by httptools instead of h11 (server.fast_http1), and its
+    per-request steps in fewer instructions and less memory (server.fast_h2, channels), each held
     equal to the original by its tests. For the whole process (the test suite's servers run on it too).
     ``[server] fast_path = false``: stock hypercorn, untouched (any release)."""
     if not server.fast_path:
@@ -99,7 +99,7 @@ async def serve(app: ASGIApp, server: ServerSettings, started: Callable[[], Awai
                 fd: int | None = None) -> None:  # fmt: skip
     """Serve on ``server.host:port`` until SIGINT/SIGTERM; then stop accepting, let open requests
     finish (up to ``graceful_timeout``), run the app's shutdown (which settles every call), and
-    return. Client connections are bounded and closed when the client goes (router/connections.py)."""
+    return. Client connections are bounded and closed when the client goes (server/connections.py)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -205,7 +205,7 @@ def serve_workers(settings: Settings, config: str | None, host: str, port: int, 
     signal.signal(signal.SIGHUP, reload_all)
     sock = socket.create_server((host, port), backlog=4096)
     sock.set_inheritable(True)
-    argv = [sys.executable, "-m", "router", *(["--config", config] if config else []), "serve",
+    argv = [sys.executable, "-m", "cli", *(["--config", config] if config else []), "serve",
             "--host", host, "--port", str(port), "--fd", str(sock.fileno())]  # fmt: skip
     for _ in range(workers):
         if forwarded:  # stopped while starting: no more workers

@@ -21,7 +21,7 @@ Prioritisation among streams only ever applied to data waiting in buffers, and s
 
 ``tests/test_fast_h2.py`` runs concurrent streams of generated chunk sizes through a real hypercorn
 with and without it, under a client window small enough to force the buffered path midway, and
-compares what the client receives. :func:`install` is called by ``router.serve``.
+compares what the client receives. :func:`install` is called by ``server.serve``.
 """
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ import msgspec
 
 from billing.sqlite import sqlite_path
 from billing.store import Store, StoreError
+from cli.console import store_password
 from console import auth
-from console.cli import store_password
 from console.queries import queries_for
 from core.catalog import NANO
 from core.config import ProviderSettings, Settings
@@ -35,7 +35,7 @@ from emulators.azure import AzureOpenAIEmulator
 from emulators.registry import DEPLOYMENTS, FACTORIES, Running, banner_line, start_emulators, stop_emulators
 from gateway.auth import generate_key, hash_key, key_form, new_key
 from router.app import create_app
-from router.serve import serve
+from server.serve import serve
 
 DEMO_GROUP = "demo"
 DEMO_CREDITS = 1_000 * NANO

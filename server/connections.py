@@ -47,7 +47,7 @@ from hypercorn.protocol.h2 import H2Protocol
 
 from core import metrics
 
-log = logging.getLogger("router.connections")
+log = logging.getLogger("server.connections")
 
 # descriptors kept for what is not a client connection: the listening socket, the store, logs, the
 # emulators of the demo, the interpreter's own

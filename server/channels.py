@@ -1,5 +1,5 @@
 """The waitable objects hypercorn makes for every request and every connection, without asyncio's
-deques (with :mod:`router.fast_http1`, what the gateway's processes run).
+deques (with :mod:`server.fast_http1`, what the gateway's processes run).
 
 For every request hypercorn opens an ``asyncio.Queue`` between the connection and the app (the
 request's body and its ``http.disconnect`` go through it), and for every connection an
@@ -13,7 +13,7 @@ that hold at most a couple of messages and almost never more than one waiter.
   woken in order, a cancelled waiter handing its wake-up on) over lists made when first needed.
   hypercorn never calls ``join``, ``task_done`` or the ``_nowait`` forms on it. One thing more,
   :meth:`Channel.watch`: the items handed to a function as they come, for an app that would otherwise
-  keep a task waiting on ``receive`` for as long as it answers (``router.replies.SSE``: the caller's
+  keep a task waiting on ``receive`` for as long as it answers (``router.replies.SSE``, through the scope's extension ``core.types.RECEIVE_WATCH``: the caller's
   disconnect ends a stream at once).
 - :class:`Event` is hypercorn's ``EventWrapper`` (``set``, ``clear``, ``wait``, ``is_set``) without
   the ``asyncio.Event`` inside it.
@@ -21,7 +21,7 @@ that hold at most a couple of messages and almost never more than one waiter.
 
 ``tests/test_channels.py`` runs each against asyncio's own on generated sequences of calls, waits and
 cancellations and compares everything a caller can see. :func:`install` puts them where hypercorn
-looks them up; ``router.serve`` calls it.
+looks them up; ``server.serve`` calls it.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ from typing import Any
 
 import hypercorn.asyncio.task_group as hypercorn_task_group
 from hypercorn.asyncio.worker_context import WorkerContext
+
+from core.types import RECEIVE_WATCH
 
 TaskGroup = hypercorn_task_group.TaskGroup
 ORIGINAL_SPAWN_APP = TaskGroup.spawn_app
@@ -161,13 +163,17 @@ class Event:
 
 async def spawn_app(self: Any, app: Any, config: Any, scope: Any,
                     send: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:  # fmt: skip
-    """hypercorn's ``TaskGroup.spawn_app``, the app's receive channel a :class:`Channel`."""
+    """hypercorn's ``TaskGroup.spawn_app``, the app's receive channel a :class:`Channel`, whose
+    :meth:`Channel.watch` the scope offers as the extension ``core.types.RECEIVE_WATCH``."""
     channel = Channel(config.max_app_queue_size)
     loop = self._loop
 
     def _call_soon(func: Callable[..., Any], *args: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(func(*args), loop).result()
 
+    extensions = scope.get("extensions")
+    if extensions is not None:
+        extensions[RECEIVE_WATCH] = {"watch": channel.watch}
     self.spawn(hypercorn_task_group._handle, app, config, scope, channel.get, send,
                partial(loop.run_in_executor, None), _call_soon)  # fmt: skip
     return channel.put
