@@ -44,7 +44,7 @@ class Call:
 
     model_id: str  # as the caller wrote it; echoed back
     model: Model
-    provider: Deployment  # the deployment that serves it: address, key, kind
+    deployment: Deployment  # the deployment that serves it: address, key, kind
     raw: dict[str, Any]  # the decoded request body, unknown fields included
     request: ChatRequest
     stream: bool
@@ -53,7 +53,7 @@ class Call:
     @property
     def upstream_model(self) -> str:
         """The model's name at the deployment serving the call (the catalog's, unless renamed there)."""
-        return self.provider.upstream_name(self.model)
+        return self.deployment.upstream_name(self.model)
 
 
 USER_AGENT = "model-router"  # sent upstream with every request (aiohttp's own otherwise)

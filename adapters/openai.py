@@ -105,7 +105,7 @@ class OpenAIAdapter(Adapter):
     def build_request(self, call: Call) -> UpstreamRequest:
         spec = self.spec
         body = dict(call.raw)
-        target = call.provider
+        target = call.deployment
         body["model"] = name = call.upstream_model
         if call.model.reasoning and spec.reasoning_cap_field and "max_tokens" in body:
             cap = body.pop("max_tokens")

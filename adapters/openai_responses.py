@@ -41,13 +41,13 @@ GENERATED = frozenset(
 )
 
 
-def build_request(provider: Deployment, body: dict[str, Any], upstream_model: str) -> UpstreamRequest:
+def build_request(deployment: Deployment, body: dict[str, Any], upstream_model: str) -> UpstreamRequest:
     out = dict(body)
     out["model"] = upstream_model
-    headers = {"Authorization": f"Bearer {provider.api_key}", "Content-Type": "application/json", "User-Agent": USER_AGENT}
+    headers = {"Authorization": f"Bearer {deployment.api_key}", "Content-Type": "application/json", "User-Agent": USER_AGENT}
     if out.get("stream"):
         headers["Accept"] = "text/event-stream"
-    return UpstreamRequest(f"{provider.base_url}/responses", headers, _encode(out))
+    return UpstreamRequest(f"{deployment.base_url}/responses", headers, _encode(out))
 
 
 def usage_from_responses(usage: Any) -> TokenUsage | None:

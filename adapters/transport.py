@@ -43,47 +43,47 @@ class Transport:
             await self._session.close()
             self._session = None
 
-    def _timeout(self, provider: Deployment) -> aiohttp.ClientTimeout:
-        key = provider.connect_timeout
+    def _timeout(self, deployment: Deployment) -> aiohttp.ClientTimeout:
+        key = deployment.connect_timeout
         timeout = self._timeouts.get(key)
         if timeout is None:
             timeout = aiohttp.ClientTimeout(total=None, sock_connect=key)
             self._timeouts[key] = timeout
         return timeout
 
-    async def open(self, request: UpstreamRequest, provider: Deployment) -> aiohttp.ClientResponse:
+    async def open(self, request: UpstreamRequest, deployment: Deployment) -> aiohttp.ClientResponse:
         if self._session is None:
             await self.start()
         assert self._session is not None
         try:
             return await self._session.post(
-                request.url, data=request.body, headers=request.headers, timeout=self._timeout(provider)
+                request.url, data=request.body, headers=request.headers, timeout=self._timeout(deployment)
             )
         except TimeoutError:
-            raise UpstreamTimeout(f"The provider '{provider.prefix}' did not answer in time.") from None
+            raise UpstreamTimeout(f"The provider '{deployment.prefix}' did not answer in time.") from None
         except aiohttp.ClientConnectorError:
-            raise UpstreamUnavailable(f"Could not connect to the provider '{provider.prefix}'.") from None
+            raise UpstreamUnavailable(f"Could not connect to the provider '{deployment.prefix}'.") from None
         except aiohttp.ClientError as exc:
-            raise UpstreamError(f"The connection to the provider '{provider.prefix}' failed: {type(exc).__name__}.") from None
+            raise UpstreamError(f"The connection to the provider '{deployment.prefix}' failed: {type(exc).__name__}.") from None
 
 
 class ObservedTransport(Transport):
     """The shared transport, counting failed upstream attempts (every attempt, retries included)."""
 
     async def open(
-        self, request: UpstreamRequest, provider: Deployment, *args: Any, **kwargs: Any
+        self, request: UpstreamRequest, deployment: Deployment, *args: Any, **kwargs: Any
     ) -> aiohttp.ClientResponse:
         try:
-            response = await super().open(request, provider, *args, **kwargs)
+            response = await super().open(request, deployment, *args, **kwargs)
         except UpstreamTimeout:
-            upstream_error(provider.prefix, "timeout")
+            upstream_error(deployment.prefix, "timeout")
             raise
         except UpstreamUnavailable:
-            upstream_error(provider.prefix, "connect")
+            upstream_error(deployment.prefix, "connect")
             raise
         except GatewayError:
-            upstream_error(provider.prefix, "network")
+            upstream_error(deployment.prefix, "network")
             raise
         if response.status >= 400:
-            upstream_error(provider.prefix, response.status)
+            upstream_error(deployment.prefix, response.status)
         return response

@@ -30,6 +30,8 @@ from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from core.money import to_credits
+
 CALENDAR = ("day", "week", "month")
 ROLLING_BUCKETS = 24
 _ROLLING = re.compile(r"^(\d{1,6})([smhd])$")
@@ -204,7 +206,7 @@ class Budget:
     def describe(self, group_name: str = "") -> str:
         group = group_name or self.group_name or str(self.group_id)
         owner = f"key {self.key_id}" if self.key_id is not None else f"group {group}"
-        return f"{_credits(self.amount)} credits {self.period.describe()} for {owner}"
+        return f"{to_credits(self.amount)} credits {self.period.describe()} for {owner}"
 
 
 def budget_row(row: Sequence[Any]) -> Budget:
@@ -288,11 +290,6 @@ class Windows:
         return [(b, bucket, amount) for (b, bucket), amount in self.added.items()]
 
 
-def _credits(nano: int) -> str:
-    whole, frac = divmod(nano, 10**9)
-    return f"{whole}.{frac:09d}".rstrip("0").rstrip(".")
-
-
 def iso(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
@@ -360,9 +357,9 @@ class BudgetState:
     def as_dict(self) -> dict[str, Any]:
         b = self.budget
         return {
-            "id": b.id, "group": self.group_name, "key_id": b.key_id, "amount": _credits(b.amount),
+            "id": b.id, "group": self.group_name, "key_id": b.key_id, "amount": to_credits(b.amount),
             "window": b.period.name, "calendar": b.period.calendar, "timezone": b.period.tz if b.period.calendar else None,
-            "spent": _credits(self.spent), "window_start": iso(self.window_start), "resets_at": iso(self.resets_at),
+            "spent": to_credits(self.spent), "window_start": iso(self.window_start), "resets_at": iso(self.resets_at),
         }  # fmt: skip
 
 

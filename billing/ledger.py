@@ -23,17 +23,13 @@ from billing.pricing import cost
 from billing.progress import Progress, Source
 from billing.store import Hold, Refusal, Reservation, Store, StoreDown, UsageRecord
 from core import metrics
-from core.catalog import NANO, Model
+from core.catalog import Model
 from core.errors import GatewayError, InsufficientCredits, StoreUnavailable
 from core.flights import Flights
+from core.money import to_credits
 from core.wire import TokenUsage
 
 log = logging.getLogger("router.ledger")
-
-
-def credits(nano: int) -> str:
-    whole, frac = divmod(nano, NANO)
-    return f"{whole}.{frac:09d}".rstrip("0").rstrip(".")
 
 
 def refused(refusal: Refusal) -> InsufficientCredits:
@@ -41,21 +37,21 @@ def refused(refusal: Refusal) -> InsufficientCredits:
         resets = budgets.iso(refusal.resets_at)
         return InsufficientCredits(
             f"Budget exceeded: the budget of {refusal.window} does not cover this call: it needs up to "
-            f"{credits(refusal.needed)} credits and {credits(refusal.available)} are left in the window, which "
+            f"{to_credits(refusal.needed)} credits and {to_credits(refusal.available)} are left in the window, which "
             f"resets at {resets}. Lower max_tokens, wait for the reset, or raise the budget.",
             code="budget_exceeded",
             headers={"x-budget-window": refusal.window, "x-budget-reset": resets},
         )
     if refusal.reason == "key_cap":
         return InsufficientCredits(
-            f"This API key's spend cap does not cover this call: it needs up to {credits(refusal.needed)} "
-            f"credits and the key has {credits(refusal.available)} left under its cap. Lower max_tokens or "
+            f"This API key's spend cap does not cover this call: it needs up to {to_credits(refusal.needed)} "
+            f"credits and the key has {to_credits(refusal.available)} left under its cap. Lower max_tokens or "
             "raise the key's cap.",
             code="key_spend_cap_reached",
         )
     return InsufficientCredits(
-        f"Insufficient credits: this call needs up to {credits(refusal.needed)} credits (its worst case, "
-        f"from max_tokens and the prompt) and the group's balance is {credits(refusal.available)}. "
+        f"Insufficient credits: this call needs up to {to_credits(refusal.needed)} credits (its worst case, "
+        f"from max_tokens and the prompt) and the group's balance is {to_credits(refusal.available)}. "
         "Top up the group or lower max_tokens."
     )
 

@@ -17,11 +17,11 @@ as a column array each (asyncpg's array encoding was 268k instructions per call)
 
 A batch with a group that has a budget (billing/budgets.py) is done in Python instead
 (``run_batch``), five round trips: ``BEGIN``; ``LOCK`` (the same locks, in the same order, and the
-rows read); the budgets' windows read; every operation worked out by ``Plan`` (the same arithmetic,
+rows read); the budgets' windows read; every operation worked out by ``LockedBatch`` (the same arithmetic,
 and the budgets'); ``APPLY`` (the net change of each group with one conditional ``UPDATE``, of each
 key, the new reservations and the usage records), the windows' spend, ``COMMIT``. ``ledger_batch``
 finds such a group once it holds the locks and gives the batch up (``Budgeted``); the group is then
-batched in Python for ``BUDGET_HINT`` seconds without asking. ``LOCK``, ``Plan`` and ``APPLY`` also
+batched in Python for ``BUDGET_HINT`` seconds without asking. ``LOCK``, ``LockedBatch`` and ``APPLY`` also
 serve the journal's replay and the release of a dead replica's holds (billing/postgres.py,
 billing/leases.py).
 
@@ -121,7 +121,7 @@ WITH g AS (
 SELECT (SELECT count(*) FROM g) AS groups, (SELECT count(*) FROM k) AS keys,
        array(SELECT id FROM r ORDER BY id) AS reservations, $11::int AS batch
 """
-# One batch in one round trip: the function below does what ``lock``, ``Plan`` and ``apply`` do (for a
+# One batch in one round trip: the function below does what ``lock``, ``LockedBatch`` and ``apply`` do (for a
 # batch whose groups have no budget: those still go through ``run_batch``, see ``Budgeted``), on the server, in the transaction of the statement that calls
 # it (BATCH): no BEGIN and COMMIT of their own, no rows sent back and forth. ``ops``: a JSON array,
 # per operation ``[reserve, group id, key id, amount, reservation id, credits, once, model, provider,
@@ -306,7 +306,7 @@ class Row:
 
 
 @dataclass(slots=True)
-class Plan:
+class LockedBatch:
     """What a batch does to the rows it has locked: each operation in turn, as the SQLite store would
     do it; the net changes are then written at once."""
 
@@ -462,9 +462,9 @@ async def run_batch(conn: asyncpg.Connection, ops: Sequence[Op], replica: str | 
 
 
 async def lock(conn: asyncpg.Connection, settled: list[int], key_ids: list[int], group_ids: list[int],
-               ) -> Plan:  # fmt: skip
+               ) -> LockedBatch:  # fmt: skip
     """Take the reservations being settled, lock the keys, then the groups, and read them."""
-    plan = Plan(set(), {}, {})
+    plan = LockedBatch(set(), {}, {})
     for kind, rid, a, b, c in await conn.fetch(LOCK, settled, key_ids, group_ids):
         if kind == "r":
             plan.released.add(rid)
@@ -476,7 +476,7 @@ async def lock(conn: asyncpg.Connection, settled: list[int], key_ids: list[int],
     return plan
 
 
-async def apply(conn: asyncpg.Connection, plan: Plan, replica: str | None = None) -> list[int]:
+async def apply(conn: asyncpg.Connection, plan: LockedBatch, replica: str | None = None) -> list[int]:
     row = await conn.fetchrow(APPLY, *plan.args(replica))
     assert row is not None
     if row["groups"] != row["batch"]:  # cannot happen: the rows are locked and the plan kept them >= 0

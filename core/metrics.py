@@ -309,7 +309,7 @@ _resting: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 class Resting(Protocol):
-    """What the cooling gauge reads (gateway.dispatch.Router): (provider, deployment) -> seconds."""
+    """What the cooling gauge reads (gateway.dispatch.Dispatcher): (provider, deployment) -> seconds."""
 
     def resting(self) -> Mapping[tuple[str, str], float]: ...
 

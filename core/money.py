@@ -24,5 +24,8 @@ def to_nano(text: str) -> int:
 
 
 def to_credits(nano: int) -> str:
-    """The exact decimal amount, without trailing zeros (``0``, ``1.5``, ``0.000000001``)."""
-    return format((Decimal(nano) / NANO).normalize(), "f")
+    """The exact decimal amount, without trailing zeros (``0``, ``1.5``, ``0.000000001``, ``-2.5``):
+    the one formatter of nano-credits for a machine (answers, the admin API, the CLI, messages)."""
+    whole, frac = divmod(abs(nano), NANO)
+    text = f"{whole}.{frac:09d}".rstrip("0").rstrip(".")
+    return f"-{text}" if nano < 0 else text

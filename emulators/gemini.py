@@ -206,7 +206,7 @@ def _apply_stops(pieces: list[str], stops: list[str]) -> tuple[list[str], bool]:
 
 
 @dataclass
-class Plan:
+class GeminiAnswer:
     """What one generateContent call answers."""
 
     model: str
@@ -406,7 +406,7 @@ class GeminiEmulator(Emulator):
             return _missing_signature(contents)
         return None
 
-    def _plan(self, model: str, body: dict[str, Any]) -> Plan:
+    def _plan(self, model: str, body: dict[str, Any]) -> GeminiAnswer:
         contents = get(body, "contents")
         config = get(body, "generationConfig") or {}
         last = contents[-1]
@@ -441,7 +441,7 @@ class GeminiEmulator(Emulator):
             candidates.append(pieces)
             finishes.append("MAX_TOKENS" if truncated and not stopped else "STOP")
         images = 1 if "image" in model and not calls else 0  # the image models draw what they are asked
-        return Plan(model, d, candidates, finishes, calls, thinking, show, prompt_tokens, image_tokens, images)
+        return GeminiAnswer(model, d, candidates, finishes, calls, thinking, show, prompt_tokens, image_tokens, images)
 
     @staticmethod
     def _calls(body: dict[str, Any], d: Directives, two: bool) -> list[dict[str, Any]]:
@@ -508,7 +508,7 @@ class GeminiEmulator(Emulator):
             )
         return web.Response(body=encode(plan.response()), content_type="application/json")
 
-    async def _stream(self, request: web.Request, plan: Plan, sse: bool) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, plan: GeminiAnswer, sse: bool) -> web.StreamResponse:
         ctype = "text/event-stream" if sse else "application/json"
         response = web.StreamResponse(headers={"Content-Type": ctype, "Cache-Control": "no-cache"})
         await response.prepare(request)

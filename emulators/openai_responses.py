@@ -74,7 +74,7 @@ def _text(content: Any) -> str:
 
 
 @dataclass
-class Plan:
+class ResponseAnswer:
     d: Directives
     items: list[dict[str, Any]]  # the output items, final state
     pieces: list[str]  # the message text, as stream deltas
@@ -211,7 +211,7 @@ class ResponsesHandler:
         return carried
 
     # -- the answer -----------------------------------------------------------------------------
-    def _plan(self, body: dict[str, Any], items: list[dict[str, Any]], carried: int) -> Plan:
+    def _plan(self, body: dict[str, Any], items: list[dict[str, Any]], carried: int) -> ResponseAnswer:
         users = [i for i in items if i.get("type", "message") == "message" and i.get("role") == "user"]
         last_user: dict[str, Any] = users[-1] if users else {}
         d = directives(_text(last_user.get("content")))
@@ -273,7 +273,7 @@ class ResponsesHandler:
             "output_tokens_details": {"reasoning_tokens": len(thinking)},
             "total_tokens": input_tokens + output_tokens,
         }
-        return Plan(d, out, pieces, usage, incomplete, [call["call_id"]] if call else [])
+        return ResponseAnswer(d, out, pieces, usage, incomplete, [call["call_id"]] if call else [])
 
     def _tool_call(self, body: dict[str, Any], d: Directives, last: dict[str, Any]) -> dict[str, Any] | None:
         tools = [t for t in body.get("tools") or [] if t.get("type") == "function"]
@@ -329,7 +329,7 @@ class ResponsesHandler:
             "metadata": body.get("metadata") or {},
         }
 
-    def _final(self, response: dict[str, Any], plan: Plan) -> dict[str, Any]:
+    def _final(self, response: dict[str, Any], plan: ResponseAnswer) -> dict[str, Any]:
         final = {**response, "output": plan.items, "usage": plan.usage}
         if plan.incomplete:
             final.update(status="incomplete", incomplete_details={"reason": "max_output_tokens"})
@@ -390,7 +390,7 @@ class ResponsesHandler:
         )
 
     # -- streaming ------------------------------------------------------------------------------
-    def _events(self, response: dict[str, Any], plan: Plan) -> list[dict[str, Any]]:
+    def _events(self, response: dict[str, Any], plan: ResponseAnswer) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = [
             {"type": "response.created", "response": response},
             {"type": "response.in_progress", "response": response},
@@ -404,7 +404,7 @@ class ResponsesHandler:
         return events
 
     async def _stream(
-        self, request: web.Request, response: dict[str, Any], plan: Plan, headers: dict[str, str]
+        self, request: web.Request, response: dict[str, Any], plan: ResponseAnswer, headers: dict[str, str]
     ) -> web.StreamResponse:
         out = web.StreamResponse(
             headers={

@@ -60,7 +60,7 @@ class ChatCodec(Codec):
         call = Call(
             model_id=model_id,
             model=model,
-            provider=deployment,
+            deployment=deployment,
             raw=self.raw,
             request=req,
             stream=stream,

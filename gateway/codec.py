@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import msgspec
 
-from billing.ledger import credits
 from billing.store import UsageRecord
 from core.catalog import Model
 from core.errors import GatewayError, InvalidRequest
+from core.money import to_credits
 from core.sse import Event, SSEDecoder
 from core.types import Endpoint
 from core.wire import ChatRequest, TokenUsage
@@ -64,7 +64,7 @@ class Cost(NamedTuple):
 def cost_of(record: UsageRecord) -> Cost:
     """The charge of a settled call (``Meter.finish`` filled ``record``): the same figure the ledger
     stores, computed once."""
-    text = credits(record.credits)
+    text = to_credits(record.credits)
     usage = TokenUsage(prompt=record.prompt_tokens, completion=record.completion_tokens, cached=record.cached_tokens,
                        cache_write=record.cache_write_tokens, reasoning=record.reasoning_tokens)  # fmt: skip
     return Cost(text, msgspec.Raw(text.encode()), usage)
@@ -308,7 +308,7 @@ class Codec(ABC):
 
     def deployments(self, gw: Gateway, model: Model) -> tuple[Deployment, ...]:
         """The deployments that may serve this call of ``model`` (gateway/dispatch.py picks)."""
-        return gw.router.pools[model.provider].serving(model, self.endpoint)
+        return gw.dispatcher.pools[model.provider].serving(model, self.endpoint)
 
     @abstractmethod
     def conversation(self, key_id: int, first: int) -> bytes:

@@ -2,7 +2,7 @@
 
     Pool        one provider group: its deployments, which of them serve a model, its strategy and
                 whether it routes conversations (sticky)
-    Router      the pools of a gateway and the state they are routed on (gateway/upstream_state.py:
+    Dispatcher  the pools of a gateway and the state they are routed on (gateway/upstream_state.py:
                 this process's memory, or Redis when ``[limits] redis_url`` is set and some group has
                 several deployments or a ceiling); ``order`` is a call's order of the deployments
                 (gateway/routing.py), ``cooldown`` how long one rests after a failure
@@ -75,7 +75,7 @@ class Pool:
         return self.by_model.get(model.alias_of or model.id, self.strategy) if self.by_model else self.strategy
 
 
-class Router:
+class Dispatcher:
     """The pools of every provider group and the state they are routed on."""
 
     def __init__(self, pools: dict[str, Pool], settings: RoutingSettings, local: MemoryState,
@@ -138,8 +138,8 @@ class Router:
             await self.shared.close()
 
 
-def router_for(settings: Settings, catalog: Catalog, deployments: dict[str, list[Deployment]]) -> Router:
-    """The router of a gateway: a pool per provider group, routed on Redis when ``[limits] redis_url``
+def dispatcher_for(settings: Settings, catalog: Catalog, deployments: dict[str, list[Deployment]]) -> Dispatcher:
+    """The dispatcher of a gateway: a pool per provider group, routed on Redis when ``[limits] redis_url``
     is set and some group has several deployments or a ceiling (else on this process's memory)."""
     pools = {
         prefix: Pool(prefix, deps, settings.providers.get(prefix, ProviderSettings()), catalog)
@@ -148,4 +148,4 @@ def router_for(settings: Settings, catalog: Catalog, deployments: dict[str, list
     routing_settings = settings.routing
     local = MemoryState(routing_settings.latency_weight)
     shared = backends.upstream_state(settings.limits, routing_settings, any(pool.shared for pool in pools.values()))
-    return Router(pools, routing_settings, local, shared)
+    return Dispatcher(pools, routing_settings, local, shared)

@@ -221,7 +221,7 @@ class Pipeline:
                     found = legs[deployment.key] = codec.leg(gw, model, leg.model_id, deployment)
                 return found.upstream
 
-            pool = gw.router.pools[model.provider]
+            pool = gw.dispatcher.pools[model.provider]
             tokens = input_ceiling(codec.size, codec.view) + output_ceiling(model, codec.view) if pool.tokens else 0
             sticky = codec.conversation(context.key_id, gw.settings.routing.sticky_messages) if pool.sticky else None
             response, lease = await open_upstream(gw, model, deployments, build, leg.error, deadline,

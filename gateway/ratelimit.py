@@ -18,7 +18,7 @@ Refused: 429 ``rate_limit_exceeded`` with ``Retry-After`` (and ``retry-after-ms`
 ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` headers of the tightest bucket of each kind.
 
 Every call pays for this, so the common case is lean: a key's buckets are resolved once (a
-:class:`Plan`), the memory backend admits a call that fits with plain arithmetic (``admit_now``), and
+:class:`KeyBuckets`), the memory backend admits a call that fits with plain arithmetic (``admit_now``), and
 the headers are returned as raw ASGI header pairs. A refusal, and every Redis check, takes the
 general path (:class:`Bucket` → ``Backend.take`` → :class:`BucketState`).
 """
@@ -90,7 +90,7 @@ class Backend(ABC):
     @abstractmethod
     async def take(self, buckets: Sequence[Bucket]) -> tuple[bool, list[BucketState]]: ...
 
-    def admit_now(self, plan: Plan, tokens: int) -> Headers | None:
+    def admit_now(self, plan: KeyBuckets, tokens: int) -> Headers | None:
         """The common case of :meth:`take` without awaiting, where the backend can (this process's
         memory): if every bucket has room, take from all and return the headers; None: go the general
         way (a shared backend always does)."""
@@ -100,7 +100,7 @@ class Backend(ABC):
         return None
 
 
-class Plan:
+class KeyBuckets:
     """One key's buckets whose limit is not 0, requests before tokens: (storage name, limit, seconds
     per unit, counts tokens), and their kinds (``_KINDS``). ``by_kind``: the same buckets for the
     admission's arithmetic, by what they count (requests, then tokens): (counts tokens, the header
@@ -182,7 +182,7 @@ class RateLimiter:
         assert backend is not None or not self.enabled, "rate limits are set: they need a backend"
         self.backend = backend
         self._quotas: dict[str, Quota] = {}
-        self._plans: dict[int, Plan] = {}
+        self._plans: dict[int, KeyBuckets] = {}
 
     def quota(self, group: str) -> Quota:
         quota = self._quotas.get(group)
@@ -196,7 +196,7 @@ class RateLimiter:
             quota = self._quotas[group] = Quota(*values)
         return quota
 
-    def plan(self, principal: Principal) -> Plan:
+    def plan(self, principal: Principal) -> KeyBuckets:
         plan = self._plans.get(principal.key_id)
         if plan is None:
             if len(self._plans) > 100_000:
@@ -208,7 +208,7 @@ class RateLimiter:
             names = (k + "r", k + "t", base + "g:r", base + "g:t")
             quota = self.quota(principal.group_name)
             chosen = [i for i in (0, 2, 1, 3) if quota[i]]  # requests, then tokens; the key's first
-            plan = Plan([(names[i], quota[i], i % 2 == 1) for i in chosen], [_KINDS[i] for i in chosen])
+            plan = KeyBuckets([(names[i], quota[i], i % 2 == 1) for i in chosen], [_KINDS[i] for i in chosen])
             self._plans[principal.key_id] = plan
         return plan
 

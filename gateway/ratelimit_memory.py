@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from core.types import Headers
-from gateway.ratelimit import PERIOD, Backend, Bucket, BucketState, Plan, gcra, reset_bytes
+from gateway.ratelimit import PERIOD, Backend, Bucket, BucketState, KeyBuckets, gcra, reset_bytes
 
 SWEEP_EVERY = 4096  # takes between sweeps of full (expired) buckets
 
@@ -49,7 +49,7 @@ class MemoryBackend(Backend):
         self._swept(now)
         return ok, states
 
-    def admit_now(self, plan: Plan, tokens: int) -> Headers | None:
+    def admit_now(self, plan: KeyBuckets, tokens: int) -> Headers | None:
         """The common case of ``take`` in plain arithmetic: if every bucket of ``plan`` has room for
         this call (1 request, ``tokens`` tokens), take from all and return the response's headers (of
         each kind the tightest bucket: the least remaining, the later reset on a tie, as ``gcra``

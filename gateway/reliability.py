@@ -240,9 +240,9 @@ async def open_upstream(gw: Gateway, model: Model, deps: tuple[Deployment, ...],
     conversation and its kind, as routing needs them (gateway/routing.py)."""
     if not deps:
         raise no_deployment(model)
-    router = gw.router
-    pool = router.pools[model.provider]
-    state = router.state(pool)
+    dispatcher = gw.dispatcher
+    pool = dispatcher.pools[model.provider]
+    state = dispatcher.state(pool)
     key = model.alias_of or model.id  # rests and latencies are per model
     several = len(deps) > 1  # a rest only helps when another deployment can serve meanwhile
     rel = gw.settings.reliability
@@ -255,10 +255,10 @@ async def open_upstream(gw: Gateway, model: Model, deps: tuple[Deployment, ...],
         usable = closed(gw.breakers, deps, group, skipped)
         if not usable:
             raise last or circuit_open(pool.prefix)
-        order = router.order(pool, model, usable, state, ask)
+        order = dispatcher.order(pool, model, usable, state, ask)
         if tried:  # deployments not tried yet come first, in the strategy's order
             order = [d for d in order if d.key not in tried] + [d for d in order if d.key in tried]
-        got = await state.acquire(order, key, ask.tokens) if pool.shared else router.local.acquire_now(order, key, ask.tokens)
+        got = await state.acquire(order, key, ask.tokens) if pool.shared else dispatcher.local.acquire_now(order, key, ask.tokens)
         if not isinstance(got, Lease):  # every one rests or is at its ceiling: wait for the first back
             busy = all_busy(pool.prefix, model.id, got)
             if time.monotonic() + got > deadline:
@@ -293,7 +293,7 @@ async def open_upstream(gw: Gateway, model: Model, deps: tuple[Deployment, ...],
         finally:  # a probe that ended without a verdict (a 429, a 4xx, the caller gone): the next probes
             if ticket:
                 breaker.release(ticket)
-        rest = router.cooldown(error) if several else 0.0
+        rest = dispatcher.cooldown(error) if several else 0.0
         got.owner.release(got, cooldown=rest)
         metrics.deployment_call(dep.prefix, dep.name, "rate_limited" if isinstance(error, RateLimited) else "error")
         if rest:

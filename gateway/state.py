@@ -31,7 +31,7 @@ from gateway.alerts import Checker, Deliverer, budget_source
 from gateway.attempts import Attempts
 from gateway.auth import LAST_USED_SECONDS, Authenticator
 from gateway.concurrency import InFlight
-from gateway.dispatch import router_for
+from gateway.dispatch import dispatcher_for
 from gateway.fairshare import FairShare
 from gateway.periodic import Periodic
 from gateway.ratelimit import RateLimiter
@@ -143,7 +143,7 @@ class Gateway:
             self.deployments[prefix] = settings.deployments(prefix, self.catalog)
             self.adapters[prefix] = adapter_for(prefix, spec)
         self.providers = {prefix: deps[0] for prefix, deps in self.deployments.items()}  # each group's first
-        self.router = router_for(settings, self.catalog, self.deployments)  # which deployment serves a call
+        self.dispatcher = dispatcher_for(settings, self.catalog, self.deployments)  # which deployment serves a call
         rel = settings.reliability
         # one circuit per deployment (its key: the provider's prefix in the single-account form); a probe
         # that nobody reports on (a bug) frees it after the longest a call can take
@@ -204,17 +204,17 @@ class Gateway:
         catalog = settings.load_catalog()
         deployments = {prefix: settings.deployments(prefix, catalog) for prefix in catalog.providers}
         adapters = {prefix: adapter_for(prefix, spec) for prefix, spec in catalog.providers.items()}
-        router = router_for(settings, catalog, deployments)
+        dispatcher = dispatcher_for(settings, catalog, deployments)
         # the backends kept (a Redis address changes at a restart), or built if limits are set anew
         limits = RateLimiter(settings.limits, self.limits.backend or backends.rate_limits(settings.limits))
         in_flight = InFlight(settings.limits, self.in_flight.backend or backends.in_flight(settings.limits, limits.backend))
         kept = {name: getattr(old, name) for name in RESTART if getattr(old, name) != getattr(settings, name)}
         applied = msgspec.structs.replace(settings, **{name: getattr(old, name) for name in RESTART})
         # every part is built: now the swap, with no await in between
-        self._retired.append(self.router)
+        self._retired.append(self.dispatcher)
         self.settings, self.catalog, self.deployments, self.adapters = applied, catalog, deployments, adapters
         self.providers = {prefix: deps[0] for prefix, deps in deployments.items()}
-        self.router, self.limits, self.in_flight = router, limits, in_flight
+        self.dispatcher, self.limits, self.in_flight = dispatcher, limits, in_flight
         self.fair.configure(applied.limits)
         for deps in deployments.values():
             for deployment in deps:
@@ -237,7 +237,7 @@ class Gateway:
                 await self.in_flight.close()  # (first: it may share the rate limits' connection)
                 await self.limits.close()
                 await self.attempts.close()
-                await self.router.close()
+                await self.dispatcher.close()
                 for retired in self._retired:
                     await retired.close()
                 while self.ledger.pending:  # every call's settlement durable (or journaled) before the

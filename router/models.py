@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-from decimal import Decimal
-
 import msgspec
 from msgspec import UNSET
 from starlette.requests import Request
 from starlette.responses import Response
 
-from core.catalog import NANO, Catalog, Model, not_found
+from core.catalog import Catalog, Model, not_found
+from core.money import to_credits
 from core.wire import ModelCard, ModelList, Pricing
 from gateway.auth import may_use
 from gateway.state import Gateway
 from router.replies import JSONBytes
 
 _encode = msgspec.json.Encoder().encode
-
-
-def _credits(nano: int) -> str:
-    return format((Decimal(nano) / NANO).normalize(), "f")
 
 
 def card(catalog: Catalog, model: Model) -> ModelCard:
@@ -35,13 +30,13 @@ def card(catalog: Catalog, model: Model) -> ModelCard:
         context_length=model.context,
         max_output_tokens=model.max_output,
         pricing=Pricing(
-            input=_credits(prices.input),
-            output=_credits(prices.output),
-            cached_input=_credits(prices.cached_input),
-            cache_write=UNSET if prices.cache_write == prices.input else _credits(prices.cache_write),
-            cache_write_1h=UNSET if prices.cache_write_1h == prices.cache_write else _credits(prices.cache_write_1h),
-            image_input=UNSET if prices.image_input == prices.input else _credits(prices.image_input),
-            image=_credits(prices.image) if prices.image else UNSET,
+            input=to_credits(prices.input),
+            output=to_credits(prices.output),
+            cached_input=to_credits(prices.cached_input),
+            cache_write=UNSET if prices.cache_write == prices.input else to_credits(prices.cache_write),
+            cache_write_1h=UNSET if prices.cache_write_1h == prices.cache_write else to_credits(prices.cache_write_1h),
+            image_input=UNSET if prices.image_input == prices.input else to_credits(prices.image_input),
+            image=to_credits(prices.image) if prices.image else UNSET,
         ),
         alias_of=model.alias_of,
         shutdown_date=model.shutdown_date,

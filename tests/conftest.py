@@ -298,7 +298,7 @@ def use_deployment(gateway: Any, deployment: Deployment) -> Deployment:
     old = gateway.providers[prefix]
     gateway.providers[prefix] = deployment
     gateway.deployments[prefix] = [deployment]
-    gateway.router.pools[prefix] = Pool(prefix, [deployment], ProviderSettings(), gateway.catalog)
+    gateway.dispatcher.pools[prefix] = Pool(prefix, [deployment], ProviderSettings(), gateway.catalog)
     return old
 
 

@@ -443,7 +443,7 @@ def test_default_single_deployment_settings_need_no_redis_round_trip(tmp_path: P
     from gateway.state import Gateway
 
     gw = Gateway(settings)
-    assert gw.router.shared is gw.router.local  # nothing worth sharing: no Redis client at all
+    assert gw.dispatcher.shared is gw.dispatcher.local  # nothing worth sharing: no Redis client at all
 
 
 def test_each_deployment_has_its_own_circuit(tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ def test_the_single_account_form_is_one_deployment_named_after_the_provider(tmp_
     (openai,) = gw.deployments["openai"]
     assert (openai.name, openai.key, openai.kind, openai.base_url, openai.api_key) == ("openai", "openai", "", "http://o.local/v1", "sk-file")
     assert gw.deployments["mistral"][0].api_key == "sk-env"
-    assert not gw.router.pools["openai"].shared  # nothing to share: no Redis round trip, no choice
+    assert not gw.dispatcher.pools["openai"].shared  # nothing to share: no Redis round trip, no choice
 
 
 def test_deployments_with_keys_from_the_environment_a_file_and_inline(tmp_path, monkeypatch) -> None:
@@ -47,7 +47,7 @@ def test_deployments_with_keys_from_the_environment_a_file_and_inline(tmp_path, 
     mini, big, other = (gw.catalog.resolve(m) for m in ("openai/gpt-4o-mini", "openai/gpt-4o", "openai/gpt-4.1"))
     assert azure.serves(mini) and azure.serves(big) and not azure.serves(other) and primary.serves(other)
     assert azure.upstream_name(mini) == "mini-eu" and azure.upstream_name(big) == big.upstream
-    pool = gw.router.pools["openai"]
+    pool = gw.dispatcher.pools["openai"]
     assert pool.serving(other) == (primary, second)
     assert pool.strategy_for(big) == "latency" and pool.strategy_for(mini) == "usage" and pool.sticky
     for dep in (primary, second, azure):  # a key never shows in a repr (logs, tracebacks)

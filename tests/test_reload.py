@@ -78,12 +78,12 @@ def test_a_reload_applies_to_new_calls_and_calls_in_flight_keep_theirs(tmp_path:
         assert after.credits == cost(gw.catalog.resolve(MINI).prices, usage) and gw.catalog.resolve(MINI).prices.input == 10 * old_prices.input
         assert after.deployment == "new" and stack.extra["new"].served >= 1 and answer.choices[0].message.content
         # a configuration that does not load changes nothing
-        router, catalog = gw.router, gw.catalog
+        router, catalog = gw.dispatcher, gw.catalog
         broken = parse_settings({"providers": {"openai": {"deployments": [
             {"name": "gone", "api_key_env": "ROUTER_TEST_NO_SUCH_VARIABLE"}]}}})  # fmt: skip
         with pytest.raises(ConfigError, match="ROUTER_TEST_NO_SUCH_VARIABLE"):
             stack.run(_reload(gw, broken))
-        assert gw.router is router and gw.catalog is catalog
+        assert gw.dispatcher is router and gw.catalog is catalog
         client.chat.completions.create(model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "hi"}])
         assert stack.run(stack.store.usage(group=group))[0].deployment == "new"
     finally:

@@ -374,9 +374,9 @@ def request_body(call: Call) -> dict[str, Any]:
 
 
 def build(call: Call) -> UpstreamRequest:
-    headers = {"x-api-key": call.provider.api_key, "anthropic-version": VERSION, "content-type": "application/json",
+    headers = {"x-api-key": call.deployment.api_key, "anthropic-version": VERSION, "content-type": "application/json",
                "user-agent": USER_AGENT}  # fmt: skip
     if call.stream:
         headers["accept"] = "text/event-stream"
     body = request_body(call)  # max_tokens: reasoning_effort may have raised it to make room to think
-    return UpstreamRequest(f"{call.provider.base_url}/messages", headers, _encode(body), body["max_tokens"])
+    return UpstreamRequest(f"{call.deployment.base_url}/messages", headers, _encode(body), body["max_tokens"])

@@ -286,8 +286,8 @@ def build(call: Call) -> UpstreamRequest:
     if config:
         body["generationConfig"] = config
     method = "streamGenerateContent?alt=sse" if call.stream else "generateContent"
-    headers = {"x-goog-api-key": call.provider.api_key, "Content-Type": "application/json", "User-Agent": USER_AGENT}
+    headers = {"x-goog-api-key": call.deployment.api_key, "Content-Type": "application/json", "User-Agent": USER_AGENT}
     if call.stream:
         headers["Accept"] = "text/event-stream"
-    url = f"{call.provider.base_url}/models/{call.upstream_model}:{method}"
+    url = f"{call.deployment.base_url}/models/{call.upstream_model}:{method}"
     return UpstreamRequest(url, headers, _encode(body))
