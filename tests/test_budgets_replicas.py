@@ -18,6 +18,7 @@ import httpx
 from billing import budgets
 from billing.backends import open_store
 from core.clock import ENV
+from core.money import to_credits
 from tests.conftest import Postgres, Stack, free_port, run_sync, wait_healthy
 from tests.test_crash import _config_with_key
 
@@ -63,7 +64,7 @@ def test_two_replicas_never_exceed_a_daily_budget(stack: Stack, pg: Postgres, tm
     probe = _one_call_cost(stack)
     budget = probe * 50  # about 50 calls' worth (each holds its worst case until it settles)
     out = subprocess.run([sys.executable, "-m", "cli", "--config", str(config), "budgets", "add", "--group", "team",
-                          "--key", "1", "--amount", _credits(budget), "--window", "day"],
+                          "--key", "1", "--amount", to_credits(budget), "--window", "day"],
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert out.returncode == 0, out.stderr
     ports = [free_port(), free_port()]
@@ -77,7 +78,7 @@ def test_two_replicas_never_exceed_a_daily_budget(stack: Stack, pg: Postgres, tm
             error = refusal.json()["error"]
             assert error["code"] == "budget_exceeded" and "per calendar day (UTC) for key 1" in error["message"]
             assert refusal.headers["x-budget-reset"] in error["message"]
-            assert refusal.headers["x-budget-window"].startswith(_credits(budget) + " credits per calendar day")
+            assert refusal.headers["x-budget-window"].startswith(to_credits(budget) + " credits per calendar day")
         time.sleep(0.5)  # the last settlements are queued after the answers
         now = time.time()
         window, key_spent, charged = run_sync(_spent(url, now))
@@ -90,7 +91,7 @@ def test_two_replicas_never_exceed_a_daily_budget(stack: Stack, pg: Postgres, tm
         again = asyncio.run(_calls(ports, key, 4))
         assert [a.status_code for a in again] == [200] * 4, [a.text for a in again]
         print(f"\n200 calls over two replicas: {statuses[200]} admitted, {statuses[402]} refused (budget_exceeded); "
-              f"spent {_credits(window)} of {_credits(budget)} credits in the day; after midnight 4/4 admitted")
+              f"spent {to_credits(window)} of {to_credits(budget)} credits in the day; after midnight 4/4 admitted")
     finally:
         for proc in procs:
             proc.terminate()
@@ -107,7 +108,3 @@ def _one_call_cost(stack: Stack) -> int:
     (record,) = stack.run(stack.store.usage(group=group, limit=5))
     assert record.credits > 0
     return record.credits
-
-
-def _credits(nano: int) -> str:
-    return budgets._credits(nano)
