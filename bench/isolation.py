@@ -9,6 +9,10 @@ opens ``--burst`` slow streams at once (each waits 2 s for its first byte, then 
 Reported: B's latency and ``/healthz``'s, p50 and p99, quiet and under the burst, and how A's streams
 ended. The promise (docs/operations.md, "Tenant isolation"): B's p99 under the burst within 3x its
 quiet p99 and under 100 ms, ``/healthz`` p99 under 50 ms. Results: bench/results/isolation.json.
+
+``--direct``: the same burst sent to the emulator itself, not through the gateway: what B sees then is
+the machine's floor (the burst's client and the emulator on the CPUs the gateway also runs on, and B's
+upstream busy with A's streams), against which the gateway's own share of B's p99 is read.
 """
 
 from __future__ import annotations
@@ -33,16 +37,16 @@ RESULTS = Path(__file__).with_name("results")
 MODEL = "openai/gpt-4o-mini"
 
 
-def _body(content: str, stream: bool) -> bytes:
-    return json.dumps({"model": MODEL, "stream": stream, "max_tokens": 60,
+def _body(content: str, stream: bool, model: str = MODEL) -> bytes:
+    return json.dumps({"model": model, "stream": stream, "max_tokens": 60,
                        "messages": [{"role": "user", "content": content}]}).encode()  # fmt: skip
 
 
-async def burst_client(url: str, key: str, n: int) -> dict[str, int]:
+async def burst_client(url: str, key: str, n: int, model: str) -> dict[str, int]:
     """Group A: ``n`` slow streams at once (run in a process of its own)."""
     raise_descriptor_limit(n)
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
-    body = _body("burst [slow:2000] [delay:50] [tokens:40]", True)
+    body = _body("burst [slow:2000] [delay:50] [tokens:40]", True, model)
     outcome: dict[str, int] = {}
 
     async def one(session: aiohttp.ClientSession) -> None:
@@ -105,11 +109,12 @@ def main() -> int:
     parser.add_argument("--burst", type=int, default=1000)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--store", action="append", default=[], help="a line for the [store] section")
-    parser.add_argument("--burst-client", nargs=3, metavar=("URL", "KEY", "N"), help=argparse.SUPPRESS)
+    parser.add_argument("--direct", action="store_true", help="the burst to the emulator itself (the machine's floor)")
+    parser.add_argument("--burst-client", nargs=4, metavar=("URL", "KEY", "N", "MODEL"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.burst_client:
-        url, key, n = args.burst_client
-        print(json.dumps(asyncio.run(burst_client(url, key, int(n)))))
+        url, key, n, model = args.burst_client
+        print(json.dumps(asyncio.run(burst_client(url, key, int(n), model))))
         return 0
     procs = []
     with tempfile.TemporaryDirectory() as tmp_name:
@@ -129,8 +134,12 @@ def main() -> int:
             health = health_url(target)
             asyncio.run(measure(target.url, health, b_key, 20, 0.0))  # warm-up
             quiet = asyncio.run(measure(target.url, health, b_key, args.calls))
-            burst = subprocess.Popen([sys.executable, "-m", "bench.isolation", "--burst-client", target.url,
-                                      target.key, str(args.burst)], stdout=subprocess.PIPE, text=True)  # fmt: skip
+            a_url, a_key, a_model = target.url, target.key, MODEL
+            if args.direct:  # the emulator's own address and key, its own name of the model
+                base, a_key = emulators["openai"]
+                a_url, a_model = f"{base}/chat/completions", MODEL.split("/", 1)[1]
+            burst = subprocess.Popen([sys.executable, "-m", "bench.isolation", "--burst-client", a_url, a_key,
+                                      str(args.burst), a_model], stdout=subprocess.PIPE, text=True)  # fmt: skip
             time.sleep(0.2)  # A's streams are opening (their first bytes come after 2 s, the last 2 s later)
             loaded = asyncio.run(measure(target.url, health, b_key, args.calls))
             out, _ = burst.communicate(timeout=600)
@@ -138,7 +147,7 @@ def main() -> int:
         finally:
             stop_all(procs)
     results = {
-        "burst": args.burst, "a_outcomes": a,
+        "burst": args.burst, "through": "emulator" if args.direct else "gateway", "a_outcomes": a,
         "b_quiet": _figures(quiet["b"]), "b_under_burst": _figures(loaded["b"]),
         "healthz_quiet": _figures(quiet["healthz"]), "healthz_under_burst": _figures(loaded["healthz"]),
     }  # fmt: skip
@@ -148,7 +157,7 @@ def main() -> int:
         print(f"  {name:20s} p50 {f['p50_ms']:8.2f} ms  p99 {f['p99_ms']:8.2f} ms  max {f['max_ms']:8.2f} ms  ({f['n']})")
     print(f"  group A's {args.burst} streams: {a}")
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "isolation.json").write_text(json.dumps(results, indent=1) + "\n")
+    (RESULTS / ("isolation-direct.json" if args.direct else "isolation.json")).write_text(json.dumps(results, indent=1) + "\n")
     return 0
 
 
