@@ -386,6 +386,18 @@ async def add(store: Any, group: str, amount: int, window: str, key_id: int | No
     return budget_row((*rows[0], found.name))
 
 
+async def set_amount(store: Any, budget_id: int, amount: int) -> bool:
+    """A budget's new amount (its window, and what was spent in it, stay): False if there is no such
+    budget. A running gateway reads it at its next refresh of the group, as it reads a new budget."""
+    if not isinstance(amount, int) or isinstance(amount, bool) or amount <= 0:
+        raise BudgetError("a budget's amount must be a positive number of credits")
+    rows = await store.database.select("SELECT id FROM budgets WHERE id = ?", (budget_id,))
+    if not rows:
+        return False
+    await store.database.write("UPDATE budgets SET amount = ? WHERE id = ?", (amount, budget_id))
+    return True
+
+
 async def remove(store: Any, budget_id: int) -> bool:
     rows = await store.database.select("SELECT id FROM budgets WHERE id = ?", (budget_id,))
     if not rows:

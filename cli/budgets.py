@@ -16,12 +16,13 @@ from typing import Any
 from billing import budgets
 from billing.backends import with_store
 from billing.store import Store
+from console.changes import cli_changes
 from core.config import Settings
 from core.money import to_credits, to_nano
 
 
 def add_commands(sub: Any) -> None:
-    p = sub.add_parser("budgets", help="budgets with periods for a group or a key: add, list, remove",
+    p = sub.add_parser("budgets", help="budgets with periods for a group or a key: add, list, set, remove",
                        description="Spend limits per window (a calendar day/week/month, or rolling).")  # fmt: skip
     bsub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     add = bsub.add_parser("add", help="a budget for a group (or one of its keys)", description="Add a budget.")
@@ -33,6 +34,9 @@ def add_commands(sub: Any) -> None:
     ls = bsub.add_parser("list", help="budgets with their current window's spend", description="List budgets.")
     ls.add_argument("--group", help="only this group's")
     ls.add_argument("--key", type=int, help="only this key's")
+    st = bsub.add_parser("set", help="a budget's new amount (its window and spend stay)", description="Change a budget's amount.")
+    st.add_argument("id", type=int, help="the budget's id (router budgets list)")
+    st.add_argument("--amount", required=True, metavar="CREDITS", help="credits per window")
     rm = bsub.add_parser("remove", help="delete a budget", description="Remove a budget.")
     rm.add_argument("id", type=int, help="the budget's id (router budgets list)")
 
@@ -46,13 +50,22 @@ def run(args: argparse.Namespace, settings: Settings) -> None:
                 raise budgets.BudgetError(str(exc)) from None
             tz = args.tz or settings.billing.timezone
 
-            async def add(store: Store) -> budgets.Budget:
-                return await budgets.add(store, args.group, amount, args.window, args.key, tz)
+            async def add(store: Store) -> budgets.BudgetState:
+                return await cli_changes(store).add_budget(args.group, amount, args.window, args.key, tz)
 
-            made = asyncio.run(with_store(settings.store.url, add))
+            made = asyncio.run(with_store(settings.store.url, add)).budget
             print(f"budget {made.id}: {made.describe(args.group)}")
+        elif args.action == "set":
+            try:
+                amount = to_nano(args.amount)
+            except ValueError as exc:
+                raise budgets.BudgetError(str(exc)) from None
+            changed = asyncio.run(with_store(settings.store.url, lambda s: cli_changes(s).set_budget_amount(args.id, amount)))
+            if changed is None:
+                raise SystemExit(f"error: no budget with id {args.id}")
+            print(f"budget {args.id}: {changed.budget.describe(changed.group_name)}")
         elif args.action == "remove":
-            if not asyncio.run(with_store(settings.store.url, lambda s: budgets.remove(s, args.id))):
+            if asyncio.run(with_store(settings.store.url, lambda s: cli_changes(s).remove_budget(args.id))) is None:
                 raise SystemExit(f"error: no budget with id {args.id}")
             print(f"budget {args.id} removed")
         else:

@@ -23,22 +23,16 @@ from typing import Any
 
 import msgspec
 
-from billing.audit import Audit
 from billing.backends import with_store
 from billing.store import KeyInfo, KeyMeta, Store, StoreDown, StoreError
 from console import lifecycle
-from console.changes import Changes, cli_actor
+from console.changes import cli_changes
 from console.forms import Invalid
 from core.catalog import ConfigError
 from core.config import Settings, load_settings
 from core.inputs import group_name_problem
 from core.money import to_credits as nano_to_credits
 from core.money import to_nano
-
-
-def cli_changes(store: Store) -> Changes:
-    """The operator's changes from this command line, audited as ``cli:<OS user>``."""
-    return Changes(store, Audit(store.database), cli_actor())
 
 
 def credits_to_nano(text: str) -> int:

@@ -259,10 +259,11 @@ class Console:
             return target
         return base + default
 
-    def redirect(self, request: Request, path: str, **query: Any) -> RedirectResponse:
+    def redirect(self, request: Request, path: str, fragment: str = "", **query: Any) -> RedirectResponse:
         url = request.scope.get("root_path", "") + path
         params = {k: v for k, v in query.items() if v is not None}
-        return RedirectResponse(url + ("?" + urlencode(params) if params else ""), status_code=303)
+        url += ("?" + urlencode(params) if params else "") + (f"#{fragment}" if fragment else "")
+        return RedirectResponse(url, status_code=303)
 
 
 def console_of(request: Request) -> Console:

@@ -2,6 +2,7 @@
 
     GET    /api/groups/{name}/budgets      the group's and its keys' budgets, each with its window now
     POST   /api/groups/{name}/budgets      {"amount", "window", "key_id"?, "timezone"?} -> 201
+    PATCH  /api/budgets/{id}               {"amount"}: its new amount (its window and spend stay)
     DELETE /api/budgets/{id}
     GET    /api/groups/{name}/users        ?key=&since=&until=&limit=  usage per end user (the request's
                                            ``user``), most credits first
@@ -35,36 +36,40 @@ async def create_budget(c: Console, request: Request) -> Response:
     data = await body(request)
     amount = forms.credits(amount_text(data.get("amount"), "amount"), "amount", positive=True)
     assert amount is not None
-    tz = data.get("timezone") or c.gateway.settings.billing.timezone
-    try:
-        budgets.check_zone(tz)
-    except budgets.BudgetError as exc:
-        raise Invalid("timezone", str(exc)) from None
-    try:
-        budgets.parse_period(data.get("window"), str(tz))
-    except budgets.BudgetError as exc:
-        raise Invalid("window", str(exc)) from None
+    window, tz = forms.budget_window(data.get("window"), data.get("timezone"), c.gateway.settings.billing.timezone)
     key_id = data.get("key_id")
     if key_id is not None and (isinstance(key_id, bool) or not isinstance(key_id, int) or not 1 <= key_id <= INT64_MAX):
         raise Invalid("key_id", "'key_id' must be the id of one of the group's keys, or null.")
     try:
-        made = await budgets.add(c.store, group.name, amount, str(data["window"]), key_id, str(tz))
+        made = await changes(c, request).add_budget(group.name, amount, window, key_id, tz)
     except budgets.BudgetError as exc:
         raise Invalid("key_id", str(exc)) from None
-    (state,) = [s for s in await budgets.states(c.store, group.name) if s.budget.id == made.id]
-    await changes(c, request).record("budget.add", f"budget:{made.id}", None, state.as_dict())
-    return JSONResponse(state.as_dict(), status_code=201)
+    return JSONResponse(made.as_dict(), status_code=201)
 
 
-async def delete_budget(c: Console, request: Request) -> Response:
+def _budget_id(request: Request) -> int:
     text = request.path_params["budget_id"]
     budget_id = natural(text)  # ("²".isdigit() is True; 10**20 is past every store's integers)
     if budget_id is None:
         raise AdminError(404, f"No budget with id {text[:40]}.", "budget_not_found")
-    before = [s.as_dict() for s in await budgets.states(c.store) if s.budget.id == budget_id]
-    if not await budgets.remove(c.store, budget_id):
-        raise AdminError(404, f"No budget with id {text[:40]}.", "budget_not_found")
-    await changes(c, request).record("budget.remove", f"budget:{budget_id}", before[0] if before else None, None)
+    return budget_id
+
+
+async def update_budget(c: Console, request: Request) -> Response:
+    budget_id = _budget_id(request)
+    data = await body(request)
+    amount = forms.credits(amount_text(data.get("amount"), "amount"), "amount", positive=True)
+    assert amount is not None
+    after = await changes(c, request).set_budget_amount(budget_id, amount)
+    if after is None:
+        raise AdminError(404, f"No budget with id {budget_id}.", "budget_not_found")
+    return JSONResponse(after.as_dict())
+
+
+async def delete_budget(c: Console, request: Request) -> Response:
+    budget_id = _budget_id(request)
+    if await changes(c, request).remove_budget(budget_id) is None:
+        raise AdminError(404, f"No budget with id {budget_id}.", "budget_not_found")
     return JSONResponse({"id": budget_id, "deleted": True})
 
 
@@ -89,6 +94,7 @@ def routes() -> list[Route]:
     table: list[tuple[str, API, str]] = [
         ("/api/groups/{name}/budgets", list_budgets, "GET"),
         ("/api/groups/{name}/budgets", create_budget, "POST"),
+        ("/api/budgets/{budget_id}", update_budget, "PATCH"),
         ("/api/budgets/{budget_id}", delete_budget, "DELETE"),
         ("/api/groups/{name}/users", users, "GET"),
     ]

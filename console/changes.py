@@ -17,8 +17,10 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from billing import budgets
 from billing.alerts import AlertBook, Webhook
 from billing.audit import Audit
+from billing.budgets import BudgetState
 from billing.store import Group, KeyInfo, KeyMeta, Store, StoreError
 from core.config import Settings
 from gateway.auth import new_key, rotate_key
@@ -101,6 +103,33 @@ class Changes:
             await self.record("key.revoke", f"key:{key_id}", snapshot(before), snapshot(await self.store.get_key(key_id)))
         return done
 
+    # -- budgets ------------------------------------------------------------------------------------
+    async def add_budget(self, group: str, amount: int, window: str, key_id: int | None, tz: str) -> BudgetState:
+        made = await budgets.add(self.store, group, amount, window, key_id, tz)
+        state = await self._budget(made.id)
+        await self.record("budget.add", f"budget:{made.id}", None, state.as_dict() if state else None)
+        assert state is not None
+        return state
+
+    async def set_budget_amount(self, budget_id: int, amount: int) -> BudgetState | None:
+        before = await self._budget(budget_id)
+        if before is None or not await budgets.set_amount(self.store, budget_id, amount):
+            return None
+        after = await self._budget(budget_id)
+        await self.record("budget.update", f"budget:{budget_id}", before.as_dict(), after.as_dict() if after else None)
+        return after
+
+    async def remove_budget(self, budget_id: int) -> BudgetState | None:
+        """The budget removed, as it was; None if there was none with that id."""
+        before = await self._budget(budget_id)
+        if before is None or not await budgets.remove(self.store, budget_id):
+            return None
+        await self.record("budget.remove", f"budget:{budget_id}", before.as_dict(), None)
+        return before
+
+    async def _budget(self, budget_id: int) -> BudgetState | None:
+        return next((s for s in await budgets.states(self.store) if s.budget.id == budget_id), None)
+
     # -- webhooks -----------------------------------------------------------------------------------
     async def add_webhook(self, book: AlertBook, url: str, group: str | None, balance_below: int | None,
                           expiry_within: float | None, budgets: bool = True) -> Webhook:  # fmt: skip
@@ -119,3 +148,8 @@ class Changes:
     async def setting(self, name: str, before: Any, after: Any) -> None:
         """A console or gateway setting changed elsewhere (the console password: only that it is set)."""
         await self.record(f"settings.{name}", f"settings:{name}", before, after)
+
+
+def cli_changes(store: Store) -> Changes:
+    """The operator's changes from this command line, audited as ``cli:<OS user>``."""
+    return Changes(store, Audit(store.database), cli_actor())

@@ -9,9 +9,10 @@ crashes on bad input. Amounts are credits with up to 9 decimals, turned into nan
 from __future__ import annotations
 
 import re
-from typing import TypeVar, get_args
+from typing import Any, TypeVar, get_args
 from urllib.parse import parse_qs
 
+from billing import budgets
 from core.inputs import group_name_problem, natural
 from core.money import to_nano
 from core.types import Source
@@ -103,3 +104,18 @@ def cursor(text: str, field: str) -> int | None:
     if value is None:
         raise Invalid(field, "Not a page cursor.")
     return value
+
+
+def budget_window(window: Any, tz: Any, default_tz: str, fields: tuple[str, str] = ("window", "timezone")) -> tuple[str, str]:
+    """A budget's window and time zone as an operator gives them (the console's form, the admin API):
+    ``day``/``week``/``month`` (calendar, in ``tz``) or a rolling ``30m``/``12h``/``7d``."""
+    zone = tz if isinstance(tz, str) and tz.strip() else default_tz
+    try:
+        budgets.check_zone(zone)
+    except budgets.BudgetError as exc:
+        raise Invalid(fields[1], str(exc)) from None
+    try:
+        budgets.parse_period(window, str(zone))
+    except budgets.BudgetError as exc:
+        raise Invalid(fields[0], str(exc)) from None
+    return str(window).strip(), str(zone)

@@ -13,10 +13,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from billing import budgets
+from billing.budgets import BudgetState
 from billing.store import Group, StoreError
 from billing.usage_filter import Filter
-from console import filters, flash, forms, periods, prefs, views
+from console import budget_forms, filters, flash, forms, periods, prefs, views
 from console.app import Console, action, page
 from console.forms import Invalid
 
@@ -26,6 +26,9 @@ NOTICES = {
     "updated": "Key updated.",
     "revoked": "Key revoked: calls with it are refused from now on.",
     "cancelled": "The batch is being cancelled: lines not yet started will not run.",
+    "budget-added": "Budget added: calls are refused once a window's spend would pass it.",
+    "budget-updated": "Budget changed.",
+    "budget-removed": "Budget removed.",
 }
 
 
@@ -144,7 +147,7 @@ async def summary_page(c: Console, request: Request, name: str, status: int = 20
     return c.render(
         request, "group.html", status=status, group=group, period=period, source=source, shown=shown,
         tables=tables, errors=errors, notice=notice(request), tab="summary", link=calls,
-        budgets=await budgets.states(c.store, group.name),
+        budget_keys=list(keys.values()), **await budget_forms.card(c, group.name),
         places=views.display.places([group.balance, group.reserved, group.spent]), **context,
     )  # fmt: skip
 
@@ -216,6 +219,40 @@ async def create_key(c: Console, request: Request, form: dict[str, str]) -> Resp
     return c.redirect(request, f"/groups/{quote_name(group.name)}/keys", created=token, key=info.id)
 
 
+@action
+async def add_budget(c: Console, request: Request, form: dict[str, str]) -> Response:
+    group = await group_or_404(c, request.path_params["name"])
+    errors = await budget_forms.add(c, request, form, group.name, None)
+    if errors:
+        return await summary_page(c, request, group.name, 400, errors=errors, values=form)
+    return c.redirect(request, f"/groups/{quote_name(group.name)}", "budgets", ok="budget-added")
+
+
+async def _budget_of(c: Console, request: Request) -> tuple[Group, BudgetState]:
+    group = await group_or_404(c, request.path_params["name"])
+    state = await budget_forms.owned(c, request.path_params["budget_id"], group.name, None)
+    if state is None:
+        raise HTTPException(404, f"No such budget in the group {group.name!r}.")
+    return group, state
+
+
+@action
+async def set_budget(c: Console, request: Request, form: dict[str, str]) -> Response:
+    group, state = await _budget_of(c, request)
+    errors = await budget_forms.set_amount(c, request, form, state)
+    if errors:
+        values = {f"budget_set_{state.budget.id}": form.get("amount", "")}
+        return await summary_page(c, request, group.name, 400, errors=errors, values=values)
+    return c.redirect(request, f"/groups/{quote_name(group.name)}", "budgets", ok="budget-updated")
+
+
+@action
+async def remove_budget(c: Console, request: Request, form: dict[str, str]) -> Response:
+    group, state = await _budget_of(c, request)
+    await budget_forms.remove(c, request, state)
+    return c.redirect(request, f"/groups/{quote_name(group.name)}", "budgets", ok="budget-removed")
+
+
 def routes() -> list[Route]:
     return [
         Route("/groups", groups, methods=["GET"]),
@@ -224,4 +261,7 @@ def routes() -> list[Route]:
         Route("/groups/{name}/topup", topup, methods=["POST"]),
         Route("/groups/{name}/keys", group_keys, methods=["GET"]),
         Route("/groups/{name}/keys", create_key, methods=["POST"]),
+        Route("/groups/{name}/budgets", add_budget, methods=["POST"]),
+        Route("/groups/{name}/budgets/{budget_id}", set_budget, methods=["POST"]),
+        Route("/groups/{name}/budgets/{budget_id}/remove", remove_budget, methods=["POST"]),
     ]

@@ -12,10 +12,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from billing import budgets
+from billing.budgets import BudgetState
 from billing.store import KeyInfo, KeyMeta
 from billing.usage_filter import Filter
-from console import display, flash, lifecycle, prefs, views
+from console import budget_forms, display, flash, lifecycle, prefs, views
 from console.app import Console, action, page
 from console.filters import CallsQuery, Link, period_params
 from console.forms import Invalid
@@ -101,7 +101,7 @@ async def key_page(c: Console, request: Request, status: int = 200, **context: A
         now=time.time(),
         values=values, notice=notice(request), last_used=used.get(info.id), link=CallsQuery(period=period),
         places=display.places([info.spent, info.spend_cap or 0]),
-        budgets=await budgets.states(c.store, info.group_name, info.id), **context,
+        **await budget_forms.card(c, info.group_name, info.id), **context,
     )  # fmt: skip
 
 
@@ -134,11 +134,28 @@ async def update_lifecycle(c: Console, request: Request, form: dict[str, str]) -
     return c.redirect(request, f"/keys/{info.id}", ok="updated")
 
 
+@page
+async def confirm_rotate(c: Console, request: Request) -> Response:
+    """What a rotation will do, before it is done: the grace period (``ROTATE_GRACE`` unless given)
+    and when the current secret stops working."""
+    info = await key_or_404(c, request.path_params["key_id"])
+    given = request.query_params.get("grace", "").strip() or lifecycle.ROTATE_GRACE
+    try:
+        grace = lifecycle.grace(given, "grace")
+    except Invalid as exc:
+        return await key_page(c, request, 400, errors={exc.field: exc.message}, values={"grace": given})
+    return c.render(request, "confirm_rotate.html", key=info, grace=given, seconds=grace,
+                    grace_text=lifecycle.grace_text(grace), until=time.time() + grace)  # fmt: skip
+
+
 @action
 async def rotate(c: Console, request: Request, form: dict[str, str]) -> Response:
     info = await key_or_404(c, request.path_params["key_id"])
+    given = form.get("grace", "").strip() or lifecycle.ROTATE_GRACE
+    if form.get("confirm") != "yes":  # only the confirmation page's form says so
+        return c.redirect(request, f"/keys/{info.id}/rotate", grace=given)
     try:
-        grace = lifecycle.grace(form.get("grace", "") or "0", "grace")
+        grace = lifecycle.grace(given, "grace")
     except Invalid as exc:
         return await key_page(c, request, 400, errors={exc.field: exc.message}, values=form)
     key, _ = await c.changes(request, "console").rotate_key(c.gateway.settings, info, grace)
@@ -164,13 +181,51 @@ async def revoke_key(c: Console, request: Request, form: dict[str, str]) -> Resp
     return c.redirect(request, f"/groups/{quote_name(info.group_name)}/keys", ok="revoked")
 
 
+@action
+async def add_budget(c: Console, request: Request, form: dict[str, str]) -> Response:
+    info = await key_or_404(c, request.path_params["key_id"])
+    errors = await budget_forms.add(c, request, form, info.group_name, info.id)
+    if errors:
+        return await key_page(c, request, 400, errors=errors, values=form)
+    return c.redirect(request, f"/keys/{info.id}", "budgets", ok="budget-added")
+
+
+async def _budget_of(c: Console, request: Request) -> tuple[KeyInfo, BudgetState]:
+    info = await key_or_404(c, request.path_params["key_id"])
+    state = await budget_forms.owned(c, request.path_params["budget_id"], info.group_name, info.id)
+    if state is None:
+        raise HTTPException(404, f"No such budget for key {info.id}.")
+    return info, state
+
+
+@action
+async def set_budget(c: Console, request: Request, form: dict[str, str]) -> Response:
+    info, state = await _budget_of(c, request)
+    errors = await budget_forms.set_amount(c, request, form, state)
+    if errors:
+        values = {f"budget_set_{state.budget.id}": form.get("amount", "")}
+        return await key_page(c, request, 400, errors=errors, values=values)
+    return c.redirect(request, f"/keys/{info.id}", "budgets", ok="budget-updated")
+
+
+@action
+async def remove_budget(c: Console, request: Request, form: dict[str, str]) -> Response:
+    info, state = await _budget_of(c, request)
+    await budget_forms.remove(c, request, state)
+    return c.redirect(request, f"/keys/{info.id}", "budgets", ok="budget-removed")
+
+
 def routes() -> list[Route]:
     return [
         Route("/keys", keys, methods=["GET"]),
         Route("/keys/{key_id}", key, methods=["GET"]),
         Route("/keys/{key_id}/update", update_key, methods=["POST"]),
         Route("/keys/{key_id}/lifecycle", update_lifecycle, methods=["POST"]),
+        Route("/keys/{key_id}/rotate", confirm_rotate, methods=["GET"]),
         Route("/keys/{key_id}/rotate", rotate, methods=["POST"]),
         Route("/keys/{key_id}/revoke", confirm_revoke, methods=["GET"]),
         Route("/keys/{key_id}/revoke", revoke_key, methods=["POST"]),
+        Route("/keys/{key_id}/budgets", add_budget, methods=["POST"]),
+        Route("/keys/{key_id}/budgets/{budget_id}", set_budget, methods=["POST"]),
+        Route("/keys/{key_id}/budgets/{budget_id}/remove", remove_budget, methods=["POST"]),
     ]

@@ -20,6 +20,9 @@ TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/=-]{0,63}$")
 MAX_TAGS = 20
 MAX_OWNER = 200
 MAX_GRACE = 30 * 86400.0
+# the console's rotation keeps the old secret this long unless the operator says otherwise: a day is
+# enough to roll a secret out to the callers that hold it, and the old one still ends on its own
+ROTATE_GRACE = "24h"
 MAX_TIME = 1e11  # year 5138: within every column's range
 
 
@@ -124,3 +127,15 @@ def meta_of(data: dict[str, Any], base: KeyMeta | None = None) -> KeyMeta:
         tags(data["tags"]) if "tags" in data else base.tags,
         owner(data["owner"]) if "owner" in data else base.owner,
     )
+
+
+def grace_text(seconds: float) -> str:
+    """A grace period as an operator reads it: ``at once``, ``for 90 seconds``, ``for 15 minutes``,
+    ``for 24 hours``, ``for 7 days`` (the largest unit that divides it, counted at least twice)."""
+    if seconds <= 0:
+        return "at once"
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds % size == 0 and seconds >= 2 * size:
+            n = int(seconds // size)
+            return f"for {n} {unit}{'s' if n != 1 else ''}"
+    return f"for {seconds:g} second{'s' if seconds != 1 else ''}"

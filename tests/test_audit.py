@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from billing import budgets
 from billing.audit import Audit
 from billing.backends import open_store
 from console import auth
@@ -23,7 +24,7 @@ from core.money import NANO
 from gateway.auth import hash_key
 from tests.conftest import Stack, run_sync
 from tests.test_console import Client, admin, console_stack
-from tests.test_key_lifecycle import TOKEN, lifecycle_stack
+from tests.test_key_lifecycle import TOKEN, call, lifecycle_stack
 
 
 def api(stack: Stack, method: str, path: str, body: Any = None) -> Any:
@@ -92,6 +93,67 @@ def test_a_refused_change_is_not_recorded(astack: Stack) -> None:
     assert entries(astack) == []
 
 
+def test_a_rotation_in_the_console_asks_first_and_keeps_the_old_secret_a_day_by_default(tmp_path: Path) -> None:
+    """Rotate is a confirmation away, and an empty grace field is 24 hours, not 'at once': the old
+    secret still answers after the rotation; a grace of 0 is said so before it is done."""
+    stack = console_stack(tmp_path)
+    try:
+        client = admin(stack)
+        made = client.post(f"/console/groups/{stack.group()}/keys", {"label": "web", "spend_cap": "", "models": ""})
+        old = re.search(r'id="new-key">([^<]+)<', client.get(made.headers["location"]).text).group(1)  # type: ignore[union-attr]
+        key_id = re.search(r"key=(\d+)", made.headers["location"]).group(1)  # type: ignore[union-attr]
+        key_page = client.get(f"/console/keys/{key_id}").text
+        assert f'<form method="get" action="/console/keys/{key_id}/rotate"' in key_page and "Rotate…" in key_page
+        unconfirmed = client.post(f"/console/keys/{key_id}/rotate", {"grace": ""})  # no confirmation: nothing done
+        assert unconfirmed.status == 303 and unconfirmed.headers["location"].endswith(f"/keys/{key_id}/rotate?grace=24h")
+        asked = client.get(unconfirmed.headers["location"])
+        assert asked.status == 200 and "keeps working <strong>for 24 hours</strong>" in asked.text
+        assert 'name="grace" value="24h"' in asked.text and call(stack, old) == "ok"
+        at_once = client.get(f"/console/keys/{key_id}/rotate?grace=0")
+        assert "stops working at once" in at_once.text
+        bad = client.get(f"/console/keys/{key_id}/rotate?grace=soon")
+        assert bad.status == 400 and "field-error" in bad.text and "grace" in bad.text
+        done = client.post(f"/console/keys/{key_id}/rotate", {"grace": "24h", "confirm": "yes"})
+        assert done.status == 303 and "rotated=" in done.headers["location"]
+        new = re.search(r'id="new-key">([^<]+)<', client.get(done.headers["location"]).text).group(1)  # type: ignore[union-attr]
+        assert new != old and call(stack, new) == "ok" and call(stack, old) == "ok"  # the old one, within its day
+        assert [e["action"] for e in entries(stack)][:1] == ["key.rotate"]
+    finally:
+        stack.stop()
+
+
+def test_budgets_are_set_in_the_console_on_the_key_and_only_through_their_owners_page(tmp_path: Path) -> None:
+    stack = console_stack(tmp_path)
+    try:
+        client = admin(stack)
+        mine, other = stack.group(), stack.group()
+        stack.key(group=mine)
+        (key,) = stack.run(stack.store.list_keys(mine))
+        page = client.get(f"/console/keys/{key.id}")
+        assert 'id="budgets"' in page.text and "No budget yet" in page.text  # shown before any exists
+        bad = client.post(f"/console/keys/{key.id}/budgets", {"budget_amount": "5", "budget_window": "fortnight"})
+        assert bad.status == 400 and 'id="budget_window-error"' in bad.text and "autofocus" in bad.text
+        made = client.post(f"/console/keys/{key.id}/budgets", {"budget_amount": "5", "budget_window": "7d"})
+        assert made.status == 303 and made.headers["location"].endswith(f"/keys/{key.id}?ok=budget-added#budgets")
+        (state,) = stack.run(budgets.states(stack.store, mine))
+        assert (state.budget.key_id, state.budget.amount, state.budget.period.name) == (key.id, 5 * NANO, "7d")
+        shown = client.get(f"/console/keys/{key.id}").text
+        assert state.budget.period.describe() in shown and 'placeholder="5"' in shown
+        # another group's page cannot reach it
+        assert client.post(f"/console/groups/{other}/budgets/{state.budget.id}", {"amount": "1"}).status == 404
+        assert client.post(f"/console/groups/{other}/budgets/{state.budget.id}/remove", {}).status == 404
+        bad_amount = client.post(f"/console/groups/{mine}/budgets/{state.budget.id}", {"amount": "-1"})
+        assert bad_amount.status == 400 and f'id="budget_set_{state.budget.id}-error"' in bad_amount.text
+        assert client.post(f"/console/groups/{mine}/budgets/{state.budget.id}", {"amount": "7.5"}).status == 303
+        assert stack.run(budgets.states(stack.store, mine))[0].budget.amount == 7_500_000_000
+        assert client.post(f"/console/keys/{key.id}/budgets/{state.budget.id}/remove", {}).status == 303
+        assert stack.run(budgets.states(stack.store, mine)) == []
+        actions = [e["action"] for e in entries(stack)]
+        assert actions[:3] == ["budget.remove", "budget.update", "budget.add"]
+    finally:
+        stack.stop()
+
+
 def test_the_console_records_its_changes_and_shows_them(tmp_path: Path) -> None:
     stack = console_stack(tmp_path)
     try:
@@ -106,7 +168,7 @@ def test_the_console_records_its_changes_and_shows_them(tmp_path: Path) -> None:
         key_id = re.search(r"key=(\d+)", made.headers["location"]).group(1)  # type: ignore[union-attr]
         assert client.post(f"/console/keys/{key_id}/lifecycle", {"expires_at": "7d", "tags": "web, prod",
                                                                   "owner": "ops"}).status == 303  # fmt: skip
-        rotated = client.post(f"/console/keys/{key_id}/rotate", {"grace": "10m"})
+        rotated = client.post(f"/console/keys/{key_id}/rotate", {"grace": "10m", "confirm": "yes"})
         assert rotated.status == 303
         shown = client.get(rotated.headers["location"])
         secret = re.search(r'id="new-key">([^<]+)<', shown.text)
@@ -179,8 +241,11 @@ async def _password_hash(tmp_path: Path) -> str:
 def test_budget_changes_are_recorded(astack: Stack) -> None:
     api(astack, "POST", "/groups", {"name": "budgeted", "credits": "10"})
     made = api(astack, "POST", "/groups/budgeted/budgets", {"amount": "2", "window": "day"})
+    changed = api(astack, "PATCH", f"/budgets/{made['id']}", {"amount": "3.5"})
+    assert (changed["amount"], changed["window"], changed["id"]) == ("3.5", "day", made["id"])
     api(astack, "DELETE", f"/budgets/{made['id']}")
-    removed, added = entries(astack, target=f"budget:{made['id']}")
-    assert (added["action"], removed["action"]) == ("budget.add", "budget.remove")
+    removed, updated, added = entries(astack, target=f"budget:{made['id']}")
+    assert (added["action"], updated["action"], removed["action"]) == ("budget.add", "budget.update", "budget.remove")
+    assert updated["before"]["amount"] == "2" and updated["after"]["amount"] == "3.5"
     assert added["before"] is None and added["after"]["amount"] == "2" and added["after"]["window"] == "day"
     assert removed["before"]["group"] == "budgeted" and removed["after"] is None

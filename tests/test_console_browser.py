@@ -24,7 +24,10 @@ import openai
 import pytest
 
 from bench.usage_rows import load, rows_of
+from billing import budgets
+from billing.audit import Audit
 from billing.store import UsageRecord
+from core.money import NANO
 from tests.conftest import Stack
 from tests.test_batches import request, submit, wait
 from tests.test_console import HI, MODEL, PASSWORD, console_stack, job_record
@@ -119,7 +122,7 @@ def test_every_page_on_desktop_and_phone_with_axe(browser: Any, seeded: dict[str
         "group-empty": "/groups/empty", "group-keys": "/groups/acme/keys", "calls": "/groups/acme/calls?period=24h",
         "calls-filtered": "/groups/acme/calls?status=rejected&period=24h", "calls-oldest": "/groups/acme/calls?limit=25&after=0",
         "call": f"/calls/{record.id}", "find": "/calls?request=req_none", "keys": "/keys", "key": f"/keys/{seeded['key_id']}",
-        "revoke": f"/keys/{seeded['key_id']}/revoke", "batches": "/batches", "batch": f"/batches/{seeded['batch']}",
+        "revoke": f"/keys/{seeded['key_id']}/revoke", "rotate": f"/keys/{seeded['key_id']}/rotate", "batches": "/batches", "batch": f"/batches/{seeded['batch']}",
         "batch-invalid": f"/batches/{seeded['invalid']}", "display": "/display",
     }  # fmt: skip
     axe = AXE.read_text()
@@ -226,6 +229,45 @@ def test_an_operators_day(browser: Any, seeded: dict[str, Any]) -> None:
         assert re.search(r"\d\d:30–\d\d:30$", page.locator("#chart-data tbody tr").first.locator("td").first.inner_text())
         shot("chart-india")
         page.click("header >> text=Show UTC")
+
+        # budgets: added, edited and removed on the group's page; a bad amount's error is next to the field
+        page.goto(base + "/groups/browser-team")
+        expect(page.locator("#budgets")).to_contain_text("No budget yet")
+        page.fill("#budget_amount", "1,5")
+        page.click("text=Add budget")
+        expect(page.locator("#budget_amount-error")).to_be_in_viewport()
+        page.fill("#budget_amount", "0.000001")
+        page.fill("#budget_window", "day")
+        page.click("text=Add budget")
+        expect(page.locator(".notice")).to_contain_text("Budget added")
+        (budget,) = s.run(budgets.states(s.store, "browser-team"))
+        assert budget.budget.amount == 1000 and budget.budget.period.name == "day"
+        with pytest.raises(openai.APIStatusError) as refused:  # read by the ledger at its next refresh
+            deadline = time.time() + 10
+            while time.time() < deadline:
+                client.chat.completions.create(model=MODEL, messages=HI)
+                time.sleep(0.2)
+        assert refused.value.status_code == 402 and refused.value.code == "budget_exceeded"  # type: ignore[attr-defined]
+        page.fill(f"#budget_set_{budget.budget.id}", "1,000")
+        page.click(f"#budgets form[action$='/budgets/{budget.budget.id}'] button")
+        expect(page.locator(".notice")).to_contain_text("Budget changed")
+        assert s.run(budgets.states(s.store, "browser-team"))[0].budget.amount == 1000 * NANO
+        shot("budgets")
+        page.click(f"#budgets form[action$='/budgets/{budget.budget.id}/remove'] button")
+        expect(page.locator(".notice")).to_contain_text("Budget removed")
+        expect(page.locator("#budgets")).to_contain_text("No budget yet")
+        assert [e.action for e in s.run(Audit(s.store.database).entries())][:3] == ["budget.remove", "budget.update", "budget.add"]
+
+        # rotate: asked first, with the grace period said (24 hours unless given); the old secret still works
+        page.goto(base + f"/keys/{key_id}")
+        page.click("text=Rotate…")
+        expect(page.locator("h1")).to_contain_text(f"Rotate key {key_id}")
+        expect(page.locator(".confirm")).to_contain_text("keeps working for 24 hours")
+        shot("rotate-confirm")
+        page.click("text=Yes, rotate key")
+        rotated = page.locator("#new-key").inner_text().strip()
+        assert rotated != key and s.client(rotated).models.list().data
+        assert client.models.list().data  # the old secret, within its day
 
         # revoke: asked first, then the very next SDK call is refused
         page.goto(base + "/groups/browser-team/keys")

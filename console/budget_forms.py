@@ -1,0 +1,85 @@
+"""Budgets in the console: the Budgets card of a group's page and of a key's (each budget with its
+window now, how much of it is used, the webhooks its 50/80/100 % alerts go to) and what its forms do
+(add a budget, change its amount, remove it), recorded in the audit log like every change. The
+routes are the group's and the key's (console/groups.py, console/keys.py): a budget is changed
+only through the page of the group or key it belongs to."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+
+from billing import budgets
+from billing.alerts import AlertBook
+from billing.budgets import BudgetState
+from console import display, forms
+from console.app import Console
+from console.forms import Invalid
+from core.inputs import natural
+from gateway.alerts import BUDGET_LEVELS
+
+WINDOWS = ("day", "week", "month")  # the calendar windows the form offers (a rolling 30m, 12h or 7d is typed)
+
+
+async def card(c: Console, group: str, key_id: int | None = None) -> dict[str, Any]:
+    """The Budgets card's context: the budgets of the group (all of them) or of one key."""
+    states = await budgets.states(c.store, group, key_id)
+    hooks = [h for h in await AlertBook(c.store.database).webhooks() if h.budgets and h.group in (None, group)]
+    amounts = [s.budget.amount for s in states] + [s.spent for s in states]
+    return {"budgets": states, "budget_watchers": len(hooks), "budget_levels": BUDGET_LEVELS,
+            "budget_windows": WINDOWS, "budget_zone": c.gateway.settings.billing.timezone,
+            "budget_places": display.places(amounts)}  # fmt: skip
+
+
+def used_percent(state: BudgetState) -> int:
+    return min(999, state.spent * 100 // state.budget.amount) if state.budget.amount else 0
+
+
+async def add(c: Console, request: Request, form: dict[str, str], group: str, key_id: int | None) -> dict[str, str]:
+    """Add the form's budget; the errors by field (none: it was added)."""
+    errors: dict[str, str] = {}
+    amount: int | None = None
+    try:
+        amount = forms.credits(form.get("budget_amount", ""), "budget_amount", positive=True)
+    except Invalid as exc:
+        errors[exc.field] = exc.message
+    window = zone = ""
+    try:
+        window, zone = forms.budget_window(form.get("budget_window", ""), form.get("budget_timezone", ""),
+                                           c.gateway.settings.billing.timezone, ("budget_window", "budget_timezone"))  # fmt: skip
+    except Invalid as exc:
+        errors[exc.field] = exc.message
+    if key_id is None and form.get("budget_key", "").strip():
+        key_id = natural(form["budget_key"].strip())
+        if key_id is None:
+            errors["budget_key"] = "Choose the group or one of its keys."
+    if errors or amount is None:
+        return errors
+    try:
+        await c.changes(request, "console").add_budget(group, amount, window, key_id, zone)
+    except budgets.BudgetError as exc:
+        return {"budget_key": str(exc)}
+    return {}
+
+
+async def owned(c: Console, budget_id: str, group: str, key_id: int | None) -> BudgetState | None:
+    """The budget with this id if it belongs to this group (and this key, on a key's page)."""
+    found = natural(budget_id)
+    states = await budgets.states(c.store, group, key_id) if found is not None else []
+    return next((s for s in states if s.budget.id == found), None)
+
+
+async def set_amount(c: Console, request: Request, form: dict[str, str], state: BudgetState) -> dict[str, str]:
+    field = f"budget_set_{state.budget.id}"
+    try:
+        amount = forms.credits(form.get("amount", ""), field, positive=True)
+    except Invalid as exc:
+        return {exc.field: exc.message}
+    assert amount is not None
+    await c.changes(request, "console").set_budget_amount(state.budget.id, amount)
+    return {}
+
+
+async def remove(c: Console, request: Request, state: BudgetState) -> None:
+    await c.changes(request, "console").remove_budget(state.budget.id)
