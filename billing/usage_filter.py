@@ -14,7 +14,8 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 # the filter's fields that are columns of the usage table, tested as ``column = ?``
-_EQUAL = ("group_id", "key_id", "request_id", "batch_id", "model", "deployment", "end_user", "provider", "endpoint")
+_EQUAL = ("group_id", "key_id", "request_id", "batch_id", "model", "deployment", "end_user", "provider", "endpoint",
+          "upstream_request_id")
 # fields of a few known values, written into the SQL as literals: how rare a value is decides the best
 # plan (1 % of calls are rejected, 96 % ok), and PostgreSQL plans a statement it has prepared five
 # times once for any value (a generic plan) unless the value is part of the statement
@@ -50,6 +51,7 @@ class Filter:
     endpoint: str | None = None
     stream: bool | None = None
     request_id: str | None = None
+    upstream_request_id: str | None = None  # the provider's (no index: a search of it keeps to a period)
     end_user: str | None = None
     batch_id: str | None = None
 

@@ -1,6 +1,6 @@
 """The calls: a group's call history (the Jobs/API toggle, every filter, the period's chart, pages with
 their numbers, the CSV of what is shown), one call with every field of its record, and finding a call
-by its request id across groups.
+the calls of every group with the same filters, and finding a call by our request id or the provider's.
 
 The history is read newest first, one page at a time, with keyset pagination on the usage id (a page
 costs the same at the millionth record as at the first); the oldest page is one query too
@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from billing.store import KeyInfo, UsageRecord
+from billing.store import Group, KeyInfo, UsageRecord
 from billing.usage_filter import Filter
 from console import display, filters, prefs, views
 from console.app import Console, page, refused
@@ -37,37 +37,53 @@ CSV_COLUMNS = [
 ]  # fmt: skip
 
 
-async def query_of(c: Console, request: Request, group_id: int, errors: dict[str, str]) -> tuple[CallsQuery, Filter, list[str]]:
-    """The page's query, its filter (the model filter resolved), and the models the group called."""
+async def query_of(c: Console, request: Request, group_id: int | None, errors: dict[str, str]) -> tuple[CallsQuery, Filter, list[str]]:
+    """The page's query, its filter (the model filter resolved), and the models the group (or any
+    group) called."""
     q = filters.parse(dict(request.query_params), prefs.zone_of(request), time.time(), errors)
     used = await c.analysis.models_used(group_id)
     models = None
     if q.model:
         models = filters.resolve_models(q.model, c.gateway.catalog, used)
         if not models:
-            errors["model"] = f"No model matches “{q.model}”: pick one of the models this group called."
+            errors["model"] = f"No model matches “{q.model}”: pick one of the models {'this group' if group_id else 'any group'} called."
     return q, q.filter(group_id, models), used
+
+
+async def history(c: Console, request: Request, group: Group | None) -> Response:
+    """The calls of one group, or of every group (``group`` None): the same filters, chart and pages."""
+    errors: dict[str, str] = {}
+    q, f, used = await query_of(c, request, group.id if group else None, errors)
+    zone = prefs.zone_of(request)
+    whose = group.name if group else "every group"
+    shown = await views.summary(c, f, q.period, zone, f"Credits and calls of {whose}, {q.period.label}", latency=False)
+    f = replace(f, since=shown.since)
+    result, pager = await views.page_of(c, f, q.limit, q.page, q.before, q.after)
+    keys = {k.id: k for k in await c.store.list_keys(group.name if group else None)}
+    here = f"{c.base(request)}/groups/{quote_name(group.name)}/calls" if group else f"{c.base(request)}/calls"
+    by_deployment = await views.breakdown(c, f, "deployment", "By deployment", lambda d: d or "(none)",
+                                          lambda d: f"{here}?{q.query(deployment=d or None)}")  # fmt: skip
+    groups = {} if group else {g.id: g.name for g in await c.store.list_groups()}
+    return c.render(
+        request, "calls.html", by_deployment=by_deployment, deployments=c.deployment_names(), status=400 if errors else 200, group=group, q=q, f=f, page=result, pager=pager,
+        keys=keys, shown=shown, errors=errors, models=used, tab="calls", page_sizes=filters.PAGE_SIZES,
+        statuses=filters.STATUSES, providers=sorted(c.gateway.catalog.providers), zone=zone, groups=groups,
+        places=display.places(r.credits for r in result.rows), here=here,
+    )  # fmt: skip
 
 
 @page
 async def calls(c: Console, request: Request) -> Response:
-    group = await group_or_404(c, request.path_params["name"])
-    errors: dict[str, str] = {}
-    q, f, used = await query_of(c, request, group.id, errors)
-    zone = prefs.zone_of(request)
-    shown = await views.summary(c, f, q.period, zone, f"Credits and calls of {group.name}, {q.period.label}",
-                                latency=False)  # fmt: skip
-    f = replace(f, since=shown.since)
-    result, pager = await views.page_of(c, f, q.limit, q.page, q.before, q.after)
-    keys = {k.id: k for k in await c.store.list_keys(group.name)}
-    by_deployment = await views.breakdown(c, f, "deployment", "By deployment", lambda d: d or "(none)",
-                                          lambda d: f"{c.base(request)}/groups/{quote_name(group.name)}/calls?{q.query(deployment=d or None)}")  # fmt: skip
-    return c.render(
-        request, "calls.html", by_deployment=by_deployment, deployments=c.deployment_names(), status=400 if errors else 200, group=group, q=q, f=f, page=result, pager=pager,
-        keys=keys, shown=shown, errors=errors, models=used, tab="calls", page_sizes=filters.PAGE_SIZES,
-        statuses=filters.STATUSES, providers=sorted(c.gateway.catalog.providers), zone=zone,
-        places=display.places(r.credits for r in result.rows), here=f"{c.base(request)}/groups/{quote_name(group.name)}/calls",
-    )  # fmt: skip
+    return await history(c, request, await group_or_404(c, request.path_params["name"]))
+
+
+@page
+async def every_call(c: Console, request: Request) -> Response:
+    """``/calls``: the calls of every group; ``/calls?request=<id>`` alone: that call, found by our
+    request id or the provider's."""
+    if set(request.query_params) == {"request"}:
+        return await find(c, request)
+    return await history(c, request, None)
 
 
 def cell(value: Any) -> Any:
@@ -89,14 +105,12 @@ def csv_row(r: UsageRecord, keys: dict[int, KeyInfo]) -> list[Any]:
     return [cell(v) for v in values]
 
 
-@page
-async def calls_csv(c: Console, request: Request) -> Response:
-    group = await group_or_404(c, request.path_params["name"])
+async def export(c: Console, request: Request, group: Group | None) -> Response:
     errors: dict[str, str] = {}
-    q, f, _ = await query_of(c, request, group.id, errors)
+    q, f, _ = await query_of(c, request, group.id if group else None, errors)
     if errors:
         return refused(c, request, " ".join(errors.values()), 400)
-    keys = {k.id: k for k in await c.store.list_keys(group.name)}
+    keys = {k.id: k for k in await c.store.list_keys(group.name if group else None)}
 
     async def body() -> AsyncIterator[str]:
         out = io.StringIO()
@@ -111,12 +125,22 @@ async def calls_csv(c: Console, request: Request) -> Response:
         if out.getvalue():
             yield out.getvalue()
 
-    filename = f"usage-{group.name}-{q.source}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.csv"
+    filename = f"usage-{group.name if group else 'all'}-{q.source}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.csv"
     return StreamingResponse(
         body(),
         media_type="text/csv; charset=utf-8",
         headers={"content-disposition": f'attachment; filename="{filename}"', "cache-control": "no-store"},
     )
+
+
+@page
+async def calls_csv(c: Console, request: Request) -> Response:
+    return await export(c, request, await group_or_404(c, request.path_params["name"]))
+
+
+@page
+async def every_call_csv(c: Console, request: Request) -> Response:
+    return await export(c, request, None)
 
 
 @page
@@ -130,18 +154,26 @@ async def call(c: Console, request: Request) -> Response:
     return c.render(request, "call.html", r=record, key=key, group=group, places=display.places([record.credits]))
 
 
-@page
+UPSTREAM_SEARCH_DAYS = 30  # the provider's request id has no index: its search keeps to the last 30 days
+
+
 async def find(c: Console, request: Request) -> Response:
-    """``/calls?request=<id>``: the call with this request id (its page if there is one call)."""
+    """The call with this request id, ours (indexed, every day) or else the provider's (the last
+    ``UPSTREAM_SEARCH_DAYS``): its page if there is one call, the list if several."""
     wanted = request.query_params.get("request", "").strip()[:256]
     found: list[UsageRecord] = []
+    by = "ours"
     if wanted:
         found = (await c.history.history(Filter(request_id=wanted), 20)).rows
+        if not found:
+            since = time.time() - UPSTREAM_SEARCH_DAYS * 86400
+            found = (await c.history.history(Filter(upstream_request_id=wanted, since=since), 20)).rows
+            by = "the provider's"
     if len(found) == 1:
         return c.redirect(request, f"/calls/{found[0].id}")
     groups = {g.id: g.name for g in await c.store.list_groups()}
-    return c.render(request, "find.html", wanted=wanted, found=found, groups=groups,
-                    places=display.places(r.credits for r in found))  # fmt: skip
+    return c.render(request, "find.html", wanted=wanted, found=found, groups=groups, by=by,
+                    days=UPSTREAM_SEARCH_DAYS, places=display.places(r.credits for r in found))  # fmt: skip
 
 
 def routes() -> list[Route]:
@@ -150,6 +182,7 @@ def routes() -> list[Route]:
         Route("/groups/{name}/calls.csv", calls_csv, methods=["GET"]),
         Route("/groups/{name}/usage", calls, methods=["GET"]),  # (the page's earlier address)
         Route("/groups/{name}/usage.csv", calls_csv, methods=["GET"]),
-        Route("/calls", find, methods=["GET"]),
+        Route("/calls", every_call, methods=["GET"]),
+        Route("/calls.csv", every_call_csv, methods=["GET"]),
         Route("/calls/{call_id}", call, methods=["GET"]),
     ]

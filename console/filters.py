@@ -99,6 +99,10 @@ class CallsQuery:
         only if given."""
         return query_string(self.params(), changes)
 
+    def kept(self) -> str:
+        """The query string of what every link to another page keeps: the Jobs/API toggle and the period."""
+        return query_string({"source": self.source if self.source != "all" else None, **period_params(self.period)}, {})
+
     def chips(self) -> list[tuple[str, str, str]]:
         """The filters in force: (label, value, the query string without it)."""
         out = []

@@ -134,7 +134,7 @@ async def summary_page(c: Console, request: Request, name: str, status: int = 20
         await views.breakdown(c, f, "model", "By model", lambda m: m or "(none)",
                               lambda m: f"{here}?{calls.query(model=m)}"),
         await views.breakdown(c, f, "key_id", "By key", lambda k: _key_label(keys, k),
-                              lambda k: f"{c.base(request)}/keys/{k}"),
+                              lambda k: f"{c.base(request)}/keys/{k}?{calls.kept()}"),
         await views.breakdown(c, f, "endpoint", "By endpoint", str, lambda e: f"{here}?{calls.query(endpoint=e)}"),
         await views.breakdown(c, f, "source", "By source", lambda s: "Jobs" if s == "job" else "API",
                               lambda s: f"{here}?{calls.query(source=s)}"),
@@ -177,6 +177,7 @@ async def keys_page(c: Console, request: Request, name: str, status: int = 200, 
     context.setdefault("values", {})
     return c.render(
         request, "group_keys.html", status=status, group=group, keys=keys, used=used, new_key=new,
+        link=filters.CallsQuery(source=source_of(request), period=period_of(request, {})),
         tab="keys", notice=notice(request), places=views.display.places(
             [k.spent for k in keys] + [k.spend_cap for k in keys]), **context,
     )  # fmt: skip

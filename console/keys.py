@@ -18,8 +18,8 @@ from billing.usage_filter import Filter
 from console import budget_forms, display, flash, lifecycle, prefs, views
 from console.app import Console, action, page
 from console.filters import CallsQuery, Link, period_params
-from console.forms import Invalid
-from console.groups import key_fields, notice, period_of, quote_name
+from console.forms import SOURCES, Invalid
+from console.groups import key_fields, notice, period_of, quote_name, source_of
 from core.inputs import natural
 from core.money import to_credits
 
@@ -73,16 +73,18 @@ async def keys(c: Console, request: Request) -> Response:
         errors=errors, zone=zone, places=display.places(amounts), spent_places=display.places(k.spent for k in shown),
         now=time.time(),
         link=Link({"q": search, "status": status, "sort": sort if sort != "used" else None, **period_params(period)}),
+        kept=CallsQuery(period=period).kept(),
     )  # fmt: skip
 
 
 async def key_page(c: Console, request: Request, status: int = 200, **context: Any) -> Response:
     info = await key_or_404(c, request.path_params["key_id"])
     errors: dict[str, str] = context.pop("errors", {})
-    period = period_of(request, errors, "30d")
-    f = Filter(info.group_id, key_id=info.id, since=period.since, until=period.until)
+    period = period_of(request, errors)  # (the default of every page: a link from one keeps its period)
+    link = CallsQuery(source=source_of(request), period=period)
+    f = Filter(info.group_id, key_id=info.id, since=period.since, until=period.until, source=SOURCES[link.source])
     table = await views.breakdown(c, f, "model", "By model", lambda m: m or "(none)",
-                                  lambda m: f"{c.base(request)}/groups/{quote_name(info.group_name)}/calls?key={info.id}&model={m}",
+                                  lambda m: f"{c.base(request)}/groups/{quote_name(info.group_name)}/calls?{link.query(key=info.id, model=m)}",
                                   top=100)  # fmt: skip
     total = await c.analysis.total(f)
     used = await c.analysis.last_used([info.id])
@@ -99,7 +101,7 @@ async def key_page(c: Console, request: Request, status: int = 200, **context: A
     return c.render(
         request, "key.html", status=status, key=info, table=table, total=total, period=period, errors=errors,
         now=time.time(),
-        values=values, notice=notice(request), last_used=used.get(info.id), link=CallsQuery(period=period),
+        values=values, notice=notice(request), last_used=used.get(info.id), link=link,
         places=display.places([info.spent, info.spend_cap or 0]),
         **await budget_forms.card(c, info.group_name, info.id), **context,
     )  # fmt: skip

@@ -70,17 +70,19 @@ class Breakdown:
     rows: list[Row]
     places: int  # decimals of its credits column
     more: int  # rows left out
+    more_link: str = ""  # where they are all listed
 
 
 async def breakdown(c: Console, f: Filter, field: str, title: str, label: Any, link: Any,
-                    top: int = 10) -> Breakdown:  # fmt: skip
+                    top: int = 10, more_link: str = "") -> Breakdown:  # fmt: skip
     """Totals of ``f`` per value of ``field``, most credits first (``label`` / ``link``: the text and
     the link of a value)."""
     totals = await c.analysis.totals(f, (field,))
     ranked = sorted(totals.items(), key=lambda kv: (-kv[1].credits, -kv[1].calls, str(kv[0][0])))
     spent = sum(t.credits for t in totals.values()) or 1
     rows = [Row(k, label(k), link(k), t, t.credits / spent) for (k,), t in ranked[:top]]
-    return Breakdown(title, field, rows, display.places(r.totals.credits for r in rows), max(0, len(ranked) - top))
+    return Breakdown(title, field, rows, display.places(r.totals.credits for r in rows), max(0, len(ranked) - top),
+                     more_link)
 
 
 @dataclass(slots=True)

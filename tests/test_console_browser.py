@@ -121,7 +121,7 @@ def test_every_page_on_desktop_and_phone_with_axe(browser: Any, seeded: dict[str
         "overview": "/", "overview-jobs-90d": "/?period=90d&source=job", "groups": "/groups", "group": "/groups/acme",
         "group-empty": "/groups/empty", "group-keys": "/groups/acme/keys", "calls": "/groups/acme/calls?period=24h",
         "calls-filtered": "/groups/acme/calls?status=rejected&period=24h", "calls-oldest": "/groups/acme/calls?limit=25&after=0",
-        "call": f"/calls/{record.id}", "find": "/calls?request=req_none", "keys": "/keys", "key": f"/keys/{seeded['key_id']}",
+        "call": f"/calls/{record.id}", "find": "/calls?request=req_none", "calls-every": "/calls?period=24h", "keys": "/keys", "key": f"/keys/{seeded['key_id']}",
         "revoke": f"/keys/{seeded['key_id']}/revoke", "rotate": f"/keys/{seeded['key_id']}/rotate", "batches": "/batches", "batch": f"/batches/{seeded['batch']}",
         "batch-invalid": f"/batches/{seeded['invalid']}", "display": "/display",
     }  # fmt: skip

@@ -224,6 +224,55 @@ def test_a_call_page_and_finding_a_call(cstack: Stack, web: Client, busy: dict[s
     assert web.get("/console/calls/99999999").status == 404 and web.get("/console/calls/x").status == 404
 
 
+def test_every_groups_calls_with_the_same_filters_and_a_search_by_the_providers_id(
+    cstack: Stack, web: Client, busy: dict[str, Any]
+) -> None:
+    other = cstack.group(10)
+    cstack.client(cstack.key(group=other)).chat.completions.create(model=MODEL, messages=HI)
+
+    def count(where: str = "1 = 1", *args: Any) -> int:
+        return int(sql(cstack, f"SELECT count(*) FROM usage WHERE ts >= ? AND {where}", time.time() - 7 * 86400, *args)[0][0])
+
+    for query, where, args in [
+        ("", "1 = 1", ()),
+        ("status=rejected", "status = ?", ("rejected",)),
+        ("source=job", "source = ?", ("job",)),
+        ("model=claude", "model LIKE ?", ("anthropic/claude%",)),
+    ]:
+        page = web.get(f"/console/calls?{query}")
+        n = count(where, *args)
+        assert page.status == 200 and n > 0 and f"({n:,} calls)" in texts(page.text), query
+        assert len(rows(page.text, "history")) == min(n, 50), query
+    every = web.get("/console/calls?limit=500").text
+    assert f">{busy['group']}</a>" in every and f">{other}</a>" in every  # the group of each call
+    export = web.get("/console/calls.csv?status=rejected")
+    assert len(list(csv.DictReader(io.StringIO(export.text)))) == count("status = ?", "rejected")
+    # the provider's request id finds the call as ours does
+    (rid, upstream) = sql(cstack, "SELECT id, upstream_request_id FROM usage WHERE upstream_request_id IS NOT NULL "
+                                  "ORDER BY id DESC LIMIT 1")[0]  # fmt: skip
+    found = web.get(f"/console/calls?request={upstream}")
+    assert found.status == 303 and found.headers["location"] == f"/console/calls/{rid}"
+
+
+def test_links_keep_the_toggle_and_the_period(cstack: Stack, web: Client, busy: dict[str, Any]) -> None:
+    """From the overview to a group, its tabs, a key and back: the Jobs/API choice and the period
+    stay in every link; the overview's models and its "and N more" open filtered lists."""
+    kept = "source=api&period=30d"
+    overview = web.get(f"/console/?{kept}").text.replace("&amp;", "&")
+    assert f"/console/groups/{busy['group']}?{kept}" in overview
+    assert f"/console/calls?{kept}&model=" in overview
+    assert f"/console/keys/{busy['keys'][0].id}?{kept}" in overview
+    group = web.get(f"/console/groups/{busy['group']}?{kept}").text.replace("&amp;", "&")
+    for tab in ("", "/keys", "/calls"):
+        assert f'href="/console/groups/{busy["group"]}{tab}?{kept}"' in group, tab
+    assert f"/console/keys/{busy['keys'][0].id}?{kept}" in group  # "By key"
+    keys = web.get(f"/console/groups/{busy['group']}/keys?{kept}").text.replace("&amp;", "&")
+    assert f"/console/keys/{busy['keys'][0].id}?{kept}" in keys
+    key = web.get(f"/console/keys/{busy['keys'][0].id}?{kept}").text.replace("&amp;", "&")
+    assert "Last 30 days" in key and f"calls?{kept}&model=" in key and f"calls?{kept}&key={busy['keys'][0].id}\"" in key
+    assert "Last 7 days" in web.get(f"/console/keys/{busy['keys'][0].id}").text  # the default of every page
+
+
 def test_overview_and_group_figures_are_the_records_sums(cstack: Stack, web: Client, busy: dict[str, Any]) -> None:
     gid = cstack.run(cstack.store.get_group(busy["group"])).id  # type: ignore[union-attr]
     calls, credits, failed = sql(
