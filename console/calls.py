@@ -23,7 +23,7 @@ from starlette.routing import Route
 
 from billing.store import Group, KeyInfo, UsageRecord
 from billing.usage_filter import Filter
-from console import display, filters, prefs, views
+from console import charge, display, filters, prefs, views
 from console.app import Console, page, refused
 from console.filters import CallsQuery
 from console.groups import group_or_404, quote_name
@@ -151,7 +151,8 @@ async def call(c: Console, request: Request) -> Response:
         raise HTTPException(404, f"No call with id {request.path_params['call_id']}.")
     key = await c.store.get_key(record.key_id)
     group = key.group_name if key else None
-    return c.render(request, "call.html", r=record, key=key, group=group, places=display.places([record.credits]))
+    return c.render(request, "call.html", r=record, key=key, group=group, places=display.places([record.credits]),
+                    charge=charge.explain(c.gateway.catalog, record))  # fmt: skip
 
 
 UPSTREAM_SEARCH_DAYS = 30  # the provider's request id has no index: its search keeps to the last 30 days

@@ -15,6 +15,7 @@ from typing import Any
 import openai
 import pytest
 
+from core.money import to_credits
 from tests.conftest import Stack
 from tests.test_batches import request, submit, wait
 from tests.test_console import HI, MODEL, Client, admin, console_of, console_stack, job_record, texts
@@ -271,6 +272,21 @@ def test_links_keep_the_toggle_and_the_period(cstack: Stack, web: Client, busy: 
     key = web.get(f"/console/keys/{busy['keys'][0].id}?{kept}").text.replace("&amp;", "&")
     assert "Last 30 days" in key and f"calls?{kept}&model=" in key and f"calls?{kept}&key={busy['keys'][0].id}\"" in key
     assert "Last 7 days" in web.get(f"/console/keys/{busy['keys'][0].id}").text  # the default of every page
+
+
+def test_a_call_page_explains_its_charge(cstack: Stack, web: Client, busy: dict[str, Any]) -> None:
+    gid = cstack.run(cstack.store.get_group(busy["group"])).id  # type: ignore[union-attr]
+    (rid, credits, prompt, completion, model) = sql(
+        cstack, "SELECT id, credits, prompt_tokens, completion_tokens, model FROM usage WHERE group_id = ? "
+        "AND status = 'ok' AND source = 'api' ORDER BY id LIMIT 1", gid)[0]  # fmt: skip
+    prices = console_of(cstack).gateway.catalog.models[model].prices
+    assert credits == -(-(prompt * prices.input + completion * prices.output) // 1_000_000) > 0
+    page = texts(web.get(f"/console/calls/{rid}").text)
+    assert "How the charge was computed" in page and "(the same)" in page
+    for text in (f"{prompt:,}", f"{completion:,}", to_credits(prices.input), to_credits(prices.output), to_credits(credits)):
+        assert text in page, text
+    (refused,) = sql(cstack, "SELECT id FROM usage WHERE group_id = ? AND status = 'rejected' LIMIT 1", gid)[0]
+    assert "Refused before its reservation" in texts(web.get(f"/console/calls/{refused}").text)
 
 
 def test_overview_and_group_figures_are_the_records_sums(cstack: Stack, web: Client, busy: dict[str, Any]) -> None:
