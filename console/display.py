@@ -1,8 +1,9 @@
 """How the console shows numbers and times.
 
 - Credits: a column of amounts is shown with one number of decimals for all its cells, enough for its
-  smallest non-zero amount to keep three significant digits (at least 2, at most 9: nano-credits),
-  with thousands separators; the exact amount is in each cell's ``title`` (and in the CSV).
+  typical (median) non-zero amount to keep three significant digits (at least 2, at most 9:
+  nano-credits), with thousands separators; an amount too small for them reads ``<0.01``; the exact
+  amount is in each cell's ``title`` (and in the CSV). A figure on its own gets its own decimals.
 - Times: in the zone the admin chose (UTC unless they picked another, :mod:`console.prefs`), as
   ``2026-11-23 07:53:07`` with the zone named in the column's heading; ``<time datetime>`` carries the
   instant in ISO 8601 (UTC), as the CSV does.
@@ -23,23 +24,29 @@ MIN_PLACES, MAX_PLACES = 2, 9
 
 
 def places(amounts: Iterable[int | None] | int) -> int:
-    """The decimals a column of nano-credit amounts (or one amount) is shown with."""
+    """The decimals a column of nano-credit amounts (or one amount) is shown with: three significant
+    digits of its typical amount (the median of the non-zero ones), so that one tiny call does not
+    turn a column of whole credits into nine decimals (it shows as ``<0.01``, exact on hover)."""
     if isinstance(amounts, int):
         amounts = [amounts]
-    smallest = min((abs(a) for a in amounts if a), default=0)
-    if not smallest:
+    given = sorted(abs(a) for a in amounts if a)
+    if not given:
         return MIN_PLACES
-    digits = 2 - math.floor(math.log10(smallest / NANO))  # decimals for three significant digits
+    typical = given[len(given) // 2]
+    digits = 2 - math.floor(math.log10(typical / NANO))  # decimals for three significant digits
     return max(MIN_PLACES, min(MAX_PLACES, digits))
 
 
 def fixed(nano: int | None, decimals: int = MIN_PLACES) -> str:
-    """``nano`` nano-credits as credits with ``decimals`` decimals (rounded half up) and separators."""
+    """``nano`` nano-credits as credits with ``decimals`` decimals (rounded half up) and separators;
+    an amount too small for them is ``<0.01`` (at 2 decimals), never a misleading 0."""
     if nano is None:
         return ""
     sign = "-" if nano < 0 else ""
     scale = 10 ** (9 - decimals)
     units = (abs(nano) + scale // 2) // scale  # in 10**-decimals credits
+    if nano and not units:
+        return f"{'>-' if nano < 0 else '<'}0.{'0' * (decimals - 1)}1" if decimals else f"{'>-' if nano < 0 else '<'}1"
     whole, frac = divmod(units, 10**decimals)
     return f"{sign}{whole:,}" + (f".{frac:0{decimals}d}" if decimals else "")
 

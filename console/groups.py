@@ -32,6 +32,9 @@ NOTICES = {
 }
 
 
+TOPUPS = 10  # the latest top-ups a group's page lists (the audit log has them all)
+
+
 def notice(request: Request) -> str:
     """The line that confirms what the last form did (``?ok=...`` after its redirect)."""
     return NOTICES.get(request.query_params.get("ok", ""), "")
@@ -148,6 +151,7 @@ async def summary_page(c: Console, request: Request, name: str, status: int = 20
         request, "group.html", status=status, group=group, period=period, source=source, shown=shown,
         tables=tables, errors=errors, notice=notice(request), tab="summary", link=calls,
         budget_keys=list(keys.values()), **await budget_forms.card(c, group.name),
+        topups=await c.audit.entries(TOPUPS, None, f"group:{group.name}", "group.topup"),
         places=views.display.places([group.balance, group.reserved, group.spent]), **context,
     )  # fmt: skip
 

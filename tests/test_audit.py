@@ -160,6 +160,8 @@ def test_the_console_records_its_changes_and_shows_them(tmp_path: Path) -> None:
         client = admin(stack)
         assert client.post("/console/groups", {"name": "formed", "credits": "4"}).status == 303
         assert client.post("/console/groups/formed/topup", {"amount": "1"}).status == 303
+        topups = client.get("/console/groups/formed").text
+        assert 'id="topups"' in topups and ">1.00<" in topups and ">5.00<" in topups  # added, balance after
         made = client.post("/console/groups/formed/keys", {"label": "web", "spend_cap": "", "models": ""})
         assert made.status == 303
         page = client.get(made.headers["location"])
@@ -183,6 +185,8 @@ def test_the_console_records_its_changes_and_shows_them(tmp_path: Path) -> None:
         page = client.get("/console/audit")
         assert page.status == 200 and "key.rotate" in page.text and "group:formed" in page.text
         assert "ops" in page.text  # the owner's change, before -> after
+        assert "4.00 credits" in page.text and "4000000000" not in page.text  # amounts for humans, not nano
+        assert not re.search(r"created_at</code>: [^<]*\d{10}\.\d", page.text)  # times, not Unix timestamps
         no_secret_in(page.text + json.dumps(log), [clear.group(1), secret.group(1), hash_key(clear.group(1))])
         # the keys page shows expiry, last used and tags
         listing = client.get("/console/keys")

@@ -86,8 +86,13 @@ def test_chart_ticks_labels_hover_and_empty_state() -> None:
 
 def test_amounts_to_fixed_decimals_per_column() -> None:
     column = [4_350, 33_000, 2_500_000_123_456_789]
-    assert display.places(column) == 8  # 0.00000435 keeps three significant digits
-    assert [display.fixed(n, 8) for n in column] == ["0.00000435", "0.00003300", "2,500,000.12345679"]
+    assert display.places(column) == 7  # 0.0000330, the median, keeps three significant digits
+    assert [display.fixed(n, 7) for n in column] == ["0.0000044", "0.0000330", "2,500,000.1234568"]
+    # one tiny call among whole credits: the column keeps 2 decimals, the tiny one is "<0.01"
+    whole = [12 * 10**9, 7 * 10**9, 30 * 10**9, 4_350]
+    assert display.places(whole) == 2
+    assert [display.fixed(n, 2) for n in whole] == ["12.00", "7.00", "30.00", "<0.01"]
+    assert display.fixed(-4_350, 2) == ">-0.01" and display.fixed(0, 2) == "0.00"
     assert display.places([10**9, 2 * 10**9]) == 2 and display.fixed(12_345 * 10**9, 2) == "12,345.00"
     assert display.places([0, None]) == 2 and display.fixed(-1_500_000_000, 2) == "-1.50"
     assert display.exact(2_500_000_123_456_789) == "2500000.123456789"
