@@ -320,9 +320,11 @@ def parser() -> argparse.ArgumentParser:
 
     from cli.budgets import add_commands as add_budget_commands
     from cli.console import add_commands
+    from cli.operators import add_commands as add_operator_commands
 
-    add_budget_commands(sub)  # router budgets add | list | remove
+    add_budget_commands(sub)  # router budgets add | list | set | remove
     add_commands(sub)  # router console set-password | hash-password
+    add_operator_commands(sub)  # router operators add | list | password | token | remove
     return p
 
 
@@ -379,6 +381,10 @@ def main(argv: list[str] | None = None) -> None:
             from cli.console import run as console_command
 
             console_command(args, settings)
+        elif args.command == "operators":
+            from cli.operators import run as operators_command
+
+            operators_command(args, settings)
     except (StoreError, StoreDown) as exc:
         raise SystemExit(f"error: {exc}") from None
 

@@ -48,11 +48,12 @@ from starlette.routing import Route
 
 from billing.history import Filter
 from billing.store import Group, KeyInfo, KeyMeta, StoreError, UsageRecord
-from console import auth, forms, lifecycle, webhooks
-from console.app import Console, console_of
+from console import auth, forms, lifecycle, operators, webhooks
+from console.app import ADMIN_REFUSED, VIEWER_REFUSED, Console, console_of
 from console.changes import Changes
 from console.forms import Invalid
 from console.keys import key_or_404
+from console.operators import Operator
 from core.catalog import ConfigError
 from core.deployments import is_name
 from core.errors import InvalidRequest
@@ -88,18 +89,29 @@ def error(status: int, message: str, code: str, field: str | None = None, **head
 
 
 def guarded(handler: API) -> Callable[[Request], Awaitable[Response]]:
+    """The handler behind a token: the admin token (the built-in admin) or an operator's
+    (console/operators.py), whose role then decides: a viewer only reads, an operator of some groups
+    reaches only theirs (404 for another's, 403 for what is no group's)."""
+
     async def endpoint(request: Request) -> Response:
         c = console_of(request)
         expected = auth.admin_token(c.settings)
-        if not expected:
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        given = given.strip() if scheme.lower() == "bearer" else ""
+        operator: Operator | None = None
+        if expected and auth.token_matches(given, expected):
+            operator = operators.ADMIN
+        elif given.startswith(operators.TOKEN_PREFIX):
+            await c.ensure()
+            operator = await c.queries.operators.by_token(given)
+        elif not expected:
             return error(
                 403,
                 f"The admin API is off: set [console] admin_token (or $ROUTER_CONSOLE_TOKEN), at least "
-                f"{auth.MIN_TOKEN} characters.",
+                f"{auth.MIN_TOKEN} characters, or give an operator a token (router operators token NAME).",
                 "admin_api_disabled",
             )
-        scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not auth.token_matches(given.strip(), expected):
+        if operator is None:
             # only bad tokens are throttled: a flood of them from one proxy never locks out the real one
             ip = request.client.host if request.client else "unknown"
             wait = c.throttle.retry_after(ip)
@@ -113,10 +125,13 @@ def guarded(handler: API) -> Callable[[Request], Awaitable[Response]]:
             c.throttle.failed(ip)
             return error(
                 401,
-                "Send the admin token as 'Authorization: Bearer <token>'.",
+                "Send the admin token or an operator's token as 'Authorization: Bearer <token>'.",
                 "invalid_admin_token",
                 **{"www-authenticate": "Bearer"},
             )
+        operators.acting(operator)
+        if request.method != "GET" and operator.role == "viewer":
+            return error(403, VIEWER_REFUSED, "read_only_role")
         await c.ensure()
         try:
             return await handler(c, request)
@@ -202,10 +217,24 @@ def usage_json(r: UsageRecord) -> dict[str, Any]:
 
 
 async def group_of(c: Console, request: Request) -> Group:
+    """The path's group, if the operator sees it (404 otherwise, as for no group)."""
     group = await c.store.get_group(request.path_params["name"])
-    if group is None:
+    if group is None or not operators.current().sees(group.name):
         raise AdminError(404, f"No group named {request.path_params['name']!r}.", "group_not_found")
     return group
+
+
+def every_group() -> None:
+    """What spans groups or belongs to none (the audit log, the webhooks): not for an operator of
+    some groups."""
+    if not operators.current().every_group:
+        raise AdminError(403, ADMIN_REFUSED, "admin_only")
+
+
+def admin_only() -> None:
+    """A change that is no group's (a new group, a webhook, the configuration)."""
+    if not operators.current().changes(None):
+        raise AdminError(403, ADMIN_REFUSED, "admin_only")
 
 
 async def key_of(c: Console, request: Request) -> KeyInfo:
@@ -251,10 +280,12 @@ def cap_of(value: Any) -> int | None:
 
 # -- handlers -------------------------------------------------------------------------------------
 async def list_groups(c: Console, request: Request) -> Response:
-    return JSONResponse({"groups": [group_json(g) for g in await c.store.list_groups()]})
+    seen = [g for g in await c.store.list_groups() if operators.current().sees(g.name)]
+    return JSONResponse({"groups": [group_json(g) for g in seen]})
 
 
 async def create_group(c: Console, request: Request) -> Response:
+    admin_only()
     data = await body(request)
     name = forms.group_name(str(data.get("name", "")), "name")
     amount = forms.credits(amount_text(data.get("credits", "0"), "credits"), "credits")
@@ -335,6 +366,7 @@ def changes(c: Console, request: Request) -> Changes:
 
 
 async def audit_log(c: Console, request: Request) -> Response:
+    every_group()
     p = request.query_params
     limit = number(p, "limit", int) or 100
     if not 1 <= limit <= 1000:
@@ -344,10 +376,12 @@ async def audit_log(c: Console, request: Request) -> Response:
 
 
 async def list_webhooks(c: Console, request: Request) -> Response:
+    every_group()
     return JSONResponse({"webhooks": [h.json() for h in await c.gateway.alerts.webhooks()]})
 
 
 async def add_webhook(c: Console, request: Request) -> Response:
+    admin_only()
     data = await body(request)
     unknown = set(data) - {"url", "group", "balance_below", "expiry_within", "budgets"}
     if unknown:
@@ -373,12 +407,14 @@ async def webhook_of(c: Console, request: Request) -> int:
 
 
 async def delete_webhook(c: Console, request: Request) -> Response:
+    admin_only()
     hook_id = await webhook_of(c, request)
     await changes(c, request).delete_webhook(c.gateway.alerts, hook_id)
     return JSONResponse({"id": hook_id, "deleted": True})
 
 
 async def webhook_deliveries(c: Console, request: Request) -> Response:
+    every_group()
     hook_id = await webhook_of(c, request)
     limit = number(request.query_params, "limit", int) or 100
     if not 1 <= limit <= 1000:
@@ -469,6 +505,7 @@ async def key_usage(c: Console, request: Request) -> Response:
 async def reload(c: Console, request: Request) -> Response:
     """``POST /console/api/reload``: the configuration file read again and applied to new calls
     (gateway.state.Gateway.reload), audited; a file that does not load changes nothing (400, the reason)."""
+    admin_only()
     gw = c.gateway
     before = {"providers": sorted(gw.deployments), "deployments": sum(len(d) for d in gw.deployments.values()),
               "models": len(gw.catalog.models)}  # fmt: skip

@@ -25,9 +25,10 @@ from billing.analysis import Analysis
 from billing.audit import Audit
 from billing.history import History
 from billing.store import Store
-from console import auth, display, prefs
+from console import auth, display, operators, prefs
 from console.changes import Changes
 from console.forms import MAX_FORM_BYTES, form_data
+from console.operators import Operator
 from console.queries import Queries, queries_for
 from gateway.attempts import Window
 
@@ -119,10 +120,11 @@ class Console:
             self._audit = Audit(self.gateway.store.database)
         return self._audit
 
-    def changes(self, request: Request, actor: str) -> Changes:
-        """The operator's changes made through this request, recorded as ``actor`` from its address."""
+    def changes(self, request: Request, surface: str) -> Changes:
+        """The operator's changes made through this request, recorded as ``<surface>:<operator>
+        (<address>)`` (``console:alice (10.0.0.7)``, ``admin-api:admin (127.0.0.1)``)."""
         ip = request.client.host if request.client else "unknown"
-        return Changes(self.store, self.audit, f"{actor} ({ip})", self.gateway.auth.forget)
+        return Changes(self.store, self.audit, f"{surface}:{operators.current().name} ({ip})", self.gateway.auth.forget)
 
     def model_ids(self) -> list[str]:
         return sorted(m.id for m in self.gateway.catalog.models.values())
@@ -162,41 +164,59 @@ class Console:
 
     async def session(self, request: Request) -> auth.Session | None:
         """The request's session; a logged-in one only while its row in the store says so (not logged
-        out, and logged in with the credentials that are current)."""
+        out, and logged in with the credentials that are current: its operator's, or the built-in
+        admin's). The session's operator is then ``request.state.operator`` and the request's
+        :func:`console.operators.current`."""
         session = auth.read_session(request.cookies.get(COOKIE), await self.secret())
         if session is not None and session.admin:
             held = await self.queries.session_credential(session.sid_hash)
-            if held is None or not hmac.compare_digest(held, await self.fingerprint()):
+            operator = await self.operator_of(held[1]) if held is not None else None
+            if held is None or operator is None or not hmac.compare_digest(held[0], await self.fingerprint(operator)):
                 return None
+            request.state.operator = operator
+            operators.acting(operator)
         return session
 
-    async def fingerprint(self) -> str:
+    async def operator_of(self, name: str | None) -> Operator | None:
+        return operators.ADMIN if name is None else await self.queries.operators.get(name)
+
+    async def fingerprint(self, operator: Operator = operators.ADMIN) -> str:
+        if operator.name != operators.BUILT_IN:
+            return operator.fingerprint
         return auth.fingerprint(await self.password_hash(), auth.admin_token(self.settings))
 
-    async def log_in(self) -> auth.Session:
+    async def log_in(self, operator: Operator = operators.ADMIN) -> auth.Session:
         session = auth.Session.logged_in(self.settings.session_seconds)
-        await self.queries.session_start(session.sid_hash, await self.fingerprint(), session.expires)
+        name = None if operator.name == operators.BUILT_IN else operator.name
+        await self.queries.session_start(session.sid_hash, await self.fingerprint(operator), session.expires, name)
         return session
 
     async def log_out(self, session: auth.Session) -> None:
         await self.queries.session_end(session.sid_hash)
 
-    async def check_login(self, password: str) -> bool:
+    async def check_login(self, password: str, name: str = "") -> Operator | None:
+        """The operator these credentials are: a named operator's password, or (no name, or
+        ``admin``) the admin password or token."""
+        if name and name != operators.BUILT_IN:
+            found = await self.queries.operators.get(name)
+            ok = found is not None and await asyncio.to_thread(auth.verify_password, password, found.password_hash)
+            return found if ok else None
         token = auth.admin_token(self.settings)
         if auth.token_matches(password, token):
-            return True
+            return operators.ADMIN
         stored = await self.password_hash()
-        return bool(stored) and await asyncio.to_thread(auth.verify_password, password, stored)
+        ok = bool(stored) and await asyncio.to_thread(auth.verify_password, password, stored)
+        return operators.ADMIN if ok else None
 
-    def login_windows(self, ip: str, device: str | None = None) -> list[Window]:
+    def login_windows(self, ip: str, device: str | None = None, account: str = ACCOUNT) -> list[Window]:
         """Where a login attempt is counted (console/auth.py, Throttling): a browser that logged in
         before, on its device alone; any other, on its client IP and on the account, whose window holds
-        every IP's attempts (one account: ``login_attempts_global``). The first is what a success clears."""
+        every IP's attempts (``login_attempts_global`` each). The first is what a success clears."""
         s = self.settings
         if device:
             return [Window(f"login:device:{device}", s.login_attempts_per_ip)]
         return [Window(f"login:ip:{ip}", s.login_attempts_per_ip),
-                Window(f"login:account:{ACCOUNT}", s.login_attempts_global)]  # fmt: skip
+                Window(f"login:account:{account}", s.login_attempts_global)]  # fmt: skip
 
     async def device(self, request: Request) -> str | None:
         return auth.read_device(request.cookies.get(DEVICE_COOKIE), await self.secret())
@@ -239,6 +259,7 @@ class Console:
             base=base,
             csrf=session.csrf if session else "",
             admin=bool(session and session.admin),
+            operator=getattr(request.state, "operator", None),
             path=request.url.path,
             current=request.url.path + (f"?{request.url.query}" if request.url.query else ""),
             zone_name=display.zone_label(zone, time.time()),
@@ -315,8 +336,11 @@ def refused(c: Console, request: Request, message: str, status: int = 403) -> Re
     return c.render(request, "error.html", status=status, title="Refused", message=message)
 
 
-def action(handler: FormHandler) -> Callable[[Request], Awaitable[Response]]:
-    """A form post: a logged-in admin, a same-origin request, an urlencoded body with the CSRF token."""
+def action(handler: FormHandler, personal: bool = False) -> Callable[[Request], Awaitable[Response]]:
+    """A form post: a logged-in operator, a same-origin request, an urlencoded body with the CSRF
+    token; not a viewer, unless the form is ``personal`` (logging out, the display's time zone). An
+    operator of some groups reaches only their things (the handlers find them through
+    ``group_or_404`` / ``key_or_404``, which answer 404 for another group's)."""
 
     async def checked(c: Console, request: Request) -> Response:
         form = await read_form(request)
@@ -326,6 +350,27 @@ def action(handler: FormHandler) -> Callable[[Request], Awaitable[Response]]:
             return refused(
                 c, request, "The form's security token is missing or wrong: reload the page and try again."
             )
+        if not personal and operators.current().role == "viewer":
+            return refused(c, request, VIEWER_REFUSED)
         return await handler(c, request, form)
 
     return page(checked)
+
+
+def personal(handler: FormHandler) -> Callable[[Request], Awaitable[Response]]:
+    """A form post of the operator's own (any role may)."""
+    return action(handler, personal=True)
+
+
+VIEWER_REFUSED = "Your role is viewer: it sees and exports everything, and changes nothing."
+ADMIN_REFUSED = "This is for an admin: your role operates only the groups it was given."
+
+
+def every_group(c: Console, request: Request) -> Response | None:
+    """None if the request's operator may see across groups, else the page that says it may not."""
+    return None if operators.current().every_group else refused(c, request, ADMIN_REFUSED)
+
+
+def may_change(c: Console, request: Request, group: str | None = None) -> Response | None:
+    """None if the request's operator may change this group's things (None: what is no group's)."""
+    return None if operators.current().changes(group) else refused(c, request, ADMIN_REFUSED)

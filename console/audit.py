@@ -12,7 +12,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from console import display, forms, prefs
-from console.app import Console, page
+from console.app import Console, every_group, page
 from console.forms import Invalid
 
 PAGE = 100
@@ -47,6 +47,8 @@ def _text(name: str, value: object, zone: ZoneInfo) -> str:
 
 @page
 async def audit(c: Console, request: Request) -> Response:
+    if (refusal := every_group(c, request)) is not None:
+        return refusal
     p = request.query_params
     target = p.get("target", "").strip()[:100] or None
     action = p.get("action", "").strip()[:100] or None

@@ -14,8 +14,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from billing.analysis import Totals
-from console import display
-from console.app import Console, action, page
+from console import display, operators
+from console.app import Console, action, page, refused
 from console.groups import notice, quote_name
 from gateway.state import BatchBook, BatchView
 
@@ -42,9 +42,13 @@ def book(c: Console) -> BatchBook:
 async def batches(c: Console, request: Request) -> Response:
     params = request.query_params
     status = params.get("status", "") if params.get("status", "") in STATUSES else ""
-    groups = {g.id: g.name for g in await c.store.list_groups()}
+    groups = {g.id: g.name for g in await c.store.list_groups() if operators.current().sees(g.name)}
     group_name = params.get("group", "")
     group_id = next((i for i, n in groups.items() if n == group_name), None)
+    if group_id is None and not operators.current().every_group:  # an operator of some groups: one of theirs
+        if not groups:
+            return refused(c, request, "Your role operates no group yet.")
+        return c.redirect(request, "/batches", group=sorted(groups.values())[0])
     before = params.get("before", "")[:64] or None
     rows = list(await book(c).browse(group_id, status or None, before, PER_PAGE + 1))
     more = len(rows) > PER_PAGE
@@ -58,7 +62,11 @@ async def batches(c: Console, request: Request) -> Response:
 
 
 async def batch_or_404(c: Console, batch_id: str) -> BatchView:
+    """The batch, if the request's operator sees its group (404 otherwise, as for no batch)."""
     found = await book(c).batch(batch_id[:64])
+    if found is not None and not operators.current().every_group:
+        group = next((g.name for g in await c.store.list_groups() if g.id == found.group_id), None)
+        found = found if operators.current().sees(group) else None
     if found is None:
         raise HTTPException(404, f"No batch {batch_id}.")
     return found

@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from billing import budgets, end_users
-from console import forms
+from console import forms, operators
 from console.api import API, AdminError, amount_text, body, changes, group_of, guarded, number
 from console.app import Console
 from console.forms import Invalid
@@ -47,16 +47,18 @@ async def create_budget(c: Console, request: Request) -> Response:
     return JSONResponse(made.as_dict(), status_code=201)
 
 
-def _budget_id(request: Request) -> int:
+async def _budget_id(c: Console, request: Request) -> int:
+    """The path's budget, if the operator sees its group (404 otherwise, as for no budget)."""
     text = request.path_params["budget_id"]
     budget_id = natural(text)  # ("²".isdigit() is True; 10**20 is past every store's integers)
-    if budget_id is None:
+    found = [s for s in await budgets.states(c.store) if s.budget.id == budget_id] if budget_id is not None else []
+    if not found or not operators.current().sees(found[0].group_name):
         raise AdminError(404, f"No budget with id {text[:40]}.", "budget_not_found")
-    return budget_id
+    return found[0].budget.id
 
 
 async def update_budget(c: Console, request: Request) -> Response:
-    budget_id = _budget_id(request)
+    budget_id = await _budget_id(c, request)
     data = await body(request)
     amount = forms.credits(amount_text(data.get("amount"), "amount"), "amount", positive=True)
     assert amount is not None
@@ -67,7 +69,7 @@ async def update_budget(c: Console, request: Request) -> Response:
 
 
 async def delete_budget(c: Console, request: Request) -> Response:
-    budget_id = _budget_id(request)
+    budget_id = await _budget_id(c, request)
     if await changes(c, request).remove_budget(budget_id) is None:
         raise AdminError(404, f"No budget with id {budget_id}.", "budget_not_found")
     return JSONResponse({"id": budget_id, "deleted": True})

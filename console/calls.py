@@ -23,8 +23,8 @@ from starlette.routing import Route
 
 from billing.store import Group, KeyInfo, UsageRecord
 from billing.usage_filter import Filter
-from console import charge, display, filters, prefs, views
-from console.app import Console, page, refused
+from console import charge, display, filters, operators, prefs, views
+from console.app import Console, every_group, page, refused
 from console.filters import CallsQuery
 from console.groups import group_or_404, quote_name
 from core.inputs import natural
@@ -83,7 +83,7 @@ async def every_call(c: Console, request: Request) -> Response:
     request id or the provider's."""
     if set(request.query_params) == {"request"}:
         return await find(c, request)
-    return await history(c, request, None)
+    return every_group(c, request) or await history(c, request, None)
 
 
 def cell(value: Any) -> Any:
@@ -140,17 +140,17 @@ async def calls_csv(c: Console, request: Request) -> Response:
 
 @page
 async def every_call_csv(c: Console, request: Request) -> Response:
-    return await export(c, request, None)
+    return every_group(c, request) or await export(c, request, None)
 
 
 @page
 async def call(c: Console, request: Request) -> Response:
     number = natural(request.path_params["call_id"])
     record = await c.history.record(number) if number is not None else None
-    if record is None:
-        raise HTTPException(404, f"No call with id {request.path_params['call_id']}.")
-    key = await c.store.get_key(record.key_id)
+    key = await c.store.get_key(record.key_id) if record is not None else None
     group = key.group_name if key else None
+    if record is None or not operators.current().sees(group):
+        raise HTTPException(404, f"No call with id {request.path_params['call_id']}.")
     return c.render(request, "call.html", r=record, key=key, group=group, places=display.places([record.credits]),
                     charge=charge.explain(c.gateway.catalog, record))  # fmt: skip
 
@@ -170,9 +170,10 @@ async def find(c: Console, request: Request) -> Response:
             since = time.time() - UPSTREAM_SEARCH_DAYS * 86400
             found = (await c.history.history(Filter(upstream_request_id=wanted, since=since), 20)).rows
             by = "the provider's"
+    groups = {g.id: g.name for g in await c.store.list_groups()}
+    found = [r for r in found if operators.current().sees(groups.get(r.group_id))]
     if len(found) == 1:
         return c.redirect(request, f"/calls/{found[0].id}")
-    groups = {g.id: g.name for g in await c.store.list_groups()}
     return c.render(request, "find.html", wanted=wanted, found=found, groups=groups, by=by,
                     days=UPSTREAM_SEARCH_DAYS, places=display.places(r.credits for r in found))  # fmt: skip
 

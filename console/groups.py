@@ -16,8 +16,8 @@ from starlette.routing import Route
 from billing.budgets import BudgetState
 from billing.store import Group, StoreError
 from billing.usage_filter import Filter
-from console import budget_forms, filters, flash, forms, periods, prefs, views
-from console.app import Console, action, page
+from console import budget_forms, filters, flash, forms, operators, periods, prefs, views
+from console.app import Console, action, may_change, page
 from console.forms import Invalid
 
 NOTICES = {
@@ -45,8 +45,9 @@ def quote_name(name: str) -> str:
 
 
 async def group_or_404(c: Console, name: str) -> Group:
+    """The group, if the request's operator sees it (404 otherwise, as for no group)."""
     group = await c.store.get_group(name)
-    if group is None:
+    if group is None or not operators.current().sees(group.name):
         raise HTTPException(404, f"No group named {name!r}.")
     return group
 
@@ -67,7 +68,7 @@ def source_of(request: Request) -> str:
 
 # -- the list -------------------------------------------------------------------------------------
 async def groups_page(c: Console, request: Request, status: int = 200, **context: Any) -> Response:
-    groups = await c.store.list_groups()
+    groups = [g for g in await c.store.list_groups() if operators.current().sees(g.name)]
     context.setdefault("errors", {})
     context.setdefault("values", {})
     columns = [g.balance for g in groups] + [g.reserved for g in groups] + [g.spent for g in groups]
@@ -80,6 +81,8 @@ groups = page(groups_page)
 
 @action
 async def create_group(c: Console, request: Request, form: dict[str, str]) -> Response:
+    if (refusal := may_change(c, request)) is not None:
+        return refusal
     errors: dict[str, str] = {}
     name = amount = None
     try:
@@ -102,7 +105,7 @@ async def create_group(c: Console, request: Request, form: dict[str, str]) -> Re
 
 @action
 async def topup(c: Console, request: Request, form: dict[str, str]) -> Response:
-    name = request.path_params["name"]
+    name = (await group_or_404(c, request.path_params["name"])).name
     back = form.get("back", "group")
     try:
         amount = forms.credits(form.get("amount", ""), "amount", positive=True)

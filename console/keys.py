@@ -15,7 +15,7 @@ from starlette.routing import Route
 from billing.budgets import BudgetState
 from billing.store import KeyInfo, KeyMeta
 from billing.usage_filter import Filter
-from console import budget_forms, display, flash, lifecycle, prefs, views
+from console import budget_forms, display, flash, lifecycle, operators, prefs, views
 from console.app import Console, action, page
 from console.filters import CallsQuery, Link, period_params
 from console.forms import SOURCES, Invalid
@@ -31,7 +31,7 @@ async def key_or_404(c: Console, key_id: str) -> KeyInfo:
     number = natural(key_id)
     if number is not None:
         info = await c.store.get_key(number)
-        if info is not None:
+        if info is not None and operators.current().sees(info.group_name):
             return info
     raise HTTPException(404, f"No key with id {key_id}.")
 
@@ -49,7 +49,7 @@ async def keys(c: Console, request: Request) -> Response:
     search = params.get("q", "").strip()[:100]
     status = params.get("status", "") if params.get("status", "") in STATUSES else ""
     sort = params.get("sort", "used") if params.get("sort", "used") in SORTS else "used"
-    everyone = await c.store.list_keys()
+    everyone = [k for k in await c.store.list_keys() if operators.current().sees(k.group_name)]
     listed = [k for k in everyone if (not search or matches(k, search))
               and (not status or (status == "revoked") == (k.revoked_at is not None))]  # fmt: skip
     zone = prefs.zone_of(request)

@@ -9,13 +9,15 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from billing.usage_filter import Filter
-from console import filters, forms, prefs, views
+from console import filters, forms, operators, prefs, views
 from console.app import Console, page
 from console.groups import notice, period_of, quote_name, source_of
 
 
 @page
 async def overview(c: Console, request: Request) -> Response:
+    if not operators.current().every_group:  # an operator of some groups: their list is the start
+        return c.redirect(request, "/groups")
     errors: dict[str, str] = {}
     period = period_of(request, errors)
     source = source_of(request)

@@ -14,8 +14,8 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from console import audit, auth, batches, calls, groups, keys, overview, prefs, webhooks
-from console.app import Console, action, console_of, page, read_form, same_origin
+from console import audit, auth, batches, calls, groups, keys, operators, overview, prefs, webhooks
+from console.app import Console, console_of, page, personal, read_form, same_origin
 
 
 def client_ip(request: Request) -> str:
@@ -39,7 +39,7 @@ async def login_form(request: Request) -> Response:
 
 async def login_page(c: Console, request: Request, error: str = "", status: int = 200) -> Response:
     target = request.query_params.get("next", "")
-    configured = bool(auth.admin_token(c.settings) or await c.password_hash())
+    configured = bool(auth.admin_token(c.settings) or await c.password_hash() or await c.queries.operators.all())
     return c.render(request, "login.html", status=status, error=error, next=target, configured=configured)
 
 
@@ -58,18 +58,20 @@ async def login(request: Request) -> Response:
     # counted before the check, so that guesses sent at once are bounded too; a browser that logged in
     # before counts on its own (console/auth.py, Throttling)
     device = await c.device(request)
-    windows = c.login_windows(client_ip(request), device)
+    name = form.get("name", "").strip().lower()[:64] or operators.BUILT_IN
+    windows = c.login_windows(client_ip(request), device, name if operators.NAME.fullmatch(name) else "?")
     attempt = await c.gateway.attempts.take(windows, c.settings.login_window_seconds)
     if attempt.wait:
         wait = attempt.wait
         response = await login_page(c, request, f"Too many failed logins: try again in {wait} seconds.", 429)
         response.headers["retry-after"] = str(wait)
         return response
-    if not await c.check_login(form.get("password", "")):
-        return await login_page(c, request, "Wrong password.", 401)  # (the attempt keeps its place)
+    operator = await c.check_login(form.get("password", ""), name)
+    if operator is None:
+        return await login_page(c, request, "Wrong name or password.", 401)  # (the attempt keeps its place)
     await c.gateway.attempts.clear(windows[:1])  # the IP's (or device's) count starts again
     await c.gateway.attempts.give_back(attempt, windows[1:])  # and the account's place is free
-    fresh = await c.log_in()
+    fresh = await c.log_in(operator)
     response = RedirectResponse(c.safe(request, form.get("next", ""), "/"), status_code=303)
     await c.set_cookie(response, request, fresh)
     if device is None:
@@ -81,7 +83,7 @@ async def _form(request: Request) -> dict[str, str] | None:
     return await read_form(request) if same_origin(request) else None
 
 
-@action
+@personal
 async def logout(c: Console, request: Request, form: dict[str, str]) -> Response:
     await c.log_out(request.state.session)  # a replayed copy of the cookie opens nothing from now on
     response = c.redirect(request, "/login")
@@ -96,7 +98,7 @@ async def display_page(c: Console, request: Request) -> Response:
     return c.render(request, "display.html", zones=sorted(prefs.zones()), back=back)
 
 
-@action
+@personal
 async def set_display(c: Console, request: Request, form: dict[str, str]) -> Response:
     """Times in UTC, or in a zone: the one picked on the display page, or the browser's (the header's
     switch: console.js fills it in)."""

@@ -12,6 +12,7 @@ import asyncio
 import time
 
 from billing.store import Database, Store
+from console import operators
 
 MIGRATIONS = [
     # 1: the settings (IF NOT EXISTS: earlier versions created the table without a version)
@@ -22,6 +23,10 @@ MIGRATIONS = [
     "(id TEXT PRIMARY KEY, credential TEXT NOT NULL, expires DOUBLE PRECISION NOT NULL)",
     # 3: one-time messages across a redirect (console/flash.py)
     "CREATE TABLE console_flash (token TEXT PRIMARY KEY, sealed TEXT NOT NULL, expires DOUBLE PRECISION NOT NULL)",
+    # 4: named operators (console/operators.py)
+    operators.MIGRATION,
+    # 5: whose session it is (NULL: the built-in admin's)
+    "ALTER TABLE console_sessions ADD COLUMN operator TEXT",
 ]
 
 
@@ -67,20 +72,20 @@ class Queries:
 
 
     # -- sessions (ids are stored hashed: a leaked table opens nothing) ------------------------------
-    async def session_start(self, sid_hash: str, credential: str, expires: float) -> None:
+    async def session_start(self, sid_hash: str, credential: str, expires: float, operator: str | None = None) -> None:
         await self.ready()
         await self.db.write("DELETE FROM console_sessions WHERE expires < ?", (time.time(),))
-        await self.db.write(
-            "INSERT INTO console_sessions (id, credential, expires) VALUES (?, ?, ?)", (sid_hash, credential, expires)
-        )
+        await self.db.write("INSERT INTO console_sessions (id, credential, expires, operator) VALUES (?, ?, ?, ?)",
+                            (sid_hash, credential, expires, operator))  # fmt: skip
 
-    async def session_credential(self, sid_hash: str) -> str | None:
-        """The credential fingerprint a live session logged in with, or None (ended, expired, unknown)."""
+    async def session_credential(self, sid_hash: str) -> tuple[str, str | None] | None:
+        """The credential fingerprint a live session logged in with and its operator (None: the
+        built-in admin), or None (ended, expired, unknown)."""
         await self.ready()
         rows = await self.db.select(
-            "SELECT credential FROM console_sessions WHERE id = ? AND expires >= ?", (sid_hash, time.time())
+            "SELECT credential, operator FROM console_sessions WHERE id = ? AND expires >= ?", (sid_hash, time.time())
         )
-        return str(rows[0][0]) if rows else None
+        return (str(rows[0][0]), None if rows[0][1] is None else str(rows[0][1])) if rows else None
 
     async def session_end(self, sid_hash: str) -> None:
         await self.ready()
@@ -89,6 +94,11 @@ class Queries:
     async def sessions_end_all(self) -> None:
         await self.ready()
         await self.db.write("DELETE FROM console_sessions")
+
+
+    @property
+    def operators(self) -> operators.Operators:
+        return operators.Operators(self.db)
 
 
 def queries_for(store: Store) -> Queries:

@@ -17,7 +17,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from console import flash, forms
-from console.app import Console, action, page
+from console.app import Console, action, every_group, may_change, page
 from console.forms import Invalid
 from console.lifecycle import duration
 from core.destinations import Destinations
@@ -83,6 +83,8 @@ async def group_of(c: Console, value: Any, field: str = "group") -> str | None:
 
 # -- the page -------------------------------------------------------------------------------------
 async def webhooks_page(c: Console, request: Request, status: int = 200, **context: Any) -> Response:
+    if (refusal := every_group(c, request)) is not None:
+        return refusal
     hooks = await c.gateway.alerts.webhooks()
     deliveries = await c.gateway.alerts.deliveries(limit=100)
     secret = None
@@ -100,6 +102,8 @@ webhooks = page(webhooks_page)
 
 @action
 async def add(c: Console, request: Request, form: dict[str, str]) -> Response:
+    if (refusal := may_change(c, request)) is not None:
+        return refusal
     errors: dict[str, str] = {}
     values: dict[str, Any] = {}
     for name, parse in (("url", url_of), ("balance_below", threshold_of), ("expiry_within", within_of)):
@@ -127,6 +131,8 @@ async def add(c: Console, request: Request, form: dict[str, str]) -> Response:
 
 @action
 async def remove(c: Console, request: Request, form: dict[str, str]) -> Response:
+    if (refusal := may_change(c, request)) is not None:
+        return refusal
     number = natural(request.path_params["webhook_id"])
     if number is not None:
         await c.changes(request, "console").delete_webhook(c.gateway.alerts, number)

@@ -65,7 +65,7 @@ def test_the_admin_api_records_each_change_with_before_and_after(astack: Stack) 
     log = entries(astack)
     assert [e["action"] for e in log] == ["key.revoke", "key.rotate", "key.update", "key.create", "group.topup",
                                           "group.create"]  # fmt: skip
-    assert all(e["actor"].startswith("admin-api (127.0.0.1)") and e["ts"] > 0 for e in log)
+    assert all(e["actor"] == "admin-api:admin (127.0.0.1)" and e["ts"] > 0 for e in log)
     revoke, rotate, update, create, topup, group = log
     assert group["before"] is None and group["after"]["balance"] == 10 * NANO and group["target"] == "group:audited"
     assert topup["before"]["balance"] == 10 * NANO and topup["after"]["balance"] == 12.5 * NANO
@@ -180,7 +180,7 @@ def test_the_console_records_its_changes_and_shows_them(tmp_path: Path) -> None:
         log = entries(stack)
         assert [e["action"] for e in log] == ["key.revoke", "key.rotate", "key.update", "key.create",
                                               "group.topup", "group.create"]  # fmt: skip
-        assert all(e["actor"] == "console (127.0.0.1)" for e in log)
+        assert all(e["actor"] == "console:admin (127.0.0.1)" for e in log)
         assert log[2]["after"]["tags"] == ["web", "prod"] and log[2]["before"]["tags"] == []
         page = client.get("/console/audit")
         assert page.status == 200 and "key.rotate" in page.text and "group:formed" in page.text

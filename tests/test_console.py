@@ -157,9 +157,9 @@ class Client:
         assert found, page.text[:500]
         return found.group(1)
 
-    def login(self, password: str = PASSWORD) -> Raw:
+    def login(self, password: str = PASSWORD, name: str = "") -> Raw:
         self.get("/console/login")
-        return self.post("/console/login", {"password": password}, csrf=self.csrf("/console/login"))
+        return self.post("/console/login", {"name": name, "password": password}, csrf=self.csrf("/console/login"))
 
     def api(self, method: str, path: str, data: Any = None, token: str | None = TOKEN) -> Raw:
         headers = {"authorization": f"Bearer {token}"} if token else {}
@@ -263,10 +263,10 @@ def test_every_page_and_form_needs_a_login(cstack: Stack) -> None:
 def test_login_logout_and_a_forged_cookie(cstack: Stack) -> None:
     web = Client(cstack)
     login = web.get("/console/login")
-    assert login.status == 200 and "Admin password" in login.text
+    assert login.status == 200 and "the admin password or token" in login.text and "Operator" in login.text
     assert "content-security-policy" in login.headers and login.headers["x-frame-options"] == "DENY"
     wrong = web.post("/console/login", {"password": "not it at all"}, csrf=web.csrf("/console/login"))
-    assert wrong.status == 401 and "Wrong password." in wrong.text
+    assert wrong.status == 401 and "Wrong name or password." in wrong.text
     ok = web.post(
         "/console/login",
         {"password": PASSWORD, "next": "/console/groups?x=1"},

@@ -289,3 +289,47 @@ def test_an_operators_day(browser: Any, seeded: dict[str, Any]) -> None:
         expect(page.get_by_role("heading", name="Log in")).to_be_visible()
     finally:
         context.close()
+
+
+def test_a_viewer_and_a_group_operator_in_the_browser(browser: Any, seeded: dict[str, Any]) -> None:
+    """Each signs in with their own name and password: the viewer sees everything and its change is
+    refused; the operator of globex sees only globex, and acme's pages are not there for it."""
+    from playwright.sync_api import expect
+
+    from tests.test_operators import router
+
+    s = seeded["stack"]
+    router(s, "add", "vera", "--role", "viewer", "--stdin", password="vera-password-1")
+    router(s, "add", "otto", "--role", "operator", "--group", "globex", "--stdin", password="otto-password-1")
+    base = f"http://127.0.0.1:{s.port}/console"
+    for name, password in (("vera", "vera-password-1"), ("otto", "otto-password-1")):
+        context = browser.new_context(viewport=SIZES["desktop"])
+        page = context.new_page()
+        page.set_default_timeout(15_000)
+        try:
+            page.goto(base + "/login")
+            page.fill("#name", name)
+            page.fill("#password", password)
+            page.click("button[type=submit]")
+            expect(page.locator("header .who")).to_contain_text(name)
+            if name == "vera":
+                page.goto(base + "/groups/acme")
+                expect(page.locator("h1")).to_have_text("acme")
+                before = s.run(s.store.get_group("acme")).balance  # type: ignore[union-attr]
+                page.fill("#amount", "5")
+                page.click("text=Add credits")
+                expect(page.locator("body")).to_contain_text("changes nothing")
+                assert s.run(s.store.get_group("acme")).balance == before  # type: ignore[union-attr]
+            else:
+                page.goto(base + "/")
+                page.wait_for_url(re.compile(r"/console/groups$"))
+                expect(page.locator("main table")).to_contain_text("globex")
+                expect(page.locator("main")).not_to_contain_text("acme")
+                expect(page.locator("nav.main")).not_to_contain_text("Audit")
+                response = page.goto(base + "/groups/acme")
+                assert response is not None and response.status == 404
+                response = page.goto(base + f"/keys/{seeded['key_id']}")  # acme's key
+                assert response is not None and response.status == 404
+            page.screenshot(path=str(ARTIFACTS / f"operator-{name}.png"), full_page=True)
+        finally:
+            context.close()

@@ -1,0 +1,94 @@
+"""``router operators ...``: the console's named operators (console/operators.py).
+
+router operators add NAME --role admin|viewer|operator [--group G ...] [--stdin]
+                                  an account with its own password (prompted twice, or read from
+                                  standard input); --group: the groups an operator operates
+router operators list             the accounts, their roles and groups
+router operators password NAME [--stdin]
+                                  a new password: the account's sessions end
+router operators token NAME       a new admin API token for the account, printed once (the old one
+                                  stops working)
+router operators remove NAME      the account goes, and its sessions end
+
+Each change is in the audit log as ``operator.*`` (never a password, its hash or a token).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+
+from billing.backends import with_store
+from billing.store import Store
+from cli.console import read_password
+from console import auth, operators
+from console.changes import cli_changes
+from console.queries import queries_for
+from core.config import Settings
+
+
+def add_commands(sub: Any) -> None:
+    p = sub.add_parser("operators", help="the console's operators: add, list, password, token, remove",
+                       description="Named accounts for the console and the admin API, each with a role.")  # fmt: skip
+    osub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    add = osub.add_parser("add", help="an operator with its own password", description="Add an operator.")
+    add.add_argument("name")
+    add.add_argument("--role", required=True, choices=operators.ROLES,
+                     help="admin: everything; viewer: sees and exports, changes nothing; operator: its groups only")  # fmt: skip
+    add.add_argument("--group", action="append", default=[], help="a group the operator operates (repeat)")
+    add.add_argument("--stdin", action="store_true", help="read the password from standard input")
+    osub.add_parser("list", help="the operators", description="List the operators.")
+    pw = osub.add_parser("password", help="a new password (the account's sessions end)", description="Set a password.")
+    pw.add_argument("name")
+    pw.add_argument("--stdin", action="store_true", help="read the password from standard input")
+    tok = osub.add_parser("token", help="a new admin API token, printed once", description="Make an API token.")
+    tok.add_argument("name")
+    rm = osub.add_parser("remove", help="delete an operator (its sessions end)", description="Remove an operator.")
+    rm.add_argument("name")
+
+
+def _json(op: operators.Operator) -> dict[str, Any]:
+    return {"name": op.name, "role": op.role, "groups": list(op.groups)}
+
+
+def run(args: argparse.Namespace, settings: Settings) -> None:
+    action = args.action
+    hashed = auth.hash_password(read_password(args.stdin)) if action in ("add", "password") else ""
+    token = operators.new_token() if action == "token" else ""
+
+    async def act(store: Store) -> str:
+        queries = queries_for(store)
+        await queries.ready()
+        book = queries.operators
+        changes = cli_changes(store)
+        if action == "list":
+            rows = await book.all()
+            return "\n".join(f"{o.name:<24} {o.role:<9} {', '.join(o.groups) or '(every group)'}"
+                             f"{'  (has an API token)' if o.token_hash else ''}" for o in rows) or "no operators"  # fmt: skip
+        if action == "add":
+            for group in args.group:
+                if await store.get_group(group) is None:
+                    raise operators.OperatorError(f"no group named {group!r}")
+            made = await book.add(args.name, args.role, args.group, hashed)
+            await changes.record("operator.add", f"operator:{made.name}", None, _json(made))
+            return f"operator {made.name} ({made.role}) added"
+        found = await book.get(args.name)
+        if found is None:
+            raise operators.OperatorError(f"no operator named {args.name!r}")
+        if action == "password":
+            await book.set_password(found.name, hashed)  # its fingerprint changes: its sessions end
+            await changes.record("operator.password", f"operator:{found.name}", None, {"set": True})
+            return f"operator {found.name}: password set; its sessions are logged out"
+        if action == "token":
+            await book.set_token(found.name, token)
+            await changes.record("operator.token", f"operator:{found.name}", None, {"set": True})
+            return f"operator {found.name}'s admin API token (shown once; the old one no longer works):\n{token}"
+        await book.remove(found.name)
+        await changes.record("operator.remove", f"operator:{found.name}", _json(found), None)
+        return f"operator {found.name} removed"
+
+    try:
+        print(asyncio.run(with_store(settings.store.url, act)))
+    except operators.OperatorError as exc:
+        raise SystemExit(f"error: {exc}") from None
