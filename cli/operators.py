@@ -33,19 +33,19 @@ def add_commands(sub: Any) -> None:
                        description="Named accounts for the console and the admin API, each with a role.")  # fmt: skip
     osub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     add = osub.add_parser("add", help="an operator with its own password", description="Add an operator.")
-    add.add_argument("name")
+    add.add_argument("name", help="its login name: a-z, 0-9, '.', '_', '-'")
     add.add_argument("--role", required=True, choices=operators.ROLES,
                      help="admin: everything; viewer: sees and exports, changes nothing; operator: its groups only")  # fmt: skip
     add.add_argument("--group", action="append", default=[], help="a group the operator operates (repeat)")
     add.add_argument("--stdin", action="store_true", help="read the password from standard input")
     osub.add_parser("list", help="the operators", description="List the operators.")
     pw = osub.add_parser("password", help="a new password (the account's sessions end)", description="Set a password.")
-    pw.add_argument("name")
+    pw.add_argument("name", help="the operator")
     pw.add_argument("--stdin", action="store_true", help="read the password from standard input")
     tok = osub.add_parser("token", help="a new admin API token, printed once", description="Make an API token.")
-    tok.add_argument("name")
+    tok.add_argument("name", help="the operator")
     rm = osub.add_parser("remove", help="delete an operator (its sessions end)", description="Remove an operator.")
-    rm.add_argument("name")
+    rm.add_argument("name", help="the operator")
 
 
 def _json(op: operators.Operator) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
 import jinja2
+from markupsafe import Markup, escape
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
@@ -62,6 +63,12 @@ def _when(context: Any, ts: float | None) -> str:
     return display.when(ts, context.get("zone", display.UTC))
 
 
+def _wbr(text: str) -> Markup:
+    """``text`` escaped, with a break opportunity after each ``/`` (a model id breaks between its
+    provider and its name, not inside a word)."""
+    return Markup("/<wbr>").join(escape(part) for part in str(text).split("/"))
+
+
 class Console:
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
@@ -89,6 +96,7 @@ class Console:
             when=_when,
             iso=display.iso,
             q=lambda s: quote(str(s), safe=""),
+            wbr=_wbr,
         )
         self.env.globals.update(percent=display.percent)
         self._analysis: Analysis | None = None

@@ -1,20 +1,25 @@
 """Budgets in the console: the Budgets card of a group's page and of a key's (each budget with its
 window now, how much of it is used, the webhooks its 50/80/100 % alerts go to) and what its forms do
 (add a budget, change its amount, remove it), recorded in the audit log like every change. The
-routes are the group's and the key's (console/groups.py, console/keys.py): a budget is changed
-only through the page of the group or key it belongs to."""
+routes hang under a group's page and a key's (:func:`routes`, given by console/groups.py and
+console/keys.py how to find their owner and how to show their page again): a budget is changed only
+through the page of the group or key it belongs to."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from billing import budgets
 from billing.alerts import AlertBook
 from billing.budgets import BudgetState
 from console import display, forms
-from console.app import Console
+from console.app import Console, action
 from console.forms import Invalid
 from core.inputs import natural
 from gateway.alerts import BUDGET_LEVELS
@@ -83,3 +88,43 @@ async def set_amount(c: Console, request: Request, form: dict[str, str], state: 
 
 async def remove(c: Console, request: Request, state: BudgetState) -> None:
     await c.changes(request, "console").remove_budget(state.budget.id)
+
+
+# (group, key id or None, the page's path): whose budgets a request's path is about
+Owner = Callable[[Console, Request], Awaitable[tuple[str, int | None, str]]]
+Page = Callable[..., Awaitable[Response]]  # the owner's page again: (c, request, status, errors=, values=)
+
+
+def routes(prefix: str, owner: Owner, page: Page) -> list[Route]:
+    """The budget forms' routes under ``prefix`` (``/groups/{name}``, ``/keys/{key_id}``)."""
+
+    async def added(c: Console, request: Request, form: dict[str, str]) -> Response:
+        group, key_id, path = await owner(c, request)
+        errors = await add(c, request, form, group, key_id)
+        if errors:
+            return await page(c, request, 400, errors=errors, values=form)
+        return c.redirect(request, path, "budgets", ok="budget-added")
+
+    async def found(c: Console, request: Request) -> tuple[BudgetState, str]:
+        group, key_id, path = await owner(c, request)
+        state = await owned(c, request.path_params["budget_id"], group, key_id)
+        if state is None:
+            raise HTTPException(404, "No such budget here.")
+        return state, path
+
+    async def changed(c: Console, request: Request, form: dict[str, str]) -> Response:
+        state, path = await found(c, request)
+        errors = await set_amount(c, request, form, state)
+        if errors:
+            values = {f"budget_set_{state.budget.id}": form.get("amount", "")}
+            return await page(c, request, 400, errors=errors, values=values)
+        return c.redirect(request, path, "budgets", ok="budget-updated")
+
+    async def removed(c: Console, request: Request, form: dict[str, str]) -> Response:
+        state, path = await found(c, request)
+        await remove(c, request, state)
+        return c.redirect(request, path, "budgets", ok="budget-removed")
+
+    return [Route(f"{prefix}/budgets", action(added), methods=["POST"]),
+            Route(f"{prefix}/budgets/{{budget_id}}", action(changed), methods=["POST"]),
+            Route(f"{prefix}/budgets/{{budget_id}}/remove", action(removed), methods=["POST"])]  # fmt: skip

@@ -13,7 +13,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from billing.budgets import BudgetState
 from billing.store import Group, StoreError
 from billing.usage_filter import Filter
 from console import budget_forms, filters, flash, forms, operators, periods, prefs, views
@@ -227,38 +226,13 @@ async def create_key(c: Console, request: Request, form: dict[str, str]) -> Resp
     return c.redirect(request, f"/groups/{quote_name(group.name)}/keys", created=token, key=info.id)
 
 
-@action
-async def add_budget(c: Console, request: Request, form: dict[str, str]) -> Response:
+async def _budget_owner(c: Console, request: Request) -> tuple[str, int | None, str]:
     group = await group_or_404(c, request.path_params["name"])
-    errors = await budget_forms.add(c, request, form, group.name, None)
-    if errors:
-        return await summary_page(c, request, group.name, 400, errors=errors, values=form)
-    return c.redirect(request, f"/groups/{quote_name(group.name)}", "budgets", ok="budget-added")
+    return group.name, None, f"/groups/{quote_name(group.name)}"
 
 
-async def _budget_of(c: Console, request: Request) -> tuple[Group, BudgetState]:
-    group = await group_or_404(c, request.path_params["name"])
-    state = await budget_forms.owned(c, request.path_params["budget_id"], group.name, None)
-    if state is None:
-        raise HTTPException(404, f"No such budget in the group {group.name!r}.")
-    return group, state
-
-
-@action
-async def set_budget(c: Console, request: Request, form: dict[str, str]) -> Response:
-    group, state = await _budget_of(c, request)
-    errors = await budget_forms.set_amount(c, request, form, state)
-    if errors:
-        values = {f"budget_set_{state.budget.id}": form.get("amount", "")}
-        return await summary_page(c, request, group.name, 400, errors=errors, values=values)
-    return c.redirect(request, f"/groups/{quote_name(group.name)}", "budgets", ok="budget-updated")
-
-
-@action
-async def remove_budget(c: Console, request: Request, form: dict[str, str]) -> Response:
-    group, state = await _budget_of(c, request)
-    await budget_forms.remove(c, request, state)
-    return c.redirect(request, f"/groups/{quote_name(group.name)}", "budgets", ok="budget-removed")
+async def _summary_again(c: Console, request: Request, status: int, **context: Any) -> Response:
+    return await summary_page(c, request, request.path_params["name"], status, **context)
 
 
 def routes() -> list[Route]:
@@ -269,7 +243,5 @@ def routes() -> list[Route]:
         Route("/groups/{name}/topup", topup, methods=["POST"]),
         Route("/groups/{name}/keys", group_keys, methods=["GET"]),
         Route("/groups/{name}/keys", create_key, methods=["POST"]),
-        Route("/groups/{name}/budgets", add_budget, methods=["POST"]),
-        Route("/groups/{name}/budgets/{budget_id}", set_budget, methods=["POST"]),
-        Route("/groups/{name}/budgets/{budget_id}/remove", remove_budget, methods=["POST"]),
+        *budget_forms.routes("/groups/{name}", _budget_owner, _summary_again),
     ]

@@ -12,7 +12,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from billing.budgets import BudgetState
 from billing.store import KeyInfo, KeyMeta
 from billing.usage_filter import Filter
 from console import budget_forms, display, flash, lifecycle, operators, prefs, views
@@ -183,38 +182,9 @@ async def revoke_key(c: Console, request: Request, form: dict[str, str]) -> Resp
     return c.redirect(request, f"/groups/{quote_name(info.group_name)}/keys", ok="revoked")
 
 
-@action
-async def add_budget(c: Console, request: Request, form: dict[str, str]) -> Response:
+async def _budget_owner(c: Console, request: Request) -> tuple[str, int | None, str]:
     info = await key_or_404(c, request.path_params["key_id"])
-    errors = await budget_forms.add(c, request, form, info.group_name, info.id)
-    if errors:
-        return await key_page(c, request, 400, errors=errors, values=form)
-    return c.redirect(request, f"/keys/{info.id}", "budgets", ok="budget-added")
-
-
-async def _budget_of(c: Console, request: Request) -> tuple[KeyInfo, BudgetState]:
-    info = await key_or_404(c, request.path_params["key_id"])
-    state = await budget_forms.owned(c, request.path_params["budget_id"], info.group_name, info.id)
-    if state is None:
-        raise HTTPException(404, f"No such budget for key {info.id}.")
-    return info, state
-
-
-@action
-async def set_budget(c: Console, request: Request, form: dict[str, str]) -> Response:
-    info, state = await _budget_of(c, request)
-    errors = await budget_forms.set_amount(c, request, form, state)
-    if errors:
-        values = {f"budget_set_{state.budget.id}": form.get("amount", "")}
-        return await key_page(c, request, 400, errors=errors, values=values)
-    return c.redirect(request, f"/keys/{info.id}", "budgets", ok="budget-updated")
-
-
-@action
-async def remove_budget(c: Console, request: Request, form: dict[str, str]) -> Response:
-    info, state = await _budget_of(c, request)
-    await budget_forms.remove(c, request, state)
-    return c.redirect(request, f"/keys/{info.id}", "budgets", ok="budget-removed")
+    return info.group_name, info.id, f"/keys/{info.id}"
 
 
 def routes() -> list[Route]:
@@ -227,7 +197,5 @@ def routes() -> list[Route]:
         Route("/keys/{key_id}/rotate", rotate, methods=["POST"]),
         Route("/keys/{key_id}/revoke", confirm_revoke, methods=["GET"]),
         Route("/keys/{key_id}/revoke", revoke_key, methods=["POST"]),
-        Route("/keys/{key_id}/budgets", add_budget, methods=["POST"]),
-        Route("/keys/{key_id}/budgets/{budget_id}", set_budget, methods=["POST"]),
-        Route("/keys/{key_id}/budgets/{budget_id}/remove", remove_budget, methods=["POST"]),
+        *budget_forms.routes("/keys/{key_id}", _budget_owner, key_page),
     ]

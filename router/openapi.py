@@ -164,6 +164,7 @@ KEY_CREATE: dict[str, Any] = {
         **KEY_META,
     },
 }
+BUDGET_AMOUNT: dict[str, Any] = {"type": "object", "required": ["amount"], "properties": {"amount": CREDITS}}
 BUDGET_CREATE: dict[str, Any] = {
     "type": "object",
     "required": ["amount", "window"],
@@ -324,6 +325,8 @@ OPERATIONS: tuple[Op, ...] = (
        "admin", auth="admin", params=_path("name")),
     Op("post", "/console/api/groups/{name}/budgets", "Add a budget to a group or one of its keys", "admin",
        auth="admin", params=_path("name"), body=BUDGET_CREATE),
+    Op("patch", "/console/api/budgets/{budget_id}", "A budget's new amount (its window and spend stay)", "admin",
+       auth="admin", params=_path("budget_id"), body=BUDGET_AMOUNT),
     Op("delete", "/console/api/budgets/{budget_id}", "Remove a budget", "admin", auth="admin",
        params=_path("budget_id")),
     Op("get", "/console/api/groups/{name}/users", "A group's usage per end user, most credits first", "admin",

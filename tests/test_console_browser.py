@@ -123,7 +123,7 @@ def test_every_page_on_desktop_and_phone_with_axe(browser: Any, seeded: dict[str
         "calls-filtered": "/groups/acme/calls?status=rejected&period=24h", "calls-oldest": "/groups/acme/calls?limit=25&after=0",
         "call": f"/calls/{record.id}", "find": "/calls?request=req_none", "calls-every": "/calls?period=24h", "keys": "/keys", "key": f"/keys/{seeded['key_id']}",
         "revoke": f"/keys/{seeded['key_id']}/revoke", "rotate": f"/keys/{seeded['key_id']}/rotate", "batches": "/batches", "batch": f"/batches/{seeded['batch']}",
-        "batch-invalid": f"/batches/{seeded['invalid']}", "display": "/display",
+        "batch-invalid": f"/batches/{seeded['invalid']}", "display": "/display", "audit": "/audit", "webhooks": "/webhooks",
     }  # fmt: skip
     axe = AXE.read_text()
     context, page, base = logged_in(browser, s)
