@@ -64,9 +64,11 @@ def _when(context: Any, ts: float | None) -> str:
 
 
 def _wbr(text: str) -> Markup:
-    """``text`` escaped, with a break opportunity after each ``/`` (a model id breaks between its
-    provider and its name, not inside a word)."""
-    return Markup("/<wbr>").join(escape(part) for part in str(text).split("/"))
+    """``text`` escaped, breaking only after a ``/`` (a model id between its provider and its name,
+    never at a hyphen or inside a word)."""
+    parts = str(text).split("/")
+    pieces = [p + "/" for p in parts[:-1]] + parts[-1:]
+    return Markup("").join(Markup('<span class="nb">{}</span>').format(escape(p)) for p in pieces)
 
 
 class Console:
