@@ -215,17 +215,36 @@ class Analysis:
         return [m for (m,), _ in sorted(totals.items(), key=lambda kv: (-kv[1].calls, kv[0][0])) if m]
 
     async def batches(self, ids: list[str]) -> dict[str, Totals]:
-        """The totals of the calls of each of these batches so far (one index range each)."""
+        """The totals of the calls of each of these batches so far: kept per batch up to the rollups'
+        watermark (``usage_batch_totals``, moved forward here over the records the watermark passed
+        since), plus the batch's records above it, read from ``usage``. A page of batches costs the
+        same whatever their sizes: a finished batch is one kept row."""
         if not ids:
             return {}
+        rolled = await self.rollup.fresh()
         marks = ", ".join("?" * len(ids))
+        kept = {str(r[0]): (int(r[1]), r[2:]) for r in await self.db.select(
+            f"SELECT batch_id, upto, {', '.join(COUNTS)} FROM usage_batch_totals WHERE batch_id IN ({marks})", ids)}  # fmt: skip
         source = "usage INDEXED BY usage_batch" if self.sqlite else "usage"
-        rows = await self.db.select(
-            f"SELECT batch_id, {RAW_COUNTS} FROM {source} WHERE batch_id IN ({marks}) GROUP BY batch_id", ids
-        )
-        out: dict[Key, Totals] = {}
-        _collect(rows, 1, out)
-        return {str(k[0]): t for k, t in out.items()}
+        out: dict[str, Totals] = {}
+        for batch_id in ids:
+            upto, counts = kept.get(batch_id, (0, ()))
+            totals = Totals()
+            if counts:
+                totals.add(counts)
+            if upto < rolled:  # the records the watermark passed since: kept from now on
+                (row,) = await self.db.select(f"SELECT {RAW_COUNTS} FROM {source} WHERE batch_id = ? AND id > ? "
+                                              "AND id <= ?", (batch_id, upto, rolled))  # fmt: skip
+                if row[0]:  # (none: nothing to keep; the empty range is as cheap to read again)
+                    totals.add(row)
+                    await self.db.write(_KEEP, (batch_id, rolled, *(getattr(totals, c) for c in COUNTS)))
+            (tail,) = await self.db.select(f"SELECT {RAW_COUNTS} FROM {source} WHERE batch_id = ? AND id > ?",
+                                           (batch_id, max(upto, rolled)))  # fmt: skip
+            if tail[0]:
+                totals.add(tail)
+            if totals.calls:
+                out[batch_id] = totals
+        return out
 
     async def last_used(self, key_ids: list[int]) -> dict[int, float]:
         """When each of these keys was last used (keys never used are left out)."""
@@ -235,6 +254,12 @@ class Analysis:
         latest = "(SELECT ts FROM usage u WHERE u.key_id = k.id ORDER BY u.id DESC LIMIT 1)"
         rows = await self.db.select(f"SELECT k.id, {latest} FROM keys k WHERE k.id IN ({marks})", key_ids)
         return {int(k): float(ts) for k, ts in rows if ts is not None}
+
+
+# a batch's kept totals moved forward; two readers at once: the one that got further wins, either is right
+_KEEP = (f"INSERT INTO usage_batch_totals (batch_id, upto, {', '.join(COUNTS)}) VALUES (?, ?, {', '.join('?' * len(COUNTS))}) "
+         f"ON CONFLICT (batch_id) DO UPDATE SET upto = excluded.upto, "
+         f"{', '.join(f'{c} = excluded.{c}' for c in COUNTS)} WHERE usage_batch_totals.upto < excluded.upto")  # fmt: skip
 
 
 def _tighter(a: int | None, b: int | None, pick: Any) -> int | None:

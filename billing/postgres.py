@@ -180,6 +180,8 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE reservations ADD COLUMN progress TEXT;
     """,
+    # 12: each batch's totals kept up to the rollups' watermark (billing/analysis.py, Analysis.batches)
+    rollup.BATCH_TOTALS,
 ]
 NOTE_PROGRESS = (
     "UPDATE reservations r SET progress = p.progress FROM unnest($1::int8[], $2::text[]) AS p(id, progress) "

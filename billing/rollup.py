@@ -51,6 +51,10 @@ RAW_COUNTS = (
     "sum(completion_tokens), sum(cached_tokens), sum(reasoning_tokens)"
 )
 ROLLED_COUNTS = ", ".join(f"sum({c})" for c in COUNTS)
+# each batch's counts over its records up to ``upto`` (a watermark of the rollups when it was kept):
+# the batches' pages read one row per batch, however many lines it had (billing/analysis.py)
+BATCH_TOTALS = (f"CREATE TABLE usage_batch_totals (batch_id TEXT PRIMARY KEY, upto BIGINT NOT NULL, "
+                f"{', '.join(f'{c} BIGINT NOT NULL' for c in COUNTS)})")  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

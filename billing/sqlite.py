@@ -172,6 +172,8 @@ MIGRATIONS: list[str] = [
     CREATE TABLE owed_applied (epoch TEXT NOT NULL, lo INTEGER NOT NULL, hi INTEGER NOT NULL);
     CREATE INDEX owed_applied_hi ON owed_applied(epoch, hi);
     """,
+    # 12: each batch's totals kept up to the rollups' watermark (billing/analysis.py, Analysis.batches)
+    rollup.BATCH_TOTALS,
 ]
 
 _ROWS_PER_INSERT = 32766 // len(USAGE_COLUMNS)  # SQLite's default limit on bound parameters per statement

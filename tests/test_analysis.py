@@ -10,6 +10,7 @@ import random
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -170,5 +171,39 @@ def test_percentiles_exact_and_sampled(store_url: str, monkeypatch: pytest.Monke
             for p in (50, 90):
                 assert sampled.latency[p] == pytest.approx(truth[p], rel=0.1)
             assert sampled == await a.latency(Filter(), (await a.total(Filter())).ok)  # stable
+
+    asyncio.run(go())
+
+
+def test_batch_totals_are_kept_up_to_the_watermark_and_equal_the_records(store_url: str) -> None:
+    """A batch's totals: the records below the rollups' watermark are summed once and kept
+    (usage_batch_totals), those above are read; both together equal the records, at every watermark,
+    and a kept part is not summed again (its records deleted, the totals stay)."""
+    recs = [replace(r, batch_id=("b1", "b2", None)[i % 3]) for i, r in enumerate(records(900, 10, seed=3))]
+
+    def want(batch: str, among: list[UsageRecord]) -> Totals:
+        out = Totals()
+        for r in among:
+            if r.batch_id == batch:
+                out.add((1, r.status in ("error", "interrupted"), r.status == "rejected", r.credits,
+                         r.prompt_tokens, r.completion_tokens, r.cached_tokens, r.reasoning_tokens))  # fmt: skip
+        return out
+
+    async def go() -> None:
+        async with loaded(store_url, recs) as (store, a):
+            a.rollup._refreshed = float("inf")  # the watermarks below are the test's
+            assert await a.batches(["b1", "b2", "b0"]) == {"b1": want("b1", recs), "b2": want("b2", recs)}
+            assert await store.database.select("SELECT count(*) FROM usage_batch_totals") == [(0,)]  # nothing rolled
+            half = await a.rollup.refresh(now=T0 + 3600 * 5)
+            assert await a.batches(["b1", "b2"]) == {"b1": want("b1", recs), "b2": want("b2", recs)}
+            kept = await store.database.select("SELECT batch_id, upto, calls FROM usage_batch_totals ORDER BY batch_id")
+            ids = await store.database.select("SELECT id, batch_id FROM usage WHERE id <= ? AND batch_id IS NOT NULL",
+                                              (half,))  # fmt: skip
+            assert kept == [("b1", half, sum(1 for _, b in ids if b == "b1")), ("b2", half, sum(1 for _, b in ids if b == "b2"))]
+            await a.rollup.refresh(now=T0 + 3600 * 100)
+            everything = {"b1": want("b1", recs), "b2": want("b2", recs)}
+            assert await a.batches(["b1", "b2"]) == everything
+            await store.database.write("DELETE FROM usage WHERE batch_id = 'b1'")  # kept: not summed again
+            assert await a.batches(["b1", "b2"]) == everything
 
     asyncio.run(go())
