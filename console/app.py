@@ -270,6 +270,9 @@ class Console:
             csrf=session.csrf if session else "",
             admin=bool(session and session.admin),
             operator=getattr(request.state, "operator", None),
+            # what the page offers: the forms a viewer (or an operator, for what is no group's) may not use are left out
+            can_change=getattr(request.state, "operator", operators.ADMIN).role != "viewer",
+            can_admin=getattr(request.state, "operator", operators.ADMIN).changes(None),
             path=request.url.path,
             current=request.url.path + (f"?{request.url.query}" if request.url.query else ""),
             zone_name=display.zone_label(zone, time.time()),
