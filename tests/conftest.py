@@ -182,7 +182,7 @@ class Stack:
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
         self._stop: asyncio.Event | None = None
         self._served: asyncio.Future[None] | None = None
-        self.clients: list[openai.OpenAI] = []
+        self.clients: list[Any] = []  # SDK clients (OpenAI's, Anthropic's): closed after each test
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float = 30) -> T:
         """``coro`` on the stack's loop, once every settlement the gateway has queued is durable

@@ -139,6 +139,7 @@ def test_a_key_in_anthropics_metadata_user_id_goes_nowhere(stack: Any) -> None:
 
     key = stack.key()
     client = anthropic.Anthropic(base_url=f"http://127.0.0.1:{stack.port}", api_key=key, max_retries=0)
+    stack.clients.append(client)  # closed after the test
     answer = client.messages.create(model="anthropic/claude-haiku-4-5", max_tokens=5, metadata={"user_id": f"me {key}"},
                                     messages=[{"role": "user", "content": "hi"}])  # fmt: skip
     assert key not in answer.model_dump_json()

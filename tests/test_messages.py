@@ -26,7 +26,9 @@ HI: Any = [{"role": "user", "content": "hello"}]
 
 
 def sdk(stack: Stack, key: str, **kw: Any) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=f"http://127.0.0.1:{stack.port}", api_key=key, max_retries=0, **kw)
+    client = anthropic.Anthropic(base_url=f"http://127.0.0.1:{stack.port}", api_key=key, max_retries=0, **kw)
+    stack.clients.append(client)  # closed after the test: its pooled sockets are not left to the GC
+    return client
 
 
 def billed_once(stack: Stack, group: str, calls: int) -> list[Any]:
@@ -149,6 +151,7 @@ def test_the_key_in_either_header_and_out_of_credit(stack: Stack) -> None:
     group = stack.group(0.001)
     key = stack.key(group=group)
     bearer = anthropic.Anthropic(base_url=f"http://127.0.0.1:{stack.port}", auth_token=key, max_retries=0)
+    stack.clients.append(bearer)
     assert bearer.messages.create(model="gpt-4o-mini", max_tokens=5, messages=HI).model == "gpt-4o-mini"
     with pytest.raises(anthropic.APIStatusError) as info:
         sdk(stack, key).messages.create(model=MODELS["anthropic"], max_tokens=20_000, messages=HI)
