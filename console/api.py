@@ -130,7 +130,7 @@ def guarded(handler: API) -> Callable[[Request], Awaitable[Response]]:
                 **{"www-authenticate": "Bearer"},
             )
         operators.acting(operator)
-        if request.method != "GET" and operator.role == "viewer":
+        if request.method != "GET" and operator.read_only:
             return error(403, VIEWER_REFUSED, "read_only_role")
         await c.ensure()
         try:

@@ -265,14 +265,16 @@ class Console:
         base = request.scope.get("root_path", "")
         zone = prefs.zone_of(request)
         context.setdefault("zone", zone)
+        operator: Operator | None = getattr(request.state, "operator", None)
+        offers = operator or operators.ADMIN  # (a page before its session is known offers no form anyway)
         html = self.env.get_template(template).render(
             base=base,
             csrf=session.csrf if session else "",
             admin=bool(session and session.admin),
-            operator=getattr(request.state, "operator", None),
+            operator=operator,
             # what the page offers: the forms a viewer (or an operator, for what is no group's) may not use are left out
-            can_change=getattr(request.state, "operator", operators.ADMIN).role != "viewer",
-            can_admin=getattr(request.state, "operator", operators.ADMIN).changes(None),
+            can_change=not offers.read_only,
+            can_admin=offers.changes(None),
             path=request.url.path,
             current=request.url.path + (f"?{request.url.query}" if request.url.query else ""),
             zone_name=display.zone_label(zone, time.time()),
@@ -363,7 +365,7 @@ def action(handler: FormHandler, personal: bool = False) -> Callable[[Request], 
             return refused(
                 c, request, "The form's security token is missing or wrong: reload the page and try again."
             )
-        if not personal and operators.current().role == "viewer":
+        if not personal and operators.current().read_only:
             return refused(c, request, VIEWER_REFUSED)
         return await handler(c, request, form)
 

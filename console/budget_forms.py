@@ -37,10 +37,6 @@ async def card(c: Console, group: str, key_id: int | None = None) -> dict[str, A
             "budget_places": display.places(amounts)}  # fmt: skip
 
 
-def used_percent(state: BudgetState) -> int:
-    return min(999, state.spent * 100 // state.budget.amount) if state.budget.amount else 0
-
-
 async def add(c: Console, request: Request, form: dict[str, str], group: str, key_id: int | None) -> dict[str, str]:
     """Add the form's budget; the errors by field (none: it was added)."""
     errors: dict[str, str] = {}

@@ -47,6 +47,11 @@ class Operator:
     token_hash: str = ""
 
     @property
+    def read_only(self) -> bool:
+        """Whether it may change nothing at all (the viewer: it sees and exports)."""
+        return self.role == "viewer"
+
+    @property
     def every_group(self) -> bool:
         """Whether it may see across groups (the overview, the audit log, the webhooks)."""
         return self.role != "operator"
