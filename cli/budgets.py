@@ -2,6 +2,7 @@
 
     router budgets add --group NAME [--key ID] --amount CREDITS --window day|week|month|<n>s|m|h|d [--tz ZONE]
     router budgets list [--group NAME] [--key ID]
+    router budgets set ID --amount CREDITS       (its window and what was spent in it stay)
     router budgets remove ID
 
 A bad window, time zone or amount is a one-line error; ``--tz`` defaults to ``[billing] timezone``.
@@ -41,13 +42,18 @@ def add_commands(sub: Any) -> None:
     rm.add_argument("id", type=int, help="the budget's id (router budgets list)")
 
 
+def _amount(text: str) -> int:
+    """``--amount`` in nano-credits; a bad one is a BudgetError (the command's one-line error)."""
+    try:
+        return to_nano(text)
+    except ValueError as exc:
+        raise budgets.BudgetError(str(exc)) from None
+
+
 def run(args: argparse.Namespace, settings: Settings) -> None:
     try:
         if args.action == "add":
-            try:
-                amount = to_nano(args.amount)
-            except ValueError as exc:
-                raise budgets.BudgetError(str(exc)) from None
+            amount = _amount(args.amount)
             tz = args.tz or settings.billing.timezone
 
             async def add(store: Store) -> budgets.BudgetState:
@@ -56,10 +62,7 @@ def run(args: argparse.Namespace, settings: Settings) -> None:
             made = asyncio.run(with_store(settings.store.url, add)).budget
             print(f"budget {made.id}: {made.describe(args.group)}")
         elif args.action == "set":
-            try:
-                amount = to_nano(args.amount)
-            except ValueError as exc:
-                raise budgets.BudgetError(str(exc)) from None
+            amount = _amount(args.amount)
             changed = asyncio.run(with_store(settings.store.url, lambda s: cli_changes(s).set_budget_amount(args.id, amount)))
             if changed is None:
                 raise SystemExit(f"error: no budget with id {args.id}")
