@@ -41,50 +41,25 @@ HOUR = 3600
 
 Clock = Callable[[], float]
 
-MIGRATIONS = {
-    "sqlite": [
-        """
-        CREATE TABLE budgets (
-            id INTEGER PRIMARY KEY,
-            group_id INTEGER NOT NULL REFERENCES groups(id),
-            key_id INTEGER REFERENCES keys(id),
-            amount INTEGER NOT NULL CHECK (amount > 0),
-            period TEXT NOT NULL,
-            tz TEXT NOT NULL,
-            span INTEGER NOT NULL,
-            created_at REAL NOT NULL
-        );
-        CREATE INDEX budgets_group ON budgets (group_id);
-        CREATE TABLE budget_spend (
-            budget_id INTEGER NOT NULL,
-            bucket INTEGER NOT NULL,
-            spent INTEGER NOT NULL,
-            PRIMARY KEY (budget_id, bucket)
-        );
-        """
-    ],
-    "postgres": [
-        """
-        CREATE TABLE budgets (
-            id BIGSERIAL PRIMARY KEY,
-            group_id BIGINT NOT NULL REFERENCES groups(id),
-            key_id BIGINT REFERENCES keys(id),
-            amount BIGINT NOT NULL CHECK (amount > 0),
-            period TEXT NOT NULL,
-            tz TEXT NOT NULL,
-            span BIGINT NOT NULL,
-            created_at DOUBLE PRECISION NOT NULL
-        );
-        CREATE INDEX budgets_group ON budgets (group_id);
-        CREATE TABLE budget_spend (
-            budget_id BIGINT NOT NULL,
-            bucket BIGINT NOT NULL,
-            spent BIGINT NOT NULL,
-            PRIMARY KEY (budget_id, bucket)
-        );
-        """
-    ],
-}
+TABLES = """
+    CREATE TABLE budgets (
+        id {id},
+        group_id {int} NOT NULL REFERENCES groups(id),
+        key_id {int} REFERENCES keys(id),
+        amount {int} NOT NULL CHECK (amount > 0),
+        period TEXT NOT NULL,
+        tz TEXT NOT NULL,
+        span {int} NOT NULL,
+        created_at {real} NOT NULL
+    );
+    CREATE INDEX budgets_group ON budgets (group_id);
+    CREATE TABLE budget_spend (
+        budget_id {int} NOT NULL,
+        bucket {int} NOT NULL,
+        spent {int} NOT NULL,
+        PRIMARY KEY (budget_id, bucket)
+    );
+"""  # the migration of the budgets' own version table (billing/schema.py ``ddl``)
 VERSION_TABLE = "budget_schema_version"
 
 
@@ -365,8 +340,7 @@ class BudgetState:
 
 async def add(store: Any, group: str, amount: int, window: str, key_id: int | None = None, tz: str = "UTC") -> Budget:
     """A new budget for ``group`` (or one of its keys): ``amount`` nano-credits per ``window``."""
-    if not isinstance(amount, int) or isinstance(amount, bool) or amount <= 0:
-        raise BudgetError("a budget's amount must be a positive number of credits")
+    _positive(amount)
     period = parse_period(window, tz)
     found = await store.get_group(group)
     if found is None:
@@ -389,22 +363,21 @@ async def add(store: Any, group: str, amount: int, window: str, key_id: int | No
 async def set_amount(store: Any, budget_id: int, amount: int) -> bool:
     """A budget's new amount (its window, and what was spent in it, stay): False if there is no such
     budget. A running gateway reads it at its next refresh of the group, as it reads a new budget."""
-    if not isinstance(amount, int) or isinstance(amount, bool) or amount <= 0:
-        raise BudgetError("a budget's amount must be a positive number of credits")
-    rows = await store.database.select("SELECT id FROM budgets WHERE id = ?", (budget_id,))
-    if not rows:
-        return False
-    await store.database.write("UPDATE budgets SET amount = ? WHERE id = ?", (amount, budget_id))
-    return True
+    _positive(amount)
+    changed = await store.database.atomic([("UPDATE budgets SET amount = ? WHERE id = ?", (amount, budget_id))])
+    return changed[0] > 0
 
 
 async def remove(store: Any, budget_id: int) -> bool:
-    rows = await store.database.select("SELECT id FROM budgets WHERE id = ?", (budget_id,))
-    if not rows:
-        return False
-    await store.database.atomic([("DELETE FROM budget_spend WHERE budget_id = ?", (budget_id,)),
-                                 ("DELETE FROM budgets WHERE id = ?", (budget_id,))])  # fmt: skip
-    return True
+    changed = await store.database.atomic([("DELETE FROM budgets WHERE id = ?", (budget_id,)),
+                                           ("DELETE FROM budget_spend WHERE budget_id = ?", (budget_id,))],
+                                          chained=True)  # fmt: skip
+    return changed[0] > 0
+
+
+def _positive(amount: int) -> None:
+    if not isinstance(amount, int) or isinstance(amount, bool) or amount <= 0:
+        raise BudgetError("a budget's amount must be a positive number of credits")
 
 
 async def states(store: Any, group: str | None = None, key_id: int | None = None) -> list[BudgetState]:

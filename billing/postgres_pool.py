@@ -206,13 +206,16 @@ class PostgresPool:
         except asyncpg.IntegrityConstraintViolationError as exc:
             raise StoreConstraint(str(exc)) from None
 
-    async def atomic(self, steps: Sequence[tuple[str, Sequence[Any]]]) -> list[int]:
+    async def atomic(self, steps: Sequence[tuple[str, Sequence[Any]]], chained: bool = False) -> list[int]:
         """Run the statements in one transaction (all or none); the rows each changed."""
 
         async def run(conn: asyncpg.Connection) -> list[int]:
             counts: list[int] = []
             async with conn.transaction():
                 for sql, args in steps:
+                    if chained and counts and not counts[-1]:
+                        counts.append(0)
+                        continue
                     status = await conn.execute(pg_sql(sql), *args)
                     tail = status.rsplit(" ", 1)[-1]
                     counts.append(int(tail) if tail.isdigit() else 0)

@@ -25,7 +25,8 @@ from billing import budgets, end_users, rollup, rules
 from billing.history import History
 from billing.journal import Entry
 from billing.owed import OwedLog, entry_id
-from billing.sqlite_thread import SQLiteThread, down
+from billing.schema import LEDGER, ddl
+from billing.sqlite_thread import SQLiteThread, down, savepoint, transaction
 from billing.store import (
     USAGE_COLUMNS,
     USAGE_TYPES,
@@ -57,67 +58,8 @@ log = logging.getLogger("router.store")
 _PRINCIPAL_BY_HASH = principal_by_hash_query("?", "?")
 
 MIGRATIONS: list[str] = [
-    # 1: groups and keys
-    """
-    CREATE TABLE groups (
-        id INTEGER PRIMARY KEY,
-        name TEXT NOT NULL UNIQUE,
-        balance INTEGER NOT NULL DEFAULT 0 CHECK (balance >= 0),
-        reserved INTEGER NOT NULL DEFAULT 0 CHECK (reserved >= 0),
-        spent INTEGER NOT NULL DEFAULT 0,
-        created_at REAL NOT NULL
-    );
-    CREATE TABLE keys (
-        id INTEGER PRIMARY KEY,
-        group_id INTEGER NOT NULL REFERENCES groups(id),
-        name TEXT NOT NULL DEFAULT '',
-        key_hash TEXT NOT NULL UNIQUE,
-        hint TEXT NOT NULL,
-        created_at REAL NOT NULL,
-        revoked_at REAL,
-        spend_cap INTEGER,
-        spent INTEGER NOT NULL DEFAULT 0,
-        allowed_models TEXT
-    );
-    CREATE INDEX keys_group ON keys(group_id);
-    """,
-    # 2: the ledger: reservations in flight and one usage record per call
-    """
-    ALTER TABLE keys ADD COLUMN reserved INTEGER NOT NULL DEFAULT 0;
-    CREATE TABLE reservations (
-        id INTEGER PRIMARY KEY,
-        group_id INTEGER NOT NULL REFERENCES groups(id),
-        key_id INTEGER NOT NULL REFERENCES keys(id),
-        amount INTEGER NOT NULL CHECK (amount >= 0),
-        created_at REAL NOT NULL
-    );
-    CREATE TABLE usage (
-        id INTEGER PRIMARY KEY,
-        ts REAL NOT NULL,
-        key_id INTEGER NOT NULL,
-        group_id INTEGER NOT NULL,
-        model TEXT NOT NULL,
-        provider TEXT NOT NULL,
-        endpoint TEXT NOT NULL,
-        source TEXT NOT NULL,
-        stream INTEGER NOT NULL,
-        prompt_tokens INTEGER NOT NULL,
-        completion_tokens INTEGER NOT NULL,
-        cached_tokens INTEGER NOT NULL,
-        cache_write_tokens INTEGER NOT NULL,
-        reasoning_tokens INTEGER NOT NULL,
-        credits INTEGER NOT NULL,
-        status TEXT NOT NULL,
-        usage_exact INTEGER NOT NULL,
-        latency_ms REAL NOT NULL,
-        ttft_ms REAL,
-        upstream_request_id TEXT,
-        request_id TEXT,
-        error TEXT
-    );
-    CREATE INDEX usage_group_ts ON usage(group_id, id);
-    CREATE INDEX usage_key_ts ON usage(key_id, ts);
-    """,
+    # 1: groups and keys; 2: the ledger: reservations in flight and one usage record per call (billing/schema.py)
+    *ddl("sqlite", *LEDGER),
     # 3: the usage history's filters as index ranges (billing/history.py); the console used to add
     # them on first use, under other names
     """
@@ -321,27 +263,18 @@ class GroupCommit:
         db: sqlite3.Connection, ops: list[Callable[[sqlite3.Connection], Any]], begun: bool = False
     ) -> list[tuple[bool, Any]]:
         results: list[tuple[bool, Any]] = []
-        if not begun:
-            db.execute("BEGIN IMMEDIATE")
-        try:
+        with transaction(db, begun):
             for settles, group in groupby(ops, key=lambda op: isinstance(op, Settle)):
                 run = list(group)
                 if settles and len(run) > 1 and _settle_together(db, cast(list[Settle], run), results):
                     continue  # a run of settlements, applied together
                 for op in run:
-                    db.execute("SAVEPOINT op")
                     try:
-                        results.append((True, op(db)))
-                        db.execute("RELEASE op")
+                        with savepoint(db):
+                            results.append((True, op(db)))
                     except Exception as exc:
-                        db.execute("ROLLBACK TO op")
-                        db.execute("RELEASE op")
                         results.append((False, exc))
             _owed_applied(db, ops, results)
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
         return results
 
 
@@ -432,14 +365,11 @@ def settle_rows(db: sqlite3.Connection, settles: list[tuple[Reservation, UsageRe
 def _settle_together(db: sqlite3.Connection, settles: list[Settle], results: list[tuple[bool, Any]]) -> bool:
     """Apply ``settles`` in one savepoint with the same outcome as one by one, in order; False (and
     nothing changed) if any of them fails, so the caller runs them one by one instead."""
-    db.execute("SAVEPOINT settles")
     try:
-        _forget_progress(db, settles)
-        charges = settle_rows(db, [(s.reservation, s.record) for s in settles], settles[-1].now)
-        db.execute("RELEASE settles")
+        with savepoint(db, "settles"):
+            _forget_progress(db, settles)
+            charges = settle_rows(db, [(s.reservation, s.record) for s in settles], settles[-1].now)
     except Exception:
-        db.execute("ROLLBACK TO settles")
-        db.execute("RELEASE settles")
         return False
     results.extend((True, charge) for charge in charges)
     return True
@@ -449,31 +379,23 @@ def replay_rows(db: sqlite3.Connection, entries: Sequence[Entry]) -> dict[str, b
     """Store.replay on SQLite: one transaction; an entry whose id is in ``journal_applied`` is skipped."""
     done: dict[str, bool] = {}
     now = time.time()
-    db.execute("BEGIN IMMEDIATE")
-    try:
+    with transaction(db):
         for entry in entries:
             if not db.execute("INSERT OR IGNORE INTO journal_applied (id, ts) VALUES (?, ?)", (entry.id, now)).rowcount:
                 done[entry.id] = False  # applied by an earlier replay
                 continue
-            db.execute("SAVEPOINT entry")
             try:
-                if entry.reservation.id < 0:  # (a stream's progress kept, then its settlement journaled)
-                    db.execute("DELETE FROM in_progress WHERE reservation = ? AND request_id IS ?",
-                               (entry.reservation.id, entry.record.request_id))  # fmt: skip
-                settle_rows(db, [(entry.reservation, entry.record)])
-                db.execute("RELEASE entry")
+                with savepoint(db, "entry"):
+                    if entry.reservation.id < 0:  # (a stream's progress kept, then its settlement journaled)
+                        db.execute("DELETE FROM in_progress WHERE reservation = ? AND request_id IS ?",
+                                   (entry.reservation.id, entry.record.request_id))  # fmt: skip
+                    settle_rows(db, [(entry.reservation, entry.record)])
                 done[entry.id] = True
             except Exception as exc:
                 if isinstance(exc, sqlite3.Error) and down(exc):
                     raise
-                db.execute("ROLLBACK TO entry")
-                db.execute("RELEASE entry")
                 log.error("a journaled settlement was refused (%r): %r", exc, entry.record)
                 done[entry.id] = False
-        db.execute("COMMIT")
-    except BaseException:
-        db.execute("ROLLBACK")
-        raise
     return done
 
 
@@ -548,7 +470,7 @@ class SQLiteStore(Store):
     async def open(self) -> None:
         await self.thread.open()
         await self.thread.migrate("schema_version", MIGRATIONS)
-        await self.thread.migrate(budgets.VERSION_TABLE, budgets.MIGRATIONS["sqlite"])
+        await self.thread.migrate(budgets.VERSION_TABLE, ddl("sqlite", budgets.TABLES))
         await self.thread.migrate(end_users.VERSION_TABLE, end_users.MIGRATIONS["sqlite"])
         if self._here is None:
             self._here = self.thread.connect_here()
@@ -745,15 +667,10 @@ class SQLiteStore(Store):
     async def _charge_cut_streams(self) -> int:
 
         def fn(db: sqlite3.Connection) -> list[int]:
-            db.execute("BEGIN IMMEDIATE")
-            try:
+            with transaction(db):
                 records = [record_of(text) for (text,) in db.execute("SELECT record FROM in_progress ORDER BY reservation")]
                 charges = settle_rows(db, [(Reservation(0, r.group_id, r.key_id, 0), r) for r in records]) if records else []
                 db.execute("DELETE FROM in_progress")
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
             return charges
 
         charges = await self.run(fn)
@@ -771,16 +688,11 @@ class SQLiteStore(Store):
             rows = db.execute(
                 "SELECT id, group_id, key_id, amount FROM reservations WHERE created_at <= ?", (cutoff,)
             ).fetchall()
-            db.execute("BEGIN IMMEDIATE")
-            try:
+            with transaction(db):
                 for rid, group_id, key_id, amount in rows:
                     record = UsageRecord(key_id=key_id, group_id=group_id, model="", provider="", status="interrupted",
                                          usage_exact=False, error="reservation left by a stopped process, released on restart")  # fmt: skip
                     self._settle(db, Reservation(rid, group_id, key_id, amount), record)
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
             return len(rows)
 
         return await self.run(fn)

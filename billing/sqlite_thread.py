@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -73,9 +74,9 @@ class SQLiteThread:
     async def write(self, sql: str, args: Sequence[Any] = ()) -> None:
         await self.run(lambda db: _constrained(lambda: db.execute(sql, tuple(args))))
 
-    async def atomic(self, steps: Sequence[tuple[str, Sequence[Any]]]) -> list[int]:
+    async def atomic(self, steps: Sequence[tuple[str, Sequence[Any]]], chained: bool = False) -> list[int]:
         """Run the statements in one transaction (all or none); the rows each changed."""
-        return await self.run(lambda db: _constrained(lambda: _atomic(db, steps)))
+        return await self.run(lambda db: _constrained(lambda: _atomic(db, steps, chained)))
 
     async def open(self) -> None:
         if self._executor is not None:
@@ -137,20 +138,44 @@ def _constrained(work: Callable[[], T]) -> T:
         raise StoreConstraint(str(exc)) from None
 
 
-def _atomic(db: sqlite3.Connection, steps: Sequence[tuple[str, Sequence[Any]]]) -> list[int]:
-    db.execute("BEGIN IMMEDIATE")
+@contextmanager
+def transaction(db: sqlite3.Connection, begun: bool = False) -> Iterator[sqlite3.Connection]:
+    """A write transaction, its lock taken at once (``BEGIN IMMEDIATE``, unless ``begun``): committed
+    when the block ends, rolled back if it (or the commit) raises."""
+    if not begun:
+        db.execute("BEGIN IMMEDIATE")
     try:
-        counts = [db.execute(sql, tuple(args)).rowcount for sql, args in steps]
+        yield db
         db.execute("COMMIT")
     except BaseException:
         db.execute("ROLLBACK")
         raise
+
+
+@contextmanager
+def savepoint(db: sqlite3.Connection, name: str = "op") -> Iterator[None]:
+    """A savepoint in the transaction: released when the block ends; rolled back to (and released) if
+    it raises, and the exception goes on, the rest of the transaction kept."""
+    db.execute(f"SAVEPOINT {name}")
+    try:
+        yield
+    except BaseException:
+        db.execute(f"ROLLBACK TO {name}")
+        db.execute(f"RELEASE {name}")
+        raise
+    db.execute(f"RELEASE {name}")
+
+
+def _atomic(db: sqlite3.Connection, steps: Sequence[tuple[str, Sequence[Any]]], chained: bool) -> list[int]:
+    counts: list[int] = []
+    with transaction(db):
+        for sql, args in steps:
+            counts.append(0 if chained and counts and not counts[-1] else db.execute(sql, tuple(args)).rowcount)
     return counts
 
 
 def _migrate(db: sqlite3.Connection, table: str, migrations: Sequence[str]) -> None:
-    db.execute("BEGIN IMMEDIATE")
-    try:
+    with transaction(db):
         db.execute(f"CREATE TABLE IF NOT EXISTS {table} (version INTEGER NOT NULL)")
         row = db.execute(f"SELECT version FROM {table}").fetchone()
         version = row[0] if row else 0
@@ -161,7 +186,3 @@ def _migrate(db: sqlite3.Connection, table: str, migrations: Sequence[str]) -> N
                 if statement.strip():
                     db.execute(statement)
             db.execute(f"UPDATE {table} SET version = ?", (number,))
-        db.execute("COMMIT")
-    except BaseException:
-        db.execute("ROLLBACK")
-        raise

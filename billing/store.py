@@ -58,8 +58,9 @@ class Database(Protocol):
 
     async def write(self, sql: str, args: Sequence[Any] = ()) -> None: ...
 
-    async def atomic(self, steps: Sequence[tuple[str, Sequence[Any]]]) -> list[int]:
-        """Run the statements in one transaction (all or none); the rows each changed."""
+    async def atomic(self, steps: Sequence[tuple[str, Sequence[Any]]], chained: bool = False) -> list[int]:
+        """Run the statements in one transaction (all or none); the rows each changed. ``chained``: a
+        statement runs only if the one before changed a row (else it counts 0)."""
         ...
 
 
@@ -430,14 +431,8 @@ class Store(ABC):
     # key lifecycle: dialect-neutral statements on the store's database handle
     async def set_key_meta(self, key_id: int, meta: KeyMeta) -> KeyInfo:
         """Set a key's expiry, tags and owner; raises StoreError if there is no such key."""
-        changed = await self.database.atomic(
-            [
-                (
-                    "UPDATE keys SET expires_at = ?, tags = ?, owner = ? WHERE id = ?",
-                    (*meta_values(meta), key_id),
-                )
-            ]
-        )
+        changed = await self.database.atomic([("UPDATE keys SET expires_at = ?, tags = ?, owner = ? WHERE id = ?",
+                                               (*meta_values(meta), key_id))])  # fmt: skip
         return await self._changed_key(key_id, changed[0])
 
     async def rotate_key(self, key_id: int, key_hash: str, hint: str, grace: float) -> KeyInfo:

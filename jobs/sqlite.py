@@ -9,22 +9,19 @@ not even a power cut can make a line run twice.
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from billing.sqlite_thread import SQLiteThread
-from billing.store import Principal, principal_query, principal_row
+from billing.sqlite_thread import SQLiteThread, transaction
 from jobs.store import (
     BATCH_COLUMNS,
-    FILE_COLUMNS,
-    OPEN,
-    TIMESTAMPS,
+    HELD,
+    OPEN_SQL,
     BatchRow,
     FileRow,
     Final,
@@ -32,83 +29,15 @@ from jobs.store import (
     JobStore,
     JobStoreError,
     Line,
-    Outcome,
     batch_of,
-    file_of,
+    migrations,
 )
 
 T = TypeVar("T")
-_PRINCIPAL_BY_ID = principal_query("id", "?")
 
-MIGRATIONS: list[str] = [
-    # 1: files, batches, batch lines
-    """
-    CREATE TABLE files (
-        seq INTEGER PRIMARY KEY,
-        id TEXT NOT NULL UNIQUE,
-        group_id INTEGER NOT NULL,
-        key_id INTEGER NOT NULL,
-        purpose TEXT NOT NULL,
-        filename TEXT NOT NULL,
-        bytes INTEGER NOT NULL,
-        created_at INTEGER NOT NULL,
-        expires_at INTEGER
-    );
-    CREATE INDEX files_group ON files(group_id, seq);
-    CREATE TABLE batches (
-        seq INTEGER PRIMARY KEY,
-        id TEXT NOT NULL UNIQUE,
-        group_id INTEGER NOT NULL,
-        key_id INTEGER NOT NULL,
-        endpoint TEXT NOT NULL,
-        input_file_id TEXT NOT NULL,
-        completion_window TEXT NOT NULL,
-        status TEXT NOT NULL,
-        created_at INTEGER NOT NULL,
-        expires_at INTEGER NOT NULL,
-        metadata TEXT,
-        errors TEXT,
-        in_progress_at INTEGER,
-        finalizing_at INTEGER,
-        completed_at INTEGER,
-        failed_at INTEGER,
-        expired_at INTEGER,
-        cancelling_at INTEGER,
-        cancelled_at INTEGER,
-        output_file_id TEXT,
-        error_file_id TEXT,
-        total INTEGER NOT NULL DEFAULT 0,
-        completed INTEGER NOT NULL DEFAULT 0,
-        failed INTEGER NOT NULL DEFAULT 0,
-        input_tokens INTEGER NOT NULL DEFAULT 0,
-        output_tokens INTEGER NOT NULL DEFAULT 0,
-        cached_tokens INTEGER NOT NULL DEFAULT 0,
-        reasoning_tokens INTEGER NOT NULL DEFAULT 0,
-        lease_owner TEXT,
-        lease_until REAL
-    );
-    CREATE INDEX batches_group ON batches(group_id, seq);
-    CREATE INDEX batches_open ON batches(status, seq);
-    CREATE TABLE batch_lines (
-        batch_id TEXT NOT NULL,
-        line_no INTEGER NOT NULL,
-        custom_id TEXT NOT NULL,
-        body TEXT NOT NULL,
-        state TEXT NOT NULL DEFAULT 'pending',
-        owner TEXT,
-        started_at REAL,
-        finished_at REAL,
-        result TEXT,
-        PRIMARY KEY (batch_id, line_no)
-    );
-    CREATE INDEX batch_lines_state ON batch_lines(batch_id, state, line_no);
-    """,
-]
+MIGRATIONS = migrations("sqlite")
 
 _BATCH = f"SELECT {', '.join(BATCH_COLUMNS)} FROM batches"
-_FILE = f"SELECT {', '.join(FILE_COLUMNS)} FROM files"
-_HELD = "id = ? AND lease_owner = ?"  # a write by the lease holder only
-_OPEN = f"status IN ({', '.join(repr(s) for s in OPEN)})"
 
 
 class SQLiteJobStore(JobStore):
@@ -133,14 +62,8 @@ class SQLiteJobStore(JobStore):
         """``fn`` in one write transaction (taken at once, so the checks it reads stay true)."""
 
         def wrapped(db: sqlite3.Connection) -> T:
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                out = fn(db)
-                db.execute("COMMIT")
-                return out
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
+            with transaction(db):
+                return fn(db)
 
         return await self.run(wrapped)
 
@@ -166,27 +89,10 @@ class SQLiteJobStore(JobStore):
         """``_write_file`` as a job of the store's thread (which serialises it with the commits)."""
         self._write_file(file_id, data)
 
-    # -- callers --------------------------------------------------------------------------------------
-    async def principal_by_id(self, key_id: int) -> Principal | None:
-        return await self.run(lambda db: principal_row(db.execute(_PRINCIPAL_BY_ID, (key_id,)).fetchone()))
-
     # -- files ----------------------------------------------------------------------------------------
     async def create_file(self, row: FileRow, data: bytes) -> None:
-        def fn(db: sqlite3.Connection) -> None:
-            self._write_file(row.id, data)
-            db.execute(
-                f"INSERT INTO files ({', '.join(FILE_COLUMNS)}) VALUES ({', '.join('?' * len(FILE_COLUMNS))})",
-                tuple(getattr(row, name) for name in FILE_COLUMNS),
-            )
-
-        await self.run(fn)
-
-    async def get_file(self, group_id: int, file_id: str) -> FileRow | None:
-        def fn(db: sqlite3.Connection) -> FileRow | None:
-            row = db.execute(_FILE + " WHERE id = ? AND group_id = ?", (file_id, group_id)).fetchone()
-            return file_of(row) if row else None
-
-        return await self.run(fn)
+        await self.run(partial(self._write_file_on, row.id, data))  # on disk before its row exists
+        await super().create_file(row, data)
 
     async def file_content(self, group_id: int, file_id: str) -> bytes | None:
         def fn(db: sqlite3.Connection) -> bytes | None:
@@ -200,40 +106,19 @@ class SQLiteJobStore(JobStore):
 
         return await self.run(fn)
 
-    async def list_files(self, group_id: int, purpose: str | None, after: str | None, limit: int,
-                         ascending: bool) -> list[FileRow]:  # fmt: skip
-        def fn(db: sqlite3.Connection) -> list[FileRow]:
-            sql = _FILE + " WHERE group_id = ?"
-            args: list[Any] = [group_id]
-            if purpose is not None:
-                sql += " AND purpose = ?"
-                args.append(purpose)
-            if after is not None:
-                cmp = ">" if ascending else "<"
-                sql += f" AND seq {cmp} (SELECT seq FROM files WHERE id = ? AND group_id = ?)"
-                args += [after, group_id]
-            sql += f" ORDER BY seq {'ASC' if ascending else 'DESC'} LIMIT ?"
-            return [file_of(r) for r in db.execute(sql, (*args, limit)).fetchall()]
-
-        return await self.run(fn)
-
     async def delete_file(self, group_id: int, file_id: str) -> bool:
-        def fn(db: sqlite3.Connection) -> bool:
-            gone = db.execute("DELETE FROM files WHERE id = ? AND group_id = ?", (file_id, group_id)).rowcount > 0
-            if gone:
-                self._file_path(file_id).unlink(missing_ok=True)
-            return gone
+        gone = await super().delete_file(group_id, file_id)
+        if gone:
+            await self.run(lambda db: self._file_path(file_id).unlink(missing_ok=True))
+        return gone
 
-        return await self.run(fn)
-
-    # -- batches --------------------------------------------------------------------------------------
     # -- leases ---------------------------------------------------------------------------------------
     async def claim_batch(self, owner: str, lease: float, skip: list[str]) -> BatchRow | None:
         marks = ", ".join("?" * len(skip))
         free = (
-            f"SELECT id FROM batches b WHERE {_OPEN} AND (lease_until IS NULL OR lease_until < ?)"
+            f"SELECT id FROM batches b WHERE {OPEN_SQL} AND (lease_until IS NULL OR lease_until < ?)"
             + (f" AND id NOT IN ({marks})" if skip else "")
-            + f" ORDER BY (SELECT count(*) FROM batches r WHERE r.group_id = b.group_id AND r.{_OPEN} "
+            + f" ORDER BY (SELECT count(*) FROM batches r WHERE r.group_id = b.group_id AND r.{OPEN_SQL} "
             "AND r.lease_until >= ?), seq LIMIT 1"
         )
         # look first without the write lock (a poll that finds nothing never delays the ledger's writes)
@@ -255,7 +140,7 @@ class SQLiteJobStore(JobStore):
         sql = (
             "SELECT group_id, sum(lease_until >= ?), "
             f"sum((lease_until IS NULL OR lease_until < ?){f' AND id NOT IN ({marks})' if skip else ''}) "
-            f"FROM batches WHERE {_OPEN} GROUP BY group_id"
+            f"FROM batches WHERE {OPEN_SQL} GROUP BY group_id"
         )
 
         def fn(db: sqlite3.Connection) -> dict[int, GroupLoad]:
@@ -268,7 +153,7 @@ class SQLiteJobStore(JobStore):
     async def renew(self, batch_id: str, owner: str, lease: float) -> str | None:
         def fn(db: sqlite3.Connection) -> str | None:
             cur = db.execute(
-                f"UPDATE batches SET lease_until = ? WHERE {_HELD} AND {_OPEN}", (time.time() + lease, batch_id, owner)
+                f"UPDATE batches SET lease_until = ? WHERE {HELD} AND {OPEN_SQL}", (time.time() + lease, batch_id, owner)
             )
             if cur.rowcount == 0:
                 return None
@@ -281,7 +166,7 @@ class SQLiteJobStore(JobStore):
         def fn(db: sqlite3.Connection) -> bool:
             cur = db.execute(
                 "UPDATE batches SET status = CASE status WHEN 'validating' THEN 'in_progress' ELSE status END, "
-                f"in_progress_at = ?, total = ? WHERE {_HELD} AND status IN ('validating', 'cancelling') "
+                f"in_progress_at = ?, total = ? WHERE {HELD} AND status IN ('validating', 'cancelling') "
                 "AND total = 0 AND NOT EXISTS (SELECT 1 FROM batch_lines WHERE batch_id = ?)",
                 (now, len(lines), batch_id, owner, batch_id),
             )
@@ -295,19 +180,9 @@ class SQLiteJobStore(JobStore):
 
         return await self.tx(fn)
 
-    async def fail_batch(self, batch_id: str, owner: str, errors: list[dict[str, Any]], now: int) -> bool:
-        def fn(db: sqlite3.Connection) -> bool:
-            return db.execute(
-                "UPDATE batches SET status = 'failed', failed_at = ?, errors = ?, lease_owner = NULL, "
-                f"lease_until = NULL WHERE {_HELD} AND status IN ('validating', 'cancelling')",
-                (now, json.dumps(errors), batch_id, owner),
-            ).rowcount > 0
-
-        return await self.tx(fn)
-
     async def claim_line(self, batch_id: str, owner: str, now: float) -> Line | None:
         def fn(db: sqlite3.Connection) -> Line | None:
-            held = db.execute(f"SELECT 1 FROM batches WHERE {_HELD} AND status = 'in_progress'", (batch_id, owner))
+            held = db.execute(f"SELECT 1 FROM batches WHERE {HELD} AND status = 'in_progress'", (batch_id, owner))
             if held.fetchone() is None:
                 return None
             row = db.execute(
@@ -325,57 +200,14 @@ class SQLiteJobStore(JobStore):
 
         return await self.tx(fn)
 
-    async def finish_line(self, batch_id: str, line_no: int, owner: str | None, outcome: Outcome,
-                          now: float) -> bool:  # fmt: skip
-        def fn(db: sqlite3.Connection) -> bool:
-            cur = db.execute(
-                "UPDATE batch_lines SET state = ?, result = ?, finished_at = ? WHERE batch_id = ? AND line_no = ? "
-                "AND state = 'running' AND (? IS NULL OR owner = ?)",
-                ("done" if outcome.ok else "failed", outcome.result, now, batch_id, line_no, owner, owner),
-            )
-            if cur.rowcount == 0:
-                return False
-            t = outcome.tokens
-            db.execute(
-                "UPDATE batches SET completed = completed + ?, failed = failed + ?, input_tokens = input_tokens + ?, "
-                "output_tokens = output_tokens + ?, cached_tokens = cached_tokens + ?, "
-                "reasoning_tokens = reasoning_tokens + ? WHERE id = ?",
-                (int(outcome.ok), int(not outcome.ok), t.input, t.output, t.cached, t.reasoning, batch_id),
-            )
-            return True
-
-        return await self.tx(fn)
-
     async def finalize(self, batch_id: str, owner: str, final: Final) -> bool:
         # the files go to disk first: a crash before the commit leaves at most an unreferenced file
-        for file, data in ((final.output, final.output_data), (final.error, final.error_data)):
-            if file is not None:
-                await self.run(partial(self._write_file_on, file.id, data))
-        stamp = f"{final.status}_at"
-        assert stamp in TIMESTAMPS
-
-        def fn(db: sqlite3.Connection) -> bool:
-            cur = db.execute(
-                f"UPDATE batches SET status = ?, {stamp} = ?, completed = ?, failed = ?, output_file_id = ?, "
-                f"error_file_id = ?, lease_owner = NULL, lease_until = NULL WHERE {_HELD} AND {_OPEN}",
-                (final.status, final.at, final.completed, final.failed, final.output.id if final.output else None,
-                 final.error.id if final.error else None, batch_id, owner),
-            )  # fmt: skip
-            if cur.rowcount == 0:
-                return False
-            for file in (final.output, final.error):
-                if file is not None:
-                    db.execute(
-                        f"INSERT INTO files ({', '.join(FILE_COLUMNS)}) "
-                        f"VALUES ({', '.join('?' * len(FILE_COLUMNS))})",
-                        tuple(getattr(file, name) for name in FILE_COLUMNS),
-                    )
-            db.execute("DELETE FROM batch_lines WHERE batch_id = ?", (batch_id,))
-            return True
-
-        done = await self.tx(fn)
+        files = [(file, data) for file, data in ((final.output, final.output_data), (final.error, final.error_data))
+                 if file is not None]  # fmt: skip
+        for file, data in files:
+            await self.run(partial(self._write_file_on, file.id, data))
+        done = await super().finalize(batch_id, owner, final)
         if not done:
-            for file in (final.output, final.error):
-                if file is not None:
-                    self._file_path(file.id).unlink(missing_ok=True)
+            for file, _ in files:
+                self._file_path(file.id).unlink(missing_ok=True)
         return done

@@ -18,7 +18,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
-from billing.store import Database, Principal
+from billing.schema import ddl
+from billing.store import Database, Principal, principal_query, principal_row
 
 OPEN = ("validating", "in_progress", "finalizing", "cancelling")  # a runner still has work to do
 
@@ -33,6 +34,77 @@ FILE_COLUMNS = ("id", "group_id", "key_id", "purpose", "filename", "bytes", "cre
 TIMESTAMPS = frozenset(
     {"in_progress_at", "finalizing_at", "completed_at", "failed_at", "expired_at", "cancelling_at", "cancelled_at"}
 )
+
+
+def migrations(dialect: str) -> list[str]:
+    """The jobs tables, in either dialect (billing/schema.py): the same columns, but PostgreSQL keeps
+    a file's content in its row (``data``), SQLite in the files directory."""
+    data = ",\n        data {bytes} NOT NULL" if dialect != "sqlite" else ""
+    return ddl(
+        dialect,
+        # 1: files, batches, batch lines
+        """
+    CREATE TABLE files (
+        seq {id},
+        id TEXT NOT NULL UNIQUE,
+        group_id {int} NOT NULL,
+        key_id {int} NOT NULL,
+        purpose TEXT NOT NULL,
+        filename TEXT NOT NULL,
+        bytes {int} NOT NULL,
+        created_at {int} NOT NULL,
+        expires_at {int}""" + data + """
+    );
+    CREATE INDEX files_group ON files(group_id, seq);
+    CREATE TABLE batches (
+        seq {id},
+        id TEXT NOT NULL UNIQUE,
+        group_id {int} NOT NULL,
+        key_id {int} NOT NULL,
+        endpoint TEXT NOT NULL,
+        input_file_id TEXT NOT NULL,
+        completion_window TEXT NOT NULL,
+        status TEXT NOT NULL,
+        created_at {int} NOT NULL,
+        expires_at {int} NOT NULL,
+        metadata TEXT,
+        errors TEXT,
+        in_progress_at {int},
+        finalizing_at {int},
+        completed_at {int},
+        failed_at {int},
+        expired_at {int},
+        cancelling_at {int},
+        cancelled_at {int},
+        output_file_id TEXT,
+        error_file_id TEXT,
+        total {int} NOT NULL DEFAULT 0,
+        completed {int} NOT NULL DEFAULT 0,
+        failed {int} NOT NULL DEFAULT 0,
+        input_tokens {int} NOT NULL DEFAULT 0,
+        output_tokens {int} NOT NULL DEFAULT 0,
+        cached_tokens {int} NOT NULL DEFAULT 0,
+        reasoning_tokens {int} NOT NULL DEFAULT 0,
+        lease_owner TEXT,
+        lease_until {real}
+    );
+    CREATE INDEX batches_group ON batches(group_id, seq);
+    CREATE INDEX batches_open ON batches(status, seq);
+    CREATE TABLE batch_lines (
+        batch_id TEXT NOT NULL,
+        line_no INTEGER NOT NULL,
+        custom_id TEXT NOT NULL,
+        body TEXT NOT NULL,
+        state TEXT NOT NULL DEFAULT 'pending',
+        owner TEXT,
+        started_at {real},
+        finished_at {real},
+        result TEXT,
+        PRIMARY KEY (batch_id, line_no)
+    );
+    CREATE INDEX batch_lines_state ON batch_lines(batch_id, state, line_no);
+    """,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,27 +242,39 @@ class JobStore(ABC):
         """Migrate the jobs tables (on the billing store's database handle, opened by that store)."""
 
     # -- callers ------------------------------------------------------------------------------------
-    @abstractmethod
     async def principal_by_id(self, key_id: int) -> Principal | None:
         """The key with this id and its group, unless revoked (read from the billing tables)."""
+        rows = await self.db.select(_PRINCIPAL_BY_ID, (key_id,))
+        return principal_row(rows[0] if rows else None)
 
     # -- files --------------------------------------------------------------------------------------
-    @abstractmethod
-    async def create_file(self, row: FileRow, data: bytes) -> None: ...
+    def file_insert(self, row: FileRow, data: bytes) -> tuple[str, tuple[Any, ...]]:
+        """The statement that inserts a file's row (PostgreSQL's with its content)."""
+        return (f"INSERT INTO files ({', '.join(FILE_COLUMNS)}) VALUES ({_marks(FILE_COLUMNS)})",
+                tuple(getattr(row, name) for name in FILE_COLUMNS))
 
-    @abstractmethod
-    async def get_file(self, group_id: int, file_id: str) -> FileRow | None: ...
+    async def create_file(self, row: FileRow, data: bytes) -> None:
+        await self.db.write(*self.file_insert(row, data))
+
+    async def get_file(self, group_id: int, file_id: str) -> FileRow | None:
+        rows = await self.db.select(f"{_FILE} WHERE id = ? AND group_id = ?", (file_id, group_id))
+        return file_of(rows[0]) if rows else None
 
     @abstractmethod
     async def file_content(self, group_id: int, file_id: str) -> bytes | None: ...
 
-    @abstractmethod
     async def list_files(self, group_id: int, purpose: str | None, after: str | None, limit: int,
                          ascending: bool) -> list[FileRow]:  # fmt: skip
         """Up to ``limit`` files of the group, newest first (or oldest first), after the file ``after``."""
+        cmp, order = (">", "ASC") if ascending else ("<", "DESC")
+        where, args = _where(("group_id = ?", group_id), ("purpose = ?", purpose),
+                             (f"seq {cmp} (SELECT seq FROM files WHERE id = ? AND group_id = ?)", after, group_id))  # fmt: skip
+        rows = await self.db.select(f"{_FILE} WHERE {where} ORDER BY seq {order} LIMIT ?", (*args, limit))
+        return [file_of(r) for r in rows]
 
-    @abstractmethod
-    async def delete_file(self, group_id: int, file_id: str) -> bool: ...
+    async def delete_file(self, group_id: int, file_id: str) -> bool:
+        changed = await self.db.atomic([("DELETE FROM files WHERE id = ? AND group_id = ?", (file_id, group_id))])
+        return changed[0] > 0
 
     # -- batches ------------------------------------------------------------------------------------
     async def create_batch(self, row: BatchRow) -> None:
@@ -241,7 +325,7 @@ class JobStore(ABC):
         """Extend our lease; the batch's status, or None if the lease is no longer ours."""
 
     async def release(self, batch_id: str, owner: str) -> None:
-        await self.db.write(f"UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE {_HELD}", (batch_id, owner))
+        await self.db.write(f"UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE {HELD}", (batch_id, owner))
 
     async def release_all(self) -> int:
         """Free every lease (SQLite: one gateway per file, so any lease is from a process now gone)."""
@@ -255,12 +339,16 @@ class JobStore(ABC):
     async def start_batch(self, batch_id: str, owner: str, lines: list[Line], now: int) -> bool:
         """Validated: store the lines; ``validating`` → ``in_progress`` (a ``cancelling`` batch stays so)."""
 
-    @abstractmethod
     async def fail_batch(self, batch_id: str, owner: str, errors: list[dict[str, Any]], now: int) -> bool:
         """Validation failed: ``failed`` with ``errors``; the lease is let go."""
+        changed = await self.db.atomic([("UPDATE batches SET status = 'failed', failed_at = ?, errors = ?, "
+                                         f"lease_owner = NULL, lease_until = NULL WHERE {HELD} "
+                                         "AND status IN ('validating', 'cancelling')",
+                                         (now, json.dumps(errors), batch_id, owner))])  # fmt: skip
+        return changed[0] > 0
 
     async def set_finalizing(self, batch_id: str, owner: str, now: int) -> bool:
-        changed = await self.db.atomic([(f"UPDATE batches SET status = 'finalizing', finalizing_at = ? WHERE {_HELD} "
+        changed = await self.db.atomic([(f"UPDATE batches SET status = 'finalizing', finalizing_at = ? WHERE {HELD} "
                                          "AND status = 'in_progress'", (now, batch_id, owner))])  # fmt: skip
         return changed[0] > 0
 
@@ -275,11 +363,21 @@ class JobStore(ABC):
         """Mark the next pending line ``running`` (durably) and return it; None when there is none, or
         the batch is no longer ``in_progress``, or the lease is not ours."""
 
-    @abstractmethod
     async def finish_line(self, batch_id: str, line_no: int, owner: str | None, outcome: Outcome,
                           now: float) -> bool:  # fmt: skip
         """A claimed line's result, counted in the batch; only if it is still ``running`` (and, with an
         ``owner``, claimed by it). ``owner=None``: any claim (the lease holder failing a dead claim)."""
+        t = outcome.tokens
+        changed = await self.db.atomic([
+            ("UPDATE batch_lines SET state = ?, result = ?, finished_at = ? WHERE batch_id = ? AND line_no = ? "
+             "AND state = 'running' AND (CAST(? AS TEXT) IS NULL OR owner = ?)",
+             ("done" if outcome.ok else "failed", outcome.result, now, batch_id, line_no, owner, owner)),
+            ("UPDATE batches SET completed = completed + ?, failed = failed + ?, input_tokens = input_tokens + ?, "
+             "output_tokens = output_tokens + ?, cached_tokens = cached_tokens + ?, "
+             "reasoning_tokens = reasoning_tokens + ? WHERE id = ?",
+             (int(outcome.ok), int(not outcome.ok), t.input, t.output, t.cached, t.reasoning, batch_id)),
+        ], chained=True)  # fmt: skip
+        return changed[0] > 0
 
     async def line_states(self, batch_id: str) -> list[LineState]:
         rows = await self.db.select("SELECT line_no, custom_id, state, result FROM batch_lines WHERE batch_id = ? "
@@ -292,14 +390,29 @@ class JobStore(ABC):
                                     "AND state = 'failed' ORDER BY line_no LIMIT ?", (batch_id, limit))  # fmt: skip
         return [LineState(*r) for r in rows]
 
-    @abstractmethod
     async def finalize(self, batch_id: str, owner: str, final: Final) -> bool:
         """The end: create the output and error files, set the final status, counts and file ids, drop
         the lines and the lease — all at once."""
+        stamp = f"{final.status}_at"
+        assert stamp in TIMESTAMPS
+        output, error = final.output, final.error
+        changed = await self.db.atomic([
+            (f"UPDATE batches SET status = ?, {stamp} = ?, completed = ?, failed = ?, output_file_id = ?, "
+             f"error_file_id = ?, lease_owner = NULL, lease_until = NULL WHERE {HELD} AND {OPEN_SQL}",
+             (final.status, final.at, final.completed, final.failed, output.id if output else None,
+              error.id if error else None, batch_id, owner)),
+            *(self.file_insert(file, data) for file, data in ((output, final.output_data), (error, final.error_data))
+              if file is not None),
+            ("DELETE FROM batch_lines WHERE batch_id = ?", (batch_id,)),
+        ], chained=True)  # fmt: skip
+        return changed[0] > 0
 
 
 _BATCH = f"SELECT {', '.join(BATCH_COLUMNS)} FROM batches"
-_HELD = "id = ? AND lease_owner = ?"  # a write by the lease holder only
+_FILE = f"SELECT {', '.join(FILE_COLUMNS)} FROM files"
+HELD = "id = ? AND lease_owner = ?"  # a write by the lease holder only
+OPEN_SQL = f"status IN ({', '.join(repr(s) for s in OPEN)})"
+_PRINCIPAL_BY_ID = principal_query("id", "?")
 
 
 def _marks(columns: tuple[str, ...]) -> str:
