@@ -31,6 +31,7 @@ from console.changes import Changes
 from console.forms import MAX_FORM_BYTES, form_data
 from console.operators import Operator
 from console.queries import Queries, queries_for
+from console.sso import OIDC
 from gateway.attempts import Window
 
 if TYPE_CHECKING:
@@ -82,6 +83,7 @@ class Console:
             s.login_attempts_per_ip, s.login_attempts_global, s.login_window_seconds
         )
         self._cached: dict[str, tuple[str, float]] = {}
+        self.sso = OIDC()  # single sign-on's issuer, when [console] oidc_issuer is set (console/sso.py)
         self.env = jinja2.Environment(
             loader=jinja2.FileSystemLoader(HERE / "templates"),
             autoescape=True,

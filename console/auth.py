@@ -146,7 +146,7 @@ def fingerprint(password_hash: str, token: str) -> str:
     return hashlib.sha256(f"{password_hash}\0{token}".encode()).hexdigest()
 
 
-def _sign(data: dict[str, object], secret: str) -> str:
+def sign(data: dict[str, object], secret: str) -> str:
     payload = _b64(json.dumps(data).encode())
     mac = hmac.new(secret.encode(), payload.encode(), hashlib.sha256).digest()
     return f"{payload}.{_b64(mac)}"
@@ -159,8 +159,8 @@ def _number(value: object) -> float:
     return float(value)
 
 
-def _signed(cookie: str | None, secret: str) -> dict[str, object] | None:
-    """The data of a cookie made by ``_sign``, if its signature holds."""
+def signed(cookie: str | None, secret: str) -> dict[str, object] | None:
+    """The data of a cookie made by ``sign``, if its signature holds."""
     if not cookie or len(cookie) > 4096 or "." not in cookie:
         return None
     payload, _, mac = cookie.partition(".")
@@ -175,17 +175,17 @@ def _signed(cookie: str | None, secret: str) -> dict[str, object] | None:
 
 
 def sign_session(session: Session, secret: str) -> str:
-    return _sign({"a": session.admin, "c": session.csrf, "e": int(session.expires), "s": session.sid}, secret)
+    return sign({"a": session.admin, "c": session.csrf, "e": int(session.expires), "s": session.sid}, secret)
 
 
 def new_device(secret: str) -> str:
     """A device cookie: this browser has logged in before (its failed logins are counted apart)."""
-    return _sign({"d": secrets.token_urlsafe(16), "e": int(time.time() + DEVICE_SECONDS)}, secret)
+    return sign({"d": secrets.token_urlsafe(16), "e": int(time.time() + DEVICE_SECONDS)}, secret)
 
 
 def read_device(cookie: str | None, secret: str) -> str | None:
     """The device id in a device cookie, if it is genuine and not expired."""
-    data = _signed(cookie, secret)
+    data = signed(cookie, secret)
     try:
         if data is None or _number(data["e"]) < time.time():
             return None
@@ -196,7 +196,7 @@ def read_device(cookie: str | None, secret: str) -> str | None:
 
 def read_session(cookie: str | None, secret: str) -> Session | None:
     """The session in a cookie, if its signature holds and it has not expired."""
-    data = _signed(cookie, secret)
+    data = signed(cookie, secret)
     if data is None:
         return None
     try:

@@ -10,11 +10,13 @@ batch) is asked first, on a page of its own.
 
 from __future__ import annotations
 
+import hmac
+
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from console import audit, auth, batches, calls, groups, keys, operators, overview, prefs, webhooks
+from console import audit, auth, batches, calls, groups, keys, operators, overview, prefs, sso, webhooks
 from console.app import Console, console_of, page, personal, read_form, same_origin
 
 
@@ -40,7 +42,8 @@ async def login_form(request: Request) -> Response:
 async def login_page(c: Console, request: Request, error: str = "", status: int = 200) -> Response:
     target = request.query_params.get("next", "")
     configured = bool(auth.admin_token(c.settings) or await c.password_hash() or await c.queries.operators.all())
-    return c.render(request, "login.html", status=status, error=error, next=target, configured=configured)
+    return c.render(request, "login.html", status=status, error=error, next=target, configured=configured,
+                    sso=sso.enabled(c.settings))  # fmt: skip
 
 
 async def login(request: Request) -> Response:
@@ -91,6 +94,72 @@ async def logout(c: Console, request: Request, form: dict[str, str]) -> Response
     return response
 
 
+# -- single sign-on (console/sso.py) --------------------------------------------------------------
+def sso_redirect_uri(c: Console, request: Request) -> str:
+    origin = f"{request.url.scheme}://{request.url.netloc}"
+    return c.settings.oidc_redirect_uri or f"{origin}{c.base(request)}/sso/callback"
+
+
+async def sso_refused(c: Console, request: Request, exc: sso.SSOError) -> Response:
+    session = await c.session(request) or auth.Session.anonymous(c.settings.session_seconds)
+    request.state.session = session
+    response = await login_page(c, request, f"Single sign-on failed: {exc}.", exc.status)
+    await c.set_cookie(response, request, session)
+    if exc.status == 503:
+        response.headers["retry-after"] = str(sso.RETRY_AFTER)
+    return response
+
+
+async def sso_start(request: Request) -> Response:
+    c = console_of(request)
+    await c.ensure()
+    if not sso.enabled(c.settings):
+        return Response("single sign-on is not configured", status_code=404)
+    flow = sso.Flow.new(c.safe(request, request.query_params.get("next", ""), "/"))
+    try:
+        async with sso.client() as http:
+            issuer = await c.sso.issuer(http, c.settings)
+    except sso.SSOError as exc:
+        return await sso_refused(c, request, exc)
+    response = RedirectResponse(c.sso.authorize_url(issuer, c.settings, flow, sso_redirect_uri(c, request)), 303)
+    response.set_cookie(sso.FLOW_COOKIE, auth.sign(flow.data(), await c.secret()), max_age=sso.FLOW_SECONDS,
+                        path=request.scope.get("root_path") or "/", secure=c.settings.secure_cookies, httponly=True,
+                        samesite="lax")  # fmt: skip
+    return response
+
+
+async def sso_callback(request: Request) -> Response:
+    c = console_of(request)
+    await c.ensure()
+    if not sso.enabled(c.settings):
+        return Response("single sign-on is not configured", status_code=404)
+    params = request.query_params
+    flow = sso.Flow.of(auth.signed(request.cookies.get(sso.FLOW_COOKIE), await c.secret()))
+    try:
+        if params.get("error"):
+            raise sso.SSOError(f"the identity provider refused it ({params.get('error_description') or params['error']})")
+        if flow is None or not hmac.compare_digest(flow.state, params.get("state", "")):
+            raise sso.SSOError("it expired, or did not start in this browser: try again", 400)
+        async with sso.client() as http:
+            name = await c.sso.username(http, c.settings, flow, params.get("code", ""), sso_redirect_uri(c, request))
+        operator = None
+        if operators.NAME.fullmatch(name) and name != operators.BUILT_IN:
+            operator = await c.queries.operators.get(name)
+        if operator is None:
+            raise sso.SSOError(f"no operator account is named {name[:64]!r} (an admin makes one: router operators "
+                               "add)", 403)  # fmt: skip
+    except sso.SSOError as exc:
+        response = await sso_refused(c, request, exc)
+        response.delete_cookie(sso.FLOW_COOKIE, path=request.scope.get("root_path") or "/")
+        return response
+    session = await c.log_in(operator)
+    request.state.session, request.state.operator = session, operator
+    response = c.render(request, "signed_in.html", target=c.safe(request, flow.next, "/"))
+    await c.set_cookie(response, request, session)
+    response.delete_cookie(sso.FLOW_COOKIE, path=request.scope.get("root_path") or "/")
+    return response
+
+
 # -- display ----------------------------------------------------------------------------------------
 @page
 async def display_page(c: Console, request: Request) -> Response:
@@ -120,6 +189,8 @@ def routes() -> list[Route]:
         Route("/login", login_form, methods=["GET"]),
         Route("/login", login, methods=["POST"]),
         Route("/logout", logout, methods=["POST"]),
+        Route("/sso", sso_start, methods=["GET"]),
+        Route("/sso/callback", sso_callback, methods=["GET"]),
         Route("/display", display_page, methods=["GET"]),
         Route("/display", set_display, methods=["POST"]),
         *overview.routes(),

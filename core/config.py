@@ -208,6 +208,14 @@ class ConsoleSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     login_attempts_per_ip: Annotated[int, msgspec.Meta(ge=1)] = 5  # failed logins per window, per client IP
     login_attempts_global: Annotated[int, msgspec.Meta(ge=1)] = 50  # failed logins per window, all IPs
     csv_max_rows: Annotated[int, msgspec.Meta(ge=1)] = 1_000_000
+    # single sign-on through OpenID Connect (console/sso.py): the issuer's URL (its discovery document
+    # is <issuer>/.well-known/openid-configuration), the console's client there, and the claim of the ID
+    # token that names the operator account (the account must exist: roles stay the console's)
+    oidc_issuer: str = ""
+    oidc_client_id: str = ""
+    oidc_client_secret: str = ""  # else $ROUTER_OIDC_CLIENT_SECRET
+    oidc_username_claim: str = "preferred_username"
+    oidc_redirect_uri: str = ""  # empty: <the console's address, as the browser asked>/sso/callback
 
 
 class JobsSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -339,6 +347,8 @@ def parse_settings(raw: dict, source: str = "config") -> Settings:
     if 0 < len(settings.console.admin_token) < MIN_ADMIN_TOKEN:
         raise ConfigError(f"{source}: console.admin_token must be at least {MIN_ADMIN_TOKEN} characters "
                           "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')")  # fmt: skip
+    if settings.console.oidc_issuer and not settings.console.oidc_client_id:
+        raise ConfigError(f"{source}: console.oidc_client_id: single sign-on needs the console's client id at the issuer")
     try:
         ZoneInfo(settings.billing.timezone)
     except (ZoneInfoNotFoundError, ValueError):
