@@ -125,6 +125,8 @@ MIGRATIONS: list[str] = [
     """,
     # 12: each batch's totals kept up to the rollups' watermark (billing/analysis.py, Analysis.batches)
     rollup.BATCH_TOTALS,
+    # 13: the attempts of a call that tried more than one deployment, or one more than once
+    "ALTER TABLE usage ADD COLUMN attempts TEXT;",
 ]
 NOTE_PROGRESS = (
     "UPDATE reservations r SET progress = p.progress FROM unnest($1::int8[], $2::text[]) AS p(id, progress) "

@@ -116,13 +116,15 @@ MIGRATIONS: list[str] = [
     """,
     # 12: each batch's totals kept up to the rollups' watermark (billing/analysis.py, Analysis.batches)
     rollup.BATCH_TOTALS,
+    # 13: the attempts of a call that tried more than one deployment, or one more than once
+    "ALTER TABLE usage ADD COLUMN attempts TEXT;",
 ]
 
 _ROWS_PER_INSERT = 32766 // len(USAGE_COLUMNS)  # SQLite's default limit on bound parameters per statement
 # Columns most records leave None: an insert whose records all do leaves them out (their default is
 # NULL), each None bound costing sqlite3 an adaptation (see the None adapter). Two forms of the
 # statement, not one per subset, to keep few in sqlite3's statement cache.
-_RARE = ("error", "error_code", "batch_id", "end_user", "safety_identifier", "metadata")
+_RARE = ("error", "error_code", "batch_id", "end_user", "safety_identifier", "metadata", "attempts")
 _LEAN = tuple(c for c in USAGE_COLUMNS if c not in _RARE)
 _NO_RARE = (None,) * len(_RARE)
 _rare_of = attrgetter(*_RARE)

@@ -216,6 +216,9 @@ class UsageRecord:
     end_user: str | None = None
     safety_identifier: str | None = None  # OpenAI's, as the request sent it
     metadata: str | None = None  # the request's ``metadata`` (a map of strings), as compact JSON
+    # when more than one was tried: each attempt as compact JSON, ``[[deployment, outcome, ms], ...]``
+    # (outcome: ``ok``, or the error's code), in order (gateway/reliability.py)
+    attempts: str | None = None
     ts: float = 0.0
     id: int = 0
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -151,8 +152,20 @@ async def call(c: Console, request: Request) -> Response:
     group = key.group_name if key else None
     if record is None or not operators.current().sees(group):
         raise HTTPException(404, f"No call with id {request.path_params['call_id']}.")
+    others: list[UsageRecord] = []  # the same request's other records: the candidates it fell back from (or to)
+    if record.request_id:
+        found = await c.history.history(Filter(group_id=record.group_id, request_id=record.request_id), limit=20)
+        others = [r for r in reversed(found.rows) if r.id != record.id]
     return c.render(request, "call.html", r=record, key=key, group=group, places=display.places([record.credits]),
-                    charge=charge.explain(c.gateway.catalog, record))  # fmt: skip
+                    charge=charge.explain(c.gateway.catalog, record), attempts=attempts_of(record), others=others)  # fmt: skip
+
+
+def attempts_of(record: UsageRecord) -> list[tuple[str, str, float]]:
+    """The deployments a call tried, in order (kept when there was more than one attempt)."""
+    try:
+        return [(str(d), str(outcome), float(ms)) for d, outcome, ms in json.loads(record.attempts or "[]")]
+    except (ValueError, TypeError):
+        return []
 
 
 UPSTREAM_SEARCH_DAYS = 30  # the provider's request id has no index: its search keeps to the last 30 days

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import msgspec
 
 from adapters.base import UpstreamRequest, upstream_request_id
 from billing.ledger import Meter
@@ -224,8 +225,13 @@ class Pipeline:
             pool = gw.dispatcher.pools[model.provider]
             tokens = input_ceiling(codec.size, codec.view) + output_ceiling(model, codec.view) if pool.tokens else 0
             sticky = codec.conversation(context.key_id, gw.settings.routing.sticky_messages) if pool.sticky else None
-            response, lease = await open_upstream(gw, model, deployments, build, leg.error, deadline,
-                                                   context.group_id, Ask(tokens, sticky, codec.stream))  # fmt: skip
+            tried: list[list[Any]] = []
+            try:
+                response, lease = await open_upstream(gw, model, deployments, build, leg.error, deadline,
+                                                       context.group_id, Ask(tokens, sticky, codec.stream), tried)  # fmt: skip
+            finally:
+                if len(tried) > 1:  # retried, or moved to another deployment: each try in the record
+                    record.attempts = msgspec.json.encode(tried).decode()
             meter.on_finish = lease.end
             return Started(legs[lease.deployment.key], meter, response, upstream_request_id(response.headers), lease)
 

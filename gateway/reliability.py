@@ -37,7 +37,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import aiohttp
 
@@ -233,11 +233,12 @@ def no_deployment(model: Model) -> UpstreamUnavailable:
 async def open_upstream(gw: Gateway, model: Model, deps: tuple[Deployment, ...],
                   build: Callable[[Deployment], UpstreamRequest],
                   to_error: Callable[[int, bytes, Mapping[str, str]], GatewayError], deadline: float,
-                  group: int, ask: Ask) -> Opened:  # fmt: skip
+                  group: int, ask: Ask, attempts: list[list[Any]] | None = None) -> Opened:  # fmt: skip
     """Send ``group``'s call to one of ``deps`` (deployments of ``model``'s provider that serve it) and return
     the response once its status is good, moving between deployments and retrying as the module says,
     within ``deadline``. ``build`` is the call's request for a deployment; ``ask``: its tokens, its
-    conversation and its kind, as routing needs them (gateway/routing.py)."""
+    conversation and its kind, as routing needs them (gateway/routing.py). ``attempts`` gets each one
+    that failed, ``[deployment, error code, ms]``, and then the one that answered, ``[deployment, "ok", ms]``."""
     if not deps:
         raise no_deployment(model)
     dispatcher = gw.dispatcher
@@ -280,6 +281,7 @@ async def open_upstream(gw: Gateway, model: Model, deps: tuple[Deployment, ...],
             got.owner.release(got)
             skipped.add(dep.key)
             continue
+        began = time.monotonic()
         try:
             response = await _send(gw, build(dep), dep, to_error)
         except GatewayError as exc:
@@ -289,10 +291,14 @@ async def open_upstream(gw: Gateway, model: Model, deps: tuple[Deployment, ...],
             got.latency = time.monotonic() - got.opened_at
             got.stream = ask.stream
             metrics.deployment_call(dep.prefix, dep.name, "ok", got.latency)
+            if attempts:
+                attempts.append([dep.name, "ok", round((time.monotonic() - began) * 1000, 1)])
             return Opened(response, got)
         finally:  # a probe that ended without a verdict (a 429, a 4xx, the caller gone): the next probes
             if ticket:
                 breaker.release(ticket)
+        if attempts is not None:
+            attempts.append([dep.name, error.code or str(error.status), round((time.monotonic() - began) * 1000, 1)])
         rest = dispatcher.cooldown(error) if several else 0.0
         got.owner.release(got, cooldown=rest)
         metrics.deployment_call(dep.prefix, dep.name, "rate_limited" if isinstance(error, RateLimited) else "error")

@@ -7,6 +7,7 @@ two replicas sharing ceilings in Redis, and the deployment in the usage record, 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import re
@@ -26,6 +27,7 @@ from emulators.anthropic import AnthropicEmulator
 from emulators.openai import OpenAIEmulator
 from tests.conftest import REDIS_URL, Stack, metric, raw_request
 from tests.test_batches import lines_of, submit, wait
+from tests.test_console import Client
 
 TOKEN = "admin-token-for-deployment-tests"
 CHEAP = {"model": "openai/gpt-4o-mini", "max_tokens": 1}
@@ -182,6 +184,16 @@ def test_a_deployment_answering_429_rests_for_its_retry_after_and_callers_never_
         assert (a.served, a.refused) == (1, 1)  # one 429, then left alone while it rests
         assert stack.extra["b"].served == 19
         assert metric(stack, rests) == before + 1
+        # the call 'a' refused says so in its record, and on its page in the console
+        (moved,) = [r for r in stack.run(stack.store.usage(limit=50)) if r.attempts]
+        tries = json.loads(moved.attempts or "")
+        assert [t[0] for t in tries] == ["a", "b"] and tries[0][1] != "ok" and tries[1][1] == "ok"
+        assert moved.deployment == "b" and moved.status == "ok" and all(t[2] >= 0 for t in tries)
+        console = Client(stack)
+        assert console.login(TOKEN).status == 303
+        page = console.get(f"/console/calls/{moved.id}").text
+        assert re.search(rf"<td>1</td><td>a</td><td><code>{re.escape(tries[0][1])}</code></td>", page), page
+        assert "<td>2</td><td>b</td><td>answered</td>" in page
         time.sleep(3.2)  # the rest is over: 'a' serves again
         for i in range(12):
             client.chat.completions.create(messages=[{"role": "user", "content": f"r{i}"}], **CHEAP)

@@ -11,6 +11,8 @@ from typing import Any
 import openai
 import pytest
 
+from cli.console import store_password
+from console import auth
 from core.catalog import NANO
 from core.config import ReliabilitySettings, Settings, StoreSettings
 from core.deployments import Deployment
@@ -26,6 +28,7 @@ from gateway.reliability import (
     retryable,
 )
 from tests.conftest import Stack, free_port, http_post, metric, raw_request, use_deployment
+from tests.test_console import PASSWORD, Client
 
 EXTRA = """
 [[models]]
@@ -166,6 +169,18 @@ def test_request_fallback_list_serves_and_bills_the_fallback(rstack: Stack) -> N
     assert failed.model == "upstage/solar-mini" and failed.credits == 0
     expected = -(-(served.prompt_tokens * 100_000_000 + served.completion_tokens * 300_000_000) // 10**6)
     assert served.credits == expected  # billed at mistral-small's prices
+    tries = json.loads(failed.attempts or "[]")  # the first candidate's tries, each refused
+    assert len(tries) == 3 and all(t[0] == "upstage" and t[1] != "ok" for t in tries)
+    assert served.attempts is None  # (one attempt: the record's deployment says it)
+    # the served call's page in the console lists the candidate it fell back from, and the other way round
+    rstack.run(store_password(rstack.store, auth.hash_password(PASSWORD)))
+    console = Client(rstack)
+    assert console.login(PASSWORD).status == 303
+    page = console.get(f"/console/calls/{served.id}").text
+    assert f'<a href="/console/calls/{failed.id}">Call {failed.id}</a>: upstage/solar-mini' in page
+    assert "One attempt, on mistral" in page
+    page = console.get(f"/console/calls/{failed.id}").text
+    assert f"Call {served.id}</a>: mistral/mistral-small-latest" in page and page.count("<td>upstage</td>") == 3
 
 
 def test_catalog_fallback_and_stream(rstack: Stack) -> None:
