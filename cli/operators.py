@@ -48,10 +48,6 @@ def add_commands(sub: Any) -> None:
     rm.add_argument("name", help="the operator")
 
 
-def _json(op: operators.Operator) -> dict[str, Any]:
-    return {"name": op.name, "role": op.role, "groups": list(op.groups)}
-
-
 def run(args: argparse.Namespace, settings: Settings) -> None:
     action = args.action
     hashed = auth.hash_password(read_password(args.stdin)) if action in ("add", "password") else ""
@@ -67,25 +63,15 @@ def run(args: argparse.Namespace, settings: Settings) -> None:
             return "\n".join(f"{o.name:<24} {o.role:<9} {', '.join(o.groups) or '(every group)'}"
                              f"{'  (has an API token)' if o.token_hash else ''}" for o in rows) or "no operators"  # fmt: skip
         if action == "add":
-            for group in args.group:
-                if await store.get_group(group) is None:
-                    raise operators.OperatorError(f"no group named {group!r}")
-            made = await book.add(args.name, args.role, args.group, hashed)
-            await changes.record("operator.add", f"operator:{made.name}", None, _json(made))
+            made = await changes.add_operator(book, args.name, args.role, args.group, hashed)
             return f"operator {made.name} ({made.role}) added"
-        found = await book.get(args.name)
-        if found is None:
-            raise operators.OperatorError(f"no operator named {args.name!r}")
         if action == "password":
-            await book.set_password(found.name, hashed)  # its fingerprint changes: its sessions end
-            await changes.record("operator.password", f"operator:{found.name}", None, {"set": True})
+            found = await changes.operator_password(book, args.name, hashed)
             return f"operator {found.name}: password set; its sessions are logged out"
         if action == "token":
-            await book.set_token(found.name, token)
-            await changes.record("operator.token", f"operator:{found.name}", None, {"set": True})
+            found = await changes.operator_token(book, args.name, token)
             return f"operator {found.name}'s admin API token (shown once; the old one no longer works):\n{token}"
-        await book.remove(found.name)
-        await changes.record("operator.remove", f"operator:{found.name}", _json(found), None)
+        found = await changes.remove_operator(book, args.name)
         return f"operator {found.name} removed"
 
     try:

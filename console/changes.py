@@ -22,6 +22,7 @@ from billing.alerts import AlertBook, Webhook
 from billing.audit import Audit
 from billing.budgets import BudgetState
 from billing.store import Group, KeyInfo, KeyMeta, Store, StoreError
+from console.operators import Operator, OperatorError, Operators
 from core.config import Settings
 from gateway.auth import new_key, rotate_key
 
@@ -143,6 +144,42 @@ class Changes:
             raise StoreError(f"no webhook with id {webhook_id}")
         await self.record("webhook.delete", f"webhook:{webhook_id}", hook.json(), None)
         return True
+
+    # -- operators (never a password, its hash or a token in the record) --------------------------
+    async def add_operator(self, book: Operators, name: str, role: str, groups: list[str],
+                           password_hash: str) -> Operator:  # fmt: skip
+        for group in groups:
+            if await self.store.get_group(group) is None:
+                raise OperatorError(f"no group named {group!r}", "groups")
+        made = await book.add(name, role, groups, password_hash)
+        await self.record("operator.add", f"operator:{made.name}", None, made.json())
+        return made
+
+    async def operator_password(self, book: Operators, name: str, password_hash: str) -> Operator:
+        """A new password: its fingerprint changes, so its sessions end."""
+        found = await self._operator(book, name)
+        await book.set_password(found.name, password_hash)
+        await self.record("operator.password", f"operator:{found.name}", None, {"set": True})
+        return found
+
+    async def operator_token(self, book: Operators, name: str, token: str) -> Operator:
+        found = await self._operator(book, name)
+        await book.set_token(found.name, token)
+        await self.record("operator.token", f"operator:{found.name}", None, {"set": True})
+        return found
+
+    async def remove_operator(self, book: Operators, name: str) -> Operator:
+        found = await self._operator(book, name)
+        await book.remove(found.name)
+        await self.record("operator.remove", f"operator:{found.name}", found.json(), None)
+        return found
+
+    @staticmethod
+    async def _operator(book: Operators, name: str) -> Operator:
+        found = await book.get(name)
+        if found is None:
+            raise OperatorError(f"no operator named {name!r}")
+        return found
 
     # -- settings -----------------------------------------------------------------------------------
     async def setting(self, name: str, before: Any, after: Any) -> None:

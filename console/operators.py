@@ -35,7 +35,12 @@ TOKEN_PREFIX = "mro-"  # an operator's API token (an API key is never a console 
 
 
 class OperatorError(ValueError):
-    """A name, role or group list an account cannot have; the message says which."""
+    """A name, role or group list an account cannot have; the message says which, ``field`` names it
+    (``name``, ``role`` or ``groups``: the console's form puts the message beside it)."""
+
+    def __init__(self, message: str, field: str = "name") -> None:
+        super().__init__(message)
+        self.field = field
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +50,10 @@ class Operator:
     groups: tuple[str, ...] = ()
     password_hash: str = ""
     token_hash: str = ""
+
+    def json(self) -> dict[str, object]:
+        """As the audit log and the CLI show it (never its password hash or token)."""
+        return {"name": self.name, "role": self.role, "groups": list(self.groups)}
 
     @property
     def read_only(self) -> bool:
@@ -93,11 +102,11 @@ def check(name: str, role: str, groups: list[str]) -> None:
         raise OperatorError(f"{name!r}: an operator's name is 1 to 64 of a-z, 0-9, '.', '_', '-' "
                             f"(starting with a letter or digit), and not {BUILT_IN!r}")  # fmt: skip
     if role not in ROLES:
-        raise OperatorError(f"{role!r}: the role is one of {', '.join(ROLES)}")
+        raise OperatorError(f"{role!r}: the role is one of {', '.join(ROLES)}", "role")
     if role == "operator" and not groups:
-        raise OperatorError("an operator's role needs the groups it operates (--group)")
+        raise OperatorError("an operator's role needs the groups it operates (--group)", "groups")
     if role != "operator" and groups:
-        raise OperatorError(f"a {role} sees every group: --group is for the operator role")
+        raise OperatorError(f"a {role} sees every group: --group is for the operator role", "groups")
 
 
 def token_hash(token: str) -> str:

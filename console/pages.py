@@ -16,7 +16,20 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from console import audit, auth, batches, calls, groups, keys, operators, overview, prefs, sso, webhooks
+from console import (
+    accounts,
+    audit,
+    auth,
+    batches,
+    calls,
+    groups,
+    keys,
+    operators,
+    overview,
+    prefs,
+    sso,
+    webhooks,
+)
 from console.app import Console, console_of, page, personal, read_form, same_origin
 
 
@@ -199,5 +212,6 @@ def routes() -> list[Route]:
         *calls.routes(),
         *batches.routes(),
         *audit.routes(),
+        *accounts.routes(),
         *webhooks.routes(),
     ]

@@ -27,6 +27,8 @@ from bench.usage_rows import load, rows_of
 from billing import budgets
 from billing.audit import Audit
 from billing.store import UsageRecord
+from console.auth import hash_password
+from console.operators import Operators
 from core.money import NANO
 from tests.conftest import Stack
 from tests.test_batches import request, submit, wait
@@ -124,7 +126,10 @@ def test_every_page_on_desktop_and_phone_with_axe(browser: Any, seeded: dict[str
         "call": f"/calls/{record.id}", "find": "/calls?request=req_none", "calls-every": "/calls?period=24h", "keys": "/keys", "key": f"/keys/{seeded['key_id']}",
         "revoke": f"/keys/{seeded['key_id']}/revoke", "rotate": f"/keys/{seeded['key_id']}/rotate", "batches": "/batches", "batch": f"/batches/{seeded['batch']}",
         "batch-invalid": f"/batches/{seeded['invalid']}", "display": "/display", "audit": "/audit", "webhooks": "/webhooks",
+        "operators": "/operators",
     }  # fmt: skip
+    if s.run(Operators(s.store.database).get("ops-axe")) is None:
+        s.run(Operators(s.store.database).add("ops-axe", "operator", ["acme"], hash_password("ops-axe-password")))
     axe = AXE.read_text()
     context, page, base = logged_in(browser, s)
     found: list[str] = []

@@ -6,6 +6,7 @@ a new password ends the operator's sessions."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -115,5 +116,53 @@ def test_roles_on_the_console_and_the_admin_api(tmp_path: Path) -> None:
         router(stack, "remove", "watcher")
         assert viewer.get("/console/groups").status == 303
         assert api.api("GET", "/groups", token=tokens["watcher"]).status == 401
+    finally:
+        stack.stop()
+
+
+def test_an_admin_manages_operators_in_the_console(tmp_path: Path) -> None:
+    stack = console_stack(tmp_path)
+    try:
+        mine = stack.group(100)
+        router(stack, "add", "watcher", "--role", "viewer", "--stdin", password=PASSWORDS["watcher"])
+        admin = Client(stack)
+        assert admin.login().status == 303  # the built-in admin
+        page = admin.get("/console/operators").text
+        assert "watcher" in page and "Add an operator" in page
+        bad = admin.post("/console/operators", {"name": "carol", "role": "operator", "groups": "", "password": "carol-password-1"})
+        assert bad.status == 400 and "needs the groups it operates" in bad.text and 'value="carol"' in bad.text
+        short = admin.post("/console/operators", {"name": "carol", "role": "operator", "groups": mine, "password": "short"})
+        assert short.status == 400 and "at least 8 characters" in short.text
+        made = admin.post("/console/operators", {"name": "carol", "role": "operator", "groups": mine,
+                                                 "password": "carol-password-1"})  # fmt: skip
+        assert made.status == 303 and "ok=added" in made.headers["location"]
+        carol = Client(stack)
+        assert carol.login("carol-password-1", "carol").status == 303
+        assert carol.get("/console/groups").status == 200
+        assert carol.get("/console/operators").status == 403  # an operator of one group: nothing across groups
+        assert carol.post("/console/operators/watcher/remove", {}).status == 403
+
+        viewer = logged_in(stack, "watcher")  # sees the accounts, is offered no form, may change nothing
+        seen = viewer.get("/console/operators")
+        assert seen.status == 200 and "carol" in seen.text and "Add an operator" not in seen.text
+        assert viewer.post("/console/operators/password", {"name": "carol", "password": "viewer-sets-this"}).status == 403
+
+        assert admin.post("/console/operators/password", {"name": "carol", "password": "carol-password-2"}).status == 303
+        assert carol.get("/console/groups").status == 303  # her session ended with the new password
+        assert Client(stack).login("carol-password-1", "carol").status == 401
+        assert Client(stack).login("carol-password-2", "carol").status == 303
+        assert admin.post("/console/operators/carol/remove", {}).status == 303
+        assert Client(stack).login("carol-password-2", "carol").status == 401
+        assert admin.post("/console/operators/nobody-here/remove", {}).status == 404
+
+        router(stack, "add", "boss", "--role", "admin", "--stdin", password=PASSWORDS["boss"])
+        boss = logged_in(stack, "boss")
+        himself = boss.post("/console/operators/boss/remove", {})
+        assert himself.status == 400 and "signed in with" in himself.text
+        log: list[Any] = stack.run(Audit(stack.store.database).entries(20))
+        done = [(e.action, e.actor) for e in log if e.target == "operator:carol"]
+        assert ("operator.add", "console:admin (127.0.0.1)") in done and ("operator.password", "console:admin (127.0.0.1)") in done
+        assert ("operator.remove", "console:admin (127.0.0.1)") in done
+        assert all("carol-password" not in json.dumps([e.before, e.after]) for e in log)
     finally:
         stack.stop()
