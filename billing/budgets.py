@@ -382,7 +382,10 @@ def _positive(amount: int) -> None:
 
 async def states(store: Any, group: str | None = None, key_id: int | None = None) -> list[BudgetState]:
     """The budgets (of one group, or one key), each with its current window."""
-    groups = [g for g in await store.list_groups() if group is None or g.name == group]
+    if group is None:
+        groups = await store.list_groups()
+    else:
+        groups = [found] if (found := await store.get_group(group)) is not None else []
     names = {g.id: g.name for g in groups}
     windows = await read(store.database, sorted(names), store.clock())
     out: list[BudgetState] = []
@@ -395,3 +398,12 @@ async def states(store: Any, group: str | None = None, key_id: int | None = None
             out.append(BudgetState(b, names[b.group_id], windows.spent(b), float(b.period.first(now)),
                                    b.period.resets_at(now, spend.items())))  # fmt: skip
     return sorted(out, key=lambda s: s.budget.id)
+
+
+async def state(store: Any, budget_id: int) -> BudgetState | None:
+    """One budget with its current window (None: there is none with that id): its group's read alone."""
+    rows = await store.database.select("SELECT g.name FROM budgets b JOIN groups g ON g.id = b.group_id "
+                                       "WHERE b.id = ?", (budget_id,))  # fmt: skip
+    if not rows:
+        return None
+    return next((s for s in await states(store, rows[0][0]) if s.budget.id == budget_id), None)

@@ -51,10 +51,10 @@ async def _budget_id(c: Console, request: Request) -> int:
     """The path's budget, if the operator sees its group (404 otherwise, as for no budget)."""
     text = request.path_params["budget_id"]
     budget_id = natural(text)  # ("²".isdigit() is True; 10**20 is past every store's integers)
-    found = [s for s in await budgets.states(c.store) if s.budget.id == budget_id] if budget_id is not None else []
-    if not found or not operators.current().sees(found[0].group_name):
+    found = await budgets.state(c.store, budget_id) if budget_id is not None else None
+    if found is None or not operators.current().sees(found.group_name):
         raise AdminError(404, f"No budget with id {text[:40]}.", "budget_not_found")
-    return found[0].budget.id
+    return found.budget.id
 
 
 async def update_budget(c: Console, request: Request) -> Response:

@@ -129,7 +129,7 @@ class Changes:
         return before
 
     async def _budget(self, budget_id: int) -> BudgetState | None:
-        return next((s for s in await budgets.states(self.store) if s.budget.id == budget_id), None)
+        return await budgets.state(self.store, budget_id)
 
     # -- webhooks -----------------------------------------------------------------------------------
     async def add_webhook(self, book: AlertBook, url: str, group: str | None, balance_below: int | None,
