@@ -37,7 +37,7 @@ T = TypeVar("T")
 
 MIGRATIONS = migrations("sqlite")
 
-_BATCH = f"SELECT {', '.join(BATCH_COLUMNS)} FROM batches"
+_COLUMNS = ", ".join(BATCH_COLUMNS)
 
 
 class SQLiteJobStore(JobStore):
@@ -130,8 +130,8 @@ class SQLiteJobStore(JobStore):
             row = db.execute(free, (now, *skip, now)).fetchone()
             if row is None:
                 return None
-            db.execute("UPDATE batches SET lease_owner = ?, lease_until = ? WHERE id = ?", (owner, now + lease, row[0]))
-            return batch_of(db.execute(_BATCH + " WHERE id = ?", (row[0],)).fetchone())
+            return batch_of(db.execute(f"UPDATE batches SET lease_owner = ?, lease_until = ? WHERE id = ? RETURNING {_COLUMNS}",
+                                       (owner, now + lease, row[0])).fetchone())  # fmt: skip
 
         return await self.tx(fn)
 
@@ -151,15 +151,9 @@ class SQLiteJobStore(JobStore):
         return await self.run(fn)
 
     async def renew(self, batch_id: str, owner: str, lease: float) -> str | None:
-        def fn(db: sqlite3.Connection) -> str | None:
-            cur = db.execute(
-                f"UPDATE batches SET lease_until = ? WHERE {HELD} AND {OPEN_SQL}", (time.time() + lease, batch_id, owner)
-            )
-            if cur.rowcount == 0:
-                return None
-            return str(db.execute("SELECT status FROM batches WHERE id = ?", (batch_id,)).fetchone()[0])
-
-        return await self.tx(fn)
+        rows = await self.db.select(f"UPDATE batches SET lease_until = ? WHERE {HELD} AND {OPEN_SQL} RETURNING status",
+                                    (time.time() + lease, batch_id, owner))  # fmt: skip
+        return str(rows[0][0]) if rows else None
 
     # -- the run of one batch -------------------------------------------------------------------------
     async def start_batch(self, batch_id: str, owner: str, lines: list[Line], now: int) -> bool:
