@@ -142,9 +142,13 @@ def responses_body(model: str, stream: bool, store: bool) -> bytes:
 
 
 # --codex: a Responses call on Claude (translated) as Codex makes it against a plain one, stream and not
+# and against the chat call that carries the same work (the same 30 tools as functions, the same prompt):
+# what the Responses surface costs beyond the chat one for one and the same call
 CODEX = (Mode("resp claude", False, True, model=CLAUDE), Mode("codex claude", False, True, model=CLAUDE, codex=True),
+         Mode("chat claude tools", False, model=CLAUDE, codex=True),
          Mode("resp claude str", True, True, model=CLAUDE),
-         Mode("codex claude str", True, True, model=CLAUDE, codex=True))  # fmt: skip
+         Mode("codex claude str", True, True, model=CLAUDE, codex=True),
+         Mode("chat claude tools str", True, model=CLAUDE, codex=True))  # fmt: skip
 
 
 def codex_body(model: str, stream: bool) -> bytes:
@@ -167,6 +171,21 @@ def codex_body(model: str, stream: bool) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
 
 
+def chat_tools_body(model: str, stream: bool) -> bytes:
+    """Codex's call (codex_body) as a chat call: its 30 tools as functions, its instructions and prompt."""
+    codex = json.loads(codex_body(model, stream))
+    tools = [{"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),
+                                               "parameters": t["parameters"]}}
+             for tool in codex["tools"] for t in (tool["tools"] if tool["type"] == "namespace" else [tool])
+             if t["type"] == "function"]  # fmt: skip
+    tools.append({"type": "function", "function": {"name": "web_search", "description": "Search the web.",
+                                                   "parameters": {"type": "object", "properties": {}}}})  # fmt: skip
+    body = {"model": model, "stream": stream, "tools": tools, "tool_choice": "auto", "parallel_tool_calls": True,
+            "messages": [{"role": "developer", "content": "You are Codex."},
+                         {"role": "user", "content": codex["input"][1]["content"][0]["text"]}]}  # fmt: skip
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
 def messages_body(model: str, stream: bool) -> bytes:
     chat = json.loads(body_bytes(model, stream, 12))
     body = {"model": model, "max_tokens": 4096, "messages": chat["messages"], "stream": stream}
@@ -183,6 +202,8 @@ async def drive(target: Target, mode: Mode, calls: int, concurrency: int) -> Non
     if mode.responses:
         url = url.replace("/chat/completions", "/responses")
         data = codex_body(model, stream) if mode.codex else responses_body(model, stream, mode.store)
+    elif mode.codex:
+        data = chat_tools_body(model, stream)
     if mode.messages:
         url = url.replace("/chat/completions", "/messages")
         data = messages_body(model, stream)
@@ -264,9 +285,11 @@ def codex_report(results: dict[str, dict[str, float]]) -> str:
     lines = ["Codex-shaped Responses calls (callgrind, thousands of instructions per call): a plain call and the same "
              "prompt as Codex sends it (30 tools, store false, ...), on Claude"]  # fmt: skip
     for name, figures in results.items():
-        for plain, codex in (("resp claude", "codex claude"), ("resp claude str", "codex claude str")):
+        for plain, codex, chat in (("resp claude", "codex claude", "chat claude tools"),
+                                   ("resp claude str", "codex claude str", "chat claude tools str")):
             lines.append(f"  {SERVERS[name].label:40s} {codex:16s} plain {figures[plain]:9,.0f}  codex {figures[codex]:9,.0f}"
-                         f"  codex / plain {figures[codex] / figures[plain]:.3f}x")  # fmt: skip
+                         f"  codex / plain {figures[codex] / figures[plain]:.3f}x  chat, same tools "
+                         f"{figures[chat]:9,.0f}  codex / chat {figures[codex] / figures[chat]:.3f}x")  # fmt: skip
     return "\n".join(lines)
 
 
