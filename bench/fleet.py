@@ -194,6 +194,23 @@ async def migrate(urls: list[str]) -> None:
         await store.close()
 
 
+async def wal_lsn(admin_url: str) -> str:
+    conn = await asyncpg.connect(admin_url, timeout=10)
+    try:
+        return str(await conn.fetchval("SELECT pg_current_wal_lsn()::text"))
+    finally:
+        await conn.close()
+
+
+async def wal_since(admin_url: str, lsn: str) -> int:
+    """Bytes of write-ahead log the server wrote since ``lsn`` (every database of it: the runs' own)."""
+    conn = await asyncpg.connect(admin_url, timeout=10)
+    try:
+        return int(await conn.fetchval("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::text::pg_lsn)", lsn))
+    finally:
+        await conn.close()
+
+
 async def check(urls: list[str], settled: dict[str, int]) -> list[str]:
     """What is wrong with the ledgers (nothing: []): every group on its shard, exact to the nano-credit."""
     problems: list[str] = []
@@ -216,17 +233,19 @@ def ledger_run(admin_url: str, replicas: int, shards: int, tasks: int, seconds: 
     try:
         asyncio.run(migrate(urls))
         start = time.time() + 3.0 + 0.3 * replicas  # every worker opened and made its groups by then
-        before = cpu_of(("postgres",))
+        before, wal = cpu_of(("postgres",)), asyncio.run(wal_lsn(admin_url))
         results = spawn([{"kind": "ledger", "urls": urls, "replica": r, "tasks": tasks, "start": start,
                           "seconds": seconds} for r in range(replicas)])  # fmt: skip
         database_cpu = cpu_of(("postgres",)) - before  # (its backends end with the workers: counted)
+        wal_bytes = asyncio.run(wal_since(admin_url, wal))
         settled = {name: n for r in results for name, n in r["settled"].items()}
         problems = asyncio.run(check(urls, settled))
         total = sum(settled.values())
         window = max(r["seconds"] for r in results)
         return {"replicas": replicas, "shards": shards, "tasks_per_replica": tasks, "settled": total,
                 "per_second": round(total / window, 1), "consistent": not problems, "problems": problems[:5],
-                "database_cpu_ms_per_1000": round(1000 * 1000 * database_cpu / max(total, 1), 1)}  # fmt: skip
+                "database_cpu_ms_per_1000": round(1000 * 1000 * database_cpu / max(total, 1), 1),
+                "wal_bytes_per_settlement": round(wal_bytes / max(total, 1))}  # fmt: skip
     finally:
         asyncio.run(drop_databases(admin_url, urls))
 
@@ -264,14 +283,14 @@ def main(argv: list[str] | None = None) -> int:
         r = ledger_run(args.postgres, n, 1, args.tasks, args.seconds)
         out["replicas"].append(r)
         print(f"postgres, 1 primary,  {n} replica(s): {r['per_second']:>9,.0f} settlements/s, "
-              f"{r['database_cpu_ms_per_1000']} ms of database CPU per 1,000 "
+              f"{r['database_cpu_ms_per_1000']} ms of database CPU per 1,000, {r['wal_bytes_per_settlement']:,} B of WAL each "
               f"({'consistent' if r['consistent'] else 'INCONSISTENT ' + '; '.join(r['problems'])})", flush=True)
     if args.shards > 1:
         for n in counts:
             r = ledger_run(args.postgres, n, args.shards, args.tasks, args.seconds)
             out["sharded"].append(r)
             print(f"postgres, {args.shards} shards,   {n} replica(s): {r['per_second']:>9,.0f} settlements/s, "
-                  f"{r['database_cpu_ms_per_1000']} ms of database CPU per 1,000 "
+                  f"{r['database_cpu_ms_per_1000']} ms of database CPU per 1,000, {r['wal_bytes_per_settlement']:,} B of WAL each "
                   f"({'consistent' if r['consistent'] else 'INCONSISTENT ' + '; '.join(r['problems'])})", flush=True)
     for n in counts:
         r = redis_run(args.redis, n, args.tasks, args.seconds)
