@@ -28,6 +28,14 @@ def frame(data: dict[str, Any]) -> bytes:
     return frame_event(data["type"], _encode(data))
 
 
+# a text or thinking delta, the one frame of most chunks, written as bytes around the piece's JSON:
+# the same bytes as frame() of {"type": "content_block_delta", "index": i, "delta": {"type": ..., kind: piece}}
+_DELTA = b'event: content_block_delta\ndata: {"type":"content_block_delta","index":'
+_DELTA_OF = {"text": b',"delta":{"type":"text_delta","text":', "thinking": b',"delta":{"type":"thinking_delta","thinking":'}
+_DELTA_END = b"}}\n\n"
+_TEXT = _DELTA_OF["text"]
+
+
 def error_event(exc: GatewayError) -> bytes:
     """A failure after the stream began: Anthropic's ``error`` event (nothing follows it)."""
     return frame({"type": "error", "error": {"type": anthropic_status(exc)[1], "message": exc.message}})
@@ -55,23 +63,31 @@ class MessageSynth:
     def feed(self, chunk: dict[str, Any]) -> list[bytes]:
         if self.done:
             return []
-        if chunk.get("usage"):
-            self.usage = chunk["usage"]
+        usage = chunk.get("usage")
+        if usage:
+            self.usage = usage
         out: list[bytes] = []
         for choice in chunk.get("choices") or ():
             if choice.get("index", 0) != 0:
                 continue
-            delta = choice.get("delta") or {}
-            thought = delta.get("reasoning_content")
-            if isinstance(thought, str) and thought:
-                out += self._text("thinking", thought)
-            text = delta.get("content")
-            if isinstance(text, str) and text:
-                out += self._text("text", text)
-            for call in delta.get("tool_calls") or ():
-                out += self._call(call)
-            if choice.get("finish_reason"):
-                self.finish_reason = choice["finish_reason"]
+            delta = choice.get("delta")
+            if delta:
+                thought = delta.get("reasoning_content")
+                if thought and isinstance(thought, str):
+                    out += self._text("thinking", thought)
+                text = delta.get("content")
+                if text and isinstance(text, str):
+                    if self.open == "text":  # (most chunks: one more piece of the open text block)
+                        out.append(b"".join((_DELTA, str(self.index).encode(), _TEXT, _encode(text), _DELTA_END)))
+                    else:
+                        out += self._text("text", text)
+                calls = delta.get("tool_calls")
+                if calls:
+                    for call in calls:
+                        out += self._call(call)
+            reason = choice.get("finish_reason")
+            if reason:
+                self.finish_reason = reason
         return out
 
     def _start(self, block: dict[str, Any]) -> list[bytes]:
@@ -92,8 +108,7 @@ class MessageSynth:
         if self.open != kind:
             block = {"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking" else {"type": "text", "text": ""}
             out = self._start(block)
-        delta = {"type": "thinking_delta", "thinking": piece} if kind == "thinking" else {"type": "text_delta", "text": piece}
-        out.append(frame({"type": "content_block_delta", "index": self.index, "delta": delta}))
+        out.append(b"".join((_DELTA, str(self.index).encode(), _DELTA_OF[kind], _encode(piece), _DELTA_END)))
         return out
 
     def _call(self, call: dict[str, Any]) -> list[bytes]:

@@ -84,9 +84,10 @@ class Messages:
         context, trace, raw = await begin_call(gw, request, "messages", authorization=authorization(request))
         body = parse_body(raw)
         trace.model, trace.stream = body["model"], body.get("stream") is True
-        who = {"user": end_user(body)}
+        user = end_user(body)
+        who = {"user": user}
         identify(context, who)  # (a key pasted there is redacted, upstream too)
-        if who["user"] is not None and who["user"] != end_user(body):
+        if who["user"] is not None and who["user"] != user:
             body["metadata"] = {**body["metadata"], "user_id": who["user"]}
         codec = MessagesCodec(body, len(raw), forwarded(request))
         start = self.pipeline.start(context, codec)
