@@ -34,6 +34,11 @@ _DELTA = b'event: content_block_delta\ndata: {"type":"content_block_delta","inde
 _DELTA_OF = {"text": b',"delta":{"type":"text_delta","text":', "thinking": b',"delta":{"type":"thinking_delta","thinking":'}
 _DELTA_END = b"}}\n\n"
 _TEXT = _DELTA_OF["text"]
+_PING = frame({"type": "ping"})
+_STOP = frame({"type": "message_stop"})
+_BLOCK_STOP = b'event: content_block_stop\ndata: {"type":"content_block_stop","index":'
+_TEXT_START = (b'event: content_block_start\ndata: {"type":"content_block_start","index":',
+               b',"content_block":{"type":"text","text":""}}\n\n')  # fmt: skip
 
 
 def error_event(exc: GatewayError) -> bytes:
@@ -58,7 +63,7 @@ class MessageSynth:
     def start(self) -> bytes:
         usage = {"input_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0, "output_tokens": 0}
         start = {**self.message, "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage}
-        return frame({"type": "message_start", "message": start}) + frame({"type": "ping"})
+        return frame({"type": "message_start", "message": start}) + _PING
 
     def feed(self, chunk: dict[str, Any]) -> list[bytes]:
         if self.done:
@@ -101,13 +106,18 @@ class MessageSynth:
         if self.open is None:
             return []
         self.open = None
-        return [frame({"type": "content_block_stop", "index": self.index})]
+        return [b"".join((_BLOCK_STOP, str(self.index).encode(), b"}\n\n"))]
 
     def _text(self, kind: str, piece: str) -> list[bytes]:
         out: list[bytes] = []
         if self.open != kind:
-            block = {"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking" else {"type": "text", "text": ""}
-            out = self._start(block)
+            if kind == "text":
+                out = self._close()
+                self.index += 1
+                self.open = "text"
+                out.append(b"".join((_TEXT_START[0], str(self.index).encode(), _TEXT_START[1])))
+            else:
+                out = self._start({"type": "thinking", "thinking": "", "signature": ""})
         out.append(b"".join((_DELTA, str(self.index).encode(), _DELTA_OF[kind], _encode(piece), _DELTA_END)))
         return out
 
@@ -139,5 +149,5 @@ class MessageSynth:
             usage["cost"] = cost
         delta = {"stop_reason": stop_reason(self.finish_reason), "stop_sequence": None}
         out.append(frame({"type": "message_delta", "delta": delta, "usage": usage}))
-        out.append(frame({"type": "message_stop"}))
+        out.append(_STOP)
         return out
