@@ -123,11 +123,17 @@ async def sso_refused(c: Console, request: Request, exc: sso.SSOError) -> Respon
     return response
 
 
-async def sso_start(request: Request) -> Response:
+async def sso_console(request: Request) -> tuple[Console, Response | None]:
+    """The console, and the 404 to answer if single sign-on is not configured."""
     c = console_of(request)
     await c.ensure()
-    if not sso.enabled(c.settings):
-        return Response("single sign-on is not configured", status_code=404)
+    return c, None if sso.enabled(c.settings) else Response("single sign-on is not configured", status_code=404)
+
+
+async def sso_start(request: Request) -> Response:
+    c, off = await sso_console(request)
+    if off is not None:
+        return off
     flow = sso.Flow.new(c.safe(request, request.query_params.get("next", ""), "/"))
     try:
         async with sso.client() as http:
@@ -142,10 +148,9 @@ async def sso_start(request: Request) -> Response:
 
 
 async def sso_callback(request: Request) -> Response:
-    c = console_of(request)
-    await c.ensure()
-    if not sso.enabled(c.settings):
-        return Response("single sign-on is not configured", status_code=404)
+    c, off = await sso_console(request)
+    if off is not None:
+        return off
     params = request.query_params
     flow = sso.Flow.of(auth.signed(request.cookies.get(sso.FLOW_COOKIE), await c.secret()))
     try:
