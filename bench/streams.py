@@ -168,8 +168,20 @@ async def over_http2(url: str, headers: dict[str, str], body: bytes, tally: Tall
     return [asyncio.create_task(connection(size)) for size in sizes]
 
 
+async def count_window(pid: int, out: Path, seconds: float) -> tuple[float, float, int]:
+    """Callgrind's count of process ``pid`` over the next ``seconds``: (start, end, instructions)."""
+    from bench.instructions import control, dumped_total
+
+    await asyncio.to_thread(control, "-z", str(pid))
+    start = time.monotonic()
+    await asyncio.sleep(seconds)
+    end, wall = time.monotonic(), time.time()
+    await asyncio.to_thread(control, "-d", str(pid))
+    return start, end, dumped_total(out, pid, wall - 1)
+
+
 async def client(url: str, key: str, model: str, n: int, tokens: int, delay_ms: int, gateway_pid: int,
-                 http2: int = 0) -> dict:  # fmt: skip
+                 http2: int = 0, counted: Path | None = None) -> dict:  # fmt: skip
     body = json.dumps({"model": model, "stream": True,
                        "messages": [{"role": "user", "content": f"hold [tokens:{tokens}] [delay:{delay_ms}]"}]}).encode()  # fmt: skip
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
@@ -186,6 +198,7 @@ async def client(url: str, key: str, model: str, n: int, tokens: int, delay_ms: 
     except TimeoutError:
         all_open_after = None
     during = rss_kb(gateway_pid)
+    window = await count_window(gateway_pid, counted, 4 * delay_ms / 1000) if counted is not None else None
     # again near the streams' end: what each has kept of what it relayed (text kept to estimate an
     # interrupted stream's usage, buffers) shows here
     await asyncio.sleep(max(0.0, (tokens - 4) * delay_ms / 1000 - (time.monotonic() - began)))
@@ -206,7 +219,14 @@ async def client(url: str, key: str, model: str, n: int, tokens: int, delay_ms: 
         ramp_gaps.append(worst["opening"])
         closing_gaps.append(worst["closing"])
     opened = n - tally.refused
+    counts: dict[str, Any] = {}
+    if window is not None:  # the chunks relayed while callgrind counted, and what each cost the server
+        start, end, instructions = window
+        chunks = sum(1 for times in tally.arrivals for t in times if start <= t <= end)
+        counts = {"counted_s": round(end - start, 3), "chunks_counted": chunks, "instructions": instructions,
+                  "instructions_per_chunk": round(instructions / chunks) if chunks else None}  # fmt: skip
     return {
+        **counts,
         "streams": n, "completed": tally.done_ok, "errors": tally.errors,
         "protocol": f"HTTP/2, {http2} streams a connection" if http2 else "HTTP/1.1, a connection a stream",
         "all_open_after_s": all_open_after,
@@ -239,6 +259,39 @@ def raise_descriptor_limit(streams: int) -> None:
                   "streams", file=sys.stderr)  # fmt: skip
 
 
+def run_streams(args: argparse.Namespace, name: str, counted: bool = False) -> dict[str, Any]:
+    """The emulators, server ``name`` (under callgrind if ``counted``) and the client's streams."""
+    from bench.instructions import callgrind
+
+    procs = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "callgrind" / name
+            out.parent.mkdir(parents=True)
+            wrap = callgrind(out) if counted else None
+            emu, emulators = start_emulators(RESULTS)
+            procs.append(emu)
+            if name.startswith("bare"):
+                server = {"bare-uvicorn": "uvicorn", "bare-tuned": "hypercorn-tuned"}.get(name, "hypercorn")
+                gw = start_bare(RESULTS, *emulators["openai"], server, wrap=wrap)
+            else:
+                gw = start_gateway(RESULTS, Path(tmp), emulators, name, wrap=wrap)
+            procs.append(gw.proc)
+            wait_ready(gw, 180 if counted else 30)
+            run: Any
+            try:
+                import uvloop
+
+                run = uvloop.run
+            except ImportError:
+                run = asyncio.run
+            pid = gw.proc.popen.pid if counted else gw.proc.pid
+            return run(client(gw.url, gw.key, gw.model, args.streams, args.tokens, args.delay_ms, pid,  # type: ignore[no-any-return]
+                              args.http2, out if counted else None))
+    finally:
+        stop_all(procs)
+
+
 def main(argv: list[str] | None = None, exit_after: bool = True) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.streams", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -252,32 +305,28 @@ def main(argv: list[str] | None = None, exit_after: bool = True) -> None:
                    default="gateway",
                    help="bare: the bare hypercorn proxy instead, the floor of the stack; bare-tuned: the same on "
                         "the gateway's server layer; the -uvicorn ones the same under uvicorn")  # fmt: skip
+    p.add_argument("--instructions", action="store_true",
+                   help="count with callgrind what a relayed chunk costs the server, once all streams are open "
+                        "(4 pacings of it), for --server and for the bare proxy, and their ratio (the server runs "
+                        "about 50 times slower: use a few hundred streams)")  # fmt: skip
     args = p.parse_args(argv)
     RESULTS.mkdir(exist_ok=True)
     raise_descriptor_limit(args.streams)
-    procs = []
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            emu, emulators = start_emulators(RESULTS)
-            procs.append(emu)
-            if args.server.startswith("bare"):
-                server = {"bare-uvicorn": "uvicorn", "bare-tuned": "hypercorn-tuned"}.get(args.server, "hypercorn")
-                gw = start_bare(RESULTS, *emulators["openai"], server)
-            else:
-                gw = start_gateway(RESULTS, Path(tmp), emulators, args.server)
-            procs.append(gw.proc)
-            wait_ready(gw, 30)
-            run: Any
-            try:
-                import uvloop
-
-                run = uvloop.run
-            except ImportError:
-                run = asyncio.run
-            result = run(client(gw.url, gw.key, gw.model, args.streams, args.tokens, args.delay_ms, gw.proc.pid,
-                                    args.http2))
-    finally:
-        stop_all(procs)
+    if args.instructions:
+        per_chunk: dict[str, int] = {}
+        for server in ("bare", args.server):
+            counted = run_streams(args, server, counted=True)
+            per_chunk[server] = int(counted.get("instructions_per_chunk") or 0)
+            print(f"{server}: {counted.get('instructions_per_chunk')} instructions per relayed chunk "
+                  f"({counted.get('chunks_counted')} chunks in {counted.get('counted_s')} s, {counted['completed']}/"
+                  f"{counted['streams']} streams completed)", flush=True)  # fmt: skip
+        if per_chunk["bare"] and per_chunk[args.server]:
+            print(f"{args.server} / bare: {per_chunk[args.server] / per_chunk['bare']:.2f}x per chunk")
+        (RESULTS / "streams-instructions.json").write_text(json.dumps(per_chunk, indent=2))
+        if exit_after:
+            sys.exit(0)
+        return
+    result = run_streams(args, args.server)
     result["budget"] = {"kb_per_stream": BUDGET_KB, "max_gap_over_pacing": BUDGET_GAP, "all_open_s": BUDGET_OPEN_S}
     starved = result["max_gap_s"] is None or result["max_gap_s"] > BUDGET_GAP * args.delay_ms / 1000
     slow = result["all_open_after_s"] is None or result["all_open_after_s"] > BUDGET_OPEN_S
