@@ -5,6 +5,7 @@ console/changes.py's, as for the CLI (``router operators``), which alone makes A
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from starlette.requests import Request
@@ -46,8 +47,9 @@ async def add(c: Console, request: Request, form: dict[str, str]) -> Response:
         errors["password"] = problem
     if not errors:
         try:
-            await c.changes(request, "console").add_operator(c.queries.operators, name, role, _groups(form.get("groups", "")),
-                                                             auth.hash_password(password))  # fmt: skip
+            hashed = await asyncio.to_thread(auth.hash_password, password)  # (scrypt: off the event loop)
+            await c.changes(request, "console").add_operator(c.queries.operators, name, role,
+                                                             _groups(form.get("groups", "")), hashed)  # fmt: skip
         except operators.OperatorError as exc:
             errors[exc.field] = str(exc)
     if errors:
@@ -64,7 +66,8 @@ async def password(c: Console, request: Request, form: dict[str, str]) -> Respon
     if (problem := auth.password_problem(given)) is not None:
         return await accounts_page(c, request, 400, errors={"new-password": problem}, values=values)
     try:
-        await c.changes(request, "console").operator_password(c.queries.operators, name, auth.hash_password(given))
+        hashed = await asyncio.to_thread(auth.hash_password, given)
+        await c.changes(request, "console").operator_password(c.queries.operators, name, hashed)
     except operators.OperatorError as exc:
         return await accounts_page(c, request, 404, errors={"new-password": str(exc)}, values=values)
     return c.redirect(request, "/operators", ok="password")
