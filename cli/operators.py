@@ -66,11 +66,11 @@ def run(args: argparse.Namespace, settings: Settings) -> None:
             made = await changes.add_operator(book, args.name, args.role, args.group, hashed)
             return f"operator {made.name} ({made.role}) added"
         if action == "password":
-            found = await changes.operator_password(book, args.name, hashed)
-            return f"operator {found.name}: password set; its sessions are logged out"
+            await changes.operator_password(book, args.name, hashed)
+            return f"operator {args.name}: password set; its sessions are logged out"
         if action == "token":
-            found = await changes.operator_token(book, args.name, token)
-            return f"operator {found.name}'s admin API token (shown once; the old one no longer works):\n{token}"
+            await changes.operator_token(book, args.name, token)
+            return f"operator {args.name}'s admin API token (shown once; the old one no longer works):\n{token}"
         found = await changes.remove_operator(book, args.name)
         return f"operator {found.name} removed"
 

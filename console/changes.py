@@ -155,30 +155,22 @@ class Changes:
         await self.record("operator.add", f"operator:{made.name}", None, made.json())
         return made
 
-    async def operator_password(self, book: Operators, name: str, password_hash: str) -> Operator:
+    async def operator_password(self, book: Operators, name: str, password_hash: str) -> None:
         """A new password: its fingerprint changes, so its sessions end."""
-        found = await self._operator(book, name)
-        await book.set_password(found.name, password_hash)
-        await self.record("operator.password", f"operator:{found.name}", None, {"set": True})
-        return found
+        if not await book.set_password(name, password_hash):
+            raise OperatorError(f"no operator named {name!r}")
+        await self.record("operator.password", f"operator:{name}", None, {"set": True})
 
-    async def operator_token(self, book: Operators, name: str, token: str) -> Operator:
-        found = await self._operator(book, name)
-        await book.set_token(found.name, token)
-        await self.record("operator.token", f"operator:{found.name}", None, {"set": True})
-        return found
+    async def operator_token(self, book: Operators, name: str, token: str) -> None:
+        if not await book.set_token(name, token):
+            raise OperatorError(f"no operator named {name!r}")
+        await self.record("operator.token", f"operator:{name}", None, {"set": True})
 
     async def remove_operator(self, book: Operators, name: str) -> Operator:
-        found = await self._operator(book, name)
-        await book.remove(found.name)
-        await self.record("operator.remove", f"operator:{found.name}", found.json(), None)
-        return found
-
-    @staticmethod
-    async def _operator(book: Operators, name: str) -> Operator:
-        found = await book.get(name)
-        if found is None:
+        found = await book.get(name)  # (as it was, for the audit)
+        if found is None or not await book.remove(name):
             raise OperatorError(f"no operator named {name!r}")
+        await self.record("operator.remove", f"operator:{name}", found.json(), None)
         return found
 
     # -- settings -----------------------------------------------------------------------------------

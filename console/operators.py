@@ -158,19 +158,15 @@ class Operators:
         return found if found is not None and hmac.compare_digest(found.token_hash, wanted) else None
 
     async def set_password(self, name: str, password_hash: str) -> bool:
-        if await self.get(name) is None:
-            return False
-        await self.db.write("UPDATE console_operators SET password_hash = ? WHERE name = ?", (password_hash, name))
-        return True
+        return await self._changed("UPDATE console_operators SET password_hash = ? WHERE name = ?", (password_hash, name))
 
     async def set_token(self, name: str, token: str) -> bool:
-        if await self.get(name) is None:
-            return False
-        await self.db.write("UPDATE console_operators SET token_hash = ? WHERE name = ?", (token_hash(token), name))
-        return True
+        return await self._changed("UPDATE console_operators SET token_hash = ? WHERE name = ?", (token_hash(token), name))
 
     async def remove(self, name: str) -> bool:
-        if await self.get(name) is None:
-            return False
-        await self.db.write("DELETE FROM console_operators WHERE name = ?", (name,))
-        return True
+        return await self._changed("DELETE FROM console_operators WHERE name = ?", (name,))
+
+    async def _changed(self, sql: str, args: tuple[object, ...]) -> bool:
+        """Whether the statement changed the account (False: there is none of that name)."""
+        changed = await self.db.atomic([(sql, args)])
+        return changed[0] > 0
