@@ -168,13 +168,12 @@ async def sso_callback(request: Request) -> Response:
                                "add)", 403)  # fmt: skip
     except sso.SSOError as exc:
         response = await sso_refused(c, request, exc)
-        response.delete_cookie(sso.FLOW_COOKIE, path=request.scope.get("root_path") or "/")
-        return response
-    session = await c.log_in(operator)
-    request.state.session, request.state.operator = session, operator
-    response = c.render(request, "signed_in.html", target=c.safe(request, flow.next, "/"))
-    await c.set_cookie(response, request, session)
-    response.delete_cookie(sso.FLOW_COOKIE, path=request.scope.get("root_path") or "/")
+    else:
+        session = await c.log_in(operator)
+        request.state.session, request.state.operator = session, operator
+        response = c.render(request, "signed_in.html", target=c.safe(request, flow.next, "/"))
+        await c.set_cookie(response, request, session)
+    response.delete_cookie(sso.FLOW_COOKIE, path=request.scope.get("root_path") or "/")  # one use, whatever came of it
     return response
 
 
