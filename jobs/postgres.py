@@ -52,7 +52,7 @@ class PostgresJobStore(JobStore):
 
     # -- files ----------------------------------------------------------------------------------------
     def file_insert(self, row: FileRow, data: bytes) -> tuple[str, tuple[Any, ...]]:
-        return _INSERT_FILE, (*(getattr(row, name) for name in FILE_COLUMNS), data)
+        return _INSERT_FILE, (*row.values(), data)
 
     async def file_content(self, group_id: int, file_id: str) -> bytes | None:
         data = await self.pool.fetchval("SELECT data FROM files WHERE id = $1 AND group_id = $2", file_id, group_id)

@@ -196,12 +196,10 @@ class SQLiteJobStore(JobStore):
 
     async def finalize(self, batch_id: str, owner: str, final: Final) -> bool:
         # the files go to disk first: a crash before the commit leaves at most an unreferenced file
-        files = [(file, data) for file, data in ((final.output, final.output_data), (final.error, final.error_data))
-                 if file is not None]  # fmt: skip
-        for file, data in files:
+        for file, data in final.files:
             await self.run(partial(self._write_file_on, file.id, data))
         done = await super().finalize(batch_id, owner, final)
         if not done:
-            for file, _ in files:
+            for file, _ in final.files:
                 self._file_path(file.id).unlink(missing_ok=True)
         return done

@@ -130,6 +130,10 @@ class FileRow:
     created_at: int
     expires_at: int | None = None
 
+    def values(self) -> tuple[Any, ...]:
+        """The row's values in FILE_COLUMNS order."""
+        return tuple(getattr(self, name) for name in FILE_COLUMNS)
+
 
 @dataclass(slots=True)
 class BatchRow:
@@ -228,6 +232,12 @@ class Final:
     error: FileRow | None = None
     error_data: bytes = b""
 
+    @property
+    def files(self) -> list[tuple[FileRow, bytes]]:
+        """The files it creates, with their contents."""
+        return [(file, data) for file, data in ((self.output, self.output_data), (self.error, self.error_data))
+                if file is not None]  # fmt: skip
+
 
 class JobStore(ABC):
     """The operations both stores run alike are written here once, in dialect-neutral SQL on the
@@ -250,8 +260,7 @@ class JobStore(ABC):
     # -- files --------------------------------------------------------------------------------------
     def file_insert(self, row: FileRow, data: bytes) -> tuple[str, tuple[Any, ...]]:
         """The statement that inserts a file's row (PostgreSQL's with its content)."""
-        return (f"INSERT INTO files ({', '.join(FILE_COLUMNS)}) VALUES ({_marks(FILE_COLUMNS)})",
-                tuple(getattr(row, name) for name in FILE_COLUMNS))
+        return f"INSERT INTO files ({', '.join(FILE_COLUMNS)}) VALUES ({_marks(FILE_COLUMNS)})", row.values()
 
     async def create_file(self, row: FileRow, data: bytes) -> None:
         await self.db.write(*self.file_insert(row, data))
@@ -401,8 +410,7 @@ class JobStore(ABC):
              f"error_file_id = ?, lease_owner = NULL, lease_until = NULL WHERE {HELD} AND {OPEN_SQL}",
              (final.status, final.at, final.completed, final.failed, output.id if output else None,
               error.id if error else None, batch_id, owner)),
-            *(self.file_insert(file, data) for file, data in ((output, final.output_data), (error, final.error_data))
-              if file is not None),
+            *(self.file_insert(file, data) for file, data in final.files),
             ("DELETE FROM batch_lines WHERE batch_id = ?", (batch_id,)),
         ], chained=True)  # fmt: skip
         return changed[0] > 0
