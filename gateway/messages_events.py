@@ -33,12 +33,9 @@ def frame(data: dict[str, Any]) -> bytes:
 _DELTA = b'event: content_block_delta\ndata: {"type":"content_block_delta","index":'
 _DELTA_OF = {"text": b',"delta":{"type":"text_delta","text":', "thinking": b',"delta":{"type":"thinking_delta","thinking":'}
 _DELTA_END = b"}}\n\n"
-_TEXT = _DELTA_OF["text"]
 _PING = frame({"type": "ping"})
 _STOP = frame({"type": "message_stop"})
 _BLOCK_STOP = b'event: content_block_stop\ndata: {"type":"content_block_stop","index":'
-_TEXT_START = (b'event: content_block_start\ndata: {"type":"content_block_start","index":',
-               b',"content_block":{"type":"text","text":""}}\n\n')  # fmt: skip
 
 
 def error_event(exc: GatewayError) -> bytes:
@@ -82,10 +79,7 @@ class MessageSynth:
                     out += self._text("thinking", thought)
                 text = delta.get("content")
                 if text and isinstance(text, str):
-                    if self.open == "text":  # (most chunks: one more piece of the open text block)
-                        out.append(b"".join((_DELTA, str(self.index).encode(), _TEXT, _encode(text), _DELTA_END)))
-                    else:
-                        out += self._text("text", text)
+                    out += self._text("text", text)
                 calls = delta.get("tool_calls")
                 if calls:
                     for call in calls:
@@ -111,13 +105,8 @@ class MessageSynth:
     def _text(self, kind: str, piece: str) -> list[bytes]:
         out: list[bytes] = []
         if self.open != kind:
-            if kind == "text":
-                out = self._close()
-                self.index += 1
-                self.open = "text"
-                out.append(b"".join((_TEXT_START[0], str(self.index).encode(), _TEXT_START[1])))
-            else:
-                out = self._start({"type": "thinking", "thinking": "", "signature": ""})
+            block = {"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking" else {"type": "text", "text": ""}
+            out = self._start(block)
         out.append(b"".join((_DELTA, str(self.index).encode(), _DELTA_OF[kind], _encode(piece), _DELTA_END)))
         return out
 
