@@ -274,7 +274,7 @@ class Pipeline:
 
     def relay(self, started: Started) -> AsyncGenerator[list[Any], None]:
         """The stream's batches of pieces (gateway/relay.py), settled exactly once."""
-        idle = self.gw.deadlines.after(started.lease.deployment.read_timeout)  # each read of the stream
+        idle = self.gw.deadlines.idle(started.lease.deployment.read_timeout)  # each read of the stream
         return relay(started.leg.reader(), started.response, started.meter, started.model.provider, idle,
                      self.gw.settings.billing.cost_in_answer)  # fmt: skip
 

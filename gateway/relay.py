@@ -24,7 +24,7 @@ import aiohttp
 
 from adapters.base import upstream_request_id
 from billing.ledger import Meter
-from core.deadlines import Deadline
+from core.deadlines import Idle
 from core.errors import GatewayError, UpstreamError
 from core.types import CallStatus
 from gateway.codec import Reader, cost_of
@@ -43,10 +43,11 @@ class LastBatch(list):
     """The last batch of :func:`relay` (nothing follows it)."""
 
 
-async def relay(reader: Reader, response: aiohttp.ClientResponse, meter: Meter, provider: str, idle: Deadline,
+async def relay(reader: Reader, response: aiohttp.ClientResponse, meter: Meter, provider: str, idle: Idle,
                 show_cost: bool = False) -> AsyncGenerator[list[Any], None]:  # fmt: skip
     """The caller's pieces, a batch per upstream read, ending with a :class:`LastBatch`. ``idle``: the
-    deadline of each read (the deployment's ``read_timeout``: an upstream silent that long has failed).
+    deadline of each read, renewed at each (the deployment's ``read_timeout``: an upstream silent that
+    long has failed).
     ``show_cost``: the reader's end carries the call's charge (:class:`~gateway.codec.Cost`; it is
     settled first)."""
     outcome = StreamEnd()
@@ -55,20 +56,22 @@ async def relay(reader: Reader, response: aiohttp.ClientResponse, meter: Meter, 
     content = response.content
     try:
         try:
-            while True:
-                with idle:
+            with idle:
+                while True:
+                    idle.renew()
                     data = await content.readany()
-                if not data:  # the upstream's end
-                    reader.close(out)
-                    break
-                reader.feed(data, out)
-                if out and outcome.first_token_at is None:
-                    outcome.first_token_at = time.monotonic()
-                if reader.finished:
-                    break  # what this read brought goes out with the end of the stream, in one piece
-                if out:
-                    yield out
-                    out = []
+                    idle.pause()  # (not counting while the caller's side writes what came)
+                    if not data:  # the upstream's end
+                        reader.close(out)
+                        break
+                    reader.feed(data, out)
+                    if out and outcome.first_token_at is None:
+                        outcome.first_token_at = time.monotonic()
+                    if reader.finished:
+                        break  # what this read brought goes out with the end of the stream, in one piece
+                    if out:
+                        yield out
+                        out = []
             if not reader.complete:
                 raise UpstreamError(f"The provider '{provider}' ended the stream before the answer was complete.")
             failure: GatewayError | None = None
