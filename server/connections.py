@@ -298,6 +298,25 @@ class GuardedTCPServer(TCPServer):
         if type(waiters) is collections.deque and not waiters:
             protocol._drain_waiters = []  # type: ignore[union-attr]
 
+    async def protocol_send(self, event: Any) -> None:
+        """hypercorn's, with its common case in one step: data to write while no other write waits and
+        the socket keeps up goes to the transport without the lock's and ``drain``'s four coroutines,
+        which would then do nothing. The rest (a write under way, the connection closing, the socket
+        pushing back after this write) takes hypercorn's way, which waits for the socket to drain."""
+        if event.__class__ is RawData and not self.send_lock.locked():
+            transport = self.writer.transport
+            if not transport.is_closing():
+                try:
+                    transport.write(event.data)
+                    if not getattr(self.writer._protocol, "_paused", True):  # type: ignore[attr-defined]
+                        return
+                    async with self.send_lock:  # (what hypercorn's waits for after its write)
+                        await self.writer.drain()
+                except (ConnectionError, RuntimeError):
+                    await self.protocol.handle(Closed())
+                return
+        await super().protocol_send(event)
+
     def evict(self) -> None:
         """Close this idle connection to make room for a new one: its reading loop sees the end."""
         self.writer.close()

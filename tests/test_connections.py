@@ -295,10 +295,12 @@ def test_idle_connections_are_closed_after_the_keep_alive_timeout_and_at_shutdow
 
 def test_a_large_answer_to_a_caller_that_stops_reading_for_a_while_arrives_whole() -> None:
     """The connection's writes wait for the socket to drain (server.connections keeps asyncio's drain
-    waiters in a list) and go on when the caller reads again."""
+    waiters in a list; a write that leaves the socket pushing back waits, even on the short way of
+    ``GuardedTCPServer.protocol_send``) and go on when the caller reads again."""
     install_server_layer(ServerSettings())
     piece = bytes(range(256)) * 256  # 64 KB
-    pieces = 128  # 8 MB: far more than the sockets' buffers hold
+    pieces = 256  # 16 MB: far more than the sockets' buffers hold (~5 MB on loopback here)
+    sent = [0]
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -307,6 +309,7 @@ def test_a_large_answer_to_a_caller_that_stops_reading_for_a_while_arrives_whole
                     "headers": [(b"content-length", b"%d" % (len(piece) * pieces))]})  # fmt: skip
         for _ in range(pieces):
             await send({"type": "http.response.body", "body": piece, "more_body": True})
+            sent[0] += 1
         await send({"type": "http.response.body", "body": b""})
 
     async def main() -> int:
@@ -314,6 +317,7 @@ def test_a_large_answer_to_a_caller_that_stops_reading_for_a_while_arrives_whole
             writer.write(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
             await reader.readuntil(b"\r\n\r\n")
             await asyncio.sleep(0.5)  # not reading: the server's writes fill the buffers and wait
+            assert sent[0] < pieces, sent  # they waited: the rest waits for the caller  # they waited (a few MB at most went to the buffers)
             got = 0
             while got < len(piece) * pieces:
                 data = await reader.read(2**16)
