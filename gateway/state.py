@@ -126,7 +126,7 @@ class Gateway:
         # the keys' last-used times, written in one batch a minute (gateway/auth.py: LastUsed)
         self.background: list[Periodic] = [Periodic("last-used", LAST_USED_SECONDS, self.auth.last_used.flush)]
         if st.checkpoint_seconds:  # the usage so far of the streams in flight (billing/progress.py)
-            self.background.append(Periodic("stream-checkpoints", st.checkpoint_seconds, self.ledger.progress.tick,
+            self.background.append(Periodic("stream-checkpoints", self.ledger.progress.tick_every, self.ledger.progress.tick,
                                             final=False))  # fmt: skip
         # alerts: threshold checks queue events in the outbox, deliveries send them (gateway/alerts.py)
         self.alerts = AlertBook(self.store.database)

@@ -488,12 +488,13 @@ def test_sqlite_lock_held_past_the_busy_timeout_loses_no_charge(tmp_path: Path) 
 
 
 # -- PostgreSQL: a replica killed (SIGKILL) under load, the survivor releases its holds ----------------------
-def _config(tmp: Path, url: str, stack: Stack, name: str, grace: float = GRACE) -> Path:
+def _config(tmp: Path, url: str, stack: Stack, name: str, grace: float = GRACE, checkpoint: float = 5.0) -> Path:
     openai_emulator = stack.emulators["openai"]
     path = tmp / f"{name}.toml"
     path.write_text(
         f"[store]\nurl = {json.dumps(url)}\nheartbeat_seconds = {min(grace / 6, 5):g}\n"
         f"lease_grace_seconds = {grace:g}\njournal = {json.dumps(str(tmp / f'{name}.jsonl'))}\n"
+        f"checkpoint_seconds = {checkpoint:g}\n"
         f"[providers.openai]\nbase_url = {json.dumps(openai_emulator.base_url)}\n"
         f"api_key = {json.dumps(openai_emulator.api_key)}\n"
     )

@@ -32,9 +32,9 @@ def _run(config: Path, *args: str) -> str:
 
 
 def _gateway(stack: Stack, url: str, tmp: Path, group: str, initial: int) -> tuple[Path, str]:
-    """A config (leases of 1 s: a restarted replica releases the dead one's holds at once) and a key of
-    ``group``, made with ``initial`` credits."""
-    config = _config(tmp, url, stack, "gateway", grace=1)
+    """A config (leases of 1 s: a restarted replica releases the dead one's holds at once; a stream's
+    checkpoints 1 s apart) and a key of ``group``, made with ``initial`` credits."""
+    config = _config(tmp, url, stack, "gateway", grace=1, checkpoint=1)
     _run(config, "groups", "create", group, "--credits", str(initial // NANO))
     return config, _run(config, "keys", "create", "--group", group).strip().splitlines()[-1]
 
@@ -127,7 +127,7 @@ def test_streams_cut_by_a_hard_kill_are_charged_up_to_their_last_checkpoint(
     stack: Stack, store_url: str, tmp_path: Path
 ) -> None:
     """Long streams in flight when the process is killed: each is charged (``interrupted``) for what it had
-    generated at its last checkpoint (every second by default): no more than the caller received, and
+    generated at its last checkpoint (every second here): no more than the caller received, and
     no less than that minus what one checkpoint interval brings (SQLite at the next start, PostgreSQL
     when the restarted replica releases the dead one's holds)."""
     group, initial = "cut", 1_000 * NANO
