@@ -181,7 +181,7 @@ async def count_window(pid: int, out: Path, seconds: float) -> tuple[float, floa
 
 
 async def client(url: str, key: str, model: str, n: int, tokens: int, delay_ms: int, gateway_pid: int,
-                 http2: int = 0, counted: Path | None = None) -> dict:  # fmt: skip
+                 http2: int = 0, counted: Path | None = None, pacings: int = 4) -> dict:  # fmt: skip
     body = json.dumps({"model": model, "stream": True,
                        "messages": [{"role": "user", "content": f"hold [tokens:{tokens}] [delay:{delay_ms}]"}]}).encode()  # fmt: skip
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
@@ -198,7 +198,7 @@ async def client(url: str, key: str, model: str, n: int, tokens: int, delay_ms: 
     except TimeoutError:
         all_open_after = None
     during = rss_kb(gateway_pid)
-    window = await count_window(gateway_pid, counted, 4 * delay_ms / 1000) if counted is not None else None
+    window = await count_window(gateway_pid, counted, pacings * delay_ms / 1000) if counted is not None else None
     # again near the streams' end: what each has kept of what it relayed (text kept to estimate an
     # interrupted stream's usage, buffers) shows here
     await asyncio.sleep(max(0.0, (tokens - 4) * delay_ms / 1000 - (time.monotonic() - began)))
@@ -266,8 +266,8 @@ def run_streams(args: argparse.Namespace, name: str, counted: bool = False) -> d
     procs = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            out = Path(tmp) / "callgrind" / name
-            out.parent.mkdir(parents=True)
+            out = (Path(args.keep) if getattr(args, "keep", None) else Path(tmp) / "callgrind") / name
+            out.parent.mkdir(parents=True, exist_ok=True)
             wrap = callgrind(out) if counted else None
             emu, emulators = start_emulators(RESULTS)
             procs.append(emu)
@@ -275,7 +275,8 @@ def run_streams(args: argparse.Namespace, name: str, counted: bool = False) -> d
                 server = {"bare-uvicorn": "uvicorn", "bare-tuned": "hypercorn-tuned"}.get(name, "hypercorn")
                 gw = start_bare(RESULTS, *emulators["openai"], server, wrap=wrap)
             else:
-                gw = start_gateway(RESULTS, Path(tmp), emulators, name, wrap=wrap)
+                store = (f"checkpoint_seconds = {args.checkpoint_seconds:g}",) if getattr(args, "checkpoint_seconds", None) is not None else ()
+                gw = start_gateway(RESULTS, Path(tmp), emulators, name, wrap=wrap, store=store)
             procs.append(gw.proc)
             wait_ready(gw, 180 if counted else 30)
             run: Any
@@ -287,7 +288,7 @@ def run_streams(args: argparse.Namespace, name: str, counted: bool = False) -> d
                 run = asyncio.run
             pid = gw.proc.popen.pid if counted else gw.proc.pid
             return run(client(gw.url, gw.key, gw.model, args.streams, args.tokens, args.delay_ms, pid,  # type: ignore[no-any-return]
-                              args.http2, out if counted else None))
+                              args.http2, out if counted else None, getattr(args, "window", 4)))
     finally:
         stop_all(procs)
 
@@ -309,6 +310,13 @@ def main(argv: list[str] | None = None, exit_after: bool = True) -> None:
                    help="count with callgrind what a relayed chunk costs the server, once all streams are open "
                         "(4 pacings of it), for --server and for the bare proxy, and their ratio (the server runs "
                         "about 50 times slower: use a few hundred streams)")  # fmt: skip
+    p.add_argument("--window", type=int, default=4, metavar="N",
+                   help="with --instructions: count over N pacings (a multiple of the checkpoint interval, in "
+                        "seconds, takes in the same number of checkpoints per stream whatever the phase)")  # fmt: skip
+    p.add_argument("--checkpoint-seconds", type=float, metavar="S",
+                   help="the gateway's [store] checkpoint_seconds (default: its default; 0: no checkpoints)")
+    p.add_argument("--keep", metavar="DIR",
+                   help="with --instructions: keep callgrind's dumps in DIR (for callgrind_annotate)")
     args = p.parse_args(argv)
     RESULTS.mkdir(exist_ok=True)
     raise_descriptor_limit(args.streams)
