@@ -34,6 +34,7 @@ from gateway.conversation import upstream_item
 from gateway.responses_events import EventSynth, Options, responses_usage
 from gateway.responses_translate import (
     cache_marked,
+    encoded_tools,
     estimate_prompt,
     from_completion,
     image_urls,
@@ -120,19 +121,22 @@ class ResponsesCodec(Codec):
         self.body = body
         self.echo = echo  # fields of the Response object the gateway decides (id, store, previous_response_id)
         self._translated: tuple[dict[str, Any], ChatRequest, Options] | None = None
+        self._tools: bytes | None = None  # the request's tools encoded (once translated)
 
     def leg(self, gw: Gateway, model: Model, model_id: str, deployment: Deployment) -> Leg:
         if gw.catalog.providers[model.provider].responses_api and not deployment.kind:
             return NativeLeg(gw, model, model_id, self.body, deployment, self.echo)
         if self._translated is None:  # (the same for every translated candidate)
             sealer = gw.sealer
-            chat = to_chat(self.body, sealer.open if sealer is not None else None)
-            self._translated = chat, chat_request(chat), options(self.body, sealer.seal if sealer is not None else None)
+            self._tools = encoded_tools(self.body)
+            chat = to_chat(self.body, sealer.open if sealer is not None else None, self._tools)
+            self._translated = (chat, chat_request(chat),
+                                options(self.body, sealer.seal if sealer is not None else None, self._tools))  # fmt: skip
         chat, req, how = self._translated
         if self.body.get("prompt_cache_key") and gw.catalog.providers[model.provider].protocol == "anthropic":
             chat = cache_marked(chat)  # Anthropic caches up to a marked block: the instructions (and tools)
         inner = ChatCodec(chat, req, self.size, "responses").leg(gw, model, model_id, deployment)
-        response = shell(self.body, model_id)
+        response = shell(self.body, model_id, self._tools)
         if self.echo:
             response.update(self.echo)
         return TranslatedLeg(inner, response, how)

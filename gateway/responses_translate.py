@@ -45,6 +45,7 @@ HOSTED = frozenset(
     code_interpreter computer computer_use_preview image_generation mcp local_shell shell tool_search apply_patch
     programmatic_tool_calling""".split()
 )
+_encode = msgspec.json.Encoder().encode
 ENCRYPTED = "reasoning.encrypted_content"  # include: reasoning items carry the state to send back
 _FLAT = re.compile(r"[^a-zA-Z0-9_-]")
 CUSTOM_INPUT = {"type": "object", "properties": {"input": {"type": "string", "description": "The tool's input, "
@@ -383,6 +384,31 @@ def _tools(tools: Any, choice: Any = None) -> list[dict[str, Any]]:
     return out
 
 
+_KNOWN: dict[tuple[bytes, Any], tuple[list[dict[str, Any]], dict[str, ToolName]]] = {}
+KNOWN_BYTES = 4 << 20  # the tool sets kept, by the size of their JSON (the oldest goes first)
+_known_size = [0]
+
+
+def known_tools(tools: Any, choice: Any, encoded: bytes) -> tuple[list[dict[str, Any]], dict[str, ToolName]]:
+    """The chat tools and the caller's tool names of a call's ``tools`` (``encoded``: their JSON), each
+    distinct set translated once: an agent sends the same tools every turn (Codex: 30). Keyed by the
+    bytes alone, so a caller gets the translation of what it sent, whoever sent it first. What this
+    returns is shared: read it, never change it."""
+    forced = choice.get("type") if isinstance(choice, dict) else None
+    key = (encoded, forced if forced in HOSTED else None)  # (a forced hosted tool is a 400)
+    known = _KNOWN.get(key)
+    if known is None:
+        known = (_tools(tools, choice), tool_names({"tools": tools}))
+        if len(encoded) <= KNOWN_BYTES // 8:
+            while _KNOWN and _known_size[0] + len(encoded) > KNOWN_BYTES:
+                oldest = next(iter(_KNOWN))
+                del _KNOWN[oldest]
+                _known_size[0] -= len(oldest[0])
+            _KNOWN[key] = known
+            _known_size[0] += len(encoded)
+    return known
+
+
 def _tool_choice(choice: Any) -> Any:
     if choice in ("none", "auto", "required"):
         return choice
@@ -436,7 +462,8 @@ def cache_marked(chat: dict[str, Any]) -> dict[str, Any]:
     return {**chat, "messages": [*messages[:last], marked, *messages[last + 1 :]]}
 
 
-def options(body: dict[str, Any], seal: Callable[[dict[str, Any]], str] | None) -> Options:
+def options(body: dict[str, Any], seal: Callable[[dict[str, Any]], str] | None,
+            tools: bytes | None = None) -> Options:  # fmt: skip
     """How a translated answer is written back: its thinking as summary parts when a summary is asked,
     the caller's tool names, and the provider's state sealed into a reasoning item when the caller asks
     for ``reasoning.encrypted_content`` (it keeps nothing: ``store: false``, as Codex)."""
@@ -444,12 +471,14 @@ def options(body: dict[str, Any], seal: Callable[[dict[str, Any]], str] | None) 
     summary = isinstance(reasoning, dict) and (reasoning.get("summary") or reasoning.get("generate_summary")) is not None
     include = body.get("include")
     sealed = seal if isinstance(include, list) and ENCRYPTED in include else None
-    return Options(summary=summary, names=tool_names(body), seal=sealed)
+    names = known_tools(body["tools"], body.get("tool_choice"), tools)[1] if tools else tool_names(body)
+    return Options(summary=summary, names=names, seal=sealed)
 
 
-def to_chat(body: dict[str, Any], opener: Opener | None = None) -> dict[str, Any]:
+def to_chat(body: dict[str, Any], opener: Opener | None = None, tools: bytes | None = None) -> dict[str, Any]:
     """A Responses request → the chat request the chat pipeline takes (``model`` as the caller wrote it);
-    ``opener`` opens what the gateway sealed into reasoning items (else they are dropped)."""
+    ``opener`` opens what the gateway sealed into reasoning items (else they are dropped); ``tools``:
+    the request's tools encoded (:func:`encoded_tools`), to translate a set seen before only once."""
     _check_fields(body)
     chat: dict[str, Any] = {"model": body["model"], "messages": messages(body, opener)}
     for ours, theirs in (
@@ -462,9 +491,10 @@ def to_chat(body: dict[str, Any], opener: Opener | None = None) -> dict[str, Any
         if body.get(ours) is not None:
             chat[theirs] = body[ours]
     if body.get("tools"):
-        tools = _tools(body["tools"], body.get("tool_choice"))
-        if tools:
-            chat["tools"] = tools
+        given = body["tools"]
+        translated = known_tools(given, body.get("tool_choice"), tools)[0] if tools else _tools(given, body.get("tool_choice"))
+        if translated:
+            chat["tools"] = translated
     if body.get("tool_choice") is not None and "tools" in chat:
         chat["tool_choice"] = _tool_choice(body["tool_choice"])
     if body.get("text") is not None and (fmt := _text_format(body["text"])) is not None:
@@ -528,10 +558,22 @@ def _estimate_part(part: dict[str, Any]) -> dict[str, Any]:
 # ------------------------------------------------------------------ the Response object
 
 
-def shell(body: dict[str, Any], model_id: str) -> dict[str, Any]:
-    """The Response object before any output; requested options are echoed as the API does."""
+def encoded_tools(body: dict[str, Any]) -> bytes | None:
+    """A request's tools as JSON, if it has a list of them."""
+    tools = body.get("tools")
+    return _encode(tools) if isinstance(tools, list) and tools else None
+
+
+def shell(body: dict[str, Any], model_id: str, tools: bytes | None = None) -> dict[str, Any]:
+    """The Response object before any output; requested options are echoed as the API does. The tools
+    and instructions echoed, the request's largest parts (Codex: 30 tools and its whole prompt), are
+    encoded once, as :class:`msgspec.Raw`, for the stream's three snapshots of the response and the
+    stored one (``tools``: already encoded, :func:`encoded_tools`)."""
     asked = body.get("reasoning")
     reasoning = asked if isinstance(asked, dict) else {}
+    instructions = body.get("instructions")
+    if tools is None:
+        tools = encoded_tools(body)
     return {
         "id": item_id("resp"),
         "object": "response",
@@ -540,7 +582,7 @@ def shell(body: dict[str, Any], model_id: str) -> dict[str, Any]:
         "background": False,
         "error": None,
         "incomplete_details": None,
-        "instructions": body.get("instructions"),
+        "instructions": msgspec.Raw(_encode(instructions)) if instructions else instructions,
         "max_output_tokens": body.get("max_output_tokens"),
         "max_tool_calls": None,
         "model": model_id,
@@ -553,7 +595,7 @@ def shell(body: dict[str, Any], model_id: str) -> dict[str, Any]:
         "temperature": body.get("temperature"),
         "text": body.get("text") or {"format": {"type": "text"}},
         "tool_choice": body.get("tool_choice") or "auto",
-        "tools": body.get("tools") or [],
+        "tools": msgspec.Raw(tools) if tools else body.get("tools") or [],
         "top_logprobs": 0,
         "top_p": body.get("top_p"),
         "truncation": "disabled",

@@ -10,6 +10,7 @@ import time
 import zlib
 from typing import Any
 
+import msgspec
 import openai
 import pytest
 
@@ -20,8 +21,9 @@ from core.catalog import NANO
 from core.errors import InvalidRequest
 from core.sse import Event
 from core.wire import TokenUsage
+from gateway import responses_translate
 from gateway.responses_events import EventSynth
-from gateway.responses_translate import shell, to_chat
+from gateway.responses_translate import encoded_tools, shell, to_chat
 from tests.conftest import ONE_PER_PROVIDER, Stack, break_off, http_post, raw_request
 
 MODELS = ONE_PER_PROVIDER
@@ -602,6 +604,33 @@ def test_to_chat_merges_calls_into_the_assistant_turn() -> None:
         to_chat(
             {"model": "m", "input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}
         )
+
+
+def test_a_set_of_tools_seen_before_is_translated_once_and_answers_as_the_first_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An agent sends the same tools every turn: the second call's chat tools and names are the first's
+    (the same objects), a tool_choice forcing a hosted tool is still a 400, and the sets kept stay
+    within their bytes (the oldest go first)."""
+    tools = [{"type": "namespace", "name": "fs", "tools": [{"type": "function", "name": "read", "parameters": {}}]},
+             {"type": "custom", "name": "apply_patch"}, {"type": "web_search"}]  # fmt: skip
+    body: dict[str, Any] = {"model": "m", "input": "q", "tools": tools}
+    first = to_chat(body, tools=encoded_tools(body))
+    again = to_chat(json.loads(json.dumps(body)), tools=encoded_tools(body))
+    assert again["tools"] is first["tools"] and first["tools"] == to_chat(body)["tools"]
+    assert [t["function"]["name"] for t in first["tools"]] == ["fs__read", "apply_patch"]
+    forced = {**body, "tool_choice": {"type": "web_search"}}
+    with pytest.raises(InvalidRequest, match="tool_choice forces"):
+        to_chat(forced, tools=encoded_tools(forced))
+    assert shell(body, "m", encoded_tools(body))["tools"] == msgspec.Raw(json.dumps(tools, separators=(",", ":")).encode())
+    monkeypatch.setattr(responses_translate, "KNOWN_BYTES", 8 * 400)
+    monkeypatch.setattr(responses_translate, "_KNOWN", {})
+    monkeypatch.setattr(responses_translate, "_known_size", [0])
+    for n in range(20):
+        other = {**body, "tools": [{"type": "function", "name": f"f{n}", "description": "x" * 200}]}
+        to_chat(other, tools=encoded_tools(other))
+    kept = responses_translate._KNOWN
+    assert 0 < len(kept) < 20 and sum(len(raw) for raw, _ in kept) == responses_translate._known_size[0] <= 8 * 400
 
 
 def test_event_synth_parallel_calls_and_failure() -> None:
