@@ -74,8 +74,9 @@ def responses_priced(response: dict[str, Any], cost: Cost) -> None:
     response["usage"] = {**usage, "cost": cost.amount}
 
 
-def frames(events: list[dict[str, Any]]) -> bytes:
-    return b"".join([frame_event(event["type"], _encode(event)) for event in events])
+def frames(events: list[Any]) -> bytes:
+    """Events as SSE frames (an event the synthesiser wrote as its frame already passes as it is)."""
+    return b"".join([e if e.__class__ is bytes else frame_event(e["type"], _encode(e)) for e in events])
 
 
 def reserve_request(body: dict[str, Any]) -> ChatRequest:

@@ -38,6 +38,12 @@ from core.wire import usage_from_openai
 INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
 
+_encode = msgspec.json.Encoder().encode
+# a text delta of the message, framed (key order as _event builds it)
+_TEXT_DELTA = (b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","sequence_number":%d,'
+               b'"item_id":%b,"output_index":%d,"content_index":0,"delta":%b,"logprobs":[]}\n\n')  # fmt: skip
+
+
 def item_id(prefix: str) -> str:
     return f"{prefix}_{new_id()}{new_id()}"
 
@@ -122,7 +128,9 @@ class EventSynth:
         ]
 
     # -- chunks in --------------------------------------------------------------------------------
-    def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
+    def feed(self, chunk: dict[str, Any]) -> list[Any]:
+        """The events of one chat chunk: dicts, and a message's text deltas as their SSE frames
+        (``bytes``: ``responses_codec.frames`` passes them as they are)."""
         if self.done:
             return []
         if isinstance(chunk.get("error"), dict):
@@ -187,17 +195,19 @@ class EventSynth:
         )
         return events
 
-    def _text(self, kind: str, piece: str) -> list[dict[str, Any]]:
-        events: list[dict[str, Any]] = []
+    def _text(self, kind: str, piece: str) -> list[Any]:
+        events: list[Any] = []
         if self.current is None or self.output[self.current]["type"] != kind:
             events += self._open_text(kind)
         index = self.current
         assert index is not None
         self.pieces[index].append(piece)
+        if kind == "message":  # (most of a stream's events: written as their frame, as _event and frames would)
+            events.append(_TEXT_DELTA % (self.sequence, _encode(self.output[index]["id"]), index, _encode(piece)))
+            self.sequence += 1
+            return events
         where = {"item_id": self.output[index]["id"], "output_index": index, "content_index": 0}
-        if kind == "message":
-            events.append(self._event("response.output_text.delta", **where, delta=piece, logprobs=[]))
-        elif self.options.summary:
+        if self.options.summary:
             events.append(self._event("response.reasoning_summary_text.delta", item_id=where["item_id"],
                                       output_index=index, summary_index=0, delta=piece))  # fmt: skip
         else:

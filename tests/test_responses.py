@@ -633,6 +633,27 @@ def test_a_set_of_tools_seen_before_is_translated_once_and_answers_as_the_first_
     assert 0 < len(kept) < 20 and sum(len(raw) for raw, _ in kept) == responses_translate._known_size[0] <= 8 * 400
 
 
+def test_a_text_delta_written_as_its_frame_is_what_the_event_would_encode_to() -> None:
+    """EventSynth writes a message's text deltas straight as SSE frames: each is byte for byte the frame
+    of the event dict it stands for (quotes, escapes and non-ASCII included)."""
+    from core.sse import frame_event
+    from gateway.responses_codec import frames
+
+    synth = EventSynth(shell({"model": "x/y", "input": "q"}, "x/y"))
+    synth.start()
+    piece = 'say "hi"\n\u00e9\u2028 \\ \U0001f600'
+    opened = synth.feed({"choices": [{"index": 0, "delta": {"content": "a"}}]})
+    events = synth.feed({"choices": [{"index": 0, "delta": {"content": piece}}]})
+    assert [type(e) for e in opened] == [dict, dict, bytes] and len(events) == 1
+    item = synth.output[0]["id"]
+    expected = {"type": "response.output_text.delta", "sequence_number": 5, "item_id": item, "output_index": 0,
+                "content_index": 0, "delta": piece, "logprobs": []}  # fmt: skip
+    assert events[0] == frame_event(expected["type"], msgspec.json.encode(expected))
+    assert frames([*opened, *events]).count(b"event: ") == 4
+    finished = synth.finish()[-1]["response"]
+    assert finished["output"][0]["content"][0]["text"] == "a" + piece
+
+
 def test_event_synth_parallel_calls_and_failure() -> None:
     synth = EventSynth(shell({"model": "x/y", "input": "q"}, "x/y"))
     events = synth.start()
