@@ -389,13 +389,17 @@ KNOWN_BYTES = 4 << 20  # the tool sets kept, by the size of their JSON (the olde
 _known_size = [0]
 
 
-def known_tools(tools: Any, choice: Any, encoded: bytes) -> tuple[list[dict[str, Any]], dict[str, ToolName]]:
-    """The chat tools and the caller's tool names of a call's ``tools`` (``encoded``: their JSON), each
-    distinct set translated once: an agent sends the same tools every turn (Codex: 30). Keyed by the
-    bytes alone, so a caller gets the translation of what it sent, whoever sent it first. What this
-    returns is shared: read it, never change it."""
+def _known_key(choice: Any, encoded: bytes) -> tuple[bytes, Any]:
     forced = choice.get("type") if isinstance(choice, dict) else None
-    key = (encoded, forced if forced in HOSTED else None)  # (a forced hosted tool is a 400)
+    return encoded, forced if forced in HOSTED else None  # (a forced hosted tool is a 400)
+
+
+def known_tools(tools: Any, choice: Any, encoded: bytes) -> list[dict[str, Any]]:
+    """The chat tools of a call's ``tools`` (``encoded``: their JSON), each distinct set translated once
+    (with its names, :func:`known_names`): an agent sends the same tools every turn (Codex: 30). Keyed
+    by the bytes alone, so a caller gets the translation of what it sent, whoever sent it first. What
+    this returns is shared: read it, never change it."""
+    key = _known_key(choice, encoded)
     known = _KNOWN.get(key)
     if known is None:
         known = (_tools(tools, choice), tool_names({"tools": tools}))
@@ -406,7 +410,13 @@ def known_tools(tools: Any, choice: Any, encoded: bytes) -> tuple[list[dict[str,
                 _known_size[0] -= len(oldest[0])
             _KNOWN[key] = known
             _known_size[0] += len(encoded)
-    return known
+    return known[0]
+
+
+def known_names(body: dict[str, Any], encoded: bytes) -> dict[str, ToolName]:
+    """:func:`tool_names` of ``body``, kept with its tools' translation when :func:`known_tools` made it."""
+    known = _KNOWN.get(_known_key(body.get("tool_choice"), encoded))
+    return known[1] if known is not None else tool_names(body)
 
 
 def _tool_choice(choice: Any) -> Any:
@@ -471,7 +481,7 @@ def options(body: dict[str, Any], seal: Callable[[dict[str, Any]], str] | None,
     summary = isinstance(reasoning, dict) and (reasoning.get("summary") or reasoning.get("generate_summary")) is not None
     include = body.get("include")
     sealed = seal if isinstance(include, list) and ENCRYPTED in include else None
-    names = known_tools(body["tools"], body.get("tool_choice"), tools)[1] if tools else tool_names(body)
+    names = known_names(body, tools) if tools else tool_names(body)
     return Options(summary=summary, names=names, seal=sealed)
 
 
@@ -492,7 +502,7 @@ def to_chat(body: dict[str, Any], opener: Opener | None = None, tools: bytes | N
             chat[theirs] = body[ours]
     if body.get("tools"):
         given = body["tools"]
-        translated = known_tools(given, body.get("tool_choice"), tools)[0] if tools else _tools(given, body.get("tool_choice"))
+        translated = known_tools(given, body.get("tool_choice"), tools) if tools else _tools(given, body.get("tool_choice"))
         if translated:
             chat["tools"] = translated
     if body.get("tool_choice") is not None and "tools" in chat:
