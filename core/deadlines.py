@@ -121,16 +121,29 @@ class Deadline:
         self.expired = False
 
     def __enter__(self) -> Deadline:
-        task = asyncio.current_task()
-        if task is None:
-            raise RuntimeError("a deadline must be opened inside a task")
-        loop = task.get_loop()
-        self.task = task
-        self.expired = False
-        self.cancelling = task.cancelling()
+        loop = self._begin()
         self.when = loop.time() + self.seconds
         self.owner._open_one(self, loop)
         return self
+
+    def _begin(self) -> asyncio.AbstractEventLoop:
+        """Bind to the task entering the block; its loop."""
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("a deadline must be opened inside a task")
+        self.task = task
+        self.expired = False
+        self.cancelling = task.cancelling()
+        return task.get_loop()
+
+    def _leave(self) -> None:
+        """Off the owner's open deadlines (it has not passed)."""
+        open_ = self.owner._open
+        same = open_.get(self.seconds)
+        if same is not None:
+            same.pop(self, None)
+            if not same:
+                del open_[self.seconds]
 
     def expire(self) -> None:
         self.expired = True
@@ -140,12 +153,7 @@ class Deadline:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         if not self.expired:
-            open_ = self.owner._open
-            same = open_.get(self.seconds)
-            if same is not None:
-                same.pop(self, None)
-                if not same:
-                    del open_[self.seconds]
+            self._leave()
         elif self.task.uncancel() <= self.cancelling and kind is asyncio.CancelledError:
             raise TimeoutError from exc
 
@@ -157,11 +165,7 @@ class Idle(Deadline):
     __slots__ = ("_time",)
 
     def __enter__(self) -> Idle:
-        task = asyncio.current_task()
-        if task is None:
-            raise RuntimeError("a deadline must be opened inside a task")
-        loop = task.get_loop()
-        self.task, self.expired, self.cancelling = task, False, task.cancelling()
+        loop = self._begin()
         self.when = PAUSED
         self._time = loop.time
         self.owner._open_idle(self, loop)
@@ -173,10 +177,5 @@ class Idle(Deadline):
     def pause(self) -> None:
         self.when = PAUSED
 
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if not self.expired:
-            self.owner._idle.pop(self, None)
-        elif self.task.uncancel() <= self.cancelling and kind is asyncio.CancelledError:
-            raise TimeoutError from exc
+    def _leave(self) -> None:
+        self.owner._idle.pop(self, None)
