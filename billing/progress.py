@@ -74,7 +74,7 @@ class Progress:
         self.every = every  # seconds between a stream's checkpoints; 0: none
         self.tick_every = min(every, 1.0)  # seconds between ticks
         self.streams: dict[int, _Followed] = {}  # reservation id -> the stream
-        self.noted = 0  # checkpoints written (one per stream per tick)
+        self.noted = 0  # checkpoints written
 
     def follow(self, meter: Meter, source: Source) -> None:
         if self.every:
@@ -87,27 +87,26 @@ class Progress:
     async def tick(self) -> int:
         """A checkpoint of every stream whose time has come; how many were noted."""
         now = time.monotonic()
-        due, reported = [], []
+        due = []
         for f in self.streams.values():
             if now < f.due:
                 continue
             f.due = now + self.every
-            text, usage = f.source.generated(), f.source.reported()
-            seen = (len(text), usage)
+            text = f.source.generated()
+            seen = (len(text), f.source.reported())
             if seen != f.kept:  # (else nothing new since its last checkpoint: its row says as much)
                 due.append((f, text, seen))
-                reported.append(usage)
         if not due:
             return 0
         try:
-            return await self._write(due, reported)
+            return await self._write(due)
         except BaseException:
             for f, _, _ in due:  # due again at the next tick
                 f.due = now
             raise
 
-    async def _write(self, due: list[tuple[_Followed, str, Any]], reported: list[Any]) -> int:
-        records = await asyncio.get_running_loop().run_in_executor(None, _count, due, reported)
+    async def _write(self, due: list[tuple[_Followed, str, tuple[int, Any]]]) -> int:
+        records = await asyncio.get_running_loop().run_in_executor(None, _count, due)
         # (streams settled while their count was made are left out: their settlement is queued already)
         kept = [(f, r) for (f, _, _), r in zip(due, records, strict=True) if not f.meter.finished]
         if kept:
@@ -118,10 +117,10 @@ class Progress:
         return len(kept)
 
 
-def _count(due: list[tuple[_Followed, str, Any]],
-           reported: list[tuple[TokenUsage | None, TokenUsage | None]]) -> list[UsageRecord]:  # fmt: skip
-    """The records of ``due`` streams as they stand (a worker thread: the tokenizer's work)."""
-    return [_record(f, text, usage, prompt) for (f, text, _), (usage, prompt) in zip(due, reported, strict=True)]
+def _count(due: list[tuple[_Followed, str, tuple[int, Any]]]) -> list[UsageRecord]:
+    """The records of ``due`` streams as they stand, each (stream, text, (its length, (usage, prompt
+    usage) as reported)) (a worker thread: the tokenizer's work)."""
+    return [_record(f, text, usage, prompt) for f, text, (_, (usage, prompt)) in due]
 
 
 def _record(f: _Followed, text: str, usage: TokenUsage | None, prompt: TokenUsage | None) -> UsageRecord:
