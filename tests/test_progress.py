@@ -10,27 +10,15 @@ from typing import Any
 
 import pytest
 
+from bench.checkpoints import MODEL, Source  # (a stream whose text the test grows)
 from billing import tokens
 from billing.backends import open_store
 from billing.ledger import Meter, ledger_for
 from billing.store import Hold, StoreDown, UsageRecord
-from core.config import Settings, StoreSettings
-from core.wire import TokenUsage
+from core.config import StoreSettings
 
 SO_FAR, MORE, THEN = "the answer so far", " and more of it", ", then this"
 EVERY = 0.2
-MODEL = Settings().load_catalog().models["openai/gpt-4o-mini"]
-
-
-class Source:
-    def __init__(self) -> None:
-        self.text = ""
-
-    def reported(self) -> tuple[TokenUsage | None, TokenUsage | None]:
-        return None, None
-
-    def generated(self) -> str:
-        return self.text
 
 
 async def test_a_checkpoint_writes_what_changed_and_a_failed_write_is_made_again(
