@@ -266,7 +266,7 @@ def run_streams(args: argparse.Namespace, name: str, counted: bool = False) -> d
     procs = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            out = (Path(args.keep) if getattr(args, "keep", None) else Path(tmp) / "callgrind") / name
+            out = (Path(args.keep) if args.keep else Path(tmp) / "callgrind") / name
             out.parent.mkdir(parents=True, exist_ok=True)
             wrap = callgrind(out) if counted else None
             emu, emulators = start_emulators(RESULTS)
@@ -275,7 +275,7 @@ def run_streams(args: argparse.Namespace, name: str, counted: bool = False) -> d
                 server = {"bare-uvicorn": "uvicorn", "bare-tuned": "hypercorn-tuned"}.get(name, "hypercorn")
                 gw = start_bare(RESULTS, *emulators["openai"], server, wrap=wrap)
             else:
-                store = (f"checkpoint_seconds = {args.checkpoint_seconds:g}",) if getattr(args, "checkpoint_seconds", None) is not None else ()
+                store = () if args.checkpoint_seconds is None else (f"checkpoint_seconds = {args.checkpoint_seconds:g}",)
                 gw = start_gateway(RESULTS, Path(tmp), emulators, name, wrap=wrap, store=store)
             procs.append(gw.proc)
             wait_ready(gw, 180 if counted else 30)
@@ -288,7 +288,7 @@ def run_streams(args: argparse.Namespace, name: str, counted: bool = False) -> d
                 run = asyncio.run
             pid = gw.proc.popen.pid if counted else gw.proc.pid
             return run(client(gw.url, gw.key, gw.model, args.streams, args.tokens, args.delay_ms, pid,  # type: ignore[no-any-return]
-                              args.http2, out if counted else None, getattr(args, "window", 4)))
+                              args.http2, out if counted else None, args.window))
     finally:
         stop_all(procs)
 
