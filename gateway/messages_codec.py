@@ -178,18 +178,22 @@ class SynthReader(ChatWrapper):
         return [self.synth.start()]
 
     def _chunks(self, chunks: list[Any], out: list[Any]) -> None:
-        synth = self.synth
-        frames = [piece for chunk in chunks for piece in synth.feed(chunk)]
+        frames: list[bytes] = []
+        feed = self.synth.feed
+        for chunk in chunks:
+            feed(chunk, frames)
         if frames:
             out.append(b"".join(frames))
 
     def end(self) -> list[Any]:
         synth = self.synth
+        frames: list[bytes] = []
         for chunk in self.inner.end():  # the usage chunk
-            synth.feed(chunk)
+            synth.feed(chunk, frames)
         if synth.usage is None and self.cost is not None:  # no usage reported: the counts charged
             synth.usage = self.cost.usage.openai()
-        return [b"".join(synth.finish(self.cost.amount if self.cost is not None else None))]
+        synth.finish(frames, self.cost.amount if self.cost is not None else None)
+        return [b"".join(frames)]
 
     def fail(self, exc: GatewayError) -> list[Any]:
         self.synth.done = True

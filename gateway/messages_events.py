@@ -44,14 +44,16 @@ def error_event(exc: GatewayError) -> bytes:
 
 
 class MessageSynth:
-    """Feed it the chat chunks of one answer (:mod:`gateway.stream` order), then :meth:`finish`."""
+    """Feed it the chat chunks of one answer (:mod:`gateway.stream` order), then :meth:`finish`; each
+    appends the frames it makes to the list it is given."""
 
-    __slots__ = ("message", "index", "open", "calls", "finish_reason", "usage", "done")
+    __slots__ = ("message", "index", "open", "head", "calls", "finish_reason", "usage", "done")
 
     def __init__(self, message: dict[str, Any]) -> None:
         self.message = message  # id, type, role, model: the message without content
         self.index = -1  # the open (or last) block's index
         self.open: str | None = None  # its kind
+        self.head = b""  # a text or thinking delta frame of the open block, up to the piece's JSON
         self.calls: dict[int, int] = {}  # chat tool-call index → block index
         self.finish_reason: str | None = None
         self.usage: Any = None
@@ -62,13 +64,12 @@ class MessageSynth:
         start = {**self.message, "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage}
         return frame({"type": "message_start", "message": start}) + _PING
 
-    def feed(self, chunk: dict[str, Any]) -> list[bytes]:
+    def feed(self, chunk: dict[str, Any], out: list[bytes]) -> None:
         if self.done:
-            return []
+            return
         usage = chunk.get("usage")
         if usage:
             self.usage = usage
-        out: list[bytes] = []
         for choice in chunk.get("choices") or ():
             if choice.get("index", 0) != 0:
                 continue
@@ -76,67 +77,60 @@ class MessageSynth:
             if delta:
                 thought = delta.get("reasoning_content")
                 if thought and isinstance(thought, str):
-                    out += self._text("thinking", thought)
+                    self._text("thinking", thought, out)
                 text = delta.get("content")
                 if text and isinstance(text, str):
-                    out += self._text("text", text)
+                    self._text("text", text, out)
                 calls = delta.get("tool_calls")
                 if calls:
                     for call in calls:
-                        out += self._call(call)
+                        self._call(call, out)
             reason = choice.get("finish_reason")
             if reason:
                 self.finish_reason = reason
-        return out
 
-    def _start(self, block: dict[str, Any]) -> list[bytes]:
-        out = self._close()
+    def _start(self, block: dict[str, Any], out: list[bytes]) -> None:
+        self._close(out)
         self.index += 1
         self.open = block["type"]
         out.append(frame({"type": "content_block_start", "index": self.index, "content_block": block}))
-        return out
 
-    def _close(self) -> list[bytes]:
-        if self.open is None:
-            return []
-        self.open = None
-        return [b"".join((_BLOCK_STOP, str(self.index).encode(), b"}\n\n"))]
+    def _close(self, out: list[bytes]) -> None:
+        if self.open is not None:
+            self.open = None
+            out.append(b"".join((_BLOCK_STOP, str(self.index).encode(), b"}\n\n")))
 
-    def _text(self, kind: str, piece: str) -> list[bytes]:
-        out: list[bytes] = []
+    def _text(self, kind: str, piece: str, out: list[bytes]) -> None:
         if self.open != kind:
-            block = {"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking" else {"type": "text", "text": ""}
-            out = self._start(block)
-        out.append(b"".join((_DELTA, str(self.index).encode(), _DELTA_OF[kind], _encode(piece), _DELTA_END)))
-        return out
+            self._start({"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking" else
+                        {"type": "text", "text": ""}, out)  # fmt: skip
+            self.head = b"".join((_DELTA, str(self.index).encode(), _DELTA_OF[kind]))
+        out.append(b"".join((self.head, _encode(piece), _DELTA_END)))
 
-    def _call(self, call: dict[str, Any]) -> list[bytes]:
-        out: list[bytes] = []
+    def _call(self, call: dict[str, Any], out: list[bytes]) -> None:
         position = call.get("index", 0)
         function = call.get("function") or {}
         if position not in self.calls:
             block: dict[str, Any] = {"type": "tool_use", "id": call.get("id") or f"toolu_{position}", "name": function.get("name") or "",
                      "input": {}}  # fmt: skip
-            out = self._start(block)
+            self._start(block, out)
             self.calls[position] = self.index
         elif self.calls[position] != self.index:  # (providers send one call's pieces together)
-            return out
+            return
         arguments = function.get("arguments")
         if isinstance(arguments, str) and arguments:
             delta = {"type": "input_json_delta", "partial_json": arguments}
             out.append(frame({"type": "content_block_delta", "index": self.index, "delta": delta}))
-        return out
 
-    def finish(self, cost: msgspec.Raw | None = None) -> list[bytes]:
+    def finish(self, out: list[bytes], cost: msgspec.Raw | None = None) -> None:
         """The end of a proper stream: the open block closed, the stop reason and usage."""
         if self.done:
-            return []
+            return
         self.done = True
-        out = self._close()
+        self._close(out)
         usage: dict[str, Any] = anthropic_usage(self.usage)
         if cost is not None:
             usage["cost"] = cost
         delta = {"stop_reason": stop_reason(self.finish_reason), "stop_sequence": None}
         out.append(frame({"type": "message_delta", "delta": delta, "usage": usage}))
         out.append(_STOP)
-        return out

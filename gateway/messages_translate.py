@@ -198,6 +198,9 @@ def messages(body: dict[str, Any]) -> list[dict[str, Any]]:
             raise _invalid(f"{where}.role: Input should be 'user', 'assistant' or 'system'", where)
         content = message.get("content")
         if isinstance(content, str):
+            if message["role"] == "user" and content:  # (the common turn, as _user would make it)
+                out.append({"role": "user", "content": content})
+                continue
             content = [{"type": "text", "text": content}]
         if not isinstance(content, list):
             raise _invalid(f"{where}.content: Input should be a valid string or list", where)
@@ -387,16 +390,17 @@ def message_id() -> str:
 
 def anthropic_usage(usage: Any) -> dict[str, Any]:
     """A chat usage object → Anthropic's: ``input_tokens`` is the uncached part."""
-    usage = usage if isinstance(usage, dict) else {}
-    details = usage.get("prompt_tokens_details") if isinstance(usage.get("prompt_tokens_details"), dict) else {}
+    if not isinstance(usage, dict):
+        usage = {}
+    details = usage.get("prompt_tokens_details")
     prompt = _count(usage.get("prompt_tokens"))
-    read, write = _count(details.get("cached_tokens")), _count(details.get("cache_write_tokens"))
+    read, write = (_count(details.get("cached_tokens")), _count(details.get("cache_write_tokens"))) if isinstance(details, dict) else (0, 0)
     return {"input_tokens": max(prompt - read - write, 0), "cache_creation_input_tokens": write,
             "cache_read_input_tokens": read, "output_tokens": _count(usage.get("completion_tokens"))}  # fmt: skip
 
 
 def _count(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+    return value if type(value) is int and value > 0 else 0
 
 
 def from_completion(completion: dict[str, Any], model_id: str) -> dict[str, Any]:

@@ -31,18 +31,26 @@ _encode = msgspec.json.Encoder().encode
 ESTIMATED = "x-router-token-count"  # count_tokens: "estimate" (the gateway's tokenizer) or "provider"
 
 
-def authorization(request: Request) -> str | None:
-    """The caller's key as the Authorization header ``gateway.auth`` reads: Claude Code and the Anthropic
-    SDKs send it in ``x-api-key`` (``ANTHROPIC_API_KEY``) or as a bearer token (``ANTHROPIC_AUTH_TOKEN``)."""
-    given = request.headers.get("authorization")
-    if given:
-        return given
-    key = request.headers.get("x-api-key")
-    return f"Bearer {key}" if key else None
+_FORWARDED = {name.encode(): name for name in native.FORWARDED}
 
 
-def forwarded(request: Request) -> dict[str, str]:
-    return {name: value for name in native.FORWARDED if (value := request.headers.get(name))}
+def caller_headers(request: Request) -> tuple[str | None, dict[str, str]]:
+    """In one pass over the request's headers: the caller's key as the Authorization header
+    ``gateway.auth`` reads (Claude Code and the Anthropic SDKs send it in ``x-api-key``,
+    ``ANTHROPIC_API_KEY``, or as a bearer token, ``ANTHROPIC_AUTH_TOKEN``), and the headers that go
+    upstream as sent (``anthropic-version``, ``anthropic-beta``). The first of a repeated header counts."""
+    given = key = None
+    sent: dict[str, str] = {}
+    for name, value in request.scope["headers"]:
+        if name == b"authorization":
+            if given is None:
+                given = value.decode("latin-1")
+        elif name == b"x-api-key":
+            if key is None:
+                key = value.decode("latin-1")
+        elif name in _FORWARDED and value and _FORWARDED[name] not in sent:
+            sent[_FORWARDED[name]] = value.decode("latin-1")
+    return given or (f"Bearer {key}" if key else None), sent
 
 
 def parse_body(raw: bytes, count: bool = False) -> dict[str, Any]:
@@ -81,7 +89,8 @@ class Messages:
 
     async def handle(self, request: Request) -> Response:
         gw = self.gw
-        context, trace, raw = await begin_call(gw, request, "messages", authorization=authorization(request))
+        authorization, sent = caller_headers(request)
+        context, trace, raw = await begin_call(gw, request, "messages", authorization=authorization)
         body = parse_body(raw)
         trace.model, trace.stream = body["model"], body.get("stream") is True
         user = end_user(body)
@@ -89,7 +98,7 @@ class Messages:
         identify(context, who)  # (a key pasted there is redacted, upstream too)
         if who["user"] is not None and who["user"] != user:
             body["metadata"] = {**body["metadata"], "user_id": who["user"]}
-        codec = MessagesCodec(body, len(raw), forwarded(request))
+        codec = MessagesCodec(body, len(raw), sent)
         start = self.pipeline.start(context, codec)
         if not codec.stream:
             response = await answered(self.pipeline, start, trace)
@@ -103,11 +112,12 @@ class Messages:
         """Anthropic's own count for an Anthropic model; elsewhere the gateway's tokenizer's (an
         estimate, said in ``x-router-token-count``). Checked and rate-limited like a call, never billed."""
         gw = self.gw
-        context, trace, raw = await begin_call(gw, request, "messages", authorization=authorization(request))
+        authorization, sent = caller_headers(request)
+        context, trace, raw = await begin_call(gw, request, "messages", authorization=authorization)
         context.metered = True  # (so no refusal of a count is recorded as a call: a count is never usage)
         body = parse_body(raw, count=True)
         trace.model = body["model"]
-        codec = MessagesCodec(body, len(raw), forwarded(request))
+        codec = MessagesCodec(body, len(raw), sent)
         model = self.pipeline.check(context.principal, codec.view, "messages", cap_param="max_tokens")
         headers = await gw.limits.admit(context.principal, model, codec.size, codec.view)
         extra = list(headers or ())
@@ -117,7 +127,7 @@ class Messages:
             extra.append((ESTIMATED.encode(), b"estimate"))
             return JSONBytes(_encode({"input_tokens": count}), extra=extra)
         deployment = codec.deployments(gw, model)[0]
-        upstream = native.count_request(deployment, body, deployment.upstream_name(model), forwarded(request))
+        upstream = native.count_request(deployment, body, deployment.upstream_name(model), sent)
         response = await gw.transport.open(upstream, deployment)
         try:
             payload = await response.read()
