@@ -158,8 +158,7 @@ class TranslatedLeg(ChatBackedLeg):
         return native.message_text(body)
 
     def reader(self) -> SynthReader:
-        message = {"id": message_id(), "type": "message", "role": "assistant", "model": self.model_id}
-        return SynthReader(self.inner.reader(), MessageSynth(message))
+        return SynthReader(self.inner.reader(), MessageSynth(message_id(), self.model_id))
 
     def price(self, body: dict[str, Any], cost: Cost) -> None:
         body["usage"] = priced(body.get("usage"), cost)

@@ -36,6 +36,13 @@ _DELTA_END = b"}}\n\n"
 _PING = frame({"type": "ping"})
 _STOP = frame({"type": "message_stop"})
 _BLOCK_STOP = b'event: content_block_stop\ndata: {"type":"content_block_stop","index":'
+# message_start as bytes around the message's id and model: the same bytes as frame() of {"type":
+# "message_start", "message": {"id": ..., "type": "message", "role": "assistant", "model": ..., "content": [],
+# "stop_reason": None, "stop_sequence": None, "usage": {each count 0}}}
+_START = b'event: message_start\ndata: {"type":"message_start","message":{"id":'
+_START_MODEL = b',"type":"message","role":"assistant","model":'
+_START_END = (b',"content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":0,'
+              b'"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":0}}}\n\n') + _PING
 
 
 def error_event(exc: GatewayError) -> bytes:
@@ -47,10 +54,10 @@ class MessageSynth:
     """Feed it the chat chunks of one answer (:mod:`gateway.stream` order), then :meth:`finish`; each
     appends the frames it makes to the list it is given."""
 
-    __slots__ = ("message", "index", "open", "head", "calls", "finish_reason", "usage", "done")
+    __slots__ = ("id", "model", "index", "open", "head", "calls", "finish_reason", "usage", "done")
 
-    def __init__(self, message: dict[str, Any]) -> None:
-        self.message = message  # id, type, role, model: the message without content
+    def __init__(self, id: str, model: str) -> None:
+        self.id, self.model = id, model  # the message's id, and the model as the caller named it
         self.index = -1  # the open (or last) block's index
         self.open: str | None = None  # its kind
         self.head = b""  # a text or thinking delta frame of the open block, up to the piece's JSON
@@ -60,9 +67,8 @@ class MessageSynth:
         self.done = False
 
     def start(self) -> bytes:
-        usage = {"input_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0, "output_tokens": 0}
-        start = {**self.message, "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage}
-        return frame({"type": "message_start", "message": start}) + _PING
+        """message_start (the message without content, no usage yet) and a ping."""
+        return b"".join((_START, _encode(self.id), _START_MODEL, _encode(self.model), _START_END))
 
     def feed(self, chunk: dict[str, Any], out: list[bytes]) -> None:
         if self.done:
@@ -80,7 +86,10 @@ class MessageSynth:
                     self._text("thinking", thought, out)
                 text = delta.get("content")
                 if text and isinstance(text, str):
-                    self._text("text", text, out)
+                    if self.open == "text":  # (most chunks: one more piece of the open text block)
+                        out.append(b"".join((self.head, _encode(text), _DELTA_END)))
+                    else:
+                        self._text("text", text, out)
                 calls = delta.get("tool_calls")
                 if calls:
                     for call in calls:

@@ -324,15 +324,17 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
             chat["tool_choice"] = choice
             if parallel is not None:
                 chat["parallel_tool_calls"] = parallel
-    fmt = _response_format(body)
-    if fmt is not None:
-        chat["response_format"] = fmt
-    reasoning = effort(body)
-    if reasoning is not None:
-        chat["reasoning_effort"] = reasoning
-    user = end_user(body)
-    if user:
-        chat["user"] = user
+    if "output_config" in body or "output_format" in body or "thinking" in body:
+        fmt = _response_format(body)
+        if fmt is not None:
+            chat["response_format"] = fmt
+        reasoning = effort(body)
+        if reasoning is not None:
+            chat["reasoning_effort"] = reasoning
+    if "metadata" in body:
+        user = end_user(body)
+        if user:
+            chat["user"] = user
     if body.get("stream"):
         chat["stream"] = True
         chat["stream_options"] = {"include_usage": True}

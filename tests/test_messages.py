@@ -296,3 +296,29 @@ def test_a_slow_upstream_gets_keep_alives_then_the_stream(tmp_path: Any) -> None
         assert r.text.startswith(": keep-alive") and "event: error" in r.text and '"type":"api_error"' in r.text, r.text
     finally:
         slow.stop()
+
+
+def test_the_frames_written_from_templates_are_what_their_events_would_encode_to() -> None:
+    """MessageSynth writes message_start and the text deltas as bytes around their values: each is byte
+    for byte the frame of the event dict it stands for (quotes, escapes and non-ASCII included)."""
+    from gateway.messages_events import MessageSynth, frame
+
+    piece = 'say "hi"\n\u00e9\u2028 \\ \U0001f600'
+    synth = MessageSynth("msg_1", 'x/"m\u00e9"')
+    counts = dict.fromkeys(("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens", "output_tokens"), 0)
+    message = {"id": "msg_1", "type": "message", "role": "assistant", "model": 'x/"m\u00e9"', "content": [],
+               "stop_reason": None, "stop_sequence": None, "usage": counts}  # fmt: skip
+    assert synth.start() == frame({"type": "message_start", "message": message}) + frame({"type": "ping"})
+    out: list[bytes] = []
+    for text in ("a", piece):
+        synth.feed({"choices": [{"index": 0, "delta": {"content": text}}]}, out)
+    synth.feed({"choices": [{"index": 0, "delta": {"reasoning_content": piece}}]}, out)
+    assert out == [
+        frame({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+        frame({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "a"}}),
+        frame({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": piece}}),
+        frame({"type": "content_block_stop", "index": 0}),
+        frame({"type": "content_block_start", "index": 1,
+               "content_block": {"type": "thinking", "thinking": "", "signature": ""}}),
+        frame({"type": "content_block_delta", "index": 1, "delta": {"type": "thinking_delta", "thinking": piece}}),
+    ]  # fmt: skip
