@@ -10,8 +10,8 @@
 Depth is bounded because everything after the decoder that walks a body (msgspec's convert and encode,
 the token estimate, the translators) recurses, on a stack that is deeper than the decoder's was: a
 body nested 990 deep decodes and then fails to encode. 128 levels is far more than any request needs
-(OpenAI's structured outputs allow 10 levels of schema nesting) and is checked without a walk unless
-the body holds more than 128 brackets at all.
+(OpenAI's structured outputs allow 10 levels of schema nesting). It is read from the body's bytes
+(:func:`nests_deeper`) when the body holds more than 128 brackets at all.
 """
 
 from __future__ import annotations
@@ -49,12 +49,50 @@ def decode_json(body: bytes | str) -> Any:
     except RecursionError:
         raise InvalidRequest(f"The JSON body is nested more than {MAX_DEPTH} levels deep.", code="invalid_json") from None
     if isinstance(body, bytes | bytearray):
-        brackets = body.count(b"{") + body.count(b"[")
+        deep = nests_deeper(bytes(body), MAX_DEPTH)
     else:
-        brackets = body.count("{") + body.count("[")
-    if brackets > MAX_DEPTH and too_deep(value, MAX_DEPTH):
+        deep = None if body.count("{") + body.count("[") > MAX_DEPTH else False
+    if deep or (deep is None and too_deep(value, MAX_DEPTH)):
         raise InvalidRequest(f"The JSON body is nested more than {MAX_DEPTH} levels deep.", code="invalid_json")
     return value
+
+
+_STRUCTURE = bytes.maketrans(b"{}", b"[]")  # both kinds of bracket as one: only nesting counts
+_NOT_STRUCTURE = bytes(set(range(256)) - set(b'[]{}"'))
+SHAPE_MAX = 1 << 18  # brackets: peeling up to MAX_DEPTH levels of more costs about what the walk does
+
+
+def nests_deeper(document: bytes, limit: int) -> bool | None:
+    """Whether a valid JSON ``document`` nests more than ``limit`` arrays/objects, read from its bytes
+    in a few passes of C (:func:`too_deep` walks the decoded value in Python, node by node, and an
+    agent's tools are hundreds of nodes); None for a body whose brackets are too many to read so
+    (:data:`SHAPE_MAX`: the walk then).
+
+    Escapes go first (``\\\\`` pairs, then ``\\"``: what is left of a run of backslashes escapes the
+    next character), so the quotes left alternate open / close. Of the brackets and quotes (the shape),
+    each pair of adjacent quotes goes: a string without brackets, or the end of one string and the start
+    of the next (nothing between them: the two become one string, the brackets outside stay outside).
+    Between the quotes left are the strings' own brackets, dropped. What remains is the nesting alone;
+    each pass removing every ``[]`` peels one level."""
+    shape = document.translate(_STRUCTURE, _NOT_STRUCTURE)
+    if shape.count(b"[") <= limit:  # (most bodies: too few brackets to nest that deep)
+        return False
+    if b"\\" in document:
+        document = document.replace(b"\\\\", b"").replace(b'\\"', b"")
+        shape = document.translate(_STRUCTURE, _NOT_STRUCTURE)
+    if b'"' in shape:
+        shape = shape.replace(b'""', b"")
+        if b'"' in shape:
+            shape = b"".join(shape.split(b'"')[::2])
+    if len(shape) > SHAPE_MAX:
+        return None
+    if b"[" * (limit + 1) in shape:
+        return True
+    for _ in range(limit):
+        shape = shape.replace(b"[]", b"")
+        if not shape:
+            return False
+    return True
 
 
 def too_deep(value: Any, limit: int) -> bool:

@@ -35,6 +35,22 @@ def test_deeply_nested_json(stack: Stack, path: str) -> None:
     assert status == 400 and body["error"]["code"] == "invalid_json"
 
 
+_TEXT = st.text(alphabet='ab[]{}"\\/:,é \n', max_size=6)  # (brackets, quotes and backslashes in strings)
+DOCUMENT = st.recursive(st.none() | st.booleans() | st.integers() | _TEXT,
+                        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TEXT, inner, max_size=3),
+                        max_leaves=40)  # fmt: skip
+
+
+@given(value=DOCUMENT, limit=st.integers(1, 8), ascii_only=st.booleans(), indent=st.sampled_from([None, 1]))
+def test_the_depth_read_from_the_bytes_is_the_decoded_values(value: object, limit: int, ascii_only: bool,
+                                                             indent: int | None) -> None:  # fmt: skip
+    """decode_json reads a body's nesting from its bytes (core.inputs.nests_deeper), brackets, quotes and
+    backslashes in its strings included: it says what the walk of the decoded value says."""
+    from core.inputs import nests_deeper, too_deep
+
+    assert nests_deeper(json.dumps(value, ensure_ascii=ascii_only, indent=indent).encode(), limit) == too_deep(value, limit)
+
+
 @ENDPOINTS
 def test_invalid_utf8(stack: Stack, path: str) -> None:
     status, body = _post(stack, CALL + b'"user":"\xff\xfe"}', stack.key(), path)
