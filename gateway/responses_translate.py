@@ -568,10 +568,25 @@ def _estimate_part(part: dict[str, Any]) -> dict[str, Any]:
 # ------------------------------------------------------------------ the Response object
 
 
-def encoded_tools(body: dict[str, Any]) -> bytes | None:
-    """A request's tools as JSON, if it has a list of them."""
+def encoded_tools(body: dict[str, Any], document: bytes | None = None) -> bytes | None:
+    """A request's tools as JSON, if it has a list of them: as the caller sent them when ``document``
+    (the request's bytes) is given and writes them on one line (read from it by a typed decode that
+    skips the rest, cheaper than encoding them again), else encoded."""
     tools = body.get("tools")
-    return _encode(tools) if isinstance(tools, list) and tools else None
+    if not isinstance(tools, list) or not tools:
+        return None
+    if document is not None:
+        given = bytes(_decode_tools(document).tools)
+        if b"\n" not in given and b"\r" not in given:  # (an SSE data line holds no line break)
+            return given
+    return _encode(tools)
+
+
+class _Tools(msgspec.Struct):
+    tools: msgspec.Raw = msgspec.Raw(b"")
+
+
+_decode_tools = msgspec.json.Decoder(_Tools).decode
 
 
 def shell(body: dict[str, Any], model_id: str, tools: bytes | None = None) -> dict[str, Any]:

@@ -94,7 +94,7 @@ class Responses:
         size = len(_encode(conversation.body)) if conversation.expanded else len(raw)
         keep.check_context(conversation, size)
         run = _encode({k: v for k, v in body.items() if k not in ("background", "stream")}) if keep.background else b""
-        codec = ResponsesCodec(conversation.body, size, keep.echo(conversation))
+        codec = ResponsesCodec(conversation.body, size, keep.echo(conversation), raw)  # (its tools are raw's)
         if keep.background:
             return await self.queue(context, codec, keep, conversation, run)
         start = self.pipeline.start(context, codec)

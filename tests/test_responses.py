@@ -732,3 +732,18 @@ def test_relay_reads_usage_from_the_terminal_event() -> None:
     assert relay.finished and relay.error is None and relay.terminal is not None
     assert relay.terminal["response"]["model"] == "openai/o3"  # the caller's model id
     assert relay.usage == TokenUsage(prompt=100, completion=10, cached=40, reasoning=4)
+
+
+def test_the_tools_echoed_are_read_from_the_request_bytes_when_they_are_on_one_line() -> None:
+    """encoded_tools takes the tools as the caller sent them from the request's bytes (a typed decode,
+    not an encode of the decoded list); a request that breaks them over lines gets them encoded again,
+    since the Response object that echoes them goes out in SSE data lines."""
+    tools = [{"type": "function", "name": "f\u00e9", "parameters": {"type": "object", "properties": {}}},
+             {"type": "web_search"}]  # fmt: skip
+    body = {"model": "x/y", "input": "q", "tools": tools, "metadata": {"tools": [1]}}
+    spaced = json.dumps(body).encode()  # (the SDK's separators: ", " and ": "; non-ASCII escaped)
+    given = encoded_tools(body, spaced)
+    assert given is not None and given in spaced and json.loads(given) == tools
+    lines = json.dumps(body, indent=2).encode()
+    assert encoded_tools(body, lines) == encoded_tools(body) == msgspec.json.encode(tools)
+    assert encoded_tools({**body, "tools": []}, json.dumps({**body, "tools": []}).encode()) is None
