@@ -136,12 +136,13 @@ def _user(content: list[Any], where: str) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     parts: list[dict[str, Any]] = []
     for j, block in enumerate(content):
-        at = f"{where}.content.{j}"
         kind = block.get("type") if isinstance(block, dict) else None
-        if kind == "text":
-            if not isinstance(block.get("text"), str):
-                raise _invalid(f"{at}.text: Field required", at)
+        if kind == "text" and isinstance(block.get("text"), str):  # (most blocks: no place named)
             parts.append({"type": "text", "text": block["text"]})
+            continue
+        at = f"{where}.content.{j}"
+        if kind == "text":
+            raise _invalid(f"{at}.text: Field required", at)
         elif kind == "image":
             parts.append(_image(block, at))
         elif kind == "document":
@@ -163,11 +164,12 @@ def _assistant(content: list[Any], where: str) -> dict[str, Any]:
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
     for j, block in enumerate(content):
-        at = f"{where}.content.{j}"
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
             texts.append(str(block.get("text", "")))
-        elif kind == "tool_use":
+            continue
+        at = f"{where}.content.{j}"
+        if kind == "tool_use":
             if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
                 raise _invalid(f"{at}: a tool_use block has an id and a name", at)
             arguments = block.get("input") if isinstance(block.get("input"), dict) else {}

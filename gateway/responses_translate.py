@@ -127,7 +127,12 @@ def _content(content: Any, role: str, where: str) -> str | list[dict[str, Any]]:
             f"'{where}' must be a string or a list of content parts.", param=where, code="invalid_value"
         )
     parts: list[dict[str, Any]] = []
+    texts = True  # every part so far a text part
     for j, part in enumerate(content):
+        given = part.get("type") if part.__class__ is dict else None
+        if given.__class__ is str and given in TEXT_PARTS and isinstance(part.get("text"), str):
+            parts.append({"type": "text", "text": part["text"]})  # (most parts: no place named)
+            continue
         at = f"{where}[{j}]"
         if not isinstance(part, dict):
             raise InvalidRequest(f"'{at}' must be a content part object.", param=at, code="invalid_type")
@@ -136,12 +141,13 @@ def _content(content: Any, role: str, where: str) -> str | list[dict[str, Any]]:
             parts.append({"type": "text", "text": _text_of(part, at)})
         elif kind == "input_image" and role != "assistant":
             parts.append(_image(part, at))
+            texts = False
         else:
             raise _refuse(
                 f"Content parts of type {kind!r} ('{at}') are not supported for this model: {P1_ONLY}.", at
             )
-    if all(p["type"] == "text" for p in parts):
-        return "".join(p["text"] for p in parts)
+    if texts:
+        return parts[0]["text"] if len(parts) == 1 else "".join(p["text"] for p in parts)
     return parts
 
 
