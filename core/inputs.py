@@ -48,10 +48,8 @@ def decode_json(body: bytes | str) -> Any:
         raise InvalidRequest("The JSON body is not valid UTF-8.", code="invalid_json") from None
     except RecursionError:
         raise InvalidRequest(f"The JSON body is nested more than {MAX_DEPTH} levels deep.", code="invalid_json") from None
-    if isinstance(body, bytes | bytearray):
-        deep = nests_deeper(bytes(body), MAX_DEPTH)
-    else:
-        deep = None if body.count("{") + body.count("[") > MAX_DEPTH else False
+    # (a str the decoder took is valid UTF-8 once encoded: a batch's lines come as str)
+    deep = nests_deeper(body.encode() if isinstance(body, str) else bytes(body), MAX_DEPTH)
     if deep or (deep is None and too_deep(value, MAX_DEPTH)):
         raise InvalidRequest(f"The JSON body is nested more than {MAX_DEPTH} levels deep.", code="invalid_json")
     return value
