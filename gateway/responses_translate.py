@@ -147,7 +147,7 @@ def _content(content: Any, role: str, where: str) -> str | list[dict[str, Any]]:
                 f"Content parts of type {kind!r} ('{at}') are not supported for this model: {P1_ONLY}.", at
             )
     if texts:
-        return parts[0]["text"] if len(parts) == 1 else "".join(p["text"] for p in parts)
+        return "".join(p["text"] for p in parts)
     return parts
 
 
