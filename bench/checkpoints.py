@@ -4,9 +4,9 @@ and on PostgreSQL.
     .venv/bin/python -m bench.checkpoints [--streams 100,1000,10000] [--ticks 5]
 
 Each stream is a real :class:`billing.ledger.Meter` of a real reservation, its source a reader that has
-generated one second of a 25-token-a-second answer more at each tick. A tick counts the new text's
-tokens on a worker thread and writes every stream's usage so far to the store (SQLite: ``in_progress``
-through the group commit; PostgreSQL: the reservation rows). Reported per tick: the wall time, the
+generated one second of a 25-token-a-second answer more at each tick. A tick writes every stream's
+checkpoint to the store, the text it added (SQLite: a row of ``in_progress_text`` through the group
+commit; PostgreSQL: the reservation rows), the first with how to charge it. Reported per tick: the wall time, the
 event loop's share (the rest is the worker thread and the store), and per stream. PostgreSQL: a
 throwaway database at ``BENCH_POSTGRES``. Results: bench/results/checkpoints.json.
 """

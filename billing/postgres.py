@@ -37,6 +37,7 @@ from billing.postgres_pool import PostgresPool
 from billing.postgres_pool import migrate as pool_migrate
 from billing.schema import LEDGER, ddl
 from billing.store import (
+    Checkpoint,
     Hold,
     Principal,
     Refusal,
@@ -46,7 +47,6 @@ from billing.store import (
     UsageRecord,
     principal_by_hash_query,
     principal_row,
-    record_text,
 )
 from core import metrics
 
@@ -127,10 +127,21 @@ MIGRATIONS: list[str] = [
     rollup.BATCH_TOTALS,
     # 13: the attempts of a call that tried more than one deployment, or one more than once
     "ALTER TABLE usage ADD COLUMN attempts TEXT;",
+    # 14: a stream's checkpoints keep the text it generated (its tokens counted only if it is cut:
+    # billing/progress.py), how many characters of it, and when the last was
+    """
+    ALTER TABLE reservations ADD COLUMN progress_text TEXT, ADD COLUMN progress_chars INT4,
+        ADD COLUMN progress_at DOUBLE PRECISION;
+    """,
 ]
+# streams' checkpoints (billing.store.Checkpoint), each on its reservation's row (one its settlement
+# deleted meanwhile: nothing): its text from what the row holds of it on
 NOTE_PROGRESS = (
-    "UPDATE reservations r SET progress = p.progress FROM unnest($1::int8[], $2::text[]) AS p(id, progress) "
-    "WHERE r.id = p.id"
+    "UPDATE reservations r SET progress = coalesce(p.charge, r.progress), "
+    "progress_text = coalesce(r.progress_text, '') || substr(p.text, coalesce(r.progress_chars, 0) - p.start + 1), "
+    "progress_chars = greatest(coalesce(r.progress_chars, 0), p.chars), progress_at = p.at "
+    "FROM unnest($1::int8[], $2::text[], $3::text[], $4::int4[], $5::int4[], $6::float8[]) "
+    "AS p(id, charge, text, start, chars, at) WHERE r.id = p.id"
 )
 
 
@@ -216,9 +227,10 @@ class PostgresStore(Store):
                     owed: bool = False) -> asyncio.Future[int]:  # fmt: skip
         return self.commits.submit(SettleOp(reservation, record), linger)
 
-    async def note_progress(self, progress: list[tuple[Reservation, UsageRecord]]) -> None:
-        """On the reservations' rows, in one statement (a row its settlement deleted meanwhile: nothing)."""
-        await self.db.execute(NOTE_PROGRESS, [r.id for r, _ in progress], [record_text(rec) for _, rec in progress])
+    async def note_progress(self, progress: list[Checkpoint]) -> None:
+        """On the reservations' rows, in one statement."""
+        ids, _, charges, texts, starts, chars, ats = zip(*progress, strict=True)
+        await self.db.execute(NOTE_PROGRESS, ids, charges, texts, starts, chars, ats)
 
     def settle_again(self, reservation: Reservation, record: UsageRecord) -> asyncio.Future[int]:
         return self.commits.submit(SettleOp(reservation, record, once=True))

@@ -50,6 +50,7 @@ import msgspec
 
 from billing import budgets, rules
 from billing.postgres_pool import PostgresPool, down, lost, pg_sql, unsent
+from billing.progress import charged
 from billing.store import (
     USAGE_COLUMNS,
     USAGE_LIST,
@@ -60,7 +61,6 @@ from billing.store import (
     Store,
     StoreError,
     UsageRecord,
-    record_of,
     usage_values,
 )
 from core.clock import Clock
@@ -264,7 +264,7 @@ STALE = (
 TAKE_STALE = (
     "DELETE FROM reservations WHERE id IN "
     "(SELECT id FROM reservations WHERE id = ANY($1::int8[]) ORDER BY id FOR UPDATE SKIP LOCKED) "
-    "RETURNING id, group_id, key_id, amount, model, provider, request_id, progress"
+    "RETURNING id, group_id, key_id, amount, model, provider, request_id, progress, progress_text, progress_at"
 )
 INTERRUPTED = "reservation left by a stopped process, released on restart"
 CUT = "reservation whose commit was cut off with the connection (its call was refused), released"
@@ -713,6 +713,10 @@ def fail(batch: list[tuple[Op, asyncio.Future[Any]]], exc: BaseException) -> Non
 CHARGED = "charged for what its stream had generated at its last checkpoint"
 
 
+def _charged(cut: list[tuple[str, str, float | None]]) -> list[UsageRecord]:
+    return [charged(*row) for row in cut]
+
+
 def released_mark(reservation_id: int) -> str:
     """How the record of a released hold begins: a journaled settlement of that hold replayed later
     (billing/postgres.py ``replay``) knows from it that the hold was released, not settled."""
@@ -729,10 +733,12 @@ async def release(conn: asyncpg.Connection, ids: list[int], why: str) -> int:
         )
         plan = await lock(conn, [], sorted({r[1] for r in rows}), sorted({r[0] for r in rows}))
         taken = await conn.fetch(TAKE_STALE, ids)  # rows another replica has locked are skipped
-        for rid, group_id, key_id, amount, model, provider, request_id, progress in taken:
+        cut = [(row[7], row[8] or "", row[9]) for row in taken if row[7]]  # (their tokens counted on a worker thread)
+        charges = iter(await asyncio.get_running_loop().run_in_executor(None, _charged, cut) if cut else ())
+        for rid, group_id, key_id, amount, model, provider, request_id, progress, _, _ in taken:
             plan.released.add(rid)
             if progress:  # what the stream had generated at its last checkpoint
-                record = replace(record_of(progress), error=f"{released_mark(rid)}{why}; {CHARGED}")
+                record = replace(next(charges), error=f"{released_mark(rid)}{why}; {CHARGED}")
             else:
                 record = UsageRecord(key_id=key_id, group_id=group_id, model=model or "", provider=provider or "",
                                      status="interrupted", usage_exact=False, request_id=request_id,

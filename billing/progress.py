@@ -1,33 +1,40 @@
 """The usage so far of the streams in flight, kept in the store every ``every`` seconds, so a stream cut
 by a crash is charged for what it generated up to its last checkpoint (docs/operations.md, "Faults").
 
-    stream starts ──► followed ──every s──► its usage so far (counted on a worker thread) ──► the store
-          │                                   SQLite: a row of ``in_progress``, in the group commit
-          │                                   PostgreSQL: the ``progress`` of its reservation row
+    stream starts ──► followed ──every s──► a checkpoint ──► the store: the text it added since the last
+          │                                 one; how to charge it (once, and when a reported usage changes)
+          │                                   SQLite: rows of ``in_progress_text`` and ``in_progress``, in
+          │                                           the group commit
+          │                                   PostgreSQL: the ``progress`` columns of its reservation row
           ▼
     settled (normally): the row goes in the settlement's own transaction; nothing is charged twice
     the process dies: SQLite charges each row at the next start, PostgreSQL's lease release
-                      (billing/leases.py) charges the row of each hold it releases
+                      (billing/leases.py) charges the row of each hold it releases: :func:`charged`
 
-A stream shorter than ``every`` never reaches the store: a call pays two dictionary operations. A
-stream's completion is counted on the text it added since its last checkpoint (the tokenizer's
-boundary may differ by a token), its prompt once; a usage the upstream already reported is taken as
-it is. The charge is the model's prices on that usage, capped at the call's reservation.
+A checkpoint counts no tokens: it keeps the text generated since the last one (a row of its own on
+SQLite), and the charge counts the tokens of that text, and of the prompt (kept with a stream's first
+checkpoint as the texts the tokenizer would count), only if the stream is ever cut: a stream that
+settles, nearly all, never needs them. So a checkpoint costs a row write. A usage the upstream already
+reported is taken as it is. The charge is the model's prices on that usage, capped at the call's
+reservation.
+
+A stream shorter than ``every`` never reaches the store: a call pays two dictionary operations.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from dataclasses import dataclass, fields
 from operator import attrgetter
 from typing import Any, Protocol
 
+import msgspec
+
 from billing import tokens
 from billing.pricing import cost
-from billing.store import Reservation, Store, UsageRecord
-from core.catalog import Model
+from billing.store import Checkpoint, Reservation, Store, UsageRecord, record_of
+from core.catalog import Model, Prices
 from core.wire import TokenUsage
 
 log = logging.getLogger("router.ledger")
@@ -53,14 +60,60 @@ class Meter(Protocol):
     finished: bool
 
 
+class Charge(msgspec.Struct, array_like=True):
+    """How a cut stream is charged, as its checkpoints keep it (a JSON array): its call's record as it
+    stood (its fields in order), when it began (wall clock), its reservation (the cap) and model's
+    prices, and the usage the upstream reported, if any: else its prompt (the texts the tokenizer
+    counts) unless the upstream reported the prompt's counts. Everything else is worked out only for
+    a stream that is cut (:func:`charged`)."""
+
+    record: tuple[Any, ...]
+    began: float
+    cap: int
+    prices: Prices
+    usage: TokenUsage | None = None
+    prompt_usage: TokenUsage | None = None
+    prompt: tuple[int, list[str]] | None = None
+
+
+_charge_json = msgspec.json.Encoder()
+_charge_of = msgspec.json.Decoder(Charge)
+
+
+def charged(charge: str | bytes, text: str, at: float | None) -> UsageRecord:
+    """The ``interrupted`` record of a stream cut after its last checkpoint (one rule for both stores),
+    from what its checkpoints kept: ``charge`` (a :class:`Charge`; or a whole record, as checkpoints
+    kept one before: as it is), the text it generated, and when (wall clock) the last checkpoint was.
+    Its completion is that text's tokens and its prompt its prompt's, unless the upstream reported
+    them; charged at the model's prices, capped at its reservation."""
+    try:
+        kept = _charge_of.decode(charge)
+    except msgspec.ValidationError:  # (a record as it is)
+        return record_of(charge)
+    record = UsageRecord(*kept.record)
+    usage = kept.usage
+    if usage is None:
+        prompt = kept.prompt_usage
+        if prompt is None:
+            prompt = TokenUsage(prompt=tokens.count_prompt(kept.prompt) if kept.prompt is not None else 0)
+        usage = TokenUsage(prompt=prompt.prompt, cached=prompt.cached, cache_write=prompt.cache_write,
+                           completion=tokens.count(text))  # fmt: skip
+    record.prompt_tokens, record.completion_tokens = usage.prompt, usage.completion
+    record.cached_tokens, record.cache_write_tokens, record.reasoning_tokens = usage.cached, usage.cache_write, usage.reasoning
+    record.credits = min(cost(kept.prices, usage), kept.cap)
+    record.status, record.usage_exact, record.error, record.error_code = "interrupted", False, CUT, "interrupted"
+    record.ts = at if at is not None else time.time()
+    record.latency_ms = max(0.0, record.ts - kept.began) * 1000
+    return record
+
+
 @dataclass(slots=True)
 class _Followed:
     meter: Meter
     source: Source
-    prompt: TokenUsage | None = None  # the prompt's count, once made
-    chars: int = 0  # of the generated text, counted so far
-    completion: int = 0  # its tokens
-    kept: tuple[int, Any] | None = None  # what its last checkpoint saw: (text length, upstream usage)
+    charged: bool = False  # its Charge was written, for the usage reported then (``usage``)
+    usage: Any = None
+    chars: int = 0  # of the generated text, written
     due: float = 0.0  # when its next checkpoint is (monotonic)
 
 
@@ -92,10 +145,9 @@ class Progress:
             if now < f.due:
                 continue
             f.due = now + self.every
-            text = f.source.generated()
-            seen = (len(text), f.source.reported())
-            if seen != f.kept:  # (else nothing new since its last checkpoint: its row says as much)
-                due.append((f, text, seen))
+            text, usage = f.source.generated(), f.source.reported()
+            if len(text) != f.chars or usage != f.usage or not f.charged:  # (else its row says as much)
+                due.append((f, text, usage))
         if not due:
             return 0
         try:
@@ -105,43 +157,51 @@ class Progress:
                 f.due = now
             raise
 
-    async def _write(self, due: list[tuple[_Followed, str, tuple[int, Any]]]) -> int:
-        records = await asyncio.get_running_loop().run_in_executor(None, _count, due)
-        # (streams settled while their count was made are left out: their settlement is queued already)
-        kept = [(f, r) for (f, _, _), r in zip(due, records, strict=True) if not f.meter.finished]
-        if kept:
-            await self.store.note_progress([(f.meter.reservation, r) for f, r in kept])
-            for f, _, seen in due:  # (once written)
-                f.kept = seen
-            self.noted += len(kept)
-        return len(kept)
+    async def _write(self, due: list[tuple[_Followed, str, Any]]) -> int:
+        at = time.time()
+        rows, written = [], []
+        for f, text, usage in due:
+            meter = f.meter
+            if meter.finished:  # (settled meanwhile: its settlement is queued already)
+                continue
+            # its charge again only if it changed (or was never written); the text it added
+            charge = None if f.charged and usage == f.usage else _charge(f.meter, usage, at)
+            added = text[f.chars :]
+            if "\x00" in added or not added.isascii():
+                added = _storable(added)
+            rows.append(_new(Checkpoint, (meter.reservation.id, meter.record.request_id, charge, added, f.chars, len(text), at)))
+            written.append((f, charge, usage, len(text)))
+        if rows:
+            await self.store.note_progress(rows)
+            for f, charge, usage, chars in written:  # (once written)
+                if charge is not None:
+                    f.charged, f.usage = True, usage
+                f.chars = chars
+            self.noted += len(rows)
+        return len(rows)
 
 
-def _count(due: list[tuple[_Followed, str, tuple[int, Any]]]) -> list[UsageRecord]:
-    """The records of ``due`` streams as they stand, each (stream, text, (its length, (usage, prompt
-    usage) as reported)) (a worker thread: the tokenizer's work)."""
-    return [_record(f, text, usage, prompt) for f, text, (_, (usage, prompt)) in due]
+_new = tuple.__new__  # (a Checkpoint made without NamedTuple's Python-level constructor)
 
 
-def _record(f: _Followed, text: str, usage: TokenUsage | None, prompt: TokenUsage | None) -> UsageRecord:
-    meter = f.meter
-    if usage is None:
-        if prompt is None:
-            if f.prompt is None:
-                f.prompt = TokenUsage(prompt=tokens.count_request(meter.prompt))
-            prompt = f.prompt
-        if len(text) > f.chars:
-            f.completion += tokens.count(text[f.chars :])
-            f.chars = len(text)
-        usage = TokenUsage(prompt=prompt.prompt, cached=prompt.cached, cache_write=prompt.cache_write,
-                           completion=f.completion)  # fmt: skip
-    record = UsageRecord(*_fields_of(meter.record))  # a copy (dataclasses.replace costs ~5x as much)
-    record.prompt_tokens, record.completion_tokens = usage.prompt, usage.completion
-    record.cached_tokens, record.cache_write_tokens, record.reasoning_tokens = usage.cached, usage.cache_write, usage.reasoning
-    record.credits = min(cost(meter.model.prices, usage), meter.reservation.amount)
-    record.status, record.usage_exact, record.error, record.error_code = "interrupted", False, CUT, "interrupted"
-    record.latency_ms, record.ts = (time.monotonic() - meter.started) * 1000, time.time()
-    return record
+def _charge(meter: Meter, reported: tuple[TokenUsage | None, TokenUsage | None], at: float) -> str:
+    """The stream's :class:`Charge` as JSON (its prompt's texts only if nothing reported its counts)."""
+    usage, prompt = reported
+    texts = tokens.prompt_texts(meter.prompt) if usage is None and prompt is None else None
+    began = at - (time.monotonic() - meter.started)
+    kept = Charge(_fields_of(meter.record), began, meter.reservation.amount, meter.model.prices, usage, prompt, texts)
+    return _charge_json.encode(kept).decode()
+
+
+def _storable(text: str) -> str:
+    """``text`` as both stores take it, of the same length: a NUL (which PostgreSQL's text refuses) and a
+    lone surrogate (which UTF-8 cannot carry) each become U+FFFD."""
+    text = text.replace("\x00", "\ufffd")
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        text = "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in text)
+    return text
 
 
 _fields_of = attrgetter(*(f.name for f in fields(UsageRecord)))  # in the order its constructor takes them

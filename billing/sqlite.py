@@ -25,11 +25,13 @@ from billing import budgets, end_users, rollup, rules
 from billing.history import History
 from billing.journal import Entry
 from billing.owed import OwedLog, entry_id
+from billing.progress import charged
 from billing.schema import LEDGER, ddl
 from billing.sqlite_thread import SQLiteThread, down, savepoint, transaction
 from billing.store import (
     USAGE_COLUMNS,
     USAGE_TYPES,
+    Checkpoint,
     Principal,
     Reservation,
     Store,
@@ -38,8 +40,6 @@ from billing.store import (
     UsageRecord,
     principal_by_hash_query,
     principal_row,
-    record_of,
-    record_text,
 )
 from core.catalog import NANO
 
@@ -118,6 +118,12 @@ MIGRATIONS: list[str] = [
     rollup.BATCH_TOTALS,
     # 13: the attempts of a call that tried more than one deployment, or one more than once
     "ALTER TABLE usage ADD COLUMN attempts TEXT;",
+    # 14: the text a stream generated, a row per checkpoint (its tokens counted only if it is cut:
+    # billing/progress.py): from which character of it, and when
+    """
+    CREATE TABLE in_progress_text (reservation INTEGER NOT NULL, start INTEGER NOT NULL, text TEXT NOT NULL,
+                                   at REAL NOT NULL, PRIMARY KEY (reservation, start)) WITHOUT ROWID;
+    """,
 ]
 
 _ROWS_PER_INSERT = 32766 // len(USAGE_COLUMNS)  # SQLite's default limit on bound parameters per statement
@@ -305,6 +311,7 @@ def _forget_progress(db: sqlite3.Connection, settles: Sequence[Settle]) -> None:
     noted = [(s.reservation.id,) for s in settles if s.noted]
     if noted:
         db.executemany("DELETE FROM in_progress WHERE reservation = ?", noted)
+        db.executemany("DELETE FROM in_progress_text WHERE reservation = ?", noted)
 
 
 @lru_cache(maxsize=16)
@@ -389,8 +396,9 @@ def replay_rows(db: sqlite3.Connection, entries: Sequence[Entry]) -> dict[str, b
             try:
                 with savepoint(db, "entry"):
                     if entry.reservation.id < 0:  # (a stream's progress kept, then its settlement journaled)
-                        db.execute("DELETE FROM in_progress WHERE reservation = ? AND request_id IS ?",
-                                   (entry.reservation.id, entry.record.request_id))  # fmt: skip
+                        if db.execute("DELETE FROM in_progress WHERE reservation = ? AND request_id IS ?",
+                                      (entry.reservation.id, entry.record.request_id)).rowcount:  # fmt: skip
+                            db.execute("DELETE FROM in_progress_text WHERE reservation = ?", (entry.reservation.id,))
                     settle_rows(db, [(entry.reservation, entry.record)])
                 done[entry.id] = True
             except Exception as exc:
@@ -417,8 +425,23 @@ def _owed_applied(db: sqlite3.Connection, ops: list[Callable[[sqlite3.Connection
             db.execute("INSERT INTO owed_applied (epoch, lo, hi) VALUES (?, ?, ?)", (epoch, lo, hi))
 
 
-def _note_progress(db: sqlite3.Connection, rows: list[tuple[int, str | None, str]]) -> None:
-    db.executemany("INSERT OR REPLACE INTO in_progress (reservation, request_id, record) VALUES (?, ?, ?)", rows)
+def _note_progress(db: sqlite3.Connection, rows: list[Checkpoint]) -> None:
+    charges = [(row.reservation, row.request_id, row.charge) for row in rows if row.charge is not None]
+    if charges:
+        db.executemany(NOTE_CHARGE, charges)
+    db.executemany(NOTE_TEXT, [(row[0], row[4], row[3], row[6]) for row in rows])  # (no None bound: see _RARE)
+
+
+# a stream's checkpoint (Checkpoint's fields, by number): its charge when it changed; the text it added,
+# a row of its own (written again whole from the same start after a write that seemed to fail)
+NOTE_CHARGE = "INSERT OR REPLACE INTO in_progress (reservation, request_id, record) VALUES (?, ?, ?)"
+NOTE_TEXT = "INSERT OR REPLACE INTO in_progress_text (reservation, start, text, at) VALUES (?, ?, ?, ?)"
+
+
+def _text_of(db: sqlite3.Connection, reservation: int) -> tuple[str, float | None]:
+    """The text a stream's checkpoints kept, and when the last was."""
+    rows = db.execute("SELECT text, at FROM in_progress_text WHERE reservation = ? ORDER BY start", (reservation,)).fetchall()
+    return "".join(text for text, _ in rows), max((at for _, at in rows), default=None)
 
 
 def _resolve(future: asyncio.Future[Any]) -> None:
@@ -629,11 +652,10 @@ class SQLiteStore(Store):
         return self.commits.submit(Settle(reservation, record, self.clock(), again=True, noted=reservation.id < 0,
                                           epoch=epoch, owed=seq))  # fmt: skip
 
-    def note_progress(self, progress: list[tuple[Reservation, UsageRecord]]) -> asyncio.Future[None]:
+    def note_progress(self, progress: list[Checkpoint]) -> asyncio.Future[None]:
         """In the group commit, before the settlements queued after it (which remove the rows)."""
-        rows = [(r.id, record.request_id, record_text(record)) for r, record in progress]
-        self._noted.update(r.id for r, _ in progress)
-        return self.commits.submit(partial(_note_progress, rows=rows), linger=True)
+        self._noted.update([c.reservation for c in progress])
+        return self.commits.submit(partial(_note_progress, rows=progress), linger=True)
 
     async def recover_stopped(self) -> int:
         """The lines of the owed log no group commit applied (each once: as a journal entry), then the
@@ -670,9 +692,11 @@ class SQLiteStore(Store):
 
         def fn(db: sqlite3.Connection) -> list[int]:
             with transaction(db):
-                records = [record_of(text) for (text,) in db.execute("SELECT record FROM in_progress ORDER BY reservation")]
+                records = [charged(charge, *_text_of(db, reservation)) for reservation, charge
+                           in db.execute("SELECT reservation, record FROM in_progress ORDER BY reservation").fetchall()]  # fmt: skip
                 charges = settle_rows(db, [(Reservation(0, r.group_id, r.key_id, 0), r) for r in records]) if records else []
                 db.execute("DELETE FROM in_progress")
+                db.execute("DELETE FROM in_progress_text")
             return charges
 
         charges = await self.run(fn)

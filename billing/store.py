@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, fields
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, TypeVar
 
 import msgspec
 
@@ -221,6 +221,20 @@ class UsageRecord:
     attempts: str | None = None
     ts: float = 0.0
     id: int = 0
+
+
+class Checkpoint(NamedTuple):
+    """A stream's usage so far (billing/progress.py, Store.note_progress): how to charge it (its
+    ``Charge`` as JSON; None: as its last checkpoint said), and the text it generated since its last
+    checkpoint, ``text[start:chars]`` of all it generated, at ``at`` (wall clock)."""
+
+    reservation: int
+    request_id: str | None
+    charge: str | None
+    text: str
+    start: int
+    chars: int
+    at: float
 
 
 _record_json = msgspec.json.Encoder()
@@ -509,12 +523,13 @@ class Store(ABC):
         never offered to :attr:`rescue` (its retrier waits for it)."""
 
     @abstractmethod
-    def note_progress(self, progress: list[tuple[Reservation, UsageRecord]]) -> Awaitable[None]:
-        """Keep these streams' usage so far (each record ``interrupted``, with its tokens and credits
-        so far), in place of what was kept for them before, until their settlement removes it in its
-        own transaction. If the process dies first, it is charged: by :meth:`recover_stopped` at
-        the next start (SQLite), by the release of the dead replica's holds (PostgreSQL;
-        billing/leases.py)."""
+    def note_progress(self, progress: list[Checkpoint]) -> Awaitable[None]:
+        """Keep these streams' checkpoints (billing/progress.py): each stream's charge (in place of the
+        one kept before, when it has one) and the text it generated since its last, with what was kept
+        (from ``start``: a part already kept by a write that seemed to fail is not kept twice), until its
+        settlement removes them in its own transaction. If the process dies first, the stream is
+        charged (billing.progress.charged): by :meth:`recover_stopped` at the next start (SQLite), by
+        the release of the dead replica's holds (PostgreSQL; billing/leases.py)."""
 
     async def recover_stopped(self) -> int:
         """At the start, after the settlement journal's replay, what a stopped process left (SQLite; on

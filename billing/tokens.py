@@ -35,35 +35,42 @@ def count(text: str) -> int:
 def count_request(request: dict[str, Any]) -> int:
     """Prompt tokens of a chat request (a decoded body): its messages, and what providers also bill as
     input: the tool definitions and a ``response_format`` schema (counted as their JSON text)."""
+    return count_prompt(prompt_texts(request))
+
+
+def count_prompt(texts: tuple[int, list[str]]) -> int:
+    """The tokens of a prompt as :func:`prompt_texts` gives it."""
+    fixed, counted = texts
+    return fixed + sum(map(count, counted))
+
+
+def prompt_texts(request: dict[str, Any]) -> tuple[int, list[str]]:
+    """What :func:`count_request` counts of ``request``, without the tokenizer's work: the tokens it
+    adds whatever the text (3 per message and the reply's priming, 85 per image), and the texts it
+    counts (the content, the assistant's earlier tool calls and the ``tools`` and ``response_format``
+    as their JSON)."""
     messages = request.get("messages")
-    total = count_messages(messages if isinstance(messages, list) else [])
-    for extra in (request.get("tools"), request.get("response_format")):
-        if extra:
-            total += count(_json(extra))
-    return total
-
-
-def count_messages(messages: list[Any]) -> int:
-    """Prompt tokens of OpenAI-style messages (decoded dicts): content text plus 3 per message, and
-    the assistant's earlier tool calls."""
-    total = 3
-    for message in messages:
-        total += 3
+    fixed, texts = 3, []
+    for message in messages if isinstance(messages, list) else ():
+        fixed += 3
         if not isinstance(message, dict):
             continue
         if message.get("tool_calls"):
-            total += count(_json(message["tool_calls"]))
+            texts.append(_json(message["tool_calls"]))
         content = message.get("content")
         if isinstance(content, str):
-            total += count(content)
+            texts.append(content)
         elif isinstance(content, list):
             for part in content:
                 if isinstance(part, dict):
                     if part.get("type") == "text":
-                        total += count(str(part.get("text", "")))
+                        texts.append(str(part.get("text", "")))
                     elif part.get("type") == "image_url":
-                        total += 85
-    return total
+                        fixed += 85
+    for extra in (request.get("tools"), request.get("response_format")):
+        if extra:
+            texts.append(_json(extra))
+    return fixed, texts
 
 
 def _json(value: Any) -> str:
