@@ -165,7 +165,11 @@ class Progress:
             if meter.finished:  # (settled meanwhile: its settlement is queued already)
                 continue
             # its charge again only if it changed (or was never written); the text it added
-            charge = None if f.charged and usage == f.usage else _charge(f.meter, usage, at)
+            try:
+                charge = None if f.charged and usage == f.usage else _charge(meter, usage, at)
+            except Exception:  # (one stream's that cannot be written holds back no other's)
+                log.exception("stream %s: its checkpoint could not be made", meter.reservation.id)
+                continue
             added = text[f.chars :]
             if "\x00" in added or not added.isascii():
                 added = _storable(added)

@@ -140,3 +140,25 @@ def test_a_charge_kept_as_a_whole_record_is_charged_as_it_is() -> None:
 
     record = UsageRecord(key_id=1, group_id=1, model="m", provider="p", completion_tokens=7, credits=70, ts=5.0)
     assert charged(record_text(record), "", None) == record
+
+
+async def test_a_stream_whose_checkpoint_cannot_be_made_holds_back_no_other(tmp_path: Any) -> None:
+    url = f"sqlite:///{tmp_path}/router.db"
+    store = await _opened(url)
+    ledger = ledger_for(store, checkpoint=EVERY)
+    await ledger.start(None)
+    try:
+        group = await store.create_group("g", 10**15)
+        key = await store.create_key("g", "k", os.urandom(32).hex(), "hint")
+        for n, prompt in enumerate(({"messages": [], "tools": [object()]}, {"messages": []})):  # (not JSON)
+            reservation = await ledger.reserve(group.id, key.id, 10**9, Hold(MODEL.id, "openai", f"r{n}"))
+            assert isinstance(reservation, Reservation)
+            record = UsageRecord(key_id=key.id, group_id=group.id, model=MODEL.id, provider="openai", request_id=f"r{n}")
+            meter = Meter(ledger, reservation, MODEL, record, prompt)
+            meter.started -= 2.0
+            meter.follow(source := Source())
+            source.text = SO_FAR
+        assert await ledger.progress.tick() == 1  # the other's, written
+    finally:
+        await ledger.close()
+        await store.close()
