@@ -119,10 +119,12 @@ MIGRATIONS: list[str] = [
     # 13: the attempts of a call that tried more than one deployment, or one more than once
     "ALTER TABLE usage ADD COLUMN attempts TEXT;",
     # 14: the text a stream generated, a row per checkpoint (its tokens counted only if it is cut:
-    # billing/progress.py): from which character of it, and when
+    # billing/progress.py): from which character of it, and when. Rows are appended (a tick's rows land
+    # on the table's last pages, however many streams are in flight and however long they have run)
     """
     CREATE TABLE in_progress_text (reservation INTEGER NOT NULL, start INTEGER NOT NULL, text TEXT NOT NULL,
-                                   at REAL NOT NULL, PRIMARY KEY (reservation, start)) WITHOUT ROWID;
+                                   at REAL NOT NULL);
+    CREATE INDEX in_progress_text_reservation ON in_progress_text(reservation);
     """,
 ]
 
@@ -432,16 +434,24 @@ def _note_progress(db: sqlite3.Connection, rows: list[Checkpoint]) -> None:
     db.executemany(NOTE_TEXT, [(row[0], row[4], row[3], row[6]) for row in rows])  # (no None bound: see _RARE)
 
 
-# a stream's checkpoint (Checkpoint's fields, by number): its charge when it changed; the text it added,
-# a row of its own (written again whole from the same start after a write that seemed to fail)
+# a stream's checkpoint: its charge when it changed; the text it added, a row of its own (a write that
+# seemed to fail is made again from the same start, so its text may be kept twice: see _text_of)
 NOTE_CHARGE = "INSERT OR REPLACE INTO in_progress (reservation, request_id, record) VALUES (?, ?, ?)"
-NOTE_TEXT = "INSERT OR REPLACE INTO in_progress_text (reservation, start, text, at) VALUES (?, ?, ?, ?)"
+NOTE_TEXT = "INSERT INTO in_progress_text (reservation, start, text, at) VALUES (?, ?, ?, ?)"
 
 
 def _text_of(db: sqlite3.Connection, reservation: int) -> tuple[str, float | None]:
-    """The text a stream's checkpoints kept, and when the last was."""
-    rows = db.execute("SELECT text, at FROM in_progress_text WHERE reservation = ? ORDER BY start", (reservation,)).fetchall()
-    return "".join(text for text, _ in rows), max((at for _, at in rows), default=None)
+    """The text a stream's checkpoints kept, each character once (a part written again after a write
+    that seemed to fail starts where the first did and goes on further), and when the last was."""
+    parts, end, last = [], 0, None
+    for start, text, at in db.execute(
+        "SELECT start, text, at FROM in_progress_text WHERE reservation = ? ORDER BY start, rowid", (reservation,)
+    ):
+        if start + len(text) > end:
+            parts.append(text[max(0, end - start) :])
+            end = start + len(text)
+        last = at if last is None else max(last, at)
+    return "".join(parts), last
 
 
 def _resolve(future: asyncio.Future[Any]) -> None:
