@@ -72,15 +72,18 @@ async def test_checkpoints_keep_the_text_added_and_a_cut_stream_is_charged_its_t
         (second,) = written[-1]
         assert (second.request_id, second.text, second.start) == ("r1", MORE, len(SO_FAR))  # what it added
 
+        async def a_tick_failed_by(write: Any) -> None:
+            await asyncio.sleep(EVERY)
+            monkeypatch.setattr(store, "note_progress", write)
+            with pytest.raises(StoreDown):
+                await ledger.progress.tick()
+            monkeypatch.setattr(store, "note_progress", spy)
+
         def down(progress: list[Checkpoint]) -> Any:
             raise StoreDown("the store is down")
 
         sources[0].text += THEN
-        await asyncio.sleep(EVERY)
-        monkeypatch.setattr(store, "note_progress", down)
-        with pytest.raises(StoreDown):
-            await ledger.progress.tick()
-        monkeypatch.setattr(store, "note_progress", spy)
+        await a_tick_failed_by(down)
         assert await ledger.progress.tick() == 1  # what the failed write held, at the next tick
         (first,) = written[-1]
         assert (first.request_id, first.start) == ("r0", len(SO_FAR))
@@ -91,11 +94,7 @@ async def test_checkpoints_keep_the_text_added_and_a_cut_stream_is_charged_its_t
             raise StoreDown("the reply was lost")
 
         sources[0].text += LAST
-        await asyncio.sleep(EVERY)
-        monkeypatch.setattr(store, "note_progress", landed_then_failed)
-        with pytest.raises(StoreDown):
-            await ledger.progress.tick()
-        monkeypatch.setattr(store, "note_progress", spy)
+        await a_tick_failed_by(landed_then_failed)
         sources[0].text += MORE
         assert await ledger.progress.tick() == 1  # sent again from where the lost reply left it
         assert written[-1][0].text == LAST + MORE
