@@ -6,9 +6,10 @@ and on PostgreSQL.
 Each stream is a real :class:`billing.ledger.Meter` of a real reservation, its source a reader that has
 generated one second of a 25-token-a-second answer more at each tick. A tick writes every stream's
 checkpoint to the store, the text it added (SQLite: a row of ``in_progress_text`` through the group
-commit; PostgreSQL: the reservation rows), the first with how to charge it. Reported per tick: the wall time, the
-event loop's share (the rest is the worker thread and the store), and per stream. PostgreSQL: a
-throwaway database at ``BENCH_POSTGRES``. Results: bench/results/checkpoints.json.
+commit; PostgreSQL: the reservation rows), the first with how to charge it. Reported per tick: the
+wall time, the event loop's share (the rest is the store: its thread, the database), the longest the
+event loop was held at once (how late a 1-ms timer fired, over as many ticks again), and per stream.
+PostgreSQL: a throwaway database at ``BENCH_POSTGRES``. Results: bench/results/checkpoints.json.
 """
 
 from __future__ import annotations
@@ -75,12 +76,31 @@ async def one(url: str, streams: int, ticks: int) -> dict[str, float]:
             walls.append(time.perf_counter() - began)
             loops.append(time.thread_time() - cpu)  # this thread: the event loop's work in the tick
             assert noted == streams
+        held = 0.0
+        for _ in range(ticks):  # again, with a timer every ms beside it: the longest the loop was held
+            for source in sources:
+                source.text += SECOND
+            stop = asyncio.Event()
+            probe = asyncio.ensure_future(_longest_hold(stop))
+            await ledger.progress.tick()
+            stop.set()
+            held = max(held, await probe)
         wall, loop = sorted(walls)[len(walls) // 2], sorted(loops)[len(loops) // 2]
         return {"streams": streams, "tick_ms": wall * 1000, "loop_ms": loop * 1000,
-                "per_stream_us": wall / streams * 1e6}  # fmt: skip
+                "per_stream_us": wall / streams * 1e6, "held_ms": held * 1000}  # fmt: skip
     finally:
         await ledger.close()
         await store.close()
+
+
+async def _longest_hold(stop: asyncio.Event) -> float:
+    """The longest a 1-ms timer fired late until ``stop``: the longest the event loop was held."""
+    worst, last = 0.0, time.perf_counter()
+    while not stop.is_set():
+        await asyncio.sleep(0.001)
+        now = time.perf_counter()
+        worst, last = max(worst, now - last - 0.001), now
+    return worst
 
 
 def main() -> int:
@@ -102,7 +122,8 @@ def main() -> int:
     for store, rows in results.items():
         for r in rows:
             print(f"  {store:9s} {int(r['streams']):>6,} streams: a tick {r['tick_ms']:8.1f} ms "
-                  f"(event loop {r['loop_ms']:6.1f} ms), {r['per_stream_us']:6.1f} us per stream")  # fmt: skip
+                  f"(event loop {r['loop_ms']:6.1f} ms, held at most {r['held_ms']:6.1f} ms at once), "
+                  f"{r['per_stream_us']:6.1f} us per stream")  # fmt: skip
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "checkpoints.json").write_text(json.dumps(results, indent=1) + "\n")
     return 0

@@ -117,6 +117,9 @@ class _Followed:
     due: float = 0.0  # when its next checkpoint is (monotonic)
 
 
+SLICE = 500  # streams a tick reads and writes at a time (SQLite writes on the event loop's connection)
+
+
 class Progress:
     """The streams in flight of one ledger, and their checkpoints (see the module's docstring). A
     stream's checkpoints are ``every`` seconds apart from its start: ticked more often (``tick_every``),
@@ -138,24 +141,29 @@ class Progress:
             self.streams.pop(reservation.id, None)
 
     async def tick(self) -> int:
-        """A checkpoint of every stream whose time has come; how many were noted."""
+        """A checkpoint of every stream whose time has come, ``SLICE`` streams a write; how many were
+        noted. Each write is awaited before the next slice is read, so the event loop serves calls
+        between them rather than holding them for every stream in flight at once (a stream settled
+        meanwhile is left out)."""
         now = time.monotonic()
-        due = []
-        for f in self.streams.values():
-            if now < f.due:
+        streams = [f for f in self.streams.values() if now >= f.due]
+        noted = 0
+        for i in range(0, len(streams), SLICE):
+            due = []
+            for f in streams[i : i + SLICE]:
+                f.due = now + self.every
+                text, usage = f.source.generated(), f.source.reported()
+                if len(text) != f.chars or usage != f.usage or not f.charged:  # (else its row says as much)
+                    due.append((f, text, usage))
+            if not due:
                 continue
-            f.due = now + self.every
-            text, usage = f.source.generated(), f.source.reported()
-            if len(text) != f.chars or usage != f.usage or not f.charged:  # (else its row says as much)
-                due.append((f, text, usage))
-        if not due:
-            return 0
-        try:
-            return await self._write(due)
-        except BaseException:
-            for f, _, _ in due:  # due again at the next tick
-                f.due = now
-            raise
+            try:
+                noted += await self._write(due)
+            except BaseException:
+                for f in streams[i:]:  # due again at the next tick
+                    f.due = now
+                raise
+        return noted
 
     async def _write(self, due: list[tuple[_Followed, str, Any]]) -> int:
         at = time.time()
