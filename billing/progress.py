@@ -111,8 +111,7 @@ def charged(charge: str | bytes, text: str, at: float | None) -> UsageRecord:
 class _Followed:
     meter: Meter
     source: Source
-    charged: bool = False  # its Charge was written, for the usage reported then (``usage``)
-    usage: Any = None
+    usage: Any = None  # the usage reported when its Charge was last written (None: never written)
     chars: int = 0  # of the generated text, written
     due: float = 0.0  # when its next checkpoint is (monotonic)
 
@@ -153,7 +152,7 @@ class Progress:
             for f in streams[i : i + SLICE]:
                 f.due = now + self.every
                 text, usage = f.source.generated(), f.source.reported()
-                if len(text) != f.chars or usage != f.usage or not f.charged:  # (else its row says as much)
+                if len(text) != f.chars or usage != f.usage:  # (else its row says as much)
                     due.append((f, text, usage))
             if not due:
                 continue
@@ -174,7 +173,7 @@ class Progress:
                 continue
             # its charge again only if it changed (or was never written); the text it added
             try:
-                charge = None if f.charged and usage == f.usage else _charge(meter, usage, at)
+                charge = None if usage == f.usage else _charge(meter, usage, at)
             except Exception:  # (one stream's that cannot be written holds back no other's)
                 log.exception("stream %s: its checkpoint could not be made", meter.reservation.id)
                 continue
@@ -187,7 +186,7 @@ class Progress:
             await self.store.note_progress(rows)
             for f, charge, usage, chars in written:  # (once written)
                 if charge is not None:
-                    f.charged, f.usage = True, usage
+                    f.usage = usage
                 f.chars = chars
             self.noted += len(rows)
         return len(rows)
