@@ -150,6 +150,8 @@ class Progress:
         for i in range(0, len(streams), SLICE):
             due = []
             for f in streams[i : i + SLICE]:
+                if f.meter.finished:  # (settled while an earlier slice was written: its settlement is queued)
+                    continue
                 f.due = now + self.every
                 text, usage = f.source.generated(), f.source.reported()
                 if len(text) != f.chars or usage != f.usage:  # (else its row says as much)
@@ -169,8 +171,6 @@ class Progress:
         rows, written = [], []
         for f, text, usage in due:
             meter = f.meter
-            if meter.finished:  # (settled meanwhile: its settlement is queued already)
-                continue
             # its charge again only if it changed (or was never written); the text it added
             try:
                 charge = None if usage == f.usage else _charge(meter, usage, at)
