@@ -4,9 +4,9 @@ and on PostgreSQL.
     .venv/bin/python -m bench.checkpoints [--streams 100,1000,10000] [--ticks 5]
 
 Each stream is a real :class:`billing.ledger.Meter` of a real reservation, its source a reader that has
-generated one second of a 25-token-a-second answer more at each tick. A tick writes every stream's
-checkpoint to the store, the text it added (SQLite: a row of ``in_progress_text`` through the group
-commit; PostgreSQL: the reservation rows), the first with how to charge it. Reported per tick: the
+generated one second of a 25-token-a-second answer more at each tick. A tick counts the tokens each
+stream added and writes its checkpoint to the store (SQLite: its ``in_progress`` row through the group
+commit; PostgreSQL: the reservation rows), the first with how to charge it (its prompt counted). Reported per tick: the
 wall time, the event loop's share (the rest is the store: its thread, the database), the longest the
 event loop was held at once (how late a 1-ms timer fired, over as many ticks again), and per stream.
 PostgreSQL: a throwaway database at ``BENCH_POSTGRES``. Results: bench/results/checkpoints.json.

@@ -133,15 +133,18 @@ MIGRATIONS: list[str] = [
     ALTER TABLE reservations ADD COLUMN progress_text TEXT, ADD COLUMN progress_chars INT4,
         ADD COLUMN progress_at DOUBLE PRECISION;
     """,
+    # 15: a stream's checkpoints keep the tokens it generated, counted; no text (``progress_text`` holds
+    # only what a replica before this one kept: charged when its hold is released)
+    """
+    ALTER TABLE reservations ADD COLUMN progress_tokens INT4;
+    """,
 ]
 # streams' checkpoints (billing.store.Checkpoint), each on its reservation's row (one its settlement
-# deleted meanwhile: nothing): its text from what the row holds of it on
+# deleted meanwhile: nothing): its charge when it has one, its count and time
 NOTE_PROGRESS = (
-    "UPDATE reservations r SET progress = coalesce(p.charge, r.progress), "
-    "progress_text = coalesce(r.progress_text, '') || substr(p.text, coalesce(r.progress_chars, 0) - p.start + 1), "
-    "progress_chars = greatest(coalesce(r.progress_chars, 0), p.chars), progress_at = p.at "
-    "FROM unnest($1::int8[], $2::text[], $3::text[], $4::int4[], $5::int4[], $6::float8[]) "
-    "AS p(id, charge, text, start, chars, at) WHERE r.id = p.id"
+    "UPDATE reservations r SET progress = coalesce(p.charge, r.progress), progress_tokens = p.completion, "
+    "progress_at = p.at FROM unnest($1::int8[], $2::text[], $3::int4[], $4::float8[]) "
+    "AS p(id, charge, completion, at) WHERE r.id = p.id"
 )
 
 
@@ -229,8 +232,8 @@ class PostgresStore(Store):
 
     async def note_progress(self, progress: list[Checkpoint]) -> None:
         """On the reservations' rows, in one statement."""
-        ids, _, charges, texts, starts, chars, ats = zip(*progress, strict=True)
-        await self.db.execute(NOTE_PROGRESS, ids, charges, texts, starts, chars, ats)
+        ids, _, charges, completions, ats = zip(*progress, strict=True)
+        await self.db.execute(NOTE_PROGRESS, ids, charges, completions, ats)
 
     def settle_again(self, reservation: Reservation, record: UsageRecord) -> asyncio.Future[int]:
         return self.commits.submit(SettleOp(reservation, record, once=True))

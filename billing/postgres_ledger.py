@@ -264,7 +264,7 @@ STALE = (
 TAKE_STALE = (
     "DELETE FROM reservations WHERE id IN "
     "(SELECT id FROM reservations WHERE id = ANY($1::int8[]) ORDER BY id FOR UPDATE SKIP LOCKED) "
-    "RETURNING id, group_id, key_id, amount, model, provider, request_id, progress, progress_text, progress_at"
+    "RETURNING id, group_id, key_id, amount, model, provider, request_id, progress, progress_tokens, progress_at, progress_text"
 )
 INTERRUPTED = "reservation left by a stopped process, released on restart"
 CUT = "reservation whose commit was cut off with the connection (its call was refused), released"
@@ -713,7 +713,7 @@ def fail(batch: list[tuple[Op, asyncio.Future[Any]]], exc: BaseException) -> Non
 CHARGED = "charged for what its stream had generated at its last checkpoint"
 
 
-def _charged(cut: list[tuple[str, str, float | None]]) -> list[UsageRecord]:
+def _charged(cut: list[tuple[str, int, float | None, str]]) -> list[UsageRecord]:
     return [charged(*row) for row in cut]
 
 
@@ -733,9 +733,10 @@ async def release(conn: asyncpg.Connection, ids: list[int], why: str) -> int:
         )
         plan = await lock(conn, [], sorted({r[1] for r in rows}), sorted({r[0] for r in rows}))
         taken = await conn.fetch(TAKE_STALE, ids)  # rows another replica has locked are skipped
-        cut = [(row[7], row[8] or "", row[9]) for row in taken if row[7]]  # (their tokens counted on a worker thread)
+        # (a text an earlier replica kept, counted on a worker thread)
+        cut = [(row[7], row[8] or 0, row[9], row[10] or "") for row in taken if row[7]]
         charges = iter(await asyncio.get_running_loop().run_in_executor(None, _charged, cut) if cut else ())
-        for rid, group_id, key_id, amount, model, provider, request_id, progress, _, _ in taken:
+        for rid, group_id, key_id, amount, model, provider, request_id, progress, *_ in taken:
             plan.released.add(rid)
             if progress:  # what the stream had generated at its last checkpoint
                 record = replace(next(charges), error=f"{released_mark(rid)}{why}; {CHARGED}")

@@ -1,28 +1,29 @@
 """The usage so far of the streams in flight, kept in the store every ``every`` seconds, so a stream cut
 by a crash is charged for what it generated up to its last checkpoint (docs/operations.md, "Faults").
 
-    stream starts ──► followed ──every s──► a checkpoint ──► the store: the text it added since the last
-          │                                 one; how to charge it (once, and when a reported usage changes)
-          │                                   SQLite: rows of ``in_progress_text`` and ``in_progress``, in
-          │                                           the group commit
+    stream starts ──► followed ──every s──► a checkpoint ──► the store: the tokens it generated so far;
+          │                                 how to charge it (once, and when a reported usage changes)
+          │                                   SQLite: its ``in_progress`` row, in the group commit
           │                                   PostgreSQL: the ``progress`` columns of its reservation row
           ▼
     settled (normally): the row goes in the settlement's own transaction; nothing is charged twice
     the process dies: SQLite charges each row at the next start, PostgreSQL's lease release
                       (billing/leases.py) charges the row of each hold it releases: :func:`charged`
 
-A checkpoint counts no tokens: it keeps the text generated since the last one (a row of its own on
-SQLite), and the charge counts the tokens of that text, and of the prompt (kept with a stream's first
-checkpoint as the texts the tokenizer would count), only if the stream is ever cut: a stream that
-settles, nearly all, never needs them. So a checkpoint costs a row write. A usage the upstream already
-reported is taken as it is. The charge is the model's prices on that usage, capped at the call's
-reservation.
+A checkpoint keeps counts, never a call's content: the tokens of the text the stream added since its
+last checkpoint are counted then and added to its count, and its prompt's tokens are counted with its
+first checkpoint unless the upstream reported them (a usage the upstream reported is taken as it is).
+Counting a part apart from the text before it may find a token more where the part begins (at most
+one a checkpoint: a charge that is an estimate anyway). A slice of streams with more than ``INLINE``
+characters to count is counted on a worker thread, so no prompt holds the event loop. The charge is
+the model's prices on that usage, capped at the call's reservation.
 
 A stream shorter than ``every`` never reaches the store: a call pays two dictionary operations.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, fields
@@ -63,9 +64,8 @@ class Meter(Protocol):
 class Charge(msgspec.Struct, array_like=True):
     """How a cut stream is charged, as its checkpoints keep it (a JSON array): its call's record as it
     stood (its fields in order), when it began (wall clock), its reservation (the cap) and model's
-    prices, and the usage the upstream reported, if any: else its prompt (the texts the tokenizer
-    counts) unless the upstream reported the prompt's counts. Everything else is worked out only for
-    a stream that is cut (:func:`charged`)."""
+    prices, and the usage the upstream reported, if any: else its prompt's (reported or counted).
+    ``prompt``, the prompt's texts, is only ever in a charge kept before checkpoints kept counts."""
 
     record: tuple[Any, ...]
     began: float
@@ -80,12 +80,12 @@ _charge_json = msgspec.json.Encoder()
 _charge_of = msgspec.json.Decoder(Charge)
 
 
-def charged(charge: str | bytes, text: str, at: float | None) -> UsageRecord:
+def charged(charge: str | bytes, completion: int, at: float | None, text: str = "") -> UsageRecord:
     """The ``interrupted`` record of a stream cut after its last checkpoint (one rule for both stores),
     from what its checkpoints kept: ``charge`` (a :class:`Charge`; or a whole record, as checkpoints
-    kept one before: as it is), the text it generated, and when (wall clock) the last checkpoint was.
-    Its completion is that text's tokens and its prompt its prompt's, unless the upstream reported
-    them; charged at the model's prices, capped at its reservation."""
+    kept one before: as it is), the tokens it generated (and ``text``, what a process before this one
+    kept instead), and when (wall clock) the last checkpoint was. Its usage is the upstream's, if it
+    reported one; charged at the model's prices, capped at its reservation."""
     try:
         kept = _charge_of.decode(charge)
     except msgspec.ValidationError:  # (a record as it is)
@@ -97,7 +97,7 @@ def charged(charge: str | bytes, text: str, at: float | None) -> UsageRecord:
         if prompt is None:
             prompt = TokenUsage(prompt=tokens.count_prompt(kept.prompt) if kept.prompt is not None else 0)
         usage = TokenUsage(prompt=prompt.prompt, cached=prompt.cached, cache_write=prompt.cache_write,
-                           completion=tokens.count(text))  # fmt: skip
+                           completion=completion + tokens.count(text))  # fmt: skip
     record.prompt_tokens, record.completion_tokens = usage.prompt, usage.completion
     record.cached_tokens, record.cache_write_tokens, record.reasoning_tokens = usage.cached, usage.cache_write, usage.reasoning
     record.credits = min(cost(kept.prices, usage), kept.cap)
@@ -112,11 +112,13 @@ class _Followed:
     meter: Meter
     source: Source
     usage: Any = None  # the usage reported when its Charge was last written (None: never written)
-    chars: int = 0  # of the generated text, written
+    chars: int = 0  # of the generated text, counted and written
+    tokens: int = 0  # of those characters
     due: float = 0.0  # when its next checkpoint is (monotonic)
 
 
 SLICE = 500  # streams a tick reads and writes at a time (SQLite writes on the event loop's connection)
+INLINE = 1 << 16  # characters a slice counts on the event loop (~2 ms); more: on a worker thread
 
 
 class Progress:
@@ -168,26 +170,38 @@ class Progress:
 
     async def _write(self, due: list[tuple[_Followed, str, Any]]) -> int:
         at = time.time()
-        rows, written = [], []
+        work, parts, size = [], [], 0
         for f, text, usage in due:
-            meter = f.meter
-            # its charge again only if it changed (or was never written); the text it added
+            # the text it added; its prompt, with its first charge if nothing reported the prompt's counts
             try:
-                charge = None if usage == f.usage else _charge(meter, usage, at)
-            except Exception:  # (one stream's that cannot be written holds back no other's)
-                log.exception("stream %s: its checkpoint could not be made", meter.reservation.id)
+                prompt = tokens.prompt_texts(f.meter.prompt) if usage != f.usage and usage == (None, None) else None
+            except Exception:  # (one stream's that cannot be made holds back no other's)
+                log.exception("stream %s: its checkpoint could not be made", f.meter.reservation.id)
                 continue
             added = text[f.chars :]
-            if "\x00" in added or not added.isascii():
-                added = _storable(added)
-            rows.append(_new(Checkpoint, (meter.reservation.id, meter.record.request_id, charge, added, f.chars, len(text), at)))
-            written.append((f, charge, usage, len(text)))
+            size += len(added) + (sum(map(len, prompt[1])) if prompt is not None else 0)
+            work.append((f, usage, len(text)))
+            parts.append((added, prompt))
+        counted = await asyncio.to_thread(_counted, parts) if size > INLINE else _counted(parts)
+        rows, written = [], []
+        for (f, usage, chars), (tokens_added, prompt_tokens) in zip(work, counted, strict=True):
+            meter = f.meter
+            if meter.finished:  # (settled while its count was on the worker thread)
+                continue
+            try:  # its charge again only if it changed (or was never written)
+                charge = None if usage == f.usage else _charge(meter, usage, at, prompt_tokens)
+            except Exception:
+                log.exception("stream %s: its checkpoint could not be made", meter.reservation.id)
+                continue
+            completion = f.tokens + tokens_added
+            rows.append(_new(Checkpoint, (meter.reservation.id, meter.record.request_id, charge, completion, at)))
+            written.append((f, charge, usage, chars, completion))
         if rows:
             await self.store.note_progress(rows)
-            for f, charge, usage, chars in written:  # (once written)
+            for f, charge, usage, chars, completion in written:  # (once written)
                 if charge is not None:
                     f.usage = usage
-                f.chars = chars
+                f.chars, f.tokens = chars, completion
             self.noted += len(rows)
         return len(rows)
 
@@ -195,24 +209,21 @@ class Progress:
 _new = tuple.__new__  # (a Checkpoint made without NamedTuple's Python-level constructor)
 
 
-def _charge(meter: Meter, reported: tuple[TokenUsage | None, TokenUsage | None], at: float) -> str:
-    """The stream's :class:`Charge` as JSON (its prompt's texts only if nothing reported its counts)."""
+def _counted(parts: list[tuple[str, tuple[int, list[str]] | None]]) -> list[tuple[int, int | None]]:
+    """The tokens of each stream's added text, and of its prompt (when it has one to count)."""
+    count, prompt_count = tokens.count, tokens.count_prompt
+    return [(count(added), prompt_count(prompt) if prompt is not None else None) for added, prompt in parts]
+
+
+def _charge(meter: Meter, reported: tuple[TokenUsage | None, TokenUsage | None], at: float,
+            prompt_tokens: int | None) -> str:  # fmt: skip
+    """The stream's :class:`Charge` as JSON (its prompt's tokens as counted if nothing reported them)."""
     usage, prompt = reported
-    texts = tokens.prompt_texts(meter.prompt) if usage is None and prompt is None else None
+    if usage is None and prompt is None:
+        prompt = TokenUsage(prompt=prompt_tokens or 0)
     began = at - (time.monotonic() - meter.started)
-    kept = Charge(_fields_of(meter.record), began, meter.reservation.amount, meter.model.prices, usage, prompt, texts)
+    kept = Charge(_fields_of(meter.record), began, meter.reservation.amount, meter.model.prices, usage, prompt)
     return _charge_json.encode(kept).decode()
-
-
-def _storable(text: str) -> str:
-    """``text`` as both stores take it, of the same length: a NUL (which PostgreSQL's text refuses) and a
-    lone surrogate (which UTF-8 cannot carry) each become U+FFFD."""
-    text = text.replace("\x00", "\ufffd")
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        text = "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in text)
-    return text
 
 
 _fields_of = attrgetter(*(f.name for f in fields(UsageRecord)))  # in the order its constructor takes them

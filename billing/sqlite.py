@@ -126,6 +126,12 @@ MIGRATIONS: list[str] = [
                                    at REAL NOT NULL);
     CREATE INDEX in_progress_text_reservation ON in_progress_text(reservation);
     """,
+    # 15: a stream's checkpoints keep the tokens it generated, counted, and when the last was; no text
+    # (``in_progress_text`` holds only what a process before this one kept: charged at the next start)
+    """
+    ALTER TABLE in_progress ADD COLUMN completion INTEGER;
+    ALTER TABLE in_progress ADD COLUMN at REAL;
+    """,
 ]
 
 _ROWS_PER_INSERT = 32766 // len(USAGE_COLUMNS)  # SQLite's default limit on bound parameters per statement
@@ -313,7 +319,6 @@ def _forget_progress(db: sqlite3.Connection, settles: Sequence[Settle]) -> None:
     noted = [(s.reservation.id,) for s in settles if s.noted]
     if noted:
         db.executemany("DELETE FROM in_progress WHERE reservation = ?", noted)
-        db.executemany("DELETE FROM in_progress_text WHERE reservation = ?", noted)
 
 
 @lru_cache(maxsize=16)
@@ -398,9 +403,8 @@ def replay_rows(db: sqlite3.Connection, entries: Sequence[Entry]) -> dict[str, b
             try:
                 with savepoint(db, "entry"):
                     if entry.reservation.id < 0:  # (a stream's progress kept, then its settlement journaled)
-                        if db.execute("DELETE FROM in_progress WHERE reservation = ? AND request_id IS ?",
-                                      (entry.reservation.id, entry.record.request_id)).rowcount:  # fmt: skip
-                            db.execute("DELETE FROM in_progress_text WHERE reservation = ?", (entry.reservation.id,))
+                        db.execute("DELETE FROM in_progress WHERE reservation = ? AND request_id IS ?",
+                                   (entry.reservation.id, entry.record.request_id))  # fmt: skip
                     settle_rows(db, [(entry.reservation, entry.record)])
                 done[entry.id] = True
             except Exception as exc:
@@ -428,21 +432,23 @@ def _owed_applied(db: sqlite3.Connection, ops: list[Callable[[sqlite3.Connection
 
 
 def _note_progress(db: sqlite3.Connection, rows: list[Checkpoint]) -> None:
-    charges = [(row.reservation, row.request_id, row.charge) for row in rows if row.charge is not None]
-    if charges:
-        db.executemany(NOTE_CHARGE, charges)
-    db.executemany(NOTE_TEXT, [(row[0], row[4], row[3], row[6]) for row in rows])  # (no None bound: see _RARE)
+    charged = [(row.reservation, row.request_id, row.charge, row.completion, row.at) for row in rows
+               if row.charge is not None]  # fmt: skip
+    if charged:
+        db.executemany(NOTE_CHARGE, charged)
+    if len(charged) < len(rows):
+        db.executemany(NOTE_COUNT, [(row.completion, row.at, row.reservation) for row in rows if row.charge is None])
 
 
-# a stream's checkpoint: its charge when it changed; the text it added, a row of its own (a write that
-# seemed to fail is made again from the same start, so its text may be kept twice: see _text_of)
-NOTE_CHARGE = "INSERT OR REPLACE INTO in_progress (reservation, request_id, record) VALUES (?, ?, ?)"
-NOTE_TEXT = "INSERT INTO in_progress_text (reservation, start, text, at) VALUES (?, ?, ?, ?)"
+# a stream's checkpoint, a row of its own: with its charge when that changed (or was never written),
+# else its count and time only (a write made again after one that seemed to fail writes the same)
+NOTE_CHARGE = "INSERT OR REPLACE INTO in_progress (reservation, request_id, record, completion, at) VALUES (?, ?, ?, ?, ?)"
+NOTE_COUNT = "UPDATE in_progress SET completion = ?, at = ? WHERE reservation = ?"
 
 
 def _text_of(db: sqlite3.Connection, reservation: int) -> tuple[str, float | None]:
-    """The text a stream's checkpoints kept, each character once (a part written again after a write
-    that seemed to fail starts where the first did and goes on further), and when the last was."""
+    """The text kept of a stream by a process before checkpoints kept counts (``in_progress_text``),
+    each character once, and when its last checkpoint was."""
     parts, end, last = [], 0, None
     for start, text, at in db.execute(
         "SELECT start, text, at FROM in_progress_text WHERE reservation = ? ORDER BY start, rowid", (reservation,)
@@ -452,6 +458,15 @@ def _text_of(db: sqlite3.Connection, reservation: int) -> tuple[str, float | Non
             end = start + len(text)
         last = at if last is None else max(last, at)
     return "".join(parts), last
+
+
+def _cut_stream(db: sqlite3.Connection, reservation: int, charge: str, completion: int | None,
+                at: float | None) -> UsageRecord:  # fmt: skip
+    """The record of a stream a stopped process left in progress (its text, if that process kept one)."""
+    if completion is None:
+        text, at = _text_of(db, reservation)
+        return charged(charge, 0, at, text)
+    return charged(charge, completion, at)
 
 
 def _resolve(future: asyncio.Future[Any]) -> None:
@@ -702,8 +717,8 @@ class SQLiteStore(Store):
 
         def fn(db: sqlite3.Connection) -> list[int]:
             with transaction(db):
-                records = [charged(charge, *_text_of(db, reservation)) for reservation, charge
-                           in db.execute("SELECT reservation, record FROM in_progress ORDER BY reservation").fetchall()]  # fmt: skip
+                records = [_cut_stream(db, *row) for row in db.execute(
+                    "SELECT reservation, record, completion, at FROM in_progress ORDER BY reservation").fetchall()]
                 charges = settle_rows(db, [(Reservation(0, r.group_id, r.key_id, 0), r) for r in records]) if records else []
                 db.execute("DELETE FROM in_progress")
                 db.execute("DELETE FROM in_progress_text")

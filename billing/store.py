@@ -225,15 +225,13 @@ class UsageRecord:
 
 class Checkpoint(NamedTuple):
     """A stream's usage so far (billing/progress.py, Store.note_progress): how to charge it (its
-    ``Charge`` as JSON; None: as its last checkpoint said), and the text it generated since its last
-    checkpoint, ``text[start:chars]`` of all it generated, at ``at`` (wall clock)."""
+    ``Charge`` as JSON; None: as its last checkpoint said), and the tokens of all the text it generated,
+    at ``at`` (wall clock). Counts only: no checkpoint keeps a call's content."""
 
     reservation: int
     request_id: str | None
     charge: str | None
-    text: str
-    start: int
-    chars: int
+    completion: int
     at: float
 
 
@@ -525,9 +523,8 @@ class Store(ABC):
     @abstractmethod
     def note_progress(self, progress: list[Checkpoint]) -> Awaitable[None]:
         """Keep these streams' checkpoints (billing/progress.py): each stream's charge (in place of the
-        one kept before, when it has one) and the text it generated since its last, with what was kept
-        (from ``start``: a part already kept by a write that seemed to fail is not kept twice), until its
-        settlement removes them in its own transaction. If the process dies first, the stream is
+        one kept before, when it has one) and the tokens it generated so far (in place of the count kept
+        before), until its settlement removes them in its own transaction. If the process dies first, the stream is
         charged (billing.progress.charged): by :meth:`recover_stopped` at the next start (SQLite), by
         the release of the dead replica's holds (PostgreSQL; billing/leases.py)."""
 

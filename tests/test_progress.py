@@ -1,27 +1,31 @@
 """billing/progress.py: a checkpoint writes the streams that generated something since the last one,
-each ``every`` seconds apart, as the text each added; a write the store failed is made again at the next
-tick, and one that seemed to fail but landed is not kept twice; a stream cut after its checkpoints is
-charged the tokens of all the text they kept (on both stores, through each store's own recovery)."""
+each ``every`` seconds apart, as the tokens each generated so far (no text: no call's content is kept);
+a write the store failed is made again at the next tick, and one that seemed to fail but landed is not
+counted twice; a stream cut after its checkpoints is charged the tokens they counted (on both stores,
+through each store's own recovery)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from typing import Any
 
+import msgspec
 import pytest
 
 from bench.checkpoints import MODEL, Source  # (a stream whose text the test grows)
-from billing import tokens
+from billing import progress, tokens
 from billing.backends import open_store
 from billing.ledger import Meter, ledger_for
 from billing.pricing import cost
-from billing.progress import charged
+from billing.progress import Charge, _fields_of, charged
 from billing.store import Checkpoint, Hold, Reservation, Store, StoreDown, UsageRecord
 from core.config import StoreSettings
 from core.wire import TokenUsage
 
 SO_FAR, MORE, THEN, LAST = "the answer so far", " and more of it", ", then this \x00 é", " and the end"
+PROMPT = {"messages": [{"role": "user", "content": "a question of its own"}]}
 EVERY = 0.2
 
 
@@ -32,7 +36,7 @@ async def _opened(url: str) -> Store:
     return store
 
 
-async def test_checkpoints_keep_the_text_added_and_a_cut_stream_is_charged_its_tokens(
+async def test_checkpoints_keep_the_tokens_generated_and_a_cut_stream_is_charged_them(
     store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tokens.encoding()  # loaded before, as the gateway does at its start (a tick must take less than EVERY)
@@ -50,7 +54,7 @@ async def test_checkpoints_keep_the_text_added_and_a_cut_stream_is_charged_its_t
             reservations.append(reservation)
             record = UsageRecord(key_id=key.id, group_id=group.id, model=MODEL.id, provider="openai", stream=True,
                                  request_id=f"r{n}", deployment="d", metadata='{"a":"b"}')  # fmt: skip
-            meter = Meter(ledger, reservation, MODEL, record, {"messages": [{"role": "user", "content": "hi"}]})
+            meter = Meter(ledger, reservation, MODEL, record, PROMPT)
             meter.started -= 2.0  # old enough to be due
             meter.follow(source := Source())
             sources.append(source)
@@ -64,13 +68,13 @@ async def test_checkpoints_keep_the_text_added_and_a_cut_stream_is_charged_its_t
         monkeypatch.setattr(store, "note_progress", spy)
         sources[0].text = sources[1].text = SO_FAR
         assert await ledger.progress.tick() == 2
-        assert [(c.text, c.start, c.chars) for c in written[-1]] == [(SO_FAR, 0, len(SO_FAR))] * 2
+        assert [(c.request_id, c.completion) for c in written[-1]] == [("r0", count(SO_FAR)), ("r1", count(SO_FAR))]
         sources[1].text += MORE
         assert await ledger.progress.tick() == 0  # each is due ``every`` seconds after its last
         await asyncio.sleep(EVERY)
         assert await ledger.progress.tick() == 1  # the other had nothing new: nothing written
         (second,) = written[-1]
-        assert (second.request_id, second.text, second.start) == ("r1", MORE, len(SO_FAR))  # what it added
+        assert (second.request_id, second.completion, second.charge) == ("r1", count(SO_FAR) + count(MORE), None)
 
         async def a_tick_failed_by(write: Any) -> None:
             await asyncio.sleep(EVERY)
@@ -86,8 +90,7 @@ async def test_checkpoints_keep_the_text_added_and_a_cut_stream_is_charged_its_t
         await a_tick_failed_by(down)
         assert await ledger.progress.tick() == 1  # what the failed write held, at the next tick
         (first,) = written[-1]
-        assert (first.request_id, first.start) == ("r0", len(SO_FAR))
-        assert first.text == THEN.replace("\x00", "\ufffd")  # (a NUL neither store takes as text)
+        assert (first.request_id, first.completion) == ("r0", count(SO_FAR) + count(THEN))
 
         async def landed_then_failed(progress: list[Checkpoint]) -> Any:
             await real(progress)
@@ -96,37 +99,42 @@ async def test_checkpoints_keep_the_text_added_and_a_cut_stream_is_charged_its_t
         sources[0].text += LAST
         await a_tick_failed_by(landed_then_failed)
         sources[0].text += MORE
-        assert await ledger.progress.tick() == 1  # sent again from where the lost reply left it
-        assert written[-1][0].text == LAST + MORE
+        assert await ledger.progress.tick() == 1  # counted again from where the lost reply left it
+        assert written[-1][0].completion == count(SO_FAR) + count(THEN) + count(LAST + MORE)
+        for checkpoint in (c for tick in written for c in tick):  # no content: neither the prompt nor the text
+            assert not any(part in (checkpoint.charge or "") for part in ("a question", "the answer", "more of it"))
     finally:
         await ledger.close()
         await store.close()
-    # the process "dies" here: both streams are cut, each charged for its text as its checkpoints kept it
+    # the process "dies" here: both streams are cut, each charged the tokens its checkpoints counted
     records = await _recovered(store_url, [r.id for r in reservations])
-    kept = {"r0": (SO_FAR + THEN + LAST + MORE).replace("\x00", "\ufffd"), "r1": SO_FAR + MORE}
+    kept = {"r0": count(SO_FAR) + count(THEN) + count(LAST + MORE), "r1": count(SO_FAR) + count(MORE)}
     assert sorted(r.request_id or "" for r in records) == ["r0", "r1"]
     for record in records:
-        completion = tokens.count(kept[record.request_id or ""])
-        assert (record.completion_tokens, record.prompt_tokens) == (completion, tokens.count_request(
-            {"messages": [{"role": "user", "content": "hi"}]}))  # fmt: skip
+        completion = kept[record.request_id or ""]
+        assert (record.completion_tokens, record.prompt_tokens) == (completion, tokens.count_request(PROMPT))
         usage = TokenUsage(prompt=record.prompt_tokens, completion=completion)
         assert record.credits == cost(MODEL.prices, usage) > 0
         assert record.status == "interrupted" and not record.usage_exact
         assert (record.deployment, record.metadata, record.stream) == ("d", '{"a":"b"}', True)  # the rest copied
 
 
-async def _recovered(url: str, ids: list[int]) -> list[UsageRecord]:
+def count(text: str) -> int:
+    return tokens.count(text)
+
+
+async def _recovered(url: str, ids: list[int], cut: int = 2) -> list[UsageRecord]:
     """What each store's recovery charges for the cut streams: SQLite at the next start, PostgreSQL when
     a replica releases the dead one's holds."""
     store = await _opened(url)
     try:
         if url.startswith("sqlite"):
-            assert await store.recover_stopped() == 2
+            assert await store.recover_stopped() == cut
         else:
             from billing.postgres_ledger import release
 
             async with store.db.connection() as conn:  # type: ignore[attr-defined]
-                assert await release(conn, ids, "the replica stopped") == 2
+                assert await release(conn, ids, "the replica stopped") == cut
         return [r for r in await store.usage(group="g") if r.status == "interrupted"]
     finally:
         await store.close()
@@ -138,7 +146,18 @@ def test_a_charge_kept_as_a_whole_record_is_charged_as_it_is() -> None:
     from billing.store import record_text
 
     record = UsageRecord(key_id=1, group_id=1, model="m", provider="p", completion_tokens=7, credits=70, ts=5.0)
-    assert charged(record_text(record), "", None) == record
+    assert charged(record_text(record), 0, None) == record
+
+
+def test_a_charge_kept_with_its_texts_is_charged_their_tokens() -> None:
+    """A checkpoint written while checkpoints kept the text (the prompt's texts in the charge, the text
+    beside it) is charged those texts' tokens, with the tokens counted since."""
+    record = UsageRecord(key_id=1, group_id=1, model=MODEL.id, provider="openai", request_id="r")
+    texts = tokens.prompt_texts(PROMPT)
+    kept = Charge(_fields_of(record), 1.0, 10**9, MODEL.prices, prompt=texts)
+    cut = charged(msgspec.json.encode(kept), 3, 2.0, SO_FAR)
+    assert (cut.prompt_tokens, cut.completion_tokens) == (tokens.count_request(PROMPT), 3 + count(SO_FAR))
+    assert (cut.ts, cut.latency_ms, cut.status) == (2.0, 1000.0, "interrupted")
 
 
 async def test_a_stream_whose_checkpoint_cannot_be_made_holds_back_no_other(tmp_path: Any) -> None:
@@ -161,3 +180,81 @@ async def test_a_stream_whose_checkpoint_cannot_be_made_holds_back_no_other(tmp_
     finally:
         await ledger.close()
         await store.close()
+
+
+async def test_a_slice_with_much_to_count_is_counted_off_the_event_loop(tmp_path: Any,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A slice with more than ``INLINE`` characters to count (here a long prompt) is counted on a worker
+    thread; a stream settled meanwhile is left out; the other is charged its prompt as counted."""
+    url = f"sqlite:///{tmp_path}/router.db"
+    store = await _opened(url)
+    ledger = ledger_for(store, checkpoint=EVERY)
+    await ledger.start(None)
+    long = {"messages": [{"role": "user", "content": "a long question " * 5000}]}
+    meters = []
+    try:
+        group = await store.create_group("g", 10**15)
+        key = await store.create_key("g", "k", os.urandom(32).hex(), "hint")
+        for n, prompt in enumerate((long, PROMPT)):
+            reservation = await ledger.reserve(group.id, key.id, 10**9, Hold(MODEL.id, "openai", f"r{n}"))
+            assert isinstance(reservation, Reservation)
+            record = UsageRecord(key_id=key.id, group_id=group.id, model=MODEL.id, provider="openai", request_id=f"r{n}")
+            meters.append(meter := Meter(ledger, reservation, MODEL, record, prompt))
+            meter.started -= 2.0
+            meter.follow(source := Source())
+            source.text = SO_FAR
+        threads = []
+
+        def counted(parts: list[Any]) -> Any:
+            threads.append(threading.current_thread() is threading.main_thread())
+            meters[1].finished = True  # (its settlement queued while the count ran)
+            return real(parts)
+
+        real = progress._counted
+        monkeypatch.setattr(progress, "_counted", counted)
+        assert await ledger.progress.tick() == 1
+        assert threads == [False]  # (the event loop's thread is the main one)
+    finally:
+        await ledger.close()
+        await store.close()
+    store = await _opened(url)
+    try:
+        assert await store.recover_stopped() == 1
+        (record,) = [r for r in await store.usage(group="g") if r.status == "interrupted"]
+        assert (record.request_id, record.prompt_tokens, record.completion_tokens) == (
+            "r0", tokens.count_request(long), count(SO_FAR))  # fmt: skip
+    finally:
+        await store.close()
+
+
+async def test_text_kept_by_an_earlier_version_is_charged_at_recovery(store_url: str) -> None:
+    """A stream cut while checkpoints kept its text (SQLite's ``in_progress_text`` rows, PostgreSQL's
+    ``progress_text``; no count) is charged that text's tokens and its kept prompt's by the recovery."""
+    store = await _opened(store_url)
+    try:
+        group = await store.create_group("g", 10**15)
+        key = await store.create_key("g", "k", os.urandom(32).hex(), "hint")
+        ledger = ledger_for(store)
+        reservation = await ledger.reserve(group.id, key.id, 10**9, Hold(MODEL.id, "openai", "r0"))
+        assert isinstance(reservation, Reservation)
+        record = UsageRecord(key_id=key.id, group_id=group.id, model=MODEL.id, provider="openai", request_id="r0")
+        charge = msgspec.json.encode(Charge(_fields_of(record), 1.0, 10**9, MODEL.prices,
+                                            prompt=tokens.prompt_texts(PROMPT))).decode()  # fmt: skip
+        if store_url.startswith("sqlite"):
+
+            def old(db: Any) -> None:
+                db.execute("INSERT INTO in_progress (reservation, request_id, record) VALUES (?, 'r0', ?)",
+                           (reservation.id, charge))  # fmt: skip
+                db.executemany("INSERT INTO in_progress_text (reservation, start, text, at) VALUES (?, ?, ?, ?)",
+                               [(reservation.id, 0, SO_FAR, 2.0), (reservation.id, len(SO_FAR), MORE, 3.0)])  # fmt: skip
+
+            await store.run(old)  # type: ignore[attr-defined]
+        else:
+            async with store.db.connection() as conn:  # type: ignore[attr-defined]
+                await conn.execute("UPDATE reservations SET progress = $1, progress_text = $2, progress_chars = $3, "
+                                   "progress_at = 3.0 WHERE id = $4", charge, SO_FAR + MORE, len(SO_FAR + MORE),
+                                   reservation.id)  # fmt: skip
+    finally:
+        await store.close()
+    (cut,) = await _recovered(store_url, [reservation.id], 1)
+    assert (cut.prompt_tokens, cut.completion_tokens, cut.ts) == (tokens.count_request(PROMPT), count(SO_FAR + MORE), 3.0)
