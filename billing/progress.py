@@ -172,13 +172,14 @@ class Progress:
         at = time.time()
         work, parts, size = [], [], 0
         for f, text, usage in due:
-            # the text it added; its prompt, with its first charge if nothing reported the prompt's counts
+            # the text it added (unless the upstream reported the usage: then that is charged, as it is);
+            # its prompt, with its first charge if nothing reported the prompt's counts
             try:
                 prompt = tokens.prompt_texts(f.meter.prompt) if usage != f.usage and usage == (None, None) else None
             except Exception:  # (one stream's that cannot be made holds back no other's)
                 log.exception("stream %s: its checkpoint could not be made", f.meter.reservation.id)
                 continue
-            added = text[f.chars :]
+            added = text[f.chars :] if usage[0] is None else ""
             size += len(added) + (sum(map(len, prompt[1])) if prompt is not None else 0)
             work.append((f, usage, len(text)))
             parts.append((added, prompt))

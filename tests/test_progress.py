@@ -258,3 +258,43 @@ async def test_text_kept_by_an_earlier_version_is_charged_at_recovery(store_url:
         await store.close()
     (cut,) = await _recovered(store_url, [reservation.id], 1)
     assert (cut.prompt_tokens, cut.completion_tokens, cut.ts) == (tokens.count_request(PROMPT), count(SO_FAR + MORE), 3.0)
+
+
+async def test_a_stream_whose_upstream_reported_its_usage_is_charged_that_uncounted(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream whose upstream reports its usage as it goes (Gemini's) is charged that usage: its text is
+    not counted."""
+    url = f"sqlite:///{tmp_path}/router.db"
+    store = await _opened(url)
+    ledger = ledger_for(store, checkpoint=EVERY)
+    await ledger.start(None)
+    reported = TokenUsage(prompt=11, completion=13)
+
+    class Reporting(Source):
+        def reported(self) -> tuple[TokenUsage | None, TokenUsage | None]:
+            return reported, TokenUsage(prompt=11)
+
+    try:
+        group = await store.create_group("g", 10**15)
+        key = await store.create_key("g", "k", os.urandom(32).hex(), "hint")
+        reservation = await ledger.reserve(group.id, key.id, 10**9, Hold(MODEL.id, "gemini", "r0"))
+        assert isinstance(reservation, Reservation)
+        record = UsageRecord(key_id=key.id, group_id=group.id, model=MODEL.id, provider="gemini", request_id="r0")
+        meter = Meter(ledger, reservation, MODEL, record, PROMPT)
+        meter.started -= 2.0
+        meter.follow(source := Reporting())
+        source.text = SO_FAR
+        monkeypatch.setattr(tokens, "encoding", lambda: pytest.fail("counted"))  # (an empty text needs no tokenizer)
+        assert await ledger.progress.tick() == 1
+    finally:
+        await ledger.close()
+        await store.close()
+    monkeypatch.undo()
+    store = await _opened(url)
+    try:
+        assert await store.recover_stopped() == 1
+        (cut,) = [r for r in await store.usage(group="g") if r.status == "interrupted"]
+        assert (cut.prompt_tokens, cut.completion_tokens, cut.credits) == (11, 13, cost(MODEL.prices, reported))
+    finally:
+        await store.close()
