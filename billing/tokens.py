@@ -39,9 +39,28 @@ def count_request(request: dict[str, Any]) -> int:
 
 
 def count_prompt(texts: tuple[int, list[str]]) -> int:
-    """The tokens of a prompt as :func:`prompt_texts` gives it."""
+    """The tokens of a prompt as :func:`prompt_texts` gives it. A long text's count is kept (by its
+    hash and length, not the text): a conversation sent again with one turn more (a coding agent's
+    every turn, its tool definitions) has only the new turn counted."""
     fixed, counted = texts
-    return fixed + sum(map(count, counted))
+    return fixed + sum(map(_count_kept, counted))
+
+
+KEEP_FROM = 1024  # characters: a shorter text is counted again (microseconds)
+KEPT = 65_536  # counts kept at most (about 9 MB); when full, they are let go all at once
+_kept: dict[tuple[int, int], int] = {}
+
+
+def _count_kept(text: str) -> int:
+    if len(text) < KEEP_FROM:
+        return count(text)
+    key = (hash(text), len(text))  # (a wrong count needs two texts of one length whose 64-bit hashes collide)
+    kept = _kept.get(key)
+    if kept is None:
+        if len(_kept) >= KEPT:
+            _kept.clear()  # (not evicted one by one: callers on worker threads share it)
+        kept = _kept[key] = count(text)
+    return kept
 
 
 def prompt_texts(request: dict[str, Any]) -> tuple[int, list[str]]:
