@@ -76,7 +76,13 @@ def responses_priced(response: dict[str, Any], cost: Cost) -> None:
 
 def frames(events: list[Any]) -> bytes:
     """Events as SSE frames (an event the synthesiser wrote as its frame already passes as it is)."""
-    return b"".join([e if e.__class__ is bytes else frame_event(e["type"], _encode(e)) for e in events])
+    parts: list[bytes] = []
+    for e in events:  # (one join: a Response object with its tools' echo is copied once, not per frame)
+        if e.__class__ is bytes:
+            parts.append(e)
+        else:
+            parts += (b"event: ", e["type"].encode(), b"\ndata: ", _encode(e), b"\n\n")
+    return b"".join(parts)
 
 
 def reserve_request(body: dict[str, Any]) -> ChatRequest:
