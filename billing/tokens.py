@@ -47,7 +47,7 @@ def count_prompt(texts: tuple[int, list[str]]) -> int:
 
 
 KEEP_FROM = 1024  # characters: a shorter text is counted again (microseconds)
-KEPT = 65_536  # counts kept at most (about 9 MB); when full, they are let go all at once
+KEPT = 32_768  # counts kept at most (about 6 MB); when full, they are let go all at once
 _kept: dict[tuple[int, int], int] = {}
 
 
