@@ -180,7 +180,7 @@ class Progress:
                 log.exception("stream %s: its checkpoint could not be made", f.meter.reservation.id)
                 continue
             added = text[f.chars :] if usage[0] is None else ""
-            size += len(added) + (sum(map(len, prompt[1])) if prompt is not None else 0)
+            size += len(added) + (tokens.to_count(prompt[1]) if prompt is not None else 0)
             work.append((f, usage, len(text)))
             parts.append((added, prompt))
         counted = await asyncio.to_thread(_counted, parts) if size > INLINE else _counted(parts)

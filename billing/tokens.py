@@ -51,6 +51,12 @@ KEPT = 32_768  # counts kept at most (about 6 MB); when full, they are let go al
 _kept: dict[tuple[int, int], int] = {}
 
 
+def to_count(texts: list[str]) -> int:
+    """How many characters of these prompt texts :func:`count_prompt` would count (those whose count
+    is not kept)."""
+    return sum(len(t) for t in texts if len(t) < KEEP_FROM or (hash(t), len(t)) not in _kept)
+
+
 def _count_kept(text: str) -> int:
     if len(text) < KEEP_FROM:
         return count(text)

@@ -38,3 +38,10 @@ def test_the_kept_counts_are_let_go_when_full(monkeypatch: pytest.MonkeyPatch) -
     texts = [TURN + str(n) for n in range(5)]
     assert [tokens.count_prompt((0, [t])) for t in texts] == [tokens.count(t) for t in texts]
     assert len(tokens._kept) <= 2
+
+
+def test_what_is_left_to_count_leaves_out_the_kept_counts() -> None:
+    tokens._kept.clear()
+    assert tokens.to_count([TOOLS, "short"]) == len(TOOLS) + len("short")
+    tokens.count_prompt((0, [TOOLS]))
+    assert tokens.to_count([TOOLS, "short"]) == len("short")
