@@ -26,7 +26,7 @@ from adapters.base import map_upstream_error
 from core.catalog import Model
 from core.deployments import Deployment
 from core.errors import GatewayError, InvalidRequest
-from core.sse import frame_event
+from core.sse import event_parts, frame_event
 from core.wire import ChatRequest, FunctionDef, ImagePart, ImageURL, Message, TokenUsage, Tool
 from gateway.chat_codec import ChatCodec, ChatLeg
 from gateway.codec import Answer, ChatBackedLeg, ChatWrapper, Codec, Cost, Leg, RelayReader, fallback_list
@@ -81,7 +81,7 @@ def frames(events: list[Any]) -> bytes:
         if e.__class__ is bytes:
             parts.append(e)
         else:
-            parts += (b"event: ", e["type"].encode(), b"\ndata: ", _encode(e), b"\n\n")
+            parts += event_parts(e["type"], _encode(e))
     return b"".join(parts)
 
 
