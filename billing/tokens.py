@@ -54,13 +54,19 @@ _kept: dict[tuple[int, int], int] = {}
 def to_count(texts: list[str]) -> int:
     """How many characters of these prompt texts :func:`count_prompt` would count (those whose count
     is not kept)."""
-    return sum(len(t) for t in texts if len(t) < KEEP_FROM or (hash(t), len(t)) not in _kept)
+    return sum(len(t) for t in texts if (key := _key(t)) is None or key not in _kept)
+
+
+def _key(text: str) -> tuple[int, int] | None:
+    """Where a text's count is kept (None: too short to keep). A wrong count needs two texts of one
+    length whose 64-bit hashes collide."""
+    return (hash(text), len(text)) if len(text) >= KEEP_FROM else None
 
 
 def _count_kept(text: str) -> int:
-    if len(text) < KEEP_FROM:
+    key = _key(text)
+    if key is None:
         return count(text)
-    key = (hash(text), len(text))  # (a wrong count needs two texts of one length whose 64-bit hashes collide)
     kept = _kept.get(key)
     if kept is None:
         if len(_kept) >= KEPT:
