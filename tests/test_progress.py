@@ -36,6 +36,25 @@ async def _opened(url: str) -> Store:
     return store
 
 
+async def _followed(store: Store, ledger: Any, prompts: list[dict[str, Any]], source: type[Source] = Source,
+                    provider: str = "openai", **fields: Any) -> list[tuple[Meter, Source]]:  # fmt: skip
+    """A stream of group "g" for each of ``prompts`` (request ids r0, r1, ...), each followed by the
+    ledger's checkpoints with a ``source`` the test grows, and old enough that its first one is due."""
+    group = await store.create_group("g", 10**15)
+    key = await store.create_key("g", "k", os.urandom(32).hex(), "hint")
+    streams = []
+    for n, prompt in enumerate(prompts):
+        reservation = await ledger.reserve(group.id, key.id, 10**9, Hold(MODEL.id, provider, f"r{n}"))
+        assert isinstance(reservation, Reservation)
+        record = UsageRecord(key_id=key.id, group_id=group.id, model=MODEL.id, provider=provider,
+                             request_id=f"r{n}", **fields)  # fmt: skip
+        meter = Meter(ledger, reservation, MODEL, record, prompt)
+        meter.started -= 2.0  # old enough to be due
+        meter.follow(followed := source())
+        streams.append((meter, followed))
+    return streams
+
+
 async def test_checkpoints_keep_the_tokens_generated_and_a_cut_stream_is_charged_them(
     store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -45,19 +64,9 @@ async def test_checkpoints_keep_the_tokens_generated_and_a_cut_stream_is_charged
     await ledger.start(None)
     reservations: list[Reservation] = []
     try:
-        group = await store.create_group("g", 10**15)
-        key = await store.create_key("g", "k", os.urandom(32).hex(), "hint")
-        sources = []
-        for n in range(2):
-            reservation = await ledger.reserve(group.id, key.id, 10**9, Hold(MODEL.id, "openai", f"r{n}"))
-            assert isinstance(reservation, Reservation)
-            reservations.append(reservation)
-            record = UsageRecord(key_id=key.id, group_id=group.id, model=MODEL.id, provider="openai", stream=True,
-                                 request_id=f"r{n}", deployment="d", metadata='{"a":"b"}')  # fmt: skip
-            meter = Meter(ledger, reservation, MODEL, record, PROMPT)
-            meter.started -= 2.0  # old enough to be due
-            meter.follow(source := Source())
-            sources.append(source)
+        streams = await _followed(store, ledger, [PROMPT, PROMPT], stream=True, deployment="d", metadata='{"a":"b"}')
+        reservations = [meter.reservation for meter, _ in streams]
+        sources = [source for _, source in streams]
         written: list[list[Checkpoint]] = []
         real = store.note_progress
 
@@ -166,16 +175,8 @@ async def test_a_stream_whose_checkpoint_cannot_be_made_holds_back_no_other(tmp_
     ledger = ledger_for(store, checkpoint=EVERY)
     await ledger.start(None)
     try:
-        group = await store.create_group("g", 10**15)
-        key = await store.create_key("g", "k", os.urandom(32).hex(), "hint")
-        for n, prompt in enumerate(({"messages": [], "tools": [object()]}, {"messages": []})):  # (not JSON)
-            reservation = await ledger.reserve(group.id, key.id, 10**9, Hold(MODEL.id, "openai", f"r{n}"))
-            assert isinstance(reservation, Reservation)
-            record = UsageRecord(key_id=key.id, group_id=group.id, model=MODEL.id, provider="openai", request_id=f"r{n}")
-            meter = Meter(ledger, reservation, MODEL, record, prompt)
-            meter.started -= 2.0
-            meter.follow(source := Source())
-            source.text = SO_FAR
+        for _, source in await _followed(store, ledger, [{"messages": [], "tools": [object()]}, {"messages": []}]):
+            source.text = SO_FAR  # (the first one's tools are not JSON)
         assert await ledger.progress.tick() == 1  # the other's, written
     finally:
         await ledger.close()
@@ -192,23 +193,15 @@ async def test_a_slice_with_much_to_count_is_counted_off_the_event_loop(tmp_path
     await ledger.start(None)
     long = {"messages": [{"role": "user", "content": "a long question " * 5000}]}
     tokens._kept.clear()  # (its count not kept from before: it is counted now)
-    meters = []
     try:
-        group = await store.create_group("g", 10**15)
-        key = await store.create_key("g", "k", os.urandom(32).hex(), "hint")
-        for n, prompt in enumerate((long, PROMPT)):
-            reservation = await ledger.reserve(group.id, key.id, 10**9, Hold(MODEL.id, "openai", f"r{n}"))
-            assert isinstance(reservation, Reservation)
-            record = UsageRecord(key_id=key.id, group_id=group.id, model=MODEL.id, provider="openai", request_id=f"r{n}")
-            meters.append(meter := Meter(ledger, reservation, MODEL, record, prompt))
-            meter.started -= 2.0
-            meter.follow(source := Source())
+        streams = await _followed(store, ledger, [long, PROMPT])
+        for _, source in streams:
             source.text = SO_FAR
         threads = []
 
         def counted(parts: list[Any]) -> Any:
             threads.append(threading.current_thread() is threading.main_thread())
-            meters[1].finished = True  # (its settlement queued while the count ran)
+            streams[1][0].finished = True  # (its settlement queued while the count ran)
             return real(parts)
 
         real = progress._counted
@@ -218,14 +211,9 @@ async def test_a_slice_with_much_to_count_is_counted_off_the_event_loop(tmp_path
     finally:
         await ledger.close()
         await store.close()
-    store = await _opened(url)
-    try:
-        assert await store.recover_stopped() == 1
-        (record,) = [r for r in await store.usage(group="g") if r.status == "interrupted"]
-        assert (record.request_id, record.prompt_tokens, record.completion_tokens) == (
-            "r0", tokens.count_request(long), count(SO_FAR))  # fmt: skip
-    finally:
-        await store.close()
+    (record,) = await _recovered(url, [], 1)
+    assert (record.request_id, record.prompt_tokens, record.completion_tokens) == (
+        "r0", tokens.count_request(long), count(SO_FAR))  # fmt: skip
 
 
 async def test_text_kept_by_an_earlier_version_is_charged_at_recovery(store_url: str) -> None:
@@ -277,14 +265,7 @@ async def test_a_stream_whose_upstream_reported_its_usage_is_charged_that_uncoun
             return reported, TokenUsage(prompt=11)
 
     try:
-        group = await store.create_group("g", 10**15)
-        key = await store.create_key("g", "k", os.urandom(32).hex(), "hint")
-        reservation = await ledger.reserve(group.id, key.id, 10**9, Hold(MODEL.id, "gemini", "r0"))
-        assert isinstance(reservation, Reservation)
-        record = UsageRecord(key_id=key.id, group_id=group.id, model=MODEL.id, provider="gemini", request_id="r0")
-        meter = Meter(ledger, reservation, MODEL, record, PROMPT)
-        meter.started -= 2.0
-        meter.follow(source := Reporting())
+        ((_, source),) = await _followed(store, ledger, [PROMPT], Reporting, provider="gemini")
         source.text = SO_FAR
         monkeypatch.setattr(tokens, "encoding", lambda: pytest.fail("counted"))  # (an empty text needs no tokenizer)
         assert await ledger.progress.tick() == 1
@@ -292,10 +273,5 @@ async def test_a_stream_whose_upstream_reported_its_usage_is_charged_that_uncoun
         await ledger.close()
         await store.close()
     monkeypatch.undo()
-    store = await _opened(url)
-    try:
-        assert await store.recover_stopped() == 1
-        (cut,) = [r for r in await store.usage(group="g") if r.status == "interrupted"]
-        assert (cut.prompt_tokens, cut.completion_tokens, cut.credits) == (11, 13, cost(MODEL.prices, reported))
-    finally:
-        await store.close()
+    (cut,) = await _recovered(url, [], 1)
+    assert (cut.prompt_tokens, cut.completion_tokens, cut.credits) == (11, 13, cost(MODEL.prices, reported))
