@@ -6,9 +6,10 @@ and on PostgreSQL.
 Each stream is a real :class:`billing.ledger.Meter` of a real reservation, its source a reader that has
 generated one second of a 25-token-a-second answer more at each tick. A tick counts the tokens each
 stream added and writes its checkpoint to the store (SQLite: its ``in_progress`` row through the group
-commit; PostgreSQL: the reservation rows), the first with how to charge it (its prompt counted). Reported per tick: the
-wall time, the event loop's share (the rest is the store: its thread, the database), the longest the
-event loop was held at once (how late a 1-ms timer fired, over as many ticks again), and per stream.
+commit; PostgreSQL: the reservation rows), the first with how to charge it (its prompt counted).
+Reported per tick: the wall time, the event loop's share (the rest is the store: its thread, the
+database; and the count of a slice with much to count, on a worker thread), the longest the event
+loop was held at once (how late a 1-ms timer fired, over as many ticks again), and per stream.
 PostgreSQL: a throwaway database at ``BENCH_POSTGRES``. Results: bench/results/checkpoints.json.
 """
 

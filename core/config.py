@@ -81,8 +81,8 @@ class StoreSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # every this many seconds, the usage so far of each stream in flight is kept in the store: a stream
     # cut by a crash is charged for what it generated up to then (at the next start on SQLite, by the
     # replica that releases the dead one's holds on PostgreSQL); 0: not kept (such a stream costs nothing).
-    # A checkpoint writes the text the stream added; its tokens are counted only if it is cut
-    # (docs/operations.md, "Faults")
+    # A checkpoint counts the tokens the stream added (and its prompt's, with its first) and writes the
+    # counts, never the text (docs/operations.md, "Faults")
     checkpoint_seconds: Annotated[float, msgspec.Meta(ge=0)] = 5.0
 
     def journal_path(self) -> Path:
