@@ -123,12 +123,12 @@ class ResponsesCodec(Codec):
     cap_param = "max_output_tokens"
 
     def __init__(self, body: dict[str, Any], size: int, echo: dict[str, Any] | None = None,
-                 document: bytes | None = None) -> None:  # fmt: skip
+                 tools: bytes | None = None) -> None:  # fmt: skip
         models = fallback_list(body)
         super().__init__(reserve_request(body), size, bool(body.get("stream")), models)
         self.body = body
         self.echo = echo  # fields of the Response object the gateway decides (id, store, previous_response_id)
-        self.document = document  # the request's bytes, if its tools are the body's (read from them once)
+        self.sent = tools  # the body's tools as the caller sent them (their bytes), if known
         self._translated: tuple[dict[str, Any], ChatRequest, Options] | None = None
         self._tools: bytes | None = None  # the request's tools encoded (once translated)
 
@@ -137,7 +137,7 @@ class ResponsesCodec(Codec):
             return NativeLeg(gw, model, model_id, self.body, deployment, self.echo)
         if self._translated is None:  # (the same for every translated candidate)
             sealer = gw.sealer
-            self._tools = encoded_tools(self.body, self.document)
+            self._tools = encoded_tools(self.body, self.sent)
             chat = to_chat(self.body, sealer.open if sealer is not None else None, self._tools)
             self._translated = (chat, chat_request(chat),
                                 options(self.body, sealer.seal if sealer is not None else None, self._tools))  # fmt: skip

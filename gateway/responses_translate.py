@@ -30,6 +30,7 @@ import msgspec
 
 from adapters.base import THINKING_BLOCKS
 from core.errors import InvalidRequest
+from core.kept import Kept
 from gateway.responses_events import EventSynth, Options, item_id
 
 # request fields we translate, or accept as hints with no effect on a chat provider
@@ -390,9 +391,7 @@ def _tools(tools: Any, choice: Any = None) -> list[dict[str, Any]]:
     return out
 
 
-_KNOWN: dict[tuple[bytes, Any], tuple[list[dict[str, Any]], dict[str, ToolName]]] = {}
-KNOWN_BYTES = 4 << 20  # the tool sets kept, by the size of their JSON (the oldest goes first)
-_known_size = [0]
+_KNOWN: Kept[tuple[list[dict[str, Any]], dict[str, ToolName]]] = Kept(4 << 20)  # by the size of their JSON
 
 
 def _known_key(choice: Any, encoded: bytes) -> tuple[bytes, Any]:
@@ -402,20 +401,13 @@ def _known_key(choice: Any, encoded: bytes) -> tuple[bytes, Any]:
 
 def known_tools(tools: Any, choice: Any, encoded: bytes) -> list[dict[str, Any]]:
     """The chat tools of a call's ``tools`` (``encoded``: their JSON), each distinct set translated once
-    (with its names, :func:`known_names`): an agent sends the same tools every turn (Codex: 30). Keyed
-    by the bytes alone, so a caller gets the translation of what it sent, whoever sent it first. What
-    this returns is shared: read it, never change it."""
+    (with its names, :func:`known_names`): an agent sends the same tools every turn (Codex: 30). Kept
+    by their bytes (:class:`core.kept.Kept`): shared, read it, never change it."""
     key = _known_key(choice, encoded)
     known = _KNOWN.get(key)
     if known is None:
         known = (_tools(tools, choice), tool_names({"tools": tools}))
-        if len(encoded) <= KNOWN_BYTES // 8:
-            while _KNOWN and _known_size[0] + len(encoded) > KNOWN_BYTES:
-                oldest = next(iter(_KNOWN))
-                del _KNOWN[oldest]
-                _known_size[0] -= len(oldest[0])
-            _KNOWN[key] = known
-            _known_size[0] += len(encoded)
+        _KNOWN.put(key, known, len(encoded))
     return known[0]
 
 
@@ -574,25 +566,15 @@ def _estimate_part(part: dict[str, Any]) -> dict[str, Any]:
 # ------------------------------------------------------------------ the Response object
 
 
-def encoded_tools(body: dict[str, Any], document: bytes | None = None) -> bytes | None:
-    """A request's tools as JSON, if it has a list of them: as the caller sent them when ``document``
-    (the request's bytes) is given and writes them on one line (read from it by a typed decode that
-    skips the rest, cheaper than encoding them again), else encoded."""
+def encoded_tools(body: dict[str, Any], sent: bytes | None = None) -> bytes | None:
+    """A request's tools as JSON, if it has a list of them: as the caller sent them (``sent``: their
+    bytes, :func:`core.inputs.decode_object`) when those are on one line, else encoded."""
     tools = body.get("tools")
     if not isinstance(tools, list) or not tools:
         return None
-    if document is not None:
-        given = bytes(_decode_tools(document).tools)
-        if b"\n" not in given and b"\r" not in given:  # (an SSE data line holds no line break)
-            return given
+    if sent is not None and b"\n" not in sent and b"\r" not in sent:  # (an SSE data line holds no line break)
+        return sent
     return _encode(tools)
-
-
-class _Tools(msgspec.Struct):
-    tools: msgspec.Raw = msgspec.Raw(b"")
-
-
-_decode_tools = msgspec.json.Decoder(_Tools).decode
 
 
 def shell(body: dict[str, Any], model_id: str, tools: bytes | None = None) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from core.errors import GatewayError, InvalidRequest
-from core.inputs import decode_json
+from core.inputs import decode_object
 from core.sse import frame_event
 from gateway.context import CallContext, identify
 from gateway.conversation import Conversation, expand, plain
@@ -35,8 +35,10 @@ from router.replies import JSONBytes, LateSSE, name_omitted
 _encode = msgspec.json.Encoder().encode
 
 
-def parse_body(raw: bytes) -> dict[str, Any]:
-    body = decode_json(raw)
+def parse_body(raw: bytes) -> tuple[dict[str, Any], bytes | None]:
+    """The request, and its tools as sent (their bytes: decoded once per distinct set, see
+    :func:`core.inputs.decode_object`, and echoed as they came)."""
+    body, tools = decode_object(raw, "tools")
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.", code="invalid_json")
     if not isinstance(body.get("model"), str) or not body["model"]:
@@ -48,7 +50,7 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     if "input" in body and not isinstance(body["input"], (str, list)):
         raise InvalidRequest("Invalid type for 'input': expected a string or an array of input items.",
                              param="input", code="invalid_type")  # fmt: skip
-    return body
+    return body, tools
 
 
 def events(keep: Keep, conversation: Conversation) -> Encoder:
@@ -85,7 +87,7 @@ class Responses:
     async def handle(self, request: Request) -> Response:
         gw = self.gw
         context, trace, raw = await begin_call(gw, request, "responses")
-        body = parse_body(raw)
+        body, tools = parse_body(raw)
         trace.model, trace.stream = body["model"], bool(body.get("stream"))
         identify(context, body)
         keep = Keep.of(gw, context, body, len(raw))  # before anything is reserved or sent
@@ -94,7 +96,7 @@ class Responses:
         size = len(_encode(conversation.body)) if conversation.expanded else len(raw)
         keep.check_context(conversation, size)
         run = _encode({k: v for k, v in body.items() if k not in ("background", "stream")}) if keep.background else b""
-        codec = ResponsesCodec(conversation.body, size, keep.echo(conversation), raw)  # (its tools are raw's)
+        codec = ResponsesCodec(conversation.body, size, keep.echo(conversation), tools)  # (its tools are raw's)
         if keep.background:
             return await self.queue(context, codec, keep, conversation, run)
         start = self.pipeline.start(context, codec)

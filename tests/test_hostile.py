@@ -51,6 +51,46 @@ def test_the_depth_read_from_the_bytes_is_the_decoded_values(value: object, limi
     assert nests_deeper(json.dumps(value, ensure_ascii=ascii_only, indent=indent).encode(), limit) == too_deep(value, limit)
 
 
+@given(value=DOCUMENT | st.dictionaries(st.sampled_from(["tools", "input", "a"]), DOCUMENT, max_size=3),
+       indent=st.sampled_from([None, 1]))  # fmt: skip
+def test_an_object_read_field_by_field_is_the_whole_documents_value(value: object, indent: int | None) -> None:
+    """decode_object (the Responses body, its tools kept by their bytes) gives what decode_json gives,
+    the second time too (the kept value), or the same error."""
+    from core.errors import InvalidRequest
+    from core.inputs import decode_json, decode_object
+
+    document = json.dumps(value, indent=indent).encode()
+    assert decode_object(document, "tools")[0] == decode_json(document)
+    again, sent = decode_object(document, "tools")
+    assert again == value
+    assert (sent is not None) == (isinstance(value, dict) and "tools" in value)
+    if sent is not None and isinstance(again["tools"], list | dict):  # (decoded once, shared)
+        assert decode_object(document, "tools")[0]["tools"] is again["tools"]
+    for other in (document + b"x", document.replace(b'"a', b'"\xff'), b"[" * 130 + b"]" * 130):
+        outcomes = []
+        for decode in (decode_json, lambda body: decode_object(body, "tools")[0]):
+            try:
+                outcomes.append(decode(other))
+            except InvalidRequest as exc:
+                outcomes.append(exc.message)
+        assert outcomes[0] == outcomes[1]
+
+
+def test_an_object_is_as_deep_as_its_deepest_field_kept_or_not() -> None:
+    """decode_object reads each field's depth one level inside the body: a body 128 deep passes, one
+    129 deep is a 400, whether the deep field is the kept one (seen before or not) or another."""
+    from core.errors import InvalidRequest
+    from core.inputs import MAX_DEPTH, decode_object
+
+    for name in ("tools", "input"):
+        fits = b'{"model":"m","%s":' % name.encode() + b"[" * (MAX_DEPTH - 1) + b"]" * (MAX_DEPTH - 1) + b"}"
+        deep = b'{"model":"m","%s":' % name.encode() + b"[" * MAX_DEPTH + b"]" * MAX_DEPTH + b"}"
+        for _ in range(2):
+            assert decode_object(fits, "tools")[0]["model"] == "m"
+            with pytest.raises(InvalidRequest, match="nested more than"):
+                decode_object(deep, "tools")
+
+
 @ENDPOINTS
 def test_invalid_utf8(stack: Stack, path: str) -> None:
     status, body = _post(stack, CALL + b'"user":"\xff\xfe"}', stack.key(), path)

@@ -19,6 +19,8 @@ from billing.pricing import cost
 from billing.store import UsageRecord
 from core.catalog import NANO
 from core.errors import InvalidRequest
+from core.inputs import decode_object
+from core.kept import Kept
 from core.sse import Event
 from core.wire import TokenUsage
 from gateway import responses_translate
@@ -623,14 +625,12 @@ def test_a_set_of_tools_seen_before_is_translated_once_and_answers_as_the_first_
     with pytest.raises(InvalidRequest, match="tool_choice forces"):
         to_chat(forced, tools=encoded_tools(forced))
     assert shell(body, "m", encoded_tools(body))["tools"] == msgspec.Raw(json.dumps(tools, separators=(",", ":")).encode())
-    monkeypatch.setattr(responses_translate, "KNOWN_BYTES", 8 * 400)
-    monkeypatch.setattr(responses_translate, "_KNOWN", {})
-    monkeypatch.setattr(responses_translate, "_known_size", [0])
+    monkeypatch.setattr(responses_translate, "_KNOWN", Kept(8 * 400))
     for n in range(20):
         other = {**body, "tools": [{"type": "function", "name": f"f{n}", "description": "x" * 200}]}
         to_chat(other, tools=encoded_tools(other))
     kept = responses_translate._KNOWN
-    assert 0 < len(kept) < 20 and sum(len(raw) for raw, _ in kept) == responses_translate._known_size[0] <= 8 * 400
+    assert 0 < len(kept.values) < 20 and sum(len(raw) for raw, _ in kept.values) == kept.size <= 8 * 400
 
 
 def test_a_text_delta_written_as_its_frame_is_what_the_event_would_encode_to() -> None:
@@ -734,16 +734,18 @@ def test_relay_reads_usage_from_the_terminal_event() -> None:
     assert relay.usage == TokenUsage(prompt=100, completion=10, cached=40, reasoning=4)
 
 
-def test_the_tools_echoed_are_read_from_the_request_bytes_when_they_are_on_one_line() -> None:
-    """encoded_tools takes the tools as the caller sent them from the request's bytes (a typed decode,
-    not an encode of the decoded list); a request that breaks them over lines gets them encoded again,
-    since the Response object that echoes them goes out in SSE data lines."""
+def test_the_tools_echoed_are_the_bytes_the_caller_sent_when_they_are_on_one_line() -> None:
+    """encoded_tools takes the tools as the caller sent them (decode_object gives their bytes), not an
+    encode of the decoded list; tools broken over lines are encoded again, since the Response object
+    that echoes them goes out in SSE data lines."""
     tools = [{"type": "function", "name": "f\u00e9", "parameters": {"type": "object", "properties": {}}},
              {"type": "web_search"}]  # fmt: skip
     body = {"model": "x/y", "input": "q", "tools": tools, "metadata": {"tools": [1]}}
     spaced = json.dumps(body).encode()  # (the SDK's separators: ", " and ": "; non-ASCII escaped)
-    given = encoded_tools(body, spaced)
-    assert given is not None and given in spaced and json.loads(given) == tools
-    lines = json.dumps(body, indent=2).encode()
+    decoded, sent = decode_object(spaced, "tools")
+    assert decoded == body and sent is not None and sent in spaced and json.loads(sent) == tools
+    assert encoded_tools(body, sent) is sent
+    decoded, lines = decode_object(json.dumps(body, indent=2).encode(), "tools")
+    assert decoded == body and lines is not None and b"\n" in lines
     assert encoded_tools(body, lines) == encoded_tools(body) == msgspec.json.encode(tools)
-    assert encoded_tools({**body, "tools": []}, json.dumps({**body, "tools": []}).encode()) is None
+    assert encoded_tools({**body, "tools": []}, b"[]") is None
