@@ -39,9 +39,13 @@ INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
 
 _encode = msgspec.json.Encoder().encode
-# a text delta of the message, framed (key order as _event builds it)
-_TEXT_DELTA = (b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","sequence_number":%d,'
-               b'"item_id":%b,"output_index":%d,"content_index":0,"delta":%b,"logprobs":[]}\n\n')  # fmt: skip
+
+
+def _text_delta(item: bytes, index: int) -> bytes:
+    """The frame of a text delta of one message (``item``: its id, encoded), left to fill: the
+    sequence number and the delta, encoded (key order as _event builds it)."""
+    return (b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","sequence_number":%%d,'
+            b'"item_id":%b,"output_index":%d,"content_index":0,"delta":%%b,"logprobs":[]}\n\n') % (item, index)
 
 
 def item_id(prefix: str) -> str:
@@ -112,6 +116,8 @@ class EventSynth:
         self.finish_reason: str | None = None
         self.usage: Any = None
         self.done = False
+        self.writing: int | None = None  # output index of the message whose text deltas self._delta frames
+        self._delta = b""
 
     def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
         event = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -122,10 +128,11 @@ class EventSynth:
         return {**self.shell, "output": list(self.output), **changes}
 
     def start(self) -> list[dict[str, Any]]:
-        return [
-            self._event("response.created", response=self._response()),
-            self._event("response.in_progress", response=self._response()),
-        ]
+        """``response.created`` and ``.in_progress``: the same snapshot, encoded once for both (with
+        its echo of the request's tools: Codex's are 8 KB)."""
+        response = msgspec.Raw(_encode(self._response()))
+        return [self._event("response.created", response=response),
+                self._event("response.in_progress", response=response)]  # fmt: skip
 
     # -- chunks in --------------------------------------------------------------------------------
     def feed(self, chunk: dict[str, Any]) -> list[Any]:
@@ -133,20 +140,32 @@ class EventSynth:
         (``bytes``: ``responses_codec.frames`` passes them as they are)."""
         if self.done:
             return []
-        if isinstance(chunk.get("error"), dict):
-            return self.fail(chunk["error"])
-        if chunk.get("usage"):
-            self.usage = chunk["usage"]
-        events: list[dict[str, Any]] = []
+        error = chunk.get("error")
+        if error is not None and isinstance(error, dict):
+            return self.fail(error)
+        usage = chunk.get("usage")
+        if usage:
+            self.usage = usage
+        events: list[Any] = []
         for choice in chunk.get("choices") or ():
-            delta = choice.get("delta") or {}
-            for name, kind in (("reasoning_content", "reasoning"), ("content", "message")):
-                if isinstance(delta.get(name), str) and delta[name]:
-                    events += self._text(kind, delta[name])
-            if isinstance(delta.get("thinking_blocks"), list):
-                self.blocks += delta["thinking_blocks"]
-            for call in delta.get("tool_calls") or ():
-                events += self._call(call)
+            delta = choice.get("delta")
+            if delta:
+                text = delta.get("reasoning_content")
+                if text and isinstance(text, str):
+                    events += self._text("reasoning", text)
+                text = delta.get("content")
+                if text and isinstance(text, str):
+                    if self.current is not None and self.current == self.writing:  # (most chunks)
+                        events.append(self._delta % (self.sequence, _encode(text)))
+                        self.pieces[self.current].append(text)
+                        self.sequence += 1
+                    else:
+                        events += self._text("message", text)
+                if len(delta) > 1 or text is None:  # (else a delta of text alone)
+                    if isinstance(delta.get("thinking_blocks"), list):
+                        self.blocks += delta["thinking_blocks"]
+                    for call in delta.get("tool_calls") or ():
+                        events += self._call(call)
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
         return events
@@ -203,7 +222,10 @@ class EventSynth:
         assert index is not None
         self.pieces[index].append(piece)
         if kind == "message":  # (most of a stream's events: written as their frame, as _event and frames would)
-            events.append(_TEXT_DELTA % (self.sequence, _encode(self.output[index]["id"]), index, _encode(piece)))
+            if self.writing != index:
+                self._delta = _text_delta(_encode(self.output[index]["id"]), index)
+                self.writing = index
+            events.append(self._delta % (self.sequence, _encode(piece)))
             self.sequence += 1
             return events
         where = {"item_id": self.output[index]["id"], "output_index": index, "content_index": 0}
