@@ -74,17 +74,18 @@ def decode_object(body: bytes, keep: str) -> tuple[Any, bytes | None]:
         fields = _decode_fields(body)
         value, sent = {}, None
         for name, raw in fields.items():
-            given = bytes(raw)
-            kept = _kept.get(given) if name == keep else None
-            if kept is None:
-                if nests_deeper(given, MAX_DEPTH - 1) is not False:
-                    return decode_json(body), None
-                kept = _decode(given)
-                if name == keep and isinstance(kept, list | dict):
-                    _kept.put(given, kept, len(given))
             if name == keep:
-                sent = given
-            value[name] = kept
+                sent = bytes(raw)
+                kept = _kept.get(sent)
+                if kept is not None:
+                    value[name] = kept
+                    continue
+            # (a field of fewer bytes than MAX_DEPTH pairs of brackets cannot be too deep)
+            if len(raw) >= 2 * MAX_DEPTH and nests_deeper(bytes(raw), MAX_DEPTH - 1) is not False:
+                return decode_json(body), None
+            value[name] = decoded = _decode(raw)
+            if name == keep and isinstance(decoded, list | dict):
+                _kept.put(sent, decoded, len(raw))
         return value, sent
     except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):  # (msgspec's ValidationError is one)
         return decode_json(body), None

@@ -346,10 +346,19 @@ def tool_names(body: dict[str, Any]) -> dict[str, ToolName]:
     return out
 
 
-def omitted_tools(body: dict[str, Any]) -> list[str]:
-    """The hosted tools a translated call leaves out (named in the answer's header)."""
-    tools = body.get("tools")
-    return [str(t.get("type")) for t in tools if isinstance(t, dict) and t.get("type") in HOSTED] if isinstance(tools, list) else []
+def omitted_tools(body: dict[str, Any], sent: bytes | None = None) -> list[str]:
+    """The hosted tools a translated call leaves out (named in the answer's header); ``sent``: the
+    tools' bytes, by which a set seen before is read once."""
+    kept = _OMITTED.get(sent) if sent is not None else None
+    if kept is None:
+        tools = body.get("tools")
+        kept = [str(t.get("type")) for t in tools if isinstance(t, dict) and t.get("type") in HOSTED] if isinstance(tools, list) else []
+        if sent is not None:
+            _OMITTED.put(sent, kept, len(sent))
+    return kept
+
+
+_OMITTED: Kept[list[str]] = Kept(4 << 20)  # the hosted tools of the sets seen, by the size of their JSON
 
 
 def _function(tool: dict[str, Any], where: str, name: str | None = None) -> dict[str, Any]:

@@ -105,7 +105,7 @@ class Responses:
         else:
             stream = streamed(self.pipeline, start, trace, events(keep, conversation))
             response = LateSSE(stream, gw.settings.reliability.stream_keepalive, _error_event)
-        name_omitted(response, gw.catalog, conversation.body.get("model"), omitted_tools(conversation.body),
+        name_omitted(response, gw.catalog, conversation.body.get("model"), omitted_tools(conversation.body, tools),
                      lambda spec: spec.responses_api)  # (OpenAI runs its hosted tools)  # fmt: skip
         return response
 

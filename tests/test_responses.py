@@ -339,11 +339,13 @@ def test_client_disconnect_mid_stream_is_billed(stack: Stack, model: str) -> Non
 def test_hosted_tools_are_left_out_for_translated_models_and_named(stack: Stack, client: openai.OpenAI,
                                                                    tool: dict[str, Any]) -> None:  # fmt: skip
     """A tool only OpenAI runs (Codex sends web_search on every call) is left out of another provider's
-    call, and named in x-router-omitted-tools; forced by tool_choice, it is a 400 naming tool_choice."""
-    raw = client.responses.with_raw_response.create(model="anthropic/claude-haiku-4-5", input="search the web",
-                                                    tools=[tool, *TOOLS])  # type: ignore[list-item]  # fmt: skip
-    assert raw.headers["x-router-omitted-tools"] == tool["type"] and raw.parse().output_text
-    assert [t["name"] for t in stack.emulator("anthropic").requests[-1]["tools"]] == ["get_weather"]
+    call, and named in x-router-omitted-tools, the second call with the same tools too (their
+    decoding and reading kept); forced by tool_choice, it is a 400 naming tool_choice."""
+    for _ in range(2):
+        raw = client.responses.with_raw_response.create(model="anthropic/claude-haiku-4-5", input="search the web",
+                                                        tools=[tool, *TOOLS])  # type: ignore[list-item]  # fmt: skip
+        assert raw.headers["x-router-omitted-tools"] == tool["type"] and raw.parse().output_text
+        assert [t["name"] for t in stack.emulator("anthropic").requests[-1]["tools"]] == ["get_weather"]
     with pytest.raises(openai.BadRequestError) as info:
         client.responses.create(model="anthropic/claude-haiku-4-5", input="search the web", tools=[tool],  # type: ignore[list-item]
                                 tool_choice={"type": tool["type"]})  # type: ignore[misc,arg-type]  # fmt: skip
