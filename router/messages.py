@@ -17,7 +17,7 @@ from adapters.anthropic import messages as native
 from adapters.base import map_upstream_error
 from billing import tokens
 from core.errors import GatewayError, InvalidRequest, UpstreamError, anthropic_error
-from core.inputs import decode_json
+from core.inputs import decode_object
 from gateway.context import identify
 from gateway.messages_codec import MessagesCodec
 from gateway.messages_events import error_event
@@ -54,7 +54,7 @@ def caller_headers(request: Request) -> tuple[str | None, dict[str, str]]:
 
 
 def parse_body(raw: bytes, count: bool = False) -> dict[str, Any]:
-    body = decode_json(raw)
+    body, _ = decode_object(raw, "tools")  # (Claude Code sends the same tools every turn: decoded once)
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.", code="invalid_json")
     if not isinstance(body.get("model"), str) or not body["model"]:
