@@ -20,7 +20,8 @@ the API; usage comes only in the terminal event's response. A function call keep
 ``namespace`` the caller gave its tool (Options.names). When the caller asked for encrypted reasoning
 (Options.seal), the provider's state of a tool turn (Anthropic's signed thinking blocks, Gemini's
 thought signatures) goes out last, sealed into a reasoning item, for the next turn to send back.
-Pure: dicts in, dicts out.
+Pure: dicts in, dicts out (a message's text deltas as their frames, and the snapshot that
+``response.created`` and ``.in_progress`` share encoded once, as ``msgspec.Raw``).
 """
 
 from __future__ import annotations
