@@ -44,7 +44,12 @@ def _invalid(message: str, param: str, code: str = "invalid_value") -> InvalidRe
 # ------------------------------------------------------------------ the request
 
 
+_KNOWN = TAKEN | LEFT_OUT
+
+
 def check_fields(body: dict[str, Any]) -> None:
+    if body.keys() <= _KNOWN:  # (every field known: one set comparison)
+        return
     for name in body:
         if name in REFUSED:
             raise _invalid(f"'{name}' is not supported for this model: {REFUSED[name]}.", name, "unsupported_parameter")
@@ -195,14 +200,15 @@ def messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         if system:
             out.append({"role": "system", "content": system})
     for i, message in enumerate(given):
+        role = message.get("role") if isinstance(message, dict) else None
+        content = message.get("content") if role is not None else None
+        if role == "user" and content and isinstance(content, str):  # (the common turn, as _user would make it)
+            out.append({"role": "user", "content": content})
+            continue
         where = f"messages.{i}"
-        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant", "system"):
+        if role not in ("user", "assistant", "system"):
             raise _invalid(f"{where}.role: Input should be 'user', 'assistant' or 'system'", where)
-        content = message.get("content")
         if isinstance(content, str):
-            if message["role"] == "user" and content:  # (the common turn, as _user would make it)
-                out.append({"role": "user", "content": content})
-                continue
             content = [{"type": "text", "text": content}]
         if not isinstance(content, list):
             raise _invalid(f"{where}.content: Input should be a valid string or list", where)
@@ -389,18 +395,23 @@ def stop_reason(finish_reason: Any) -> str:
 
 
 def message_id() -> str:
-    return "msg_" + new_id() + new_id()
+    return "msg_" + new_id()
 
 
 def anthropic_usage(usage: Any) -> dict[str, Any]:
     """A chat usage object → Anthropic's: ``input_tokens`` is the uncached part."""
     if not isinstance(usage, dict):
         usage = {}
+    prompt, output = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    prompt = prompt if type(prompt) is int and prompt > 0 else 0
+    output = output if type(output) is int and output > 0 else 0
     details = usage.get("prompt_tokens_details")
-    prompt = _count(usage.get("prompt_tokens"))
-    read, write = (_count(details.get("cached_tokens")), _count(details.get("cache_write_tokens"))) if isinstance(details, dict) else (0, 0)
+    if not details or not isinstance(details, dict):  # (most answers: nothing cached)
+        return {"input_tokens": prompt, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
+                "output_tokens": output}  # fmt: skip
+    read, write = _count(details.get("cached_tokens")), _count(details.get("cache_write_tokens"))
     return {"input_tokens": max(prompt - read - write, 0), "cache_creation_input_tokens": write,
-            "cache_read_input_tokens": read, "output_tokens": _count(usage.get("completion_tokens"))}  # fmt: skip
+            "cache_read_input_tokens": read, "output_tokens": output}  # fmt: skip
 
 
 def _count(value: Any) -> int:

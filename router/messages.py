@@ -16,6 +16,7 @@ from starlette.responses import Response
 from adapters.anthropic import messages as native
 from adapters.base import map_upstream_error
 from billing import tokens
+from core.catalog import ProviderSpec
 from core.errors import GatewayError, InvalidRequest, UpstreamError, anthropic_error
 from core.inputs import decode_object
 from gateway.context import identify
@@ -77,6 +78,11 @@ def parse_body(raw: bytes, count: bool = False) -> dict[str, Any]:
     return body
 
 
+def _runs_hosted(spec: ProviderSpec) -> bool:
+    """Anthropic's hosted tools run where the provider speaks Anthropic's protocol."""
+    return spec.protocol == "anthropic"
+
+
 def failed(exc: GatewayError) -> bytes:
     """A failure after keep-alives went out, before the upstream answered."""
     return error_event(exc)
@@ -93,11 +99,12 @@ class Messages:
         context, trace, raw = await begin_call(gw, request, "messages", authorization=authorization)
         body = parse_body(raw)
         trace.model, trace.stream = body["model"], body.get("stream") is True
-        user = end_user(body)
-        who = {"user": user}
-        identify(context, who)  # (a key pasted there is redacted, upstream too)
-        if who["user"] is not None and who["user"] != user:
-            body["metadata"] = {**body["metadata"], "user_id": who["user"]}
+        user = end_user(body) if "metadata" in body else None
+        if user is not None:
+            who = {"user": user}
+            identify(context, who)  # (a key pasted there is redacted, upstream too)
+            if who["user"] is not None and who["user"] != user:
+                body["metadata"] = {**body["metadata"], "user_id": who["user"]}
         codec = MessagesCodec(body, len(raw), sent)
         start = self.pipeline.start(context, codec)
         if not codec.stream:
@@ -105,7 +112,8 @@ class Messages:
         else:
             stream = streamed(self.pipeline, start, trace, joined)
             response = LateSSE(stream, gw.settings.reliability.stream_keepalive, failed)
-        name_omitted(response, gw.catalog, body["model"], omitted_tools(body), lambda spec: spec.protocol == "anthropic")
+        if body.get("tools"):
+            name_omitted(response, gw.catalog, body["model"], omitted_tools(body), _runs_hosted)
         return response
 
     async def count_tokens(self, request: Request) -> Response:
