@@ -114,9 +114,10 @@ class ChatLeg(Leg):
     def generated(self, body: dict[str, Any]) -> str:
         return answer_text(body)
 
-    def reader(self) -> ChatReader:
+    def reader(self, stamp: bool = True) -> ChatReader:
+        """``stamp``: False when the chunks become another endpoint's events (:class:`Shaper`)."""
         call = self.call
-        shaper = Shaper(call, completion_id(), int(time.time()))
+        shaper = Shaper(call, completion_id(), int(time.time()), stamp)
         return ChatReader(call, self.adapter.stream(call), shaper, self.encode_only)
 
 

@@ -158,7 +158,7 @@ class TranslatedLeg(ChatBackedLeg):
         return native.message_text(body)
 
     def reader(self) -> SynthReader:
-        return SynthReader(self.inner.reader(), MessageSynth(message_id(), self.model_id))
+        return SynthReader(self.inner.reader(stamp=False), MessageSynth(message_id(), self.model_id))
 
     def price(self, body: dict[str, Any], cost: Cost) -> None:
         body["usage"] = priced(body.get("usage"), cost)

@@ -256,7 +256,7 @@ class TranslatedLeg(ChatBackedLeg):
         return openai_responses.output_text(body)
 
     def reader(self) -> SynthReader:
-        return SynthReader(self.inner.reader(), EventSynth(self.shell, self.how))
+        return SynthReader(self.inner.reader(stamp=False), EventSynth(self.shell, self.how))
 
     def price(self, body: dict[str, Any], cost: Cost) -> None:
         responses_priced(body, cost)

@@ -102,11 +102,15 @@ def _chunk_head(completion_id: str, created: int, model: str) -> bytes:
 class Shaper:
     """Normalises adapter chunks into the order and shape the caller is promised."""
 
-    __slots__ = ("call", "completion_id", "created", "finished", "role_sent", "said", "_head", "_upstream",
+    __slots__ = ("call", "completion_id", "created", "finished", "role_sent", "said", "stamp", "_head", "_upstream",
                  "_usage", "_text_head", "_between")  # fmt: skip
 
-    def __init__(self, call: Call, completion_id: str, created: int) -> None:
+    def __init__(self, call: Call, completion_id: str, created: int, stamp: bool = True) -> None:
         self.call = call
+        # the chunks get our id, the caller's model id and one key order (:meth:`_stamp`); not when
+        # another endpoint's events are made of them (gateway.codec.ChatWrapper: they read the choices,
+        # the usage and an error only)
+        self.stamp = stamp
         self.completion_id = completion_id
         self.created = created
         # the choices that have had their finish chunk / their role: tuples (a set is 216 bytes even with
@@ -247,8 +251,11 @@ class Shaper:
             else:
                 choice.setdefault("finish_reason", None)
                 ready.append({**chunk, "choices": [choice]} if len(choices) > 1 else chunk)
-        for item in ready:
-            out.append(self._stamp(item))
+        if self.stamp:
+            for item in ready:
+                out.append(self._stamp(item))
+        else:
+            out += ready
 
     def _keep(self, delta: dict[str, Any]) -> None:
         for field in ("content", "reasoning_content"):
