@@ -78,7 +78,7 @@ def _tail(tail: bytes) -> tuple[bytes, bytes] | None:
     else:
         return None
     rest = tail[len(end) : -1]
-    if tail[-1:] != b"}" or b"{" in rest or b"[" in rest:
+    if tail[-1:] != b"}" or rest.find(b"{") >= 0 or rest.find(b"[") >= 0:
         return None
     if rest.startswith(_USAGE_NULL):
         rest = rest[len(_USAGE_NULL) :]
@@ -160,7 +160,7 @@ class Shaper:
             # path shapes this chunk; the next text chunks of choice 0 may take the short way, which
             # moves them (only flat ones: no object or array that could hide the choices' key)
             between = data[n : data.find(_CHOICES, n)]
-            flat = between and b"{" not in between and b"[" not in between
+            flat = between and between.find(b"{") < 0 and between.find(b"[") < 0
             if index == 0:
                 self._text_head = head + between + _TEXT_OPEN if flat and reason is None else None
                 self._between = between
