@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -42,12 +43,28 @@ FAST = AlertsSettings(check_interval=0.2, deliver_interval=0.1, backoff_base=0.2
                       max_attempts=1000, timeout=1.5, lease_seconds=10.0, allow_destinations=LOOPBACK)  # fmt: skip
 
 
+def _bound(port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    return sock
+
+
+def _close(sockets: list[socket.socket]) -> None:
+    for sock in sockets:
+        sock.close()
+
+
 class Receiver:
     """A webhook receiver on a fixed loopback port: ``up``/``down`` start and stop listening; ``hang``
     makes it hold every request without answering."""
 
     def __init__(self) -> None:
-        self.port = free_port()
+        # the port stays bound while the receiver is down (a socket that does not listen: a connection
+        # to it is refused), so no connection of the machine's takes it as its own local port meanwhile
+        self._sockets = [_bound(0)]
+        weakref.finalize(self, _close, self._sockets)  # (the last one, once the receiver is gone)
+        self.port = self._sockets[0].getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}/hook"
         self.got: list[tuple[dict[str, str], bytes]] = []
         self.hang = False
@@ -75,14 +92,15 @@ class Receiver:
         app.router.add_post("/hook", self.handle)
         self._runner = web.AppRunner(app, shutdown_timeout=0.1)
         await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True).start()
+        await web.SockSite(self._runner, self._sockets[-1]).start()
 
     async def down(self) -> None:
         if self._released is not None:
             self._released.set()
         if self._runner is not None:
             runner, self._runner = self._runner, None
-            await runner.cleanup()
+            await runner.cleanup()  # (closes the listening socket)
+            self._sockets.append(_bound(self.port))
 
     def events(self) -> list[dict[str, Any]]:
         return [json.loads(body) for _, body in self.got]

@@ -449,11 +449,13 @@ def test_throttle_per_ip_overall_and_window(monkeypatch: pytest.MonkeyPatch) -> 
 
 # -- login attempts counted before the check, shared, kept over a restart ----------------------------------
 def login_stack(tmp: Path, url: str, redis_url: str = "", prefix: str = "", **console: Any) -> Stack:
-    """A console on the store at ``url`` (and its logins counted in Redis with ``redis_url``)."""
+    """A console on the store at ``url`` (and its logins counted in Redis with ``redis_url``). Redis is
+    given 2 s a check, not the default 0.25 s: on a loaded test machine a slow check counts in the store
+    instead (by design), and each replica would then count on its own."""
     settings = Settings(
         store=StoreSettings(url=url, journal=str(tmp / "journal.jsonl")),
         reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9),
-        limits=LimitsSettings(redis_url=redis_url, redis_prefix=prefix),
+        limits=LimitsSettings(redis_url=redis_url, redis_prefix=prefix, redis_timeout=2.0),
         console=ConsoleSettings(admin_token=TOKEN, **console),
     )
     stack = Stack(tmp, settings).start()
