@@ -5,7 +5,8 @@ Whatever the provider, the caller sees: a first chunk with ``delta.role``, text 
 ``reasoning_content``) chunks, exactly one chunk per choice whose ``finish_reason`` is set and whose
 delta is empty, then (only if asked with ``stream_options.include_usage``) one usage chunk with
 ``choices: []``, then ``data: [DONE]``. Every chunk carries the gateway's completion id and the model
-id the caller sent. An upstream failure after the first byte becomes one ``data: {"error": ...}``
+id the caller sent (not when the chunks become another endpoint's events, ``Shaper(..., stamp=False)``:
+those read only the choices, the usage and an error). An upstream failure after the first byte becomes one ``data: {"error": ...}``
 event followed by ``data: [DONE]``.
 
 The common chunk of an OpenAI-protocol upstream (one choice, text only) is already in that shape: for
