@@ -402,9 +402,7 @@ def anthropic_usage(usage: Any) -> dict[str, Any]:
     """A chat usage object → Anthropic's: ``input_tokens`` is the uncached part."""
     if not isinstance(usage, dict):
         usage = {}
-    prompt, output = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    prompt = prompt if type(prompt) is int and prompt > 0 else 0
-    output = output if type(output) is int and output > 0 else 0
+    prompt, output = _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
     details = usage.get("prompt_tokens_details")
     if not details or not isinstance(details, dict):  # (most answers: nothing cached)
         return {"input_tokens": prompt, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
