@@ -114,7 +114,7 @@ def nests_deeper(document: bytes, limit: int) -> bool | None:
     shape = document.translate(_STRUCTURE, _NOT_STRUCTURE)
     if shape.count(b"[") <= limit:  # (most bodies: too few brackets to nest that deep)
         return False
-    if document.find(b"\\") >= 0:  # (not ``in``: core/sse.py says why)
+    if b"\\" in document:
         document = document.replace(b"\\\\", b"").replace(b'\\"', b"")
         shape = document.translate(_STRUCTURE, _NOT_STRUCTURE)
     if b'"' in shape:

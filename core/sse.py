@@ -28,7 +28,7 @@ class SSEDecoder:
     def feed(self, chunk: bytes) -> list[Event]:
         buf = self._buf + chunk if self._buf else chunk
         # (``find``, not ``in``: on Python 3.11 ``bytes in bytes`` first tries its operand as an int, and
-        # raises and clears a TypeError each time, ~2k instructions; three of them a chunk)
+        # raises and clears a TypeError each time, ~2k instructions; up to three of them a read)
         if buf.find(b"\r") >= 0:
             # keep a trailing CR back: its LF may arrive in the next read
             tail = b"\r" if buf.endswith(b"\r") else b""
