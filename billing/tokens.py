@@ -1,7 +1,8 @@
 """Counting tokens offline, for the calls whose upstream never reported usage (a stream the caller
 broke off). Uses tiktoken's ``cl100k_base`` with the BPE ranks shipped in this package (verified
 against tiktoken's published hash), since these machines cannot download them. Loaded once, on first
-use."""
+use. A text is counted a word at a time, each word's count kept (:func:`count`): exactly the
+tokenizer's count, at a fraction of its cost for the words seen before."""
 
 from __future__ import annotations
 
@@ -29,7 +30,66 @@ def encoding() -> Any:
 
 
 def count(text: str) -> int:
-    return len(encoding().encode_ordinary(text)) if text else 0
+    """The tokens of ``text``, exactly as ``encode_ordinary`` gives them, counted a word at a time. The
+    text is cut at each space with no whitespace on either side: the pattern's pieces always part
+    there (a piece holds a space only first, or in a run of whitespace), so the words' counts add up to
+    the text's. Each short word's count is kept (by its hash, never the word), so a text of words seen
+    before costs a few dictionary lookups rather than the tokenizer's ~1,000 instructions a character.
+    ``tests/test_tokens.py`` checks the sums against the tokenizer's own count."""
+    words = text.split(" ")
+    if len(words) < 3:
+        return len(encoding().encode_ordinary(text)) if text else 0
+    if not _apart(text):
+        words = _cut(words)
+    rest = words[1:]  # each counted after its space
+    counts = list(map(_spaced.get, map(hash, rest)))
+    first = _bare.get(hash(words[0]))
+    if first is None:
+        first = _word(_bare, words[0], words[0])
+    try:
+        return first + sum(counts)  # type: ignore[arg-type]  # (a None, of a word not kept, raises)
+    except TypeError:  # (a word not kept)
+        return first + sum(n if n is not None else _word(_spaced, w, " " + w) for n, w in zip(counts, rest, strict=True))
+
+
+WORD_MAX = 32  # characters: a longer word is counted each time, not kept
+WORDS = 16_384  # counts kept at most, of each kind (under 2 MB together); when full, let go all at once
+_bare: dict[int, int] = {}  # the hash of a text's first word -> its tokens
+_spaced: dict[int, int] = {}  # the hash of a later word -> its tokens with the space before it
+
+
+def _word(kept: dict[int, int], word: str, text: str) -> int:
+    tokens = len(encoding().encode_ordinary(text))
+    if len(word) <= WORD_MAX:
+        if len(kept) >= WORDS:
+            kept.clear()  # (not evicted one by one: callers on worker threads share it)
+        kept[hash(word)] = tokens
+    return tokens
+
+
+def _apart(text: str) -> bool:
+    """Whether no space in ``text`` has whitespace beside it, tested in C (then every space cuts): no two
+    spaces together, and no whitespace but spaces and line breaks, none of which touches a space."""
+    if text.find("  ") >= 0:
+        return False
+    if text.isprintable():  # (no whitespace but spaces)
+        return True
+    return text.find(" \n") < 0 and text.find("\n ") < 0 and text.replace("\n", "").isprintable()  # (and line breaks)
+
+
+def _cut(parts: list[str]) -> list[str]:
+    """``parts`` (a text split at its spaces) joined again wherever a space has whitespace (or nothing)
+    on either side: such a space may share a piece with the whitespace beside it. ``str.isspace``
+    holds for every character the pattern's ``\\s`` matches, and for a few more (then a cut is merely
+    missed)."""
+    words = [parts[0]]
+    for part in parts[1:]:
+        last = words[-1]
+        if part and last and not part[0].isspace() and not last[-1].isspace():
+            words.append(part)
+        else:
+            words[-1] = f"{last} {part}"
+    return words
 
 
 def count_request(request: dict[str, Any]) -> int:

@@ -4,6 +4,8 @@ tokenizer's."""
 
 from __future__ import annotations
 
+import random
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -45,3 +47,42 @@ def test_what_is_left_to_count_leaves_out_the_kept_counts() -> None:
     assert tokens.to_count([TOOLS, "short"]) == len(TOOLS) + len("short")
     tokens.count_prompt((0, [TOOLS]))
     assert tokens.to_count([TOOLS, "short"]) == len("short")
+
+
+# every character class the pattern tells apart, and every kind of whitespace (Unicode's White_Space, and
+# the few more that str.isspace holds for), with spaces, runs of them and contractions more likely
+ALPHABET = [*"ab cdZ ,.!?'/-_1234", "é", "ß", "中", "Ω", "😀", "\u0301", "’", "'s", "'ll", "'T", " ", " ", " ", "  ",
+            "   ", "\n", "\n\n", "\r\n", "\t", "\x0b", "\x0c", "\x1c", "\x1f", "\x85", "\xa0", "\u1680", "\u2003",
+            "\u2028", "\u2029", "\u202f", "\u205f", "\u3000", "\u200b", "\u180e", "\ufeff", " the", " router"]  # fmt: skip
+
+
+PLAIN = ["a", "bc", "Z", ".", "'s", "7", " ", " ", " ", "\n"]
+
+
+def test_a_text_counted_a_word_at_a_time_has_the_tokenizers_count() -> None:
+    rng = random.Random(41)
+    encode = tokens.encoding().encode_ordinary
+    for n in range(30_000):  # a third of them of words, spaces and line breaks only (the quick test's cases)
+        alphabet = ALPHABET if n % 3 else PLAIN
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+        assert tokens.count(text) == len(encode(text)), repr(text)
+        if n % 1000 == 0:  # (and again once its words are kept)
+            assert tokens.count(text) == len(encode(text)), repr(text)
+    prose = (Path(tokens.__file__).parent.parent / "README.md").read_text()
+    assert tokens.count(prose) == len(encode(prose))
+    for line in prose.splitlines():
+        assert tokens.count(line) == len(encode(line)), repr(line)
+
+
+def test_the_kept_word_counts_hold_no_text_and_are_let_go_when_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tokens, "WORDS", 8)
+    tokens._bare.clear()
+    tokens._spaced.clear()
+    text = " ".join(f"word{n}" for n in range(40))
+    assert tokens.count(text) == len(tokens.encoding().encode_ordinary(text))
+    assert 0 < len(tokens._spaced) <= 8 and len(tokens._bare) == 1
+    assert all(isinstance(key, int) for key in [*tokens._spaced, *tokens._bare])
+    long = "x" * (tokens.WORD_MAX + 1)
+    tokens._spaced.clear()
+    assert tokens.count(f"a {long} b") == len(tokens.encoding().encode_ordinary(f"a {long} b"))
+    assert len(tokens._spaced) == 1  # (" b" kept; the long word counted, not kept)
