@@ -4,14 +4,19 @@ A coding agent sends the same large parts every turn (Codex: 30 tools, 8 KB); wh
 (decoded, translated) is kept by their bytes, and made again only for bytes not seen before. The
 bytes are the key, so a caller gets what its own bytes make, whoever sent them first; the values are
 shared: read them, never change them.
+
+A kept list is a :class:`Shared` one, and what a later stage makes of it (the tools as structs, as an
+adapter's blocks, as JSON) is kept on it by :func:`once`: made once per set, not once per call, and let
+go with it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-from typing import Generic, TypeVar
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any, Generic, TypeVar
 
 V = TypeVar("V")
+T = TypeVar("T")
 
 
 class Kept(Generic[V]):
@@ -38,3 +43,25 @@ class Kept(Generic[V]):
             self.size -= self.values.pop(oldest)[1]
         self.values[key] = (value, size)
         self.size += size
+
+
+class Shared(list[T]):
+    """A list kept (:class:`Kept`) and shared by the calls that send its bytes: never changed. ``made``:
+    what stages made of it, by :func:`once`."""
+
+    __slots__ = ("made",)
+
+    def __init__(self, items: Iterable[T] = ()) -> None:
+        super().__init__(items)
+        self.made: dict[Hashable, Any] = {}
+
+
+def once(items: list[Any], key: Hashable, make: Callable[[list[Any]], V]) -> V:
+    """``make(items)``: kept on ``items`` under ``key`` when they are :class:`Shared` (then shared too:
+    read it, never change it), else made anew. A ``make`` that raises keeps nothing."""
+    if type(items) is not Shared:
+        return make(items)
+    made: V | None = items.made.get(key)
+    if made is None:
+        made = items.made[key] = make(items)
+    return made

@@ -15,6 +15,7 @@ from msgspec import UNSET, Meta, UnsetType
 
 from core.errors import InvalidRequest
 from core.inputs import decode_json
+from core.kept import Shared, once
 
 # ------------------------------------------------------------------ inbound: chat completion request
 
@@ -162,6 +163,25 @@ class ChatRequest(Base):
                     if isinstance(part, ImagePart):
                         return True
         return False
+
+
+def chat_struct(chat: dict[str, Any]) -> ChatRequest:
+    """``chat`` (a chat request the gateway made of another endpoint's) as a :class:`ChatRequest`; its
+    tools, when they are a kept set (:class:`core.kept.Shared`), converted once for the set."""
+    tools = chat.get("tools")
+    if type(tools) is not Shared:
+        return msgspec.convert(chat, ChatRequest)
+    try:
+        structs = once(tools, Tool, _tool_structs)
+    except msgspec.ValidationError:
+        return msgspec.convert(chat, ChatRequest)  # (raises it again, with the field's whole path)
+    request = msgspec.convert({**chat, "tools": None}, ChatRequest)
+    request.tools = structs
+    return request
+
+
+def _tool_structs(tools: list[Any]) -> Shared[Tool]:
+    return Shared(msgspec.convert(tools, list[Tool]))
 
 
 _AT = re.compile(r" - at `\$\.?(.*)`$")

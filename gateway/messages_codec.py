@@ -25,7 +25,7 @@ from adapters.base import error_message, map_upstream_error
 from core.catalog import Model
 from core.deployments import Deployment
 from core.errors import GatewayError, InvalidRequest, PayloadTooLarge
-from core.wire import ChatRequest, TokenUsage
+from core.wire import ChatRequest, TokenUsage, chat_struct
 from gateway.chat_codec import ChatCodec, ChatLeg
 from gateway.codec import Answer, ChatBackedLeg, ChatWrapper, Codec, Cost, Leg, RelayReader
 from gateway.messages_events import MessageSynth, error_event
@@ -49,7 +49,7 @@ def priced(usage: Any, cost: Cost) -> dict[str, Any]:
 
 def chat_request(chat: dict[str, Any]) -> ChatRequest:
     try:
-        return msgspec.convert(chat, ChatRequest)
+        return chat_struct(chat)
     except msgspec.ValidationError as exc:
         text = str(exc)
         path = text.rpartition(" - at `$.")[2].rstrip("`") if " - at `$." in text else ""

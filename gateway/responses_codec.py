@@ -27,7 +27,7 @@ from core.catalog import Model
 from core.deployments import Deployment
 from core.errors import GatewayError, InvalidRequest
 from core.sse import event_parts, frame_event
-from core.wire import ChatRequest, FunctionDef, ImagePart, ImageURL, Message, TokenUsage, Tool
+from core.wire import ChatRequest, FunctionDef, ImagePart, ImageURL, Message, TokenUsage, Tool, chat_struct
 from gateway.chat_codec import ChatCodec, ChatLeg
 from gateway.codec import Answer, ChatBackedLeg, ChatWrapper, Codec, Cost, Leg, RelayReader, fallback_list
 from gateway.conversation import upstream_item
@@ -101,7 +101,7 @@ def reserve_request(body: dict[str, Any]) -> ChatRequest:
 
 def chat_request(chat: dict[str, Any]) -> ChatRequest:
     try:
-        return msgspec.convert(chat, ChatRequest)
+        return chat_struct(chat)
     except msgspec.ValidationError as exc:
         text = str(exc)
         path = text.rpartition(" - at `$.")[2].rstrip("`") if " - at `$." in text else ""

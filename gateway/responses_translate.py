@@ -30,7 +30,7 @@ import msgspec
 
 from adapters.base import THINKING_BLOCKS
 from core.errors import InvalidRequest
-from core.kept import Kept
+from core.kept import Kept, Shared
 from gateway.responses_events import EventSynth, Options, item_id
 
 # request fields we translate, or accept as hints with no effect on a chat provider
@@ -400,7 +400,7 @@ def _tools(tools: Any, choice: Any = None) -> list[dict[str, Any]]:
     return out
 
 
-_KNOWN: Kept[tuple[list[dict[str, Any]], dict[str, ToolName]]] = Kept(4 << 20)  # by the size of their JSON
+_KNOWN: Kept[tuple[Shared[dict[str, Any]], dict[str, ToolName]]] = Kept(4 << 20)  # by the size of their JSON
 
 
 def _known_key(choice: Any, encoded: bytes) -> tuple[bytes, Any]:
@@ -411,11 +411,12 @@ def _known_key(choice: Any, encoded: bytes) -> tuple[bytes, Any]:
 def known_tools(tools: Any, choice: Any, encoded: bytes) -> list[dict[str, Any]]:
     """The chat tools of a call's ``tools`` (``encoded``: their JSON), each distinct set translated once
     (with its names, :func:`known_names`): an agent sends the same tools every turn (Codex: 30). Kept
-    by their bytes (:class:`core.kept.Kept`): shared, read it, never change it."""
+    by their bytes (:class:`core.kept.Kept`): shared, read it, never change it. A :class:`core.kept.Shared`
+    list, so what the chat pipeline makes of it (structs, an adapter's blocks) is made once per set too."""
     key = _known_key(choice, encoded)
     known = _KNOWN.get(key)
     if known is None:
-        known = (_tools(tools, choice), tool_names({"tools": tools}))
+        known = (Shared(_tools(tools, choice)), tool_names({"tools": tools}))
         _KNOWN.put(key, known, len(encoded))
     return known[0]
 

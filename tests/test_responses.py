@@ -20,9 +20,9 @@ from billing.store import UsageRecord
 from core.catalog import NANO
 from core.errors import InvalidRequest
 from core.inputs import decode_object
-from core.kept import Kept
+from core.kept import Kept, Shared
 from core.sse import Event
-from core.wire import TokenUsage
+from core.wire import TokenUsage, Tool
 from gateway import responses_translate
 from gateway.responses_events import EventSynth
 from gateway.responses_translate import encoded_tools, shell, to_chat
@@ -633,6 +633,34 @@ def test_a_set_of_tools_seen_before_is_translated_once_and_answers_as_the_first_
         to_chat(other, tools=encoded_tools(other))
     kept = responses_translate._KNOWN
     assert 0 < len(kept.values) < 20 and sum(len(raw) for raw, _ in kept.values) == kept.size <= 8 * 400
+
+
+@pytest.mark.parametrize("model", TRANSLATED)
+def test_a_kept_set_of_tools_reaches_the_provider_as_a_chat_call_with_them_does(
+    stack: Stack, client: openai.OpenAI, model: str
+) -> None:
+    """A translated call's tools are a kept set (core.kept.Shared): the chat pipeline's structs and the
+    adapter's tools, as JSON, are made once for the set and kept on it. The provider gets them the same
+    on the set's first call and on the next, and as a chat call with the same tools sends them."""
+    provider = model.split("/")[0]
+    lookup = {"type": "function", "name": f"lookup_{provider}", "description": "Looks a word up",
+              "parameters": {"type": "object", "properties": {"word": {"type": "string"}}}}  # fmt: skip
+    tools = [*TOOLS, lookup]  # (a set of this test's own)
+    emulator = stack.emulator(provider)
+    sent = []
+    for _ in range(2):
+        client.responses.create(model=model, input="hi [tokens:2]", tools=tools)  # type: ignore[arg-type]
+        sent.append(emulator.requests[-1]["tools"])
+    as_chat = [{"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}} for tool in tools]
+    client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi [tokens:2]"}],
+                                   tools=as_chat)  # type: ignore[arg-type]  # fmt: skip
+    assert sent[0] == sent[1] == emulator.requests[-1]["tools"] and len(json.dumps(sent[0])) > 200
+    kept = [chat for (chat, _), _ in responses_translate._KNOWN.values.values()
+            if any(tool["function"]["name"] == lookup["name"] for tool in chat)]  # fmt: skip
+    assert len(kept) == 1 and type(kept[0]) is Shared
+    adapter = {"anthropic": "anthropic", "google": "gemini"}.get(provider)
+    made = kept[0].made[Tool].made.get(adapter) if adapter else kept[0].made.get("json")
+    assert made is not None  # (what the adapter sent the provider, made once)
 
 
 def test_a_text_delta_written_as_its_frame_is_what_the_event_would_encode_to() -> None:

@@ -17,7 +17,8 @@ import msgspec
 
 from adapters.base import THINKING_BLOCKS, USER_AGENT, Call, UpstreamRequest
 from core.errors import InvalidRequest
-from core.wire import ChatRequest, FilePart, ImagePart, Message, RefusalPart, TextPart, ToolCall
+from core.kept import Shared, once
+from core.wire import ChatRequest, FilePart, ImagePart, Message, RefusalPart, TextPart, Tool, ToolCall
 
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
@@ -233,9 +234,15 @@ def conversation(request: ChatRequest, raw: dict[str, Any]) -> tuple[list[Block]
 # ------------------------------------------------------------------ request: parameters
 
 
-def _tools(request: ChatRequest) -> list[Block]:
+def _tools(request: ChatRequest) -> tuple[list[Block], Any]:
+    """The tool blocks, and the body's ``tools`` (the blocks; for a kept set, :class:`core.kept.Shared`,
+    their JSON, both made once for the set)."""
+    return once(request.tools or [], "anthropic", _tool_blocks)
+
+
+def _tool_blocks(tools: list[Tool]) -> tuple[list[Block], Any]:
     out: list[Block] = []
-    for tool in request.tools or ():
+    for tool in tools:
         if tool.type != "function":
             raise InvalidRequest(f"Tools of type {tool.type!r} are not supported for Anthropic models.", param="tools")
         fn = tool.function
@@ -247,7 +254,7 @@ def _tools(request: ChatRequest) -> list[Block]:
         if fn.strict is True:
             item["strict"] = True
         out.append(item)
-    return out
+    return out, msgspec.Raw(_encode(out)) if type(tools) is Shared else out
 
 
 def tool_choice(choice: str | dict[str, Any] | None, parallel: Any) -> Block | None:
@@ -355,9 +362,9 @@ def request_body(call: Call) -> dict[str, Any]:
     if system:
         body["system"] = _system(system)
     _sampling(call, body)
-    tools = _tools(call.request)
+    tools, sent = _tools(call.request)
     if tools:
-        body["tools"] = tools
+        body["tools"] = sent
         choice = tool_choice(call.request.tool_choice, call.raw.get("parallel_tool_calls"))
         if choice is not None:
             body["tool_choice"] = choice

@@ -21,7 +21,8 @@ import msgspec
 
 from adapters.base import USER_AGENT, Call, UpstreamRequest
 from core.errors import InvalidRequest
-from core.wire import AudioPart, ContentPart, FilePart, ImagePart, RefusalPart, TextPart, ToolCall
+from core.kept import Shared, once
+from core.wire import AudioPart, ContentPart, FilePart, ImagePart, RefusalPart, TextPart, Tool, ToolCall
 
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
@@ -188,9 +189,14 @@ def build_contents(call: Call) -> tuple[list[dict[str, Any]], list[dict[str, Any
     return contents, system
 
 
-def _tools(call: Call) -> list[dict[str, Any]]:
+def _tools(call: Call) -> Any:
+    """The body's ``tools`` (for a kept set, :class:`core.kept.Shared`, made once for the set, as JSON)."""
+    return once(call.request.tools or [], "gemini", _declarations)
+
+
+def _declarations(tools: list[Tool]) -> Any:
     declarations = []
-    for tool in call.request.tools or ():
+    for tool in tools:
         if tool.type != "function":
             raise InvalidRequest(
                 f"Tools of type '{tool.type}' are not supported by this provider.", param="tools"
@@ -202,7 +208,8 @@ def _tools(call: Call) -> list[dict[str, Any]]:
         if fn.parameters:
             decl["parametersJsonSchema"] = fn.parameters
         declarations.append(decl)
-    return [{"functionDeclarations": declarations}] if declarations else []
+    out = [{"functionDeclarations": declarations}] if declarations else []
+    return msgspec.Raw(_encode(out)) if out and type(tools) is Shared else out
 
 
 def _tool_config(choice: str | dict[str, Any] | None) -> dict[str, Any] | None:
