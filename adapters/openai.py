@@ -27,16 +27,12 @@ from adapters.base import (
 )
 from core.deployments import Deployment
 from core.errors import UpstreamError
-from core.kept import Shared, once
+from core.kept import as_sent
 from core.sse import Event
 from core.wire import TokenUsage, usage_from_openai, with_details
 
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
-
-
-def _raw(value: Any) -> msgspec.Raw:
-    return msgspec.Raw(_encode(value))
 
 
 def _split_content(content: list[Any]) -> tuple[str, str]:
@@ -130,8 +126,8 @@ class OpenAIAdapter(Adapter):
         if call.model.reasoning:
             for field in spec.reasoning_drop_fields:
                 body.pop(field, None)
-        if type(tools := body.get("tools")) is Shared:  # (a kept set: encoded once for the set)
-            body["tools"] = once(tools, "json", _raw)
+        if "tools" in body:
+            body["tools"] = as_sent(body["tools"])  # (a kept set: encoded once for the set)
         if spec.tool_call_ids == "alnum9" and isinstance(body.get("messages"), list):
             body["messages"] = alnum9_ids(body["messages"])
         url, headers = address(target, "chat/completions", name)

@@ -27,7 +27,7 @@ from typing import Any
 import msgspec
 
 from core.errors import InvalidRequest
-from core.kept import Kept
+from core.kept import Kept, Shared
 
 MAX_DEPTH = 128
 INT64_MAX = 2**63 - 1
@@ -64,7 +64,7 @@ def decode_object(body: bytes, keep: str) -> tuple[Any, bytes | None]:
     """:func:`decode_json` of a body that should be an object, and its field ``keep`` as sent (its
     bytes; None if it has none, or the body was read as a whole). That field is decoded once per
     distinct bytes, and the value shared by every body that sends those bytes again: read it, never
-    change it. An agent's tools are the same each turn; decoded, they are thousands of objects made
+    change it (a list is a :class:`core.kept.Shared` one). An agent's tools are the same each turn; decoded, they are thousands of objects made
     and freed per call (Codex's 30 tools: about 330k instructions), and their depth is read again.
 
     One pass reads the fields as bytes; each other field is decoded and its depth read on its own (a
@@ -88,6 +88,8 @@ def decode_object(body: bytes, keep: str) -> tuple[Any, bytes | None]:
                 return decode_json(body), None
             value[name] = decoded = _decode(raw)
             if name == keep and isinstance(decoded, list | dict):
+                if isinstance(decoded, list):  # (what later stages make of it is kept on it: core/kept.py)
+                    value[name] = decoded = Shared(decoded)
                 _kept.put(sent, decoded, len(raw))
         return value, sent
     except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):  # (msgspec's ValidationError is one)

@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any, Generic, TypeVar
 
+import msgspec
+
 V = TypeVar("V")
 T = TypeVar("T")
 
@@ -65,3 +67,16 @@ def once(items: list[Any], key: Hashable, make: Callable[[list[Any]], V]) -> V:
     if made is None:
         made = items.made[key] = make(items)
     return made
+
+
+def as_sent(items: Any) -> Any:
+    """``items`` as a request body carries them: a :class:`Shared` list as its JSON, encoded once for the
+    set (:class:`msgspec.Raw`, which the body's encoder copies as it is), anything else as it is."""
+    return once(items, "json", _raw) if type(items) is Shared else items
+
+
+_encode = msgspec.json.Encoder().encode
+
+
+def _raw(items: list[Any]) -> msgspec.Raw:
+    return msgspec.Raw(_encode(items))

@@ -14,7 +14,7 @@ import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
 from core.errors import InvalidRequest
-from core.inputs import decode_json
+from core.inputs import decode_object
 from core.kept import Shared, once
 
 # ------------------------------------------------------------------ inbound: chat completion request
@@ -166,8 +166,9 @@ class ChatRequest(Base):
 
 
 def chat_struct(chat: dict[str, Any]) -> ChatRequest:
-    """``chat`` (a chat request the gateway made of another endpoint's) as a :class:`ChatRequest`; its
-    tools, when they are a kept set (:class:`core.kept.Shared`), converted once for the set."""
+    """``chat`` (a decoded chat request, or one the gateway made of another endpoint's) as a
+    :class:`ChatRequest`; its tools, when they are a kept set (:class:`core.kept.Shared`), converted
+    once for the set."""
     tools = chat.get("tools")
     if type(tools) is not Shared:
         return msgspec.convert(chat, ChatRequest)
@@ -189,14 +190,14 @@ _AT = re.compile(r" - at `\$\.?(.*)`$")
 
 def parse_chat_request(body: bytes) -> tuple[dict[str, Any], ChatRequest]:
     """Decode and validate a chat request; returns the raw dict (for pass-through) and the struct."""
-    raw = decode_json(body)
+    raw, _ = decode_object(body, "tools")  # (an agent's tools, the same each turn: decoded once)
     if not isinstance(raw, dict):
         raise InvalidRequest("The request body must be a JSON object.", code="invalid_json")
     for required in ("model", "messages"):
         if required not in raw:
             raise InvalidRequest(f"Missing required parameter: '{required}'.", param=required, code="missing_required_parameter")
     try:
-        request = msgspec.convert(raw, ChatRequest)
+        request = chat_struct(raw)
     except RecursionError:
         raise InvalidRequest("The JSON body is nested too deeply.", code="invalid_json") from None
     except msgspec.ValidationError as exc:

@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 
 from core.errors import InvalidRequest
+from core.kept import Shared, once
 from core.types import new_id
 from core.wire import ChatRequest, FunctionDef, ImagePart, ImageURL, Message, Tool
 
@@ -236,18 +237,14 @@ def omitted_tools(body: dict[str, Any]) -> list[str]:
     return [str(t.get("name") or t.get("type")) for t in tools if hosted(t)] if isinstance(tools, list) else []
 
 
-def _tools(tools: Any, choice: Any) -> list[dict[str, Any]]:
+def _tools(tools: Any) -> Shared[dict[str, Any]]:
     if not isinstance(tools, list):
         raise _invalid("tools: Input should be a valid list", "tools")
-    forced = choice.get("name") if isinstance(choice, dict) and choice.get("type") == "tool" else None
-    out = []
+    out: Shared[dict[str, Any]] = Shared()
     for i, tool in enumerate(tools):
         if not isinstance(tool, dict):
             raise _invalid(f"tools.{i}: Input should be a valid dictionary", f"tools.{i}")
         if hosted(tool):
-            if forced is not None and tool.get("name") == forced:
-                raise _invalid(f"tool_choice: the tool '{forced}' is one Anthropic runs ({tool.get('type')}); this "
-                               "model's provider cannot run it", "tool_choice", "unsupported_tool")  # fmt: skip
             continue
         name, schema = tool.get("name"), tool.get("input_schema")
         if not isinstance(name, str) or not name:
@@ -259,6 +256,16 @@ def _tools(tools: Any, choice: Any) -> list[dict[str, Any]]:
             function["description"] = tool["description"]
         out.append({"type": "function", "function": function})
     return out
+
+
+def _hosted_not_forced(tools: list[Any], choice: Any) -> None:
+    """A ``tool_choice`` may not force a hosted tool: only Anthropic runs those."""
+    forced = choice.get("name") if isinstance(choice, dict) and choice.get("type") == "tool" else None
+    if forced is not None:
+        for tool in tools:
+            if hosted(tool) and tool.get("name") == forced:
+                raise _invalid(f"tool_choice: the tool '{forced}' is one Anthropic runs ({tool.get('type')}); this "
+                               "model's provider cannot run it", "tool_choice", "unsupported_tool")  # fmt: skip
 
 
 def _tool_choice(choice: Any) -> tuple[Any, bool | None]:
@@ -323,7 +330,8 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
             raise _invalid("stop_sequences: Input should be a valid list of strings", "stop_sequences")
         chat["stop"] = stops
     if body.get("tools"):
-        tools = _tools(body["tools"], body.get("tool_choice"))
+        tools = once(body["tools"], "chat", _tools)  # (Claude Code's every turn: translated once, core/kept.py)
+        _hosted_not_forced(body["tools"], body.get("tool_choice"))
         if tools:
             chat["tools"] = tools
     if body.get("tool_choice") is not None:

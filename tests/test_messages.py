@@ -13,9 +13,12 @@ from typing import Any
 import anthropic
 import pytest
 
+from core import inputs
 from core.catalog import Catalog, ConfigError
 from core.config import parse_settings
 from core.errors import InvalidRequest
+from core.kept import Shared
+from core.wire import Tool
 from tests.conftest import Stack, raw_request
 from tests.matrix import GROUPS, MODELS, PNG
 
@@ -194,6 +197,44 @@ def test_hosted_tools_are_left_out_elsewhere_and_named(stack: Stack) -> None:
     r = raw_request(stack, "POST", "/v1/messages", json.dumps(on_claude).encode(), headers)
     assert r.status == 200 and "x-router-omitted-tools" not in r.headers
     assert stack.emulator("anthropic").requests[-1]["tools"][0] == search
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_the_same_tools_every_turn_are_made_once(stack: Stack, group: str) -> None:
+    """Claude Code sends the same tools every turn. Decoded once (core.inputs.decode_object), they are a
+    kept set (core.kept.Shared), and what is made of them is kept on it: on Claude their JSON, passed
+    through; elsewhere the chat tools, their structs and what the adapter sends. The provider gets them
+    the same on the next turn and, translated, as a chat call with the same tools sends them (whose own
+    set is kept the same way)."""
+    name = f"look_up_{group}"  # (a set of this test's own)
+    tools: Any = [{"name": name, "description": "Looks a word up", "input_schema": WEATHER}, *TOOLS]
+    client, emulator = sdk(stack, stack.key()), stack.emulator(group)
+    sent = []
+    for _ in range(2):
+        client.messages.create(model=MODELS[group], max_tokens=50, messages=HI, tools=tools)
+        sent.append(emulator.requests[-1]["tools"])
+    as_chat = [{"type": "function", "function": {"name": t["name"], "description": t["description"],
+                                                 "parameters": t["input_schema"]}} for t in tools]  # fmt: skip
+    body = {"model": MODELS[group], "messages": HI, "max_tokens": 50, "tools": as_chat}
+    r = raw_request(stack, "POST", "/v1/chat/completions", json.dumps(body).encode(),
+                    {"Authorization": f"Bearer {stack.key()}", "Content-Type": "application/json"})  # fmt: skip
+    assert r.status == 200 and sent[0] == sent[1] == (tools if group == "anthropic" else emulator.requests[-1]["tools"])
+    adapter = {"anthropic": "anthropic", "google": "gemini"}.get(group)  # (else an OpenAI-like one: the set's JSON)
+
+    def kept(first: Any) -> Any:
+        sets = [v for v, _ in inputs._kept.values.values() if isinstance(v, list) and v and v[0] == first]
+        assert len(sets) == 1 and type(sets[0]) is Shared
+        return sets[0]
+
+    chat_sets = [kept(as_chat[0])]  # the chat call's own set
+    if group == "anthropic":
+        assert kept(tools[0]).made["json"] is not None  # passed through, encoded once
+    else:
+        chat = kept(tools[0]).made["chat"]  # the Messages call's tools, as chat tools
+        assert [tool["function"]["name"] for tool in chat] == [name, "get_weather"]
+        chat_sets.append(chat)
+    for chat_tools in chat_sets:
+        assert (chat_tools.made[Tool].made.get(adapter) if adapter else chat_tools.made.get("json")) is not None
 
 
 @pytest.mark.parametrize("group", ["anthropic", "google"])

@@ -23,6 +23,7 @@ from adapters.anthropic.response import error_text, usage_from_anthropic
 from adapters.base import USER_AGENT, UpstreamRequest, stream_object
 from core.deployments import Deployment
 from core.errors import UpstreamError
+from core.kept import as_sent
 from core.sse import Event, frame_event
 from core.wire import TokenUsage
 
@@ -37,6 +38,8 @@ def build_request(deployment: Deployment, body: dict[str, Any], upstream_model: 
                   forwarded: Mapping[str, str]) -> UpstreamRequest:  # fmt: skip
     out = dict(body)
     out["model"] = upstream_model
+    if "tools" in out:
+        out["tools"] = as_sent(out["tools"])  # (Claude Code's, the same each turn: encoded once for the set)
     headers = {"x-api-key": deployment.api_key, "anthropic-version": forwarded.get("anthropic-version") or VERSION,
                "content-type": "application/json", "user-agent": USER_AGENT}  # fmt: skip
     beta = forwarded.get("anthropic-beta")
