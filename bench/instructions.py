@@ -60,7 +60,8 @@ class Mode(NamedTuple):
     store: bool = False  # with store: true (the gateway keeps the response), else store: false
     messages: bool = False  # POST /v1/messages (Anthropic's API) instead of chat
     model: str | None = None  # another model than the target's
-    codex: bool = False  # the Responses call as Codex makes it (30 tools, store false, ...: codex_body)
+    codex: bool = False  # the Responses call as Codex makes it (30 tools, store false, ...: codex_body); a chat
+    # or Messages call with the same tools and prompt (chat_tools_body, messages_body)
 
 
 MODES = (Mode("non-stream", False), Mode("stream", True))
@@ -74,7 +75,12 @@ CLAUDE, GEMINI = "anthropic/claude-haiku-4-5", "google/gemini-2.5-flash"
 MESSAGES = (Mode("chat claude", False, model=CLAUDE), Mode("msg claude", False, messages=True, model=CLAUDE),
             Mode("chat claude str", True, model=CLAUDE), Mode("msg claude str", True, messages=True, model=CLAUDE),
             Mode("chat gemini", False, model=GEMINI), Mode("msg gemini", False, messages=True, model=GEMINI),
-            Mode("chat gemini str", True, model=GEMINI), Mode("msg gemini str", True, messages=True, model=GEMINI))  # fmt: skip
+            Mode("chat gemini str", True, model=GEMINI), Mode("msg gemini str", True, messages=True, model=GEMINI),
+            # as Claude Code calls, with tools (Codex's 30, as Anthropic tools), against the chat call with them
+            Mode("chat gemini tools", False, model=GEMINI, codex=True),
+            Mode("msg gemini tools", False, messages=True, model=GEMINI, codex=True),
+            Mode("chat gemini tools str", True, model=GEMINI, codex=True),
+            Mode("msg gemini tools str", True, messages=True, model=GEMINI, codex=True))  # fmt: skip
 
 
 class Server(NamedTuple):
@@ -186,9 +192,18 @@ def chat_tools_body(model: str, stream: bool) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-def messages_body(model: str, stream: bool) -> bytes:
+def messages_body(model: str, stream: bool, tools: bool = False) -> bytes:
+    """The bench's prompt on /v1/messages; with ``tools``, as chat_tools_body's call: its tools as Anthropic
+    tools, its instructions as the system prompt."""
     chat = json.loads(body_bytes(model, stream, 12))
-    body = {"model": model, "max_tokens": 4096, "messages": chat["messages"], "stream": stream}
+    body: dict[str, Any] = {"model": model, "max_tokens": 4096, "messages": chat["messages"], "stream": stream}
+    if tools:
+        twin = json.loads(chat_tools_body(model, stream))
+        body["system"] = twin["messages"][0]["content"]
+        body["messages"] = twin["messages"][1:]
+        body["tools"] = [{"name": t["function"]["name"], "description": t["function"]["description"],
+                          "input_schema": t["function"]["parameters"]} for t in twin["tools"]]  # fmt: skip
+        body["tool_choice"] = {"type": "auto"}
     return json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -206,7 +221,7 @@ async def drive(target: Target, mode: Mode, calls: int, concurrency: int) -> Non
         data = chat_tools_body(model, stream)
     if mode.messages:
         url = url.replace("/chat/completions", "/messages")
-        data = messages_body(model, stream)
+        data = messages_body(model, stream, mode.codex)
     end = b"response.completed" if mode.responses else b"message_stop" if mode.messages else b"data: [DONE]"
     headers = {"Authorization": f"Bearer {target.key}", "Content-Type": "application/json"}
     left = [calls]
@@ -297,7 +312,8 @@ def messages_report(results: dict[str, dict[str, float]]) -> str:
     lines = ["Messages calls (callgrind, thousands of instructions per call): /v1/chat/completions and /v1/messages, "
              "the same model and prompt"]  # fmt: skip
     for name, figures in results.items():
-        for chat in ("chat claude", "chat claude str", "chat gemini", "chat gemini str"):
+        for chat in ("chat claude", "chat claude str", "chat gemini", "chat gemini str", "chat gemini tools",
+                     "chat gemini tools str"):
             msg = chat.replace("chat", "msg")
             lines.append(f"  {SERVERS[name].label:40s} {msg:16s} chat {figures[chat]:9,.0f}  messages {figures[msg]:9,.0f}"
                          f"  messages / chat {figures[msg] / figures[chat]:.3f}x")  # fmt: skip
