@@ -64,8 +64,9 @@ def decode_object(body: bytes, keep: str) -> tuple[Any, bytes | None]:
     """:func:`decode_json` of a body that should be an object, and its field ``keep`` as sent (its
     bytes; None if it has none, or the body was read as a whole). That field is decoded once per
     distinct bytes, and the value shared by every body that sends those bytes again: read it, never
-    change it (a list is a :class:`core.kept.Shared` one). An agent's tools are the same each turn; decoded, they are thousands of objects made
-    and freed per call (Codex's 30 tools: about 330k instructions), and their depth is read again.
+    change it (a list is a :class:`core.kept.Shared` one). An agent's tools are the same each turn;
+    decoded, they are thousands of objects made and freed per call (Codex's 30 tools: about 330k
+    instructions), and their depth is read again.
 
     One pass reads the fields as bytes; each other field is decoded and its depth read on its own (a
     field is one level inside the body). A body this cannot read so (not an object, malformed, too
