@@ -34,7 +34,8 @@ def count(text: str) -> int:
     text is cut at each space with no whitespace on either side: the pattern's pieces always part
     there (a piece holds a space only first, or in a run of whitespace), so the words' counts add up to
     the text's. Each short word's count is kept (by its hash, never the word), so a text of words seen
-    before costs a few dictionary lookups rather than the tokenizer's ~1,000 instructions a character.
+    before costs a few dictionary lookups rather than the tokenizer's work (~14k instructions a call,
+    ~550 a character: docs/operations.md).
     ``tests/test_tokens.py`` checks the sums against the tokenizer's own count."""
     words = text.split(" ")
     if len(words) < 3:
