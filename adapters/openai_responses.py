@@ -21,6 +21,7 @@ import msgspec
 from adapters.base import USER_AGENT, UpstreamRequest, stream_object
 from core.deployments import Deployment
 from core.errors import UpstreamError
+from core.kept import as_sent
 from core.sse import Event, frame_event
 from core.wire import TokenUsage
 
@@ -44,6 +45,8 @@ GENERATED = frozenset(
 def build_request(deployment: Deployment, body: dict[str, Any], upstream_model: str) -> UpstreamRequest:
     out = dict(body)
     out["model"] = upstream_model
+    if "tools" in out:
+        out["tools"] = as_sent(out["tools"])  # (Codex's, the same each turn: encoded once for the set)
     headers = {"Authorization": f"Bearer {deployment.api_key}", "Content-Type": "application/json", "User-Agent": USER_AGENT}
     if out.get("stream"):
         headers["Accept"] = "text/event-stream"

@@ -17,6 +17,7 @@ import pytest
 from adapters.openai_responses import ResponsesRelay
 from billing.pricing import cost
 from billing.store import UsageRecord
+from core import inputs
 from core.catalog import NANO
 from core.errors import InvalidRequest
 from core.inputs import decode_object
@@ -661,6 +662,22 @@ def test_a_kept_set_of_tools_reaches_the_provider_as_a_chat_call_with_them_does(
     adapter = {"anthropic": "anthropic", "google": "gemini"}.get(provider)
     made = kept[0].made[Tool].made.get(adapter) if adapter else kept[0].made.get("json")
     assert made is not None  # (what the adapter sent the provider, made once)
+
+
+def test_a_kept_set_of_tools_goes_to_openai_as_sent(stack: Stack, client: openai.OpenAI) -> None:
+    """On a model whose provider speaks the Responses API the tools pass through: the decoded set's JSON
+    is made once (core.kept.as_sent) and the provider gets the tools as sent, on each turn."""
+    lookup = {"type": "function", "name": "lookup_openai_native", "description": "Looks a word up",
+              "parameters": {"type": "object", "properties": {"word": {"type": "string"}}}}  # fmt: skip
+    tools = [lookup, *TOOLS, {"type": "web_search"}]
+    emulator = stack.emulator("openai")
+    sent = []
+    for _ in range(2):
+        client.responses.create(model="openai/gpt-4o-mini", input="hi [tokens:2]", tools=tools)  # type: ignore[arg-type]
+        sent.append(emulator.requests[-1]["tools"])
+    assert sent[0] == sent[1] == tools
+    kept = [v for v, _ in inputs._kept.values.values() if isinstance(v, list) and v and v[0] == lookup]
+    assert len(kept) == 1 and type(kept[0]) is Shared and kept[0].made.get("json") is not None
 
 
 def test_a_text_delta_written_as_its_frame_is_what_the_event_would_encode_to() -> None:
