@@ -60,13 +60,17 @@ class Shared(list[T]):
 
 def once(items: list[Any], key: Hashable, make: Callable[[list[Any]], V]) -> V:
     """``make(items)``: kept on ``items`` under ``key`` when they are :class:`Shared` (then shared too:
-    read it, never change it), else made anew. A ``make`` that raises keeps nothing."""
+    read it, never change it), else made anew. A list made of a shared set is :class:`Shared` itself,
+    so what the next stage makes of it is kept the same way. A ``make`` that raises keeps nothing."""
     if type(items) is not Shared:
         return make(items)
-    made: V | None = items.made.get(key)
+    made: Any = items.made.get(key)
     if made is None:
-        made = items.made[key] = make(items)
-    return made
+        made = make(items)
+        if type(made) is list:
+            made = Shared(made)
+        items.made[key] = made
+    return made  # type: ignore[no-any-return]
 
 
 def as_sent(items: Any) -> Any:

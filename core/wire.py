@@ -181,8 +181,8 @@ def chat_struct(chat: dict[str, Any]) -> ChatRequest:
     return request
 
 
-def _tool_structs(tools: list[Any]) -> Shared[Tool]:
-    return Shared(msgspec.convert(tools, list[Tool]))
+def _tool_structs(tools: list[Any]) -> list[Tool]:
+    return msgspec.convert(tools, list[Tool])
 
 
 _AT = re.compile(r" - at `\$\.?(.*)`$")

@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 
 from core.errors import InvalidRequest
-from core.kept import Shared, once
+from core.kept import once
 from core.types import new_id
 from core.wire import ChatRequest, FunctionDef, ImagePart, ImageURL, Message, Tool
 
@@ -237,10 +237,10 @@ def omitted_tools(body: dict[str, Any]) -> list[str]:
     return [str(t.get("name") or t.get("type")) for t in tools if hosted(t)] if isinstance(tools, list) else []
 
 
-def _tools(tools: Any) -> Shared[dict[str, Any]]:
+def _tools(tools: Any) -> list[dict[str, Any]]:
     if not isinstance(tools, list):
         raise _invalid("tools: Input should be a valid list", "tools")
-    out: Shared[dict[str, Any]] = Shared()
+    out = []
     for i, tool in enumerate(tools):
         if not isinstance(tool, dict):
             raise _invalid(f"tools.{i}: Input should be a valid dictionary", f"tools.{i}")

@@ -234,7 +234,7 @@ def test_the_same_tools_every_turn_are_made_once(stack: Stack, group: str) -> No
         assert [tool["function"]["name"] for tool in chat] == [name, "get_weather"]
         chat_sets.append(chat)
     for chat_tools in chat_sets:
-        assert (chat_tools.made[Tool].made.get(adapter) if adapter else chat_tools.made.get("json")) is not None
+        assert (chat_tools.made[Tool].made[adapter].made.get("json") if adapter else chat_tools.made.get("json")) is not None
 
 
 @pytest.mark.parametrize("group", ["anthropic", "google"])

@@ -660,8 +660,8 @@ def test_a_kept_set_of_tools_reaches_the_provider_as_a_chat_call_with_them_does(
             if any(tool["function"]["name"] == lookup["name"] for tool in chat)]  # fmt: skip
     assert len(kept) == 1 and type(kept[0]) is Shared
     adapter = {"anthropic": "anthropic", "google": "gemini"}.get(provider)
-    made = kept[0].made[Tool].made.get(adapter) if adapter else kept[0].made.get("json")
-    assert made is not None  # (what the adapter sent the provider, made once)
+    made = kept[0].made[Tool].made[adapter].made.get("json") if adapter else kept[0].made.get("json")
+    assert made is not None  # (what the adapter sent the provider, made once: its tools' JSON)
 
 
 def test_a_kept_set_of_tools_goes_to_openai_as_sent(stack: Stack, client: openai.OpenAI) -> None:

@@ -17,7 +17,7 @@ import msgspec
 
 from adapters.base import THINKING_BLOCKS, USER_AGENT, Call, UpstreamRequest
 from core.errors import InvalidRequest
-from core.kept import Shared, once
+from core.kept import as_sent, once
 from core.wire import ChatRequest, FilePart, ImagePart, Message, RefusalPart, TextPart, Tool, ToolCall
 
 _decode = msgspec.json.Decoder().decode
@@ -234,13 +234,12 @@ def conversation(request: ChatRequest, raw: dict[str, Any]) -> tuple[list[Block]
 # ------------------------------------------------------------------ request: parameters
 
 
-def _tools(request: ChatRequest) -> tuple[list[Block], Any]:
-    """The tool blocks, and the body's ``tools`` (the blocks; for a kept set, :class:`core.kept.Shared`,
-    their JSON, both made once for the set)."""
+def _tools(request: ChatRequest) -> list[Block]:
+    """The tool blocks (for a kept set, :class:`core.kept.Shared`, made once for the set)."""
     return once(request.tools or [], "anthropic", _tool_blocks)
 
 
-def _tool_blocks(tools: list[Tool]) -> tuple[list[Block], Any]:
+def _tool_blocks(tools: list[Tool]) -> list[Block]:
     out: list[Block] = []
     for tool in tools:
         if tool.type != "function":
@@ -254,7 +253,7 @@ def _tool_blocks(tools: list[Tool]) -> tuple[list[Block], Any]:
         if fn.strict is True:
             item["strict"] = True
         out.append(item)
-    return out, msgspec.Raw(_encode(out)) if type(tools) is Shared else out
+    return out
 
 
 def tool_choice(choice: str | dict[str, Any] | None, parallel: Any) -> Block | None:
@@ -362,9 +361,9 @@ def request_body(call: Call) -> dict[str, Any]:
     if system:
         body["system"] = _system(system)
     _sampling(call, body)
-    tools, sent = _tools(call.request)
+    tools = _tools(call.request)
     if tools:
-        body["tools"] = sent
+        body["tools"] = as_sent(tools)  # (a kept set's blocks: their JSON, encoded once for the set)
         choice = tool_choice(call.request.tool_choice, call.raw.get("parallel_tool_calls"))
         if choice is not None:
             body["tool_choice"] = choice

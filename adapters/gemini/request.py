@@ -21,7 +21,7 @@ import msgspec
 
 from adapters.base import USER_AGENT, Call, UpstreamRequest
 from core.errors import InvalidRequest
-from core.kept import Shared, once
+from core.kept import as_sent, once
 from core.wire import AudioPart, ContentPart, FilePart, ImagePart, RefusalPart, TextPart, Tool, ToolCall
 
 _decode = msgspec.json.Decoder().decode
@@ -189,12 +189,12 @@ def build_contents(call: Call) -> tuple[list[dict[str, Any]], list[dict[str, Any
     return contents, system
 
 
-def _tools(call: Call) -> Any:
-    """The body's ``tools`` (for a kept set, :class:`core.kept.Shared`, made once for the set, as JSON)."""
+def _tools(call: Call) -> list[dict[str, Any]]:
+    """The body's ``tools`` (for a kept set, :class:`core.kept.Shared`, made once for the set)."""
     return once(call.request.tools or [], "gemini", _declarations)
 
 
-def _declarations(tools: list[Tool]) -> Any:
+def _declarations(tools: list[Tool]) -> list[dict[str, Any]]:
     declarations = []
     for tool in tools:
         if tool.type != "function":
@@ -208,8 +208,7 @@ def _declarations(tools: list[Tool]) -> Any:
         if fn.parameters:
             decl["parametersJsonSchema"] = fn.parameters
         declarations.append(decl)
-    out = [{"functionDeclarations": declarations}] if declarations else []
-    return msgspec.Raw(_encode(out)) if out and type(tools) is Shared else out
+    return [{"functionDeclarations": declarations}] if declarations else []
 
 
 def _tool_config(choice: str | dict[str, Any] | None) -> dict[str, Any] | None:
@@ -285,7 +284,7 @@ def build(call: Call) -> UpstreamRequest:
         body["systemInstruction"] = {"parts": system}
     tools = _tools(call)
     if tools:
-        body["tools"] = tools
+        body["tools"] = as_sent(tools)  # (a kept set's: its JSON, encoded once for the set)
         tool_config = _tool_config(call.request.tool_choice)
         if tool_config:
             body["toolConfig"] = tool_config
