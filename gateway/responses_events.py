@@ -89,6 +89,83 @@ def _part(kind: str, text: str) -> dict[str, Any]:
     return {"type": "reasoning_text", "text": text}
 
 
+def new_item(kind: str, summary: bool = False) -> dict[str, Any]:
+    """An item of text as it opens: a message, or reasoning (its text as summary parts when ``summary``)."""
+    if kind == "message":
+        return {"id": item_id("msg"), "type": "message", "status": "in_progress", "role": "assistant", "content": []}
+    if summary:
+        return {"id": item_id("rs"), "type": "reasoning", "summary": [], "status": "in_progress"}
+    return {"id": item_id("rs"), "type": "reasoning", "summary": [], "content": [], "status": "in_progress"}
+
+
+def call_item(call: dict[str, Any], names: Mapping[str, Any]) -> dict[str, Any]:
+    """A chat tool call's item as it opens: a function call named as the caller named its tool, or a
+    free-form tool's call; a call's ``extra_content`` (Gemini's thought signature) rides on it."""
+    name = (call.get("function") or {}).get("name") or ""
+    known = names.get(name)
+    if known is not None and known.custom:  # a free-form tool: its input once whole (see final)
+        item = {"id": item_id("ctc"), "type": "custom_tool_call", "status": "in_progress",
+                "call_id": call.get("id") or item_id("call"), "input": "", "name": known.name}  # fmt: skip
+    else:
+        item = {
+            "id": item_id("fc"),
+            "type": "function_call",
+            "status": "in_progress",
+            "arguments": "",
+            "call_id": call.get("id") or item_id("call"),
+            "name": known.name if known is not None else name,
+        }
+        if known is not None and known.namespace is not None:
+            item["namespace"] = known.namespace
+    if isinstance(call.get("extra_content"), dict):
+        item["extra_content"] = call["extra_content"]
+    return item
+
+
+def final(item: dict[str, Any], text: str, status: str) -> dict[str, Any]:
+    """An item closed with its whole text (a call's arguments, a free-form tool's input)."""
+    if item["type"] == "function_call":
+        return {**item, "arguments": text, "status": status}
+    if item["type"] == "custom_tool_call":
+        return {**item, "input": custom_input(text), "status": status}
+    if item["type"] == "reasoning" and "content" not in item:  # (a summary)
+        return {**item, "summary": [{"type": "summary_text", "text": text}], "status": status}
+    return {**item, "content": [_part(item["type"], text)], "status": status}
+
+
+def closing(finish_reason: str | None, item: dict[str, Any]) -> str:
+    """The status of the item open when the answer ends: a message cut short is incomplete."""
+    return "incomplete" if INCOMPLETE.get(finish_reason or "") and item["type"] == "message" else "completed"
+
+
+def sealed_item(output: list[dict[str, Any]], blocks: list[Any],
+                seal: Callable[[dict[str, Any]], str] | None) -> dict[str, Any] | None:  # fmt: skip
+    """A tool turn's provider state as a last reasoning item whose ``encrypted_content`` the gateway
+    sealed (when the caller asked for it): thinking blocks, thought signatures, the turn's call ids."""
+    calls = [item for item in output if item["type"] in ("function_call", "custom_tool_call")]
+    if seal is None or not calls:
+        return None
+    signatures = {c["call_id"]: c["extra_content"] for c in calls if isinstance(c.get("extra_content"), dict)}
+    if not blocks and not signatures:
+        return None
+    state = {"b": blocks, "s": signatures, "c": [c["call_id"] for c in calls]}
+    return {"id": item_id("rs"), "type": "reasoning", "summary": [], "encrypted_content": seal(state),
+            "status": "completed"}  # fmt: skip
+
+
+def ended(shell: dict[str, Any], output: list[dict[str, Any]], finish_reason: str | None,
+          usage: Any) -> tuple[str, dict[str, Any]]:  # fmt: skip
+    """The terminal event's type and the finished response: incomplete when the provider stopped at the
+    output cap or its content filter, else completed."""
+    changes: dict[str, Any] = {"usage": responses_usage(usage)}
+    reason = INCOMPLETE.get(finish_reason or "")
+    if reason:
+        changes.update(status="incomplete", incomplete_details={"reason": reason})
+        return "response.incomplete", {**shell, "output": list(output), **changes}
+    changes.update(status="completed", completed_at=int(time.time()))
+    return "response.completed", {**shell, "output": list(output), **changes}
+
+
 @dataclass(frozen=True, slots=True)
 class Options:
     """How the answer is written: thinking as summary parts, the caller's names of the functions the
@@ -181,29 +258,13 @@ class EventSynth:
         return events
 
     def _open_text(self, kind: str) -> list[dict[str, Any]]:
-        if kind == "message":
-            item = {
-                "id": item_id("msg"),
-                "type": "message",
-                "status": "in_progress",
-                "role": "assistant",
-                "content": [],
-            }
-        elif self.options.summary:
-            item = {"id": item_id("rs"), "type": "reasoning", "summary": [], "status": "in_progress"}
-            events = self._open(item)
+        summary = kind != "message" and self.options.summary
+        item = new_item(kind, summary)
+        events = self._open(item)
+        if summary:
             events.append(self._event("response.reasoning_summary_part.added", item_id=item["id"],
                                       output_index=self.current, summary_index=0, part=_SUMMARY_EMPTY))  # fmt: skip
             return events
-        else:
-            item = {
-                "id": item_id("rs"),
-                "type": "reasoning",
-                "summary": [],
-                "content": [],
-                "status": "in_progress",
-            }
-        events = self._open(item)
         events.append(
             self._event(
                 "response.content_part.added",
@@ -243,25 +304,7 @@ class EventSynth:
         index = self.calls.get(chat_index)
         events: list[dict[str, Any]] = []
         if index is None:
-            name = function.get("name") or ""
-            known = self.options.names.get(name)
-            if known is not None and known.custom:  # a free-form tool: its input once whole (see _final)
-                item = {"id": item_id("ctc"), "type": "custom_tool_call", "status": "in_progress",
-                        "call_id": call.get("id") or item_id("call"), "input": "", "name": known.name}  # fmt: skip
-            else:
-                item = {
-                    "id": item_id("fc"),
-                    "type": "function_call",
-                    "status": "in_progress",
-                    "arguments": "",
-                    "call_id": call.get("id") or item_id("call"),
-                    "name": known.name if known is not None else name,
-                }
-                if known is not None and known.namespace is not None:
-                    item["namespace"] = known.namespace
-            if isinstance(call.get("extra_content"), dict):  # Gemini's thought signature (adapters.gemini)
-                item["extra_content"] = call["extra_content"]
-            events += self._open(item)
+            events += self._open(call_item(call, self.options.names))
             index = self.calls[chat_index] = len(self.output) - 1
         elif isinstance(call.get("extra_content"), dict):  # came after the call's first piece
             self.output[index] = {**self.output[index], "extra_content": call["extra_content"]}
@@ -283,15 +326,7 @@ class EventSynth:
 
     # -- items out --------------------------------------------------------------------------------
     def _final(self, index: int, status: str) -> dict[str, Any]:
-        item = self.output[index]
-        text = "".join(self.pieces[index])
-        if item["type"] == "function_call":
-            return {**item, "arguments": text, "status": status}
-        if item["type"] == "custom_tool_call":
-            return {**item, "input": custom_input(text), "status": status}
-        if item["type"] == "reasoning" and "content" not in item:  # (a summary)
-            return {**item, "summary": [{"type": "summary_text", "text": text}], "status": status}
-        return {**item, "content": [_part(item["type"], text)], "status": status}
+        return final(self.output[index], "".join(self.pieces[index]), status)
 
     def _close(self, status: str = "completed") -> list[dict[str, Any]]:
         index, self.current = self.current, None
@@ -333,36 +368,20 @@ class EventSynth:
         if self.done:
             return []
         self.done = True
-        reason = INCOMPLETE.get(self.finish_reason or "")
         events: list[dict[str, Any]] = []
         if not self.output:  # an empty answer is still one (empty) message
             events += self._open_text("message")
-        events += self._close(
-            "incomplete" if reason and self.output[-1]["type"] == "message" else "completed"
-        )
+        events += self._close(closing(self.finish_reason, self.output[-1]))
         events += self._sealed()
-        changes: dict[str, Any] = {"usage": responses_usage(self.usage)}
-        if reason:
-            changes.update(status="incomplete", incomplete_details={"reason": reason})
-            events.append(self._event("response.incomplete", response=self._response(**changes)))
-        else:
-            changes.update(status="completed", completed_at=int(time.time()))
-            events.append(self._event("response.completed", response=self._response(**changes)))
+        kind, response = ended(self.shell, self.output, self.finish_reason, self.usage)
+        events.append(self._event(kind, response=response))
         return events
 
     def _sealed(self) -> list[dict[str, Any]]:
-        """A tool turn's provider state as the last output item: a reasoning item whose
-        ``encrypted_content`` the gateway sealed (when the caller asked for it)."""
-        seal = self.options.seal
-        calls = [item for item in self.output if item["type"] in ("function_call", "custom_tool_call")]
-        if seal is None or not calls:
+        """A tool turn's provider state as the last output item (:func:`sealed_item`)."""
+        item = sealed_item(self.output, self.blocks, self.options.seal)
+        if item is None:
             return []
-        signatures = {c["call_id"]: c["extra_content"] for c in calls if isinstance(c.get("extra_content"), dict)}
-        if not self.blocks and not signatures:
-            return []
-        state = {"b": self.blocks, "s": signatures, "c": [c["call_id"] for c in calls]}
-        item = {"id": item_id("rs"), "type": "reasoning", "summary": [], "encrypted_content": seal(state),
-                "status": "completed"}  # fmt: skip
         index = len(self.output)
         self.output.append(item)
         return [self._event("response.output_item.added", output_index=index, item=item),
@@ -379,3 +398,31 @@ class EventSynth:
         code = "rate_limit_exceeded" if error.get("code") == "rate_limit_exceeded" else "server_error"
         failure = {"code": code, "message": str(error.get("message") or "The provider failed mid-stream.")}
         return [self._event("response.failed", response=self._response(status="failed", error=failure))]
+
+
+def whole(shell: dict[str, Any], message: dict[str, Any], finish_reason: str | None, usage: Any,
+          options: Options | None = None) -> dict[str, Any]:  # fmt: skip
+    """A whole chat answer's ``message`` → the finished Response: the items :class:`EventSynth` gives
+    for it streamed (its reasoning, its text, its calls, then the sealed state), made by the same
+    rules without making the events."""
+    how = options or PLAIN
+    opened: list[tuple[dict[str, Any], str]] = []
+    for kind, name in (("reasoning", "reasoning_content"), ("message", "content")):
+        text = message.get(name)
+        if text and isinstance(text, str):
+            opened.append((new_item(kind, kind != "message" and how.summary), text))
+    calls = message.get("tool_calls")
+    for call in calls if isinstance(calls, list) else ():
+        if isinstance(call, dict):
+            arguments = (call.get("function") or {}).get("arguments")
+            opened.append((call_item(call, how.names), arguments if isinstance(arguments, str) else ""))
+    if not opened:  # an empty answer is still one (empty) message
+        opened.append((new_item("message"), ""))
+    last = len(opened) - 1
+    output = [final(item, text, "completed" if i < last else closing(finish_reason, item))
+              for i, (item, text) in enumerate(opened)]  # fmt: skip
+    blocks = message.get("thinking_blocks")
+    sealed = sealed_item(output, blocks if isinstance(blocks, list) else [], how.seal)
+    if sealed is not None:
+        output.append(sealed)
+    return ended(shell, output, finish_reason, usage or None)[1]

@@ -4,8 +4,8 @@ request, the chat answer becomes a Response object (docs/providers.md, OpenAI Re
     to_chat(body)                   Responses request → chat request dict; a feature with no chat
                                     equivalent is a 400 that names it
     shell(body, model_id)           the Response object before any output (status ``in_progress``)
-    from_completion(completion, shell)  chat.completion → Response object (through :class:`EventSynth`,
-                                    so a streamed and a non-streamed answer are built the same way)
+    from_completion(completion, shell)  chat.completion → Response object (by the rules of items the
+                                    stream's :class:`EventSynth` follows, so both are built alike)
 
 ``previous_response_id``, ``item_reference`` and ``store`` are the gateway's own (gateway/conversation.py
 resolves the conversation from the stored responses before it gets here; router/responses_api.py
@@ -31,7 +31,7 @@ import msgspec
 from adapters.base import THINKING_BLOCKS
 from core.errors import InvalidRequest
 from core.kept import Kept, Shared
-from gateway.responses_events import EventSynth, Options, item_id
+from gateway.responses_events import Options, item_id, whole
 
 # request fields we translate, or accept as hints with no effect on a chat provider
 TRANSLATED = frozenset(
@@ -632,19 +632,6 @@ def from_completion(completion: dict[str, Any], response: dict[str, Any], how: O
     """A chat.completion → the finished Response object (``response`` is its :func:`shell`)."""
     choices = completion.get("choices") or [{}]
     choice = choices[0] if isinstance(choices[0], dict) else {}
-    message = choice.get("message") or {}
-    delta: dict[str, Any] = {}
-    for field in ("reasoning_content", "content", THINKING_BLOCKS):
-        if isinstance(message.get(field), str | list):
-            delta[field] = message[field]
-    calls = message.get("tool_calls") or []
-    if calls:
-        delta["tool_calls"] = [{**call, "index": i} for i, call in enumerate(calls) if isinstance(call, dict)]
-    synth = EventSynth(response, how)
-    synth.feed(
-        {
-            "choices": [{"index": 0, "delta": delta, "finish_reason": choice.get("finish_reason")}],
-            "usage": completion.get("usage"),
-        }
-    )
-    return synth.finish()[-1]["response"]
+    message = choice.get("message")
+    return whole(response, message if isinstance(message, dict) else {}, choice.get("finish_reason"),
+                 completion.get("usage"), how)  # fmt: skip

@@ -701,6 +701,63 @@ def test_a_text_delta_written_as_its_frame_is_what_the_event_would_encode_to() -
     assert finished["output"][0]["content"][0]["text"] == "a" + piece
 
 
+def _same_ids(response: dict[str, Any]) -> dict[str, Any]:
+    """A response with its item ids, made-up call ids and sealed state in place of what is random."""
+    def same(call_id: str) -> str:
+        return "made" if call_id.startswith("call_") else call_id
+
+    output = []
+    for i, item in enumerate(response["output"]):
+        item = {**item, "id": f"{item['type']}-{i}"}
+        if "call_id" in item:
+            item["call_id"] = same(item["call_id"])
+        if "encrypted_content" in item:
+            state = json.loads(item["encrypted_content"])
+            item["encrypted_content"] = {**state, "c": [same(c) for c in state["c"]]}
+        output.append(item)
+    return {**response, "output": output, "completed_at": 0}
+
+
+@pytest.mark.parametrize("summary", [False, True])
+def test_a_whole_answer_is_the_response_its_stream_would_end_with(summary: bool) -> None:
+    """from_completion builds the Response without making events, by the rules EventSynth follows: for
+    every kind of answer it is the response the same answer streamed ends with."""
+    from gateway.responses_events import Options
+    from gateway.responses_translate import ToolName, from_completion
+
+    names = {"agents__spawn": ToolName("spawn", "agents"), "patch": ToolName("patch", custom=True)}
+    how = Options(summary=summary, names=names, seal=lambda state: json.dumps(state, sort_keys=True))
+    usage = {"prompt_tokens": 5, "completion_tokens": 7, "completion_tokens_details": {"reasoning_tokens": 3}}
+    calls = [{"id": "c1", "type": "function", "function": {"name": "agents__spawn", "arguments": '{"a": 1}'}},
+             {"id": "c2", "type": "function", "function": {"name": "patch", "arguments": '{"input": "*** x"}'},
+              "extra_content": {"google": {"thought_signature": "sig"}}},
+             {"type": "function", "function": {"name": "plain"}}]  # fmt: skip
+    messages: list[dict[str, Any]] = [
+        {"role": "assistant", "content": "Hello there."},
+        {"role": "assistant", "content": ""},
+        {"role": "assistant", "content": None, "reasoning_content": "Think.", "tool_calls": calls,
+         "thinking_blocks": [{"type": "thinking", "thinking": "Think.", "signature": "s"}]},
+        {"role": "assistant", "content": "Calling.", "tool_calls": calls[:1]},
+        {"role": "assistant", "reasoning_content": "Only thought."},
+        {"role": "assistant", "content": [{"type": "text", "text": "a list"}], "tool_calls": "not a list"},
+        {},
+    ]
+    for message in messages:
+        for reason in ("stop", "length", "content_filter", "tool_calls", None):
+            for given in (usage, None):
+                body = shell({"model": "x/y", "input": "q", "instructions": "Be brief."}, "x/y")
+                whole = from_completion({"choices": [{"index": 0, "message": message, "finish_reason": reason}],
+                                         "usage": given}, body, how)  # fmt: skip
+                synth = EventSynth(body, how)
+                delta = {k: v for k, v in message.items() if k != "tool_calls"}
+                if isinstance(message.get("tool_calls"), list):
+                    delta["tool_calls"] = [{**c, "index": i} for i, c in enumerate(message["tool_calls"])]
+                synth.feed({"choices": [{"index": 0, "delta": delta, "finish_reason": reason}], "usage": given})
+                streamed = synth.finish()[-1]["response"]
+                assert _same_ids(whole) == _same_ids(streamed), (message, reason)
+                assert whole["status"] == ("incomplete" if reason in ("length", "content_filter") else "completed")
+
+
 def test_event_synth_parallel_calls_and_failure() -> None:
     synth = EventSynth(shell({"model": "x/y", "input": "q"}, "x/y"))
     events = synth.start()
