@@ -272,12 +272,14 @@ class SynthReader(ChatWrapper):
         self.synth = synth
 
     def start(self) -> list[Any]:
-        return [frames(self.synth.start())]
+        return self.synth.start()
 
     def _chunks(self, chunks: list[Any], out: list[Any]) -> None:
         synth = self.synth
         events = [event for chunk in chunks for event in synth.feed(chunk)]
-        if events:
+        if len(events) == 1 and events[0].__class__ is bytes:  # (most reads: one text delta, framed)
+            out.append(events[0])
+        elif events:
             out.append(frames(events))
 
     def end(self) -> list[Any]:

@@ -20,8 +20,8 @@ the API; usage comes only in the terminal event's response. A function call keep
 ``namespace`` the caller gave its tool (Options.names). When the caller asked for encrypted reasoning
 (Options.seal), the provider's state of a tool turn (Anthropic's signed thinking blocks, Gemini's
 thought signatures) goes out last, sealed into a reasoning item, for the next turn to send back.
-Pure: dicts in, dicts out (a message's text deltas as their frames, and the snapshot that
-``response.created`` and ``.in_progress`` share encoded once, as ``msgspec.Raw``).
+Pure: dicts in, dicts out (but a message's text deltas, and ``response.created`` and ``.in_progress``
+with the snapshot they share encoded once, as their SSE frames).
 """
 
 from __future__ import annotations
@@ -47,6 +47,11 @@ def _text_delta(item: bytes, index: int) -> bytes:
     sequence number and the delta, encoded (key order as _event builds it)."""
     return (b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","sequence_number":%%d,'
             b'"item_id":%b,"output_index":%d,"content_index":0,"delta":%%b,"logprobs":[]}\n\n') % (item, index)
+
+
+# the frames of the two events that open a stream, up to their response (key order as _event builds it)
+_CREATED = b'event: response.created\ndata: {"type":"response.created","sequence_number":%d,"response":'
+_IN_PROGRESS = b'}\n\nevent: response.in_progress\ndata: {"type":"response.in_progress","sequence_number":%d,"response":'
 
 
 def item_id(prefix: str) -> str:
@@ -205,12 +210,13 @@ class EventSynth:
     def _response(self, **changes: Any) -> dict[str, Any]:
         return {**self.shell, "output": list(self.output), **changes}
 
-    def start(self) -> list[dict[str, Any]]:
-        """``response.created`` and ``.in_progress``: the same snapshot, encoded once for both (with
-        its echo of the request's tools: Codex's are 8 KB)."""
-        response = msgspec.Raw(_encode(self._response()))
-        return [self._event("response.created", response=response),
-                self._event("response.in_progress", response=response)]  # fmt: skip
+    def start(self) -> list[bytes]:
+        """``response.created`` and ``.in_progress`` as their frames: the same snapshot (with its echo
+        of the request's tools: Codex's are 8 KB), encoded once and copied once into each."""
+        snapshot = _encode(self._response())
+        first = self.sequence
+        self.sequence += 2
+        return [b"".join((_CREATED % first, snapshot, _IN_PROGRESS % (first + 1), snapshot, b"}\n\n"))]
 
     # -- chunks in --------------------------------------------------------------------------------
     def feed(self, chunk: dict[str, Any]) -> list[Any]:
