@@ -26,7 +26,13 @@ from core.sse import Event, frame_event
 from core.wire import TokenUsage
 
 _decode = msgspec.json.Decoder().decode
+_fields = msgspec.json.Decoder(dict[str, msgspec.Raw]).decode
 _encode = msgspec.json.Encoder().encode
+
+# a Response object's fields that echo the request's largest parts (Codex: 30 tools, 8 KB, and its whole
+# prompt): passed on as their bytes, never read (decoded, Codex's tools are thousands of objects to make
+# and encode again, in the answer and in each of the three events of a stream that carry the response)
+ECHOED = frozenset({"tools", "instructions"})
 
 TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 # events whose deltas are generated output (kept to estimate tokens if usage never comes)
@@ -88,15 +94,41 @@ def output_text(response: dict[str, Any]) -> str:
     return "".join(parts)
 
 
+def response_object(data: bytes | msgspec.Raw) -> dict[str, Any]:
+    """A Response object's JSON, decoded but for its :data:`ECHOED` fields (``msgspec.Raw``); a
+    ``msgspec.ValidationError`` if it is JSON but not an object, a ``DecodeError`` if not JSON."""
+    return {name: value if name in ECHOED else _decode(value) for name, value in _fields(data).items()}
+
+
+def _event_object(data: bytes, provider: str) -> dict[str, Any]:
+    """:func:`adapters.base.stream_object` of an event that carries a response (:func:`response_object`)."""
+    try:
+        fields = _fields(data)
+    except msgspec.DecodeError:  # (not JSON, or not an object: stream_object says which)
+        return stream_object(data, provider)
+    out: dict[str, Any] = {}
+    for name, value in fields.items():
+        if name == "response":
+            try:
+                out[name] = response_object(value)
+                continue
+            except msgspec.ValidationError:  # not an object: passed on as it is
+                pass
+        out[name] = _decode(value)
+    return out
+
+
 def parse_response(body: bytes, model_id: str, provider: str,
                    echo: dict[str, Any] | None = None) -> tuple[dict[str, Any], TokenUsage | None]:  # fmt: skip
     """The upstream's Response object with the caller's model id (and the fields of ``echo``: what
     the gateway, not the upstream, decides, such as ``store`` and ``previous_response_id``)."""
     try:
-        data = _decode(body)
+        data = response_object(body)
+    except msgspec.ValidationError:
+        raise UpstreamError(f"The provider '{provider}' returned an unexpected answer shape.") from None
     except msgspec.DecodeError:
         raise UpstreamError(f"The provider '{provider}' returned a body that is not JSON.") from None
-    if not isinstance(data, dict) or data.get("object") != "response":
+    if data.get("object") != "response":
         raise UpstreamError(f"The provider '{provider}' returned an unexpected answer shape.")
     data["model"] = model_id
     if echo:
@@ -134,7 +166,8 @@ class ResponsesRelay:
     def feed(self, event: Event) -> list[bytes]:
         if event.data == b"[DONE]" or self.finished:
             return []  # some proxies append [DONE]; nothing may follow a terminal event
-        data = stream_object(event.data, self.provider)
+        raw = event.data
+        data = stream_object(raw, self.provider) if raw.find(b'"response"') < 0 else _event_object(raw, self.provider)
         kind = str(data.get("type") or event.event or "message")
         sequence = data.get("sequence_number")
         if isinstance(sequence, int):

@@ -71,7 +71,7 @@ RESPONSES = (Mode("resp", False, True), Mode("resp stored", False, True, True), 
              Mode("resp str stored", True, True, True))  # fmt: skip
 # --messages: a call to Claude (passed through) and to Gemini (translated) on /v1/messages against the
 # same call on /v1/chat/completions
-CLAUDE, GEMINI = "anthropic/claude-haiku-4-5", "google/gemini-2.5-flash"
+CLAUDE, GEMINI, OPENAI = "anthropic/claude-haiku-4-5", "google/gemini-2.5-flash", "openai/gpt-4o-mini"
 MESSAGES = (Mode("chat claude", False, model=CLAUDE), Mode("msg claude", False, messages=True, model=CLAUDE),
             Mode("chat claude str", True, model=CLAUDE), Mode("msg claude str", True, messages=True, model=CLAUDE),
             Mode("chat gemini", False, model=GEMINI), Mode("msg gemini", False, messages=True, model=GEMINI),
@@ -147,14 +147,18 @@ def responses_body(model: str, stream: bool, store: bool) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-# --codex: a Responses call on Claude (translated) as Codex makes it against a plain one, stream and not
+# --codex: a Responses call on Claude (translated) as Codex makes it against a plain one, stream and not,
 # and against the chat call that carries the same work (the same 30 tools as functions, the same prompt):
 # what the Responses surface costs beyond the chat one for one and the same call
 CODEX = (Mode("resp claude", False, True, model=CLAUDE), Mode("codex claude", False, True, model=CLAUDE, codex=True),
          Mode("chat claude tools", False, model=CLAUDE, codex=True),
          Mode("resp claude str", True, True, model=CLAUDE),
          Mode("codex claude str", True, True, model=CLAUDE, codex=True),
-         Mode("chat claude tools str", True, model=CLAUDE, codex=True))  # fmt: skip
+         Mode("chat claude tools str", True, model=CLAUDE, codex=True),
+         # and on OpenAI, which speaks the Responses API: the body passed through against the chat call
+         Mode("codex openai", False, True, model=OPENAI, codex=True), Mode("chat openai tools", False, model=OPENAI, codex=True),
+         Mode("codex openai str", True, True, model=OPENAI, codex=True),
+         Mode("chat openai tools str", True, model=OPENAI, codex=True))  # fmt: skip
 
 
 def codex_body(model: str, stream: bool) -> bytes:
@@ -298,13 +302,16 @@ def responses_report(results: dict[str, dict[str, float]]) -> str:
 
 def codex_report(results: dict[str, dict[str, float]]) -> str:
     lines = ["Codex-shaped Responses calls (callgrind, thousands of instructions per call): a plain call and the same "
-             "prompt as Codex sends it (30 tools, store false, ...), on Claude"]  # fmt: skip
+             "prompt as Codex sends it (30 tools, store false, ...), on Claude (translated) and OpenAI (passed through)"]  # fmt: skip
     for name, figures in results.items():
         for plain, codex, chat in (("resp claude", "codex claude", "chat claude tools"),
                                    ("resp claude str", "codex claude str", "chat claude tools str")):
             lines.append(f"  {SERVERS[name].label:40s} {codex:16s} plain {figures[plain]:9,.0f}  codex {figures[codex]:9,.0f}"
                          f"  codex / plain {figures[codex] / figures[plain]:.3f}x  chat, same tools "
                          f"{figures[chat]:9,.0f}  codex / chat {figures[codex] / figures[chat]:.3f}x")  # fmt: skip
+        for codex, chat in (("codex openai", "chat openai tools"), ("codex openai str", "chat openai tools str")):
+            lines.append(f"  {SERVERS[name].label:40s} {codex:16s} {'(passed through)':25s} codex {figures[codex]:9,.0f}"
+                         f"  chat, same tools {figures[chat]:9,.0f}  codex / chat {figures[codex] / figures[chat]:.3f}x")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -365,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--messages", action="store_true",
                         help="gateways only: POST /v1/messages against /v1/chat/completions, Claude and Gemini")
     parser.add_argument("--codex", action="store_true",
-                        help="gateways only: a Responses call on Claude as Codex makes it against a plain one")
+                        help="gateways only: a Responses call as Codex makes it, on Claude and OpenAI, against the chat call")
     parser.add_argument("--keep", type=Path, default=None,
                         help="keep the callgrind dumps in this directory (read them with callgrind_annotate)")
     args = parser.parse_args(argv)

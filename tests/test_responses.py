@@ -795,6 +795,35 @@ def test_event_synth_parallel_calls_and_failure() -> None:
     assert failed["response"]["output"][0]["content"][0]["text"] == "partial" and broken.finish() == []
 
 
+def test_the_echoed_tools_pass_through_as_their_bytes() -> None:
+    """A native Response's echo of the request's tools and instructions goes back as the upstream wrote
+    it, never decoded (Codex's 30 tools are thousands of objects, in the answer and in three events of
+    a stream); the rest is read as before."""
+    from adapters.openai_responses import parse_response
+    from core.errors import UpstreamError
+
+    tools = b'[{"type":"function","name":"f","parameters":{"type":"object","properties":{"a":{"type":"string"}}}}]'
+    response = (b'{"id":"resp_1","object":"response","model":"gpt-4o-mini-2024-07-18","instructions":"Be \\"brief\\".",'
+                b'"tools":' + tools + b',"output":[],"usage":{"input_tokens":3,"output_tokens":2,"total_tokens":5}}')  # fmt: skip
+    data, usage = parse_response(response, "openai/gpt-4o-mini", "openai", {"store": False})
+    assert type(data["tools"]) is msgspec.Raw and bytes(data["tools"]) == tools and usage is not None
+    assert (data["model"], data["store"], data["output"], usage.prompt) == ("openai/gpt-4o-mini", False, [], 3)
+    assert msgspec.json.decode(msgspec.json.encode(data))["instructions"] == 'Be "brief".'
+    relay = ResponsesRelay("openai/gpt-4o-mini", "openai")
+    [frame] = relay.feed(Event("response.created", b'{"type":"response.created","sequence_number":0,"response":' + response + b"}"))
+    assert tools in frame and frame.count(b'"model":"openai/gpt-4o-mini"') == 1
+    assert relay.feed(Event("response.completed", b'{"type":"response.completed","sequence_number":1,"response":' + response + b"}")) == []
+    assert relay.terminal is not None and bytes(relay.terminal["response"]["tools"]) == tools and relay.usage.prompt == 3
+    odd = ResponsesRelay("openai/gpt-4o-mini", "openai")  # a "response" that is no object passes as it came
+    assert odd.feed(Event("x", b'{"type":"x","response":"text"}')) == [b'event: x\ndata: {"type":"x","response":"text"}\n\n']
+    with pytest.raises(UpstreamError, match="malformed"):
+        odd.feed(Event("x", b'{"type":"x","response":{'))
+    with pytest.raises(UpstreamError, match="unexpected answer shape"):
+        parse_response(b'["response"]', "openai/gpt-4o-mini", "openai")
+    with pytest.raises(UpstreamError, match="not JSON"):
+        parse_response(b'{"object":"response"', "openai/gpt-4o-mini", "openai")
+
+
 def test_relay_rewrites_the_model_and_ends_a_broken_stream() -> None:
     relay = ResponsesRelay("openai/gpt-4o-mini", "openai")
     created = {
