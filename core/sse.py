@@ -18,17 +18,27 @@ class Event(NamedTuple):
 
 
 class SSEDecoder:
-    __slots__ = ("_buf", "_data", "_event")
+    __slots__ = ("_buf", "_data", "_event", "_rest")
 
     def __init__(self) -> None:
-        self._buf = b""
+        self._buf = b""  # the start of a line not ended yet
+        self._rest: list[bytes] = []  # reads since, with no line end in them (a long line, in many reads)
         self._data: list[bytes] = []
         self._event: str | None = None
 
     def feed(self, chunk: bytes) -> list[Event]:
-        buf = self._buf + chunk if self._buf else chunk
         # (``find``, not ``in``: on Python 3.11 ``bytes in bytes`` first tries its operand as an int, and
         # raises and clears a TypeError each time, ~2k instructions; up to three of them a read)
+        if chunk.find(b"\n") < 0 and chunk.find(b"\r") < 0 and not self._buf.endswith(b"\r"):
+            # the middle of a long line (a Response object with its tools' echo comes in many reads):
+            # kept as it came, not joined and split again on each read
+            self._rest.append(chunk)
+            return []
+        if self._rest:
+            buf = b"".join((self._buf, *self._rest, chunk))
+            self._rest = []
+        else:
+            buf = self._buf + chunk if self._buf else chunk
         if buf.find(b"\r") >= 0:
             # keep a trailing CR back: its LF may arrive in the next read
             tail = b"\r" if buf.endswith(b"\r") else b""
@@ -36,18 +46,45 @@ class SSEDecoder:
                 buf = buf[:-1]
             buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n") + tail
         events: list[Event] = []
-        if not self._data and self._event is None and buf.find(b"\n\n") >= 0:
-            # at an event boundary: whole events at once, the common one (a single `data: ` line)
-            # without going line by line
-            blocks = buf.split(b"\n\n")
+        if self._data or self._event is not None:  # an event begun in an earlier read: its lines to its end
+            if buf[:1] == b"\n":
+                end = 0
+            else:
+                end = buf.find(b"\n\n")
+                if end < 0:
+                    lines = buf.split(b"\n")
+                    self._buf = lines.pop()
+                    for line in lines:
+                        self._line(line, events)
+                    return events
+                if buf.find(b"\n", 0, end) < 0:  # (one line: the rest of a long one)
+                    self._line(buf[:end], events)
+                else:
+                    for line in buf[:end].split(b"\n"):
+                        self._line(line, events)
+                end += 1
+            self._line(b"", events)
+            buf = buf[end + 1 :]
+        blocks = buf.split(b"\n\n")  # (no copy when there is none)
+        if len(blocks) > 1:
+            # at an event boundary: whole events at once, the common ones (a single `data: ` line, or an
+            # `event: ` line and a `data: ` line) without going line by line
             buf = blocks.pop()  # what follows the last complete event
             for block in blocks:
                 if block[:6] == b"data: " and block.find(b"\n") < 0:
                     events.append(Event(None, block[6:]))
-                else:
-                    for line in block.split(b"\n"):
-                        self._line(line, events)
-                    self._line(b"", events)
+                    continue
+                if block[:7] == b"event: ":
+                    at = block.find(b"\n")
+                    if at > 0 and block[at + 1 : at + 7] == b"data: " and block.find(b"\n", at + 1) < 0:
+                        events.append(Event(block[7:at].decode("utf-8", "replace"), block[at + 7 :]))
+                        continue
+                for line in block.split(b"\n"):
+                    self._line(line, events)
+                self._line(b"", events)
+        if buf.find(b"\n") < 0:  # (the start of a line, often a long one: not split)
+            self._buf = buf
+            return events
         lines = buf.split(b"\n")
         self._buf = lines.pop()
         for line in lines:
@@ -57,6 +94,9 @@ class SSEDecoder:
     def close(self) -> list[Event]:
         """End of stream: flush a pending line and a pending event (lenient, as Gemini's SDK is)."""
         events: list[Event] = []
+        if self._rest:
+            self._buf = b"".join((self._buf, *self._rest))
+            self._rest = []
         if self._buf:
             self._line(self._buf.rstrip(b"\r"), events)
             self._buf = b""
@@ -69,6 +109,9 @@ class SSEDecoder:
                 events.append(Event(self._event, b"\n".join(self._data)))
             self._data = []
             self._event = None
+            return
+        if line[:6] == b"data: ":  # (most lines: one copy of the data)
+            self._data.append(line[6:])
             return
         if line[0] == 0x3A:  # ':' comment / keep-alive
             return

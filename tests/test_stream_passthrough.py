@@ -140,6 +140,8 @@ SSE_INPUTS = [
     b"data: crlf\r\n\r\ndata: cr\r\rdata: mixed\r\n\ndata: tail",
     b'id: 7\nretry: 100\ndata: {"with":"id"}\n\ndata: \n\ndata\n\n',
     b'data: {"text":"caf\xc3\xa9 \xe2\x82\xac"}\n\ndata: {"n":2}\n',
+    b"event: a\ndata: one\ndata: two\n\nevent:b\ndata: 3\n\nevent: \xc3\xa9\ndata: \n\nevent: c\n\ndata: x\nevent: d\n\n",
+    b"event: e\r\ndata: " + b"long " * 400 + b"\r\n\r\nevent: f\rdata: " + b"y" * 700 + b"\n\n: note\nevent: g\ndata: z",
 ]
 
 
@@ -163,6 +165,19 @@ def test_sse_decoder_gives_the_same_events_however_the_bytes_are_split(data: byt
     for step in (2, 3, 5, 7, 11):
         assert events_of(data, list(range(step, len(data), step))) == one_by_one
     assert one_by_one  # (every input has events)
+
+
+def test_sse_decoder_reads_named_events_and_long_lines_as_the_grammar_says() -> None:
+    """Named events (Anthropic's, the Responses API's) and a line longer than a read: the same events
+    whole or a byte at a time (an event named with no data line is one, its data empty)."""
+    long = b"long " * 400
+    for data, expected in (
+        (SSE_INPUTS[-2], [Event("a", b"one\ntwo"), Event("b", b"3"), Event("\u00e9", b""), Event("c", b""),
+                          Event("d", b"x")]),  # fmt: skip
+        (SSE_INPUTS[-1], [Event("e", long), Event("f", b"y" * 700), Event("g", b"z")]),
+    ):
+        assert events_of(data, []) == expected
+        assert events_of(data, list(range(1, len(data)))) == expected
 
 
 def test_custom_tool_input_is_kept_for_estimates() -> None:
