@@ -27,6 +27,8 @@ from core.wire import TokenUsage
 
 _decode = msgspec.json.Decoder().decode
 _fields = msgspec.json.Decoder(dict[str, msgspec.Raw]).decode
+# an event's fields, each object among them as its fields' bytes (one pass over the event)
+_event = msgspec.json.Decoder(dict[str, dict[str, msgspec.Raw] | str | int | float | bool | None | list[Any]]).decode
 _encode = msgspec.json.Encoder().encode
 
 # a Response object's fields that echo the request's largest parts (Codex: 30 tools, 8 KB, and its whole
@@ -101,21 +103,18 @@ def response_object(data: bytes | msgspec.Raw) -> dict[str, Any]:
 
 
 def _event_object(data: bytes, provider: str) -> dict[str, Any]:
-    """:func:`adapters.base.stream_object` of an event that carries a response (:func:`response_object`)."""
+    """:func:`adapters.base.stream_object` of an event that carries a response, decoded in one pass
+    that leaves each object's fields as their bytes (:data:`_EVENT`): the response's :data:`ECHOED`
+    fields stay so, the rest are decoded."""
     try:
-        fields = _fields(data)
+        fields = _event(data)
     except msgspec.DecodeError:  # (not JSON, or not an object: stream_object says which)
         return stream_object(data, provider)
-    out: dict[str, Any] = {}
     for name, value in fields.items():
-        if name == "response":
-            try:
-                out[name] = response_object(value)
-                continue
-            except msgspec.ValidationError:  # not an object: passed on as it is
-                pass
-        out[name] = _decode(value)
-    return out
+        if value.__class__ is dict:
+            echoed = ECHOED if name == "response" else ()
+            fields[name] = {k: v if k in echoed else _decode(v) for k, v in value.items()}
+    return fields
 
 
 def parse_response(body: bytes, model_id: str, provider: str,
