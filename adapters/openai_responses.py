@@ -96,6 +96,18 @@ def output_text(response: dict[str, Any]) -> str:
     return "".join(parts)
 
 
+class _Head(msgspec.Struct):
+    """What the relay reads of an event that carries no response (most are deltas); the rest of its
+    fields are skipped, and the event passes as it came."""
+
+    type: Any = None
+    sequence_number: Any = None
+    delta: Any = None
+
+
+_head = msgspec.json.Decoder(_Head).decode
+
+
 def response_object(data: bytes | msgspec.Raw) -> dict[str, Any]:
     """A Response object's JSON, decoded but for its :data:`ECHOED` fields (``msgspec.Raw``); a
     ``msgspec.ValidationError`` if it is JSON but not an object, a ``DecodeError`` if not JSON."""
@@ -166,7 +178,21 @@ class ResponsesRelay:
         if event.data == b"[DONE]" or self.finished:
             return []  # some proxies append [DONE]; nothing may follow a terminal event
         raw = event.data
-        data = stream_object(raw, self.provider) if raw.find(b'"response"') < 0 else _event_object(raw, self.provider)
+        if raw.find(b'"response"') < 0:
+            try:
+                head = _head(raw)
+            except msgspec.DecodeError:  # (not JSON, or not an object: stream_object raises which)
+                head = None
+            if head is not None and head.type != "error":
+                kind = str(head.type or event.event or "message")
+                if isinstance(head.sequence_number, int):
+                    self.sequence = max(self.sequence, head.sequence_number)
+                if kind in GENERATED and isinstance(head.delta, str):
+                    self.generated.append(head.delta)
+                return [frame_event(kind, raw)]
+            data = stream_object(raw, self.provider)
+        else:
+            data = _event_object(raw, self.provider)
         kind = str(data.get("type") or event.event or "message")
         sequence = data.get("sequence_number")
         if isinstance(sequence, int):
