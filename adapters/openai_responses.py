@@ -116,7 +116,7 @@ def response_object(data: bytes | msgspec.Raw) -> dict[str, Any]:
 
 def _event_object(data: bytes, provider: str) -> dict[str, Any]:
     """:func:`adapters.base.stream_object` of an event that carries a response, decoded in one pass
-    that leaves each object's fields as their bytes (:data:`_EVENT`): the response's :data:`ECHOED`
+    that leaves each object's fields as their bytes (``_event``): the response's :data:`ECHOED`
     fields stay so, the rest are decoded."""
     try:
         fields = _event(data)
