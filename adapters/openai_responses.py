@@ -97,8 +97,8 @@ def output_text(response: dict[str, Any]) -> str:
 
 
 class _Head(msgspec.Struct):
-    """What the relay reads of an event that carries no response (most are deltas); the rest of its
-    fields are skipped, and the event passes as it came."""
+    """What the relay reads of every event; of one that carries no response (most are deltas) only
+    this is decoded, the rest skipped, and the event passes as it came."""
 
     type: Any = None
     sequence_number: Any = None
@@ -108,10 +108,15 @@ class _Head(msgspec.Struct):
 _head = msgspec.json.Decoder(_Head).decode
 
 
+def _decoded(fields: dict[str, msgspec.Raw], kept: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """An object's fields, decoded but for those named in ``kept`` (left as their bytes)."""
+    return {name: value if name in kept else _decode(value) for name, value in fields.items()}
+
+
 def response_object(data: bytes | msgspec.Raw) -> dict[str, Any]:
     """A Response object's JSON, decoded but for its :data:`ECHOED` fields (``msgspec.Raw``); a
     ``msgspec.ValidationError`` if it is JSON but not an object, a ``DecodeError`` if not JSON."""
-    return {name: value if name in ECHOED else _decode(value) for name, value in _fields(data).items()}
+    return _decoded(_fields(data), ECHOED)
 
 
 def _event_object(data: bytes, provider: str) -> dict[str, Any]:
@@ -124,8 +129,7 @@ def _event_object(data: bytes, provider: str) -> dict[str, Any]:
         return stream_object(data, provider)
     for name, value in fields.items():
         if value.__class__ is dict:
-            echoed = ECHOED if name == "response" else ()
-            fields[name] = {k: v if k in echoed else _decode(v) for k, v in value.items()}
+            fields[name] = _decoded(value, ECHOED) if name == "response" else _decoded(value)
     return fields
 
 
@@ -178,32 +182,27 @@ class ResponsesRelay:
         if event.data == b"[DONE]" or self.finished:
             return []  # some proxies append [DONE]; nothing may follow a terminal event
         raw = event.data
-        if raw.find(b'"response"') < 0:
+        carries = raw.find(b'"response"') >= 0
+        data: dict[str, Any] | None = None  # the whole event, decoded when it carries a response
+        head: _Head | None = None
+        if not carries:
             try:
                 head = _head(raw)
             except msgspec.DecodeError:  # (not JSON, or not an object: stream_object raises which)
-                head = None
-            if head is not None and head.type != "error":
-                kind = str(head.type or event.event or "message")
-                if isinstance(head.sequence_number, int):
-                    self.sequence = max(self.sequence, head.sequence_number)
-                if kind in GENERATED and isinstance(head.delta, str):
-                    self.generated.append(head.delta)
-                return [frame_event(kind, raw)]
-            data = stream_object(raw, self.provider)
-        else:
-            data = _event_object(raw, self.provider)
-        kind = str(data.get("type") or event.event or "message")
-        sequence = data.get("sequence_number")
-        if isinstance(sequence, int):
-            self.sequence = max(self.sequence, sequence)
-        if kind in GENERATED and isinstance(data.get("delta"), str):
-            self.generated.append(data["delta"])
+                pass
+        if head is None:
+            data = _event_object(raw, self.provider) if carries else stream_object(raw, self.provider)
+            head = _Head(data.get("type"), data.get("sequence_number"), data.get("delta"))
+        kind = str(head.type or event.event or "message")
+        if isinstance(head.sequence_number, int):
+            self.sequence = max(self.sequence, head.sequence_number)
+        if kind in GENERATED and isinstance(head.delta, str):
+            self.generated.append(head.delta)
         elif kind == "error":
-            self.error = _error_message(data)
-        response = data.get("response")
-        if not isinstance(response, dict):
-            return [frame_event(kind, event.data)]
+            self.error = _error_message(data if data is not None else stream_object(raw, self.provider))
+        response = data.get("response") if data is not None else None
+        if data is None or not isinstance(response, dict):
+            return [frame_event(kind, raw)]
         response["model"] = self.model_id
         if self.echo:
             response.update(self.echo)

@@ -818,6 +818,9 @@ def test_the_echoed_tools_pass_through_as_their_bytes() -> None:
     assert odd.feed(Event("x", b'{"type":"x","response":"text"}')) == [b'event: x\ndata: {"type":"x","response":"text"}\n\n']
     with pytest.raises(UpstreamError, match="malformed"):
         odd.feed(Event("x", b'{"type":"x","response":{'))
+    named = ResponsesRelay("openai/gpt-4o-mini", "openai")  # an error named by its event line alone
+    assert named.feed(Event("error", b'{"message":"overloaded","code":"server_error"}'))[0].startswith(b"event: error\n")
+    assert named.error == "overloaded"
     with pytest.raises(UpstreamError, match="unexpected answer shape"):
         parse_response(b'["response"]', "openai/gpt-4o-mini", "openai")
     with pytest.raises(UpstreamError, match="not JSON"):
