@@ -52,11 +52,7 @@ class SSEDecoder:
             else:
                 end = buf.find(b"\n\n")
                 if end < 0:
-                    lines = buf.split(b"\n")
-                    self._buf = lines.pop()
-                    for line in lines:
-                        self._line(line, events)
-                    return events
+                    return self._lines(buf, events)
                 if buf.find(b"\n", 0, end) < 0:  # (one line: the rest of a long one)
                     self._line(buf[:end], events)
                 else:
@@ -82,6 +78,10 @@ class SSEDecoder:
                 for line in block.split(b"\n"):
                     self._line(line, events)
                 self._line(b"", events)
+        return self._lines(buf, events)
+
+    def _lines(self, buf: bytes, events: list[Event]) -> list[Event]:
+        """``buf``'s lines read, its last (not ended yet) kept for the next read."""
         if buf.find(b"\n") < 0:  # (the start of a line, often a long one: not split)
             self._buf = buf
             return events
