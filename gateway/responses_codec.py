@@ -76,6 +76,8 @@ def responses_priced(response: dict[str, Any], cost: Cost) -> None:
 
 def frames(events: list[Any]) -> bytes:
     """Events as SSE frames (an event the synthesiser wrote as its frame already passes as it is)."""
+    if len(events) == 1 and events[0].__class__ is bytes:  # (most reads of a stream: one text delta)
+        return events[0]
     parts: list[bytes] = []
     for e in events:  # (one join: a Response object with its tools' echo is copied once, not per frame)
         if e.__class__ is bytes:
@@ -277,9 +279,7 @@ class SynthReader(ChatWrapper):
     def _chunks(self, chunks: list[Any], out: list[Any]) -> None:
         synth = self.synth
         events = [event for chunk in chunks for event in synth.feed(chunk)]
-        if len(events) == 1 and events[0].__class__ is bytes:  # (most reads: one text delta, framed)
-            out.append(events[0])
-        elif events:
+        if events:
             out.append(frames(events))
 
     def end(self) -> list[Any]:
