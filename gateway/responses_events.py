@@ -165,10 +165,12 @@ def ended(shell: dict[str, Any], output: list[dict[str, Any]], finish_reason: st
     changes: dict[str, Any] = {"usage": responses_usage(usage)}
     reason = INCOMPLETE.get(finish_reason or "")
     if reason:
+        kind = "response.incomplete"
         changes.update(status="incomplete", incomplete_details={"reason": reason})
-        return "response.incomplete", {**shell, "output": list(output), **changes}
-    changes.update(status="completed", completed_at=int(time.time()))
-    return "response.completed", {**shell, "output": list(output), **changes}
+    else:
+        kind = "response.completed"
+        changes.update(status="completed", completed_at=int(time.time()))
+    return kind, {**shell, "output": list(output), **changes}
 
 
 @dataclass(frozen=True, slots=True)
