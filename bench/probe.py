@@ -8,7 +8,7 @@ the request to the ASGI app: the response's start, its last body message handed 
 back, the upstream request (aiohttp's ``ClientSession._request``: called → the upstream's headers in),
 and the entry and exit of each step named in ``$BENCH_PROBE_STEPS`` (``module:Class:function`` or
 ``module::function``, comma-separated; the first time in a request). ``SIGUSR1`` forgets what was
-timed, ``SIGUSR2`` writes each milestone's median to ``$BENCH_PROBE_DIR/probe-<pid>.json``.
+timed, ``SIGUSR2`` writes each milestone's median and 99th percentile to ``$BENCH_PROBE_DIR/probe-<pid>.json``.
 
 Only the standard library is imported before the script runs, then aiohttp and hypercorn (which the
 servers import anyway). A probe costs about a microsecond, so later milestones run a little late.
@@ -108,7 +108,8 @@ def _install_steps(steps: str) -> None:
 
 
 def medians() -> dict[str, Any]:
-    """Each milestone's median offset from the request's start (µs), and in how many requests it came."""
+    """Each milestone's median and 99th percentile offset from the request's start (µs), and in how
+    many requests it came."""
     offsets: dict[str, list[float]] = {}
     for marks in _done:
         began = marks["app called"]
@@ -117,7 +118,8 @@ def medians() -> dict[str, Any]:
     out = {}
     for name, values in offsets.items():
         values.sort()
-        out[name] = {"us": round(values[len(values) // 2], 1), "n": len(values)}
+        out[name] = {"us": round(values[len(values) // 2], 1), "p99_us": round(values[len(values) * 99 // 100], 1),
+                     "n": len(values)}  # fmt: skip
     return {"requests": len(_done), "milestones": out}
 
 
