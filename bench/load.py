@@ -141,20 +141,20 @@ async def throughput(target: Target, stream: bool, clients: int, duration: float
     headers = headers_for(target)
     measured = Samples()
     completed = 0  # every completion, warm-up included (for CPU per request)
-    warm_completed = 0
+    served: set[int] = set()  # the clients whose first call has ended (each opened its connection then)
     window: list[float] = []  # [start, end] once the window opens
     stop_at = time.perf_counter() + warmup_max + duration  # moved earlier once the window opens
     stagger = min(warmup / 2, 1.0) / clients
 
     async def client(index: int) -> None:
-        nonlocal completed, warm_completed
+        nonlocal completed
         await asyncio.sleep(index * stagger)
         while time.perf_counter() < stop_at:
             latency, ttft, error = await one_request(session, target.url, data, headers, stream)
             now = time.perf_counter()
             completed += 1
             if not window:
-                warm_completed += 1
+                served.add(index)
                 continue
             if now > window[1]:
                 return
@@ -171,7 +171,7 @@ async def throughput(target: Target, stream: bool, clients: int, duration: float
         while True:  # warm-up: long enough, and every client served once (bounded by warmup_max)
             await asyncio.sleep(0.05)
             elapsed = time.perf_counter() - began
-            if elapsed >= warmup_max or (elapsed >= warmup and warm_completed >= clients):
+            if elapsed >= warmup_max or (elapsed >= warmup and len(served) == clients):
                 break
         cpu0 = time.process_time()
         watched0 = {name: cpu_seconds(*spec) for name, spec in watch.items()}

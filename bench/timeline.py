@@ -8,9 +8,9 @@ request (sent, and the upstream's headers in), the response's start and its last
 in the gateway, the entry and exit of the steps in ``STEPS``. One client (aiohttp, one connection)
 makes ``--calls`` calls to each server in turn, ``--rounds`` times, after a warm-up; the median of
 each milestone over the last round is printed (and its 99th percentile), with the client's p50 and
-p99 for every round. The
-servers: the bare proxy (stock hypercorn: the floor the latency budget is against), the same proxy on
-the gateway's server layer, the gateway with every feature on (as ``make bench`` runs them).
+p99 for every round. The servers: the bare proxy (stock hypercorn: the floor the latency budget is
+against), the same proxy on the gateway's server layer, the gateway with every feature on (as
+``make bench`` runs them).
 
 What to read: the segments before the upstream request, from the upstream's headers to the
 response's start, and the response's send, of the gateway against the bare proxy. A probe costs about
@@ -53,15 +53,18 @@ SEGMENTS = (  # (name, from, to): what the report sums up
 )
 
 
+SERVERS = {"bare": "hypercorn", "bare-tuned": "hypercorn-tuned", "gateway": None}  # name -> the bare proxy's server
+
+
 def start_server(name: str, tmp: Path, emulators: dict[str, tuple[str, str]]) -> Target:
-    logs = tmp / "logs"
-    if name == "gateway":
+    logs = RESULTS  # (bench/results/<server>.log, as make bench's)
+    server = SERVERS[name]
+    if server is None:
         os.environ["BENCH_PROBE_STEPS"] = STEPS
         try:
             return start_gateway(logs, tmp, emulators, wrap=PROBE)
         finally:
             del os.environ["BENCH_PROBE_STEPS"]
-    server = {"bare": "hypercorn", "bare-tuned": "hypercorn-tuned"}[name]
     return start_bare(logs, *emulators["openai"], server, wrap=PROBE)
 
 
@@ -90,6 +93,8 @@ def probed(target: Target, n: int, out: Path) -> tuple[list[float], dict[str, An
     deadline = time.monotonic() + 10
     while not written.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
+    if not written.exists():
+        raise RuntimeError(f"{target.name}: its probes wrote nothing (see its log: {target.proc.log})")
     return took, json.loads(written.read_text())
 
 
@@ -121,11 +126,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--servers", default="bare,bare-tuned,gateway")
     args = parser.parse_args(argv)
     names = [n for n in args.servers.split(",") if n]
+    unknown = [n for n in names if n not in SERVERS]
+    if unknown:
+        parser.error(f"unknown servers: {', '.join(unknown)} (known: {', '.join(SERVERS)})")
     results: dict[str, Any] = {"commit": git_revision(), "calls": args.calls, "rounds": args.rounds, "servers": {}}
+    RESULTS.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="bench-timeline-") as tmp_name:
         tmp = Path(tmp_name)
         os.environ["BENCH_PROBE_DIR"] = str(tmp)
-        emulator, emulators = start_emulators(tmp / "logs")
+        emulator, emulators = start_emulators(RESULTS)
         procs = [emulator]
         try:
             targets = {}
@@ -142,7 +151,6 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             stop_all(procs)
     print(report(results), flush=True)
-    RESULTS.mkdir(exist_ok=True)
     (RESULTS / "timeline.json").write_text(json.dumps(results, indent=2) + "\n")
     return 0
 
