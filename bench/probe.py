@@ -7,11 +7,13 @@ is this one) and times each HTTP request's milestones, as nanoseconds from the m
 the request to the ASGI app: the response's start, its last body message handed to the server and
 back, the upstream request (aiohttp's ``ClientSession._request``: called → the upstream's headers in),
 and the entry and exit of each step named in ``$BENCH_PROBE_STEPS`` (``module:Class:function`` or
-``module::function``, comma-separated; the first time in a request). ``SIGUSR1`` forgets what was
-timed, ``SIGUSR2`` writes each milestone's median and 99th percentile to ``$BENCH_PROBE_DIR/probe-<pid>.json``.
+``module::function``, comma-separated; the first time in a request). A function is replaced in the
+module named, so name the one that calls it (``gateway.pipeline::open_upstream``, which
+gateway.pipeline imports from gateway.reliability). ``SIGUSR1`` forgets what was timed, ``SIGUSR2``
+writes each milestone's median and 99th percentile to ``$BENCH_PROBE_DIR/probe-<pid>.json``.
 
-Only the standard library is imported before the script runs, then aiohttp and hypercorn (which the
-servers import anyway). A probe costs about a microsecond, so later milestones run a little late.
+Before the script runs, aiohttp, hypercorn and the steps' modules are imported (the server imports
+them anyway). A probe costs a microsecond or two, so later milestones run a little late.
 """
 
 from __future__ import annotations
