@@ -132,8 +132,9 @@ def test_a_rotation_elsewhere_reaches_the_cache_within_auth_cache_seconds(lstack
 def test_a_revoked_key_called_in_a_loop_costs_the_store_one_lookup_per_cache_period(lstack: Stack) -> None:
     """A stale client calling with its revoked key (or any unknown one) over and over: every call a
     401, but the store is asked about that key once per auth_cache_seconds, not once per call (it
-    shares SQLite's one thread and PostgreSQL's pool with every tenant's reservations). The same
-    digest is looked up again after the period; a key created through the console is known at once."""
+    shares SQLite's one thread and PostgreSQL's pool with every tenant's reservations): once, and once
+    more ahead of time if the calls go on past half the period (gateway/auth.py). The same digest is
+    looked up again after the period; a key created through the console is known at once."""
     group = lstack.group(10)
     status, made = admin(lstack, "POST", f"/groups/{group}/keys", {"name": "stale"})
     assert status == 201 and call(lstack, made["key"]) == "ok"
@@ -157,12 +158,17 @@ def test_a_revoked_key_called_in_a_loop_costs_the_store_one_lookup_per_cache_per
                 with pytest.raises(openai.AuthenticationError):
                     client.chat.completions.create(model=MODEL, messages=HI)
         period = lstack.settings.server.auth_cache_seconds
-        assert time.monotonic() - began < period  # (all 60 within one period)
-        assert sorted(looked_up) == sorted({hash_key(made["key"]), hash_key(unknown)})
-        time.sleep(period)
+        elapsed = time.monotonic() - began
+        assert elapsed < period  # (all 60 within one period)
+        ahead = 1 if elapsed >= period / 2 else 0  # (a slow machine: the refresh ahead of time came)
+        assert set(looked_up) == {hash_key(made["key"]), hash_key(unknown)}
+        for key in (made["key"], unknown):
+            assert 1 <= looked_up.count(hash_key(key)) <= 1 + ahead  # not once per call
+        asked = looked_up.count(hash_key(made["key"]))
+        time.sleep(period + 0.2)  # (past the period of the last lookup, the refresh's included)
         with pytest.raises(openai.AuthenticationError):
             stale.chat.completions.create(model=MODEL, messages=HI)
-        assert looked_up.count(hash_key(made["key"])) == 2  # asked again once the period is over
+        assert looked_up.count(hash_key(made["key"])) == asked + 1  # asked again once the period is over
         assert call(lstack, lstack.key()) == "ok"  # keys that work are unaffected
     finally:
         store.principal = real  # type: ignore[method-assign]
