@@ -53,11 +53,8 @@ class SSEDecoder:
                 end = buf.find(b"\n\n")
                 if end < 0:
                     return self._lines(buf, events)
-                if buf.find(b"\n", 0, end) < 0:  # (one line: the rest of a long one)
-                    self._line(buf[:end], events)
-                else:
-                    for line in buf[:end].split(b"\n"):
-                        self._line(line, events)
+                for line in buf[:end].split(b"\n"):  # (the rest of a long line: split copies nothing more)
+                    self._line(line, events)
                 end += 1
             self._line(b"", events)
             buf = buf[end + 1 :]
