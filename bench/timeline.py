@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.load import body_bytes, headers_for, new_session, one_request
+from bench.load import body_bytes, headers_for, new_session, one_request, percentile
 from bench.procs import stop_all
 from bench.stack import ROOT, Target, git_revision, start_bare, start_emulators, start_gateway, wait_ready
 
@@ -98,11 +98,6 @@ def probed(target: Target, n: int, out: Path) -> tuple[list[float], dict[str, An
     return took, json.loads(written.read_text())
 
 
-def percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * p / 100))]
-
-
 def report(results: dict[str, Any]) -> str:
     lines = []
     for name, result in results["servers"].items():
@@ -145,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(args.rounds):  # (the servers in turn, so each round sees the same machine)
                 for name, target in targets.items():
                     took, probes = probed(target, args.calls, tmp)
+                    took.sort()
                     entry = results["servers"].setdefault(name, {"rounds": []})
                     entry["rounds"].append({"p50_us": percentile(took, 50), "p99_us": percentile(took, 99)})
                     entry["milestones"] = probes["milestones"]  # (the last round's)
