@@ -221,22 +221,22 @@ class Console:
         return operators.ADMIN if ok else None
 
     def login_windows(self, ip: str, device: str | None = None, account: str = ACCOUNT) -> list[Window]:
-        """Where a login attempt is counted (console/auth.py, Throttling): a browser that logged in
-        before, on its device alone; any other, on its client IP and on the account, whose window holds
-        every IP's attempts (``login_attempts_global`` each). The first is what a success clears."""
+        """Where a login attempt at ``account`` is counted (console/auth.py, Throttling): on a browser
+        that logged in as that account before (``device``), else on its client IP's count for that
+        account; and always on the account, whose window holds every IP's and every device's attempts
+        (``login_attempts_global``). The first is what a success clears."""
         s = self.settings
-        if device:
-            return [Window(f"login:device:{device}", s.login_attempts_per_ip)]
-        return [Window(f"login:ip:{ip}", s.login_attempts_per_ip),
-                Window(f"login:account:{account}", s.login_attempts_global)]  # fmt: skip
+        own = f"login:device:{device}" if device else f"login:ip:{ip}:{account}"
+        return [Window(own, s.login_attempts_per_ip), Window(f"login:account:{account}", s.login_attempts_global)]
 
-    async def device(self, request: Request) -> str | None:
-        return auth.read_device(request.cookies.get(DEVICE_COOKIE), await self.secret())
+    async def device(self, request: Request, account: str) -> str | None:
+        """This browser's device id, if its cookie was earned on ``account``."""
+        return auth.read_device(request.cookies.get(DEVICE_COOKIE), await self.secret(), account)
 
-    async def set_device_cookie(self, response: Response, request: Request) -> None:
+    async def set_device_cookie(self, response: Response, request: Request, account: str) -> None:
         response.set_cookie(
             DEVICE_COOKIE,
-            auth.new_device(await self.secret()),
+            auth.new_device(await self.secret(), account),
             max_age=int(auth.DEVICE_SECONDS),
             path=request.scope.get("root_path") or "/",
             secure=self.settings.secure_cookies,

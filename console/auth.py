@@ -16,15 +16,18 @@ CSRF tokens bound to the session, and login throttling.
   match, or whose ``Origin`` is another site, is refused (403).
 - **Throttling**: login attempts (and bad admin tokens) are counted over a sliding window, so that
   guessing is slow, without letting a guesser lock the real admin out:
-  - the login form counts per client IP and for the account (the login has one: its window holds
-    every IP's attempts), each attempt *before* its credential is checked (gateway/attempts.py): past
-    either limit it is refused (429) without the check (no scrypt work for a guesser), and guesses sent
-    at once are bounded as guesses sent in turn are; a success gives its place back and starts its
-    IP's count again. The count is shared by the replicas and outlives a restart (in Redis when
-    ``[limits] redis_url`` is set, else in the store). A browser that has logged in before holds a
-    signed *device cookie* (OWASP's defence against lockout attacks), and its attempts are counted on
-    that device alone: five bad tries from behind the same proxy, or a global flood, do not lock out
-    the admin's own browser;
+  - the login form counts every attempt in the targeted account's window (every IP's and every
+    device's attempts at that account) and in the client IP's window for that account, each *before*
+    its credential is checked (gateway/attempts.py): past either limit it is refused (429) without the
+    check (no scrypt work for a guesser), and guesses sent at once are bounded as guesses sent in turn
+    are; a success gives its place back and starts its own count (that IP's or device's, for that
+    account) again, never another account's. The count is shared by the replicas and outlives a
+    restart (in Redis when ``[limits] redis_url`` is set, else in the store). A browser that has
+    logged in as an account holds a signed *device cookie* naming that account (OWASP's defence
+    against lockout attacks): its attempts at that account are counted on that device instead of its
+    IP, so five bad tries from behind the same proxy do not lock out the account's own browser; they
+    still count in the account's window, whose limit holds for every device (a cookie only ever
+    lowers it), and a cookie earned on one account is nothing at another;
   - the admin API checks the token first (constant time, no scrypt) and lets a valid one through
     whatever the counts say; bad tokens are counted per IP in this process (:class:`Throttle`) and
     refused with 429 past the limit. A token must be at least ``MIN_TOKEN`` characters, so that
@@ -178,16 +181,18 @@ def sign_session(session: Session, secret: str) -> str:
     return sign({"a": session.admin, "c": session.csrf, "e": int(session.expires), "s": session.sid}, secret)
 
 
-def new_device(secret: str) -> str:
-    """A device cookie: this browser has logged in before (its failed logins are counted apart)."""
-    return sign({"d": secrets.token_urlsafe(16), "e": int(time.time() + DEVICE_SECONDS)}, secret)
+def new_device(secret: str, account: str) -> str:
+    """A device cookie: this browser has logged in as ``account`` before (its failed logins at that
+    account have a window of their own)."""
+    return sign({"d": secrets.token_urlsafe(16), "u": account, "e": int(time.time() + DEVICE_SECONDS)}, secret)
 
 
-def read_device(cookie: str | None, secret: str) -> str | None:
-    """The device id in a device cookie, if it is genuine and not expired."""
+def read_device(cookie: str | None, secret: str, account: str) -> str | None:
+    """The device id in a device cookie, if it is genuine, not expired, and for ``account`` (a cookie
+    earned on one account is nothing at another)."""
     data = signed(cookie, secret)
     try:
-        if data is None or _number(data["e"]) < time.time():
+        if data is None or _number(data["e"]) < time.time() or data.get("u") != account:
             return None
         return str(data["d"])
     except (KeyError, TypeError, ValueError):

@@ -71,11 +71,12 @@ async def login(request: Request) -> Response:
         await c.set_cookie(response, request, fresh)
         return response
     request.state.session = session
-    # counted before the check, so that guesses sent at once are bounded too; a browser that logged in
-    # before counts on its own (console/auth.py, Throttling)
-    device = await c.device(request)
+    # counted before the check, so that guesses sent at once are bounded too; always on the account, and
+    # on this browser's device instead of its IP if it logged in as that account before (console/auth.py)
     name = form.get("name", "").strip().lower()[:64] or operators.BUILT_IN
-    windows = c.login_windows(client_ip(request), device, name if operators.NAME.fullmatch(name) else "?")
+    account = name if operators.NAME.fullmatch(name) else "?"
+    device = await c.device(request, account)
+    windows = c.login_windows(client_ip(request), device, account)
     attempt = await c.gateway.attempts.take(windows, c.settings.login_window_seconds)
     if attempt.wait:
         wait = attempt.wait
@@ -85,13 +86,13 @@ async def login(request: Request) -> Response:
     operator = await c.check_login(form.get("password", ""), name)
     if operator is None:
         return await login_page(c, request, "Wrong name or password.", 401)  # (the attempt keeps its place)
-    await c.gateway.attempts.clear(windows[:1])  # the IP's (or device's) count starts again
+    await c.gateway.attempts.clear(windows[:1])  # this IP's (or device's) count at this account starts again
     await c.gateway.attempts.give_back(attempt, windows[1:])  # and the account's place is free
     fresh = await c.log_in(operator)
     response = RedirectResponse(c.safe(request, form.get("next", ""), "/"), status_code=303)
     await c.set_cookie(response, request, fresh)
     if device is None:
-        await c.set_device_cookie(response, request)
+        await c.set_device_cookie(response, request, account)
     return response
 
 

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from billing.audit import Audit
 from core.money import NANO
 from tests.conftest import Stack
@@ -164,5 +166,35 @@ def test_an_admin_manages_operators_in_the_console(tmp_path: Path) -> None:
         assert ("operator.add", "console:admin (127.0.0.1)") in done and ("operator.password", "console:admin (127.0.0.1)") in done
         assert ("operator.remove", "console:admin (127.0.0.1)") in done
         assert all("carol-password" not in json.dumps([e.before, e.after]) for e in log)
+    finally:
+        stack.stop()
+
+
+@pytest.mark.parametrize(("per_ip", "overall"), [(50, 20), (5, 50)])
+def test_a_viewer_cannot_guess_the_admin_password_past_the_accounts_limit(tmp_path: Path, per_ip: int, overall: int) -> None:
+    """A viewer's browser that had logged in was counted on its device alone, and the viewer's own
+    login started that count again: 150 guesses at the admin password from 30 device cookies, each
+    device logging in as the viewer between its guesses, were all checked. Now every attempt at an
+    account counts in that account's window whatever the device (a cookie earned as the viewer is
+    nothing at the admin account), and a login clears only its own account's count: past the lower
+    of the two limits every guess is refused (429) unchecked, and the viewer still gets in."""
+    stack = console_stack(tmp_path, login_attempts_per_ip=per_ip, login_attempts_global=overall)
+    try:
+        router(stack, "add", "watcher", "--role", "viewer", "--stdin", password=PASSWORDS["watcher"])
+        admins = Client(stack)  # the admin's own browser: a device cookie for the admin account
+        assert admins.login().status == 303 and admins.post("/console/logout", {}).status == 303
+        statuses = []
+        for _ in range(30):
+            device = logged_in(stack, "watcher")
+            assert "mr_console_device" in device.cookies and device.post("/console/logout", {}).status == 303
+            for i in range(5):
+                statuses.append(device.login(f"guess number {i}", "admin").status)
+            assert device.login(PASSWORDS["watcher"], "watcher").status == 303  # the viewer's own login
+        checked = min(per_ip, overall)
+        assert statuses.count(401) == checked and statuses.count(429) == 150 - checked, statuses
+        refused = Client(stack).login()
+        assert refused.status == 429 and "Too many failed logins" in refused.text and int(refused.headers["retry-after"]) > 0
+        # the admin's own browser counts on its device, not the IP: in, unless the account's limit is full
+        assert admins.login().status == (429 if overall <= per_ip else 303)
     finally:
         stack.stop()
