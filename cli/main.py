@@ -237,6 +237,7 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="port to listen on (default: [server] port, 8080)")
     serve.add_argument("--workers", type=int, help="processes sharing the port (default: [server] workers)")
     serve.add_argument("--fd", type=int, help=argparse.SUPPRESS)  # a worker: serve this inherited socket
+    serve.add_argument("--console-fd", type=int, help=argparse.SUPPRESS)  # and this one: [console] listen
 
     demo = sub.add_parser("demo", help="run the gateway with emulated providers and a seeded key",
                           description="The gateway and the emulated providers (openai/ with three deployments) in one process, with a "
@@ -350,7 +351,7 @@ def main(argv: list[str] | None = None) -> None:
                 raise SystemExit(serve_workers(settings, config, host, port, workers))
             app = create_app(settings)
             app.state.gateway.config_path = config  # what SIGHUP and the admin API's reload read again
-            run(serve(app, msgspec.structs.replace(server, host=host, port=port), fd=args.fd))
+            run(serve(app, msgspec.structs.replace(server, host=host, port=port), fd=args.fd, console_fd=args.console_fd))
         elif args.command == "demo":
             from cli.demo import DemoError, DemoOptions, demo
             from server.serve import run

@@ -23,6 +23,7 @@ Example::
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Annotated, Literal
@@ -191,6 +192,9 @@ class HealthSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     cache_seconds: float = 5.0
 
 
+# [console] listen: host:port (an IPv6 host in brackets) or unix:/path, as hypercorn binds them
+LISTEN = re.compile(r"unix:.+|(\[[0-9A-Fa-f:.]+\]|[^\s:\[\]]+):([1-9][0-9]{0,4})")
+
 MIN_ADMIN_TOKEN = 24  # a valid admin token always opens the admin API: it must be too long to guess
 
 
@@ -218,6 +222,10 @@ class ConsoleSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     oidc_client_secret: str = ""  # else $ROUTER_OIDC_CLIENT_SECRET
     oidc_username_claim: str = "preferred_username"
     oidc_redirect_uri: str = ""  # empty: <the console's address, as the browser asked>/sso/callback
+    # the console and the admin API on a listener of their own, apart from /v1: "127.0.0.1:8081", or
+    # "unix:/run/router/console.sock" (only the gateway's user may connect); the main listener then
+    # answers /console with 404. Empty: /console beside /v1 (server/serve.py serves the second listener)
+    listen: str = ""
 
 
 class JobsSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -351,6 +359,10 @@ def parse_settings(raw: dict, source: str = "config") -> Settings:
                           "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')")  # fmt: skip
     if settings.console.oidc_issuer and not settings.console.oidc_client_id:
         raise ConfigError(f"{source}: console.oidc_client_id: single sign-on needs the console's client id at the issuer")
+    listen = LISTEN.fullmatch(settings.console.listen)
+    if settings.console.listen and not (listen and int(listen[2] or 1) < 65536):
+        raise ConfigError(f"{source}: console.listen: {settings.console.listen!r} is neither HOST:PORT "
+                          "(e.g. 127.0.0.1:8081, [::1]:8081) nor unix:PATH")  # fmt: skip
     try:
         ZoneInfo(settings.billing.timezone)
     except (ZoneInfoNotFoundError, ValueError):

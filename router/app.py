@@ -60,6 +60,14 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return _error_response(GatewayError(str(exc.detail)), path)
 
 
+async def _console_only(request: Request, exc: Exception) -> Response:
+    """The console's own listener ([console] listen) serves /console alone."""
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        return _error_response(NotFound(f"Unknown path {request.url.path}: this listener serves the console, /console."))
+    return await _http_error(request, exc)
+
+
 def _answerer(gateway: Gateway) -> ErrorApp:
     """Front's answer to an exception of a model call endpoint; a call refused before anything was
     reserved is recorded first (``rejected``)."""
@@ -134,6 +142,10 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
         finally:
             await gateway.stop()
 
+    console = gateway.settings.console
+    # the console beside /v1, or on a listener of its own: a second app on the same gateway, which
+    # `router serve` serves on [console] listen (server/serve.py)
+    beside = console.enabled and not console.listen
     chat, responses = ChatCompletions(gateway).handle, Responses(gateway).handle
     anthropic = messages.Messages(gateway)
     embeddings = Embeddings(gateway).handle
@@ -164,7 +176,7 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
             Route("/readyz", Readiness(gateway).endpoint, methods=["GET"]),
             Route("/openapi.json", _openapi, methods=["GET"]),
             *([Route("/metrics", metrics_endpoint, methods=["GET"])] if obs.metrics else []),
-            *([Mount("/console", app=console_app(gateway))] if gateway.settings.console.enabled else []),
+            *([Mount("/console", app=console_app(gateway))] if beside else []),
             *batches.routes(gateway),  # /v1/files, /v1/batches
             *stored_responses.routes(gateway),  # /v1/responses/{id}[/input_items|/cancel]
         ],
@@ -172,6 +184,16 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
         lifespan=lifespan,
     )
     app.state.gateway = gateway
+    app.state.console_listener = None
+    if console.enabled and console.listen:
+        own = RouterApp(
+            fast={}, access_log=obs.access_log, on_error=_answerer(gateway), cors_origins=[],
+            drain_bytes=gateway.settings.server.max_body_bytes, drain_seconds=gateway.settings.reliability.body_timeout,
+            key_prefix=gateway.settings.server.key_prefix, routes=[Mount("/console", app=console_app(gateway))],
+            exception_handlers={GatewayError: _gateway_error, HTTPException: _console_only, Exception: _crash},
+        )  # fmt: skip
+        own.state.gateway = gateway
+        app.state.console_listener = (console.listen, own)
     # runs batch lines and background responses as in-process calls to this app
     gateway.jobs = gateway.batches = gateway.backgrounds = JobRunner(gateway, app)
     return app

@@ -96,10 +96,12 @@ def reload(gateway: Any) -> None:
 
 
 async def serve(app: ASGIApp, server: ServerSettings, started: Callable[[], Awaitable[None]] | None = None,
-                fd: int | None = None) -> None:  # fmt: skip
+                fd: int | None = None, console_fd: int | None = None) -> None:  # fmt: skip
     """Serve on ``server.host:port`` until SIGINT/SIGTERM; then stop accepting, let open requests
     finish (up to ``graceful_timeout``), run the app's shutdown (which settles every call), and
-    return. Client connections are bounded and closed when the client goes (server/connections.py)."""
+    return. Client connections are bounded and closed when the client goes (server/connections.py).
+    With ``[console] listen``, the console's app (``app.state.console_listener``) is served on that
+    address too, in this process, until the same signal."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -120,10 +122,21 @@ async def serve(app: ASGIApp, server: ServerSettings, started: Callable[[], Awai
     # hypercorn types the ASGI scope and messages as TypedDicts, Starlette and we as mutable mappings:
     # the same dicts at run time, two spellings mypy cannot reconcile
     task = asyncio.ensure_future(hypercorn_serve(app, config, shutdown_trigger=stop.wait))  # type: ignore[arg-type]
+    tasks = [task]
+    listener = getattr(getattr(app, "state", None), "console_listener", None)
+    if listener is not None:  # [console] listen: the console's own app (router.app), on its own listener
+        bind, console = listener
+        own = hypercorn_config(server)
+        own.bind = [f"fd://{console_fd}" if console_fd is not None else bind]
+        own.umask = 0o177  # a Unix socket: only this user may connect
+        tasks.append(asyncio.ensure_future(hypercorn_serve(console, own, shutdown_trigger=stop.wait)))
     if started is not None:
         await answering(server.host, server.port, task)
         await started()
-    await task
+    await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    stop.set()  # one listener failed (its address in use, say): the other stops too
+    for done in tasks:
+        await done
 
 
 async def answering(host: str, port: int, server: asyncio.Future[None]) -> None:
@@ -207,11 +220,19 @@ def serve_workers(settings: Settings, config: str | None, host: str, port: int, 
     sock.set_inheritable(True)
     argv = [sys.executable, "-m", "cli", *(["--config", config] if config else []), "serve",
             "--host", host, "--port", str(port), "--fd", str(sock.fileno())]  # fmt: skip
+    socks = [sock]
+    if settings.console.enabled and settings.console.listen:  # the console's listener, shared the same way
+        own = hypercorn_config(settings.server)
+        own.bind, own.umask = [settings.console.listen], 0o177
+        socks += own.create_sockets().insecure_sockets
+        socks[-1].listen(own.backlog)
+        argv += ["--console-fd", str(socks[-1].fileno())]
     for _ in range(workers):
         if forwarded:  # stopped while starting: no more workers
             break
-        children.append(subprocess.Popen(argv, pass_fds=(sock.fileno(),)))
-    sock.close()  # the workers hold it now
+        children.append(subprocess.Popen(argv, pass_fds=[s.fileno() for s in socks]))  # noqa: S603 (our own command line)
+    for s in socks:
+        s.close()  # the workers hold them now
     for child in children:  # a signal that came while they were being started reaches them too
         if forwarded and child.poll() is None:
             child.send_signal(next(iter(forwarded)))
