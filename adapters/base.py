@@ -197,7 +197,9 @@ def map_upstream_error(provider: str, status: int, body: bytes, headers: Mapping
     if status == 404:  # the deployment lacks the model or the endpoint: the gateway's configuration
         return UpstreamNotFound(f"The provider '{provider}' has no such model or endpoint at this deployment "
                                 f"(upstream HTTP 404){said}. This is a gateway configuration problem.")  # fmt: skip
-    if status in (400, 409, 413, 422):
+    if status == 408:
+        return UpstreamTimeout(f"The provider '{provider}' timed out reading the request (HTTP 408){said}")
+    if 400 <= status < 500:  # what it says about this request's content (the circuit never counts it)
         return InvalidRequest(f"The provider '{provider}' rejected the request{said}", code=code or "upstream_rejected")
     if status in (502, 503, 529):
         return UpstreamUnavailable(f"The provider '{provider}' is unavailable or overloaded (HTTP {status}){said}")

@@ -131,7 +131,7 @@ class ReliabilitySettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=Tr
     deadline: float = 120.0  # seconds a call may spend on retries and fallbacks before giving up
     first_byte_timeout: float = 120.0  # seconds to wait for the upstream's response headers
     stream_keepalive: float = 5.0  # seconds between ": keep-alive" comments while a stream waits
-    breaker_threshold: int = 5  # consecutive failures that open a provider's circuit
+    breaker_threshold: int = 5  # failed calls in a row (each counted once) that open a deployment's circuit
     breaker_cooldown: float = 30.0
     body_timeout: float = 30.0  # seconds to receive a request body (slow clients get 408)
 

@@ -17,17 +17,23 @@ to another deployment of the provider, and a circuit breaker per deployment.
     failover    what a fallback model may not have (gateway.pipeline tries the next candidate)
     backoff     base × 2^attempt, capped, times a jitter factor in (0.5, 1]; an upstream Retry-After
                 (seconds) is honoured when it fits in what is left of the deadline
-    breaker     after ``threshold`` consecutive failures a deployment is skipped for ``cooldown``
-                seconds, then one probe call is let through: success closes it, failure opens it again.
-                Only the provider's own failures count (5xx, connection failures, timeouts, its refusal
-                of our credentials or credit). A probe that ends any other way (the caller's 402 or 4xx,
-                the caller hanging up, an upstream 4xx or 429) is released: the next call probes again.
-                A probe that is never released (a bug) expires after ``probe_timeout`` seconds.
-                A circuit that one group's calls alone opened is open for that group only: a provider
-                can fail on what a call carries (a 500 on one input, a timeout on a long answer), so
-                one tenant's failing calls say nothing sure about another's; the other groups' calls
-                go through as if it were closed, the first to succeed closes it, the first to fail
-                opens it for every group (a failure two groups share is the provider's).
+    breaker     after ``threshold`` failed calls in a row (no call answered between them) a deployment is
+                skipped for ``cooldown`` seconds, then one probe call is let through: success closes it,
+                failure opens it again. A call counts once however often it was tried. Only the
+                provider's own failures count (5xx, connection failures, timeouts, its refusal of our
+                credentials or credit); what it answers about one request's content (a 4xx: a bad
+                request, a context overflow, a content-policy refusal) never does. A probe that ends
+                any other way (the caller's 402 or 4xx, the caller hanging up, an upstream 4xx or 429)
+                is released: the next call probes again. A probe that is never released (a bug)
+                expires after ``probe_timeout`` seconds.
+                One tenant cannot open it for the others: a provider can fail on what a call carries (a
+                500 on one input, a timeout on a long answer), so failures that one group's calls
+                alone made open the circuit for that group only, and the other groups' calls go
+                through as if it were closed (the first to succeed closes it). Failures from more than
+                one group open it for every group, except a group whose own last call here was answered
+                less than ``cooldown`` ago: the provider works for it, so its calls still go, and its
+                success closes the circuit (its failure counts like any other). /readyz says why each
+                circuit that is not closed is open (``Breakers.reasons``).
 """
 
 from __future__ import annotations
@@ -100,36 +106,44 @@ def backoff(attempt: int, base: float, cap: float, retry_after: str | None = Non
             return max(float(retry_after), 0.0)
         except ValueError:
             pass
-    return min(cap, base * (2**attempt)) * (0.5 + random.random() / 2)
+    return min(cap, base * (2**attempt)) * (0.5 + random.random() / 2)  # noqa: S311 (jitter, not a secret)
 
 
 REFUSED = -1  # Breaker.allow: the circuit is open (or its one probe is in flight)
 PASS = 0  # Breaker.allow: closed, the call goes through; a positive number is a probe's ticket
-SHARED = -1  # Breaker.culprit: the failures since the last success came from more than one group
+GOOD_KEPT = 4096  # groups whose last success a breaker remembers before it forgets the stale ones
 
 
 class Breaker:
+    """One deployment's circuit (the module's docstring says when it opens, for whom, and how it closes)."""
+
     __slots__ = ("threshold", "cooldown", "probe_timeout", "failures", "open_until", "probe", "probe_until",
-                 "culprit", "_tickets")  # fmt: skip
+                 "groups", "good", "error", "opened_at", "_tickets")  # fmt: skip
 
     def __init__(self, threshold: int, cooldown: float, probe_timeout: float = 300.0) -> None:
         self.threshold = threshold
         self.cooldown = cooldown
         self.probe_timeout = probe_timeout
-        self.failures = 0
+        self.failures = 0  # failed calls since the last success (a call counts once however often it was tried)
         self.open_until = 0.0
         self.probe = 0  # the ticket of the probe in flight (half-open), 0 if none
         self.probe_until = 0.0
-        self.culprit = 0  # the group whose calls made every failure since the last success, or SHARED
+        self.groups: set[int] = set()  # the groups whose calls failed since the last success
+        self.good: dict[int, float] = {}  # group -> when its last call here succeeded (if none failed since)
+        self.error = ""  # the last failure's code, for the operator (/readyz)
+        self.opened_at = 0.0
         self._tickets = 0
 
     def allow(self, group: int, now: float | None = None) -> int:
         """``PASS``, ``REFUSED``, or a probe's ticket (> 0), which the caller must hand back to
         :meth:`release` however the call ends (``success``/``failure`` also end the probe). A call of
-        ``group`` passes while another group's failures alone hold the circuit open."""
+        ``group`` passes while another group's failures alone hold the circuit open, and while its own
+        last call here succeeded less than ``cooldown`` ago (the provider answered it lately)."""
         if self.failures < self.threshold or not self._blames(group):
             return PASS
         now = time.monotonic() if now is None else now
+        if self.good.get(group, -math.inf) > now - self.cooldown:
+            return PASS
         if now < self.open_until or (self.probe and now < self.probe_until):
             return REFUSED
         self._tickets += 1  # half-open: this call is the probe (an expired probe is replaced)
@@ -143,28 +157,46 @@ class Breaker:
         if ticket > 0 and ticket == self.probe:
             self.probe = 0
 
-    def success(self) -> None:
-        self.failures = 0
-        self.probe = 0
-        self.culprit = 0
+    def success(self, group: int, now: float) -> None:
+        """A call of ``group`` was answered: the circuit closes for every group."""
+        good = self.good
+        if len(good) >= GOOD_KEPT and group not in good:
+            for stale in [g for g, at in good.items() if at <= now - self.cooldown]:
+                del good[stale]
+            if len(good) >= GOOD_KEPT:
+                good.clear()
+        good[group] = now
+        if self.failures:
+            self.failures = 0
+            self.probe = 0
+            self.groups.clear()
 
-    def failure(self, group: int, now: float | None = None) -> None:
-        if self.failures == 0:
-            self.culprit = group
-        elif self.culprit != group:
-            self.culprit = SHARED
+    def failure(self, group: int, now: float | None = None, error: str = "") -> None:
+        """A call of ``group`` failed for a reason that is the provider's (once per call)."""
+        now = time.monotonic() if now is None else now
+        self.good.pop(group, None)
+        if len(self.groups) < GOOD_KEPT:
+            self.groups.add(group)
         self.failures += 1
         self.probe = 0
+        self.error = error
         if self.failures >= self.threshold:
-            self.open_until = (time.monotonic() if now is None else now) + self.cooldown
+            if self.failures == self.threshold:
+                self.opened_at = now
+            self.open_until = now + self.cooldown
 
-    def open_for(self, group: int) -> bool:
-        """Whether ``group``'s calls are skipped now (open, and not only another group's doing)."""
-        return self.state == "open" and self._blames(group)
+    def open_for(self, group: int, now: float | None = None) -> bool:
+        """Whether ``group``'s calls are skipped now (open, not only another group's doing, and not
+        answered lately)."""
+        if self.failures < self.threshold or not self._blames(group):
+            return False
+        now = time.monotonic() if now is None else now
+        return now < self.open_until and self.good.get(group, -math.inf) <= now - self.cooldown
 
     def _blames(self, group: int) -> bool:
-        """Whether ``group``'s calls are among those that failed since the last success."""
-        return self.culprit == group or self.culprit == SHARED
+        """Whether the failures since the last success are the provider's (more than one group's) or
+        ``group``'s own."""
+        return len(self.groups) > 1 or group in self.groups
 
     @property
     def state(self) -> str:
@@ -174,9 +206,20 @@ class Breaker:
             return "closed"
         return "half-open" if time.monotonic() >= self.open_until else "open"
 
+    def why(self) -> dict[str, Any] | None:
+        """Why the circuit is not closed, for the operator (/readyz): whom it refuses, on what evidence."""
+        state = self.state
+        if state == "closed":
+            return None
+        now = time.monotonic()
+        return {"state": state, "refuses": "every group" if len(self.groups) > 1 else "one group",
+                "failed_calls": self.failures, "groups": len(self.groups), "last_error": self.error,
+                "opened_seconds_ago": round(now - self.opened_at, 1),
+                "probe_in_seconds": round(max(self.open_until - now, 0.0), 1)}  # fmt: skip
+
 
 class Breakers:
-    """One breaker per provider; ``states()`` for /readyz and /metrics."""
+    """One breaker per deployment; ``states()`` for /readyz and /metrics, ``reasons()`` for /readyz."""
 
     def __init__(self, threshold: int, cooldown: float, probe_timeout: float = 300.0,
                  providers: Iterable[str] = ()) -> None:  # fmt: skip
@@ -196,6 +239,15 @@ class Breakers:
 
     def states(self) -> dict[str, str]:
         return {provider: b.state for provider, b in sorted(self._by_provider.items())}
+
+    def reasons(self) -> dict[str, dict[str, Any]]:
+        """The circuits that are not closed, each with :meth:`Breaker.why`."""
+        out = {}
+        for provider, breaker in sorted(self._by_provider.items()):
+            why = breaker.why()
+            if why is not None:
+                out[provider] = why
+        return out
 
 
 def closed(breakers: Breakers, deps: tuple[Deployment, ...], group: int,
@@ -249,6 +301,7 @@ async def open_upstream(gw: Gateway, model: Model, deps: tuple[Deployment, ...],
     rel = gw.settings.reliability
     tried: set[str] = set()  # failed this call: the others first
     skipped: set[str] = set()  # their circuit's one probe is another call's
+    counted: set[str] = set()  # their breaker has this call's failure (a call counts once)
     attempt = 0
     waited = False  # the last step was a wait for a deployment to come back (that retry is spent)
     last: GatewayError | None = None
@@ -287,8 +340,9 @@ async def open_upstream(gw: Gateway, model: Model, deps: tuple[Deployment, ...],
         except GatewayError as exc:
             error = exc
         else:
-            breaker.success()
-            got.latency = time.monotonic() - got.opened_at
+            now = time.monotonic()
+            breaker.success(group, now)
+            got.latency = now - got.opened_at
             got.stream = ask.stream
             metrics.deployment_call(dep.prefix, dep.name, "ok", got.latency)
             if attempts:
@@ -304,8 +358,9 @@ async def open_upstream(gw: Gateway, model: Model, deps: tuple[Deployment, ...],
         metrics.deployment_call(dep.prefix, dep.name, "rate_limited" if isinstance(error, RateLimited) else "error")
         if rest:
             metrics.deployment_cooldown(dep.prefix, dep.name)
-        if breaker_failure(error):
-            breaker.failure(group)
+        if breaker_failure(error) and dep.key not in counted:
+            counted.add(dep.key)
+            breaker.failure(group, error=error.code or str(error.status))
         elif isinstance(error, UpstreamNotFound):  # its next calls of this model go to the others meanwhile
             pool.unserved(dep, model, UNSERVED)
         if not failover(error):

@@ -141,7 +141,8 @@ class Readiness:
     async def endpoint(self, request: Request) -> Response:
         ready, details = await self.check()
         # live, not cached
-        details = {**details, "circuits": self.gw.breakers.states(), "deployments": self.gw.dispatcher.report(),
+        details = {**details, "circuits": self.gw.breakers.states(), "open_circuits": self.gw.breakers.reasons(),
+                   "deployments": self.gw.dispatcher.report(),
                    "server": SERVER.format("fast path" if self.gw.settings.server.fast_path else "stock")}  # fmt: skip
         return JSONBytes(
             _encode(details), status_code=200 if ready else 503, headers={"cache-control": "no-store"}

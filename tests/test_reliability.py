@@ -202,7 +202,7 @@ def test_circuit_opens_then_probes_back(rstack: Stack) -> None:
     good = rstack.gateway.providers["upstage"]
     _dead(rstack, "upstage")
     client = rstack.client()
-    for _ in range(1):  # 1 call = 3 attempts = 3 consecutive failures: the circuit opens
+    for _ in range(3):  # 3 calls (of 3 attempts each, a call counts once) in a row failed: the circuit opens
         with pytest.raises(openai.InternalServerError):
             client.chat.completions.create(model="upstage/solar-mini", messages=[{"role": "user", "content": "x"}])
     assert rstack.gateway.breakers["upstage"].state == "open"
@@ -224,8 +224,9 @@ def test_one_groups_failing_calls_open_the_circuit_for_that_group_only(rstack: S
     is the provider's: then the circuit is open for every group."""
     ask = {"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "x"}]}
     a, b, c = rstack.client(), rstack.client(), rstack.client()  # three groups
-    with pytest.raises(openai.InternalServerError):  # 3 attempts, 3 failures, all group A's
-        a.chat.completions.create(**{**ask, "messages": [{"role": "user", "content": f"{time.time()} {poison}"}]})
+    for _ in range(3):  # 3 failed calls (each tried 3 times, counted once), all group A's
+        with pytest.raises(openai.InternalServerError):
+            a.chat.completions.create(**{**ask, "messages": [{"role": "user", "content": f"{time.time()} {poison}"}]})
     assert rstack.gateway.breakers["openai"].state == "open"
     with pytest.raises(openai.InternalServerError) as info:  # A's calls are refused at once meanwhile
         a.chat.completions.create(**ask)
@@ -235,13 +236,51 @@ def test_one_groups_failing_calls_open_the_circuit_for_that_group_only(rstack: S
     assert a.chat.completions.create(**ask).choices[0].message.content
 
     _dead(rstack, "openai")  # now the provider itself is down
-    for client in (a, b):
+    for client in (a, b, a):
         with pytest.raises(openai.InternalServerError):
             client.chat.completions.create(**ask)
     began = time.monotonic()
     with pytest.raises(openai.InternalServerError) as info:  # two groups failed: open for everyone
         c.chat.completions.create(**ask)
     assert info.value.code == "circuit_open" and time.monotonic() - began < 0.2  # type: ignore[attr-defined]
+
+
+def test_two_groups_failing_calls_leave_a_third_groups_calls_served(rstack: Stack) -> None:
+    """The fault probe's scenario: two groups send calls the provider fails on (a 500 on their input),
+    each tried three times, between a third group's ordinary calls. A call counts once, and the third
+    group's answers close the circuit between them, so the third group is always served; when the two
+    groups' failures do open it for everyone, the third group, answered a moment ago, is still served
+    and its answer closes it for all. The circuit never counts what a provider says about one call's
+    content (a 400)."""
+    gw = rstack.gateway
+    gw.breakers = Breakers(3, 30, 30, gw.providers)  # a cool-down no test step outlasts
+    ask = {"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "x"}]}
+    a, b, c, d = rstack.client(), rstack.client(), rstack.client(), rstack.client()  # four groups
+
+    def fail(client: openai.OpenAI, poison: str = "[fault:500]") -> None:
+        with pytest.raises(openai.APIStatusError) as info:
+            client.chat.completions.create(**{**ask, "messages": [{"role": "user", "content": f"{time.time()} {poison}"}]})
+        assert info.value.code != "circuit_open"  # type: ignore[attr-defined]
+
+    for _ in range(3):
+        fail(a)
+        fail(b)  # six attempts of two groups: two failed calls, below the threshold of three
+        assert gw.breakers["openai"].failures == 2
+        assert c.chat.completions.create(**ask).choices[0].message.content  # served, and closes it
+        assert gw.breakers["openai"].state == "closed"
+    for _ in range(5):  # a provider's 400 is about the call's content: never counted
+        with pytest.raises(openai.BadRequestError):
+            a.chat.completions.create(**{**ask, "messages": [{"role": "user", "content": f"{time.time()} [fault:400]"}]})
+    assert gw.breakers["openai"].failures == 0
+
+    fail(a), fail(b), fail(a)  # three failed calls in a row, from two groups: open for every group
+    assert gw.breakers["openai"].state == "open"
+    with pytest.raises(openai.InternalServerError) as info:  # a group the provider has not answered lately
+        d.chat.completions.create(**ask)
+    assert info.value.code == "circuit_open"  # type: ignore[attr-defined]
+    assert c.chat.completions.create(**ask).choices[0].message.content  # answered lately: served
+    assert gw.breakers["openai"].state == "closed"  # and its answer closed it for everyone
+    assert d.chat.completions.create(**ask).choices[0].message.content
 
 
 def test_first_byte_timeout(rstack: Stack) -> None:
@@ -343,11 +382,19 @@ def test_backoff_and_breaker_units() -> None:
     b.release(probe)  # a stale ticket releases nothing
     assert b.allow(7, now=12) == REFUSED
     assert b.allow(7, now=200) > 0  # a probe nobody released expires
-    b.success()
+    b.success(7, now=200)
     assert b.allow(7, now=201) == PASS and b.state == "closed"
+    b.success(9, now=295)  # group 9's last call was answered at 295
     b.failure(7, now=300)
     b.failure(8, now=301)  # two groups' failures: the provider's, open for every group
-    assert b.allow(9, now=302) == REFUSED and b.allow(7, now=302) == REFUSED
+    assert b.allow(10, now=302) == REFUSED and b.allow(7, now=302) == REFUSED
+    assert b.allow(9, now=302) == PASS  # but the provider answered group 9 less than a cool-down ago
+    assert b.open_for(10, now=302) and not b.open_for(9, now=302)
+    assert b.allow(9, now=306) == REFUSED  # (not any more)
+    b.failure(9, now=306)  # and its failure counts like any other: it is not let through again
+    assert b.allow(9, now=307) == REFUSED and b.failures == 3
+    b.success(9, now=400)  # a probe answered: closed for everyone
+    assert b.allow(7, now=400) == PASS and b.allow(10, now=400) == PASS
     too_large = UpstreamTooLarge("Request too large")  # another deployment may serve it; no wait will
     assert failover(too_large) and not retryable(too_large) and not breaker_failure(too_large)
 
@@ -375,12 +422,12 @@ def test_a_429_naming_the_input_tokens_per_minute_is_too_large_only_for_a_prompt
 
 
 def _open_circuit(rstack: Stack, model: str = "upstage/solar-mini") -> None:
-    """Open ``model``'s circuit for every group: two groups' calls fail (one group's alone would
+    """Open ``model``'s circuit for every group: three groups' calls fail (one group's alone would
     open it for that group only)."""
     prefix = model.split("/")[0]
     good = rstack.gateway.providers[prefix]
     _dead(rstack, prefix)
-    for _ in range(2):  # 3 attempts = 3 failures: the circuit opens for the first group, then for all
+    for _ in range(3):  # three groups' calls failed in a row: the circuit opens for all
         with pytest.raises(openai.InternalServerError):
             rstack.client().chat.completions.create(model=model, messages=[{"role": "user", "content": "x"}])
     assert rstack.gateway.breakers[prefix].state == "open"
@@ -417,10 +464,21 @@ def test_a_probe_whose_caller_hangs_up_before_the_first_byte_is_released(rstack:
 
 def test_circuit_state_in_readyz_and_metrics(rstack: Stack) -> None:
     _dead(rstack, "upstage")
-    with pytest.raises(openai.InternalServerError):
-        rstack.client().chat.completions.create(model="upstage/solar-mini", messages=[{"role": "user", "content": "x"}])
+    client = rstack.client()
+    for _ in range(3):
+        with pytest.raises(openai.InternalServerError):
+            client.chat.completions.create(model="upstage/solar-mini", messages=[{"role": "user", "content": "x"}])
     ready = raw_request(rstack, "GET", "/readyz")
     assert ready.json()["circuits"]["upstage"] == "open" and ready.json()["circuits"]["openai"] == "closed"
+    why = ready.json()["open_circuits"]
+    assert list(why) == ["upstage"]  # why it is open: whom it refuses, on what evidence
+    assert why["upstage"]["refuses"] == "one group" and why["upstage"]["failed_calls"] == 3
+    assert why["upstage"]["groups"] == 1 and why["upstage"]["last_error"]
+    assert 0 < why["upstage"]["probe_in_seconds"] <= 0.5
+    with pytest.raises(openai.InternalServerError):  # another group's call fails too: now every group's
+        rstack.client().chat.completions.create(model="upstage/solar-mini", messages=[{"role": "user", "content": "x"}])
+    why = raw_request(rstack, "GET", "/readyz").json()["open_circuits"]["upstage"]
+    assert why["refuses"] == "every group" and why["groups"] == 2 and why["failed_calls"] == 4
     scrape = raw_request(rstack, "GET", "/metrics").text
     assert 'router_circuit_state{provider="upstage",state="open"} 1.0' in scrape
     assert 'router_circuit_state{provider="upstage",state="closed"} 0.0' in scrape
@@ -495,8 +553,9 @@ def test_native_responses_fall_back_to_a_translated_model(rstack: Stack, stream:
 def test_native_responses_consult_the_circuit_breaker(rstack: Stack) -> None:
     _dead(rstack, "openai")
     client = rstack.client()
-    with pytest.raises(openai.InternalServerError):  # 3 attempts, 3 failures: the circuit opens
-        client.responses.create(model="openai/gpt-4o-mini", input="x")
+    for _ in range(3):  # 3 failed calls (a call counts once however often it was tried): the circuit opens
+        with pytest.raises(openai.InternalServerError):
+            client.responses.create(model="openai/gpt-4o-mini", input="x")
     assert rstack.gateway.breakers["openai"].state == "open"
     began = time.monotonic()
     with pytest.raises(openai.InternalServerError) as info:
