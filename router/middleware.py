@@ -109,10 +109,14 @@ class Front:
                             stream = True
                             metrics.OPEN_STREAMS.inc()
                         break
+                if 300 <= status < 400:
+                    headers = _path_only(headers, scope)
                 message["headers"] = [*headers, (b"x-request-id", rid), *(_CLOSE if close else ())]
             await send(message)
 
         path = route_path(scope)
+        if path.startswith("/v1/") and path.endswith("/"):  # served as the path without it (_unslashed)
+            path = _unslashed(scope)
         fast = self.fast.get(path) if scope["method"] == "POST" else None
         try:
             if fast is not None:
@@ -156,6 +160,31 @@ class Front:
 
 
 _CLOSE = ((b"connection", b"close"),)
+
+
+def _unslashed(scope: Scope) -> str:
+    """An API path with a trailing slash (``/v1/chat/completions/``) served as the path without it, so
+    its key is checked as on the path itself, not redirected before (Starlette's redirect_slashes
+    built ``Location: http://<Host>/...`` from the Host header): the route path it now has."""
+    scope["path"] = scope["path"].rstrip("/")
+    if isinstance(scope.get("raw_path"), bytes):
+        scope["raw_path"] = scope["raw_path"].rstrip(b"/")
+    return route_path(scope)
+
+
+def _path_only(headers: list[tuple[bytes, bytes]], scope: Scope) -> list[tuple[bytes, bytes]]:
+    """A redirect to this request's own Host (Starlette's to ``/console/`` from ``/console``) sent as a
+    path: the browser resolves it against the URL it asked for, so no forwarded or forged Host header,
+    and no ``http://`` behind TLS, gets into it."""
+    host = next((value for name, value in scope["headers"] if name == b"host"), b"")
+    kept = []
+    for name, value in headers:
+        if name == b"location" and host:
+            for scheme in (b"http://", b"https://"):
+                if value.startswith(scheme + host + b"/"):
+                    value = b"/" + value[len(scheme + host) :].lstrip(b"/")  # (never "//elsewhere")
+        kept.append((name, value))
+    return kept
 
 
 def _has_body(scope: Scope) -> bool:

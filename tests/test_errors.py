@@ -319,6 +319,30 @@ def test_unknown_path_and_method(stack: Stack) -> None:
     assert r.status == 405 and _assert_shape(r.json())["code"] == "method_not_allowed"
 
 
+def test_a_trailing_slash_is_served_after_authentication_never_redirected_to_the_host(stack: Stack) -> None:
+    """``/v1/chat/completions/`` was answered ``307 Location: http://<Host>/v1/chat/completions`` before
+    the key was checked (Starlette's redirect_slashes): behind a proxy that forwards Host, an open
+    redirect (and http behind TLS). Now a ``/v1`` path with a trailing slash is served as the path
+    without it, key first; and what is still redirected (``/console`` to ``/console/``) carries no
+    scheme or host."""
+    body = json.dumps({"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    foreign = {"Host": "evil.example", "Content-Type": "application/json"}
+    bare = raw_request(stack, "POST", "/v1/chat/completions/", body, foreign)
+    assert bare.status == 401 and "location" not in bare.headers
+    assert _assert_shape(bare.json())["code"] == "missing_api_key"
+    keyed = raw_request(stack, "POST", "/v1/chat/completions/", body, {**foreign, "Authorization": f"Bearer {stack.key()}"})
+    assert keyed.status == 200 and "location" not in keyed.headers and keyed.json()["choices"][0]["message"]["content"]
+    models = raw_request(stack, "GET", "/v1/models//?x=1", headers={"Host": "evil.example"})
+    assert models.status == 401 and "location" not in models.headers
+    anthropic_dialect = raw_request(stack, "POST", "/v1/messages/", b"{}", foreign)
+    assert anthropic_dialect.status == 401 and anthropic_dialect.json()["type"] == "error"
+    unknown = raw_request(stack, "GET", "/v1/nothing-here/", headers={"Host": "evil.example"})
+    assert unknown.status == 404 and "location" not in unknown.headers
+    for path, there in (("/console", "/console/"), ("/healthz/", "/healthz")):
+        moved = raw_request(stack, "GET", path, headers={"Host": "evil.example"})
+        assert moved.status == 307 and moved.headers["location"] == there, (path, moved.status, moved.headers)
+
+
 def test_server_keeps_serving_after_errors(stack: Stack, client: openai.OpenAI) -> None:
     for body in (b"{", b"[]", b'{"model": 1}', b"\x00" * 100):
         _post(stack, body, stack.key())
