@@ -167,8 +167,8 @@ class LimitsSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # responses do not count
     key_concurrent: InFlightLimit = 0
     group_concurrent: InFlightLimit = 0
-    # with no group_concurrent: once one process holds this many calls in flight, a group holding its
-    # share of them (this over the groups active now) is refused 429 (gateway/fairshare.py); 0: never
+    # with no group_concurrent: no group holds more than 3/4 of this in one process, and past that a group
+    # holding its share (3/4 over the groups active now) is refused 429 (gateway/fairshare.py); 0: never
     fair_share_calls: Annotated[int, msgspec.Meta(ge=0)] = 256
     redis_url: str = ""  # empty: counted in this process; redis://host:port/db: shared by every replica
     redis_prefix: str = "router:rl"

@@ -3,11 +3,13 @@
 
 One group's burst (a thousand slow streams at once) takes the event loop's time from every other
 group: their calls wait behind its chunks. The limits of calls in flight (gateway/concurrency.py) stop
-that, but only where an operator set them. So, by default, once this process holds ``capacity`` calls
-in flight, a call is refused (429 ``concurrency_limit_exceeded``, ``Retry-After: 1``) if its group
-already holds its share: ``capacity`` over the number of groups active now (a call in flight, or one
-started within the last second). Below ``capacity`` nobody is refused, and a group alone may hold as
-many as it likes: the share only divides what is contended, and grows back as the others go quiet.
+that, but only where an operator set them. So, by default, no group holds more than ``cap`` calls in
+flight (``capacity`` less a quarter of it, the reserve kept for the groups that may arrive), even alone:
+a burst that lands while every other group is idle is refused past it, not admitted whole. Once this
+process holds ``cap`` calls, a call is also refused if its group already holds its share: ``cap`` over
+the number of groups active now (a call in flight, or one started within the last second). Below
+``cap`` nobody holding less than it is refused: the share only divides what is contended, and grows
+back as the others go quiet. A refusal is 429 ``concurrency_limit_exceeded`` with ``Retry-After: 1``.
 
 Counts are this process's (each replica protects its own event loop). Groups with a
 ``group_concurrent`` of their own, and every group when ``[limits] group_concurrent`` is set, are
@@ -30,9 +32,16 @@ if TYPE_CHECKING:
 ACTIVE_SECONDS = 1.0  # a group that started a call this recently is active
 
 
+def group_cap(capacity: int) -> int:
+    """The most calls in flight one group may hold in a process of ``capacity``: the rest is the reserve
+    kept for the others (a quarter, at least one place)."""
+    return max(capacity - max(capacity // 4, 1), 1)
+
+
 class FairShare:
     def __init__(self, settings: LimitsSettings) -> None:
-        self.capacity = 0  # calls in flight from which the share applies; 0: never
+        self.capacity = 0  # calls in flight the shares divide; 0: no share applies
+        self.cap = 0  # the most one group holds (group_cap)
         self.exempt: frozenset[str] = frozenset()  # groups with a group_concurrent of their own
         self.configure(settings)
         self.total = 0
@@ -43,6 +52,7 @@ class FairShare:
     def configure(self, settings: LimitsSettings) -> None:
         """At the start and at a reload (the counts of the calls in flight are kept)."""
         self.capacity = 0 if settings.group_concurrent else settings.fair_share_calls
+        self.cap = group_cap(self.capacity)
         self.exempt = frozenset(name for name, own in settings.groups.items() if own.group_concurrent)
 
     def enter(self, group_id: int, group: str) -> Flight | None:
@@ -52,7 +62,7 @@ class FairShare:
         now = time.monotonic()
         self.started[group_id] = now
         held = self.counts.get(group_id, 0)
-        if self.total >= self.capacity and held and held >= self.share(now):
+        if held >= self.cap or (self.total >= self.cap and held and held >= self.share(now)):
             self.refused += 1
             metrics.rate_limited("fair_share")
             raise RateLimited(
@@ -66,15 +76,15 @@ class FairShare:
         return Flight(partial(self.leave, group_id))  # its place, given back once by ``end``
 
     def share(self, now: float) -> int:
-        """``capacity`` over the groups active now (at least one place each); no bound for a group alone."""
+        """``cap`` over the groups active now (at least one place each); ``cap`` for a group alone."""
         started = self.started
         if len(started) > 64:  # (forget the groups gone quiet)
             for gone in [g for g, at in started.items() if now - at > ACTIVE_SECONDS and g not in self.counts]:
                 del started[gone]
         active = sum(1 for g, at in started.items() if now - at <= ACTIVE_SECONDS or g in self.counts)
         if active < 2:
-            return self.total + 1
-        return max(self.capacity // active, 1)
+            return self.cap
+        return max(self.cap // active, 1)
 
     def leave(self, group_id: int) -> None:
         self.total -= 1

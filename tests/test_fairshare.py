@@ -16,16 +16,17 @@ import openai
 import pytest
 
 from core.config import GroupLimits, LimitsSettings, ReliabilitySettings, Settings, StoreSettings
-from gateway.fairshare import ACTIVE_SECONDS
+from gateway.fairshare import ACTIVE_SECONDS, group_cap
 from tests.conftest import Stack
 
 MODEL = "openai/gpt-4o-mini"
 LONG = "[tokens:40] [delay:150]"  # ~6 s: held open until the test closes it
+CAPACITY = 16  # [limits] fair_share_calls: a group holds at most 12 (a reserve of 4 for the others)
 
 
 @pytest.fixture
 def fstack(tmp_path: Path) -> Iterator[Stack]:
-    limits = LimitsSettings(fair_share_calls=4, groups={"own": GroupLimits(group_concurrent=50)})
+    limits = LimitsSettings(fair_share_calls=CAPACITY, groups={"own": GroupLimits(group_concurrent=50)})
     settings = Settings(store=StoreSettings(url=f"sqlite:///{tmp_path}/router.db"), limits=limits,
                         reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9))  # fmt: skip
     s = Stack(tmp_path, settings).start()
@@ -44,23 +45,31 @@ def _ask(client: openai.OpenAI) -> Any:
     return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hello"}])
 
 
-def test_a_group_alone_may_hold_every_place_and_shares_them_once_another_is_active(fstack: Stack) -> None:
+def test_a_burst_while_the_others_are_idle_is_refused_past_its_cap_and_shared_once_another_is_active(
+        fstack: Stack) -> None:  # fmt: skip
+    """A group alone holds at most ``group_cap`` (12 of 16) calls in flight: a burst that lands while
+    every other group is idle is refused past it, not admitted whole, and the reserve serves the group
+    that arrives next. Once that one is active, the first holds no more than its share (12 / 2)."""
+    assert group_cap(CAPACITY) == 12
     a, b = fstack.client(fstack.key()), fstack.client(fstack.key())
-    held = [_open(a) for _ in range(6)]  # alone: past the 4 from which the share applies
+    held = [_open(a) for _ in range(12)]
     time.sleep(ACTIVE_SECONDS + 0.2)  # (nobody else active)
-    held.append(_open(a))
-    assert _ask(b).choices[0].message.content  # B is served, and is now active: A's share is 4 / 2
-    with pytest.raises(openai.RateLimitError) as refused:
+    with pytest.raises(openai.RateLimitError) as refused:  # alone, and still refused past its cap
         _open(a)
     assert refused.value.code == "concurrency_limit_exceeded"
     assert refused.value.response.headers["retry-after"] == "1"
     assert "holds its share" in refused.value.message
-    for _ in range(2):  # B holds less than its share: admitted while A is refused
+    assert _ask(b).choices[0].message.content  # the reserve: B is served, and is now active
+    for _ in range(6):  # B holds less than its share (6): admitted while A is refused
         held.append(_open(b))
-    for stream in held[:6]:  # A's calls end: its places come back, one by one
+    with pytest.raises(openai.RateLimitError):  # and no more
+        _open(b)
+    with pytest.raises(openai.RateLimitError):
+        _open(a)
+    for stream in held[:8]:  # A's calls end: its places come back, one by one, down to its share
         stream.close()
     deadline = time.monotonic() + 5
-    while fstack.gateway.fair.counts.get(_group_id(fstack, a), 0) > 1 and time.monotonic() < deadline:
+    while fstack.gateway.fair.counts.get(_group_id(fstack, a), 0) > 4 and time.monotonic() < deadline:
         time.sleep(0.02)
     held.append(_open(a))
     for stream in held:
