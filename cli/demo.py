@@ -40,7 +40,7 @@ from server.serve import serve
 DEMO_GROUP = "demo"
 DEMO_CREDITS = 1_000 * NANO
 KEY_FILE = "demo-key"
-PASSWORD_FILE = "demo-console-password"
+PASSWORD_FILE = "demo-console-password"  # noqa: S105 (a file name, not a password)
 ACCESS_LOG = "access.log"
 
 

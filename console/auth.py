@@ -54,8 +54,8 @@ MIN_TOKEN = MIN_ADMIN_TOKEN  # characters of an admin token (secrets.token_urlsa
 DEVICE_SECONDS = 365 * 86400.0
 MIN_PASSWORD = 8
 MAX_PASSWORD = 1024
-PASSWORD_SETTING = "admin_password"
-SECRET_SETTING = "session_secret"
+PASSWORD_SETTING = "admin_password"  # noqa: S105 (the name of a setting, not a password)
+SECRET_SETTING = "session_secret"  # noqa: S105 (the name of a setting, not a secret)
 
 
 def _b64(data: bytes) -> str:

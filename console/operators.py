@@ -31,7 +31,7 @@ from billing.store import Database
 ROLES = ("admin", "viewer", "operator")
 BUILT_IN = "admin"  # the account of the admin password and the admin token
 NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
-TOKEN_PREFIX = "mro-"  # an operator's API token (an API key is never a console credential)
+TOKEN_PREFIX = "mro-"  # noqa: S105 (a prefix, not a secret): an operator's API token (an API key is never a console credential)
 
 
 class OperatorError(ValueError):

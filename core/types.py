@@ -26,7 +26,7 @@ Source = Literal["api", "job"]  # an HTTP caller, or a line of a batch (jobs/)
 CallStatus = Literal["ok", "error", "interrupted", "rejected"]  # how a call ended, in its usage record
 
 
-_ids = random.Random()
+_ids = random.Random()  # noqa: S311 (request ids are not secrets: new_id)
 
 
 def new_id() -> str:

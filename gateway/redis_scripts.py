@@ -42,7 +42,7 @@ def evalsha(script_sha: str, keys: Sequence[str], args: Sequence[Any], encode: C
 
 
 def sha(script: str) -> str:
-    return hashlib.sha1(script.encode()).hexdigest()
+    return hashlib.sha1(script.encode(), usedforsecurity=False).hexdigest()
 
 
 class ScriptPipe:
