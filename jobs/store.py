@@ -31,9 +31,8 @@ BATCH_COLUMNS = (
     "failed", "input_tokens", "output_tokens", "cached_tokens", "reasoning_tokens", "lease_owner",
 )  # fmt: skip
 FILE_COLUMNS = ("id", "group_id", "key_id", "purpose", "filename", "bytes", "created_at", "expires_at")
-TIMESTAMPS = frozenset(
-    {"in_progress_at", "finalizing_at", "completed_at", "failed_at", "expired_at", "cancelling_at", "cancelled_at"}
-)
+# the column of each final status's time (Batch.finalize)
+ENDED_AT = {"completed": "completed_at", "failed": "failed_at", "expired": "expired_at", "cancelled": "cancelled_at"}
 
 
 def migrations(dialect: str) -> list[str]:
@@ -402,8 +401,7 @@ class JobStore(ABC):
     async def finalize(self, batch_id: str, owner: str, final: Final) -> bool:
         """The end: create the output and error files, set the final status, counts and file ids, drop
         the lines and the lease — all at once."""
-        stamp = f"{final.status}_at"
-        assert stamp in TIMESTAMPS
+        stamp = ENDED_AT[final.status]  # the column, from our own names (a KeyError for another status)
         output, error = final.output, final.error
         changed = await self.db.atomic([
             (f"UPDATE batches SET status = ?, {stamp} = ?, completed = ?, failed = ?, output_file_id = ?, "
