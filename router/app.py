@@ -21,6 +21,7 @@ from billing.store import Store, StoreDown
 from console import console_app
 from core.config import Settings
 from core.errors import GatewayError, MethodNotAllowed, NotFound, StoreUnavailable
+from core.redact import redact_keys
 from core.types import ASGIApp, Scope
 from gateway.state import Gateway
 from jobs.runner import JobRunner
@@ -38,8 +39,12 @@ log = logging.getLogger("router")
 MESSAGES = "/v1/messages"  # Anthropic's Messages API: its errors in Anthropic's dialect
 
 
-def _error_response(exc: GatewayError, path: str = "") -> Response:
-    """``exc`` in its caller's dialect: Anthropic's on its Messages API, OpenAI's everywhere else."""
+def _error_response(exc: GatewayError, path: str = "", scope: Scope | None = None) -> Response:
+    """``exc`` in its caller's dialect: Anthropic's on its Messages API, OpenAI's everywhere else. Every
+    error the app answers passes here: a key of the gateway's in its message (pasted into the path or
+    an id the message echoes) is redacted first (core/redact.py)."""
+    if scope is not None:
+        exc.message = redact_keys(exc.message, logs.trace_of(scope).key_prefix)
     if path.startswith(MESSAGES):
         return messages.error_response(exc)
     return JSONBytes(exc.render(), status_code=exc.status, headers=exc.headers)
@@ -47,24 +52,24 @@ def _error_response(exc: GatewayError, path: str = "") -> Response:
 
 async def _gateway_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GatewayError)
-    return _error_response(exc, route_path(request.scope))
+    return _error_response(exc, route_path(request.scope), request.scope)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     path = route_path(request.scope)
     if exc.status_code == 405:
-        return _error_response(MethodNotAllowed(f"Method {request.method} is not allowed on {request.url.path}."), path)
+        return _error_response(MethodNotAllowed(f"Method {request.method} is not allowed on {request.url.path}."), path, request.scope)
     if exc.status_code == 404:
-        return _error_response(NotFound(f"Unknown path {request.url.path}: this gateway serves /v1/chat/completions, /v1/responses, /v1/messages, /v1/embeddings, /v1/images/generations, /v1/images/edits, /v1/models."), path)
-    return _error_response(GatewayError(str(exc.detail)), path)
+        return _error_response(NotFound(f"Unknown path {request.url.path}: this gateway serves /v1/chat/completions, /v1/responses, /v1/messages, /v1/embeddings, /v1/images/generations, /v1/images/edits, /v1/models."), path, request.scope)
+    return _error_response(GatewayError(str(exc.detail)), path, request.scope)
 
 
 async def _console_only(request: Request, exc: Exception) -> Response:
     """The console's own listener ([console] listen) serves /console alone."""
     assert isinstance(exc, HTTPException)
     if exc.status_code == 404:
-        return _error_response(NotFound(f"Unknown path {request.url.path}: this listener serves the console, /console."))
+        return _error_response(NotFound(f"Unknown path {request.url.path}: this listener serves the console, /console."), scope=request.scope)
     return await _http_error(request, exc)
 
 
@@ -75,25 +80,26 @@ def _answerer(gateway: Gateway) -> ErrorApp:
     def answer(exc: Exception, scope: Scope) -> ASGIApp:
         if isinstance(exc, StoreDown):
             exc = StoreUnavailable()
+        response = _answer(exc, route_path(scope), scope)
         if isinstance(exc, GatewayError):
-            record_refusal(gateway, logs.trace_of(scope), exc)
-        return _answer(exc, route_path(scope))
+            record_refusal(gateway, logs.trace_of(scope), exc)  # (its message as answered: redacted)
+        return response
 
     return answer
 
 
-def _answer(exc: Exception, path: str) -> Response:
+def _answer(exc: Exception, path: str, scope: Scope | None = None) -> Response:
     """The error response of an exception (a GatewayError's own, or a generic 500)."""
     if isinstance(exc, GatewayError):
-        return _error_response(exc, path)
+        return _error_response(exc, path, scope)
     if isinstance(exc, StoreDown):  # the store cannot be used now: the caller may retry (503, Retry-After)
         return _error_response(StoreUnavailable(), path)
     return _error_response(GatewayError("The gateway hit an internal error; the request was not completed."), path)
 
 
 async def _crash(request: Request, exc: Exception) -> Response:
-    log.exception("unhandled error on %s", request.url.path)
-    return _answer(exc, route_path(request.scope))
+    log.exception("unhandled error on %s", redact_keys(request.url.path, logs.trace_of(request.scope).key_prefix))
+    return _answer(exc, route_path(request.scope), request.scope)
 
 
 async def _health(request: Request) -> Response:

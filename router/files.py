@@ -24,6 +24,7 @@ from billing.store import Principal
 from core.deadlines import Deadlines
 from core.errors import InvalidRequest, NotFound, PayloadTooLarge, UnsupportedMediaType
 from core.inputs import natural
+from core.redact import redact_keys
 from gateway.state import Gateway
 from jobs.runner import JobRunner
 from jobs.store import FileRow, new_file_id
@@ -34,6 +35,8 @@ from router.replies import JSONBytes
 _encode = msgspec.json.Encoder().encode
 MULTIPART_SLACK = 64 * 1024  # bytes of multipart framing and form fields allowed beyond the file itself
 _PARAM = re.compile(r';\s*([A-Za-z0-9_*-]+)\s*=\s*("(?:[^"\\]|\\.)*"|[^;]*)')
+MAX_FILENAME = 255  # characters of a stored file name (what one name may have on common file systems)
+_NOT_IN_A_NAME = re.compile(r"[\x00-\x1f\x7f-\x9f/\\]")  # control characters and path separators
 
 
 class FileObject(msgspec.Struct, kw_only=True, omit_defaults=False):
@@ -154,6 +157,17 @@ def parse_multipart(body: bytes, boundary: bytes) -> dict[str, Part]:
         pos = end
 
 
+def file_name(given: str, key_prefix: str) -> str:
+    """The name an upload is stored and listed under: as the client sent it (the OpenAI SDKs send the
+    file's own name, without its directory), or ``upload.jsonl`` for none; a key of the gateway's in it
+    redacted (core/redact.py). A name too long, with a control character or a path separator, or ``.``
+    or ``..``, is a 400 naming ``file``: refused, not altered, so a listing shows what was sent."""
+    if len(given) > MAX_FILENAME or _NOT_IN_A_NAME.search(given) or given in (".", ".."):
+        raise InvalidRequest(f"The file's name must be at most {MAX_FILENAME} characters, without control characters "
+                             "or path separators ('/', '\\').", param="file", code="invalid_file_name")  # fmt: skip
+    return redact_keys(given, key_prefix) or "upload.jsonl"
+
+
 async def read_upload(request: Request, limit: int, seconds: float, deadlines: Deadlines) -> bytes:
     too_large = f"The file is larger than the limit of {limit - MULTIPART_SLACK} bytes ([jobs] max_file_bytes)."
     return await read_body(request, limit, seconds, deadlines, too_large=too_large, code="file_too_large", what="upload")
@@ -186,8 +200,9 @@ class Files:
         if not upload.data.strip():
             raise InvalidRequest("The file is empty: a batch input file is a JSONL of requests.", param="file",
                                  code="invalid_file")  # fmt: skip
-        row = FileRow(new_file_id(), principal.group_id, principal.key_id, "batch", upload.filename or "upload.jsonl",
-                      len(upload.data), int(time.time()))  # fmt: skip
+        name = file_name(upload.filename, self.gw.settings.server.key_prefix)
+        row = FileRow(new_file_id(), principal.group_id, principal.key_id, "batch", name, len(upload.data),
+                      int(time.time()))  # fmt: skip
         await runner.store.create_file(row, upload.data)
         return JSONBytes(_encode(file_object(row)))
 

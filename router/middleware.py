@@ -26,7 +26,7 @@ from starlette.requests import ClientDisconnect, Request
 
 from core import metrics
 from core.errors import GatewayError
-from core.redact import DEFAULT_KEY_PREFIX, holds_key
+from core.redact import DEFAULT_KEY_PREFIX, holds_key, redact_keys
 from core.types import ASGIApp, Message, Receive, Scope, Send, new_id
 from router import logs
 
@@ -128,7 +128,7 @@ class Front:
                     if status or self.on_error is None:
                         raise  # the answer has begun: the server drops the connection
                     if not isinstance(exc, GatewayError):
-                        log.exception("unhandled error on %s", path)
+                        log.exception("unhandled error on %s", redact_keys(path, self.key_prefix))
                     await self.on_error(exc, scope)(scope, receive, observe)
             else:  # (a fast route's body is read by router.chat.read_body, which says so in the trace)
                 if _has_body(scope):

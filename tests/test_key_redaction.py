@@ -145,3 +145,51 @@ def test_a_key_in_anthropics_metadata_user_id_goes_nowhere(stack: Any) -> None:
     assert key not in answer.model_dump_json()
     sent = stack.emulator("anthropic").requests[-1]["metadata"]["user_id"]
     assert key not in sent and sent.startswith("me sk-mr-v1-")
+
+
+@pytest.mark.parametrize("gateway", ["stack", "acme"])
+def test_a_key_pasted_into_a_path_is_redacted_in_every_error_that_echoes_it(gateway: str, request: pytest.FixtureRequest,
+                                                                            access_lines: Lines) -> None:  # fmt: skip
+    """Four 404s echoed the path, or the id in it, as sent (an unknown path, a stored response, a file,
+    a batch), and the 405 too: now every error the app answers has a key of the gateway's redacted."""
+    stack: Stack = request.getfixturevalue(gateway)
+    prefix = stack.settings.server.key_prefix
+    key = stack.key()
+    secret, redacted = key.split("-v1-", 1)[1], f"{prefix}-v1-…[redacted]"
+    asked = [("GET", f"/v1/{key}", 404), ("GET", f"/{key}", 404), ("GET", f"/v1/messages/{key}", 404),
+             ("GET", f"/v1/responses/{key}", 404), ("GET", f"/v1/responses/{key}/input_items", 404),
+             ("DELETE", f"/v1/responses/{key}", 404), ("POST", f"/v1/responses/{key}/cancel", 404),
+             ("GET", f"/v1/files/{key}", 404), ("GET", f"/v1/files/{key}/content", 404),
+             ("DELETE", f"/v1/files/{key}", 404), ("GET", f"/v1/batches/{key}", 404),
+             ("POST", f"/v1/batches/{key}/cancel", 404), ("POST", f"/v1/models/{key}", 405)]  # fmt: skip
+    for method, path, status in asked:
+        answer = raw_request(stack, method, path, headers={"Authorization": f"Bearer {key}", "x-request-id": "in-path"})
+        assert answer.status == status and secret not in answer.text and redacted in answer.text, (path, answer.text)
+    answer = post(stack, key, "/v1/responses", {"model": MODEL, "input": "hi", "previous_response_id": key})
+    assert answer.status == 404 and secret not in answer.text and redacted in answer.text, answer.text
+    assert all(secret not in line for line in access_lines.lines)
+
+
+def upload(stack: Stack, key: str, filename: str) -> Any:
+    body = (b'--b0undary\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+            b'--b0undary\r\nContent-Disposition: form-data; name="file"; filename="' + filename.encode() +
+            b'"\r\nContent-Type: application/jsonl\r\n\r\n{}\n\r\n--b0undary--\r\n')  # fmt: skip
+    return raw_request(stack, "POST", "/v1/files", body, {"Authorization": f"Bearer {key}",
+                                                          "Content-Type": "multipart/form-data; boundary=b0undary"})  # fmt: skip
+
+
+def test_an_uploaded_files_name_is_checked_and_a_key_in_it_redacted(stack: Stack) -> None:
+    """File names were stored as sent, whatever they held. Now a name too long, with a control character
+    or a path separator is a 400 naming ``file``; a key in it is stored redacted; any other is kept."""
+    key = stack.key()
+    secret = key.split("-v1-", 1)[1]
+    for bad in ("x" * 256 + ".jsonl", "../../etc/passwd", "dir\\batch.jsonl", "a\x01b.jsonl", "line\x7f.jsonl", ".."):
+        refused = upload(stack, key, bad)
+        assert refused.status == 400, (bad, refused.text)
+        assert refused.json()["error"]["param"] == "file" and refused.json()["error"]["code"] == "invalid_file_name"
+    kept = upload(stack, key, "Lot 7 — 배치 (v2).jsonl")
+    assert kept.status == 200 and kept.json()["filename"] == "Lot 7 — 배치 (v2).jsonl", kept.text
+    pasted = upload(stack, key, f"mine {key}.jsonl")
+    assert pasted.status == 200 and pasted.json()["filename"] == "mine sk-mr-v1-…[redacted].jsonl", pasted.text
+    listed = raw_request(stack, "GET", "/v1/files", headers={"Authorization": f"Bearer {key}"})
+    assert listed.status == 200 and secret not in listed.text and "Lot 7" in listed.text
