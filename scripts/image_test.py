@@ -2,7 +2,8 @@
 
 1. a base image from Debian's packages (mmdebstrap: minbase, python3, python3-venv), imported with buildah;
 2. the image from the Containerfile on that base (`buildah bud --isolation chroot --build-arg BASE=...`);
-3. run with `buildah run --isolation chroot` (the host's network): a group and a key made with the image's
+3. its SBOM (/app/sbom.cdx.json, CycloneDX) listing the venv's packages at uv.lock's versions;
+4. run with `buildah run --isolation chroot` (the host's network): a group and a key made with the image's
    own CLI, then `router serve` on a free loopback port, configured by a mounted file, against the
    emulated providers on the host; a chat call and a stream through it with the openai SDK, and the
    health check's command; then SIGTERM while a slow stream is open: the stream finishes, the process
@@ -87,6 +88,24 @@ def build() -> None:
     print(f"image-test:   {time.monotonic() - began:.0f} s", flush=True)
 
 
+def sbom() -> None:
+    """The image's /app/sbom.cdx.json: CycloneDX JSON listing the venv's packages at uv.lock's versions."""
+    import tomllib
+
+    locked = {p["name"]: p["version"] for p in tomllib.loads((ROOT / "uv.lock").read_text())["package"]}
+    ctr = run("buildah", "from", IMAGE).stdout.strip()
+    try:
+        doc = json.loads(run("buildah", "run", "--isolation", "chroot", ctr, "--", "cat", "/app/sbom.cdx.json").stdout)
+    finally:
+        run("buildah", "rm", ctr)
+    assert doc["bomFormat"] == "CycloneDX" and doc["specVersion"], doc.get("bomFormat")
+    listed = {c["name"].lower(): c.get("version") for c in doc["components"]}
+    for name in ("starlette", "msgspec", "hypercorn", "aiohttp", "cryptography"):
+        assert listed.get(name) == locked[name], (name, listed.get(name), locked[name])
+    assert "cyclonedx-bom" not in listed  # the tool ran beside the image's venv, not in it
+    print(f"image-test:   the SBOM lists {len(listed)} packages at their locked versions", flush=True)
+
+
 def emulators() -> tuple[subprocess.Popen[str], dict[str, str]]:
     first = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "cli", "emulators", "--port", str(first)], cwd=ROOT,
@@ -164,6 +183,7 @@ def main() -> int:
         tmp = Path(name)
         base(tmp)
         build()
+        sbom()
         proc, urls = emulators()
         try:
             serve(tmp, urls)
