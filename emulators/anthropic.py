@@ -51,8 +51,8 @@ FIELDS = {
 COUNT_FIELDS = {"model", "messages", "system", "tools", "tool_choice", "thinking", "mcp_servers", "context_management",
                 "output_config", "output_format", "cache_control"}  # fmt: skip
 VERSIONS = {"2023-01-01", "2023-06-01", "2026-10-21"}  # the last is what anthropic SDK 2.x sends
-BLOCKS = {"text", "image", "document", "tool_use", "tool_result", "thinking", "redacted_thinking",
-          "search_result", "server_tool_use", "web_search_tool_result"}  # fmt: skip
+BLOCKS = ("text", "image", "document", "tool_use", "tool_result", "thinking", "redacted_thinking",
+          "search_result", "server_tool_use", "web_search_tool_result")  # fmt: skip  (a tuple: any value may be looked up)
 IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 402: "billing_error", 403: "permission_error",
                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
@@ -121,11 +121,15 @@ def _check_top(body: dict[str, Any]) -> str:
     stops = body.get("stop_sequences")
     if stops is not None:
         _require(isinstance(stops, list) and all(isinstance(s, str) for s in stops), "stop_sequences: Input should be a valid list of strings")
+    _check_system(body)
+    return model
+
+
+def _check_system(body: dict[str, Any]) -> None:
     system = body.get("system")
     if system is not None and not isinstance(system, str):
         _require(isinstance(system, list) and all(isinstance(b, dict) and b.get("type") == "text" for b in system),
                  "system: Input should be a valid string or a list of text blocks")  # fmt: skip
-    return model
 
 
 def _check_block(block: Any, role: str, where: str) -> None:
@@ -149,6 +153,9 @@ def _check_block(block: Any, role: str, where: str) -> None:
     elif kind == "tool_result":
         _require(role == "user", f"{where}: tool_result blocks are only allowed in user messages")
         _require(isinstance(block.get("tool_use_id"), str), f"{where}.tool_result.tool_use_id: Field required")
+        # (ToolResultBlockParam.content: Union[str, Iterable[Content]], anthropic-sdk-python)
+        _require(isinstance(block.get("content"), str | list | None),
+                 f"{where}.tool_result.content: Input should be a valid string or a list of content blocks")  # fmt: skip
 
 
 def _check_messages(messages: Any) -> list[dict[str, Any]]:
@@ -460,6 +467,7 @@ class AnthropicEmulator(Emulator):
             _require(isinstance(body.get("model"), str), "model: Field required")
             model = ALIASES.get(body["model"], body["model"])
             _require(model in MODELS, f"model: {body['model']}", 404)
+            _check_system(body)
             turns = _check_messages(body.get("messages"))
             _check_tools(body)
         except Rejected as exc:

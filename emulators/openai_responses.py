@@ -61,6 +61,12 @@ def _missing(param: str) -> Invalid:
     return Invalid(400, f"Missing required parameter: '{param}'.", param, "missing_required_parameter")
 
 
+def _wrong_type(param: str, expected: str) -> Invalid:
+    """As the API answers a field of the wrong JSON type."""
+    return Invalid(400, f"Invalid type for '{param}': expected {expected}, but got a value of another type instead.",
+                   param, "invalid_type")  # fmt: skip
+
+
 def _rid(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(24)}"
 
@@ -118,8 +124,7 @@ class ResponsesHandler:
         for name, kinds, expected in _TYPES:  # as the API answers a field of the wrong type
             value = body.get(name)
             if value is not None and (not isinstance(value, kinds) or isinstance(value, bool) and bool not in kinds):
-                raise Invalid(400, f"Invalid type for '{name}': expected {expected}, but got a value of another type "
-                              "instead.", name, "invalid_type")  # fmt: skip
+                raise _wrong_type(name, expected)
         cap = body.get("max_output_tokens")
         if cap is not None and (not isinstance(cap, int) or cap < 16):
             raise Invalid(
@@ -139,14 +144,22 @@ class ResponsesHandler:
                     raise Invalid(400, f"Unsupported parameter: '{name}' is not supported with this model.",
                                   name, "unsupported_parameter")  # fmt: skip
         for i, tool in enumerate(body.get("tools") or []):
-            kind = tool.get("type") if isinstance(tool, dict) else None
+            if not isinstance(tool, dict):
+                raise _wrong_type(f"tools[{i}]", "an object")
+            kind = tool.get("type")
+            if kind is None:
+                raise _missing(f"tools[{i}].type")
+            if not isinstance(kind, str):
+                raise _wrong_type(f"tools[{i}].type", "a string")
             if kind == "function" and not isinstance(tool.get("name"), str):
                 raise _missing(f"tools[{i}].name")
             if kind == "namespace":  # NamespaceToolParam: a name, a description and function tools
                 for field in ("name", "description", "tools"):
                     if field not in tool:
                         raise _missing(f"tools[{i}].{field}")
-                for j, inner in enumerate(tool["tools"] if isinstance(tool["tools"], list) else ()):
+                if not isinstance(tool["tools"], list):
+                    raise _wrong_type(f"tools[{i}].tools", "an array")
+                for j, inner in enumerate(tool["tools"]):
                     if not isinstance(inner, dict) or inner.get("type") != "function" or not isinstance(inner.get("name"), str):
                         raise Invalid(400, f"Invalid value for 'tools[{i}].tools[{j}]': a namespace holds function tools.",
                                       f"tools[{i}].tools[{j}]", "invalid_value")  # fmt: skip

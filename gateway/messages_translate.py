@@ -372,7 +372,8 @@ def reserve_request(body: dict[str, Any]) -> ChatRequest:
         content = message.get("content") if isinstance(message, dict) else None
         for block in content if isinstance(content, list) else ():
             if isinstance(block, dict) and block.get("type") in ("image", "tool_result"):
-                for image in [block] if block["type"] == "image" else block.get("content") or ():
+                inner = block.get("content") if block["type"] == "tool_result" else [block]
+                for image in inner if isinstance(inner, list) else ():  # (a wrong type: refused after the checks)
                     if isinstance(image, dict) and image.get("type") == "image":
                         parts.append(ImagePart(image_url=ImageURL(url="data:")))
     tools = body.get("tools")

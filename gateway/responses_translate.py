@@ -339,8 +339,8 @@ def tool_names(body: dict[str, Any]) -> dict[str, ToolName]:
             continue
         if tool.get("type") == "custom":
             out[tool["name"]] = ToolName(tool["name"], custom=True)
-        elif tool.get("type") == "namespace":
-            for inner in tool.get("tools") or ():
+        elif tool.get("type") == "namespace" and isinstance(tool.get("tools"), list):
+            for inner in tool["tools"]:
                 if isinstance(inner, dict) and isinstance(inner.get("name"), str):
                     out[flat(tool["name"], inner["name"])] = ToolName(inner["name"], tool["name"])
     return out
@@ -381,7 +381,10 @@ def _tools(tools: Any, choice: Any = None) -> list[dict[str, Any]]:
             out.append(_function(tool, where))
         elif kind == "namespace":
             namespace = _string(tool, "name", where)
-            for j, inner in enumerate(tool.get("tools") or ()):
+            if not isinstance(tool.get("tools"), list):
+                raise InvalidRequest(f"'{where}.tools' must be a list of function tools.", param=f"{where}.tools",
+                                     code="invalid_type")  # fmt: skip
+            for j, inner in enumerate(tool["tools"]):
                 if not isinstance(inner, dict) or inner.get("type", "function") != "function":
                     raise _refuse(f"'{where}.tools[{j}]': a namespace holds function tools.", f"{where}.tools[{j}]",
                                   "unsupported_tool")  # fmt: skip

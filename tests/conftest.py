@@ -264,6 +264,14 @@ class Stack:
         self.clients.append(client)
         return client
 
+    def anthropic_client(self, key: str | None = None, **kw: Any) -> Any:
+        """Anthropic's SDK on the gateway's Messages API."""
+        import anthropic
+
+        client = anthropic.Anthropic(base_url=f"http://127.0.0.1:{self.port}", api_key=key or self.key(), max_retries=0, **kw)
+        self.clients.append(client)
+        return client
+
     def close_clients(self) -> None:
         while self.clients:
             self.clients.pop().close()
