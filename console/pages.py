@@ -10,6 +10,7 @@ batch) is asked first, on a page of its own.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 
 from starlette.requests import Request
@@ -31,6 +32,7 @@ from console import (
     webhooks,
 )
 from console.app import Console, console_of, page, personal, read_form, same_origin
+from gateway.attempts import Window
 
 
 def client_ip(request: Request) -> str:
@@ -159,6 +161,9 @@ async def sso_callback(request: Request) -> Response:
             raise sso.SSOError(f"the identity provider refused it ({params.get('error_description') or params['error']})")
         if flow is None or not hmac.compare_digest(flow.state, params.get("state", "")):
             raise sso.SSOError("it expired, or did not start in this browser: try again", 400)
+        once = Window("sso:state:" + hashlib.sha256(flow.state.encode()).hexdigest(), 1)  # (console/sso.py)
+        if (await c.gateway.attempts.take([once], sso.FLOW_SECONDS)).wait:
+            raise sso.SSOError("this sign-in was used already: start again", 400)
         async with sso.client() as http:
             name = await c.sso.username(http, c.settings, flow, params.get("code", ""), sso_redirect_uri(c, request))
         operator = None

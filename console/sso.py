@@ -2,7 +2,9 @@
 PKCE (RFC 7636) and a nonce; the ID token's signature checked against the issuer's published keys
 (PyJWT), and its issuer, audience, expiry and nonce. The identity provider says who the person is; the
 console's operator accounts say what they may do: the ID token's ``oidc_username_claim``
-(``preferred_username``) names an account made with ``router operators add``, and a name that is no
+(``preferred_username``) names an account made with ``router operators add``, exactly as the provider
+sends it (account names are lower-case; a claim that differs from one in case or spacing names no
+account: two people the provider tells apart are never one operator), and a name that is no
 account's (or the built-in ``admin``'s, which signs in with the admin password or token) is refused.
 
 The routes (console/pages.py):
@@ -10,15 +12,17 @@ The routes (console/pages.py):
 - ``GET /console/sso``: a state, a nonce and a PKCE verifier in a signed cookie (``mr_sso``, ten
   minutes, SameSite=Lax: it must come back with the provider's redirect, a cross-site navigation), then
   a redirect to the issuer's authorization endpoint.
-- ``GET /console/sso/callback``: the state checked against the cookie (which is then dropped: one use),
-  the code exchanged at the token endpoint (PKCE verifier, the client's secret by HTTP Basic), the ID
+- ``GET /console/sso/callback``: the state checked against the cookie (which is then dropped) and
+  taken once (a state is remembered as used until its flow has expired, in the store or Redis as the
+  login attempts are, gateway/attempts.py: a replayed callback is refused even by a provider that
+  would exchange its code again), the code exchanged at the token endpoint (PKCE verifier, the client's secret by HTTP Basic), the ID
   token verified, and a session started as a password login starts one. The answer is a page that goes
   on to the console: the session cookie is SameSite=Strict, and a redirect straight out of the
   provider's navigation would arrive without it.
 
 Faults: the issuer unreachable or answering an error: the login page, 503 with ``Retry-After`` (its
 discovery document is kept an hour, its keys until a token names a key id they lack, then read once
-more; the name is read from the UserInfo endpoint when the ID token does not carry it); a missing, expired or foreign state: 400; a refusal by the provider, a code it will not
+more; the name is read from the UserInfo endpoint when the ID token does not carry it); a missing, expired, foreign or used state: 400; a refusal by the provider, a code it will not
 exchange, an ID token that does not verify: 401; no account of that name: 403. Nothing is stored but
 the session.
 """
@@ -174,7 +178,7 @@ class OIDC:
             name = info.get(settings.oidc_username_claim)
         if not isinstance(name, str) or not name:
             raise SSOError(f"the ID token has no {settings.oidc_username_claim!r} claim")
-        return name.strip().lower()
+        return name  # as the provider sends it: "Alice" is not the account "alice", which may be another person's
 
     async def _key(self, http: aiohttp.ClientSession, issuer: Issuer, kid: Any) -> jwt.PyJWK:
         for fresh in (False, True):

@@ -13,11 +13,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from http.cookies import SimpleCookie
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlencode, urlsplit
+
+import pytest
 
 from billing.audit import Audit
 from tests.conftest import Raw, Stack, free_port
-from tests.test_console import HI, MODEL, Client, console_stack
+from tests.test_console import HI, MODEL, Client, console_of, console_stack
 from tests.test_operators import PASSWORDS, router
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -149,5 +152,46 @@ def test_an_operator_signs_in_through_a_real_oidc_provider(tmp_path: Path) -> No
         gone = late.get(local(pending))
         assert gone.status == 503 and gone.headers["retry-after"].isdigit() and "cannot be reached" in gone.text
         assert late.get("/console/groups").status == 303
+    finally:
+        stack.stop()
+
+
+def test_a_replayed_callback_and_a_claim_in_another_case_sign_nobody_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Against a provider that exchanges a code twice, the same callback sent again with its flow
+    cookie signed in again: the state was checked against the cookie, never remembered. And the name
+    claim was lower-cased, so the provider's "OPS1" (another person to it) signed in as ``ops1``. Now
+    a state is taken once (a replay is 400, no session) and the claim must name an account as sent."""
+    port = free_port()
+    stack = sso_stack(tmp_path, port)
+    try:
+        router(stack, "add", "ops1", "--role", "viewer", "--stdin", password=PASSWORDS["ops1"])
+        sso = console_of(stack).sso
+        exchanged: dict[tuple[str, ...], str] = {}
+        exchange = sso.username
+
+        async def reusing(http: Any, settings: Any, flow: Any, code: str, redirect_uri: str) -> str:
+            """A provider that answers a code it has exchanged before as it did the first time."""
+            if (flow.state, code) not in exchanged:
+                exchanged[flow.state, code] = await exchange(http, settings, flow, code, redirect_uri)
+            return exchanged[flow.state, code]
+
+        monkeypatch.setattr(sso, "username", reusing)
+        with provider(port, f"http://127.0.0.1:{stack.port}/console/sso/callback"):
+            console = Client(stack)
+            start = console.get("/console/sso")
+            flow_cookie = console.cookies["mr_sso"]
+            callback = local(ProviderBrowser(port).sign_in(start.headers["location"], "ops1"))
+            assert console.get(callback).status == 200 and console.get("/console/groups").status == 200
+            replayer = Client(stack)  # the callback and its cookie, sent again
+            replayer.cookies["mr_sso"] = flow_cookie
+            replay = replayer.get(callback)
+            assert replay.status == 400 and "used already" in replay.text, re.findall(r"alert\">([^<]*)", replay.text)
+            assert replayer.get("/console/groups").status == 303  # no session
+
+            other = Client(stack)
+            start = other.get("/console/sso")
+            refused = other.get(local(ProviderBrowser(port).sign_in(start.headers["location"], "OPS1")))
+            assert refused.status == 403 and "no operator account is named &#39;OPS1&#39;" in refused.text
+            assert other.get("/console/groups").status == 303
     finally:
         stack.stop()
