@@ -154,9 +154,9 @@ async def body(request: Request) -> dict[str, Any]:
         if len(raw) > MAX_BODY:
             raise AdminError(413, "The body is too large.", "request_too_large")
     try:
-        data = decode_json(raw or b"{}")
+        data = decode_json(raw or b"{}", bounded=True)  # (an integer of 401 digits is a 400 naming it)
     except InvalidRequest as exc:
-        raise AdminError(400, exc.message, "invalid_json") from None
+        raise AdminError(400, exc.message, exc.code or "invalid_json", exc.param) from None
     if not isinstance(data, dict):
         raise AdminError(400, "The body must be a JSON object.", "invalid_json")
     return data

@@ -1,6 +1,7 @@
 """Reading untrusted input so that nothing a caller sends can raise anything but an ``InvalidRequest``.
 
     decode_json(body)         a JSON document: valid UTF-8, at most ``MAX_DEPTH`` arrays/objects deep
+                              (``bounded``: and its integers within 64 bits, a walk: small bodies only)
     decode_object(body, keep) the same for a JSON object, and its field ``keep`` as sent, decoded once
                               per distinct bytes (a coding agent sends the same tools every turn)
     natural(text, high)       an ASCII decimal integer in [0, high], else None ("²".isdigit() is True,
@@ -31,6 +32,7 @@ from core.kept import Kept, Shared
 
 MAX_DEPTH = 128
 INT64_MAX = 2**63 - 1
+INT64_MIN = -(2**63)
 
 GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 GROUP_NAME_RULE = "A group name is 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit."
@@ -40,8 +42,13 @@ _decode_fields = msgspec.json.Decoder(dict[str, msgspec.Raw]).decode
 _kept: Kept[Any] = Kept(4 << 20)  # the values decode_object keeps, by the size of their JSON
 
 
-def decode_json(body: bytes | str) -> Any:
-    """The decoded document, or ``InvalidRequest`` (code ``invalid_json``) saying what is wrong."""
+def decode_json(body: bytes | str, bounded: bool = False) -> Any:
+    """The decoded document, or ``InvalidRequest`` (code ``invalid_json``) saying what is wrong.
+
+    JSON integers have no size: msgspec decodes 401 digits as a Python int, which ``float()`` and the
+    stores refuse with an exception. ``bounded``: one outside 64 bits (signed) anywhere is a 400 naming
+    its place. A walk of the whole value, so for small bodies (the admin API's); the model calls' bodies
+    are converted to structs whose numbers are bounded (core/wire.py) or checked by hand."""
     try:
         value = _decode(body)
     except msgspec.DecodeError as exc:
@@ -57,7 +64,25 @@ def decode_json(body: bytes | str) -> Any:
     deep = nests_deeper(body.encode() if isinstance(body, str) else bytes(body), MAX_DEPTH)
     if deep or (deep is None and too_deep(value, MAX_DEPTH)):
         raise InvalidRequest(f"The JSON body is nested more than {MAX_DEPTH} levels deep.", code="invalid_json")
+    at = outsized(value) if bounded else None
+    if at is not None:
+        raise InvalidRequest(f"'{at}' must be a number from {INT64_MIN} to {INT64_MAX}.", param=at, code="invalid_value")
     return value
+
+
+def outsized(value: Any) -> str | None:
+    """The place (``a.b[2]``) of the first integer in ``value`` outside 64 bits signed, else None
+    (iteratively: no recursion)."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        item, at = stack.pop()
+        if type(item) is int and not INT64_MIN <= item <= INT64_MAX:
+            return at or "body"
+        if isinstance(item, dict):
+            stack.extend((child, f"{at}.{name}" if at else str(name)) for name, child in item.items())
+        elif isinstance(item, list):
+            stack.extend((child, f"{at}[{i}]") for i, child in enumerate(item))
+    return None
 
 
 def decode_object(body: bytes, keep: str) -> tuple[Any, bytes | None]:

@@ -122,3 +122,29 @@ def test_console_pages_answer_extreme_numbers_without_a_5xx(istack: Stack) -> No
             for value in EXTREMES:
                 r = web.get(f"{page}?{name}={value}")
                 assert r.status < 500, (page, name, value, r.status, r.text[:200])
+
+
+def test_every_admin_api_body_integer_past_64_bits_is_a_400_naming_it(istack: Stack) -> None:
+    """A JSON integer has no size, and msgspec decodes 401 digits as a Python int: in ``grace_seconds`` (key
+    rotate) and ``expiry_within`` (webhooks) it was a 500 (``float()`` of it raises OverflowError). Each
+    field of each admin API body (router/openapi.py) sent such a number alone is a 400 naming it: the admin
+    API reads its bodies with core.inputs.decode_json(bounded=True)."""
+    from router.openapi import OPERATIONS
+
+    api = Client(istack)
+    assert api.api("POST", "/groups", {"name": "digits", "credits": "1"}).status == 201
+    key_id = api.api("POST", "/groups/digits/keys", {"name": "k"}).json()["id"]
+    budget = api.api("POST", "/groups/digits/budgets", {"amount": "1", "window": "day"}).json()
+    ids = {"name": "digits", "key_id": key_id, "budget_id": budget["id"]}
+    sent = 0
+    for op in OPERATIONS:
+        if op.auth != "admin" or not isinstance(op.body, dict):
+            continue
+        for field in op.body["properties"]:
+            for number in (10**400, -(10**400), 2**63):
+                r = api.api(op.method.upper(), op.path.removeprefix("/console/api").format(**ids), {field: number})
+                assert r.status == 400 and _error(r)["param"] == field, (op.path, field, r.status, r.text[:300])
+                sent += 1
+    assert sent >= 3 * 20
+    r = api.api("POST", f"/keys/{key_id}/rotate", {"grace_seconds": 2**63 - 1})  # (within 64 bits: its own rule)
+    assert r.status == 400 and _error(r)["param"] == "grace_seconds" and "30 days" in _error(r)["message"]

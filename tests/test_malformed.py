@@ -152,9 +152,12 @@ OF_TYPE = {
 
 
 def wrong(schema: dict[str, Any]) -> st.SearchStrategy[Any]:
-    """A value the schema does not allow there: another JSON type (junk of any type where it says none)."""
-    others = [t for t in JSON_TYPES if t not in allowed(schema)]
-    return st.sampled_from(others).flatmap(OF_TYPE.__getitem__) if others else JUNK
+    """A value the schema does not allow there: another JSON type (junk of any type where it says none),
+    or where it allows a number, an integer past any bound."""
+    kinds = allowed(schema)
+    others = [t for t in JSON_TYPES if t not in kinds]
+    outsized = [st.sampled_from([HUGE, -HUGE, 2**64])] if "integer" in kinds and others else []
+    return st.one_of(st.sampled_from(others).flatmap(OF_TYPE.__getitem__), *outsized) if others else JUNK
 
 
 def put(body: Any, path: tuple[str | int, ...], value: Any) -> None:
