@@ -7,7 +7,7 @@ it under a prefix (``Mount("/llm", app=create_app(settings))``) and it starts it
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -15,7 +15,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Mount, Route
+from starlette.routing import Mount
 
 from billing.store import Store, StoreDown
 from console import console_app
@@ -25,81 +25,73 @@ from core.redact import redact_keys
 from core.types import ASGIApp, Scope
 from gateway.state import Gateway
 from jobs.runner import JobRunner
-from router import batches, logs, messages, openapi, stored_responses
+from router import batches, endpoints, logs, messages, openapi, stored_responses
 from router.chat import ChatCompletions, record_refusal
+from router.dialects import MESSAGES, MESSAGES_PATH, RESPONSES, error_response, of_path
 from router.embeddings import Embeddings
+from router.endpoints import Endpoint
 from router.health import Readiness, metrics_endpoint
 from router.images import Images
-from router.middleware import ErrorApp, Front, cors, endpoint_app, route_path
+from router.middleware import ErrorApp, Front, cors, route_path
 from router.models import Models
 from router.replies import JSONBytes
 from router.responses_api import Responses
 
 log = logging.getLogger("router")
-MESSAGES = "/v1/messages"  # Anthropic's Messages API: its errors in Anthropic's dialect
+SERVED = ("/v1/chat/completions, /v1/responses, /v1/messages, /v1/embeddings, /v1/images/generations, "
+          "/v1/images/edits, /v1/models")  # fmt: skip
+CONSOLE_ONLY = "this listener serves the console, /console"  # [console] listen
 
 
-def _error_response(exc: GatewayError, path: str = "", scope: Scope | None = None) -> Response:
-    """``exc`` in its caller's dialect: Anthropic's on its Messages API, OpenAI's everywhere else. Every
-    error the app answers passes here: a key of the gateway's in its message (pasted into the path or
-    an id the message echoes) is redacted first (core/redact.py)."""
-    if scope is not None:
-        exc.message = redact_keys(exc.message, logs.trace_of(scope).key_prefix)
-    if path.startswith(MESSAGES):
-        return messages.error_response(exc)
-    return JSONBytes(exc.render(), status_code=exc.status, headers=exc.headers)
+def answer(error: GatewayError, scope: Scope, dialects: Mapping[str, str]) -> Response:
+    """The one answer to an error, whoever caught it (Front for its fast endpoints, Starlette's
+    handlers for the rest), in the dialect of the endpoint it came from (router/dialects.py). A key
+    of the gateway's in its message (pasted into the path or an id the message echoes) is redacted
+    first (core/redact.py)."""
+    path = route_path(scope)
+    error.message = redact_keys(error.message, logs.trace_of(scope).key_prefix)
+    return error_response(error, dialects.get(path) or of_path(path))
 
 
-async def _gateway_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, GatewayError)
-    return _error_response(exc, route_path(request.scope), request.scope)
+def as_error(exc: Exception, scope: Scope, serves: str = SERVED) -> GatewayError:
+    """Any exception as the error the caller gets: a ``GatewayError`` as it is, the store out of reach
+    as 503 with ``Retry-After``, Starlette's 404 and 405 as ours, anything else a generic 500."""
+    if isinstance(exc, GatewayError):
+        return exc
+    if isinstance(exc, StoreDown):  # the store cannot be used now: the caller may retry
+        return StoreUnavailable()
+    if isinstance(exc, HTTPException) and exc.status_code == 405:
+        return MethodNotAllowed(f"Method {scope['method']} is not allowed on {scope['path']}.")
+    if isinstance(exc, HTTPException) and exc.status_code == 404:
+        return NotFound(f"Unknown path {scope['path']}: {serves}.")
+    if isinstance(exc, HTTPException):
+        return GatewayError(str(exc.detail))
+    return GatewayError("The gateway hit an internal error; the request was not completed.")
 
 
-async def _http_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HTTPException)
-    path = route_path(request.scope)
-    if exc.status_code == 405:
-        return _error_response(MethodNotAllowed(f"Method {request.method} is not allowed on {request.url.path}."), path, request.scope)
-    if exc.status_code == 404:
-        return _error_response(NotFound(f"Unknown path {request.url.path}: this gateway serves /v1/chat/completions, /v1/responses, /v1/messages, /v1/embeddings, /v1/images/generations, /v1/images/edits, /v1/models."), path, request.scope)
-    return _error_response(GatewayError(str(exc.detail)), path, request.scope)
+def _handler(dialects: Mapping[str, str], serves: str = SERVED) -> Callable[[Request, Exception], Awaitable[Response]]:
+    """Starlette's exception handler (every class of exception): :func:`answer`, after logging a crash."""
+
+    async def handle(request: Request, exc: Exception) -> Response:
+        if not isinstance(exc, GatewayError | HTTPException):
+            log.exception("unhandled error on %s", redact_keys(request.url.path, logs.trace_of(request.scope).key_prefix))
+        return answer(as_error(exc, request.scope, serves), request.scope, dialects)
+
+    return handle
 
 
-async def _console_only(request: Request, exc: Exception) -> Response:
-    """The console's own listener ([console] listen) serves /console alone."""
-    assert isinstance(exc, HTTPException)
-    if exc.status_code == 404:
-        return _error_response(NotFound(f"Unknown path {request.url.path}: this listener serves the console, /console."), scope=request.scope)
-    return await _http_error(request, exc)
-
-
-def _answerer(gateway: Gateway) -> ErrorApp:
+def _answerer(gateway: Gateway, dialects: Mapping[str, str]) -> ErrorApp:
     """Front's answer to an exception of a model call endpoint; a call refused before anything was
     reserved is recorded first (``rejected``)."""
 
-    def answer(exc: Exception, scope: Scope) -> ASGIApp:
-        if isinstance(exc, StoreDown):
-            exc = StoreUnavailable()
-        response = _answer(exc, route_path(scope), scope)
-        if isinstance(exc, GatewayError):
-            record_refusal(gateway, logs.trace_of(scope), exc)  # (its message as answered: redacted)
+    def respond(exc: Exception, scope: Scope) -> ASGIApp:
+        error = as_error(exc, scope)
+        response = answer(error, scope, dialects)
+        if isinstance(exc, GatewayError | StoreDown):  # (its message as answered: redacted)
+            record_refusal(gateway, logs.trace_of(scope), error)
         return response
 
-    return answer
-
-
-def _answer(exc: Exception, path: str, scope: Scope | None = None) -> Response:
-    """The error response of an exception (a GatewayError's own, or a generic 500)."""
-    if isinstance(exc, GatewayError):
-        return _error_response(exc, path, scope)
-    if isinstance(exc, StoreDown):  # the store cannot be used now: the caller may retry (503, Retry-After)
-        return _error_response(StoreUnavailable(), path)
-    return _error_response(GatewayError("The gateway hit an internal error; the request was not completed."), path)
-
-
-async def _crash(request: Request, exc: Exception) -> Response:
-    log.exception("unhandled error on %s", redact_keys(request.url.path, logs.trace_of(request.scope).key_prefix))
-    return _answer(exc, route_path(request.scope), request.scope)
+    return respond
 
 
 async def _health(request: Request) -> Response:
@@ -154,49 +146,50 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
     beside = console.enabled and not console.listen
     chat, responses = ChatCompletions(gateway).handle, Responses(gateway).handle
     anthropic = messages.Messages(gateway)
-    embeddings = Embeddings(gateway).handle
     images = Images(gateway)
+    table = [
+        Endpoint("/v1/chat/completions", chat, fast=True),
+        Endpoint("/v1/responses", responses, fast=True, dialect=RESPONSES),
+        Endpoint(MESSAGES_PATH, anthropic.handle, fast=True, dialect=MESSAGES),
+        Endpoint(f"{MESSAGES_PATH}/count_tokens", anthropic.count_tokens, fast=True, dialect=MESSAGES),
+        Endpoint("/v1/embeddings", Embeddings(gateway).handle, fast=True),
+        Endpoint("/v1/images/generations", images.generations, fast=True),
+        Endpoint("/v1/images/edits", images.edits, fast=True),
+        Endpoint("/v1/models", models.list, ("GET",)),
+        Endpoint("/v1/models/{model:path}", models.retrieve, ("GET",)),
+        Endpoint("/healthz", _health, ("GET",)),
+        Endpoint("/readyz", Readiness(gateway).endpoint, ("GET",)),
+        Endpoint("/openapi.json", _openapi, ("GET",)),
+        *([Endpoint("/metrics", metrics_endpoint, ("GET",))] if obs.metrics else []),
+    ]
+    dialects = endpoints.dialects(table)
+    handlers = _handler(dialects)
     app = RouterApp(
-        # POST on these is answered by Front directly; the routes answer other methods (405)
-        fast={"/v1/chat/completions": endpoint_app(chat), "/v1/responses": endpoint_app(responses),
-              MESSAGES: endpoint_app(anthropic.handle), f"{MESSAGES}/count_tokens": endpoint_app(anthropic.count_tokens),
-              "/v1/embeddings": endpoint_app(embeddings), "/v1/images/generations": endpoint_app(images.generations),
-              "/v1/images/edits": endpoint_app(images.edits)},
+        fast=endpoints.fast_map(table),  # POST on these is answered by Front directly; the routes answer other methods (405)
         access_log=obs.access_log,
-        on_error=_answerer(gateway),
+        on_error=_answerer(gateway, dialects),
         drain_bytes=gateway.settings.server.max_body_bytes,
         drain_seconds=gateway.settings.reliability.body_timeout,
         cors_origins=gateway.settings.server.cors_origins,
         key_prefix=gateway.settings.server.key_prefix,
         routes=[
-            Route("/v1/chat/completions", chat, methods=["POST"]),
-            Route("/v1/responses", responses, methods=["POST"]),
-            Route(MESSAGES, anthropic.handle, methods=["POST"]),
-            Route(f"{MESSAGES}/count_tokens", anthropic.count_tokens, methods=["POST"]),
-            Route("/v1/embeddings", embeddings, methods=["POST"]),
-            Route("/v1/images/generations", images.generations, methods=["POST"]),
-            Route("/v1/images/edits", images.edits, methods=["POST"]),
-            Route("/v1/models", models.list, methods=["GET"]),
-            Route("/v1/models/{model:path}", models.retrieve, methods=["GET"]),
-            Route("/healthz", _health, methods=["GET"]),
-            Route("/readyz", Readiness(gateway).endpoint, methods=["GET"]),
-            Route("/openapi.json", _openapi, methods=["GET"]),
-            *([Route("/metrics", metrics_endpoint, methods=["GET"])] if obs.metrics else []),
+            *endpoints.routes(table),
             *([Mount("/console", app=console_app(gateway))] if beside else []),
             *batches.routes(gateway),  # /v1/files, /v1/batches
             *stored_responses.routes(gateway),  # /v1/responses/{id}[/input_items|/cancel]
         ],
-        exception_handlers={GatewayError: _gateway_error, HTTPException: _http_error, Exception: _crash},
+        exception_handlers={GatewayError: handlers, HTTPException: handlers, Exception: handlers},
         lifespan=lifespan,
     )
     app.state.gateway = gateway
     app.state.console_listener = None
     if console.enabled and console.listen:
+        only = _handler({}, CONSOLE_ONLY)
         own = RouterApp(
-            fast={}, access_log=obs.access_log, on_error=_answerer(gateway), cors_origins=[],
+            fast={}, access_log=obs.access_log, on_error=_answerer(gateway, {}), cors_origins=[],
             drain_bytes=gateway.settings.server.max_body_bytes, drain_seconds=gateway.settings.reliability.body_timeout,
             key_prefix=gateway.settings.server.key_prefix, routes=[Mount("/console", app=console_app(gateway))],
-            exception_handlers={GatewayError: _gateway_error, HTTPException: _console_only, Exception: _crash},
+            exception_handlers={GatewayError: only, HTTPException: only, Exception: only},
         )  # fmt: skip
         own.state.gateway = gateway
         app.state.console_listener = (console.listen, own)

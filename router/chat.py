@@ -14,14 +14,14 @@ from billing.store import Principal
 from core.deadlines import Deadlines
 from core.errors import GatewayError, PayloadTooLarge, RequestTimeout, UnsupportedMediaType
 from core.inputs import natural
-from core.sse import DONE, frame
 from core.types import Endpoint
 from core.wire import parse_chat_request
 from gateway.chat_codec import ChatCodec
 from gateway.context import CONTEXT, CallContext, identify
 from gateway.pipeline import Pipeline, Started
 from gateway.state import Gateway
-from gateway.stream import error_chunk, sse
+from gateway.stream import sse
+from router.dialects import CHAT, events_of
 from router.logs import Trace, trace_of
 from router.replies import JSONBytes, LateSSE
 
@@ -161,7 +161,7 @@ class ChatCompletions:
         # A stream whose upstream is slow to answer (retries, fallbacks, a slow first byte) starts at
         # once with SSE keep-alive comments; until then an error is still a plain HTTP error.
         stream = streamed(self.pipeline, start, trace, sse)
-        return LateSSE(stream, gw.settings.reliability.stream_keepalive, _error_events)
+        return LateSSE(stream, gw.settings.reliability.stream_keepalive, events_of(CHAT))
 
 
 def record_refusal(gw: Gateway, trace: Trace, exc: GatewayError) -> None:
@@ -187,6 +187,3 @@ def record_refusal(gw: Gateway, trace: Trace, exc: GatewayError) -> None:
         record.error = f"{record.error} (and {more} more refused alike in this group since, not recorded one by one)"
     gw.ledger.record(record)
 
-
-def _error_events(exc: GatewayError) -> bytes:
-    return frame(_encode(error_chunk(exc))) + DONE

@@ -17,15 +17,15 @@ from adapters.anthropic import messages as native
 from adapters.base import map_upstream_error
 from billing import tokens
 from core.catalog import ProviderSpec
-from core.errors import GatewayError, InvalidRequest, UpstreamError, anthropic_error
+from core.errors import InvalidRequest, UpstreamError
 from core.inputs import decode_object
 from gateway.context import identify
 from gateway.messages_codec import MessagesCodec
-from gateway.messages_events import error_event
 from gateway.messages_translate import end_user, omitted_tools, to_chat
 from gateway.pipeline import Pipeline
 from gateway.state import Gateway
 from router.chat import answered, begin_call, streamed
+from router.dialects import MESSAGES, events_of
 from router.replies import JSONBytes, LateSSE, name_omitted
 
 _encode = msgspec.json.Encoder().encode
@@ -83,11 +83,6 @@ def _runs_hosted(spec: ProviderSpec) -> bool:
     return spec.protocol == "anthropic"
 
 
-def failed(exc: GatewayError) -> bytes:
-    """A failure after keep-alives went out, before the upstream answered."""
-    return error_event(exc)
-
-
 class Messages:
     def __init__(self, gateway: Gateway) -> None:
         self.gw = gateway
@@ -111,7 +106,7 @@ class Messages:
             response = await answered(self.pipeline, start, trace)
         else:
             stream = streamed(self.pipeline, start, trace, joined)
-            response = LateSSE(stream, gw.settings.reliability.stream_keepalive, failed)
+            response = LateSSE(stream, gw.settings.reliability.stream_keepalive, events_of(MESSAGES))
         if body.get("tools"):
             name_omitted(response, gw.catalog, body["model"], omitted_tools(body), _runs_hosted)
         return response
@@ -159,7 +154,3 @@ async def joined(batches: Any) -> Any:
     finally:
         await batches.aclose()
 
-
-def error_response(exc: GatewayError) -> Response:
-    status, body = anthropic_error(exc)
-    return JSONBytes(body, status_code=status, headers=exc.headers)

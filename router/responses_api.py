@@ -17,9 +17,8 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from core.errors import GatewayError, InvalidRequest
+from core.errors import InvalidRequest
 from core.inputs import decode_object
-from core.sse import frame_event
 from gateway.context import CallContext, identify
 from gateway.conversation import Conversation, expand, plain
 from gateway.pipeline import Pipeline
@@ -29,6 +28,7 @@ from gateway.responses_events import item_id
 from gateway.responses_translate import omitted_tools, shell
 from gateway.state import Gateway
 from router.chat import Encoder, begin_call, streamed
+from router.dialects import RESPONSES, events_of
 from router.logs import Trace
 from router.replies import JSONBytes, LateSSE, name_omitted
 
@@ -73,12 +73,6 @@ def events(keep: Keep, conversation: Conversation) -> Encoder:
     return encode
 
 
-def _error_event(exc: GatewayError) -> bytes:
-    """A failure after keep-alives went out, before the upstream answered: the API's ``error`` event."""
-    event = {"type": "error", "code": exc.code, "message": exc.message, "param": exc.param, "sequence_number": 0}
-    return frame_event("error", _encode(event))
-
-
 class Responses:
     def __init__(self, gateway: Gateway) -> None:
         self.gw = gateway
@@ -104,7 +98,7 @@ class Responses:
             response: Response = await self.answered(start, trace, keep, conversation)
         else:
             stream = streamed(self.pipeline, start, trace, events(keep, conversation))
-            response = LateSSE(stream, gw.settings.reliability.stream_keepalive, _error_event)
+            response = LateSSE(stream, gw.settings.reliability.stream_keepalive, events_of(RESPONSES))
         name_omitted(response, gw.catalog, conversation.body.get("model"), omitted_tools(conversation.body, tools),
                      lambda spec: spec.responses_api)  # (OpenAI runs its hosted tools)  # fmt: skip
         return response
