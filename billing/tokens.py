@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -48,7 +48,7 @@ def count(text: str) -> int:
     if first is None:
         first = _word(_bare, words[0], words[0])
     try:
-        return first + sum(counts)  # type: ignore[arg-type]  # (a None, of a word not kept, raises)
+        return first + sum(cast("list[int]", counts))  # (a None, of a word not kept, raises)
     except TypeError:  # (a word not kept)
         return first + sum(n if n is not None else _word(_spaced, w, " " + w) for n, w in zip(counts, rest, strict=True))
 

@@ -88,7 +88,7 @@ class Flow:
     @staticmethod
     def of(data: dict[str, object] | None) -> Flow | None:
         try:
-            if data is None or float(data["e"]) < time.time():  # type: ignore[arg-type]
+            if data is None or float(str(data["e"])) < time.time():
                 return None
             return Flow(str(data["s"]), str(data["n"]), str(data["v"]), str(data.get("x") or ""))
         except (KeyError, TypeError, ValueError):

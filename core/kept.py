@@ -13,7 +13,7 @@ go with it.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import msgspec
 
@@ -70,7 +70,7 @@ def once(items: list[Any], key: Hashable, make: Callable[[list[Any]], V]) -> V:
         if type(made) is list:
             made = Shared(made)
         items.made[key] = made
-    return made  # type: ignore[no-any-return]
+    return cast(V, made)
 
 
 def as_sent(items: Any) -> Any:

@@ -296,7 +296,7 @@ class GuardedTCPServer(TCPServer):
         protocol = getattr(self.writer, "_protocol", None)
         waiters = getattr(protocol, "_drain_waiters", None)
         if type(waiters) is collections.deque and not waiters:
-            protocol._drain_waiters = []  # type: ignore[union-attr]
+            setattr(protocol, "_drain_waiters", [])  # noqa: B010 (an attribute of asyncio's, not typed)
 
     async def protocol_send(self, event: Any) -> None:
         """hypercorn's, with its common case in one step: data to write while no other write waits and
@@ -308,7 +308,7 @@ class GuardedTCPServer(TCPServer):
             if not transport.is_closing():
                 try:
                     transport.write(event.data)
-                    if not getattr(self.writer._protocol, "_paused", True):  # type: ignore[attr-defined]
+                    if not getattr(getattr(self.writer, "_protocol", None), "_paused", True):
                         return
                     async with self.send_lock:  # (what hypercorn's waits for after its write)
                         await self.writer.drain()
