@@ -19,6 +19,7 @@ import os
 import secrets
 import socket
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import msgspec
@@ -26,6 +27,7 @@ import msgspec
 from billing.sqlite import sqlite_path
 from billing.store import Store, StoreError
 from cli.console import store_password
+from cli.serve import reload
 from console import auth
 from console.queries import queries_for
 from core.catalog import NANO
@@ -260,7 +262,8 @@ async def demo(settings: Settings, options: DemoOptions) -> None:
             print(banner(base, running, key, directory, console, access), flush=True)
 
         server = msgspec.structs.replace(settings.server, host=options.host, port=options.port)
-        await serve(app, server, started, fd=sock.detach())
+        await serve(app, server, started, fd=sock.detach(), on_reload=partial(reload, gateway),
+                    console=app.state.console_listener)  # fmt: skip
     finally:
         sock.close()
         await stop_emulators(running)

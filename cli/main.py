@@ -21,8 +21,6 @@ import asyncio
 import sys
 from typing import Any
 
-import msgspec
-
 from billing.backends import with_store
 from billing.store import KeyInfo, KeyMeta, Store, StoreDown, StoreError
 from console import lifecycle
@@ -338,20 +336,9 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"config error: {exc}") from None
     try:
         if args.command == "serve":
-            from router.app import create_app
-            from server.serve import run, serve
+            from cli.serve import main as serve_command
 
-            host = args.host or settings.server.host
-            port = args.port or settings.server.port
-            server = settings.server
-            workers = args.workers or server.workers
-            if workers > 1 and args.fd is None:
-                from server.serve import serve_workers
-
-                raise SystemExit(serve_workers(settings, config, host, port, workers))
-            app = create_app(settings)
-            app.state.gateway.config_path = config  # what SIGHUP and the admin API's reload read again
-            run(serve(app, msgspec.structs.replace(server, host=host, port=port), fd=args.fd, console_fd=args.console_fd))
+            serve_command(args, settings, config)
         elif args.command == "demo":
             from cli.demo import DemoError, DemoOptions, demo
             from server.serve import run

@@ -6,14 +6,13 @@ from __future__ import annotations
 import asyncio
 import gc
 import importlib.metadata
-import logging
 import signal
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from wsgiref.handlers import format_date_time
 
 from hypercorn.asyncio import serve as hypercorn_serve
@@ -23,9 +22,6 @@ from core.catalog import ConfigError
 from core.config import ServerSettings
 from core.types import ASGIApp
 from server import channels, connections, fast_h2, fast_http1
-
-if TYPE_CHECKING:
-    from core.config import Settings
 
 
 class _Config(Config):
@@ -84,24 +80,14 @@ def install_server_layer(server: ServerSettings) -> None:
     channels.install()
 
 
-def reload(gateway: Any) -> None:
-    """SIGHUP: apply the configuration file again to new calls; one that does not load changes nothing."""
-    log = logging.getLogger("router")
-    try:
-        pending = gateway.reload_file()
-    except ConfigError as exc:
-        log.error("configuration not reloaded: %s", exc)
-        return
-    log.warning("configuration reloaded%s", f"; at the next restart: {', '.join(pending)}" if pending else "")
-
-
 async def serve(app: ASGIApp, server: ServerSettings, started: Callable[[], Awaitable[None]] | None = None,
-                fd: int | None = None, console_fd: int | None = None) -> None:  # fmt: skip
+                fd: int | None = None, *, on_reload: Callable[[], object] | None = None,
+                console: tuple[str, ASGIApp] | None = None, console_fd: int | None = None) -> None:  # fmt: skip
     """Serve on ``server.host:port`` until SIGINT/SIGTERM; then stop accepting, let open requests
     finish (up to ``graceful_timeout``), run the app's shutdown (which settles every call), and
     return. Client connections are bounded and closed when the client goes (server/connections.py).
-    With ``[console] listen``, the console's app (``app.state.console_listener``) is served on that
-    address too, in this process, until the same signal."""
+    SIGHUP calls ``on_reload``. ``console``, an address and an app, is served on that address too
+    (on ``console_fd``, its socket, when given), in this process, until the same signal."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -109,27 +95,26 @@ async def serve(app: ASGIApp, server: ServerSettings, started: Callable[[], Awai
             loop.add_signal_handler(sig, stop.set)
         except (NotImplementedError, RuntimeError):
             pass
-    gateway = getattr(getattr(app, "state", None), "gateway", None)
-    if gateway is not None:  # SIGHUP: the configuration read again (gateway.state.Gateway.reload)
+    if on_reload is not None:
         try:
-            loop.add_signal_handler(signal.SIGHUP, reload, gateway)
+            loop.add_signal_handler(signal.SIGHUP, on_reload)
         except (NotImplementedError, RuntimeError):
             pass
     config = hypercorn_config(server)
     install_server_layer(server)
     if fd is not None:
         config.bind = [f"fd://{fd}"]  # a worker of serve_workers: the socket is its parent's
-    # hypercorn types the ASGI scope and messages as TypedDicts, Starlette and we as mutable mappings:
-    # the same dicts at run time, two spellings mypy cannot reconcile
-    task = asyncio.ensure_future(hypercorn_serve(app, config, shutdown_trigger=stop.wait))  # type: ignore[arg-type]
-    tasks = [task]
-    listener = getattr(getattr(app, "state", None), "console_listener", None)
-    if listener is not None:  # [console] listen: the console's own app (router.app), on its own listener
-        bind, console = listener
+    listeners = [(app, config)]
+    if console is not None:  # an app of its own on a listener of its own
+        bind, second = console
         own = hypercorn_config(server)
         own.bind = [f"fd://{console_fd}" if console_fd is not None else bind]
         own.umask = 0o177  # a Unix socket: only this user may connect
-        tasks.append(asyncio.ensure_future(hypercorn_serve(console, own, shutdown_trigger=stop.wait)))
+        listeners.append((second, own))
+    # hypercorn types the ASGI scope and messages as TypedDicts, Starlette and we as mutable mappings:
+    # the same dicts at run time, two spellings mypy cannot reconcile
+    tasks = [asyncio.ensure_future(hypercorn_serve(a, c, shutdown_trigger=stop.wait)) for a, c in listeners]  # type: ignore[arg-type]
+    task = tasks[0]
     if started is not None:
         await answering(server.host, server.port, task)
         await started()
@@ -188,16 +173,13 @@ def run(main: Coroutine[Any, Any, None]) -> None:
         asyncio.run(main)
 
 
-def serve_workers(settings: Settings, config: str | None, host: str, port: int, workers: int) -> int:
-    """Bind ``host:port`` once and run ``workers`` processes of ``router serve`` that all accept on
-    that socket (the kernel spreads connections over them). SIGTERM/SIGINT go to every worker, each
-    of which finishes its open requests; returns the first non-zero exit status, else 0."""
-    if settings.store.url.startswith("sqlite"):
-        return _refuse("several workers need a store they can share: set [store] url to a PostgreSQL URL "
-                       "(SQLite takes one gateway process per database file)")  # fmt: skip
-    if not settings.limits.redis_url:
-        print(f"router: note: without [limits] redis_url each of the {workers} workers keeps its own rate "
-              "limit buckets (a key may get up to that many times its limits)", file=sys.stderr)  # fmt: skip
+def serve_workers(server: ServerSettings, workers: int, argv: Callable[[int, int | None], list[str]],
+                  console: str | None = None) -> int:  # fmt: skip
+    """Bind ``server.host:port`` (and ``console``, an address, when given) once and run ``workers``
+    processes, ``argv(fd, console_fd)``, that all accept on those sockets (the kernel spreads
+    connections over them). SIGTERM/SIGINT go to every worker, each of which finishes its open
+    requests, and SIGHUP too; returns the first non-zero exit status, else 0."""
+    host, port = server.host, server.port
     children: list[subprocess.Popen[bytes]] = []
     forwarded: set[int] = set()
 
@@ -218,19 +200,17 @@ def serve_workers(settings: Settings, config: str | None, host: str, port: int, 
     signal.signal(signal.SIGHUP, reload_all)
     sock = socket.create_server((host, port), backlog=4096)
     sock.set_inheritable(True)
-    argv = [sys.executable, "-m", "cli", *(["--config", config] if config else []), "serve",
-            "--host", host, "--port", str(port), "--fd", str(sock.fileno())]  # fmt: skip
     socks = [sock]
-    if settings.console.enabled and settings.console.listen:  # the console's listener, shared the same way
-        own = hypercorn_config(settings.server)
-        own.bind, own.umask = [settings.console.listen], 0o177
+    if console:  # the second listener, shared the same way
+        own = hypercorn_config(server)
+        own.bind, own.umask = [console], 0o177
         socks += own.create_sockets().insecure_sockets
         socks[-1].listen(own.backlog)
-        argv += ["--console-fd", str(socks[-1].fileno())]
+    command = argv(sock.fileno(), socks[-1].fileno() if console else None)
     for _ in range(workers):
         if forwarded:  # stopped while starting: no more workers
             break
-        children.append(subprocess.Popen(argv, pass_fds=[s.fileno() for s in socks]))  # noqa: S603 (our own command line)
+        children.append(subprocess.Popen(command, pass_fds=[s.fileno() for s in socks]))  # noqa: S603 (our own command line)
     for s in socks:
         s.close()  # the workers hold them now
     for child in children:  # a signal that came while they were being started reaches them too
@@ -249,8 +229,3 @@ def exit_status(returncode: int, forwarded: set[int]) -> int:
     if returncode >= 0:
         return returncode
     return 0 if -returncode in forwarded else 128 - returncode
-
-
-def _refuse(message: str) -> int:
-    print(f"router: {message}", file=sys.stderr, flush=True)
-    return 2
