@@ -19,20 +19,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from billing.store import Principal
-from core.types import Endpoint
+from core.types import ASGIApp, Endpoint
 from core.wire import ChatRequest
 from gateway.context import CallContext
 from gateway.pipeline import Pipeline
 from gateway.reliability import backoff
 from jobs.calls import call_app, error_line, output_line, request_id
-from jobs.store import BatchRow, FileRow, Final, Line, Outcome, new_file_id
+from jobs.store import BatchRow, FileRow, Final, JobStore, Line, Outcome, new_file_id
 from jobs.validate import ENDPOINTS, Check, Problem, parse_input
 
 if TYPE_CHECKING:
-    from jobs.runner import JobRunner
+    from core.config import JobsSettings
+    from gateway.state import Gateway
 
 log = logging.getLogger("router.jobs")
 
@@ -43,8 +44,27 @@ INTERRUPTED = (
 RATE_LIMIT_RETRIES = 3  # a 429 means the request was not run: wait and try again, this many times
 
 
+class Runner(Protocol):
+    """What a job reads of the runner that runs it (``jobs.runner.JobRunner``)."""
+
+    @property
+    def gw(self) -> Gateway: ...
+
+    @property
+    def app(self) -> ASGIApp: ...
+
+    @property
+    def settings(self) -> JobsSettings: ...
+
+    @property
+    def store(self) -> JobStore: ...
+
+    @property
+    def stopping(self) -> bool: ...
+
+
 class Job:
-    def __init__(self, runner: JobRunner, batch: BatchRow, owner: str) -> None:
+    def __init__(self, runner: Runner, batch: BatchRow, owner: str) -> None:
         self.runner = runner
         self.store = runner.store
         self.batch = batch
