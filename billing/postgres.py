@@ -218,7 +218,7 @@ class PostgresStore(Store):
 
     # -- groups ---------------------------------------------------------------------------------
     async def principal(self, key_hash: str) -> Principal | None:
-        return principal_row(await self.db.fetchrow(_PRINCIPAL_BY_HASH, key_hash), key_hash)
+        return principal_row(await self.db.read_row(_PRINCIPAL_BY_HASH, key_hash), key_hash)
 
     # -- ledger ---------------------------------------------------------------------------------
     async def reserve(self, group_id: int, key_id: int, amount: int, hold: Hold | None = None,

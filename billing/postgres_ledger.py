@@ -267,7 +267,7 @@ TAKE_STALE = (
     "RETURNING id, group_id, key_id, amount, model, provider, request_id, progress, progress_tokens, progress_at, progress_text"
 )
 INTERRUPTED = "reservation left by a stopped process, released on restart"
-CUT = "reservation whose commit was cut off with the connection (its call was refused), released"
+CUT = "reservation whose commit was cut off with the connection (its call was refused or reserved again), released"
 APPLIED = (
     f"INSERT INTO journal_applied (id, ts) SELECT unnest($1::text[]), {NOW} ON CONFLICT (id) DO NOTHING RETURNING id"
 )
@@ -512,6 +512,7 @@ class LedgerCommits:
         self.pending: list[tuple[Op, asyncio.Future[Any]]] = []
         self.task: asyncio.Task[None] | None = None
         self.conn: asyncpg.Connection | None = None  # the batches' own, kept from one batch to the next
+        self.pid = 0  # its backend's
         self.batches = 0
         self.replica: str | None = None  # this process's name on the reservations it makes (billing/leases.py)
         # a batch of reservations whose connection was lost may have committed (the COMMIT was on the
@@ -548,6 +549,7 @@ class LedgerCommits:
             await self.db.release(conn)  # nothing to do if the pool has taken it back
         if self.conn is None:
             self.conn = await self.db.acquire()
+            self.pid = self.conn.get_server_pid()
         return self.conn
 
     def _fail(self, batch: list[tuple[Op, asyncio.Future[Any]]], exc: BaseException) -> None:
@@ -590,11 +592,8 @@ class LedgerCommits:
                     self._wake = None
             while self.pending:
                 self.began = time.monotonic()
-                conn = await self._connection()
-                if self.suspect:
-                    await self._sweep(conn)
                 batch, self.pending = self.pending[: self.limit], self.pending[self.limit :]
-                await self._commit(conn, batch)
+                await self._commit(batch)
         except BaseException as exc:  # no connection (or cancelled): the queued callers get the error
             batch, self.pending = self.pending, []
             self._fail(batch, lost(exc) if down(exc) else exc)
@@ -603,26 +602,50 @@ class LedgerCommits:
         finally:
             self.task = None
 
-    async def _commit(self, conn: asyncpg.Connection, batch: list[tuple[Op, asyncio.Future[Any]]],
-                      again: bool = True) -> None:  # fmt: skip
-        try:
-            results = await self._attempt(conn, [op for op, _ in batch])
-        except Exception as exc:
-            if again and unsent(exc, conn):  # the server killed the kept connection, and asyncpg refused the
-                await self._drop()  # batch's first statement before sending it: nothing ran; once more, on another
-                try:
-                    other = await self._connection()
-                except Exception as none:
-                    await self._failed(batch, none)
+    async def _commit(self, batch: list[tuple[Op, asyncio.Future[Any]]]) -> None:
+        """``batch`` in one transaction on the kept connection (after the sweep, if one is due). A
+        connection lost meanwhile (the server killed it, or restarted) is replaced and the batch tried
+        again on the new one, at most ``max_size`` times, as the pool's statements. Refused by asyncpg
+        before any of it was sent (``refused``), nothing of it ran. Cut off after it was sent, it may have
+        committed: the lost connection's backend is first ended (if the server has not ended it yet) and
+        waited for, so its transaction has committed or rolled back for good; then its
+        reservations, if they committed, are holds of this replica that no call of it knows, released by
+        the sweep (``CUT``: an ``interrupted`` record each, no charge), and its settlements go as retries
+        (``once``: skipped if their reservation is gone, their charge made). A reservation without a
+        replica name (a store not serving) cannot be told from a committed one: its caller gets the
+        error, as do all of them if the batch fails again (a settlement then goes to ``Store.rescue``)."""
+        ops = [op for op, _ in batch]
+        cut: int | None = None  # the backend of the connection cut off mid-batch: ended before the next try
+        for tries_left in range(self.db.max_size, -1, -1):
+            try:
+                conn = await self._connection()
+                if cut is not None and not await ended(conn, cut):
+                    raise asyncpg.InterfaceError("the backend of a lost connection did not end")
+                if self.suspect:
+                    await self._sweep(conn)
+                results = await self._attempt(conn, ops)
+            except Exception as exc:
+                sent = not refused(exc, self.conn)
+                if not down(exc) or not tries_left:
+                    await self._failed(batch, exc)
                     return
-                await self._commit(other, batch, again=False)
-                return
-            await self._failed(batch, exc)
+                if sent:
+                    cut = self.pid
+                    if self.replica is None:  # (no sweep can find its reservations)
+                        self._fail([(op, f) for op, f in batch if isinstance(op, ReserveOp)], lost(exc))
+                        batch = [(op, f) for op, f in batch if not isinstance(op, ReserveOp)]
+                        if not batch:
+                            await self._drop()
+                            return
+                    ops = [replace(op, once=True) if isinstance(op, SettleOp) else op for op, _ in batch]
+                    self.suspect = self.suspect or any(isinstance(op, ReserveOp) for op in ops)
+                await self._drop()
+                continue
+            except BaseException as exc:
+                await self._failed(batch, exc)
+                raise
+            self._done(batch, results)
             return
-        except BaseException as exc:
-            await self._failed(batch, exc)
-            raise
-        self._done(batch, results)
 
     async def _failed(self, batch: list[tuple[Op, asyncio.Future[Any]]], exc: BaseException) -> None:
         """Nothing committed (or, if the connection went during COMMIT, unknown: a settlement's retry finds
@@ -691,6 +714,26 @@ class LedgerCommits:
 def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
+
+
+async def ended(conn: asyncpg.Connection, pid: int, wait: float = 2.0) -> bool:
+    """Whether the backend ``pid`` (of a connection lost mid-statement) is gone, ended from ``conn`` if it
+    still runs (the server may not have noticed the loss): then its transaction will never commit."""
+    await conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = $1", pid)
+    deadline = time.monotonic() + wait
+    while await conn.fetchval("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid):
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True
+
+
+def refused(exc: BaseException, conn: asyncpg.Connection | None) -> bool:
+    """``unsent``, for a connection that may be gone (then not known: False)."""
+    try:
+        return conn is not None and unsent(exc, conn)
+    except asyncpg.InterfaceError:
+        return False
 
 
 def usable(conn: asyncpg.Connection) -> bool:

@@ -11,7 +11,9 @@ alive until the client has read its close; a statement given it is refused by as
 it is sent (:func:`unsent`). The pool's statements (``fetch``, ``select``, ``write``, ``atomic``, ...)
 and ``transaction``'s ``BEGIN`` then go again on another connection (the dead one closed, so at most
 ``max_size`` times): such a call did nothing. A statement cut off after it was sent may have run, so
-it is never sent again (its caller gets the ``StoreDown``).
+it is never sent again (its caller gets the ``StoreDown``), unless it is a read (``read``: a key's
+lookup), which changed nothing. The ledger's own connection, kept from batch to batch, has the same
+retry (billing/postgres_ledger.py, ``LedgerCommits._commit``).
 """
 
 from __future__ import annotations
@@ -154,21 +156,22 @@ class PostgresPool:
                 if not down(exc):
                     raise
 
-    async def _call(self, method: str, sql: str, args: Sequence[Any]) -> Any:
-        return await self._run(lambda conn: getattr(conn, method)(sql, *args))
+    async def _call(self, method: str, sql: str, args: Sequence[Any], read: bool = False) -> Any:
+        return await self._run(lambda conn: getattr(conn, method)(sql, *args), read)
 
-    async def _run(self, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+    async def _run(self, work: Callable[[asyncpg.Connection], Awaitable[T]], read: bool = False) -> T:
         """``work`` on a connection of the pool; on another if asyncpg refused it on a dead one before
         sending it (:func:`unsent`; in a transaction, any of its statements: the COMMIT was never sent,
-        so nothing of it stays). The pool hands out the connections it believes live first: after a
-        kill of them all, the dead ones come one after the other, each closed here."""
+        so nothing of it stays), or, for a ``read``, if the connection was lost at all. The pool hands
+        out the connections it believes live first: after a kill of them all, the dead ones come one
+        after the other, each closed here."""
         try:
             for tries_left in range(self.max_size, -1, -1):
                 async with self.pool.acquire() as conn:
                     try:
                         return await work(conn)
                     except Exception as exc:
-                        if not tries_left or not unsent(exc, conn):
+                        if not tries_left or not (unsent(exc, conn) or (read and down(exc))):
                             raise
                         conn.terminate()  # (the pool connects again in its place)
             raise AssertionError("unreachable")
@@ -184,6 +187,10 @@ class PostgresPool:
 
     async def fetchrow(self, sql: str, *args: Any) -> Any:
         return await self._call("fetchrow", sql, args)
+
+    async def read_row(self, sql: str, *args: Any) -> Any:
+        """``fetchrow`` of a statement that changes nothing: sent again even if it was cut off."""
+        return await self._call("fetchrow", sql, args, read=True)
 
     async def fetchval(self, sql: str, *args: Any) -> Any:
         return await self._call("fetchval", sql, args)

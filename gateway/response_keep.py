@@ -11,7 +11,10 @@ Nothing is stored for a call that failed before the provider answered (no termin
 If the write of a finished response fails (the store is down, the response is larger than
 ``[responses] max_stored_bytes``), the call was still settled as any call is (the ledger's own path): the
 caller gets the answer with ``store: false``, which says the truth: the id cannot be retrieved or
-continued. The failure is logged and counted (``router_store_errors_total{operation="response"}``).
+continued. The failure is logged and counted (``router_store_errors_total{operation="response"}``). A
+write whose connection was lost may have committed all the same (the COMMIT was on the wire): the
+response is then read back; found, it was stored (``store`` stays true); not found, it was not; the
+read failing too, the log says it "may not be stored" and the answer ``store: false``.
 """
 
 from __future__ import annotations
@@ -125,7 +128,15 @@ class Keep:
                 await self.gw.responses.insert(stored, encoded, time.time() + settings.retention_days * DAY)
         except Exception as exc:  # the store is down, a constraint, a bug: the caller still gets its answer
             store_error("response")
-            log.warning("response %s not stored (%s: %s)", stored.id, type(exc).__name__, exc)
+            try:  # (a connection lost while its COMMIT was on the wire: stored or not, unknown until read)
+                there = await self.gw.responses.has(stored)
+            except Exception:
+                there = None
+            if there:
+                log.warning("response %s stored, though its write failed (%s: %s)", stored.id, type(exc).__name__, exc)
+                return True
+            log.warning("response %s %s (%s: %s)", stored.id, "may not be stored" if there is None else "not stored",
+                        type(exc).__name__, exc)  # fmt: skip
             response["store"] = False
             return False
         return True

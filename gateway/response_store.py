@@ -245,6 +245,13 @@ class ResponseStore:
         ])  # fmt: skip
         return counts[0] == 1
 
+    async def has(self, stored: Stored) -> bool:
+        """Whether ``stored`` is there as written (by ``insert`` or ``finish``): a write whose outcome is
+        unknown, read back."""
+        rows = await self.db.select("SELECT 1 FROM responses WHERE id = ? AND group_id = ? AND status = ?",
+                                    (stored.id, stored.group_id, stored.status))  # fmt: skip
+        return bool(rows)
+
     async def fail(self, response_id: str, error: dict[str, Any], statuses: tuple[str, ...] = OPEN) -> bool:
         await self.ready()
         marks = ", ".join("?" * len(statuses))

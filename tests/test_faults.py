@@ -133,7 +133,12 @@ async def terminate(admin_url: str, app: str) -> int:
         await conn.close()
 
 
-def test_postgres_connections_killed_mid_load_lose_no_charge(pg: Postgres, tmp_path: Path) -> None:
+def test_postgres_connections_killed_mid_load_fail_no_call_and_lose_no_charge(pg: Postgres, tmp_path: Path) -> None:
+    """Every connection of the gateway killed every 0.1 s under 12 callers: the ledger's kept connection
+    is cut off mid-batch again and again (its batch may have committed). Each such batch goes again on
+    another connection once the lost one's backend has ended, its reservations that committed released
+    (no call of the replica knows them) and its settlements retried only if they did not; a key's
+    lookup cut off goes again (a read). Before, 92 of 1,900 calls got 503 store_unavailable."""
     app = f"router-faults-{os.getpid()}"
     url = f"{pg.fresh_url()}&application_name={app}"
     settings = Settings(store=StoreSettings(url=url, journal=str(tmp_path / "journal.jsonl")),
@@ -148,12 +153,11 @@ def test_postgres_connections_killed_mid_load_lose_no_charge(pg: Postgres, tmp_p
 
         async def scenario() -> int:
             until = asyncio.Event()
-            running = asyncio.ensure_future(load(stack.base_url, key, tally, until))
+            running = asyncio.ensure_future(load(stack.base_url, key, tally, until, workers=12))
             killed = 0
-            for _ in range(3):
-                await asyncio.sleep(1.0)
+            for _ in range(60):
+                await asyncio.sleep(0.1)
                 killed += await terminate(pg.url, app)
-            await asyncio.sleep(1.0)
             until.set()
             await running
             return killed
@@ -163,10 +167,10 @@ def test_postgres_connections_killed_mid_load_lose_no_charge(pg: Postgres, tmp_p
         balance, reserved, spent, records = asyncio.run(books(url, group))
         figures = check_books(initial, tally, balance, reserved, spent, records)
         print(
-            f"\npostgres connections killed: {killed} in 3 rounds; {figures}; "
+            f"\npostgres connections killed: {killed} in 60 rounds; {figures}; "
             f"settle errors {counter('router_store_errors_total', operation='settle') - before:g}"
         )
-        assert killed >= 3 and tally.ok > 100
+        assert killed >= 100 and tally.ok > 300 and tally.unavailable == 0, figures
     finally:
         stack.stop()
 
@@ -175,11 +179,14 @@ def test_postgres_connections_killed_mid_load_lose_no_charge(pg: Postgres, tmp_p
 class Proxy:
     """A TCP proxy to PostgreSQL, on a loop of its own, that the test can cut: every connection through
     it closed and new ones refused until :meth:`restore`. Between :meth:`hold` and :meth:`let_go`, what
-    the server sends goes on at once but its close does not (a middlebox keeping the client's side open)."""
+    the server sends goes on at once but its close does not (a middlebox keeping the client's side open).
+    With ``swallow`` set, a connection that sends it and then a ``COMMIT`` has that COMMIT passed on, the
+    server's answers dropped and, 0.3 s later, is cut: the transaction committed, its client cannot know."""
 
     def __init__(self, host: str, port: int) -> None:
         self.target = (host, port)
         self.down = False
+        self.swallow: bytes | None = None
         self.held: asyncio.Event | None = None  # set when the closes held back may go on
         self.writers: set[asyncio.StreamWriter] = set()
         self.loop = asyncio.new_event_loop()
@@ -201,10 +208,23 @@ class Proxy:
             writer.transport.abort()
             return
         self.writers |= {writer, up_writer}
+        seen, muted = False, False
+
+        def cut() -> None:
+            writer.transport.abort()
+            up_writer.transport.abort()
 
         async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, holds: bool = False) -> None:
+            nonlocal seen, muted
             try:
                 while data := await src.read(65536):
+                    if not holds and self.swallow is not None:
+                        seen = seen or self.swallow in data
+                        if seen and b"COMMIT" in data and not muted:
+                            muted = True
+                            self.loop.call_later(0.3, cut)
+                    if holds and muted:
+                        continue
                     dst.write(data)
                     await dst.drain()
                 if holds and (held := self.held) is not None:
@@ -424,6 +444,32 @@ def test_calls_after_the_pools_connections_were_killed_are_served(pg: Postgres, 
         assert killed >= 3 and tally.ok == 16 and tally.unavailable == 0, figures
     finally:
         proxy.let_go()
+        stack.stop()
+        proxy.close()
+
+
+def test_a_response_whose_commit_was_cut_off_is_read_back_not_said_unstored(pg: Postgres, tmp_path: Path,
+                                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """The stored response's write committed, then its connection was lost before its client read the
+    answer (behind the proxy above). The answer used to say ``store: false`` and the log "not stored",
+    though the response was stored and could be retrieved; now the gateway reads it back and says so."""
+    direct = pg.fresh_url()
+    parts = urllib.parse.urlsplit(direct)
+    proxy = Proxy(parts.hostname or "127.0.0.1", parts.port or 5432)
+    store = StoreSettings(url=behind(proxy, direct, f"router-keep-{os.getpid()}"), journal=str(tmp_path / "j.jsonl"))
+    stack = Stack(tmp_path, Settings(store=store, reliability=ReliabilitySettings(max_retries=0))).start()
+    try:
+        client = openai.OpenAI(base_url=stack.base_url, api_key=stack.key(group=stack.group(1_000)), max_retries=0)
+        proxy.swallow = b"INSERT INTO responses"
+        with caplog.at_level("WARNING", logger="router.responses"):
+            answer = client.responses.create(model=MODEL, input="[tokens:5] hello")
+        proxy.swallow = None
+        lines = [r.getMessage() for r in caplog.records if answer.id in r.getMessage()]
+        assert lines and "stored, though its write failed" in lines[0], lines  # (the cut happened)
+        assert answer.store is True and not [line for line in lines if "not stored" in line], lines
+        assert client.responses.retrieve(answer.id).output_text == answer.output_text
+        client.close()
+    finally:
         stack.stop()
         proxy.close()
 
