@@ -138,6 +138,9 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE reservations ADD COLUMN progress_tokens INT4;
     """,
+    # 16: each reservation keeps its call's endpoint and whether it streams (the record of a dead
+    # replica's hold says them), and the ledger's batch writes them
+    "ALTER TABLE reservations ADD COLUMN endpoint TEXT, ADD COLUMN stream BOOLEAN;" + BATCH_FUNCTION,
 ]
 # streams' checkpoints (billing.store.Checkpoint), each on its reservation's row (one its settlement
 # deleted meanwhile: nothing): its charge when it has one, its count and time

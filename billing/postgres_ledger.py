@@ -93,7 +93,8 @@ UNION ALL SELECT 'k', id, spend_cap, spent, reserved FROM k
 UNION ALL SELECT 'g', id, balance, reserved, spent FROM g
 """
 _USAGE_ARGS = ", ".join(f"${n}::{kind}[]" for n, kind in enumerate(USAGE_PG, start=12))
-_HOLDS = 12 + len(USAGE_PG)  # then the replica and each new reservation's model, provider and request id
+_HOLDS = 12 + len(USAGE_PG)  # then the replica and each new reservation's model, provider, request id,
+# endpoint and stream flag
 APPLY = f"""
 WITH g AS (
     UPDATE groups AS g SET balance = g.balance + d.balance, reserved = g.reserved + d.reserved,
@@ -107,10 +108,13 @@ WITH g AS (
     WHERE k.id = d.id
     RETURNING k.id
 ), r AS (
-    INSERT INTO reservations (group_id, key_id, amount, created_at, replica, model, provider, request_id)
-    SELECT x.group_id, x.key_id, x.amount, {NOW}, ${_HOLDS}::text, x.model, x.provider, x.request_id
+    INSERT INTO reservations (group_id, key_id, amount, created_at, replica, model, provider, request_id,
+                              endpoint, stream)
+    SELECT x.group_id, x.key_id, x.amount, {NOW}, ${_HOLDS}::text, x.model, x.provider, x.request_id,
+           x.endpoint, x.stream
     FROM unnest($8::int8[], $9::int8[], $10::int8[], ${_HOLDS + 1}::text[], ${_HOLDS + 2}::text[],
-                ${_HOLDS + 3}::text[]) WITH ORDINALITY AS x(group_id, key_id, amount, model, provider, request_id, n)
+                ${_HOLDS + 3}::text[], ${_HOLDS + 4}::text[], ${_HOLDS + 5}::bool[])
+         WITH ORDINALITY AS x(group_id, key_id, amount, model, provider, request_id, endpoint, stream, n)
     ORDER BY x.n
     RETURNING id
 ), u AS (
@@ -125,8 +129,8 @@ SELECT (SELECT count(*) FROM g) AS groups, (SELECT count(*) FROM k) AS keys,
 # batch whose groups have no budget: those still go through ``run_batch``, see ``Budgeted``), on the server, in the transaction of the statement that calls
 # it (BATCH): no BEGIN and COMMIT of their own, no rows sent back and forth. ``ops``: a JSON array,
 # per operation ``[reserve, group id, key id, amount, reservation id, credits, once, model, provider,
-# request id]``: a reservation (``reserve``) of ``amount`` with its hold's model, provider and request
-# id, or a settlement of the reservation (holding ``amount``) charging up to ``credits`` (``once``:
+# request id, endpoint, stream]``: a reservation (``reserve``) of ``amount`` with its hold's model,
+# provider, request id, endpoint and stream flag, or a settlement of the reservation (holding ``amount``) charging up to ``credits`` (``once``:
 # skipped if the reservation is gone). Out, per operation: ``result`` (the new reservation's id, or
 # the charge; NULL for a refusal or a skipped settlement) and, for a refusal, its reason and the
 # credits available. An operation that cannot run at all raises (SQLSTATE P0001, its message for
@@ -142,7 +146,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     n int := jsonb_array_length(ops);
     reserve bool[]; gid int8[]; kid int8[]; amount int8[]; rid int8[]; credits int8[]; once bool[];
-    model text[]; provider text[]; request text[];
+    model text[]; provider text[]; request text[]; endpoint text[]; stream bool[];
     released int8[];
     g_ids int8[]; g_bal int8[]; g_res int8[]; g_spent int8[];
     k_ids int8[]; k_cap int8[]; k_spent int8[]; k_res int8[];
@@ -155,8 +159,8 @@ BEGIN
            array_agg((e->>2)::int8 ORDER BY i), array_agg((e->>3)::int8 ORDER BY i),
            array_agg((e->>4)::int8 ORDER BY i), array_agg((e->>5)::int8 ORDER BY i),
            array_agg((e->>6)::bool ORDER BY i), array_agg(e->>7 ORDER BY i), array_agg(e->>8 ORDER BY i),
-           array_agg(e->>9 ORDER BY i)
-      INTO reserve, gid, kid, amount, rid, credits, once, model, provider, request
+           array_agg(e->>9 ORDER BY i), array_agg(e->>10 ORDER BY i), array_agg((e->>11)::bool ORDER BY i)
+      INTO reserve, gid, kid, amount, rid, credits, once, model, provider, request, endpoint, stream
       FROM jsonb_array_elements(ops) WITH ORDINALITY AS x(e, i);
     -- the locks in LOCK's order: the reservations settled, the keys, the groups, each in id order
     WITH d AS (
@@ -200,8 +204,10 @@ BEGIN
             g_bal[gi] := g_bal[gi] - amount[i];
             g_res[gi] := g_res[gi] + amount[i];
             k_res[ki] := k_res[ki] + amount[i];
-            INSERT INTO reservations (group_id, key_id, amount, created_at, replica, model, provider, request_id)
-            VALUES (gid[i], kid[i], amount[i], {NOW}, replica, model[i], provider[i], request[i])
+            INSERT INTO reservations (group_id, key_id, amount, created_at, replica, model, provider, request_id,
+                                      endpoint, stream)
+            VALUES (gid[i], kid[i], amount[i], {NOW}, replica, model[i], provider[i], request[i], endpoint[i],
+                    stream[i])
             RETURNING id INTO held;
             result[i] := held;
         ELSE
@@ -264,7 +270,8 @@ STALE = (
 TAKE_STALE = (
     "DELETE FROM reservations WHERE id IN "
     "(SELECT id FROM reservations WHERE id = ANY($1::int8[]) ORDER BY id FOR UPDATE SKIP LOCKED) "
-    "RETURNING id, group_id, key_id, amount, model, provider, request_id, progress, progress_tokens, progress_at, progress_text"
+    "RETURNING id, group_id, key_id, amount, model, provider, request_id, progress, progress_tokens, progress_at, "
+    "progress_text, endpoint, stream"
 )
 INTERRUPTED = "reservation left by a stopped process, released on restart"
 CUT = "reservation whose commit was cut off with the connection (its call was refused or reserved again), released"
@@ -316,7 +323,7 @@ class LockedBatch:
     now: float = field(default_factory=time.time)
     start: dict[tuple[str, int], tuple[int, int, int]] = field(default_factory=dict)
     reservations: list[tuple[int, int, int]] = field(default_factory=list)
-    holds: list[tuple[str | None, str | None, str | None]] = field(default_factory=list)
+    holds: list[tuple[str | None, str | None, str | None, str | None, bool | None]] = field(default_factory=list)
     usage: list[tuple[Any, ...]] = field(default_factory=list)
     windows: budgets.Windows | None = None  # the budgets of the groups locked, and their spend
 
@@ -351,7 +358,8 @@ class LockedBatch:
         group.reserved += amount
         key.reserved += amount
         self.reservations.append((group_id, key_id, amount))
-        self.holds.append((hold.model, hold.provider, hold.request_id) if hold else (None, None, None))
+        self.holds.append((hold.model, hold.provider, hold.request_id, hold.endpoint, hold.stream) if hold
+                          else (None, None, None, None, None))  # fmt: skip
         return len(self.reservations) - 1
 
     def settle(self, reservation: Reservation, record: UsageRecord, once: bool = False) -> int | None:
@@ -387,7 +395,7 @@ class LockedBatch:
         keys = [k for k in keys if any(k[1:])]
         return [
             *columns(groups, 4), *columns(keys, 3), *columns(self.reservations, 3),
-            len(groups), *columns(self.usage, len(USAGE_COLUMNS)), replica, *columns(self.holds, 3),
+            len(groups), *columns(self.usage, len(USAGE_COLUMNS)), replica, *columns(self.holds, 5),
         ]  # fmt: skip
 
 
@@ -435,7 +443,7 @@ def batch_args(ops: Sequence[Op], replica: str | None) -> tuple[str, str | None,
                 rows.append((True, op.group_id, op.key_id, op.amount, 0, 0, False))
             else:
                 rows.append((True, op.group_id, op.key_id, op.amount, 0, 0, False, hold.model, hold.provider,
-                             hold.request_id))  # fmt: skip
+                             hold.request_id, hold.endpoint, hold.stream))  # fmt: skip
         else:
             r = op.reservation
             rows.append((False, r.group_id, r.key_id, r.amount, r.id, op.record.credits, op.once))
@@ -779,12 +787,13 @@ async def release(conn: asyncpg.Connection, ids: list[int], why: str) -> int:
         # (a text an earlier replica kept, counted on a worker thread)
         cut = [(row[7], row[8] or 0, row[9], row[10] or "") for row in taken if row[7]]
         charges = iter(await asyncio.get_running_loop().run_in_executor(None, _charged, cut) if cut else ())
-        for rid, group_id, key_id, amount, model, provider, request_id, progress, *_ in taken:
+        for rid, group_id, key_id, amount, model, provider, request_id, progress, *_, endpoint, stream in taken:
             plan.released.add(rid)
             if progress:  # what the stream had generated at its last checkpoint
                 record = replace(next(charges), error=f"{released_mark(rid)}{why}; {CHARGED}")
             else:
                 record = UsageRecord(key_id=key_id, group_id=group_id, model=model or "", provider=provider or "",
+                                     endpoint=endpoint or "chat", stream=bool(stream),
                                      status="interrupted", usage_exact=False, request_id=request_id,
                                      error=f"{released_mark(rid)}{why}", error_code="interrupted")  # fmt: skip
             plan.settle(Reservation(rid, group_id, key_id, amount), record)

@@ -294,6 +294,8 @@ class Hold:
     model: str
     provider: str
     request_id: str | None
+    endpoint: str = "chat"
+    stream: bool = False
 
 
 @dataclass(frozen=True, slots=True)

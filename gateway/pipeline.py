@@ -201,7 +201,7 @@ class Pipeline:
         gw, model = self.gw, leg.model
         # (rate limits were checked once per call, in start(), before the first candidate)
         amount = worst_case(model, codec.size, codec.view, leg.upstream.max_output)
-        hold = Hold(model.id, model.provider, context.request_id)  # kept with a shared hold (PostgreSQL)
+        hold = Hold(model.id, model.provider, context.request_id, context.endpoint, codec.stream)  # (PostgreSQL)
         call = traced() if gw.tracing is not None else None
         if call is None:
             reservation = await gw.ledger.reserve(context.group_id, context.key_id, amount, hold)

@@ -26,7 +26,7 @@ import openai
 import pytest
 
 from billing.backends import open_store
-from billing.store import Refusal, Reservation, UsageRecord
+from billing.store import Hold, Refusal, Reservation, UsageRecord
 from core import metrics
 from core.catalog import NANO
 from core.config import ReliabilitySettings, Settings, StoreSettings
@@ -617,6 +617,7 @@ def test_a_replica_killed_under_load_has_its_holds_released_by_the_survivor(
         assert len(interrupted) == 6 and tally.ok > 20
         for r in interrupted:
             assert r.model == MODEL and r.provider == "openai" and r.key_id and r.request_id
+            assert r.endpoint == "chat" and r.stream  # (kept with the hold)
             assert "stopped heartbeating" in (r.error or "")  # charged only past a checkpoint (billing/progress.py)
             assert r.credits == 0 or "at its last checkpoint" in (r.error or "")
         assert released_after < GRACE + 10
@@ -713,7 +714,6 @@ def test_a_journaled_settlement_is_charged_once_whether_its_hold_was_settled_or_
     from billing.leases import released_by_lease
     from billing.postgres import PostgresStore
     from billing.postgres_ledger import release
-    from billing.store import Hold
 
     url = pg.fresh_url()
 
@@ -742,6 +742,35 @@ def test_a_journaled_settlement_is_charged_once_whether_its_hold_was_settled_or_
             assert g is not None and (g.balance, g.reserved, g.spent) == (95 * NANO, 0, 5 * NANO)
             assert sorted((r.request_id, r.status, r.credits) for r in await store.usage(group="g")) == [
                 ("req_a", "interrupted", 0), ("req_a", "ok", 3 * NANO), ("req_b", "ok", 2 * NANO)]  # fmt: skip
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_released_hold_s_record_keeps_its_call_s_endpoint_and_whether_it_streamed(pg: Postgres) -> None:
+    """The ``interrupted`` record of a dead replica's hold said endpoint ``chat``, not streamed, whatever
+    the call was: the reservation now keeps both (a stream's hold with no checkpoint yet)."""
+    from billing.leases import released_by_lease
+    from billing.postgres_ledger import release
+
+    url = pg.fresh_url()
+
+    async def scenario() -> None:
+        store = open_store(url)
+        await store.open()
+        try:
+            group = await store.create_group("g", 100 * NANO)
+            key = await store.create_key("g", "k", "1" * 64, "sk-mr-...1111")
+            store.commits.replica = "ghost"
+            holds = [Hold(MODEL, "openai", "req_m", "messages", True), Hold(MODEL, "openai", "req_r", "responses", False)]
+            made = [await store.reserve(group.id, key.id, 10 * NANO, hold) for hold in holds]
+            assert all(isinstance(r, Reservation) for r in made)
+            async with store.db.connection() as conn:
+                assert await release(conn, [r.id for r in made], released_by_lease("ghost")) == 2
+            records = {r.request_id: r for r in await store.usage(group="g")}
+            assert {(r.endpoint, r.stream, r.status, r.credits) for r in records.values()} == {
+                ("messages", True, "interrupted", 0), ("responses", False, "interrupted", 0)}  # fmt: skip
         finally:
             await store.close()
 
