@@ -9,7 +9,10 @@ RUNTIME := $(VENV)/.runtime
 # uv itself comes from PyPI, at this version, into the virtualenv
 UV_VERSION := 0.13.9
 UV := $(BIN)/uv
-SYNC := UV_PROJECT_ENVIRONMENT=$(VENV) $(UV) sync --frozen --inexact --quiet --python $(BIN)/python
+# the project is where this Makefile really is (a directory that links to it, as tests/test_readme.py
+# makes, syncs the same project, never an empty one)
+PROJECT := $(patsubst %/,%,$(dir $(realpath $(firstword $(MAKEFILE_LIST)))))
+SYNC := UV_PROJECT_ENVIRONMENT=$(VENV) $(UV) sync --project $(PROJECT) --frozen --inexact --quiet --python $(BIN)/python
 # the client matrix's Node clients (tests/test_client_matrix.py), exactly as the lockfile pins them
 CLIENTS := tests/clients
 NODE_STAMP := $(CLIENTS)/node_modules/.installed
