@@ -45,7 +45,7 @@ from gateway.codec import Answer, Codec, Leg, cost_of
 from gateway.concurrency import Flight
 from gateway.context import CallContext
 from gateway.relay import relay
-from gateway.reliability import circuit_open, closed, failover, no_deployment, open_upstream
+from gateway.reliability import UpstreamCall, circuit_open, closed, failover, no_deployment, open_upstream
 from gateway.routing import Ask
 from gateway.state import Gateway
 from gateway.tracing import current as traced
@@ -227,8 +227,9 @@ class Pipeline:
             sticky = codec.conversation(context.key_id, gw.settings.routing.sticky_messages) if pool.sticky else None
             tried: list[list[Any]] = []
             try:
-                response, lease = await open_upstream(gw, model, deployments, build, leg.error, deadline,
-                                                       context.group_id, Ask(tokens, sticky, codec.stream), tried)  # fmt: skip
+                outgoing = UpstreamCall(model, deployments, build, leg.error, deadline, context.group_id,
+                                        Ask(tokens, sticky, codec.stream))  # fmt: skip
+                response, lease = await open_upstream(gw, outgoing, tried)
             finally:
                 if len(tried) > 1:  # retried, or moved to another deployment: each try in the record
                     record.attempts = msgspec.json.encode(tried).decode()

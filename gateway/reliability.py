@@ -1,5 +1,5 @@
-"""Keeping calls alive when an upstream stumbles: which failures to retry, how long to wait, moving
-to another deployment of the provider, and a circuit breaker per deployment.
+"""Keeping calls alive when an upstream stumbles: moving to another deployment of the provider,
+retrying, and a circuit breaker per deployment.
 
     open_upstream  sends a call to one of its provider's deployments (gateway/dispatch.py orders
                 them), moving to the next at once on a failure a fallback model might not have,
@@ -9,14 +9,10 @@ to another deployment of the provider, and a circuit breaker per deployment.
                 cooldown`` without one), as does any failure that says when to come back; when every
                 deployment rests or is at its RPM/TPM ceiling the call waits for the first to come back
                 (a retry) or is a 429 with that Retry-After. A model one deployment alone serves does
-                not rest: the retries honour the upstream's Retry-After, as they always did.
-    retryable   upstream 429 / 500 / 502 / 503 / 504 / 529, connection failures, first-byte timeouts —
-                only before the first byte has gone to the caller, within the request's deadline; not
-                OpenAI's "Request too large" 429 (the call alone is over the account's tokens per
-                minute): it moves to another deployment at once, never rests one, never retries
-    failover    what a fallback model may not have (gateway.pipeline tries the next candidate)
-    backoff     base × 2^attempt, capped, times a jitter factor in (0.5, 1]; an upstream Retry-After
-                (seconds) is honoured when it fits in what is left of the deadline
+                not rest: the retries honour the upstream's Retry-After, as they always did. It does
+                the I/O (acquire, the breakers, send, sleep); what comes next after each outcome, and
+                which failures are retried (``retryable``), failed over (``failover``) and waited for
+                how long (``backoff``), gateway/attempts_plan.py decides without I/O.
     breaker     after ``threshold`` failed calls in a row (no call answered between them) a deployment is
                 skipped for ``cooldown`` seconds, then one probe call is let through: success closes it,
                 failure opens it again. A call counts once however often it was tried. Only the
@@ -40,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import random
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -51,18 +46,12 @@ from adapters.base import UpstreamRequest
 from core import metrics
 from core.catalog import Model
 from core.deployments import Deployment
-from core.errors import (
-    GatewayError,
-    RateLimited,
-    UpstreamAuthFailed,
-    UpstreamError,
-    UpstreamFinal,
-    UpstreamNotFound,
-    UpstreamQuotaExceeded,
-    UpstreamTimeout,
-    UpstreamTooLarge,
-    UpstreamUnavailable,
-)
+from core.errors import GatewayError, RateLimited, UpstreamNotFound, UpstreamTimeout, UpstreamUnavailable
+from gateway.attempts_plan import FAILOVER, RETRY, Attempts, Step
+from gateway.attempts_plan import backoff as backoff  # (re-exported: the jobs' retries, the tests)
+from gateway.attempts_plan import breaker_failure as breaker_failure
+from gateway.attempts_plan import failover as failover
+from gateway.attempts_plan import retryable as retryable
 from gateway.routing import Ask
 from gateway.tracing import current as traced
 from gateway.upstream_state import Lease
@@ -76,37 +65,7 @@ class Opened(NamedTuple):
     lease: Lease  # released when the call ends (its latency into the deployment's average)
 
 
-def retryable(exc: GatewayError) -> bool:
-    """A failure worth another try (the same upstream later, or a fallback): a rate limit, an upstream
-    5xx, overload, timeout or dropped connection; not an ``UpstreamFinal`` one (core/errors.py)."""
-    return isinstance(exc, RateLimited | UpstreamError) and not isinstance(exc, UpstreamFinal)
-
-
-def failover(exc: GatewayError) -> bool:
-    """A failure that a fallback model (another upstream) may not have: retryable ones, the provider
-    rejecting the gateway's own credentials, the gateway's account there being out of credit, the
-    deployment not having the model or endpoint (404), and the call being larger than that account's
-    tokens per minute (another account may be larger)."""
-    return retryable(exc) or isinstance(exc, UpstreamAuthFailed | UpstreamQuotaExceeded | UpstreamTooLarge
-                                        | UpstreamNotFound)  # fmt: skip
-
-
-def breaker_failure(exc: GatewayError) -> bool:
-    """Failures that count against a provider's health (rate limits, a call too large and a model or
-    endpoint one deployment lacks do not: the deployment serves its other calls)."""
-    return failover(exc) and not isinstance(exc, RateLimited | UpstreamTooLarge | UpstreamNotFound)
-
-
 UNSERVED = 60.0  # seconds a deployment that answered 404 for a model is left out of that model's calls
-
-
-def backoff(attempt: int, base: float, cap: float, retry_after: str | None = None) -> float:
-    if retry_after:
-        try:
-            return max(float(retry_after), 0.0)
-        except ValueError:
-            pass
-    return min(cap, base * (2**attempt)) * (0.5 + random.random() / 2)  # noqa: S311 (jitter, not a secret)
 
 
 REFUSED = -1  # Breaker.allow: the circuit is open (or its one probe is in flight)
@@ -264,118 +223,103 @@ def circuit_open(provider: str) -> UpstreamUnavailable:
     )
 
 
-def all_busy(prefix: str, model_id: str, wait: float) -> RateLimited:
-    if wait == math.inf:  # no wait cures it: the SDKs are told not to retry
-        return RateLimited(f"The call is larger than the tokens-per-minute ceiling of every deployment of the "
-                           f"provider '{prefix}' that serves `{model_id}`; send a shorter prompt or lower max_tokens.",
-                           final=True)  # fmt: skip
-    seconds = max(math.ceil(wait), 1)
-    return RateLimited(
-        f"Every deployment of the provider '{prefix}' that serves `{model_id}` is cooling down or at its rate "
-        f"ceiling; retry in {seconds} s.",
-        headers={"Retry-After": str(seconds), "retry-after-ms": str(max(math.ceil(wait * 1000), 1))},
-    )
-
-
 def no_deployment(model: Model) -> UpstreamUnavailable:
     return UpstreamUnavailable(f"No deployment of the provider '{model.provider}' serves `{model.id}`.",
                                code="no_deployment")  # fmt: skip
 
 
-async def open_upstream(gw: Gateway, model: Model, deps: tuple[Deployment, ...],
-                  build: Callable[[Deployment], UpstreamRequest],
-                  to_error: Callable[[int, bytes, Mapping[str, str]], GatewayError], deadline: float,
-                  group: int, ask: Ask, attempts: list[list[Any]] | None = None) -> Opened:  # fmt: skip
-    """Send ``group``'s call to one of ``deps`` (deployments of ``model``'s provider that serve it) and return
-    the response once its status is good, moving between deployments and retrying as the module says,
-    within ``deadline``. ``build`` is the call's request for a deployment; ``ask``: its tokens, its
-    conversation and its kind, as routing needs them (gateway/routing.py). ``attempts`` gets each one
-    that failed, ``[deployment, error code, ms]``, and then the one that answered, ``[deployment, "ok", ms]``."""
+class UpstreamCall(NamedTuple):
+    """A call as :func:`open_upstream` sends it: ``deployments`` are those of ``model``'s provider that
+    serve it; ``build`` is its request for a deployment, ``to_error`` what an error answer means;
+    ``ask``: its tokens, its conversation and its kind, as routing needs them (gateway/routing.py)."""
+
+    model: Model
+    deployments: tuple[Deployment, ...]
+    build: Callable[[Deployment], UpstreamRequest]
+    to_error: Callable[[int, bytes, Mapping[str, str]], GatewayError]
+    deadline: float
+    group: int
+    ask: Ask
+
+
+async def open_upstream(gw: Gateway, call: UpstreamCall, log: list[list[Any]] | None = None) -> Opened:
+    """Send ``call`` to one of its deployments and return the response once its status is good,
+    moving between deployments and retrying as the module says (gateway/attempts_plan.py decides),
+    within its deadline. ``log`` gets each try that failed, ``[deployment, error code, ms]``, and then
+    the one that answered, ``[deployment, "ok", ms]``."""
+    model, deps = call.model, call.deployments
     if not deps:
         raise no_deployment(model)
-    dispatcher = gw.dispatcher
+    dispatcher, rel = gw.dispatcher, gw.settings.reliability
     pool = dispatcher.pools[model.provider]
     state = dispatcher.state(pool)
     key = model.alias_of or model.id  # rests and latencies are per model
-    several = len(deps) > 1  # a rest only helps when another deployment can serve meanwhile
-    rel = gw.settings.reliability
-    tried: set[str] = set()  # failed this call: the others first
-    skipped: set[str] = set()  # their circuit's one probe is another call's
-    counted: set[str] = set()  # their breaker has this call's failure (a call counts once)
-    attempt = 0
-    waited = False  # the last step was a wait for a deployment to come back (that retry is spent)
-    last: GatewayError | None = None
+    plan = Attempts(deps, call.deadline, rel.max_retries, rel.backoff_base, rel.backoff_max, pool.prefix, model.id)
     while True:
-        usable = closed(gw.breakers, deps, group, skipped)
+        usable = closed(gw.breakers, deps, call.group, plan.skipped)
         if not usable:
-            raise last or circuit_open(pool.prefix)
-        order = dispatcher.order(pool, model, usable, state, ask)
-        if tried:  # deployments not tried yet come first, in the strategy's order
-            order = [d for d in order if d.key not in tried] + [d for d in order if d.key in tried]
-        got = await state.acquire(order, key, ask.tokens) if pool.shared else dispatcher.local.acquire_now(order, key, ask.tokens)
-        if not isinstance(got, Lease):  # every one rests or is at its ceiling: wait for the first back
-            busy = all_busy(pool.prefix, model.id, got)
-            if time.monotonic() + got > deadline:
-                raise busy
-            if waited:  # this wait ends the retry the last failure already counted
-                waited = False
-            elif attempt >= rel.max_retries:
-                raise busy
-            else:
-                attempt += 1
+            raise plan.last or circuit_open(pool.prefix)
+        order = plan.order(dispatcher.order(pool, model, usable, state, call.ask))
+        tokens = call.ask.tokens
+        got = await state.acquire(order, key, tokens) if pool.shared else dispatcher.local.acquire_now(order, key, tokens)
+        if isinstance(got, Lease):
+            step = await _try(gw, call, plan, got, log)
+            if isinstance(step, Opened):
+                return step
+        else:  # every one rests or is at its ceiling: wait for the first back
+            step = plan.busy(got, time.monotonic())
+        if step.error is not None:
+            raise step.error
+        if step.do != FAILOVER:
+            if step.do == RETRY:
                 retried(model.provider)
-            await asyncio.sleep(got)
-            continue
-        waited = False
-        dep = got.deployment
-        breaker = gw.breakers[dep.key]
-        ticket = breaker.allow(group)
-        if ticket == REFUSED:  # half-open, and its one probe is another call's
-            got.owner.release(got)
-            skipped.add(dep.key)
-            continue
-        began = time.monotonic()
-        try:
-            response = await _send(gw, build(dep), dep, to_error)
-        except GatewayError as exc:
-            error = exc
-        else:
-            now = time.monotonic()
-            breaker.success(group, now)
-            got.latency = now - got.opened_at
-            got.stream = ask.stream
-            metrics.deployment_call(dep.prefix, dep.name, "ok", got.latency)
-            if attempts:
-                attempts.append([dep.name, "ok", round((time.monotonic() - began) * 1000, 1)])
-            return Opened(response, got)
-        finally:  # a probe that ended without a verdict (a 429, a 4xx, the caller gone): the next probes
-            if ticket:
-                breaker.release(ticket)
-        if attempts is not None:
-            attempts.append([dep.name, error.code or str(error.status), round((time.monotonic() - began) * 1000, 1)])
-        rest = dispatcher.cooldown(error) if several else 0.0
-        got.owner.release(got, cooldown=rest)
-        metrics.deployment_call(dep.prefix, dep.name, "rate_limited" if isinstance(error, RateLimited) else "error")
-        if rest:
-            metrics.deployment_cooldown(dep.prefix, dep.name)
-        if breaker_failure(error) and dep.key not in counted:
-            counted.add(dep.key)
-            breaker.failure(group, error=error.code or str(error.status))
-        elif isinstance(error, UpstreamNotFound):  # its next calls of this model go to the others meanwhile
-            pool.unserved(dep, model, UNSERVED)
-        if not failover(error):
-            raise error
-        last = error
-        tried.add(dep.key)
-        if any(d.key not in tried and d.key not in skipped for d in deps):
-            continue  # another deployment may serve at once: no backoff, no retry spent
-        wait = backoff(attempt, rel.backoff_base, rel.backoff_max, error.headers.get("Retry-After"))
-        if not retryable(error) or attempt >= rel.max_retries or time.monotonic() + wait > deadline:
-            raise error
-        attempt += 1
-        retried(model.provider)
-        waited = True
-        await asyncio.sleep(wait)
+            await asyncio.sleep(step.seconds)
+
+
+async def _try(gw: Gateway, call: UpstreamCall, plan: Attempts, lease: Lease,
+               log: list[list[Any]] | None) -> Opened | Step:  # fmt: skip
+    """One try on ``lease``'s deployment, past its breaker: the response, or what ``plan`` says next."""
+    dep = lease.deployment
+    breaker = gw.breakers[dep.key]
+    ticket = breaker.allow(call.group)
+    if ticket == REFUSED:  # half-open, and its one probe is another call's
+        lease.owner.release(lease)
+        return plan.refused(dep.key)
+    began = time.monotonic()
+    try:
+        response = await _send(gw, call.build(dep), dep, call.to_error)
+    except GatewayError as exc:
+        error = exc
+    else:
+        now = time.monotonic()
+        breaker.success(call.group, now)
+        lease.latency = now - lease.opened_at
+        lease.stream = call.ask.stream
+        metrics.deployment_call(dep.prefix, dep.name, "ok", lease.latency)
+        if log:
+            log.append([dep.name, "ok", round((time.monotonic() - began) * 1000, 1)])
+        return Opened(response, lease)
+    finally:  # a probe that ended without a verdict (a 429, a 4xx, the caller gone): the next probes
+        if ticket:
+            breaker.release(ticket)
+    if log is not None:
+        log.append([dep.name, error.code or str(error.status), round((time.monotonic() - began) * 1000, 1)])
+    return _failed(gw, call, plan, lease, error)
+
+
+def _failed(gw: Gateway, call: UpstreamCall, plan: Attempts, lease: Lease, error: GatewayError) -> Step:
+    """What ``error`` teaches the deployment's state, its breaker and the metrics; what ``plan`` says next."""
+    dep = lease.deployment
+    rest = gw.dispatcher.cooldown(error) if len(call.deployments) > 1 else 0.0  # (only helps if another serves)
+    lease.owner.release(lease, cooldown=rest)
+    metrics.deployment_call(dep.prefix, dep.name, "rate_limited" if isinstance(error, RateLimited) else "error")
+    if rest:
+        metrics.deployment_cooldown(dep.prefix, dep.name)
+    if plan.counts(dep.key, error):
+        gw.breakers[dep.key].failure(call.group, error=error.code or str(error.status))
+    elif isinstance(error, UpstreamNotFound):  # its next calls of this model go to the others meanwhile
+        gw.dispatcher.pools[call.model.provider].unserved(dep, call.model, UNSERVED)
+    return plan.failed(dep.key, error, time.monotonic())
 
 
 async def _send(gw: Gateway, upstream: UpstreamRequest, dep: Deployment,
