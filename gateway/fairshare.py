@@ -3,13 +3,14 @@
 
 One group's burst (a thousand slow streams at once) takes the event loop's time from every other
 group: their calls wait behind its chunks. The limits of calls in flight (gateway/concurrency.py) stop
-that, but only where an operator set them. So, by default, no group holds more than ``cap`` calls in
-flight (``capacity`` less a quarter of it, the reserve kept for the groups that may arrive), even alone:
-a burst that lands while every other group is idle is refused past it, not admitted whole. Once this
-process holds ``cap`` calls, a call is also refused if its group already holds its share: ``cap`` over
-the number of groups active now (a call in flight, or one started within the last second). Below
-``cap`` nobody holding less than it is refused: the share only divides what is contended, and grows
-back as the others go quiet. A refusal is 429 ``concurrency_limit_exceeded`` with ``Retry-After: 1``.
+that, but only where an operator set them. So, by default, once another group has called within the
+last ``RECENT_SECONDS``, no group holds more than ``cap`` calls in flight (``capacity`` less a quarter
+of it: the reserve kept for the groups that may arrive), even while the others are idle: a burst that
+lands then is refused past it, not admitted whole. Once this process holds ``cap`` calls, a call is
+also refused if its group already holds its share: ``cap`` over the number of groups active now (a
+call in flight, or one started within the last second). A group holding nothing is never refused, and
+a group that nobody else has called beside for ``RECENT_SECONDS`` holds as many as it likes (a
+gateway with one tenant). A refusal is 429 ``concurrency_limit_exceeded`` with ``Retry-After: 1``.
 
 Counts are this process's (each replica protects its own event loop). Groups with a
 ``group_concurrent`` of their own, and every group when ``[limits] group_concurrent`` is set, are
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
     from core.config import LimitsSettings
 
 ACTIVE_SECONDS = 1.0  # a group that started a call this recently is active
+RECENT_SECONDS = 600.0  # a group that started one this recently may arrive again: a reserve is kept for it
+UNBOUNDED = 1 << 62
 
 
 def group_cap(capacity: int) -> int:
@@ -62,7 +65,7 @@ class FairShare:
         now = time.monotonic()
         self.started[group_id] = now
         held = self.counts.get(group_id, 0)
-        if held >= self.cap or (self.total >= self.cap and held and held >= self.share(now)):
+        if held and (held >= self.cap or self.total >= self.cap) and held >= self.limit(group_id, now):
             self.refused += 1
             metrics.rate_limited("fair_share")
             raise RateLimited(
@@ -75,14 +78,17 @@ class FairShare:
         self.total += 1
         return Flight(partial(self.leave, group_id))  # its place, given back once by ``end``
 
-    def share(self, now: float) -> int:
-        """``cap`` over the groups active now (at least one place each); ``cap`` for a group alone."""
+    def limit(self, group_id: int, now: float) -> int:
+        """The most calls in flight ``group_id`` may hold now: ``cap`` over the groups active now once
+        the process holds ``cap``, else ``cap``; no bound while no other group called lately."""
         started = self.started
         if len(started) > 64:  # (forget the groups gone quiet)
-            for gone in [g for g, at in started.items() if now - at > ACTIVE_SECONDS and g not in self.counts]:
+            for gone in [g for g, at in started.items() if now - at > RECENT_SECONDS and g not in self.counts]:
                 del started[gone]
+        if not any(g != group_id and now - at <= RECENT_SECONDS for g, at in started.items()):
+            return UNBOUNDED
         active = sum(1 for g, at in started.items() if now - at <= ACTIVE_SECONDS or g in self.counts)
-        if active < 2:
+        if active < 2 or self.total < self.cap:
             return self.cap
         return max(self.cap // active, 1)
 

@@ -166,9 +166,9 @@ def test_concurrent_calls_never_overspend(stack: Stack) -> None:
             await client.chat.completions.create(model="openai/gpt-4o", max_tokens=100,
                                                  messages=[{"role": "user", "content": "hello [tokens:5]"}])  # fmt: skip
             return "ok"
-        except openai.APIStatusError as exc:
-            assert exc.status_code == 402
-            return "402"
+        except openai.APIStatusError as exc:  # too few credits, or past its share of the calls in flight
+            assert exc.status_code == 402 or exc.code == "concurrency_limit_exceeded"  # type: ignore[attr-defined]
+            return str(exc.status_code)
 
     async def burst() -> list[str]:
         client = openai.AsyncOpenAI(base_url=stack.base_url, api_key=key, max_retries=0)

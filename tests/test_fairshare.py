@@ -47,14 +47,16 @@ def _ask(client: openai.OpenAI) -> Any:
 
 def test_a_burst_while_the_others_are_idle_is_refused_past_its_cap_and_shared_once_another_is_active(
         fstack: Stack) -> None:  # fmt: skip
-    """A group alone holds at most ``group_cap`` (12 of 16) calls in flight: a burst that lands while
-    every other group is idle is refused past it, not admitted whole, and the reserve serves the group
-    that arrives next. Once that one is active, the first holds no more than its share (12 / 2)."""
+    """Once another group has called lately, a group holds at most ``group_cap`` (12 of 16) calls in
+    flight even while that one is idle: a burst that lands then is refused past it, not admitted
+    whole, and the reserve serves the other when it comes back. Once that one is active, the first
+    holds no more than its share (12 / 2)."""
     assert group_cap(CAPACITY) == 12
     a, b = fstack.client(fstack.key()), fstack.client(fstack.key())
+    assert _ask(b).choices[0].message.content  # B called, and then goes idle
+    time.sleep(ACTIVE_SECONDS + 0.2)
     held = [_open(a) for _ in range(12)]
-    time.sleep(ACTIVE_SECONDS + 0.2)  # (nobody else active)
-    with pytest.raises(openai.RateLimitError) as refused:  # alone, and still refused past its cap
+    with pytest.raises(openai.RateLimitError) as refused:  # nobody else active, and still refused past its cap
         _open(a)
     assert refused.value.code == "concurrency_limit_exceeded"
     assert refused.value.response.headers["retry-after"] == "1"
@@ -78,6 +80,15 @@ def test_a_burst_while_the_others_are_idle_is_refused_past_its_cap_and_shared_on
     while fstack.gateway.fair.total and time.monotonic() < deadline:
         time.sleep(0.02)
     assert fstack.gateway.fair.total == 0 and not fstack.gateway.fair.counts  # every place given back
+
+
+def test_a_gateway_with_one_tenant_lets_it_hold_every_place(fstack: Stack) -> None:
+    """Nobody else has called: no reserve is kept for anyone, the one group holds past the cap."""
+    a = fstack.client(fstack.key())
+    held = [_open(a) for _ in range(CAPACITY + 2)]
+    assert fstack.gateway.fair.total == CAPACITY + 2
+    for stream in held:
+        stream.close()
 
 
 def test_a_group_with_its_own_limit_and_batch_lines_take_no_share(fstack: Stack) -> None:
