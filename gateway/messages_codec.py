@@ -141,10 +141,11 @@ class NativeReader(RelayReader):
         return self.relay.usage, self.relay.prompt_usage
 
     def end(self) -> list[Any]:
-        return []  # message_stop went out as it came
+        """The held message_delta, with the charge in its usage (as a translated stream's), and message_stop."""
+        return self.relay.tail(self.cost.amount if self.cost is not None else None)
 
     def fail(self, exc: GatewayError) -> list[Any]:
-        return [error_event(exc)]
+        return [*self.relay.tail(), error_event(exc)]
 
 
 class TranslatedLeg(ChatBackedLeg):

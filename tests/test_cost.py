@@ -79,6 +79,27 @@ def test_chat_cost_equals_the_record(stack: Stack, group_name: str) -> None:
 
 
 @pytest.mark.parametrize("group_name", list(MODELS))
+def test_a_messages_stream_carries_its_cost_in_its_last_message_delta(stack: Stack, group_name: str) -> None:
+    """Passed through to Anthropic or translated, a ``/v1/messages`` stream's last ``message_delta``
+    carries the charge in its usage, after the usage record's credits; Anthropic's SDK reads the
+    stream as its own (events in order, ``message_stop`` last)."""
+    group = stack.group(5)
+    key = stack.key(group=group)
+    body = {"model": MODELS[group_name], "max_tokens": 64, "stream": True, "messages": HI}
+    streamed = httpx.post(f"{stack.base_url}/messages", json=body, headers={"x-api-key": key}, timeout=30)
+    assert streamed.status_code == 200, streamed.text
+    events = [line[7:] for line in streamed.text.split("\n") if line.startswith("event: ")]
+    assert events[-2:] == ["message_delta", "message_stop"] and events.count("message_delta") == 1
+    delta = exact(sse_data(streamed.text)[-2])
+    record = record_of(stack, group, streamed.headers["x-request-id"])
+    assert delta["type"] == "message_delta" and delta["usage"]["cost"] == charged(record)
+    assert delta["usage"]["output_tokens"] == record.completion_tokens
+    with stack.anthropic_client(key).messages.stream(model=MODELS[group_name], max_tokens=64, messages=HI) as sdk:
+        kinds = [event.type for event in sdk]
+    assert kinds[-1] == "message_stop" and "message_delta" in kinds
+
+
+@pytest.mark.parametrize("group_name", list(MODELS))
 def test_responses_cost_equals_the_record(stack: Stack, group_name: str) -> None:
     group = stack.group(5)
     key = stack.key(group=group)

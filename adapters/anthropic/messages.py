@@ -93,9 +93,12 @@ class MessagesRelay:
     """One upstream Messages event stream → the caller's frames. After the stream: ``finished``
     (``message_stop`` came), ``usage`` (the latest ``message_delta``'s cumulative counts; None before
     one came), ``prompt_usage`` (the prompt's, from ``message_start``), ``error`` (an ``error`` event's
-    text). A stream cut before its ``message_delta`` is billed for the prompt and what it generated."""
+    text). A stream cut before its ``message_delta`` is billed for the prompt and what it generated.
+    The last ``message_delta`` and ``message_stop`` are held (``delta``, ``stop``) for :meth:`tail`,
+    so the call's charge can go into that delta's usage once it is known (they come last, together)."""
 
-    __slots__ = ("error", "finished", "generated", "model_id", "provider", "prompt_usage", "usage", "_counts")
+    __slots__ = ("error", "finished", "generated", "model_id", "provider", "prompt_usage", "usage", "_counts",
+                 "delta", "stop")  # fmt: skip
 
     def __init__(self, model_id: str, provider: str) -> None:
         self.model_id = model_id
@@ -106,6 +109,8 @@ class MessagesRelay:
         self.prompt_usage: TokenUsage | None = None
         self.generated: list[str] = []
         self._counts: dict[str, Any] = {}  # the usage fields seen so far (message_delta's are cumulative)
+        self.delta: dict[str, Any] | None = None  # the last message_delta, held
+        self.stop: bytes = b""  # message_stop's frame, held
 
     def feed(self, event: Event) -> list[bytes]:
         kind = event.event
@@ -128,13 +133,34 @@ class MessagesRelay:
                 return [frame_event(kind, _encode(data))]
         elif kind == "message_delta":
             self.usage = self._count(data.get("usage"))
+            out = self.tail()  # (one held before it goes first)
+            self.delta = data
+            return out
         elif kind == "message_stop":
             self.finished = True
+            self.stop = frame_event(kind, event.data)
+            return []
         elif kind == "error":  # the stream's end: nothing follows it
             error = data.get("error")
             self.error = str(error.get("message") or error.get("type")) if isinstance(error, dict) else "error"
             self.finished = True
+            return [*self.tail(), frame_event(kind, event.data)]
         return [frame_event(kind, event.data)]
+
+    def tail(self, cost: Any = None) -> list[bytes]:
+        """What was held, to go out now: the last ``message_delta`` (with ``cost`` in its usage, if
+        given) and ``message_stop``."""
+        out = []
+        if self.delta is not None:
+            if cost is not None:
+                usage = self.delta.get("usage")
+                self.delta["usage"] = {**(usage if isinstance(usage, dict) else {}), "cost": cost}
+            out.append(frame_event("message_delta", _encode(self.delta)))
+            self.delta = None
+        if self.stop:
+            out.append(self.stop)
+            self.stop = b""
+        return out
 
     def _count(self, usage: Any) -> TokenUsage | None:
         """The counts so far, with ``usage``'s (message_delta's are cumulative, and may leave some out)."""
