@@ -6,7 +6,8 @@ fields it does not know, roles other than user/assistant, empty content, unpaire
 ``tool_result`` blocks, a prefill ending in whitespace and out-of-range sampling; it combines
 consecutive same-role turns, and emulates the prompt cache (a ``cache_control`` breakpoint over at
 least 1024 tokens is written once, then read). The common directives (``emulators.directives``)
-drive faults, lengths, tool use and thinking.
+drive faults, lengths, tool use and thinking; ``count_tokens`` honours ``[fault:N]`` and ``[flaky:N]``
+(the real one fails as ``messages`` does: 500, 529 overloaded).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import msgspec
 from aiohttp import web
 
 from emulators.common import Emulator, decode, encode, nth, pause, play, random_id, retry_after
-from emulators.directives import Directives, count_tokens, directives, reply_pieces
+from emulators.directives import Directives, Flakiness, count_tokens, directives, reply_pieces
 
 # id -> (display name, max output tokens, created_at)
 ORGANIZATION = "5f0c9a3e-7d1b-4c2a-9e8f-3b6d2a1c0e94"  # the account's organization, named in its rate-limit errors
@@ -335,10 +336,16 @@ def _pick_tool(body: dict[str, Any], d: Directives, answered: bool) -> tuple[dic
     return tool, forced
 
 
+def _last_text(turns: list[dict[str, Any]]) -> str:
+    """The text of the last user turn (where the directives are)."""
+    last_user = next(t for t in reversed(turns) if t["role"] == "user")
+    return " ".join(str(b.get("text", "")) for b in last_user["content"] if b.get("type") == "text")
+
+
 def plan(body: dict[str, Any], turns: list[dict[str, Any]]) -> Reply:
     last_user = next(t for t in reversed(turns) if t["role"] == "user")
     results = [b for b in last_user["content"] if b.get("type") == "tool_result"]
-    d = directives(" ".join(str(b.get("text", "")) for b in last_user["content"] if b.get("type") == "text"))
+    d = directives(_last_text(turns))
     if results:
         d.echo, d.text = True, "The tool returned: " + "; ".join(_text(b.get("content")) for b in results)
     reply = Reply(d)
@@ -396,6 +403,7 @@ class AnthropicEmulator(Emulator):
         super().__init__(api_key, max_body=32 * 1024 * 1024, rpm=rpm)
         self.itpm = itpm  # the organization's input tokens per minute: a request over it alone is refused
         self.cache: set[str] = set()  # prompt-cache prefixes written so far
+        self.flakiness = Flakiness()  # count_tokens: [flaky:N]
         self.app.router.add_post("/v1/messages", self.messages)
         self.app.router.add_post("/v1/messages/count_tokens", self.count_tokens)
         self.app.router.add_get("/v1/models", self.models)
@@ -472,6 +480,10 @@ class AnthropicEmulator(Emulator):
             _check_tools(body)
         except Rejected as exc:
             return self.error(exc.status, exc.message)
+        text = _last_text(turns)
+        d = directives(text)
+        if fault := d.fault or self.flakiness.fault("count:" + text, d):
+            return self.fault(fault)
         return web.json_response({"input_tokens": _input_tokens(_units(body, turns), turns)})
 
     # -- messages ---------------------------------------------------------------------------------

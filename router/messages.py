@@ -14,14 +14,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from adapters.anthropic import messages as native
-from adapters.base import map_upstream_error
-from billing import tokens
 from core.catalog import ProviderSpec
-from core.errors import InvalidRequest, UpstreamError
+from core.errors import InvalidRequest
 from core.inputs import decode_object
+from gateway import counting
 from gateway.context import identify
 from gateway.messages_codec import MessagesCodec
-from gateway.messages_translate import end_user, omitted_tools, to_chat
+from gateway.messages_translate import end_user, omitted_tools
 from gateway.pipeline import Pipeline
 from gateway.state import Gateway
 from router.chat import answered, begin_call, streamed
@@ -114,36 +113,14 @@ class Messages:
     async def count_tokens(self, request: Request) -> Response:
         """Anthropic's own count for an Anthropic model; elsewhere the gateway's tokenizer's (an
         estimate, said in ``x-router-token-count``). Checked and rate-limited like a call, never billed."""
-        gw = self.gw
         authorization, sent = caller_headers(request)
-        context, trace, raw = await begin_call(gw, request, "messages", authorization=authorization)
+        context, trace, raw = await begin_call(self.gw, request, "messages", authorization=authorization)
         context.metered = True  # (so no refusal of a count is recorded as a call: a count is never usage)
         body = parse_body(raw, count=True)
         trace.model = body["model"]
-        codec = MessagesCodec(body, len(raw), sent)
-        model = self.pipeline.check(context.principal, codec.view, "messages", cap_param="max_tokens")
-        headers = await gw.limits.admit(context.principal, model, codec.size, codec.view)
-        extra = list(headers or ())
-        if gw.catalog.providers[model.provider].protocol != "anthropic":
-            chat = to_chat({**body, "stream": False})
-            count = tokens.count_request(chat)
-            extra.append((ESTIMATED.encode(), b"estimate"))
-            return JSONBytes(_encode({"input_tokens": count}), extra=extra)
-        deployment = codec.deployments(gw, model)[0]
-        upstream = native.count_request(deployment, body, deployment.upstream_name(model), sent)
-        response = await gw.transport.open(upstream, deployment)
-        try:
-            payload = await response.read()
-        finally:
-            response.release()
-        if response.status >= 400:
-            raise map_upstream_error(model.provider, response.status, payload, response.headers)
-        try:
-            count = msgspec.json.decode(payload)["input_tokens"]
-        except (msgspec.DecodeError, KeyError, TypeError):
-            raise UpstreamError(f"The provider '{model.provider}' returned an unexpected count.") from None
-        extra.append((ESTIMATED.encode(), b"provider"))
-        return JSONBytes(_encode({"input_tokens": count}), extra=extra)
+        count = await counting.count_tokens(self.gw, context.principal, body, len(raw), sent)
+        extra = [*(count.rate_headers or ()), (ESTIMATED.encode(), count.source.encode())]
+        return JSONBytes(_encode({"input_tokens": count.input_tokens}), extra=extra)
 
 
 async def joined(batches: Any) -> Any:

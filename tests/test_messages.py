@@ -339,6 +339,34 @@ def test_a_slow_upstream_gets_keep_alives_then_the_stream(tmp_path: Any) -> None
         slow.stop()
 
 
+def test_a_count_fails_over_from_a_dead_deployment(tmp_path: Any) -> None:
+    """count_tokens on an Anthropic model goes the way of every call (gateway/counting.py): a deployment
+    that does not answer is left for the next one (before, the count went to the first one listed, alone)."""
+    from core.config import Settings
+    from emulators.anthropic import AnthropicEmulator
+    from tests.conftest import free_port, metric
+
+    def build(urls: dict[str, str]) -> Settings:
+        items = [{"name": "dead", "base_url": f"http://127.0.0.1:{free_port()}/v1", "api_key": "key-dead", "weight": 1000},
+                 {"name": "b", "base_url": urls["b"] + "/v1", "api_key": "key-b"}]  # fmt: skip
+        return parse_settings({"store": {"url": f"sqlite:///{tmp_path}/router.db"},
+                               "reliability": {"max_retries": 0, "breaker_threshold": 10**9},
+                               "providers": {"anthropic": {"deployments": items}}}, "test")  # fmt: skip
+
+    stack = Stack(tmp_path, extra={"b": AnthropicEmulator("key-b")}, configure=build).start()  # type: ignore[arg-type]
+    failed = 'router_deployment_calls_total{deployment="dead",outcome="error",provider="anthropic"}'
+    try:
+        before = metric(stack, failed)
+        claude = sdk(stack, stack.key())
+        for _ in range(3):
+            raw = claude.messages.with_raw_response.count_tokens(model=MODELS["anthropic"], messages=HI)
+            assert raw.headers["x-router-token-count"] == "provider" and raw.parse().input_tokens > 0
+        assert metric(stack, failed) > before  # the dead one was tried (it comes first by its weight)
+    finally:
+        stack.close_clients()
+        stack.stop()
+
+
 def test_the_frames_written_from_templates_are_what_their_events_would_encode_to() -> None:
     """MessageSynth writes message_start and the text deltas as bytes around their values: each is byte
     for byte the frame of the event dict it stands for (quotes, escapes and non-ASCII included)."""

@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import anthropic
 import openai
 import pytest
 
@@ -580,3 +581,32 @@ def test_a_responses_stream_failing_after_keepalives_is_an_error_event(rstack: S
     event = json.loads(text[error:].split("data: ", 1)[1].split("\n", 1)[0])
     assert event["type"] == "error" and event["code"] == "upstream_error" and event["message"]
     assert "response.created" not in text
+
+
+def test_a_count_is_retried_on_a_transient_failure(rstack: Stack) -> None:
+    """count_tokens on an Anthropic model is sent as every call is (gateway/counting.py): a 503 is retried."""
+    text = f"count me {time.time()} [flaky:2]"
+    claude = rstack.anthropic_client()
+    raw = claude.messages.with_raw_response.count_tokens(model="anthropic/claude-haiku-4-5",
+                                                         messages=[{"role": "user", "content": text}])  # fmt: skip
+    assert raw.headers["x-router-token-count"] == "provider" and raw.parse().input_tokens > 0
+    assert rstack.emulator("anthropic").flakiness.seen["count:" + text] == 3  # two 503s, then the count
+
+
+def test_an_open_circuit_refuses_a_count_at_once(rstack: Stack) -> None:
+    """Calls that failed opened the circuit: a count of the same group is Anthropic's 529 overloaded_error
+    at once, without trying the upstream (before, the count went upstream as if nothing had failed)."""
+    claude = rstack.anthropic_client()
+    for _ in range(3):
+        with pytest.raises(anthropic.InternalServerError):
+            claude.messages.create(model="anthropic/claude-haiku-4-5", max_tokens=8,
+                                   messages=[{"role": "user", "content": f"{time.time()} [fault:500]"}])  # fmt: skip
+    assert rstack.gateway.breakers["anthropic"].state == "open"
+    text = f"count me {time.time()} [flaky:1]"  # (the emulator counts the tries of a flaky text)
+    began = time.monotonic()
+    with pytest.raises(anthropic.OverloadedError) as refused:
+        claude.messages.count_tokens(model="anthropic/claude-haiku-4-5", messages=[{"role": "user", "content": text}])
+    assert time.monotonic() - began < 0.2 and refused.value.status_code == 529
+    assert refused.value.body["error"]["type"] == "overloaded_error"  # type: ignore[index]
+    assert "circuit open" in refused.value.message
+    assert "count:" + text not in rstack.emulator("anthropic").flakiness.seen
