@@ -18,7 +18,7 @@ CLIENTS := tests/clients
 NODE_STAMP := $(CLIENTS)/node_modules/.installed
 PACKAGES := core server adapters billing emulators gateway jobs console router cli
 
-.PHONY: install demo run test test-machine image-test bench lint lock clean
+.PHONY: install demo run test test-fast test-machine image-test bench lint lock clean
 
 install: $(STAMP) $(NODE_STAMP)
 
@@ -53,6 +53,11 @@ test-machine:
 
 test: test-machine install
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# the first signal of a change: the tests that start nothing besides a gateway and the emulators
+# (no PostgreSQL, Redis, Chromium, Node clients or agents, nothing slow: tests/conftest.py STARTED_IN)
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not (postgres or redis or browser or node or agent or slow)" $(PYTEST_ARGS)
 
 # the container image (Containerfile) built on a Debian base made with mmdebstrap, run with buildah (root)
 image-test: $(RUNTIME)

@@ -39,6 +39,35 @@ from router.logs import JsonFormatter
 from server.serve import hypercorn_config, install_server_layer
 
 T = TypeVar("T")
+
+# What a test starts besides one gateway and the emulators, as its markers: `make test-fast` runs the
+# tests that have none. The fixtures that start a service name it; so do the modules whose tests start
+# it themselves, and the ones that run whole processes or generated input at length (slow).
+STARTED_BY = {"pg": "postgres", "pg_url": "postgres", "redis_prefix": "redis", "redis_server": "redis",
+              "browser": "browser", "report": "node"}  # fmt: skip
+STARTED_IN = {
+    "test_postgres": "postgres", "test_budgets_replicas": "postgres", "test_redis_faults": "redis",
+    "test_console_browser": "browser", "test_client_matrix": "node", "test_console_sso": "node",
+    "test_claude_code": "agent", "test_codex": "agent",
+    **dict.fromkeys(["test_openapi", "test_alerts", "test_connections", "test_faults", "test_hard_kill", "test_crash",
+                     "test_soak", "test_cli", "test_admin_listener", "test_demo", "test_shutdown", "test_reload",
+                     "test_readme", "test_stock_server", "test_media_faults", "test_key_lifecycle", "test_operators",
+                     "test_audit", "test_batches", "test_budgets", "test_fast_headers", "test_fast_http1",
+                     "test_malformed", "test_client_langchain", "test_client_agents", "test_http2"], "slow"),
+}  # fmt: skip
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        started = {STARTED_BY[name] for name in item.fixturenames if name in STARTED_BY}  # type: ignore[attr-defined]
+        if callspec is not None and "postgres" in callspec.params.values():
+            started.add("postgres")
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module is not None else ""  # type: ignore[attr-defined]
+        if module in STARTED_IN:
+            started.add(STARTED_IN[module])
+        for name in started:
+            item.add_marker(name)
 ONE_PER_PROVIDER = [  # a model of each provider group (p1..p5)
     "openai/gpt-4o-mini",
     "anthropic/claude-haiku-4-5",
