@@ -57,7 +57,7 @@ test: test-machine install
 # the first signal of a change: the tests that start nothing besides a gateway and the emulators
 # (no PostgreSQL, Redis, Chromium, Node clients or agents, nothing slow: tests/conftest.py STARTED_IN)
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not (postgres or redis or browser or node or agent or slow)" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n auto -m "not (postgres or redis or browser or node or agent or slow)" $(PYTEST_ARGS)
 
 # the container image (Containerfile) built on a Debian base made with mmdebstrap, run with buildah (root)
 image-test: $(RUNTIME)
@@ -68,6 +68,7 @@ bench: install
 
 lint: install
 	$(BIN)/ruff check $(PACKAGES) tests bench
+	$(BIN)/ruff format --check $(PACKAGES) tests bench
 	$(BIN)/mypy $(PACKAGES)
 	$(BIN)/lint-imports
 

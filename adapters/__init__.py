@@ -27,8 +27,10 @@ def check_registry(adapters: dict[str, type[Adapter]], protocols: tuple[str, ...
     extra = sorted(set(adapters) - set(protocols))
     misnamed = sorted(name for name, cls in adapters.items() if cls.protocol != name)
     if missing or extra or misnamed:
-        raise TypeError(f"adapter registry does not match the catalog's protocols: missing {missing}, "
-                        f"unknown {extra}, registered under another name {misnamed}")  # fmt: skip
+        raise TypeError(
+            f"adapter registry does not match the catalog's protocols: missing {missing}, "
+            f"unknown {extra}, registered under another name {misnamed}"
+        )
 
 
 check_registry(ADAPTERS, PROTOCOLS)
@@ -39,4 +41,12 @@ def adapter_for(prefix: str, spec: ProviderSpec) -> Adapter:
     return ADAPTERS[spec.protocol](prefix, spec)
 
 
-__all__ = ["ADAPTERS", "Adapter", "Call", "StreamTranslator", "UpstreamRequest", "adapter_for", "check_registry"]
+__all__ = [
+    "ADAPTERS",
+    "Adapter",
+    "Call",
+    "StreamTranslator",
+    "UpstreamRequest",
+    "adapter_for",
+    "check_registry",
+]

@@ -183,8 +183,11 @@ def map_upstream_error(provider: str, status: int, body: bytes, headers: Mapping
         # organization and its usage, which is every tenant's together (docs/providers.md, Errors)
         retry = headers.get("retry-after")
         out = {"Retry-After": retry} if retry else {}
-        limited = RateLimited(f"The provider '{provider}' is rate limiting the gateway's requests; "
-                              "try again after the time in Retry-After.", headers=out)  # fmt: skip
+        limited = RateLimited(
+            f"The provider '{provider}' is rate limiting the gateway's requests; "
+            "try again after the time in Retry-After.",
+            headers=out,
+        )
         named = _INPUT_TPM.search(message or "")
         if named:  # whether this call alone is over it, the caller's side can tell (gateway/chat_codec.py)
             limited.input_tpm = int(named[1].replace(",", ""))
@@ -195,14 +198,20 @@ def map_upstream_error(provider: str, status: int, body: bytes, headers: Mapping
             "This is a gateway configuration problem, not a problem with your API key."
         )
     if status == 404:  # the deployment lacks the model or the endpoint: the gateway's configuration
-        return UpstreamNotFound(f"The provider '{provider}' has no such model or endpoint at this deployment "
-                                f"(upstream HTTP 404){said}. This is a gateway configuration problem.")  # fmt: skip
+        return UpstreamNotFound(
+            f"The provider '{provider}' has no such model or endpoint at this deployment "
+            f"(upstream HTTP 404){said}. This is a gateway configuration problem."
+        )
     if status == 408:
         return UpstreamTimeout(f"The provider '{provider}' timed out reading the request (HTTP 408){said}")
     if 400 <= status < 500:  # what it says about this request's content (the circuit never counts it)
-        return InvalidRequest(f"The provider '{provider}' rejected the request{said}", code=code or "upstream_rejected")
+        return InvalidRequest(
+            f"The provider '{provider}' rejected the request{said}", code=code or "upstream_rejected"
+        )
     if status in (502, 503, 529):
-        return UpstreamUnavailable(f"The provider '{provider}' is unavailable or overloaded (HTTP {status}){said}")
+        return UpstreamUnavailable(
+            f"The provider '{provider}' is unavailable or overloaded (HTTP {status}){said}"
+        )
     if status == 504:
         return UpstreamTimeout(f"The provider '{provider}' timed out (HTTP 504){said}")
     return UpstreamError(f"The provider '{provider}' failed (HTTP {status}){said}")

@@ -89,16 +89,18 @@ def _alnum9_call(call: Any) -> Any:
     return {**call, "id": fixed} if isinstance(cid, str) and (fixed := alnum9(cid)) != cid else call
 
 
-
 def address(deployment: Deployment, path: str, name: str) -> tuple[str, dict[str, str]]:
     """Where ``path`` (``chat/completions``, ``embeddings``, ``images/generations``, ...) of an OpenAI-protocol
     deployment is, and the header its key goes in: Azure OpenAI puts the deployment (``name``) in the path
     and the key in ``api-key`` (docs/providers.md, "Azure OpenAI"); the others, ``{base_url}/{path}`` and a
     bearer token."""
     if deployment.kind == "azure":
-        return (f"{deployment.base_url}/openai/deployments/{quote(name, safe='')}/{path}"
-                f"?api-version={quote(deployment.api_version, safe='')}"), {"api-key": deployment.api_key}  # fmt: skip
+        return (
+            f"{deployment.base_url}/openai/deployments/{quote(name, safe='')}/{path}"
+            f"?api-version={quote(deployment.api_version, safe='')}"
+        ), {"api-key": deployment.api_key}
     return f"{deployment.base_url}/{path}", {"Authorization": f"Bearer {deployment.api_key}"}
+
 
 class OpenAIAdapter(Adapter):
     protocol = "openai"
@@ -245,11 +247,15 @@ class _OpenAIStream(StreamTranslator):
         if "error" in chunk or chunk.get("object") == "error":
             err = chunk.get("error")
             message = err.get("message") if isinstance(err, dict) else chunk.get("message")
-            raise UpstreamStreamError(f"The provider '{self.adapter.name}' failed mid-stream: {message or 'unknown error'}")
+            raise UpstreamStreamError(
+                f"The provider '{self.adapter.name}' failed mid-stream: {message or 'unknown error'}"
+            )
         usage = chunk.get("usage")
         if usage:
             self.usage = usage_from_openai(usage)
-            self.usage_raw = with_details(usage, self.usage) if isinstance(usage, dict) and self.usage else usage
+            self.usage_raw = (
+                with_details(usage, self.usage) if isinstance(usage, dict) and self.usage else usage
+            )
         elif not chunk.get("choices"):
             return []  # no choice and no usage: an annotation (Azure's prompt_filter_results frame)
         for choice in chunk.get("choices") or ():
@@ -259,7 +265,9 @@ class _OpenAIStream(StreamTranslator):
                 delta = choice.get("delta")
                 if isinstance(delta, dict):
                     self.adapter._normalise(delta)
-                    for call in delta.get("tool_calls") or ():  # a call's first delta (it has the id) says its type
+                    for call in (
+                        delta.get("tool_calls") or ()
+                    ):  # a call's first delta (it has the id) says its type
                         if isinstance(call, dict) and call.get("id") and not call.get("type"):
                             call["type"] = "custom" if "custom" in call else "function"
         return [chunk]

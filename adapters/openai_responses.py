@@ -28,7 +28,9 @@ from core.wire import TokenUsage
 _decode = msgspec.json.Decoder().decode
 _fields = msgspec.json.Decoder(dict[str, msgspec.Raw]).decode
 # an event's fields, each object among them as its fields' bytes (one pass over the event)
-_event = msgspec.json.Decoder(dict[str, dict[str, msgspec.Raw] | str | int | float | bool | None | list[Any]]).decode
+_event = msgspec.json.Decoder(
+    dict[str, dict[str, msgspec.Raw] | str | int | float | bool | None | list[Any]]
+).decode
 _encode = msgspec.json.Encoder().encode
 
 # a Response object's fields that echo the request's largest parts (Codex: 30 tools, 8 KB, and its whole
@@ -55,7 +57,11 @@ def build_request(deployment: Deployment, body: dict[str, Any], upstream_model: 
     out["model"] = upstream_model
     if "tools" in out:
         out["tools"] = as_sent(out["tools"])  # (Codex's, the same each turn: encoded once for the set)
-    headers = {"Authorization": f"Bearer {deployment.api_key}", "Content-Type": "application/json", "User-Agent": USER_AGENT}
+    headers = {
+        "Authorization": f"Bearer {deployment.api_key}",
+        "Content-Type": "application/json",
+        "User-Agent": USER_AGENT,
+    }
     if out.get("stream"):
         headers["Accept"] = "text/event-stream"
     return UpstreamRequest(f"{deployment.base_url}/responses", headers, _encode(out))
@@ -133,8 +139,9 @@ def _event_object(data: bytes, provider: str) -> dict[str, Any]:
     return fields
 
 
-def parse_response(body: bytes, model_id: str, provider: str,
-                   echo: dict[str, Any] | None = None) -> tuple[dict[str, Any], TokenUsage | None]:  # fmt: skip
+def parse_response(
+    body: bytes, model_id: str, provider: str, echo: dict[str, Any] | None = None
+) -> tuple[dict[str, Any], TokenUsage | None]:
     """The upstream's Response object with the caller's model id (and the fields of ``echo``: what
     the gateway, not the upstream, decides, such as ``store`` and ``previous_response_id``)."""
     try:
@@ -163,8 +170,18 @@ class ResponsesRelay:
     terminal event came), ``terminal`` (that event, not framed: its owner frames it), ``usage`` (from
     it), ``error`` (what went wrong upstream, if anything)."""
 
-    __slots__ = ("echo", "error", "finished", "generated", "model_id", "provider", "sequence", "snapshot",
-                 "terminal", "usage")  # fmt: skip
+    __slots__ = (
+        "echo",
+        "error",
+        "finished",
+        "generated",
+        "model_id",
+        "provider",
+        "sequence",
+        "snapshot",
+        "terminal",
+        "usage",
+    )
 
     def __init__(self, model_id: str, provider: str, echo: dict[str, Any] | None = None) -> None:
         self.model_id = model_id

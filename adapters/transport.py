@@ -64,7 +64,9 @@ class Transport:
         except aiohttp.ClientConnectorError:
             raise UpstreamUnavailable(f"Could not connect to the provider '{deployment.prefix}'.") from None
         except aiohttp.ClientError as exc:
-            raise UpstreamError(f"The connection to the provider '{deployment.prefix}' failed: {type(exc).__name__}.") from None
+            raise UpstreamError(
+                f"The connection to the provider '{deployment.prefix}' failed: {type(exc).__name__}."
+            ) from None
 
 
 class ObservedTransport(Transport):

@@ -63,7 +63,10 @@ def create_app(upstream: str, key: str) -> Starlette:
         finally:
             await session["s"].close()
 
-    routes = [Route("/v1/chat/completions", chat, methods=["POST"]), Route("/healthz", health, methods=["GET"])]
+    routes = [
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/healthz", health, methods=["GET"]),
+    ]
     return Starlette(routes=routes, lifespan=lifespan)
 
 
@@ -97,8 +100,15 @@ if __name__ == "__main__":
     if args.server == "uvicorn":  # the floor of the gateway's uvicorn run (bench gw-uvicorn)
         import uvicorn
 
-        uvicorn.run(create_app(args.upstream.rstrip("/"), args.key), host=args.host, port=args.port, loop="uvloop",
-                    http="httptools", access_log=False, log_level="warning")  # fmt: skip
+        uvicorn.run(
+            create_app(args.upstream.rstrip("/"), args.key),
+            host=args.host,
+            port=args.port,
+            loop="uvloop",
+            http="httptools",
+            access_log=False,
+            log_level="warning",
+        )
         raise SystemExit(0)
     run: Any = asyncio.run
     try:

@@ -36,8 +36,14 @@ def _run(argv: list[str], log: Path, timeout: float) -> tuple[bool, str]:
         out.write(("\n$ " + " ".join(argv) + "\n").encode())
         out.flush()
         try:
-            done = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                  timeout=timeout, check=False)  # fmt: skip
+            done = subprocess.run(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                timeout=timeout,
+                check=False,
+            )
         except subprocess.TimeoutExpired:
             return False, f"timed out after {timeout:.0f}s"
         except OSError as exc:
@@ -48,7 +54,9 @@ def _run(argv: list[str], log: Path, timeout: float) -> tuple[bool, str]:
 def installed_version(python: Path, dist: str) -> str | None:
     code = f"import importlib.metadata as m\ntry: print(m.version({dist!r}))\nexcept Exception: pass"
     try:
-        done = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=60, check=False)
+        done = subprocess.run(
+            [str(python), "-c", code], capture_output=True, text=True, timeout=60, check=False
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout.strip() or None
@@ -101,7 +109,9 @@ def ensure(root: Path, version: str, log: Path, want_litellm: bool = True) -> Be
         odd = suspicious_pth(path)
         if odd:
             venv.litellm_version = None
-            venv.litellm_problem = f"unexpected .pth files in {path}: {', '.join(odd)}; not running anything from it"
+            venv.litellm_problem = (
+                f"unexpected .pth files in {path}: {', '.join(odd)}; not running anything from it"
+            )
             venv.matplotlib_problem = venv.litellm_problem
             return venv
 

@@ -61,9 +61,17 @@ async def one(url: str, streams: int, ticks: int) -> dict[str, float]:
         sources = []
         for n in range(streams):
             reservation = await ledger.reserve(group.id, key.id, 10**9, Hold(MODEL.id, "openai", f"r{n}"))
-            record = UsageRecord(key_id=key.id, group_id=group.id, model=MODEL.id, provider="openai", stream=True,
-                                 request_id=f"r{n}")  # fmt: skip
-            meter = Meter(ledger, reservation, MODEL, record, {"messages": [{"role": "user", "content": "hi"}]})
+            record = UsageRecord(
+                key_id=key.id,
+                group_id=group.id,
+                model=MODEL.id,
+                provider="openai",
+                stream=True,
+                request_id=f"r{n}",
+            )
+            meter = Meter(
+                ledger, reservation, MODEL, record, {"messages": [{"role": "user", "content": "hi"}]}
+            )
             meter.started -= 2.0  # old enough to be due
             source = Source()
             meter.follow(source)
@@ -87,8 +95,13 @@ async def one(url: str, streams: int, ticks: int) -> dict[str, float]:
             stop.set()
             held = max(held, await probe)
         wall, loop = sorted(walls)[len(walls) // 2], sorted(loops)[len(loops) // 2]
-        return {"streams": streams, "tick_ms": wall * 1000, "loop_ms": loop * 1000,
-                "per_stream_us": wall / streams * 1e6, "held_ms": held * 1000}  # fmt: skip
+        return {
+            "streams": streams,
+            "tick_ms": wall * 1000,
+            "loop_ms": loop * 1000,
+            "per_stream_us": wall / streams * 1e6,
+            "held_ms": held * 1000,
+        }
     finally:
         await ledger.close()
         await store.close()
@@ -117,14 +130,18 @@ def main() -> int:
     database = f"bench_checkpoints_{os.getpid()}"
     try:
         for n in counts:
-            results["postgres"].append(asyncio.run(one(pg_database(database), n, args.ticks)))  # (a fresh one each)
+            results["postgres"].append(
+                asyncio.run(one(pg_database(database), n, args.ticks))
+            )  # (a fresh one each)
     finally:
         _pg_admin(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
     for store, rows in results.items():
         for r in rows:
-            print(f"  {store:9s} {int(r['streams']):>6,} streams: a tick {r['tick_ms']:8.1f} ms "
-                  f"(event loop {r['loop_ms']:6.1f} ms, held at most {r['held_ms']:6.1f} ms at once), "
-                  f"{r['per_stream_us']:6.1f} us per stream")  # fmt: skip
+            print(
+                f"  {store:9s} {int(r['streams']):>6,} streams: a tick {r['tick_ms']:8.1f} ms "
+                f"(event loop {r['loop_ms']:6.1f} ms, held at most {r['held_ms']:6.1f} ms at once), "
+                f"{r['per_stream_us']:6.1f} us per stream"
+            )
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "checkpoints.json").write_text(json.dumps(results, indent=1) + "\n")
     return 0

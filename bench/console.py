@@ -74,8 +74,14 @@ async def prepare(url: str, rows: int) -> dict[str, Any]:
         if store.database.dialect != "sqlite":
             await store.database.write("ANALYZE")
         sample = await store.history.usage(limit=1)
-        return {"load_s": round(loaded, 1), "first_refresh_s": round(rolled, 1), "record": sample[0].id,
-                "request_id": sample[0].request_id, "batch": seeded.batches[-1], "key": next(iter(seeded.keys))}  # fmt: skip
+        return {
+            "load_s": round(loaded, 1),
+            "first_refresh_s": round(rolled, 1),
+            "record": sample[0].id,
+            "request_id": sample[0].request_id,
+            "batch": seeded.batches[-1],
+            "key": next(iter(seeded.keys)),
+        }
     finally:
         await store.close()
 
@@ -89,11 +95,22 @@ async def batches(store: Store, ids: list[str], keys: dict[int, int]) -> None:
     for n, batch_id in enumerate(ids):
         key = key_ids[n % len(key_ids)]
         done = n < len(ids) - 2
-        await jobs.create_batch(BatchRow(
-            id=batch_id, group_id=keys[key], key_id=key, endpoint="/v1/chat/completions", input_file_id=f"file-{n}",
-            completion_window="24h", status="completed" if done else "in_progress", created_at=now - 86400 * (40 - n),
-            expires_at=now + 86400, total=5000, completed=4900 if done else 2000, failed=100 if done else 12,
-        ))  # fmt: skip
+        await jobs.create_batch(
+            BatchRow(
+                id=batch_id,
+                group_id=keys[key],
+                key_id=key,
+                endpoint="/v1/chat/completions",
+                input_file_id=f"file-{n}",
+                completion_window="24h",
+                status="completed" if done else "in_progress",
+                created_at=now - 86400 * (40 - n),
+                expires_at=now + 86400,
+                total=5000,
+                completed=4900 if done else 2000,
+                failed=100 if done else 12,
+            )
+        )
 
 
 class Browser:
@@ -103,7 +120,9 @@ class Browser:
         self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
         self.cookies: dict[str, str] = {}
 
-    def get(self, path: str, body: bytes | None = None, method: str = "GET") -> tuple[int, dict[str, str], bytes, float]:
+    def get(
+        self, path: str, body: bytes | None = None, method: str = "GET"
+    ) -> tuple[int, dict[str, str], bytes, float]:
         headers = {"cookie": "; ".join(f"{k}={v}" for k, v in self.cookies.items())}
         if body is not None:
             headers["content-type"] = "application/x-www-form-urlencoded"
@@ -122,7 +141,9 @@ class Browser:
     def login(self) -> None:
         _, _, page, _ = self.get("/console/login")
         csrf = re.search(rb'name="csrf" value="([^"]+)"', page).group(1).decode()  # type: ignore[union-attr]
-        status, _, _, _ = self.get("/console/login", urlencode({"csrf": csrf, "password": TOKEN}).encode(), "POST")
+        status, _, _, _ = self.get(
+            "/console/login", urlencode({"csrf": csrf, "password": TOKEN}).encode(), "POST"
+        )
         assert status == 303, f"login answered {status}"
 
 
@@ -181,11 +202,16 @@ def measure(port: int, info: dict[str, Any], repeat: int) -> list[Timing]:
 def serve(url: str, workdir: Path) -> tuple[subprocess.Popen[bytes], int]:
     port = free_port()
     config = workdir / "router.toml"
-    config.write_text(f'[store]\nurl = "{url}"\n[console]\nadmin_token = "{TOKEN}"\n'
-                      '[observability]\naccess_log = false\n[jobs]\nrunner = false\n')  # fmt: skip
+    config.write_text(
+        f'[store]\nurl = "{url}"\n[console]\nadmin_token = "{TOKEN}"\n'
+        "[observability]\naccess_log = false\n[jobs]\nrunner = false\n"
+    )
     log = open(workdir / "gateway.log", "wb")  # noqa: SIM115 (kept open for the process's life)
-    proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--config", str(config), "--port", str(port)],
-                            stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", "serve", "--config", str(config), "--port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
@@ -207,15 +233,22 @@ def run_store(kind: str, rows: int, repeat: int) -> dict[str, Any]:
     try:
         print(f"{kind}: loading {rows:,} usage records ...", flush=True)
         info = asyncio.run(prepare(url, rows))
-        print(f"{kind}: loaded in {info['load_s']} s, rollups caught up in {info['first_refresh_s']} s", flush=True)
+        print(
+            f"{kind}: loaded in {info['load_s']} s, rollups caught up in {info['first_refresh_s']} s",
+            flush=True,
+        )
         proc, port = serve(url, workdir)
         try:
             timings = measure(port, info, repeat)
         finally:
             proc.terminate()
             proc.wait(30)
-        return {"store": kind, "rows": rows, **{k: info[k] for k in ("load_s", "first_refresh_s")},
-                "pages": [asdict(t) for t in timings]}  # fmt: skip
+        return {
+            "store": kind,
+            "rows": rows,
+            **{k: info[k] for k in ("load_s", "first_refresh_s")},
+            "pages": [asdict(t) for t in timings],
+        }
     finally:
         if kind == "postgresql":
             asyncio.run(_pg(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)"))
@@ -243,7 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "console.json").write_text(json.dumps(results, indent=1))
     names = [p["page"] for p in results[0]["pages"]]
-    print(f"\nServer time per console page, {args.rows:,} usage records (median / slowest of {args.repeat}, ms)")
+    print(
+        f"\nServer time per console page, {args.rows:,} usage records (median / slowest of {args.repeat}, ms)"
+    )
     print(f"  {'page':40s}" + "".join(f"{r['store']:>22s}" for r in results))
     over = 0
     for i, name in enumerate(names):
@@ -254,7 +289,11 @@ def main(argv: list[str] | None = None) -> int:
             over += late
             cells.append(f"{p['median_ms']:>8.1f} / {p['max_ms']:>7.1f}{' !' if late else '  '}")
         print(f"  {name:40s}" + "".join(f"{c:>22s}" for c in cells))
-    print("  (status of every page: " + ", ".join(sorted({str(p['status']) for r in results for p in r['pages']})) + ")")
+    print(
+        "  (status of every page: "
+        + ", ".join(sorted({str(p["status"]) for r in results for p in r["pages"]}))
+        + ")"
+    )
     print(f"{'every page under' if not over else f'{over} page(s) over'} {args.budget:.0f} ms")
     return 0 if not over else 1
 

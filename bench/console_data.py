@@ -17,10 +17,17 @@ from bench.usage_rows import load, rows_of
 from billing.store import Store, UsageRecord
 
 MODELS = [
-    "openai/gpt-4o-mini", "openai/gpt-4.1", "openai/gpt-5-mini", "anthropic/claude-sonnet-4-5",
-    "anthropic/claude-haiku-4-5", "google/gemini-2.5-flash", "google/gemini-2.5-pro", "mistral/mistral-small-latest",
-    "mistral/mistral-large-latest", "upstage/solar-pro2",
-]  # fmt: skip
+    "openai/gpt-4o-mini",
+    "openai/gpt-4.1",
+    "openai/gpt-5-mini",
+    "anthropic/claude-sonnet-4-5",
+    "anthropic/claude-haiku-4-5",
+    "google/gemini-2.5-flash",
+    "google/gemini-2.5-pro",
+    "mistral/mistral-small-latest",
+    "mistral/mistral-large-latest",
+    "upstage/solar-pro2",
+]
 GROUPS = ["acme", "globex", "initech", "umbrella", "hooli", "stark"]
 KEYS_PER_GROUP = 10
 CHUNK = 100_000
@@ -35,7 +42,9 @@ class Seeded:
     last_ts: float
 
 
-async def seed(store: Store, rows: int, days: float = 90.0, now: float | None = None, seed: int = 22) -> Seeded:
+async def seed(
+    store: Store, rows: int, days: float = 90.0, now: float | None = None, seed: int = 22
+) -> Seeded:
     rnd = random.Random(seed)
     now = time.time() if now is None else now
     groups: dict[str, int] = {}
@@ -61,25 +70,48 @@ async def seed(store: Store, rows: int, days: float = 90.0, now: float | None = 
             job = rnd.random() < 0.2
             stream = not job and rnd.random() < 0.35
             roll = rnd.random()
-            status = "rejected" if roll < 0.01 else "error" if roll < 0.035 else "interrupted" if roll < 0.04 else "ok"
+            status = (
+                "rejected"
+                if roll < 0.01
+                else "error"
+                if roll < 0.035
+                else "interrupted"
+                if roll < 0.04
+                else "ok"
+            )
             latency = rnd.lognormvariate(6.3, 0.7)
             prompt = int(rnd.lognormvariate(6, 1.1)) + 1
             out = 0 if status == "rejected" else int(rnd.lognormvariate(5, 0.9))
-            chunk.append(UsageRecord(
-                key_id=key, group_id=keys[key], model=model, provider=model.split("/")[0],
-                endpoint="responses" if rnd.random() < 0.15 else "chat", source="job" if job else "api", stream=stream,
-                prompt_tokens=0 if status == "rejected" else prompt, completion_tokens=out,
-                cached_tokens=prompt // 3 if rnd.random() < 0.2 else 0, reasoning_tokens=out // 2 if "gpt-5" in model else 0,
-                credits=0 if status == "rejected" else (prompt * 150 + out * 600) * (3 if "sonnet" in model or "pro" in model else 1),
-                status=status, latency_ms=latency if status != "rejected" else rnd.uniform(0.3, 3),
-                ttft_ms=latency * rnd.uniform(0.1, 0.4) if stream and status == "ok" else None,
-                request_id=f"req_{rnd.getrandbits(96):024x}",
-                error={"error": "The provider 'openai' failed: 503", "interrupted": "the call did not complete",
-                       "rejected": "Insufficient credits"}.get(status),
-                error_code={"error": "upstream_error", "rejected": "insufficient_credits"}.get(status),
-                batch_id=batches[i * len(batches) // rows] if job else None,
-                end_user=f"user-{rnd.randint(1, 500)}" if rnd.random() < 0.3 else None,
-                ts=start + i * step + rnd.uniform(0, step),
-            ))  # fmt: skip
+            chunk.append(
+                UsageRecord(
+                    key_id=key,
+                    group_id=keys[key],
+                    model=model,
+                    provider=model.split("/")[0],
+                    endpoint="responses" if rnd.random() < 0.15 else "chat",
+                    source="job" if job else "api",
+                    stream=stream,
+                    prompt_tokens=0 if status == "rejected" else prompt,
+                    completion_tokens=out,
+                    cached_tokens=prompt // 3 if rnd.random() < 0.2 else 0,
+                    reasoning_tokens=out // 2 if "gpt-5" in model else 0,
+                    credits=0
+                    if status == "rejected"
+                    else (prompt * 150 + out * 600) * (3 if "sonnet" in model or "pro" in model else 1),
+                    status=status,
+                    latency_ms=latency if status != "rejected" else rnd.uniform(0.3, 3),
+                    ttft_ms=latency * rnd.uniform(0.1, 0.4) if stream and status == "ok" else None,
+                    request_id=f"req_{rnd.getrandbits(96):024x}",
+                    error={
+                        "error": "The provider 'openai' failed: 503",
+                        "interrupted": "the call did not complete",
+                        "rejected": "Insufficient credits",
+                    }.get(status),
+                    error_code={"error": "upstream_error", "rejected": "insufficient_credits"}.get(status),
+                    batch_id=batches[i * len(batches) // rows] if job else None,
+                    end_user=f"user-{rnd.randint(1, 500)}" if rnd.random() < 0.3 else None,
+                    ts=start + i * step + rnd.uniform(0, step),
+                )
+            )
         await load(store, rows_of(chunk))
     return Seeded(groups, keys, batches, first, now)

@@ -34,20 +34,31 @@ from gateway.auth import new_key
 from router.app import create_app
 from server.serve import hypercorn_config
 
-ROWS = (("1 deployment", 1, False), ("3 deployments, ceilings declared", 3, True),
-        ("3 deployments, ceilings learned from 429s", 3, False))  # fmt: skip
+ROWS = (
+    ("1 deployment", 1, False),
+    ("3 deployments, ceilings declared", 3, True),
+    ("3 deployments, ceilings learned from 429s", 3, False),
+)
 OFFERED = 2.5  # offered load, in R
 
 
 def settings(tmp: str, urls: list[str], rpm: int, declared: bool) -> Settings:
-    items = [{"name": f"d{i + 1}", "base_url": url, "api_key": f"bench-{i}", "rpm": rpm if declared else 0}
-             for i, url in enumerate(urls)]  # fmt: skip
+    items = [
+        {"name": f"d{i + 1}", "base_url": url, "api_key": f"bench-{i}", "rpm": rpm if declared else 0}
+        for i, url in enumerate(urls)
+    ]
     routing = "usage" if declared else "simple-shuffle"
-    raw = {"store": {"url": f"sqlite:///{tmp}/router.db"}, "observability": {"access_log": False, "log_format": "none"},
-           "providers": {"openai": {"deployments": items, "routing": routing}}}  # fmt: skip
+    raw = {
+        "store": {"url": f"sqlite:///{tmp}/router.db"},
+        "observability": {"access_log": False, "log_format": "none"},
+        "providers": {"openai": {"deployments": items, "routing": routing}},
+    }
     parsed = parse_settings(raw, "bench")
-    return Settings(store=StoreSettings(url=parsed.store.url), observability=parsed.observability,
-                    providers=parsed.providers)  # fmt: skip
+    return Settings(
+        store=StoreSettings(url=parsed.store.url),
+        observability=parsed.observability,
+        providers=parsed.providers,
+    )
 
 
 async def one_row(count: int, declared: bool, rpm: int, seconds: float) -> dict[str, Any]:
@@ -75,7 +86,9 @@ async def one_row(count: int, declared: bool, rpm: int, seconds: float) -> dict[
         served_task = asyncio.ensure_future(hypercorn_serve(app, hc, shutdown_trigger=stop.wait))  # type: ignore[arg-type]
         try:
             await _wait_port(sock_port)
-            outcome = await offer(f"http://127.0.0.1:{sock_port}/v1/chat/completions", key, OFFERED * rpm / 60, seconds)
+            outcome = await offer(
+                f"http://127.0.0.1:{sock_port}/v1/chat/completions", key, OFFERED * rpm / 60, seconds
+            )
         finally:
             stop.set()
             await served_task
@@ -100,7 +113,11 @@ async def one_row(count: int, declared: bool, rpm: int, seconds: float) -> dict[
 async def offer(url: str, key: str, per_second: float, seconds: float) -> dict[str, int]:
     """Calls at a fixed rate (open loop) for ``seconds``, then every answer awaited."""
     counts = {"calls": 0, "ok": 0, "429": 0, "other": 0}
-    body = {"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "Hello [tokens:4]"}], "max_tokens": 8}
+    body = {
+        "model": "openai/gpt-4o-mini",
+        "messages": [{"role": "user", "content": "Hello [tokens:4]"}],
+        "max_tokens": 8,
+    }
     async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {key}"}) as session:
 
         async def call() -> None:
@@ -155,12 +172,16 @@ def run(seconds: float = 30.0, rpm: int = 240) -> dict[str, Any]:
 
 def report(result: dict[str, Any]) -> str:
     rpm = result["rpm"]
-    lines = [f"deployments benchmark: each deployment an emulator limited to R = {rpm} RPM; offered "
-             f"{OFFERED:g} R = {OFFERED * rpm:g} calls/min for {result['seconds']:g} s (open loop)",
-             f"  {'':<42} {'served/min':>10} {'429s/min':>9} {'429s':>5} {'errors':>6} {'upstream 429s':>13}"]  # fmt: skip
+    lines = [
+        f"deployments benchmark: each deployment an emulator limited to R = {rpm} RPM; offered "
+        f"{OFFERED:g} R = {OFFERED * rpm:g} calls/min for {result['seconds']:g} s (open loop)",
+        f"  {'':<42} {'served/min':>10} {'429s/min':>9} {'429s':>5} {'errors':>6} {'upstream 429s':>13}",
+    ]
     for name, r in result["rows"].items():
-        lines.append(f"  {name:<42} {r['served_per_minute']:>10,.1f} {r['caller_429_per_minute']:>9,.1f} "
-                     f"{r['caller_429']:>5} {r['other_errors']:>6} {r['upstream_429']:>13}")  # fmt: skip
+        lines.append(
+            f"  {name:<42} {r['served_per_minute']:>10,.1f} {r['caller_429_per_minute']:>9,.1f} "
+            f"{r['caller_429']:>5} {r['other_errors']:>6} {r['upstream_429']:>13}"
+        )
     return "\n".join(lines)
 
 

@@ -29,7 +29,10 @@ INPUTS = 100
 
 
 def body(model: str, encoding: str) -> bytes:
-    texts = [f"passage {i}: the router embeds every input of a retrieval workload exactly once" for i in range(INPUTS)]
+    texts = [
+        f"passage {i}: the router embeds every input of a retrieval workload exactly once"
+        for i in range(INPUTS)
+    ]
     return json.dumps({"model": model, "input": texts, "encoding_format": encoding}).encode()
 
 
@@ -38,15 +41,20 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
 
 
-async def measure(targets: dict[str, tuple[str, str, str]], seconds: float, encoding: str) -> dict[str, list[float]]:
+async def measure(
+    targets: dict[str, tuple[str, str, str]], seconds: float, encoding: str
+) -> dict[str, list[float]]:
     """Alternate 0.25 s rounds between the targets for ``seconds``; every call's latency in ms."""
     samples: dict[str, list[float]] = {name: [] for name in targets}
     payloads = {name: body(model, encoding) for name, (_, _, model) in targets.items()}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as session:
         for name, (url, key, _) in targets.items():  # warm-up
             for _ in range(3):
-                async with session.post(url, data=payloads[name], headers={"Authorization": f"Bearer {key}",
-                                        "Content-Type": "application/json"}) as response:  # fmt: skip
+                async with session.post(
+                    url,
+                    data=payloads[name],
+                    headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+                ) as response:
                     assert response.status == 200, await response.text()
                     await response.read()
         end = time.monotonic() + seconds
@@ -77,15 +85,26 @@ def run(seconds: float = 20.0) -> dict[str, Any]:
             base_url, key = emulators["openai"]
             targets = {
                 "direct": (f"{base_url}/embeddings", key, "text-embedding-3-small"),
-                "gateway": (gateway.url.replace("/chat/completions", "/embeddings"), gateway.key,
-                            "openai/text-embedding-3-small"),
-            }  # fmt: skip
+                "gateway": (
+                    gateway.url.replace("/chat/completions", "/embeddings"),
+                    gateway.key,
+                    "openai/text-embedding-3-small",
+                ),
+            }
             result: dict[str, Any] = {"inputs": INPUTS, "seconds": seconds}
             for encoding in ("base64", "float"):
                 samples = asyncio.run(measure(targets, seconds / 2, encoding))
-                figures = {name: {"calls": len(v), "p50_ms": round(percentile(v, 50), 2),
-                                  "p99_ms": round(percentile(v, 99), 2)} for name, v in samples.items()}  # fmt: skip
-                figures["added"] = {p: round(figures["gateway"][p] - figures["direct"][p], 2) for p in ("p50_ms", "p99_ms")}
+                figures = {
+                    name: {
+                        "calls": len(v),
+                        "p50_ms": round(percentile(v, 50), 2),
+                        "p99_ms": round(percentile(v, 99), 2),
+                    }
+                    for name, v in samples.items()
+                }
+                figures["added"] = {
+                    p: round(figures["gateway"][p] - figures["direct"][p], 2) for p in ("p50_ms", "p99_ms")
+                }
                 result[encoding] = figures
             return result
     finally:
@@ -93,20 +112,29 @@ def run(seconds: float = 20.0) -> dict[str, Any]:
 
 
 def report(result: dict[str, Any]) -> str:
-    lines = [f"embeddings, {result['inputs']} inputs per call (openai/text-embedding-3-small, 1 client):",
-             "  encoding   direct p50/p99 ms   gateway p50/p99 ms   added p50/p99 ms"]  # fmt: skip
+    lines = [
+        f"embeddings, {result['inputs']} inputs per call (openai/text-embedding-3-small, 1 client):",
+        "  encoding   direct p50/p99 ms   gateway p50/p99 ms   added p50/p99 ms",
+    ]
     for encoding in ("base64", "float"):
         f = result[encoding]
-        lines.append(f"  {encoding:<9}  {f['direct']['p50_ms']:>7} / {f['direct']['p99_ms']:<7}   "
-                     f"{f['gateway']['p50_ms']:>7} / {f['gateway']['p99_ms']:<7}    "
-                     f"{f['added']['p50_ms']:>6} / {f['added']['p99_ms']}")  # fmt: skip
+        lines.append(
+            f"  {encoding:<9}  {f['direct']['p50_ms']:>7} / {f['direct']['p99_ms']:<7}   "
+            f"{f['gateway']['p50_ms']:>7} / {f['gateway']['p99_ms']:<7}    "
+            f"{f['added']['p50_ms']:>6} / {f['added']['p99_ms']}"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.embeddings", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    parser.add_argument("--seconds", type=float, default=20.0, help="measured, split between the two encodings")
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.embeddings",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--seconds", type=float, default=20.0, help="measured, split between the two encodings"
+    )
     args = parser.parse_args(argv)
     result = run(args.seconds)
     print(report(result), flush=True)

@@ -52,7 +52,9 @@ def shard_of(group: str, shards: int) -> int:
 
 
 # -- the workers (one process each) -------------------------------------------------------------------
-async def ledger_worker(urls: list[str], replica: int, tasks: int, start: float, seconds: float) -> dict[str, Any]:
+async def ledger_worker(
+    urls: list[str], replica: int, tasks: int, start: float, seconds: float
+) -> dict[str, Any]:
     stores: list[Store] = [open_store(url) for url in urls]
     for store in stores:
         await store.open()
@@ -73,9 +75,17 @@ async def ledger_worker(urls: list[str], replica: int, tasks: int, start: float,
             done = 0
             while time.perf_counter() < deadline:
                 reservation = await ledger.reserve(group_id, key_id, WORST)
-                record = UsageRecord(key_id=key_id, group_id=group_id, model="bench/model", provider="bench",
-                                     prompt_tokens=12, completion_tokens=34, credits=700 + done % 5 * 500,
-                                     latency_ms=1.0, request_id=f"fleet-{replica}-{n}-{done}")  # fmt: skip
+                record = UsageRecord(
+                    key_id=key_id,
+                    group_id=group_id,
+                    model="bench/model",
+                    provider="bench",
+                    prompt_tokens=12,
+                    completion_tokens=34,
+                    credits=700 + done % 5 * 500,
+                    latency_ms=1.0,
+                    request_id=f"fleet-{replica}-{n}-{done}",
+                )
                 await ledger.settle_soon(reservation, record)
                 done += 1
             settled[name] += done
@@ -96,7 +106,9 @@ async def redis_worker(url: str, replica: int, tasks: int, start: float, seconds
 
     limits = RedisBackend(url, prefix=f"bench-fleet:{os.getpid()}:rl")
     state = RedisState(url, prefix=f"bench-fleet:{os.getpid()}:dep")
-    deps = [Deployment("openai", f"http://127.0.0.1:9/{n}", "k", name=n, rpm=10**7, tpm=10**9) for n in ("a", "b")]
+    deps = [
+        Deployment("openai", f"http://127.0.0.1:9/{n}", "k", name=n, rpm=10**7, tpm=10**9) for n in ("a", "b")
+    ]
     try:
         await asyncio.sleep(max(0.0, start - time.time()))
         deadline = time.perf_counter() + seconds
@@ -104,8 +116,12 @@ async def redis_worker(url: str, replica: int, tasks: int, start: float, seconds
 
         async def caller(n: int) -> None:
             key, group = f"key:{replica}-{n % 16}", f"group:{replica}-{n % 4}"
-            buckets = [Bucket(f"{key}:rpm", 10**9, 1), Bucket(f"{key}:tpm", 10**12, 500),
-                       Bucket(f"{group}:rpm", 10**9, 1), Bucket(f"{group}:tpm", 10**12, 500)]  # fmt: skip
+            buckets = [
+                Bucket(f"{key}:rpm", 10**9, 1),
+                Bucket(f"{key}:tpm", 10**12, 500),
+                Bucket(f"{group}:rpm", 10**9, 1),
+                Bucket(f"{group}:tpm", 10**12, 500),
+            ]
             while time.perf_counter() < deadline:
                 await limits.take(buckets)
                 lease = await state.acquire(deps, "gpt-4o-mini", 500)
@@ -155,8 +171,14 @@ def cpu_of(names: tuple[str, ...]) -> float:
 
 
 def spawn(specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    procs = [subprocess.Popen([sys.executable, "-m", "bench.fleet", "--worker", json.dumps(s)], stdout=subprocess.PIPE,
-                              text=True) for s in specs]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "bench.fleet", "--worker", json.dumps(s)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for s in specs
+    ]
     out = []
     for proc in procs:
         stdout, _ = proc.communicate(timeout=600)
@@ -217,14 +239,18 @@ async def check(urls: list[str], settled: dict[str, int]) -> list[str]:
     for url in urls:
         conn = await asyncpg.connect(url, timeout=10)
         try:
-            rows = await conn.fetch("SELECT g.name, g.balance, g.reserved, g.spent, count(u.id), coalesce(sum(u.credits), 0) "
-                                    "FROM groups g LEFT JOIN usage u ON u.group_id = g.id GROUP BY g.id")  # fmt: skip
+            rows = await conn.fetch(
+                "SELECT g.name, g.balance, g.reserved, g.spent, count(u.id), coalesce(sum(u.credits), 0) "
+                "FROM groups g LEFT JOIN usage u ON u.group_id = g.id GROUP BY g.id"
+            )
         finally:
             await conn.close()
         for name, balance, reserved, spent, calls, charged in rows:
             if reserved or balance + spent != CREDITS or calls != settled.get(name) or charged != spent:
-                problems.append(f"{name}: balance {balance} reserved {reserved} spent {spent} records {calls} "
-                                f"(settled {settled.get(name)}) charged {charged}")  # fmt: skip
+                problems.append(
+                    f"{name}: balance {balance} reserved {reserved} spent {spent} records {calls} "
+                    f"(settled {settled.get(name)}) charged {charged}"
+                )
     return problems
 
 
@@ -234,18 +260,36 @@ def ledger_run(admin_url: str, replicas: int, shards: int, tasks: int, seconds: 
         asyncio.run(migrate(urls))
         start = time.time() + 3.0 + 0.3 * replicas  # every worker opened and made its groups by then
         before, wal = cpu_of(("postgres",)), asyncio.run(wal_lsn(admin_url))
-        results = spawn([{"kind": "ledger", "urls": urls, "replica": r, "tasks": tasks, "start": start,
-                          "seconds": seconds} for r in range(replicas)])  # fmt: skip
+        results = spawn(
+            [
+                {
+                    "kind": "ledger",
+                    "urls": urls,
+                    "replica": r,
+                    "tasks": tasks,
+                    "start": start,
+                    "seconds": seconds,
+                }
+                for r in range(replicas)
+            ]
+        )
         database_cpu = cpu_of(("postgres",)) - before  # (its backends end with the workers: counted)
         wal_bytes = asyncio.run(wal_since(admin_url, wal))
         settled = {name: n for r in results for name, n in r["settled"].items()}
         problems = asyncio.run(check(urls, settled))
         total = sum(settled.values())
         window = max(r["seconds"] for r in results)
-        return {"replicas": replicas, "shards": shards, "tasks_per_replica": tasks, "settled": total,
-                "per_second": round(total / window, 1), "consistent": not problems, "problems": problems[:5],
-                "database_cpu_ms_per_1000": round(1000 * 1000 * database_cpu / max(total, 1), 1),
-                "wal_bytes_per_settlement": round(wal_bytes / max(total, 1))}  # fmt: skip
+        return {
+            "replicas": replicas,
+            "shards": shards,
+            "tasks_per_replica": tasks,
+            "settled": total,
+            "per_second": round(total / window, 1),
+            "consistent": not problems,
+            "problems": problems[:5],
+            "database_cpu_ms_per_1000": round(1000 * 1000 * database_cpu / max(total, 1), 1),
+            "wal_bytes_per_settlement": round(wal_bytes / max(total, 1)),
+        }
     finally:
         asyncio.run(drop_databases(admin_url, urls))
 
@@ -253,14 +297,23 @@ def ledger_run(admin_url: str, replicas: int, shards: int, tasks: int, seconds: 
 def redis_run(url: str, replicas: int, tasks: int, seconds: float) -> dict[str, Any]:
     start = time.time() + 2.0
     before = cpu_of(("redis-server",))
-    results = spawn([{"kind": "redis", "redis": url, "replica": r, "tasks": tasks, "start": start, "seconds": seconds}
-                     for r in range(replicas)])  # fmt: skip
+    results = spawn(
+        [
+            {"kind": "redis", "redis": url, "replica": r, "tasks": tasks, "start": start, "seconds": seconds}
+            for r in range(replicas)
+        ]
+    )
     redis_cpu = cpu_of(("redis-server",)) - before  # (from before the workers start: their setup counts too)
     calls = sum(r["calls"] for r in results)
     window = max(r["seconds"] for r in results)
-    return {"replicas": replicas, "tasks_per_replica": tasks, "calls": calls, "per_second": round(calls / window, 1),
-            "scripts_per_second": round(3 * calls / window, 1),
-            "redis_cpu_us_per_call": round(1e6 * redis_cpu / max(calls, 1), 1)}  # fmt: skip
+    return {
+        "replicas": replicas,
+        "tasks_per_replica": tasks,
+        "calls": calls,
+        "per_second": round(calls / window, 1),
+        "scripts_per_second": round(3 * calls / window, 1),
+        "redis_cpu_us_per_call": round(1e6 * redis_cpu / max(calls, 1), 1),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -277,27 +330,40 @@ def main(argv: list[str] | None = None) -> int:
         worker_main(json.loads(args.worker))
         return 0
     counts = [int(n) for n in args.replicas.split(",") if n.strip()]
-    out: dict[str, Any] = {"machine": f"{os.cpu_count()} CPUs", "seconds": args.seconds, "replicas": [], "redis": [],
-                           "sharded": []}  # fmt: skip
+    out: dict[str, Any] = {
+        "machine": f"{os.cpu_count()} CPUs",
+        "seconds": args.seconds,
+        "replicas": [],
+        "redis": [],
+        "sharded": [],
+    }
     for n in counts:
         r = ledger_run(args.postgres, n, 1, args.tasks, args.seconds)
         out["replicas"].append(r)
-        print(f"postgres, 1 primary,  {n} replica(s): {r['per_second']:>9,.0f} settlements/s, "
-              f"{r['database_cpu_ms_per_1000']} ms of database CPU per 1,000, {r['wal_bytes_per_settlement']:,} B of WAL each "
-              f"({'consistent' if r['consistent'] else 'INCONSISTENT ' + '; '.join(r['problems'])})", flush=True)
+        print(
+            f"postgres, 1 primary,  {n} replica(s): {r['per_second']:>9,.0f} settlements/s, "
+            f"{r['database_cpu_ms_per_1000']} ms of database CPU per 1,000, {r['wal_bytes_per_settlement']:,} B of WAL each "
+            f"({'consistent' if r['consistent'] else 'INCONSISTENT ' + '; '.join(r['problems'])})",
+            flush=True,
+        )
     if args.shards > 1:
         for n in counts:
             r = ledger_run(args.postgres, n, args.shards, args.tasks, args.seconds)
             out["sharded"].append(r)
-            print(f"postgres, {args.shards} shards,   {n} replica(s): {r['per_second']:>9,.0f} settlements/s, "
-                  f"{r['database_cpu_ms_per_1000']} ms of database CPU per 1,000, {r['wal_bytes_per_settlement']:,} B of WAL each "
-                  f"({'consistent' if r['consistent'] else 'INCONSISTENT ' + '; '.join(r['problems'])})", flush=True)
+            print(
+                f"postgres, {args.shards} shards,   {n} replica(s): {r['per_second']:>9,.0f} settlements/s, "
+                f"{r['database_cpu_ms_per_1000']} ms of database CPU per 1,000, {r['wal_bytes_per_settlement']:,} B of WAL each "
+                f"({'consistent' if r['consistent'] else 'INCONSISTENT ' + '; '.join(r['problems'])})",
+                flush=True,
+            )
     for n in counts:
         r = redis_run(args.redis, n, args.tasks, args.seconds)
         out["redis"].append(r)
-        print(f"redis, {n} replica(s): {r['per_second']:>9,.0f} calls/s ({r['scripts_per_second']:,.0f} scripts/s), "
-              f"{r['redis_cpu_us_per_call']} us of Redis CPU per call",
-              flush=True)
+        print(
+            f"redis, {n} replica(s): {r['per_second']:>9,.0f} calls/s ({r['scripts_per_second']:,.0f} scripts/s), "
+            f"{r['redis_cpu_us_per_call']} us of Redis CPU per call",
+            flush=True,
+        )
     os.makedirs("bench/results", exist_ok=True)
     with open("bench/results/fleet.json", "w") as f:
         json.dump(out, f, indent=1)

@@ -47,8 +47,14 @@ MODEL = "openai/gpt-4o-mini"
 
 
 def _body(content: str, stream: bool, model: str = MODEL) -> bytes:
-    return json.dumps({"model": model, "stream": stream, "max_tokens": 60,
-                       "messages": [{"role": "user", "content": content}]}).encode()  # fmt: skip
+    return json.dumps(
+        {
+            "model": model,
+            "stream": stream,
+            "max_tokens": 60,
+            "messages": [{"role": "user", "content": content}],
+        }
+    ).encode()
 
 
 async def burst_client(url: str, key: str, n: int, model: str) -> dict[str, int]:
@@ -68,12 +74,16 @@ async def burst_client(url: str, key: str, n: int, model: str) -> dict[str, int]
         outcome[kind] = outcome.get(kind, 0) + 1
 
     connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as session:
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=300)
+    ) as session:
         await asyncio.gather(*(one(session) for _ in range(n)))
     return outcome
 
 
-async def measure(url: str, health: str, key: str, calls: int, every: float = 0.025) -> dict[str, list[float]]:
+async def measure(
+    url: str, health: str, key: str, calls: int, every: float = 0.025
+) -> dict[str, list[float]]:
     """Group B's ``calls`` calls, one after another, one every ``every`` seconds (or as soon as the last one
     ended), and ``/healthz`` every 20 ms meanwhile: their latencies (seconds)."""
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
@@ -109,11 +119,17 @@ async def measure(url: str, health: str, key: str, calls: int, every: float = 0.
 
 def _figures(samples: list[float]) -> dict[str, float]:
     ms = sorted(s * 1000 for s in samples)
-    return {"p50_ms": round(statistics.median(ms), 2), "p99_ms": round(ms[min(len(ms) - 1, int(len(ms) * 0.99))], 2),
-            "max_ms": round(ms[-1], 2), "n": len(ms)}  # fmt: skip
+    return {
+        "p50_ms": round(statistics.median(ms), 2),
+        "p99_ms": round(ms[min(len(ms) - 1, int(len(ms) * 0.99))], 2),
+        "max_ms": round(ms[-1], 2),
+        "n": len(ms),
+    }
 
 
-def run(burst_size: int, calls: int, store: tuple[str, ...], direct: bool, nice: bool = True) -> dict[str, Any]:
+def run(
+    burst_size: int, calls: int, store: tuple[str, ...], direct: bool, nice: bool = True
+) -> dict[str, Any]:
     """One run: a gateway and its emulators started afresh, B quiet, then B under A's burst (to the
     gateway, or with ``direct`` to the emulator itself)."""
     procs = []
@@ -128,7 +144,10 @@ def run(burst_size: int, calls: int, store: tuple[str, ...], direct: bool, nice:
             procs.append(target.proc)
             wait_ready(target, 60)
             config = tmp / "gateway" / "router.toml"
-            _cli(["--config", str(config), "groups", "create", "other", "--credits", "1000000"], logs / "cli.log")
+            _cli(
+                ["--config", str(config), "groups", "create", "other", "--credits", "1000000"],
+                logs / "cli.log",
+            )
             b_key = _cli(["--config", str(config), "keys", "create", "--group", "other"], logs / "cli.log")
             b_key = b_key.strip().splitlines()[-1].strip()
             health = health_url(target)
@@ -139,8 +158,21 @@ def run(burst_size: int, calls: int, store: tuple[str, ...], direct: bool, nice:
                 base, a_key = emulators["openai"]
                 a_url, a_model = f"{base}/chat/completions", MODEL.split("/", 1)[1]
             niced = ["nice", "-n", "19"] if nice else []
-            burst = subprocess.Popen([*niced, sys.executable, "-m", "bench.isolation", "--burst-client", a_url, a_key,
-                                      str(burst_size), a_model], stdout=subprocess.PIPE, text=True)  # fmt: skip
+            burst = subprocess.Popen(
+                [
+                    *niced,
+                    sys.executable,
+                    "-m",
+                    "bench.isolation",
+                    "--burst-client",
+                    a_url,
+                    a_key,
+                    str(burst_size),
+                    a_model,
+                ],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
             time.sleep(0.2)  # A's streams are opening (their first bytes come after 2 s, the last 2 s later)
             loaded = asyncio.run(measure(target.url, health, b_key, calls))
             out, _ = burst.communicate(timeout=600)
@@ -148,17 +180,24 @@ def run(burst_size: int, calls: int, store: tuple[str, ...], direct: bool, nice:
         finally:
             stop_all(procs)
     return {
-        "burst": burst_size, "through": "emulator" if direct else "gateway", "a_outcomes": a, "a_niced": nice,
-        "b_quiet": _figures(quiet["b"]), "b_under_burst": _figures(loaded["b"]),
-        "healthz_quiet": _figures(quiet["healthz"]), "healthz_under_burst": _figures(loaded["healthz"]),
-    }  # fmt: skip
+        "burst": burst_size,
+        "through": "emulator" if direct else "gateway",
+        "a_outcomes": a,
+        "a_niced": nice,
+        "b_quiet": _figures(quiet["b"]),
+        "b_under_burst": _figures(loaded["b"]),
+        "healthz_quiet": _figures(quiet["healthz"]),
+        "healthz_under_burst": _figures(loaded["healthz"]),
+    }
 
 
 def _print(results: dict[str, Any]) -> None:
     print(f"  through the {results['through']}:")
     for name in ("b_quiet", "b_under_burst", "healthz_quiet", "healthz_under_burst"):
         f = results[name]
-        print(f"    {name:20s} p50 {f['p50_ms']:8.2f} ms  p99 {f['p99_ms']:8.2f} ms  max {f['max_ms']:8.2f} ms  ({f['n']})")
+        print(
+            f"    {name:20s} p50 {f['p50_ms']:8.2f} ms  p99 {f['p99_ms']:8.2f} ms  max {f['max_ms']:8.2f} ms  ({f['n']})"
+        )
     print(f"    group A's {results['burst']} streams: {results['a_outcomes']}")
 
 
@@ -167,11 +206,21 @@ def main() -> int:
     parser.add_argument("--burst", type=int, default=1000)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--store", action="append", default=[], help="a line for the [store] section")
-    parser.add_argument("--direct", action="store_true", help="the burst to the emulator itself (the machine's floor)")
-    parser.add_argument("--rounds", type=int, default=0,
-                        help="this many rounds each through the gateway and direct, taking turns; the medians and ratios")
-    parser.add_argument("--no-nice", action="store_true", help="A's client at the same CPU priority as the rest")
-    parser.add_argument("--burst-client", nargs=4, metavar=("URL", "KEY", "N", "MODEL"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--direct", action="store_true", help="the burst to the emulator itself (the machine's floor)"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=0,
+        help="this many rounds each through the gateway and direct, taking turns; the medians and ratios",
+    )
+    parser.add_argument(
+        "--no-nice", action="store_true", help="A's client at the same CPU priority as the rest"
+    )
+    parser.add_argument(
+        "--burst-client", nargs=4, metavar=("URL", "KEY", "N", "MODEL"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args()
     if args.burst_client:
         url, key, n, model = args.burst_client
@@ -181,7 +230,9 @@ def main() -> int:
     if not args.rounds:
         results = run(args.burst, args.calls, tuple(args.store), args.direct, not args.no_nice)
         _print(results)
-        (RESULTS / ("isolation-direct.json" if args.direct else "isolation.json")).write_text(json.dumps(results, indent=1) + "\n")
+        (RESULTS / ("isolation-direct.json" if args.direct else "isolation.json")).write_text(
+            json.dumps(results, indent=1) + "\n"
+        )
         return 0
     runs: dict[str, list[dict[str, Any]]] = {"gateway": [], "emulator": []}
     for _ in range(args.rounds):
@@ -193,14 +244,19 @@ def main() -> int:
     def median(through: str, name: str) -> float:
         return statistics.median(r[name]["p99_ms"] for r in runs[through])
 
-    summary = {name: {"gateway_p99_ms": median("gateway", name), "direct_p99_ms": median("emulator", name)}
-               for name in ("b_under_burst", "healthz_under_burst")}  # fmt: skip
+    summary = {
+        name: {"gateway_p99_ms": median("gateway", name), "direct_p99_ms": median("emulator", name)}
+        for name in ("b_under_burst", "healthz_under_burst")
+    }
     ratio = summary["b_under_burst"]["gateway_p99_ms"] / summary["b_under_burst"]["direct_p99_ms"]
-    print(f"  medians of {args.rounds} rounds: B's p99 under the burst {summary['b_under_burst']['gateway_p99_ms']:.1f} ms "
-          f"through the gateway, {summary['b_under_burst']['direct_p99_ms']:.1f} ms direct ({ratio:.2f}x); "
-          f"/healthz p99 {summary['healthz_under_burst']['gateway_p99_ms']:.1f} ms")
-    (RESULTS / "isolation-rounds.json").write_text(json.dumps({"rounds": runs, "medians": summary, "ratio": ratio},
-                                                              indent=1) + "\n")  # fmt: skip
+    print(
+        f"  medians of {args.rounds} rounds: B's p99 under the burst {summary['b_under_burst']['gateway_p99_ms']:.1f} ms "
+        f"through the gateway, {summary['b_under_burst']['direct_p99_ms']:.1f} ms direct ({ratio:.2f}x); "
+        f"/healthz p99 {summary['healthz_under_burst']['gateway_p99_ms']:.1f} ms"
+    )
+    (RESULTS / "isolation-rounds.json").write_text(
+        json.dumps({"rounds": runs, "medians": summary, "ratio": ratio}, indent=1) + "\n"
+    )
     return 0
 
 

@@ -42,9 +42,17 @@ async def caller(ledger: Ledger, group_id: int, key_id: int, deadline: float, n:
     done = 0
     while time.perf_counter() < deadline:
         reservation = await ledger.reserve(group_id, key_id, WORST)
-        record = UsageRecord(key_id=key_id, group_id=group_id, model="bench/model", provider="bench",
-                             prompt_tokens=12, completion_tokens=34, credits=COSTS[(n + done) % len(COSTS)],
-                             latency_ms=1.0, request_id=f"req-{n}-{done}")  # fmt: skip
+        record = UsageRecord(
+            key_id=key_id,
+            group_id=group_id,
+            model="bench/model",
+            provider="bench",
+            prompt_tokens=12,
+            completion_tokens=34,
+            credits=COSTS[(n + done) % len(COSTS)],
+            latency_ms=1.0,
+            request_id=f"req-{n}-{done}",
+        )
         await ledger.settle_soon(reservation, record)
         done += 1
     return done
@@ -153,8 +161,10 @@ def run(seconds: float = 5.0, tasks: int = 64, postgres: str = POSTGRES) -> dict
 
 
 def report(result: dict[str, Any]) -> str:
-    lines = [f"ledger settlement benchmark: {result['tasks']} concurrent callers, reserve -> settle, "
-             f"{result['loop']}"]  # fmt: skip
+    lines = [
+        f"ledger settlement benchmark: {result['tasks']} concurrent callers, reserve -> settle, "
+        f"{result['loop']}"
+    ]
     for name in ("sqlite", "postgres"):
         r = result[name]
         if "error" in r:

@@ -69,7 +69,11 @@ class Samples:
 
 
 def body_bytes(model: str, stream: bool, tokens: int) -> bytes:
-    body = {"model": model, "messages": [{"role": "user", "content": PROMPT.format(tokens=tokens)}], "stream": stream}
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": PROMPT.format(tokens=tokens)}],
+        "stream": stream,
+    }
     return json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -77,8 +81,9 @@ def headers_for(target: Target) -> dict[str, str]:
     return {"Authorization": f"Bearer {target.key}", "Content-Type": "application/json", **target.headers}
 
 
-async def one_request(session: aiohttp.ClientSession, url: str, data: bytes, headers: dict[str, str],
-                      stream: bool) -> tuple[float, float | None, str | None]:  # fmt: skip
+async def one_request(
+    session: aiohttp.ClientSession, url: str, data: bytes, headers: dict[str, str], stream: bool
+) -> tuple[float, float | None, str | None]:
     """(latency, ttft or None, error kind or None) of one call."""
     start = time.perf_counter()
     try:
@@ -134,9 +139,17 @@ def new_session(limit: int) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(connector=connector, timeout=timeout, skip_auto_headers=("User-Agent",))
 
 
-async def throughput(target: Target, stream: bool, clients: int, duration: float, warmup: float,
-                     warmup_max: float, grace: float, tokens: int,
-                     watch: dict[str, tuple[int, tuple[str, ...]]]) -> dict[str, Any]:  # fmt: skip
+async def throughput(
+    target: Target,
+    stream: bool,
+    clients: int,
+    duration: float,
+    warmup: float,
+    warmup_max: float,
+    grace: float,
+    tokens: int,
+    watch: dict[str, tuple[int, tuple[str, ...]]],
+) -> dict[str, Any]:
     data = body_bytes(target.model, stream, tokens)
     headers = headers_for(target)
     measured = Samples()
@@ -186,16 +199,25 @@ async def throughput(target: Target, stream: bool, clients: int, duration: float
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     out = summary(measured, duration)
-    out.update(target=target.name, stream=stream, clients=clients, warmup_s=round(window[0] - began, 2),
-               completed_total=completed, loadgen_cpu_share=round(cpu / duration, 2))  # fmt: skip
+    out.update(
+        target=target.name,
+        stream=stream,
+        clients=clients,
+        warmup_s=round(window[0] - began, 2),
+        completed_total=completed,
+        loadgen_cpu_share=round(cpu / duration, 2),
+    )
     done = len(measured.latencies) + measured.errors
     out["cpu_s_in_window"] = {name: round(seconds, 3) for name, seconds in watched.items()}
-    out["cpu_us_per_req"] = {name: round(seconds / done * 1e6, 1) for name, seconds in watched.items()} if done else {}
+    out["cpu_us_per_req"] = (
+        {name: round(seconds / done * 1e6, 1) for name, seconds in watched.items()} if done else {}
+    )
     return out
 
 
-async def latency(targets: list[Target], duration: float, round_seconds: float, warmup: float,
-                  tokens: int) -> dict[str, Any]:  # fmt: skip
+async def latency(
+    targets: list[Target], duration: float, round_seconds: float, warmup: float, tokens: int
+) -> dict[str, Any]:
     cells = [(t, stream) for t in targets for stream in t.modes]
     payloads = {(t.name, s): (t.url, body_bytes(t.model, s, tokens), headers_for(t)) for t, s in cells}
     results = {(t.name, s): Samples() for t, s in cells}
@@ -248,8 +270,9 @@ def parse_watch(text: str) -> tuple[str, tuple[int, tuple[str, ...]]]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m bench.load", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="python -m bench.load", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("mode", choices=["throughput", "latency"])
     p.add_argument("--target", action="append", required=True, type=Target.parse, help="NAME,URL,KEY,MODEL")
     p.add_argument("--stream", action="store_true", help="throughput mode: stream the answers")
@@ -257,10 +280,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("-d", "--duration", type=float, default=8.0, help="seconds measured")
     p.add_argument("-w", "--warmup", type=float, default=2.0, help="seconds of warm-up (at least)")
     p.add_argument("--warmup-max", type=float, default=15.0, help="throughput: longest warm-up")
-    p.add_argument("--watch", action="append", default=[], metavar="NAME=PID[:TEXT|TEXT...]",
-                   help="throughput: a server process (and its descendants) whose CPU time to count over the "
-                        "window; with TEXTs, only the descendants whose command line holds one of them")
-    p.add_argument("--grace", type=float, default=2.0, help="throughput: seconds open requests get at the end")
+    p.add_argument(
+        "--watch",
+        action="append",
+        default=[],
+        metavar="NAME=PID[:TEXT|TEXT...]",
+        help="throughput: a server process (and its descendants) whose CPU time to count over the "
+        "window; with TEXTs, only the descendants whose command line holds one of them",
+    )
+    p.add_argument(
+        "--grace", type=float, default=2.0, help="throughput: seconds open requests get at the end"
+    )
     p.add_argument("--round", type=float, default=0.25, help="latency: seconds per target per round")
     p.add_argument("--tokens", type=int, default=12, help="answer length asked of the emulator")
     args = p.parse_args(argv)
@@ -272,9 +302,19 @@ def main(argv: list[str] | None = None) -> None:
     except ImportError:
         pass
     if args.mode == "throughput":
-        result = run(throughput(args.target[0], args.stream, args.clients, args.duration, args.warmup,
-                                        max(args.warmup, args.warmup_max), args.grace, args.tokens,
-                                 dict(parse_watch(w) for w in args.watch)))  # fmt: skip
+        result = run(
+            throughput(
+                args.target[0],
+                args.stream,
+                args.clients,
+                args.duration,
+                args.warmup,
+                max(args.warmup, args.warmup_max),
+                args.grace,
+                args.tokens,
+                dict(parse_watch(w) for w in args.watch),
+            )
+        )
     else:
         result = run(latency(args.target, args.duration, args.round, args.warmup, args.tokens))
     json.dump(result, sys.stdout)

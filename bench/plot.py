@@ -1,6 +1,6 @@
 """Bar charts of bench.json; run with .bench-venv's python (matplotlib lives there, not in .venv).
 
-    .bench-venv/bin/python bench/plot.py bench/results/bench.json bench/results/bench.png
+.bench-venv/bin/python bench/plot.py bench/results/bench.json bench/results/bench.png
 """
 
 from __future__ import annotations
@@ -30,7 +30,14 @@ def main(src: str, dst: str) -> None:
     for i, name in enumerate(present):
         values = []
         for stream, clients in settings:
-            run = next((r for r in runs if r["target"] == name and r["stream"] == stream and r["clients"] == clients), None)
+            run = next(
+                (
+                    r
+                    for r in runs
+                    if r["target"] == name and r["stream"] == stream and r["clients"] == clients
+                ),
+                None,
+            )
             values.append(run["rps"] if run else 0)
         xs = [j + i * width for j in range(len(settings))]
         bars = ax1.bar(xs, values, width, label=labels[name], color=colors[name])

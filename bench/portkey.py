@@ -40,24 +40,41 @@ def ensure(log: Path) -> tuple[str | None, str | None]:
         print(f"  installing @portkey-ai/gateway@{wanted} into {HOME.relative_to(ROOT)} (once)", flush=True)
         with open(log, "ab") as out:
             try:
-                done = subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--ignore-scripts"], cwd=HOME, stdout=out,
-                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=INSTALL_TIMEOUT,
-                                      check=False)  # fmt: skip
+                done = subprocess.run(
+                    [npm, "ci", "--no-audit", "--no-fund", "--ignore-scripts"],
+                    cwd=HOME,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    timeout=INSTALL_TIMEOUT,
+                    check=False,
+                )
             except (OSError, subprocess.TimeoutExpired) as exc:
                 return None, f"npm ci in {HOME.relative_to(ROOT)} failed: {exc} (see {log})"
         if done.returncode != 0:
             return None, f"npm ci in {HOME.relative_to(ROOT)} exited with {done.returncode} (see {log})"
     found = version()
     if found != wanted or not SCRIPT.exists():
-        return None, f"@portkey-ai/gateway {wanted} is not installed in {HOME.relative_to(ROOT)} (found {found})"
+        return (
+            None,
+            f"@portkey-ai/gateway {wanted} is not installed in {HOME.relative_to(ROOT)} (found {found})",
+        )
     return found, None
 
 
 def start_portkey(logs: Path, upstream: str, upstream_key: str, wrap: list[str] | None = None) -> Target:
     port = free_port()
     argv = [*(wrap or ()), shutil.which("node") or "node", str(SCRIPT), f"--port={port}", "--headless"]
-    proc: Proc = start("portkey", f"Portkey AI gateway {version()} (Node, one process)", argv, logs / "portkey.log",
-                       cwd=HOME)  # fmt: skip
+    proc: Proc = start(
+        "portkey", f"Portkey AI gateway {version()} (Node, one process)", argv, logs / "portkey.log", cwd=HOME
+    )
     headers = {"x-portkey-provider": "openai", "x-portkey-custom-host": upstream}
-    return Target("portkey", "portkey", proc, f"http://127.0.0.1:{port}/v1/chat/completions", upstream_key,
-                  UPSTREAM_MODEL, headers=headers)  # fmt: skip
+    return Target(
+        "portkey",
+        "portkey",
+        proc,
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        upstream_key,
+        UPSTREAM_MODEL,
+        headers=headers,
+    )

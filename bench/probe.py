@@ -31,7 +31,9 @@ import time
 from typing import Any
 
 _now = time.perf_counter_ns
-_request: contextvars.ContextVar[dict[str, int] | None] = contextvars.ContextVar("probe_request", default=None)
+_request: contextvars.ContextVar[dict[str, int] | None] = contextvars.ContextVar(
+    "probe_request", default=None
+)
 _done: list[dict[str, int]] = []
 
 
@@ -106,7 +108,11 @@ def _install_steps(steps: str) -> None:
         module_name, owner_name, name = step.split(":")
         module = importlib.import_module(module_name)
         owner = getattr(module, owner_name) if owner_name else module
-        setattr(owner, name, _timed(getattr(owner, name), f"{owner_name or module_name.rsplit('.', 1)[-1]}.{name}"))
+        setattr(
+            owner,
+            name,
+            _timed(getattr(owner, name), f"{owner_name or module_name.rsplit('.', 1)[-1]}.{name}"),
+        )
 
 
 def medians() -> dict[str, Any]:
@@ -120,8 +126,11 @@ def medians() -> dict[str, Any]:
     out = {}
     for name, values in offsets.items():
         values.sort()
-        out[name] = {"us": round(values[len(values) // 2], 1), "p99_us": round(values[len(values) * 99 // 100], 1),
-                     "n": len(values)}  # fmt: skip
+        out[name] = {
+            "us": round(values[len(values) // 2], 1),
+            "p99_us": round(values[len(values) * 99 // 100], 1),
+            "n": len(values),
+        }
     return {"requests": len(_done), "milestones": out}
 
 
@@ -143,7 +152,9 @@ def main() -> None:
     signal.signal(signal.SIGUSR1, _forget)
     signal.signal(signal.SIGUSR2, _write)
     sys.argv = [script, *args]
-    sys.path[0] = os.path.dirname(os.path.abspath(script))  # (as if the script ran itself, not bench/'s modules)
+    sys.path[0] = os.path.dirname(
+        os.path.abspath(script)
+    )  # (as if the script ran itself, not bench/'s modules)
     runpy.run_path(script, run_name="__main__")
 
 

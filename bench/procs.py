@@ -73,13 +73,26 @@ def free_port_block(count: int, attempts: int = 200) -> int:
     raise StartError(f"found no {count} consecutive free ports on 127.0.0.1")
 
 
-def start(name: str, role: str, argv: list[str], log: Path, env: dict[str, str] | None = None,
-          cwd: Path | None = None) -> Proc:  # fmt: skip
+def start(
+    name: str,
+    role: str,
+    argv: list[str],
+    log: Path,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+) -> Proc:
     """Start ``argv`` in its own session (Ctrl-C reaches only the harness, which then stops it)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as out:
-        popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 env=env, cwd=cwd, start_new_session=True)  # fmt: skip
+        popen = subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+        )
     return Proc(name, role, popen, log, argv)
 
 
@@ -106,7 +119,9 @@ def wait_http(proc: Proc, url: str, timeout: float) -> None:
         except (urllib.error.URLError, OSError) as exc:
             last = str(exc)
         time.sleep(0.2)
-    raise StartError(f"{proc.name} did not answer {url} within {timeout:.0f}s ({last}):\n{log_tail(proc.log)}")
+    raise StartError(
+        f"{proc.name} did not answer {url} within {timeout:.0f}s ({last}):\n{log_tail(proc.log)}"
+    )
 
 
 def wait_log(proc: Proc, needle: str, timeout: float) -> str:

@@ -10,12 +10,24 @@ from typing import Any
 from bench.procs import Proc
 
 NAMES = ["direct", "gateway", "bare", "gw-uvicorn", "bare-uvicorn", "gw-2workers", "litellm", "portkey"]
-LABELS = {"direct": "emulator direct", "gateway": "gateway", "bare": "bare proxy", "litellm": "litellm", "portkey": "portkey",
-          "gw-uvicorn": "gw uvicorn", "bare-uvicorn": "bare uvicorn", "gw-2workers": "gw 2 workers"}  # fmt: skip
+LABELS = {
+    "direct": "emulator direct",
+    "gateway": "gateway",
+    "bare": "bare proxy",
+    "litellm": "litellm",
+    "portkey": "portkey",
+    "gw-uvicorn": "gw uvicorn",
+    "bare-uvicorn": "bare uvicorn",
+    "gw-2workers": "gw 2 workers",
+}
 # other ways to run the gateway, each over the floor of its own server and over LiteLLM (not budget checks:
 # the budget, docs/architecture.md, is about one process of `router serve`)
-ALT_RATIOS = (("gw-uvicorn", "bare-uvicorn"), ("gw-uvicorn", "litellm"), ("gw-2workers", "litellm"),
-              ("gw-2workers", "bare"))  # fmt: skip
+ALT_RATIOS = (
+    ("gw-uvicorn", "bare-uvicorn"),
+    ("gw-uvicorn", "litellm"),
+    ("gw-2workers", "litellm"),
+    ("gw-2workers", "bare"),
+)
 FEW_SAMPLES = 30
 LOADGEN_BUSY = 0.9
 
@@ -29,24 +41,35 @@ def fmt_rps(run: dict[str, Any]) -> str:
     if "failed" in run:
         return f"failed: {run['failed']}"
     lat = run.get("latency_ms", {})
-    text = f"{run.get('rps', 0):>8.1f} req/s  p50 {lat.get('p50', 0):>7.1f} ms  p99 {lat.get('p99', 0):>7.1f} ms"
+    text = (
+        f"{run.get('rps', 0):>8.1f} req/s  p50 {lat.get('p50', 0):>7.1f} ms  p99 {lat.get('p99', 0):>7.1f} ms"
+    )
     if run.get("errors"):
         text += f"  errors {run['errors']} {run.get('error_kinds')}"
     return text
 
 
 def legend(procs: list[Proc]) -> str:
-    lines = ["processes (all on 127.0.0.1, sharing the machine's CPUs with each other and the load generator):"]
+    lines = [
+        "processes (all on 127.0.0.1, sharing the machine's CPUs with each other and the load generator):"
+    ]
     for p in sorted(procs, key=lambda p: _order(p.name)):
         lines.append(f"  {p.name:<10} pid {p.pid:<7} {p.role}")
-    lines.append("  load gen   one process per measurement: python -m bench.load (aiohttp + uvloop, one session);")
+    lines.append(
+        "  load gen   one process per measurement: python -m bench.load (aiohttp + uvloop, one session);"
+    )
     lines.append("             the harness itself only waits while it runs")
     return "\n".join(lines)
 
 
 def _run(results: dict[str, Any], target: str, stream: bool, clients: int) -> dict[str, Any] | None:
     for run in results.get("throughput") or []:
-        if run["target"] == target and run["stream"] == stream and run["clients"] == clients and "failed" not in run:
+        if (
+            run["target"] == target
+            and run["stream"] == stream
+            and run["clients"] == clients
+            and "failed" not in run
+        ):
             return dict(run)
     return None
 
@@ -92,15 +115,30 @@ def derive(results: dict[str, Any]) -> None:
     bare_added = targets.get("bare", {}).get("nonstream", {}).get("added_ms")
     for p, limit in (("p50", 0.10), ("p99", 0.50)):
         value = round(gw_added[p] - bare_added[p], 3) if gw_added and bare_added else None
-        budget.append({"check": f"added latency {p} <= the bare proxy's + {limit:g} ms (1 client, non-stream)",
-                       "value": value, "unit": "ms", "pass": None if value is None else value <= limit})  # fmt: skip
+        budget.append(
+            {
+                "check": f"added latency {p} <= the bare proxy's + {limit:g} ms (1 client, non-stream)",
+                "value": value,
+                "unit": "ms",
+                "pass": None if value is None else value <= limit,
+            }
+        )
     for row in ratios:
         mode = "stream" if row["stream"] else "non-stream"
         # against the bare proxy the budget is in instructions per call (bench.instructions), not req/s
-        for key, limit, what in (("gateway_over_litellm", 25.0, ">= 25x LiteLLM"), ("gateway_over_portkey", 3.0, ">= 3x Portkey")):
+        for key, limit, what in (
+            ("gateway_over_litellm", 25.0, ">= 25x LiteLLM"),
+            ("gateway_over_portkey", 3.0, ">= 3x Portkey"),
+        ):
             value = row.get(key)
-            budget.append({"check": f"throughput {what} ({mode}, {row['clients']} clients)", "value": value,
-                           "unit": "x", "pass": None if value is None else value >= limit})  # fmt: skip
+            budget.append(
+                {
+                    "check": f"throughput {what} ({mode}, {row['clients']} clients)",
+                    "value": value,
+                    "unit": "x",
+                    "pass": None if value is None else value >= limit,
+                }
+            )
     results["budget"] = budget
     results["not_measured"] = [
         "instructions per call (<= 1.30x / 1.35x the bare proxy): python -m bench.instructions, after this table",
@@ -123,11 +161,15 @@ def render(results: dict[str, Any]) -> str:
     out.append("")
     out.append("=" * 100)
     out.append(f"bench  {results.get('command')}   ({results.get('elapsed_s')} s)")
-    out.append(f"machine: {m.get('cpus')} CPUs {m.get('cpu_model')}, load average at start {fmt_load(m.get('loadavg_start'))}, "
-               f"at end {fmt_load(m.get('loadavg_end'))}")  # fmt: skip
-    out.append(f"versions: router {v.get('model-router')} (git {v.get('git')}), litellm {v.get('litellm') or '-'}, "
-               f"aiohttp {v.get('aiohttp')}, starlette {v.get('starlette')}, hypercorn {v.get('hypercorn')}, "
-               f"uvloop {v.get('uvloop')}")  # fmt: skip
+    out.append(
+        f"machine: {m.get('cpus')} CPUs {m.get('cpu_model')}, load average at start {fmt_load(m.get('loadavg_start'))}, "
+        f"at end {fmt_load(m.get('loadavg_end'))}"
+    )
+    out.append(
+        f"versions: router {v.get('model-router')} (git {v.get('git')}), litellm {v.get('litellm') or '-'}, "
+        f"aiohttp {v.get('aiohttp')}, starlette {v.get('starlette')}, hypercorn {v.get('hypercorn')}, "
+        f"uvloop {v.get('uvloop')}"
+    )
     for name, why in (results.get("unavailable") or {}).items():
         out.append(f"NOT MEASURED: {LABELS.get(name, name)}: {why}")
     if results.get("error"):
@@ -148,11 +190,15 @@ def render(results: dict[str, Any]) -> str:
         out.append(f"\n1-client latency: {lat['failed']}")
     elif lat.get("targets"):
         out.append("")
-        out.append(f"1 client, interleaved ({lat['rounds']} rounds of {lat['round_seconds']} s per target and mode); "
-                   "added = target minus emulator direct")  # fmt: skip
+        out.append(
+            f"1 client, interleaved ({lat['rounds']} rounds of {lat['round_seconds']} s per target and mode); "
+            "added = target minus emulator direct"
+        )
         out.append(f"  {'':<16} {'non-stream':^44} | {'stream: time to first content':^34}")
-        out.append(f"  {'target':<16} {'n':>6} {'p50 ms':>8} {'p99 ms':>8} {'+p50 ms':>9} {'+p99 ms':>9} | "
-                   f"{'n':>6} {'p50 ms':>8} {'+p50 ms':>9} {'+p99 ms':>8}")  # fmt: skip
+        out.append(
+            f"  {'target':<16} {'n':>6} {'p50 ms':>8} {'p99 ms':>8} {'+p50 ms':>9} {'+p99 ms':>9} | "
+            f"{'n':>6} {'p50 ms':>8} {'+p50 ms':>9} {'+p99 ms':>8}"
+        )
         for name in NAMES:
             entry = lat["targets"].get(name)
             if not entry:
@@ -161,10 +207,12 @@ def render(results: dict[str, Any]) -> str:
             nl, added = ns.get("latency_ms", {}), ns.get("added_ms", {})
             tt, tadd = st.get("ttft_ms", {}), st.get("ttft_added_ms", {})
             errors = (ns.get("errors") or 0) + (st.get("errors") or 0)
-            out.append(f"  {LABELS[name]:<16} {ns.get('requests', 0):>6} {_cell(nl.get('p50'), 8, 2)} {_cell(nl.get('p99'), 8, 2)} "
-                       f"{_cell(added.get('p50'), 9, 2)} {_cell(added.get('p99'), 9, 2)} | {st.get('requests', 0):>6} "
-                       f"{_cell(tt.get('p50'), 8, 2)} {_cell(tadd.get('p50'), 9, 2)} {_cell(tadd.get('p99'), 8, 2)}"
-                       + (f"   errors {errors}" if errors else ""))  # fmt: skip
+            out.append(
+                f"  {LABELS[name]:<16} {ns.get('requests', 0):>6} {_cell(nl.get('p50'), 8, 2)} {_cell(nl.get('p99'), 8, 2)} "
+                f"{_cell(added.get('p50'), 9, 2)} {_cell(added.get('p99'), 9, 2)} | {st.get('requests', 0):>6} "
+                f"{_cell(tt.get('p50'), 8, 2)} {_cell(tadd.get('p50'), 9, 2)} {_cell(tadd.get('p99'), 8, 2)}"
+                + (f"   errors {errors}" if errors else "")
+            )
 
     runs = results.get("throughput") or []
     if runs:
@@ -175,8 +223,10 @@ def render(results: dict[str, Any]) -> str:
         out.append("Throughput, closed loop, req/s (p50 / p99 latency ms below)      ratios: gateway / other")
         rounds = max((len(r.get("rounds_rps") or []) for r in runs), default=1)
         if rounds > 1:
-            out.append(f"  each figure: the median of {rounds} rounds (targets interleaved); a ratio: the median of the"
-                       " rounds' ratios")  # fmt: skip
+            out.append(
+                f"  each figure: the median of {rounds} rounds (targets interleaved); a ratio: the median of the"
+                " rounds' ratios"
+            )
         out.append(f"  {'mode':<11}{'clients':>7}{head}{'gw/litellm':>12}{'gw/portkey':>12}{'gw/bare':>9}")
         for stream in (False, True):
             for c in clients:
@@ -195,8 +245,10 @@ def render(results: dict[str, Any]) -> str:
                     (r for r in results.get("ratios", []) if r["stream"] == stream and r["clients"] == c), {}
                 )
                 mode = "stream" if stream else "non-stream"
-                out.append(f"  {mode:<11}{c:>7}{''.join(cells)}{_ratio(row.get('gateway_over_litellm'), 12)}"
-                           f"{_ratio(row.get('gateway_over_portkey'), 12)}{_pct(row.get('gateway_over_bare'), 9)}")  # fmt: skip
+                out.append(
+                    f"  {mode:<11}{c:>7}{''.join(cells)}{_ratio(row.get('gateway_over_litellm'), 12)}"
+                    f"{_ratio(row.get('gateway_over_portkey'), 12)}{_pct(row.get('gateway_over_bare'), 9)}"
+                )
                 out.append(f"  {'':<18}{''.join(lats)}")
         if any(r.get("errors") for r in runs):
             out.append("  (! = some requests failed: see the caveats below and 'error_kinds' in bench.json)")
@@ -209,16 +261,25 @@ def render(results: dict[str, Any]) -> str:
             cells = []
             for n in present:
                 t = (_run(results, n, True, c) or {}).get("ttft_ms", {}).get("p50")
-                text = "-" if t is None else f"{t:.1f}" + ("" if base is None or n == "direct" else f" ({t - base:+.1f})")
+                text = (
+                    "-"
+                    if t is None
+                    else f"{t:.1f}" + ("" if base is None or n == "direct" else f" ({t - base:+.1f})")
+                )
                 cells.append(f"{text:>17}")
             out.append(f"  {c:>7}{''.join(cells)}")
 
         out.append("")
-        out.append("CPU time per request of the server process, us, over the window (less sensitive to noise than req/s)")
+        out.append(
+            "CPU time per request of the server process, us, over the window (less sensitive to noise than req/s)"
+        )
         out.append(f"  {'mode':<11}{'clients':>7}{head}")
         for stream in (False, True):
             for c in clients:
-                cells = [_cell((_run(results, n, stream, c) or {}).get("server_cpu_us_per_req"), 17, 0) for n in present]
+                cells = [
+                    _cell((_run(results, n, stream, c) or {}).get("server_cpu_us_per_req"), 17, 0)
+                    for n in present
+                ]
                 out.append(f"  {'stream' if stream else 'non-stream':<11}{c:>7}{''.join(cells)}")
 
         warnings = []
@@ -230,10 +291,14 @@ def render(results: dict[str, Any]) -> str:
             if run.get("errors"):
                 warnings.append(f"{label}: {run['errors']} failed requests {run.get('error_kinds')}")
             if run.get("requests", 0) < FEW_SAMPLES:
-                warnings.append(f"{label}: only {run.get('requests', 0)} requests in the window: a rough figure")
+                warnings.append(
+                    f"{label}: only {run.get('requests', 0)} requests in the window: a rough figure"
+                )
             if (run.get("loadgen_cpu_share") or 0) >= LOADGEN_BUSY:
-                warnings.append(f"{label}: load generator used {run['loadgen_cpu_share']:.0%} of a CPU: "
-                                "it may be the bottleneck; the figure is a floor")  # fmt: skip
+                warnings.append(
+                    f"{label}: load generator used {run['loadgen_cpu_share']:.0%} of a CPU: "
+                    "it may be the bottleneck; the figure is a floor"
+                )
         if warnings:
             out.append("")
             out.append("Caveats")
@@ -285,8 +350,13 @@ def plot(results: dict[str, Any], venv: Any, json_path: Path, png_path: Path) ->
         return f"chart: skipped ({reason})"
     script = Path(__file__).with_name("plot.py")
     try:
-        done = subprocess.run([str(venv.python), str(script), str(json_path), str(png_path)], capture_output=True,
-                              text=True, timeout=120, check=False)  # fmt: skip
+        done = subprocess.run(
+            [str(venv.python), str(script), str(json_path), str(png_path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"chart: failed ({exc})"
     if done.returncode != 0 or not png_path.exists():

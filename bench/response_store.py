@@ -35,10 +35,14 @@ ANSWER = "the router answers every call with care and the credits are billed"
 
 def response(n: int) -> Stored:
     body = {"model": "openai/gpt-4o-mini", "input": PROMPT}
-    completion = {"choices": [{"message": {"content": ANSWER}, "finish_reason": "stop"}],
-                  "usage": {"prompt_tokens": 19, "completion_tokens": 12, "total_tokens": 31}}  # fmt: skip
+    completion = {
+        "choices": [{"message": {"content": ANSWER}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 19, "completion_tokens": 12, "total_tokens": 31},
+    }
     out = from_completion(completion, shell(body, "openai/gpt-4o-mini"))
-    return Stored(out["id"], 1, 1, out["status"], out["model"], time.time(), None, out, own_items(PROMPT), out["output"])
+    return Stored(
+        out["id"], 1, 1, out["status"], out["model"], time.time(), None, out, own_items(PROMPT), out["output"]
+    )
 
 
 async def size(db: Database) -> int:
@@ -48,7 +52,9 @@ async def size(db: Database) -> int:
         [(free,)] = await db.select("PRAGMA freelist_count")
         [(page,)] = await db.select("PRAGMA page_size")
         return int((pages - free) * page)
-    [(total,)] = await db.select("SELECT pg_total_relation_size('responses') + pg_total_relation_size('response_items')")
+    [(total,)] = await db.select(
+        "SELECT pg_total_relation_size('responses') + pg_total_relation_size('response_items')"
+    )
     return int(total)
 
 
@@ -69,7 +75,9 @@ async def growth(url: str, count: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--count", type=int, default=1000)
     args = parser.parse_args(argv)
     sample = Encoded(response(0))
@@ -85,10 +93,14 @@ def main(argv: list[str] | None = None) -> int:
     per = 1000 / args.count
     print(f"one stored response: {sample.size} bytes of JSON (Response object, input and output items)")
     for kind in ("sqlite", "postgresql"):
-        print(f"{kind:10s} +{figures[kind] * per / 1024:8.0f} KiB per 1,000 stored responses "
-              f"({figures[kind] / args.count:.0f} bytes each)")  # fmt: skip
+        print(
+            f"{kind:10s} +{figures[kind] * per / 1024:8.0f} KiB per 1,000 stored responses "
+            f"({figures[kind] / args.count:.0f} bytes each)"
+        )
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "response_store.json").write_text(json.dumps({"count": args.count, **figures}, indent=2) + "\n")
+    (RESULTS / "response_store.json").write_text(
+        json.dumps({"count": args.count, **figures}, indent=2) + "\n"
+    )
     return 0
 
 

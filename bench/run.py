@@ -65,19 +65,34 @@ class Plan:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench", description="Gateway vs bare proxy vs LiteLLM, side by side.")
-    p.add_argument("--quick", action="store_true", help="short run (about a minute): same figures, fewer samples")
+    p = argparse.ArgumentParser(
+        prog="python -m bench", description="Gateway vs bare proxy vs LiteLLM, side by side."
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="short run (about a minute): same figures, fewer samples"
+    )
     p.add_argument("--no-litellm", action="store_true", help="leave LiteLLM out (no side venv install)")
     p.add_argument("--litellm-version", default=benchvenv.LITELLM_VERSION)
     p.add_argument("--no-portkey", action="store_true", help="leave Portkey's gateway out (no npm install)")
     p.add_argument("--clients", default="32,256", help="concurrency levels for throughput, comma-separated")
     p.add_argument("--duration", type=float, help="seconds measured per throughput run (default 3, quick 1)")
-    p.add_argument("--rounds", type=int, help="throughput runs per target and setting, interleaved (default 3, quick 1)")
-    p.add_argument("--latency-seconds", type=float, help="seconds of the 1-client phase (default 40, quick 5)")
+    p.add_argument(
+        "--rounds", type=int, help="throughput runs per target and setting, interleaved (default 3, quick 1)"
+    )
+    p.add_argument(
+        "--latency-seconds", type=float, help="seconds of the 1-client phase (default 40, quick 5)"
+    )
     p.add_argument("--tokens", type=int, default=12, help="answer length asked of the emulator (default 12)")
-    p.add_argument("--no-extras", action="store_true", help="skip the ledger, concurrent-streams and instruction-count runs")
-    p.add_argument("--no-alt", action="store_true",
-                   help="skip the other ways to run the gateway (uvicorn, 2 workers on PostgreSQL) and bare uvicorn")  # fmt: skip
+    p.add_argument(
+        "--no-extras",
+        action="store_true",
+        help="skip the ledger, concurrent-streams and instruction-count runs",
+    )
+    p.add_argument(
+        "--no-alt",
+        action="store_true",
+        help="skip the other ways to run the gateway (uvicorn, 2 workers on PostgreSQL) and bare uvicorn",
+    )
     return p.parse_args(argv)
 
 
@@ -104,7 +119,9 @@ def load(mode: str, specs: list[str], extra: list[str], timeout: float) -> dict[
         log.write(f"$ {shlex.join(argv)}\n")
         log.flush()
         try:
-            done = subprocess.run(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True, timeout=timeout, check=False)
+            done = subprocess.run(
+                argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True, timeout=timeout, check=False
+            )
         except subprocess.TimeoutExpired:
             return {"failed": f"load generator timed out after {timeout:.0f}s"}
     if done.returncode != 0:
@@ -114,9 +131,19 @@ def load(mode: str, specs: list[str], extra: list[str], timeout: float) -> dict[
 
 def measure_latency(targets: list[Target], plan: Plan) -> dict[str, Any]:
     warmup = min(2.0, plan.latency_seconds / 4)
-    extra = ["-d", str(plan.latency_seconds), "--round", str(plan.round_seconds), "-w", str(warmup),
-             "--tokens", str(plan.tokens)]  # fmt: skip
-    say(f"  1 client, {len(targets)} targets x (non-stream, stream), interleaved for {plan.latency_seconds:.0f}s")
+    extra = [
+        "-d",
+        str(plan.latency_seconds),
+        "--round",
+        str(plan.round_seconds),
+        "-w",
+        str(warmup),
+        "--tokens",
+        str(plan.tokens),
+    ]
+    say(
+        f"  1 client, {len(targets)} targets x (non-stream, stream), interleaved for {plan.latency_seconds:.0f}s"
+    )
     result = load("latency", [t.spec() for t in targets], extra, plan.latency_seconds * 2 + 60)
     if "failed" in result:
         return result
@@ -126,12 +153,16 @@ def measure_latency(targets: list[Target], plan: Plan) -> dict[str, Any]:
             base = direct.get(mode, {})
             if name == "direct" or "latency_ms" not in entry or "latency_ms" not in base:
                 continue
-            entry["added_ms"] = {p: round(entry["latency_ms"][p] - base["latency_ms"][p], 3) for p in ("p50", "p99")}
+            entry["added_ms"] = {
+                p: round(entry["latency_ms"][p] - base["latency_ms"][p], 3) for p in ("p50", "p99")
+            }
             paired = [a - b for a, b in zip(entry["round_p50_ms"], base["round_p50_ms"], strict=False)]
             if paired:
                 entry["added_p50_ms_median_of_rounds"] = round(sorted(paired)[len(paired) // 2], 3)
             if "ttft_ms" in entry and "ttft_ms" in base:
-                entry["ttft_added_ms"] = {p: round(entry["ttft_ms"][p] - base["ttft_ms"][p], 3) for p in ("p50", "p99")}
+                entry["ttft_added_ms"] = {
+                    p: round(entry["ttft_ms"][p] - base["ttft_ms"][p], 3) for p in ("p50", "p99")
+                }
     return result
 
 
@@ -145,7 +176,9 @@ def settle(procs: list[Proc], idle_share: float = 0.15, limit: float = 5.0) -> N
             return
 
 
-def measure_throughput(targets: list[Target], emulator: Proc, plan: Plan, dead: dict[str, str]) -> list[dict[str, Any]]:
+def measure_throughput(
+    targets: list[Target], emulator: Proc, plan: Plan, dead: dict[str, str]
+) -> list[dict[str, Any]]:
     """Each setting (mode, clients): ``plan.rounds`` rounds, every target once per round, the order
     rotating; a target's figure is its median round (by req/s), with every round's req/s kept in
     ``rounds_rps`` (report.py pairs them by round for the ratios)."""
@@ -160,13 +193,18 @@ def measure_throughput(targets: list[Target], emulator: Proc, plan: Plan, dead: 
                     if target.name in dead or stream not in target.modes:
                         continue
                     if not target.proc.alive():
-                        dead[target.name] = f"process exited with code {target.proc.popen.returncode} during the run"
+                        dead[target.name] = (
+                            f"process exited with code {target.proc.popen.returncode} during the run"
+                        )
                         continue
                     result = throughput_run(target, emulator, plan, stream, clients)
                     settle(procs, limit=plan.settle_max)
                     rounds.setdefault(target.name, []).append(result)
-                    say(f"  {'stream' if stream else 'non-stream':<10} {clients:>4} clients  {target.label:<15} "
-                        f"{report.fmt_rps(result)}" + (f"  (round {n + 1}/{plan.rounds})" if plan.rounds > 1 else ""))  # fmt: skip
+                    say(
+                        f"  {'stream' if stream else 'non-stream':<10} {clients:>4} clients  {target.label:<15} "
+                        f"{report.fmt_rps(result)}"
+                        + (f"  (round {n + 1}/{plan.rounds})" if plan.rounds > 1 else "")
+                    )
             for target in targets:
                 if target.name in rounds:
                     runs.append(median_round(rounds[target.name]))
@@ -174,8 +212,20 @@ def measure_throughput(targets: list[Target], emulator: Proc, plan: Plan, dead: 
 
 
 def throughput_run(target: Target, emulator: Proc, plan: Plan, stream: bool, clients: int) -> dict[str, Any]:
-    extra = ["-c", str(clients), "-d", str(plan.duration), "-w", str(plan.warmup),
-             "--warmup-max", str(plan.warmup_max), "--grace", str(plan.grace), "--tokens", str(plan.tokens)]  # fmt: skip
+    extra = [
+        "-c",
+        str(clients),
+        "-d",
+        str(plan.duration),
+        "-w",
+        str(plan.warmup),
+        "--warmup-max",
+        str(plan.warmup_max),
+        "--grace",
+        str(plan.grace),
+        "--tokens",
+        str(plan.tokens),
+    ]
     if stream:
         extra.append("--stream")
     extra += ["--watch", f"server={target.proc.pid}", "--watch", f"emulator={emulator.pid}"]
@@ -210,8 +260,14 @@ def machine_info() -> dict[str, Any]:
         mem_kb = int(Path("/proc/meminfo").read_text().split()[1])
     except (OSError, IndexError, ValueError):
         pass
-    return {"cpus": os.cpu_count(), "cpu_model": cpu, "mem_mb": mem_kb // 1024, "platform": platform.platform(),
-            "python": platform.python_version(), "loadavg_start": os.getloadavg()}  # fmt: skip
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": cpu,
+        "mem_mb": mem_kb // 1024,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "loadavg_start": os.getloadavg(),
+    }
 
 
 def versions(bench_venv: benchvenv.BenchVenv | None) -> dict[str, Any]:
@@ -239,23 +295,35 @@ def main(argv: list[str] | None = None) -> int:
     for old in RESULTS.glob("*.log"):
         old.unlink()
     signal.signal(signal.SIGTERM, _raise_interrupt)
-    signal.signal(signal.SIGINT, _raise_interrupt)  # also when started with SIGINT ignored (e.g. in the background)
+    signal.signal(
+        signal.SIGINT, _raise_interrupt
+    )  # also when started with SIGINT ignored (e.g. in the background)
     began = time.time()
     results: dict[str, Any] = {
-        "command": shlex.join([os.path.relpath(sys.executable, ROOT), "-m", "bench", *(sys.argv[1:] if argv is None else argv)]),
+        "command": shlex.join(
+            [os.path.relpath(sys.executable, ROOT), "-m", "bench", *(sys.argv[1:] if argv is None else argv)]
+        ),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(began)),
         "plan": plan.__dict__,
         "machine": machine_info(),
         "unavailable": {},
     }
     unavailable: dict[str, str] = results["unavailable"]
-    say(f"bench: {'quick' if args.quick else 'default'} run; logs and results in {RESULTS.relative_to(ROOT)}/")
+    say(
+        f"bench: {'quick' if args.quick else 'default'} run; logs and results in {RESULTS.relative_to(ROOT)}/"
+    )
 
-    bench_venv = benchvenv.ensure(ROOT, args.litellm_version, RESULTS / "bench-venv-install.log", not args.no_litellm)
+    bench_venv = benchvenv.ensure(
+        ROOT, args.litellm_version, RESULTS / "bench-venv-install.log", not args.no_litellm
+    )
     if bench_venv.litellm_problem:
         unavailable["litellm"] = bench_venv.litellm_problem
         say(f"  LiteLLM left out: {bench_venv.litellm_problem}")
-    portkey_version, why = (None, "skipped (--no-portkey)") if args.no_portkey else portkey.ensure(RESULTS / "portkey-install.log")
+    portkey_version, why = (
+        (None, "skipped (--no-portkey)")
+        if args.no_portkey
+        else portkey.ensure(RESULTS / "portkey-install.log")
+    )
     if why:
         unavailable["portkey"] = why
         say(f"  Portkey left out: {why}")
@@ -268,12 +336,21 @@ def main(argv: list[str] | None = None) -> int:
     pg_name = f"router_bench_{os.getpid()}"
     interrupted = False
     try:
-        peers = [name for name, on in (("LiteLLM", bench_venv.litellm_version), ("Portkey", portkey_version)) if on]
+        peers = [
+            name for name, on in (("LiteLLM", bench_venv.litellm_version), ("Portkey", portkey_version)) if on
+        ]
         say("starting the emulators, then the gateway, the bare proxy" + "".join(f", {p}" for p in peers))
         emulator, emulators = start_emulators(RESULTS)
         procs.append(emulator)
         base_url, upstream_key = emulators["openai"]
-        direct = Target("direct", "emulator direct", emulator, f"{base_url}/chat/completions", upstream_key, UPSTREAM_MODEL)
+        direct = Target(
+            "direct",
+            "emulator direct",
+            emulator,
+            f"{base_url}/chat/completions",
+            upstream_key,
+            UPSTREAM_MODEL,
+        )
         starting: list[Target] = []
         try:  # LiteLLM first: it takes the longest to boot
             if bench_venv.litellm_version:
@@ -335,9 +412,19 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_alt:
             drop_pg_database(pg_name)
 
-    results["processes"] = [{"name": p.name, "role": p.role, "pid": p.pid, "argv": p.argv, "peak_rss_kb": p.peak_rss_kb,
-                             "stop_seconds": p.stop_seconds,
-                             "log": str(p.log.relative_to(ROOT)), "notes": p.notes} for p in procs]  # fmt: skip
+    results["processes"] = [
+        {
+            "name": p.name,
+            "role": p.role,
+            "pid": p.pid,
+            "argv": p.argv,
+            "peak_rss_kb": p.peak_rss_kb,
+            "stop_seconds": p.stop_seconds,
+            "log": str(p.log.relative_to(ROOT)),
+            "notes": p.notes,
+        }
+        for p in procs
+    ]
     results["machine"]["loadavg_end"] = os.getloadavg()
     results["elapsed_s"] = round(time.time() - began, 1)
     if interrupted:
@@ -367,7 +454,9 @@ def extras(args: argparse.Namespace) -> None:
     for n, protocol in runs:
         say(f"{n} concurrent streams through one gateway process, {'HTTP/2' if protocol else 'HTTP/1.1'}")
         try:
-            streams.main(["--streams", str(n), "--tokens", "30" if args.quick else "90", *protocol], exit_after=False)
+            streams.main(
+                ["--streams", str(n), "--tokens", "30" if args.quick else "90", *protocol], exit_after=False
+            )
         except Exception as exc:  # noqa: BLE001
             print(f"streams benchmark failed: {exc}", flush=True)
     say("3 deployments limited to R RPM each against 1, offered 2.5 R")
@@ -382,6 +471,8 @@ def extras(args: argparse.Namespace) -> None:
         print(f"embeddings benchmark failed: {exc}", flush=True)
     say("instructions per call under callgrind: gateway and bare proxy")
     try:
-        instructions.main(["--calls", "100", "--servers", "bare,gateway"] if args.quick else ["--calls", "300"])
+        instructions.main(
+            ["--calls", "100", "--servers", "bare,gateway"] if args.quick else ["--calls", "300"]
+        )
     except Exception as exc:  # noqa: BLE001
         print(f"instructions benchmark failed: {exc}", flush=True)

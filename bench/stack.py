@@ -47,8 +47,12 @@ def router_cmd() -> list[str]:
 def start_emulators(logs: Path) -> tuple[Proc, dict[str, tuple[str, str]]]:
     """``router emulators`` on a block of free ports; returns the process and prefix -> (base_url, key)."""
     first = free_port_block(8)  # five providers today; room for a few more
-    proc = start("emulators", "upstream (emulated providers, aiohttp)",
-                 [*router_cmd(), "emulators", "--host", "127.0.0.1", "--port", str(first)], logs / "emulators.log")  # fmt: skip
+    proc = start(
+        "emulators",
+        "upstream (emulated providers, aiohttp)",
+        [*router_cmd(), "emulators", "--host", "127.0.0.1", "--port", str(first)],
+        logs / "emulators.log",
+    )
     try:
         text = wait_log(proc, "key=emu-openai-key", 30)
     except BaseException:
@@ -62,7 +66,9 @@ def _cli(args: list[str], log: Path) -> str:
     with open(log, "a") as out:
         out.write(f"$ router {' '.join(args)}\n{done.stdout}{done.stderr}\n")
     if done.returncode != 0:
-        raise StartError(f"router {' '.join(args[:4])} failed ({done.returncode}): {done.stderr.strip() or done.stdout.strip()}")
+        raise StartError(
+            f"router {' '.join(args[:4])} failed ({done.returncode}): {done.stderr.strip() or done.stdout.strip()}"
+        )
     return done.stdout
 
 
@@ -76,17 +82,44 @@ GATEWAY_SERVERS = {
 
 def gateway_argv(name: str, config: Path, port: int) -> tuple[list[str], dict[str, str] | None]:
     if name == "gw-uvicorn":
-        return ([str(VENV_BIN / "uvicorn"), "router.asgi:app", "--host", "127.0.0.1", "--port", str(port),
-                 "--loop", "uvloop", "--http", "httptools", "--no-access-log", "--log-level", "warning"],
-                {**os.environ, "ROUTER_CONFIG": str(config)})  # fmt: skip
+        return (
+            [
+                str(VENV_BIN / "uvicorn"),
+                "router.asgi:app",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--loop",
+                "uvloop",
+                "--http",
+                "httptools",
+                "--no-access-log",
+                "--log-level",
+                "warning",
+            ],
+            {**os.environ, "ROUTER_CONFIG": str(config)},
+        )
     argv = [*router_cmd(), "serve", "--config", str(config), "--host", "127.0.0.1", "--port", str(port)]
     return (argv + ["--workers", "2"] if name == "gw-2workers" else argv), None
 
 
-def start_gateway(logs: Path, tmp: Path, emulators: dict[str, tuple[str, str]], name: str = "gateway",
-                  store_url: str | None = None, redis_url: str | None = None, *, limits: bool = True,
-                  limit_headers: bool = True, access_log: bool = True, wrap: list[str] | None = None,
-                  home: str | None = None, in_flight: bool = False, store: tuple[str, ...] = ()) -> Target:  # fmt: skip
+def start_gateway(
+    logs: Path,
+    tmp: Path,
+    emulators: dict[str, tuple[str, str]],
+    name: str = "gateway",
+    store_url: str | None = None,
+    redis_url: str | None = None,
+    *,
+    limits: bool = True,
+    limit_headers: bool = True,
+    access_log: bool = True,
+    wrap: list[str] | None = None,
+    home: str | None = None,
+    in_flight: bool = False,
+    store: tuple[str, ...] = (),
+) -> Target:
     """Our gateway with every provider on its emulator, a store (temp SQLite unless ``store_url``), a
     rich group and one key, and rate limits on (in Redis if ``redis_url``), served as ``name`` says
     (GATEWAY_SERVERS). ``limits`` / ``limit_headers`` (x-ratelimit-* on admitted answers) /
@@ -98,19 +131,43 @@ def start_gateway(logs: Path, tmp: Path, emulators: dict[str, tuple[str, str]], 
     home_dir.mkdir(parents=True, exist_ok=True)
     config = home_dir / "router.toml"
     store_url = store_url or "sqlite:///" + str(home_dir / "router.db")
-    lines = ["[server]", 'host = "127.0.0.1"', f"port = {port}", "", "[store]", f"url = {json.dumps(store_url)}", *store, ""]
+    lines = [
+        "[server]",
+        'host = "127.0.0.1"',
+        f"port = {port}",
+        "",
+        "[store]",
+        f"url = {json.dumps(store_url)}",
+        *store,
+        "",
+    ]
     if limits:
         # every feature on: rate limits checked on every call (per key and per group, requests and
         # tokens), set high enough that the benchmark never hits them
-        lines += ["[limits]", "key_rpm = 100000000", "key_tpm = 100000000000", "group_rpm = 100000000",
-                  "group_tpm = 100000000000",
-                  *(["key_concurrent = 100000", "group_concurrent = 100000"] if in_flight else []),
-                  *([f"redis_url = {json.dumps(redis_url)}", f'redis_prefix = "bench-{port}:"'] if redis_url else []),
-                  *([] if limit_headers else ["headers = false"]), ""]  # fmt: skip
+        lines += [
+            "[limits]",
+            "key_rpm = 100000000",
+            "key_tpm = 100000000000",
+            "group_rpm = 100000000",
+            "group_tpm = 100000000000",
+            *(["key_concurrent = 100000", "group_concurrent = 100000"] if in_flight else []),
+            *(
+                [f"redis_url = {json.dumps(redis_url)}", f'redis_prefix = "bench-{port}:"']
+                if redis_url
+                else []
+            ),
+            *([] if limit_headers else ["headers = false"]),
+            "",
+        ]
     if not access_log:
         lines += ["[observability]", "access_log = false", ""]
     for prefix, (base_url, key) in sorted(emulators.items()):
-        lines += [f"[providers.{prefix}]", f"base_url = {json.dumps(base_url)}", f"api_key = {json.dumps(key)}", ""]
+        lines += [
+            f"[providers.{prefix}]",
+            f"base_url = {json.dumps(base_url)}",
+            f"api_key = {json.dumps(key)}",
+            "",
+        ]
     config.write_text("\n".join(lines))
     cli_log = logs / f"{name}-setup.log"
     cli_log.write_text("")
@@ -125,14 +182,30 @@ def start_gateway(logs: Path, tmp: Path, emulators: dict[str, tuple[str, str]], 
     return Target(name, label, proc, f"http://127.0.0.1:{port}/v1/chat/completions", key, GATEWAY_MODEL)
 
 
-def start_bare(logs: Path, upstream: str, upstream_key: str, server: str = "hypercorn",
-               wrap: list[str] | None = None) -> Target:  # fmt: skip
+def start_bare(
+    logs: Path, upstream: str, upstream_key: str, server: str = "hypercorn", wrap: list[str] | None = None
+) -> Target:
     port = free_port()
     name = "bare" if server == "hypercorn" else f"bare-{server}"
-    argv = [*(wrap or ()), sys.executable, str(ROOT / "bench" / "bare_proxy.py"), "--port", str(port),
-            "--upstream", upstream, "--key", upstream_key, "--server", server]  # fmt: skip
-    proc = start(name, f"bare proxy (bench/bare_proxy.py: {server} + Starlette + aiohttp, no features)",
-                 argv, logs / f"{name}.log")  # fmt: skip
+    argv = [
+        *(wrap or ()),
+        sys.executable,
+        str(ROOT / "bench" / "bare_proxy.py"),
+        "--port",
+        str(port),
+        "--upstream",
+        upstream,
+        "--key",
+        upstream_key,
+        "--server",
+        server,
+    ]
+    proc = start(
+        name,
+        f"bare proxy (bench/bare_proxy.py: {server} + Starlette + aiohttp, no features)",
+        argv,
+        logs / f"{name}.log",
+    )
     label = "bare proxy" if server == "hypercorn" else f"bare {server}"
     return Target(name, label, proc, f"http://127.0.0.1:{port}/v1/chat/completions", "none", UPSTREAM_MODEL)
 
@@ -180,8 +253,9 @@ def drop_pg_database(name: str) -> None:
         pass
 
 
-def start_litellm(logs: Path, tmp: Path, litellm: Path, upstream: str, upstream_key: str,
-                  wrap: list[str] | None = None) -> Target:  # fmt: skip
+def start_litellm(
+    logs: Path, tmp: Path, litellm: Path, upstream: str, upstream_key: str, wrap: list[str] | None = None
+) -> Target:
     """LiteLLM proxy: one uvicorn worker, no database, quiet logs, a master key (it refuses to run without);
     ``wrap``: under a tool (``valgrind ...``)."""
     port = free_port()
@@ -202,15 +276,39 @@ def start_litellm(logs: Path, tmp: Path, litellm: Path, upstream: str, upstream_
         "  disable_spend_logs: true\n"
     )
     env = dict(os.environ)
-    env.update(LITELLM_LOCAL_MODEL_COST_MAP="True", LITELLM_LOG="ERROR", LITELLM_TELEMETRY="False",
-               DISABLE_ADMIN_UI="True", NO_DOCS="True", PYTHONUNBUFFERED="1")  # fmt: skip
+    env.update(
+        LITELLM_LOCAL_MODEL_COST_MAP="True",
+        LITELLM_LOG="ERROR",
+        LITELLM_TELEMETRY="False",
+        DISABLE_ADMIN_UI="True",
+        NO_DOCS="True",
+        PYTHONUNBUFFERED="1",
+    )
     env.pop("DATABASE_URL", None)
-    argv = [str(litellm), "--config", str(config), "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"]
+    argv = [
+        str(litellm),
+        "--config",
+        str(config),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--num_workers",
+        "1",
+    ]
     if wrap:
         argv = [*wrap, str(litellm.with_name("python")), *argv]  # (the litellm command is a Python script)
-    proc = start("litellm", "LiteLLM proxy (uvicorn, 1 worker, no database)", argv, logs / "litellm.log",
-                 env=env, cwd=tmp)  # fmt: skip
-    return Target("litellm", "litellm", proc, f"http://127.0.0.1:{port}/v1/chat/completions", master, GATEWAY_MODEL)
+    proc = start(
+        "litellm",
+        "LiteLLM proxy (uvicorn, 1 worker, no database)",
+        argv,
+        logs / "litellm.log",
+        env=env,
+        cwd=tmp,
+    )
+    return Target(
+        "litellm", "litellm", proc, f"http://127.0.0.1:{port}/v1/chat/completions", master, GATEWAY_MODEL
+    )
 
 
 def health_url(target: Target) -> str:
@@ -227,14 +325,28 @@ def smoke(target: Target) -> dict[bool, str]:
     failures: dict[bool, str] = {}
     for stream in (False, True):
         what = "stream" if stream else "non-stream"
-        body = {"model": target.model, "stream": stream, "messages": [{"role": "user", "content": "Hi [tokens:3]"}]}
-        request = urllib.request.Request(target.url, data=json.dumps(body).encode(), method="POST", headers={
-            "Authorization": f"Bearer {target.key}", "Content-Type": "application/json", **target.headers})  # fmt: skip
+        body = {
+            "model": target.model,
+            "stream": stream,
+            "messages": [{"role": "user", "content": "Hi [tokens:3]"}],
+        }
+        request = urllib.request.Request(
+            target.url,
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={
+                "Authorization": f"Bearer {target.key}",
+                "Content-Type": "application/json",
+                **target.headers,
+            },
+        )
         try:
             with urllib.request.urlopen(request, timeout=30) as response:
                 text = response.read().decode(errors="replace")
         except urllib.error.HTTPError as exc:
-            failures[stream] = f"smoke {what} call got HTTP {exc.code}: {exc.read().decode(errors='replace')[:300]}"
+            failures[stream] = (
+                f"smoke {what} call got HTTP {exc.code}: {exc.read().decode(errors='replace')[:300]}"
+            )
             continue
         except (urllib.error.URLError, OSError) as exc:
             failures[stream] = f"smoke {what} call failed: {exc}"
@@ -247,10 +359,22 @@ def smoke(target: Target) -> dict[bool, str]:
 def git_revision() -> str | None:
     """The checkout's short commit, marked if it has uncommitted changes; None without git."""
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=10, check=False).stdout.strip()  # fmt: skip
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True, timeout=10, check=False).stdout.strip()  # fmt: skip
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        ).stdout.strip()
     except OSError:
         return None
     return head + (" (uncommitted changes)" if dirty else "")

@@ -96,7 +96,9 @@ async def over_http1(url: str, headers: dict[str, str], body: bytes, tally: Tall
         except Exception as exc:  # noqa: BLE001 - counted and reported
             tally.error(type(exc).__name__)
 
-    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=600))
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=600)
+    )
     tasks = [asyncio.create_task(one(session)) for _ in range(tally.n)]
     tasks.append(asyncio.create_task(_close_after(list(tasks), session.close)))
     return tasks
@@ -107,8 +109,9 @@ async def _close_after(tasks: list[asyncio.Task], close: Any) -> None:
     await close()
 
 
-async def over_http2(url: str, headers: dict[str, str], body: bytes, tally: Tally, per_connection: int
-                     ) -> list[asyncio.Task]:  # fmt: skip
+async def over_http2(
+    url: str, headers: dict[str, str], body: bytes, tally: Tally, per_connection: int
+) -> list[asyncio.Task]:
     """HTTP/2 with prior knowledge (h2c), ``per_connection`` streams a connection (hypercorn allows 100):
     the gateway holds one descriptor a stream (its upstream), so 10,000 streams fit a 20,000 limit."""
     import h2.config
@@ -117,9 +120,14 @@ async def over_http2(url: str, headers: dict[str, str], body: bytes, tally: Tall
 
     host, port = url.split("//")[1].split("/")[0].rsplit(":", 1)
     path = "/" + url.split("//")[1].split("/", 1)[1]
-    request = [(b":method", b"POST"), (b":path", path.encode()), (b":scheme", b"http"),
-               (b":authority", f"{host}:{port}".encode()), (b"content-length", str(len(body)).encode()),
-               *((k.lower().encode(), v.encode()) for k, v in headers.items())]  # fmt: skip
+    request = [
+        (b":method", b"POST"),
+        (b":path", path.encode()),
+        (b":scheme", b"http"),
+        (b":authority", f"{host}:{port}".encode()),
+        (b"content-length", str(len(body)).encode()),
+        *((k.lower().encode(), v.encode()) for k, v in headers.items()),
+    ]
 
     async def connection(count: int) -> None:
         try:
@@ -180,10 +188,25 @@ async def count_window(pid: int, out: Path, seconds: float) -> tuple[float, floa
     return start, end, dumped_total(out, pid, wall - 1)
 
 
-async def client(url: str, key: str, model: str, n: int, tokens: int, delay_ms: int, gateway_pid: int,
-                 http2: int = 0, counted: Path | None = None, pacings: int = 4) -> dict:  # fmt: skip
-    body = json.dumps({"model": model, "stream": True,
-                       "messages": [{"role": "user", "content": f"hold [tokens:{tokens}] [delay:{delay_ms}]"}]}).encode()  # fmt: skip
+async def client(
+    url: str,
+    key: str,
+    model: str,
+    n: int,
+    tokens: int,
+    delay_ms: int,
+    gateway_pid: int,
+    http2: int = 0,
+    counted: Path | None = None,
+    pacings: int = 4,
+) -> dict:
+    body = json.dumps(
+        {
+            "model": model,
+            "stream": True,
+            "messages": [{"role": "user", "content": f"hold [tokens:{tokens}] [delay:{delay_ms}]"}],
+        }
+    ).encode()
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
     tally = Tally(n)
     before = rss_kb(gateway_pid)
@@ -198,7 +221,9 @@ async def client(url: str, key: str, model: str, n: int, tokens: int, delay_ms: 
     except TimeoutError:
         all_open_after = None
     during = rss_kb(gateway_pid)
-    window = await count_window(gateway_pid, counted, pacings * delay_ms / 1000) if counted is not None else None
+    window = (
+        await count_window(gateway_pid, counted, pacings * delay_ms / 1000) if counted is not None else None
+    )
     # again near the streams' end: what each has kept of what it relayed (text kept to estimate an
     # interrupted stream's usage, buffers) shows here
     await asyncio.sleep(max(0.0, (tokens - 4) * delay_ms / 1000 - (time.monotonic() - began)))
@@ -223,14 +248,21 @@ async def client(url: str, key: str, model: str, n: int, tokens: int, delay_ms: 
     if window is not None:  # the chunks relayed while callgrind counted, and what each cost the server
         start, end, instructions = window
         chunks = sum(1 for times in tally.arrivals for t in times if start <= t <= end)
-        counts = {"counted_s": round(end - start, 3), "chunks_counted": chunks, "instructions": instructions,
-                  "instructions_per_chunk": round(instructions / chunks) if chunks else None}  # fmt: skip
+        counts = {
+            "counted_s": round(end - start, 3),
+            "chunks_counted": chunks,
+            "instructions": instructions,
+            "instructions_per_chunk": round(instructions / chunks) if chunks else None,
+        }
     return {
         **counts,
-        "streams": n, "completed": tally.done_ok, "errors": tally.errors,
+        "streams": n,
+        "completed": tally.done_ok,
+        "errors": tally.errors,
         "protocol": f"HTTP/2, {http2} streams a connection" if http2 else "HTTP/1.1, a connection a stream",
         "all_open_after_s": all_open_after,
-        "gateway_rss_before_kb": before, "gateway_rss_with_all_open_kb": during,
+        "gateway_rss_before_kb": before,
+        "gateway_rss_with_all_open_kb": during,
         "open": opened,
         "kb_per_stream": round((during - before) / opened, 1) if opened else None,
         "gateway_rss_near_the_end_kb": late,
@@ -253,10 +285,15 @@ def raise_descriptor_limit(streams: int) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < need:
         try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (need, max(need, hard) if hard != resource.RLIM_INFINITY else hard))
+            resource.setrlimit(
+                resource.RLIMIT_NOFILE, (need, max(need, hard) if hard != resource.RLIM_INFINITY else hard)
+            )
         except (ValueError, OSError) as exc:
-            print(f"descriptor limit {soft}/{hard} stays ({exc}): the gateway takes at most about half of it in "
-                  "streams", file=sys.stderr)  # fmt: skip
+            print(
+                f"descriptor limit {soft}/{hard} stays ({exc}): the gateway takes at most about half of it in "
+                "streams",
+                file=sys.stderr,
+            )
 
 
 def run_streams(args: argparse.Namespace, name: str, counted: bool = False) -> dict[str, Any]:
@@ -275,7 +312,11 @@ def run_streams(args: argparse.Namespace, name: str, counted: bool = False) -> d
                 server = {"bare-uvicorn": "uvicorn", "bare-tuned": "hypercorn-tuned"}.get(name, "hypercorn")
                 gw = start_bare(RESULTS, *emulators["openai"], server, wrap=wrap)
             else:
-                store = () if args.checkpoint_seconds is None else (f"checkpoint_seconds = {args.checkpoint_seconds:g}",)
+                store = (
+                    ()
+                    if args.checkpoint_seconds is None
+                    else (f"checkpoint_seconds = {args.checkpoint_seconds:g}",)
+                )
                 gw = start_gateway(RESULTS, Path(tmp), emulators, name, wrap=wrap, store=store)
             procs.append(gw.proc)
             wait_ready(gw, 180 if counted else 30)
@@ -287,36 +328,74 @@ def run_streams(args: argparse.Namespace, name: str, counted: bool = False) -> d
             except ImportError:
                 run = asyncio.run
             pid = gw.proc.popen.pid if counted else gw.proc.pid
-            return run(client(gw.url, gw.key, gw.model, args.streams, args.tokens, args.delay_ms, pid,  # type: ignore[no-any-return]
-                              args.http2, out if counted else None, args.window))
+            return run(
+                client(
+                    gw.url,
+                    gw.key,
+                    gw.model,
+                    args.streams,
+                    args.tokens,
+                    args.delay_ms,
+                    pid,  # type: ignore[no-any-return]
+                    args.http2,
+                    out if counted else None,
+                    args.window,
+                )
+            )
     finally:
         stop_all(procs)
 
 
 def main(argv: list[str] | None = None, exit_after: bool = True) -> None:
-    p = argparse.ArgumentParser(prog="python -m bench.streams", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="python -m bench.streams",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--streams", type=int, default=5000)
     p.add_argument("--tokens", type=int, default=90)
     p.add_argument("--delay-ms", type=int, default=1000)
-    p.add_argument("--http2", type=int, default=0, metavar="N",
-                   help="the client speaks HTTP/2 (h2c, prior knowledge), N streams a connection (hypercorn "
-                        "allows 100): the gateway then holds one descriptor a stream instead of two")  # fmt: skip
-    p.add_argument("--server", choices=("gateway", "bare", "bare-tuned", "gw-uvicorn", "bare-uvicorn"),
-                   default="gateway",
-                   help="bare: the bare hypercorn proxy instead, the floor of the stack; bare-tuned: the same on "
-                        "the gateway's server layer; the -uvicorn ones the same under uvicorn")  # fmt: skip
-    p.add_argument("--instructions", action="store_true",
-                   help="count with callgrind what a relayed chunk costs the server, once all streams are open "
-                        "(4 pacings of it), for --server and for the bare proxy, and their ratio (the server runs "
-                        "about 50 times slower: use a few hundred streams)")  # fmt: skip
-    p.add_argument("--window", type=int, default=4, metavar="N",
-                   help="with --instructions: count over N pacings (a multiple of the checkpoint interval, in "
-                        "seconds, takes in the same number of checkpoints per stream whatever the phase)")  # fmt: skip
-    p.add_argument("--checkpoint-seconds", type=float, metavar="S",
-                   help="the gateway's [store] checkpoint_seconds (default: its default; 0: no checkpoints)")
-    p.add_argument("--keep", metavar="DIR",
-                   help="with --instructions: keep callgrind's dumps in DIR (for callgrind_annotate)")
+    p.add_argument(
+        "--http2",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the client speaks HTTP/2 (h2c, prior knowledge), N streams a connection (hypercorn "
+        "allows 100): the gateway then holds one descriptor a stream instead of two",
+    )
+    p.add_argument(
+        "--server",
+        choices=("gateway", "bare", "bare-tuned", "gw-uvicorn", "bare-uvicorn"),
+        default="gateway",
+        help="bare: the bare hypercorn proxy instead, the floor of the stack; bare-tuned: the same on "
+        "the gateway's server layer; the -uvicorn ones the same under uvicorn",
+    )
+    p.add_argument(
+        "--instructions",
+        action="store_true",
+        help="count with callgrind what a relayed chunk costs the server, once all streams are open "
+        "(4 pacings of it), for --server and for the bare proxy, and their ratio (the server runs "
+        "about 50 times slower: use a few hundred streams)",
+    )
+    p.add_argument(
+        "--window",
+        type=int,
+        default=4,
+        metavar="N",
+        help="with --instructions: count over N pacings (a multiple of the checkpoint interval, in "
+        "seconds, takes in the same number of checkpoints per stream whatever the phase)",
+    )
+    p.add_argument(
+        "--checkpoint-seconds",
+        type=float,
+        metavar="S",
+        help="the gateway's [store] checkpoint_seconds (default: its default; 0: no checkpoints)",
+    )
+    p.add_argument(
+        "--keep",
+        metavar="DIR",
+        help="with --instructions: keep callgrind's dumps in DIR (for callgrind_annotate)",
+    )
     args = p.parse_args(argv)
     RESULTS.mkdir(exist_ok=True)
     raise_descriptor_limit(args.streams)
@@ -325,9 +404,12 @@ def main(argv: list[str] | None = None, exit_after: bool = True) -> None:
         for server in ("bare", args.server):
             counted = run_streams(args, server, counted=True)
             per_chunk[server] = int(counted.get("instructions_per_chunk") or 0)
-            print(f"{server}: {counted.get('instructions_per_chunk')} instructions per relayed chunk "
-                  f"({counted.get('chunks_counted')} chunks in {counted.get('counted_s')} s, {counted['completed']}/"
-                  f"{counted['streams']} streams completed)", flush=True)  # fmt: skip
+            print(
+                f"{server}: {counted.get('instructions_per_chunk')} instructions per relayed chunk "
+                f"({counted.get('chunks_counted')} chunks in {counted.get('counted_s')} s, {counted['completed']}/"
+                f"{counted['streams']} streams completed)",
+                flush=True,
+            )
         if per_chunk["bare"] and per_chunk[args.server]:
             print(f"{args.server} / bare: {per_chunk[args.server] / per_chunk['bare']:.2f}x per chunk")
         (RESULTS / "streams-instructions.json").write_text(json.dumps(per_chunk, indent=2))
@@ -335,23 +417,38 @@ def main(argv: list[str] | None = None, exit_after: bool = True) -> None:
             sys.exit(0)
         return
     result = run_streams(args, args.server)
-    result["budget"] = {"kb_per_stream": BUDGET_KB, "max_gap_over_pacing": BUDGET_GAP, "all_open_s": BUDGET_OPEN_S}
+    result["budget"] = {
+        "kb_per_stream": BUDGET_KB,
+        "max_gap_over_pacing": BUDGET_GAP,
+        "all_open_s": BUDGET_OPEN_S,
+    }
     starved = result["max_gap_s"] is None or result["max_gap_s"] > BUDGET_GAP * args.delay_ms / 1000
     slow = result["all_open_after_s"] is None or result["all_open_after_s"] > BUDGET_OPEN_S
     result["starved"] = starved
-    result["pass"] = bool(result["kb_per_stream"] is not None and result["kb_per_stream"] <= BUDGET_KB
-                          and result["completed"] == args.streams and not starved and not slow)  # fmt: skip
+    result["pass"] = bool(
+        result["kb_per_stream"] is not None
+        and result["kb_per_stream"] <= BUDGET_KB
+        and result["completed"] == args.streams
+        and not starved
+        and not slow
+    )
     (RESULTS / "streams.json").write_text(json.dumps(result, indent=2))
     print(f"{result['completed']}/{result['streams']} streams completed, errors {result['errors']}")
-    print(f"all {args.streams} streams had their first chunk after {result['all_open_after_s']} s "
-          f"(budget {BUDGET_OPEN_S:g} s)")  # fmt: skip
-    print(f"gateway RSS {result['gateway_rss_before_kb']} KB before, {result['gateway_rss_with_all_open_kb']} KB "
-          f"with all open: {result['kb_per_stream']} KB per open stream (budget {BUDGET_KB} KB); "
-          f"{result['kb_per_stream_near_the_end']} KB near their end, {args.tokens} tokens relayed")  # fmt: skip
-    print(f"with all streams open, the largest gap between two chunks of one stream: {result['max_gap_s']} s "
-          f"(p99 {result['p99_gap_s']} s; the upstream paces at {result['upstream_pacing_s']} s, budget "
-          f"{BUDGET_GAP}x; {result['max_gap_while_opening_s']} s while streams were still opening, "
-          f"{result['max_gap_while_closing_s']} s while they ended)")  # fmt: skip
+    print(
+        f"all {args.streams} streams had their first chunk after {result['all_open_after_s']} s "
+        f"(budget {BUDGET_OPEN_S:g} s)"
+    )
+    print(
+        f"gateway RSS {result['gateway_rss_before_kb']} KB before, {result['gateway_rss_with_all_open_kb']} KB "
+        f"with all open: {result['kb_per_stream']} KB per open stream (budget {BUDGET_KB} KB); "
+        f"{result['kb_per_stream_near_the_end']} KB near their end, {args.tokens} tokens relayed"
+    )
+    print(
+        f"with all streams open, the largest gap between two chunks of one stream: {result['max_gap_s']} s "
+        f"(p99 {result['p99_gap_s']} s; the upstream paces at {result['upstream_pacing_s']} s, budget "
+        f"{BUDGET_GAP}x; {result['max_gap_while_opening_s']} s while streams were still opening, "
+        f"{result['max_gap_while_closing_s']} s while they ended)"
+    )
     print("PASS" if result["pass"] else "FAIL", flush=True)
     if exit_after:
         sys.exit(0)

@@ -38,13 +38,23 @@ from bench.stack import ROOT, Target, git_revision, start_bare, start_emulators,
 RESULTS = Path(__file__).with_name("results")
 PROBE = [sys.executable, str(ROOT / "bench" / "probe.py")]
 # the gateway's steps on a chat call's path, in order (module:Class:function)
-STEPS = ",".join((
-    "router.middleware:Front:__call__", "gateway.auth:Authenticator:authenticate", "router.chat::read_json_body",
-    "router.chat::parse_chat_request", "gateway.pipeline:Pipeline:check", "gateway.chat_codec:ChatCodec:leg",
-    "gateway.ratelimit:RateLimiter:admit", "billing.ledger:LocalLedger:reserve", "gateway.pipeline::open_upstream",
-    "gateway.pipeline:Pipeline:complete", "gateway.chat_codec:ChatLeg:answer", "billing.ledger:Meter:finish",
-    "billing.owed:OwedLog:write",
-))  # fmt: skip
+STEPS = ",".join(
+    (
+        "router.middleware:Front:__call__",
+        "gateway.auth:Authenticator:authenticate",
+        "router.chat::read_json_body",
+        "router.chat::parse_chat_request",
+        "gateway.pipeline:Pipeline:check",
+        "gateway.chat_codec:ChatCodec:leg",
+        "gateway.ratelimit:RateLimiter:admit",
+        "billing.ledger:LocalLedger:reserve",
+        "gateway.pipeline::open_upstream",
+        "gateway.pipeline:Pipeline:complete",
+        "gateway.chat_codec:ChatLeg:answer",
+        "billing.ledger:Meter:finish",
+        "billing.owed:OwedLog:write",
+    )
+)
 SEGMENTS = (  # (name, from, to): what the report sums up
     ("before the upstream request", "app called", "upstream request >"),
     ("the upstream request", "upstream request >", "upstream request <"),
@@ -53,7 +63,11 @@ SEGMENTS = (  # (name, from, to): what the report sums up
 )
 
 
-SERVERS = {"bare": "hypercorn", "bare-tuned": "hypercorn-tuned", "gateway": None}  # name -> the bare proxy's server
+SERVERS = {
+    "bare": "hypercorn",
+    "bare-tuned": "hypercorn-tuned",
+    "gateway": None,
+}  # name -> the bare proxy's server
 
 
 def start_server(name: str, tmp: Path, emulators: dict[str, tuple[str, str]]) -> Target:
@@ -109,13 +123,18 @@ def report(results: dict[str, Any]) -> str:
             lines.append(f"  {mark['us']:9.1f} {mark['p99_us']:9.1f}  {label}")
         for segment, begin, end in SEGMENTS:
             if begin in milestones and end in milestones:
-                lines.append(f"  segment {segment}: {milestones[end]['us'] - milestones[begin]['us']:.1f} µs (medians)")
+                lines.append(
+                    f"  segment {segment}: {milestones[end]['us'] - milestones[begin]['us']:.1f} µs (medians)"
+                )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.timeline", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.timeline",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--calls", type=int, default=2000, help="calls per server per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--servers", default="bare,bare-tuned,gateway")
@@ -124,7 +143,12 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in SERVERS]
     if unknown:
         parser.error(f"unknown servers: {', '.join(unknown)} (known: {', '.join(SERVERS)})")
-    results: dict[str, Any] = {"commit": git_revision(), "calls": args.calls, "rounds": args.rounds, "servers": {}}
+    results: dict[str, Any] = {
+        "commit": git_revision(),
+        "calls": args.calls,
+        "rounds": args.rounds,
+        "servers": {},
+    }
     RESULTS.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="bench-timeline-") as tmp_name:
         tmp = Path(tmp_name)

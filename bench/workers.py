@@ -134,18 +134,39 @@ def all_cpus() -> str:
     return ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
 
 
-def load(setting: Setting, spec: str, watch: list[str], seconds: float, clients: int, stream: bool) -> dict[str, Any]:
+def load(
+    setting: Setting, spec: str, watch: list[str], seconds: float, clients: int, stream: bool
+) -> dict[str, Any]:
     """One throughput run of bench.load (its own process, pinned as the setting says); its JSON result."""
-    argv = [*(["taskset", "-c", setting.side_cpus] if setting.side_cpus else []), sys.executable, "-m", "bench.load",
-            "throughput", "--target", spec, "-c", str(clients), "-d", str(seconds), "-w", "2", "--warmup-max", "15",
-            *(["--stream"] if stream else []), *[a for w in watch for a in ("--watch", w)]]  # fmt: skip
+    argv = [
+        *(["taskset", "-c", setting.side_cpus] if setting.side_cpus else []),
+        sys.executable,
+        "-m",
+        "bench.load",
+        "throughput",
+        "--target",
+        spec,
+        "-c",
+        str(clients),
+        "-d",
+        str(seconds),
+        "-w",
+        "2",
+        "--warmup-max",
+        "15",
+        *(["--stream"] if stream else []),
+        *[a for w in watch for a in ("--watch", w)],
+    ]
     with open(RESULTS / "workers-load.log", "a") as log:
         log.write(f"$ {shlex.join(argv)}\n")
         log.flush()
-        done = subprocess.run(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True, timeout=seconds + 90,
-                              check=False)  # fmt: skip
+        done = subprocess.run(
+            argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True, timeout=seconds + 90, check=False
+        )
     if done.returncode != 0:
-        raise RuntimeError(f"load generator exited with {done.returncode} (see bench/results/workers-load.log)")
+        raise RuntimeError(
+            f"load generator exited with {done.returncode} (see bench/results/workers-load.log)"
+        )
     return dict(json.loads(done.stdout))
 
 
@@ -163,8 +184,16 @@ def start(setting: Setting, emulators: dict[str, tuple[str, str]], tmp: Path) ->
     url = pg_database(database)
     wrap = ["taskset", "-c", setting.gateway_cpus] if setting.gateway_cpus else None
     try:
-        target = start_gateway(RESULTS, tmp, emulators, "gateway" if setting.workers == 1 else "gw-2workers", url,
-                               REDIS_URL, wrap=wrap, home=f"workers-{setting.name}")  # fmt: skip
+        target = start_gateway(
+            RESULTS,
+            tmp,
+            emulators,
+            "gateway" if setting.workers == 1 else "gw-2workers",
+            url,
+            REDIS_URL,
+            wrap=wrap,
+            home=f"workers-{setting.name}",
+        )
     except BaseException:
         drop_pg_database(database)
         raise
@@ -176,8 +205,9 @@ def start(setting: Setting, emulators: dict[str, tuple[str, str]], tmp: Path) ->
     return running
 
 
-def measure(run: Running, emulator: Proc, stores: dict[str, int], seconds: float, clients: int,
-            stream: bool) -> dict[str, Any]:  # fmt: skip
+def measure(
+    run: Running, emulator: Proc, stores: dict[str, int], seconds: float, clients: int, stream: bool
+) -> dict[str, Any]:
     """One round of one setting: the emulator pinned as it says, a load run, CPU per call of each part."""
     pin(emulator.pid, run.setting.side_cpus or all_cpus())
     watch = [f"gateway={run.target.proc.pid}", f"emulator={emulator.pid}"]
@@ -185,7 +215,9 @@ def measure(run: Running, emulator: Proc, stores: dict[str, int], seconds: float
         watch.append(f"postgres={stores['postgres']}:" + "|".join((f" {run.database} ", *PG_WRITERS)))
     if "redis" in stores:
         watch.append(f"redis={stores['redis']}")
-    result = load(run.setting, run.target.spec(), watch, seconds, max(clients // run.setting.share, 1), stream)
+    result = load(
+        run.setting, run.target.spec(), watch, seconds, max(clients // run.setting.share, 1), stream
+    )
     run.rounds.append(result)
     return result
 
@@ -201,18 +233,27 @@ def summarize(run: Running, seconds: float) -> dict[str, Any]:
             cpu[name] = cpu.get(name, 0.0) + value
     window = seconds * len(rounds)
     per_round = [r["cpu_us_per_req"].get("gateway") for r in rounds]
-    return {"setting": setting.name, "label": setting.label, "workers": setting.workers,
-            "gateway_cpus": setting.gateway_cpus or "all", "load_and_emulator_cpus": setting.side_cpus or "all",
-            "rounds": len(rounds), "calls_per_s": round(sum(r["requests"] for r in rounds) / window, 1),
-            "calls": calls, "errors": sum(r["errors"] for r in rounds),
-            "rounds_calls_per_s": [r["rps"] for r in rounds],
-            "p50_ms": sorted(r["latency_ms"]["p50"] for r in rounds)[(len(rounds) - 1) // 2],
-            "p99_ms": sorted(r["latency_ms"]["p99"] for r in rounds)[(len(rounds) - 1) // 2],
-            "cpu_us_per_call": {name: round(value / calls * 1e6, 1) for name, value in cpu.items()} if calls else {},
-            "rounds_gateway_cpu_us_per_call": per_round,
-            "gateway_cores_busy": round(cpu.get("gateway", 0.0) / window, 2),
-            "loadgen_cpu_share": round(sum(r["loadgen_cpu_share"] for r in rounds) / len(rounds), 2),
-            "load": rounds}  # fmt: skip
+    return {
+        "setting": setting.name,
+        "label": setting.label,
+        "workers": setting.workers,
+        "gateway_cpus": setting.gateway_cpus or "all",
+        "load_and_emulator_cpus": setting.side_cpus or "all",
+        "rounds": len(rounds),
+        "calls_per_s": round(sum(r["requests"] for r in rounds) / window, 1),
+        "calls": calls,
+        "errors": sum(r["errors"] for r in rounds),
+        "rounds_calls_per_s": [r["rps"] for r in rounds],
+        "p50_ms": sorted(r["latency_ms"]["p50"] for r in rounds)[(len(rounds) - 1) // 2],
+        "p99_ms": sorted(r["latency_ms"]["p99"] for r in rounds)[(len(rounds) - 1) // 2],
+        "cpu_us_per_call": {name: round(value / calls * 1e6, 1) for name, value in cpu.items()}
+        if calls
+        else {},
+        "rounds_gateway_cpu_us_per_call": per_round,
+        "gateway_cores_busy": round(cpu.get("gateway", 0.0) / window, 2),
+        "loadgen_cpu_share": round(sum(r["loadgen_cpu_share"] for r in rounds) / len(rounds), 2),
+        "load": rounds,
+    }
 
 
 def project(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -222,16 +263,16 @@ def project(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
         return {"error": "the pinned settings did not both measure"}
     out: dict[str, Any] = {
         "method": "a worker is one core's worth of Python (one event loop): with a free core per worker, N "
-                  "workers serve N / (gateway CPU seconds per call with N workers) calls/s while the shared "
-                  "stores keep up; projected ratio = 2 x cpu_per_call(1 worker) / cpu_per_call(2 workers), both "
-                  "pinned to CPU 1. Not included: the stores' CPU (reported separately, with the cores they would "
-                  "need at the projected rate), the load generator's and the emulator's.",
+        "workers serve N / (gateway CPU seconds per call with N workers) calls/s while the shared "
+        "stores keep up; projected ratio = 2 x cpu_per_call(1 worker) / cpu_per_call(2 workers), both "
+        "pinned to CPU 1. Not included: the stores' CPU (reported separately, with the cores they would "
+        "need at the projected rate), the load generator's and the emulator's.",
         "one_worker_calls_per_s": round(1e6 / one, 1),
         "two_workers_calls_per_s": round(2e6 / two, 1),
         "ratio": round(2 * one / two, 3),
         "target_ratio": TARGET_RATIO,
         "meets_target": 2 * one / two >= TARGET_RATIO,  # (unrounded: 1.596 does not meet 1.6)
-    }  # fmt: skip
+    }
     free = rows.get("w2-free", {}).get("cpu_us_per_call", {}).get("gateway")
     if free:
         out["ratio_from_unpinned"] = round(2 * one / free, 2)
@@ -244,7 +285,8 @@ def project(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "with a free core per worker, each of 2 workers serves half the clients on the same stores: its CPU "
             "per call is one worker's with half the clients, measured (setting '1 worker, half load', pinned as "
             "setting 1); ratio = 2 x cpu_per_call(1 worker) / cpu_per_call(1 worker, half the clients); measured "
-            "beside it: 2 x calls/s(1 worker, half the clients) / calls/s(1 worker)")  # fmt: skip
+            "beside it: 2 x calls/s(1 worker, half the clients) / calls/s(1 worker)"
+        )
         out["ratio_half_load"] = round(2 * one / half, 3)
         out["meets_target_half_load"] = 2 * one / half >= TARGET_RATIO
         full_rate, half_rate = rows["w1-pinned"]["calls_per_s"], rows["w1-half"]["calls_per_s"]
@@ -260,11 +302,13 @@ def project(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 def report(result: dict[str, Any]) -> str:
     mode = "stream" if result["stream"] else "non-stream"
-    lines = [f"router serve on PostgreSQL + Redis: 1 worker against 2 ({result['concurrency']} clients, {mode}, "
-             f"{result['seconds']:g} s measured per setting in {result['rounds']} interleaved rounds, git {result['git']})",
-             f"  {'':<20} {'':>8} {'':>7} {'':>7} {'':>4} {'gateway':>8}   CPU us per call (all windows)",
-             f"  {'setting':<20} {'calls/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'err':>4} {'cores':>8}   {'gateway':>7} "
-             f"{'(rounds)':>11} {'postgres':>8} {'redis':>6} {'emulator':>8}  {'load gen CPU':>12}"]  # fmt: skip
+    lines = [
+        f"router serve on PostgreSQL + Redis: 1 worker against 2 ({result['concurrency']} clients, {mode}, "
+        f"{result['seconds']:g} s measured per setting in {result['rounds']} interleaved rounds, git {result['git']})",
+        f"  {'':<20} {'':>8} {'':>7} {'':>7} {'':>4} {'gateway':>8}   CPU us per call (all windows)",
+        f"  {'setting':<20} {'calls/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'err':>4} {'cores':>8}   {'gateway':>7} "
+        f"{'(rounds)':>11} {'postgres':>8} {'redis':>6} {'emulator':>8}  {'load gen CPU':>12}",
+    ]
     for row in result["settings"]:
         if "error" in row:
             lines.append(f"  {row['label']:<20} failed: {row['error']}")
@@ -276,25 +320,36 @@ def report(result: dict[str, Any]) -> str:
 
         spread = [v for v in row["rounds_gateway_cpu_us_per_call"] if v]
         spread_text = f"{min(spread):.0f}-{max(spread):.0f}" if spread else "-"
-        lines.append(f"  {row['label']:<20} {row['calls_per_s']:>8,.0f} {row['p50_ms']:>7.1f} {row['p99_ms']:>7.1f} "
-                     f"{row['errors']:>4} {row['gateway_cores_busy']:>8.2f}   {cell('gateway', 7)} {spread_text:>11} "
-                     f"{cell('postgres', 8)} {cell('redis', 6)} {cell('emulator', 8)}  {row['loadgen_cpu_share']:>12.2f}")  # fmt: skip
+        lines.append(
+            f"  {row['label']:<20} {row['calls_per_s']:>8,.0f} {row['p50_ms']:>7.1f} {row['p99_ms']:>7.1f} "
+            f"{row['errors']:>4} {row['gateway_cores_busy']:>8.2f}   {cell('gateway', 7)} {spread_text:>11} "
+            f"{cell('postgres', 8)} {cell('redis', 6)} {cell('emulator', 8)}  {row['loadgen_cpu_share']:>12.2f}"
+        )
     p = result["projection"]
     if "error" in p:
         lines.append(f"  projection: {p['error']}")
     else:
-        lines.append(f"  projection, a free core per worker: 1 worker {p['one_worker_calls_per_s']:,.0f} calls/s, "
-                     f"2 workers {p['two_workers_calls_per_s']:,.0f} calls/s: {p['ratio']:.3f}x "
-                     f"({'meets' if p['meets_target'] else 'BELOW'} the {p['target_ratio']}x target)"
-                     + (f"; from the unpinned 2 workers' CPU per call: {p['ratio_from_unpinned']:.2f}x"
-                        if "ratio_from_unpinned" in p else ""))  # fmt: skip
+        lines.append(
+            f"  projection, a free core per worker: 1 worker {p['one_worker_calls_per_s']:,.0f} calls/s, "
+            f"2 workers {p['two_workers_calls_per_s']:,.0f} calls/s: {p['ratio']:.3f}x "
+            f"({'meets' if p['meets_target'] else 'BELOW'} the {p['target_ratio']}x target)"
+            + (
+                f"; from the unpinned 2 workers' CPU per call: {p['ratio_from_unpinned']:.2f}x"
+                if "ratio_from_unpinned" in p
+                else ""
+            )
+        )
         if "ratio_half_load" in p:
-            lines.append(f"  projection, each of 2 workers on its own core with half the clients: {p['ratio_half_load']:.3f}x "
-                         f"({'meets' if p['meets_target_half_load'] else 'BELOW'} the {p['target_ratio']}x target); "
-                         f"by calls/s measured: {p['ratio_half_load_calls']:.3f}x")  # fmt: skip
+            lines.append(
+                f"  projection, each of 2 workers on its own core with half the clients: {p['ratio_half_load']:.3f}x "
+                f"({'meets' if p['meets_target_half_load'] else 'BELOW'} the {p['target_ratio']}x target); "
+                f"by calls/s measured: {p['ratio_half_load_calls']:.3f}x"
+            )
         if "stores_us_per_call" in p:
-            lines.append(f"  not in it: PostgreSQL + Redis {p['stores_us_per_call']:,.0f} us per call, "
-                         f"{p['stores_cores_at_projected_rate']:.2f} cores at the projected 2-worker rate")
+            lines.append(
+                f"  not in it: PostgreSQL + Redis {p['stores_us_per_call']:,.0f} us per call, "
+                f"{p['stores_cores_at_projected_rate']:.2f} cores at the projected 2-worker rate"
+            )
         lines.append(f"  method: {p['method']}")
         if "half_load_method" in p:
             lines.append(f"  half-load method: {p['half_load_method']}")
@@ -303,22 +358,45 @@ def report(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run(seconds: float = 20.0, concurrency: int = 32, stream: bool = False, rounds: int = 4) -> dict[str, Any]:
+def run(
+    seconds: float = 20.0, concurrency: int = 32, stream: bool = False, rounds: int = 4
+) -> dict[str, Any]:
     """The three settings, ``seconds`` measured each, in ``rounds`` interleaved rounds."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "workers-load.log").write_text("")
     cpus = os.sched_getaffinity(0)
-    settings = SETTINGS if {0, 1} <= cpus and shutil.which("taskset") else [s for s in SETTINGS if not s.gateway_cpus]
+    settings = (
+        SETTINGS
+        if {0, 1} <= cpus and shutil.which("taskset")
+        else [s for s in SETTINGS if not s.gateway_cpus]
+    )
     stores, unreadable = store_pids()
     result: dict[str, Any] = {
-        "command": shlex.join([os.path.relpath(sys.executable, ROOT), "-m", "bench.workers", "--seconds", f"{seconds:g}",
-                               "--concurrency", str(concurrency), "--rounds", str(rounds),
-                               *(["--stream"] if stream else [])]),
-        "git": git_revision(), "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cpus": sorted(cpus),
-        "loadavg_start": os.getloadavg(), "seconds": seconds, "rounds": rounds, "concurrency": concurrency,
+        "command": shlex.join(
+            [
+                os.path.relpath(sys.executable, ROOT),
+                "-m",
+                "bench.workers",
+                "--seconds",
+                f"{seconds:g}",
+                "--concurrency",
+                str(concurrency),
+                "--rounds",
+                str(rounds),
+                *(["--stream"] if stream else []),
+            ]
+        ),
+        "git": git_revision(),
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "cpus": sorted(cpus),
+        "loadavg_start": os.getloadavg(),
+        "seconds": seconds,
+        "rounds": rounds,
+        "concurrency": concurrency,
         "stream": stream,
-        "stores_unreadable": unreadable, "settings": [],
-    }  # fmt: skip
+        "stores_unreadable": unreadable,
+        "settings": [],
+    }
     if len(settings) < len(SETTINGS):
         unreadable["pinning"] = "needs CPUs 0 and 1 and taskset: only the unpinned setting ran"
     runs: list[Running] = []
@@ -330,13 +408,17 @@ def run(seconds: float = 20.0, concurrency: int = 32, stream: bool = False, roun
                 try:
                     runs.append(start(setting, emulators, Path(tmp)))
                 except StartError as exc:
-                    result["settings"].append({"setting": setting.name, "label": setting.label, "error": str(exc)})
+                    result["settings"].append(
+                        {"setting": setting.name, "label": setting.label, "error": str(exc)}
+                    )
                     say(f"  {setting.label}: could not start: {exc}")
             for n in range(rounds):
-                for run in runs[n % len(runs):] + runs[: n % len(runs)] if runs else []:
+                for run in runs[n % len(runs) :] + runs[: n % len(runs)] if runs else []:
                     figures = measure(run, emulator, stores, per_round, concurrency, stream)
-                    say(f"  round {n + 1}/{rounds}  {run.setting.label:<20} {figures['rps']:>7,.0f} calls/s, gateway "
-                        f"{figures['cpu_us_per_req'].get('gateway', 0):>5,.0f} us CPU per call")  # fmt: skip
+                    say(
+                        f"  round {n + 1}/{rounds}  {run.setting.label:<20} {figures['rps']:>7,.0f} calls/s, gateway "
+                        f"{figures['cpu_us_per_req'].get('gateway', 0):>5,.0f} us CPU per call"
+                    )
         finally:
             stop_all([emulator, *(r.target.proc for r in runs)], timeout=8.0)
             for run in runs:
@@ -348,11 +430,20 @@ def run(seconds: float = 20.0, concurrency: int = 32, stream: bool = False, roun
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.workers", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    parser.add_argument("--seconds", type=float, default=20.0, help="measured per setting, over all its rounds")
-    parser.add_argument("--rounds", type=int, default=4,
-                        help="rounds: in each, every setting once (the order rotating), after a 2 s warm-up")
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.workers",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--seconds", type=float, default=20.0, help="measured per setting, over all its rounds"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=4,
+        help="rounds: in each, every setting once (the order rotating), after a 2 s warm-up",
+    )
     parser.add_argument("--concurrency", type=int, default=32, help="clients of the closed loop")
     parser.add_argument("--stream", action="store_true", help="streamed calls instead of non-stream")
     args = parser.parse_args(argv)

@@ -96,8 +96,15 @@ class Webhook:
 
     def json(self) -> dict[str, Any]:
         """As the API and the audit log show it: without its secret."""
-        return {"id": self.id, "url": self.url, "group": self.group, "balance_below_nano": self.balance_below,
-                "expiry_within": self.expiry_within, "budgets": self.budgets, "created_at": self.created_at}  # fmt: skip
+        return {
+            "id": self.id,
+            "url": self.url,
+            "group": self.group,
+            "balance_below_nano": self.balance_below,
+            "expiry_within": self.expiry_within,
+            "budgets": self.budgets,
+            "created_at": self.created_at,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,15 +131,29 @@ class Delivery:
         return shown if shown is None or shown == DELETED or _HTTP_STATUS.fullmatch(shown) else "failed"
 
     def json(self) -> dict[str, Any]:
-        return {"id": self.id, "event_id": self.event_id, "webhook_id": self.webhook_id, "type": self.event_type,
-                "created_at": self.created_at, "status": self.status, "attempts": self.attempts,
-                "next_at": self.next_at, "last_error": self.error, "last_status": self.last_status,
-                "delivered_at": self.delivered_at, "event": json.loads(self.body)}  # fmt: skip
+        return {
+            "id": self.id,
+            "event_id": self.event_id,
+            "webhook_id": self.webhook_id,
+            "type": self.event_type,
+            "created_at": self.created_at,
+            "status": self.status,
+            "attempts": self.attempts,
+            "next_at": self.next_at,
+            "last_error": self.error,
+            "last_status": self.last_status,
+            "delivered_at": self.delivered_at,
+            "event": json.loads(self.body),
+        }
 
 
-_WEBHOOK = "SELECT id, url, secret, group_name, balance_below, expiry_within, budgets, created_at FROM webhooks"
-_DELIVERY = ("SELECT id, event_id, webhook_id, event_type, body, created_at, status, attempts, next_at, last_error, "
-             "last_status, delivered_at FROM alert_outbox")  # fmt: skip
+_WEBHOOK = (
+    "SELECT id, url, secret, group_name, balance_below, expiry_within, budgets, created_at FROM webhooks"
+)
+_DELIVERY = (
+    "SELECT id, event_id, webhook_id, event_type, body, created_at, status, attempts, next_at, last_error, "
+    "last_status, delivered_at FROM alert_outbox"
+)
 
 
 def _webhook(r: Any) -> Webhook:
@@ -158,8 +179,14 @@ class AlertBook:
                     self._ready = True
 
     # -- webhooks -----------------------------------------------------------------------------------
-    async def add_webhook(self, url: str, group: str | None, balance_below: int | None, expiry_within: float | None,
-                          budgets: bool = True) -> Webhook:  # fmt: skip
+    async def add_webhook(
+        self,
+        url: str,
+        group: str | None,
+        balance_below: int | None,
+        expiry_within: float | None,
+        budgets: bool = True,
+    ) -> Webhook:
         await self.ready()
         secret, now = new_secret(), time.time()
         await self.db.write(
@@ -173,7 +200,9 @@ class AlertBook:
 
     async def webhooks(self) -> list[Webhook]:
         await self.ready()
-        hooks = [_webhook(r) for r in await self.db.select(_WEBHOOK + " WHERE deleted_at IS NULL ORDER BY id")]
+        hooks = [
+            _webhook(r) for r in await self.db.select(_WEBHOOK + " WHERE deleted_at IS NULL ORDER BY id")
+        ]
         self.any_webhooks = bool(hooks)
         return hooks
 
@@ -185,11 +214,19 @@ class AlertBook:
     async def delete_webhook(self, webhook_id: int) -> bool:
         """Stop alerting this webhook; its pending events are not delivered (their rows stay, failed)."""
         await self.ready()
-        changed = await self.db.atomic([
-            ("UPDATE webhooks SET deleted_at = ? WHERE id = ? AND deleted_at IS NULL", (time.time(), webhook_id)),
-            ("UPDATE alert_outbox SET status = 'failed', last_error = 'webhook deleted' "
-             "WHERE webhook_id = ? AND status = 'pending'", (webhook_id,)),
-        ])  # fmt: skip
+        changed = await self.db.atomic(
+            [
+                (
+                    "UPDATE webhooks SET deleted_at = ? WHERE id = ? AND deleted_at IS NULL",
+                    (time.time(), webhook_id),
+                ),
+                (
+                    "UPDATE alert_outbox SET status = 'failed', last_error = 'webhook deleted' "
+                    "WHERE webhook_id = ? AND status = 'pending'",
+                    (webhook_id,),
+                ),
+            ]
+        )
         return changed[0] > 0
 
     # -- events -------------------------------------------------------------------------------------
@@ -198,11 +235,15 @@ class AlertBook:
         await self.ready()
         now = time.time()
         body = json.dumps({"id": event_id, "type": event_type, "created": now, "data": data}, sort_keys=True)
-        changed = await self.db.atomic([(
-            "INSERT INTO alert_outbox (event_id, webhook_id, event_type, body, created_at, next_at) "
-            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (event_id) DO NOTHING",
-            (event_id, webhook_id, event_type, body, now, now),
-        )])  # fmt: skip
+        changed = await self.db.atomic(
+            [
+                (
+                    "INSERT INTO alert_outbox (event_id, webhook_id, event_type, body, created_at, next_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (event_id) DO NOTHING",
+                    (event_id, webhook_id, event_type, body, now, now),
+                )
+            ]
+        )
         return changed[0] > 0
 
     async def episode(self, rule: str, low: bool) -> int:
@@ -216,8 +257,9 @@ class AlertBook:
                 (rule,),
             )
         else:
-            await self.db.write("UPDATE alert_arming SET low = 0, episode = episode + 1 WHERE rule = ? AND low = 1",
-                                (rule,))  # fmt: skip
+            await self.db.write(
+                "UPDATE alert_arming SET low = 0, episode = episode + 1 WHERE rule = ? AND low = 1", (rule,)
+            )
         rows = await self.db.select("SELECT episode FROM alert_arming WHERE rule = ?", (rule,))
         return int(rows[0][0]) if rows else 0
 
@@ -242,13 +284,19 @@ class AlertBook:
         due = free + (f" AND webhook_id NOT IN ({', '.join('?' * len(skip))})" if skip else "")
         if not await self.db.select(f"SELECT id FROM alert_outbox WHERE {due} LIMIT 1", (now, now, *skip)):
             return []  # nothing due: a read, not a write (no write lock taken on SQLite)
-        await self.db.atomic([(
-            f"UPDATE alert_outbox SET lease_owner = ?, lease_until = ? WHERE {free} AND id IN "
-            f"(SELECT id FROM (SELECT id, ROW_NUMBER() OVER (PARTITION BY webhook_id ORDER BY id) AS turn "
-            f"FROM alert_outbox WHERE {due}) AS due ORDER BY turn, id LIMIT ?)",
-            (owner, now + lease, now, now, now, now, *skip, limit),
-        )])  # fmt: skip
-        rows = await self.db.select(_DELIVERY + " WHERE lease_owner = ? AND status = 'pending' ORDER BY id", (owner,))
+        await self.db.atomic(
+            [
+                (
+                    f"UPDATE alert_outbox SET lease_owner = ?, lease_until = ? WHERE {free} AND id IN "
+                    f"(SELECT id FROM (SELECT id, ROW_NUMBER() OVER (PARTITION BY webhook_id ORDER BY id) AS turn "
+                    f"FROM alert_outbox WHERE {due}) AS due ORDER BY turn, id LIMIT ?)",
+                    (owner, now + lease, now, now, now, now, *skip, limit),
+                )
+            ]
+        )
+        rows = await self.db.select(
+            _DELIVERY + " WHERE lease_owner = ? AND status = 'pending' ORDER BY id", (owner,)
+        )
         return [Delivery(*r) for r in rows]
 
     async def delivered(self, delivery: Delivery, owner: str, status: int) -> None:
@@ -258,14 +306,22 @@ class AlertBook:
             (time.time(), status, delivery.id, owner),
         )
 
-    async def failed(self, delivery: Delivery, owner: str, error: str, status: int | None, retry_at: float | None) -> None:
+    async def failed(
+        self, delivery: Delivery, owner: str, error: str, status: int | None, retry_at: float | None
+    ) -> None:
         """A failed attempt: retried at ``retry_at``, or (None) given up."""
         await self.db.write(
             "UPDATE alert_outbox SET status = ?, attempts = attempts + 1, last_error = ?, last_status = ?, "
             "next_at = ?, lease_owner = NULL, lease_until = NULL WHERE id = ? AND lease_owner = ?",
-            ("pending" if retry_at is not None else "failed", error[:500], status,
-             retry_at if retry_at is not None else delivery.next_at, delivery.id, owner),
-        )  # fmt: skip
+            (
+                "pending" if retry_at is not None else "failed",
+                error[:500],
+                status,
+                retry_at if retry_at is not None else delivery.next_at,
+                delivery.id,
+                owner,
+            ),
+        )
 
     async def deliveries(self, webhook_id: int | None = None, limit: int = 100) -> list[Delivery]:
         """Events, newest first (one webhook's if given)."""
@@ -273,5 +329,7 @@ class AlertBook:
         if webhook_id is None:
             rows = await self.db.select(_DELIVERY + " ORDER BY id DESC LIMIT ?", (limit,))
         else:
-            rows = await self.db.select(_DELIVERY + " WHERE webhook_id = ? ORDER BY id DESC LIMIT ?", (webhook_id, limit))
+            rows = await self.db.select(
+                _DELIVERY + " WHERE webhook_id = ? ORDER BY id DESC LIMIT ?", (webhook_id, limit)
+            )
         return [Delivery(*r) for r in rows]

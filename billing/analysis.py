@@ -146,8 +146,9 @@ class Analysis:
             sql += " WHERE " + " AND ".join(clauses)
         _collect(await self.db.select(sql + _group(by), args), len(by), out)
 
-    async def _raw(self, f: Filter, by: tuple[str, ...], lo: int | None, hi: int | None,
-                   out: dict[Key, Totals]) -> None:  # fmt: skip
+    async def _raw(
+        self, f: Filter, by: tuple[str, ...], lo: int | None, hi: int | None, out: dict[Key, Totals]
+    ) -> None:
         """Add the totals of the records of ``f`` with ids in ``[lo, hi)`` to ``out``."""
         first, last = await self.history.id_range(f.since, f.until)
         lo, hi = _tighter(lo, first, max), _tighter(hi, last, min)
@@ -201,11 +202,12 @@ class Analysis:
         seek = f"SELECT id {base} AND id >= p ORDER BY id LIMIT 1"
         if self.sqlite:
             marks = ", ".join("(?)" for _ in pivots)
-            sql = (f"WITH v(p) AS (VALUES {marks}) SELECT u.latency_ms, u.ttft_ms FROM v "
-                   f"JOIN usage u ON u.id = ({seek})")  # fmt: skip
+            sql = (
+                f"WITH v(p) AS (VALUES {marks}) SELECT u.latency_ms, u.ttft_ms FROM v "
+                f"JOIN usage u ON u.id = ({seek})"
+            )
             return await self.db.select(sql, (*pivots, *args))
-        sql = (f"SELECT u.latency_ms, u.ttft_ms FROM unnest(?::int8[]) AS v(p) "
-               f"JOIN usage u ON u.id = ({seek})")  # fmt: skip
+        sql = f"SELECT u.latency_ms, u.ttft_ms FROM unnest(?::int8[]) AS v(p) JOIN usage u ON u.id = ({seek})"
         return await self.db.select(sql, (pivots, *args))
 
     # -- lists ------------------------------------------------------------------------------------
@@ -223,8 +225,13 @@ class Analysis:
             return {}
         rolled = await self.rollup.fresh()
         marks = ", ".join("?" * len(ids))
-        kept = {str(r[0]): (int(r[1]), r[2:]) for r in await self.db.select(
-            f"SELECT batch_id, upto, {', '.join(COUNTS)} FROM usage_batch_totals WHERE batch_id IN ({marks})", ids)}  # fmt: skip
+        kept = {
+            str(r[0]): (int(r[1]), r[2:])
+            for r in await self.db.select(
+                f"SELECT batch_id, upto, {', '.join(COUNTS)} FROM usage_batch_totals WHERE batch_id IN ({marks})",
+                ids,
+            )
+        }
         source = "usage INDEXED BY usage_batch" if self.sqlite else "usage"
         out: dict[str, Totals] = {}
         for batch_id in ids:
@@ -233,13 +240,17 @@ class Analysis:
             if counts:
                 totals.add(counts)
             if upto < rolled:  # the records the watermark passed since: kept from now on
-                (row,) = await self.db.select(f"SELECT {RAW_COUNTS} FROM {source} WHERE batch_id = ? AND id > ? "
-                                              "AND id <= ?", (batch_id, upto, rolled))  # fmt: skip
+                (row,) = await self.db.select(
+                    f"SELECT {RAW_COUNTS} FROM {source} WHERE batch_id = ? AND id > ? AND id <= ?",
+                    (batch_id, upto, rolled),
+                )
                 if row[0]:  # (none: nothing to keep; the empty range is as cheap to read again)
                     totals.add(row)
                     await self.db.write(_KEEP, (batch_id, rolled, *(getattr(totals, c) for c in COUNTS)))
-            (tail,) = await self.db.select(f"SELECT {RAW_COUNTS} FROM {source} WHERE batch_id = ? AND id > ?",
-                                           (batch_id, max(upto, rolled)))  # fmt: skip
+            (tail,) = await self.db.select(
+                f"SELECT {RAW_COUNTS} FROM {source} WHERE batch_id = ? AND id > ?",
+                (batch_id, max(upto, rolled)),
+            )
             if tail[0]:
                 totals.add(tail)
             if totals.calls:
@@ -257,9 +268,11 @@ class Analysis:
 
 
 # a batch's kept totals moved forward; two readers at once: the one that got further wins, either is right
-_KEEP = (f"INSERT INTO usage_batch_totals (batch_id, upto, {', '.join(COUNTS)}) VALUES (?, ?, {', '.join('?' * len(COUNTS))}) "
-         f"ON CONFLICT (batch_id) DO UPDATE SET upto = excluded.upto, "
-         f"{', '.join(f'{c} = excluded.{c}' for c in COUNTS)} WHERE usage_batch_totals.upto < excluded.upto")  # fmt: skip
+_KEEP = (
+    f"INSERT INTO usage_batch_totals (batch_id, upto, {', '.join(COUNTS)}) VALUES (?, ?, {', '.join('?' * len(COUNTS))}) "
+    f"ON CONFLICT (batch_id) DO UPDATE SET upto = excluded.upto, "
+    f"{', '.join(f'{c} = excluded.{c}' for c in COUNTS)} WHERE usage_batch_totals.upto < excluded.upto"
+)
 
 
 def _tighter(a: int | None, b: int | None, pick: Any) -> int | None:

@@ -52,8 +52,15 @@ class AuditEntry:
     after: Any
 
     def json(self) -> dict[str, Any]:
-        return {"id": self.id, "ts": self.ts, "actor": self.actor, "action": self.action, "target": self.target,
-                "before": self.before, "after": self.after}  # fmt: skip
+        return {
+            "id": self.id,
+            "ts": self.ts,
+            "actor": self.actor,
+            "action": self.action,
+            "target": self.target,
+            "before": self.before,
+            "after": self.after,
+        }
 
 
 class Audit:
@@ -76,8 +83,13 @@ class Audit:
             (time.time(), actor, action, target, _encode(before), _encode(after)),
         )
 
-    async def entries(self, limit: int = 100, before: int | None = None, target: str | None = None,
-                      action: str | None = None) -> list[AuditEntry]:  # fmt: skip
+    async def entries(
+        self,
+        limit: int = 100,
+        before: int | None = None,
+        target: str | None = None,
+        action: str | None = None,
+    ) -> list[AuditEntry]:
         """Entries, newest first: older than id ``before``, of one target or action if given."""
         await self.ready()
         where, args = [], []

@@ -153,8 +153,10 @@ def parse_period(text: Any, tz: str = "UTC") -> Period:
         return Period(name, tz, 0)
     match = _ROLLING.match(name)
     if match is None:
-        raise BudgetError(f"cannot parse the budget window {text!r}: use day, week, month (calendar) or a "
-                          "rolling duration such as 30m, 12h, 7d")  # fmt: skip
+        raise BudgetError(
+            f"cannot parse the budget window {text!r}: use day, week, month (calendar) or a "
+            "rolling duration such as 30m, 12h, 7d"
+        )
     seconds = int(match[1]) * _UNIT[match[2]]
     if not MIN_ROLLING <= seconds <= MAX_ROLLING:
         raise BudgetError(f"the rolling budget window {text!r} must be between 1m and 366d")
@@ -240,9 +242,14 @@ class Windows:
         first = budget.period.first(self.now)
         return sum(v for b, v in self.spend.get(budget.id, {}).items() if b >= first)
 
-    def check(self, group_id: int, key_id: int, group_held: int, key_held: int, amount: int) -> Exceeded | None:
+    def check(
+        self, group_id: int, key_id: int, group_held: int, key_held: int, amount: int
+    ) -> Exceeded | None:
         """The first budget of the key, then of the group, that ``amount`` more would exceed."""
-        for budgets, held in ((self.of_key.get(key_id, ()), key_held), (self.of_group.get(group_id, ()), group_held)):
+        for budgets, held in (
+            (self.of_key.get(key_id, ()), key_held),
+            (self.of_group.get(group_id, ()), group_held),
+        ):
             for budget in budgets:
                 used = self.spent(budget) + held
                 if used + amount > budget.amount:
@@ -272,14 +279,20 @@ def iso(ts: float) -> str:
 # -- reading and writing them ------------------------------------------------------------------------
 # The budgets of some groups (theirs and their keys') with the spend of the buckets their windows may
 # count, in one statement: ``?`` marks for SQLite and Database.select, PostgreSQL's own below.
-READ = ("SELECT b.id, b.group_id, b.key_id, b.amount, b.period, b.tz, g.name, s.bucket, s.spent FROM budgets b "
-        "JOIN groups g ON g.id = b.group_id LEFT JOIN budget_spend s ON s.budget_id = b.id AND s.bucket >= ? - b.span "
-        "WHERE b.group_id IN ({marks}) ORDER BY b.id")  # fmt: skip
-READ_PG = ("SELECT b.id, b.group_id, b.key_id, b.amount, b.period, b.tz, g.name, s.bucket, s.spent "
-           "FROM budgets b JOIN groups g ON g.id = b.group_id LEFT JOIN budget_spend s ON s.budget_id = b.id AND s.bucket >= $1::int8 - b.span "
-           "WHERE b.group_id = ANY($2::int8[]) ORDER BY b.id")  # fmt: skip
-ADD_SPEND = ("INSERT INTO budget_spend (budget_id, bucket, spent) VALUES (?, ?, ?) ON CONFLICT (budget_id, bucket) "
-             "DO UPDATE SET spent = budget_spend.spent + excluded.spent")  # fmt: skip
+READ = (
+    "SELECT b.id, b.group_id, b.key_id, b.amount, b.period, b.tz, g.name, s.bucket, s.spent FROM budgets b "
+    "JOIN groups g ON g.id = b.group_id LEFT JOIN budget_spend s ON s.budget_id = b.id AND s.bucket >= ? - b.span "
+    "WHERE b.group_id IN ({marks}) ORDER BY b.id"
+)
+READ_PG = (
+    "SELECT b.id, b.group_id, b.key_id, b.amount, b.period, b.tz, g.name, s.bucket, s.spent "
+    "FROM budgets b JOIN groups g ON g.id = b.group_id LEFT JOIN budget_spend s ON s.budget_id = b.id AND s.bucket >= $1::int8 - b.span "
+    "WHERE b.group_id = ANY($2::int8[]) ORDER BY b.id"
+)
+ADD_SPEND = (
+    "INSERT INTO budget_spend (budget_id, bucket, spent) VALUES (?, ?, ?) ON CONFLICT (budget_id, bucket) "
+    "DO UPDATE SET spent = budget_spend.spent + excluded.spent"
+)
 
 
 def windows_of(rows: Iterable[Sequence[Any]], now: float) -> Windows:
@@ -332,13 +345,22 @@ class BudgetState:
     def as_dict(self) -> dict[str, Any]:
         b = self.budget
         return {
-            "id": b.id, "group": self.group_name, "key_id": b.key_id, "amount": to_credits(b.amount),
-            "window": b.period.name, "calendar": b.period.calendar, "timezone": b.period.tz if b.period.calendar else None,
-            "spent": to_credits(self.spent), "window_start": iso(self.window_start), "resets_at": iso(self.resets_at),
-        }  # fmt: skip
+            "id": b.id,
+            "group": self.group_name,
+            "key_id": b.key_id,
+            "amount": to_credits(b.amount),
+            "window": b.period.name,
+            "calendar": b.period.calendar,
+            "timezone": b.period.tz if b.period.calendar else None,
+            "spent": to_credits(self.spent),
+            "window_start": iso(self.window_start),
+            "resets_at": iso(self.resets_at),
+        }
 
 
-async def add(store: Any, group: str, amount: int, window: str, key_id: int | None = None, tz: str = "UTC") -> Budget:
+async def add(
+    store: Any, group: str, amount: int, window: str, key_id: int | None = None, tz: str = "UTC"
+) -> Budget:
     """A new budget for ``group`` (or one of its keys): ``amount`` nano-credits per ``window``."""
     _positive(amount)
     period = parse_period(window, tz)
@@ -355,8 +377,11 @@ async def add(store: Any, group: str, amount: int, window: str, key_id: int | No
         "INSERT INTO budgets (group_id, key_id, amount, period, tz, span, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
         (found.id, key_id, amount, period.name, stored_tz, period.span, made),
     )
-    rows = await store.database.select(f"SELECT {BUDGET_COLUMNS} FROM budgets WHERE group_id = ? AND created_at = ? "
-                                       "ORDER BY id DESC LIMIT 1", (found.id, made))  # fmt: skip
+    rows = await store.database.select(
+        f"SELECT {BUDGET_COLUMNS} FROM budgets WHERE group_id = ? AND created_at = ? "
+        "ORDER BY id DESC LIMIT 1",
+        (found.id, made),
+    )
     return budget_row((*rows[0], found.name))
 
 
@@ -364,14 +389,20 @@ async def set_amount(store: Any, budget_id: int, amount: int) -> bool:
     """A budget's new amount (its window, and what was spent in it, stay): False if there is no such
     budget. A running gateway reads it at its next refresh of the group, as it reads a new budget."""
     _positive(amount)
-    changed = await store.database.atomic([("UPDATE budgets SET amount = ? WHERE id = ?", (amount, budget_id))])
+    changed = await store.database.atomic(
+        [("UPDATE budgets SET amount = ? WHERE id = ?", (amount, budget_id))]
+    )
     return changed[0] > 0
 
 
 async def remove(store: Any, budget_id: int) -> bool:
-    changed = await store.database.atomic([("DELETE FROM budgets WHERE id = ?", (budget_id,)),
-                                           ("DELETE FROM budget_spend WHERE budget_id = ?", (budget_id,))],
-                                          chained=True)  # fmt: skip
+    changed = await store.database.atomic(
+        [
+            ("DELETE FROM budgets WHERE id = ?", (budget_id,)),
+            ("DELETE FROM budget_spend WHERE budget_id = ?", (budget_id,)),
+        ],
+        chained=True,
+    )
     return changed[0] > 0
 
 
@@ -395,15 +426,23 @@ async def states(store: Any, group: str | None = None, key_id: int | None = None
                 continue
             now = windows.now
             spend = windows.spend.get(b.id, {})
-            out.append(BudgetState(b, names[b.group_id], windows.spent(b), float(b.period.first(now)),
-                                   b.period.resets_at(now, spend.items())))  # fmt: skip
+            out.append(
+                BudgetState(
+                    b,
+                    names[b.group_id],
+                    windows.spent(b),
+                    float(b.period.first(now)),
+                    b.period.resets_at(now, spend.items()),
+                )
+            )
     return sorted(out, key=lambda s: s.budget.id)
 
 
 async def state(store: Any, budget_id: int) -> BudgetState | None:
     """One budget with its current window (None: there is none with that id): its group's read alone."""
-    rows = await store.database.select("SELECT g.name FROM budgets b JOIN groups g ON g.id = b.group_id "
-                                       "WHERE b.id = ?", (budget_id,))  # fmt: skip
+    rows = await store.database.select(
+        "SELECT g.name FROM budgets b JOIN groups g ON g.id = b.group_id WHERE b.id = ?", (budget_id,)
+    )
     if not rows:
         return None
     return next((s for s in await states(store, rows[0][0]) if s.budget.id == budget_id), None)

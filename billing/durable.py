@@ -88,8 +88,15 @@ class Durable:
         if self.journal is not None:
             self.journal.close()
 
-    def rescue(self, reservation: Reservation, record: UsageRecord, began: float, future: asyncio.Future[int],
-               error: BaseException, entry_id: str = "") -> bool:  # fmt: skip
+    def rescue(
+        self,
+        reservation: Reservation,
+        record: UsageRecord,
+        began: float,
+        future: asyncio.Future[int],
+        error: BaseException,
+        entry_id: str = "",
+    ) -> bool:
         """:attr:`billing.store.Store.rescue`: take over a settlement whose first write failed (the
         store calls it; nothing is added to a settlement that succeeds). False: not retried (the store
         refused it for what it is), the future gets the error."""
@@ -105,8 +112,15 @@ class Durable:
         task.add_done_callback(self._tasks.discard)
         return True
 
-    async def _retry(self, outer: asyncio.Future[int], reservation: Reservation, record: UsageRecord, began: float,
-                     last: BaseException, entry_id: str = "") -> None:  # fmt: skip
+    async def _retry(
+        self,
+        outer: asyncio.Future[int],
+        reservation: Reservation,
+        record: UsageRecord,
+        began: float,
+        last: BaseException,
+        entry_id: str = "",
+    ) -> None:
         wait = RETRY_FIRST
         try:
             while time.monotonic() - began < self.give_up and not self._closing:

@@ -12,7 +12,9 @@ from typing import Any
 
 VERSION_TABLE = "end_user_schema_version"
 MIGRATIONS = {
-    "sqlite": ["ALTER TABLE usage ADD COLUMN safety_identifier TEXT; ALTER TABLE usage ADD COLUMN metadata TEXT;"],
+    "sqlite": [
+        "ALTER TABLE usage ADD COLUMN safety_identifier TEXT; ALTER TABLE usage ADD COLUMN metadata TEXT;"
+    ],
     "postgres": ["ALTER TABLE usage ADD COLUMN safety_identifier TEXT, ADD COLUMN metadata TEXT"],
 }
 
@@ -33,8 +35,9 @@ class UserUsage:
     last_ts: float
 
 
-async def per_user(database: Any, group_id: int, since: float, until: float, key_id: int | None = None,
-                   limit: int = 100) -> list[UserUsage]:  # fmt: skip
+async def per_user(
+    database: Any, group_id: int, since: float, until: float, key_id: int | None = None, limit: int = 100
+) -> list[UserUsage]:
     """The end users of a group (or of one of its keys) between ``since`` and ``until``, most credits first."""
     args: list[Any] = [group_id, since, until]
     key = ""
@@ -42,5 +45,7 @@ async def per_user(database: Any, group_id: int, since: float, until: float, key
         key = "AND key_id = ?"
         args.append(key_id)
     rows = await database.select(PER_USER.format(key=key), [*args, limit])
-    return [UserUsage(str(r[0]), int(r[1]), int(r[2] or 0), int(r[3] or 0), int(r[4] or 0), float(r[5] or 0))
-            for r in rows]  # fmt: skip
+    return [
+        UserUsage(str(r[0]), int(r[1]), int(r[2] or 0), int(r[3] or 0), int(r[4] or 0), float(r[5] or 0))
+        for r in rows
+    ]

@@ -76,8 +76,14 @@ class History:
         return await self.db.select(sql, args)
 
     # -- the CLI's and the store's ----------------------------------------------------------------
-    async def usage(self, group: str | None = None, key_id: int | None = None, source: str | None = None,
-                    limit: int = 100, before_id: int | None = None) -> list[UsageRecord]:  # fmt: skip
+    async def usage(
+        self,
+        group: str | None = None,
+        key_id: int | None = None,
+        source: str | None = None,
+        limit: int = 100,
+        before_id: int | None = None,
+    ) -> list[UsageRecord]:
         """Usage records, newest first."""
         where: list[str] = []
         args: list[Any] = []
@@ -96,13 +102,17 @@ class History:
         rows = await self._select(sql + " ORDER BY id DESC LIMIT ?", (*args, limit))
         return [usage_record(r) for r in rows]
 
-    async def usage_by_model(self, key_id: int, since: float = 0.0, until: float | None = None) -> list[ModelUsage]:
+    async def usage_by_model(
+        self, key_id: int, since: float = 0.0, until: float | None = None
+    ) -> list[ModelUsage]:
         rows = await self._select(
             "SELECT model, count(*), sum(prompt_tokens), sum(completion_tokens), sum(credits) FROM usage "
             "WHERE key_id = ? AND ts >= ? AND ts <= ? GROUP BY model",
             (key_id, since, until if until is not None else float("inf")),
         )
-        return sorted((ModelUsage(m, int(n), int(p), int(c), int(k)) for m, n, p, c, k in rows), key=lambda u: u.model)
+        return sorted(
+            (ModelUsage(m, int(n), int(p), int(c), int(k)) for m, n, p, c, k in rows), key=lambda u: u.model
+        )
 
     # -- periods as id ranges -----------------------------------------------------------------------
     async def first_id_at(self, t: float) -> int:
@@ -132,7 +142,9 @@ class History:
     def _where(self, f: Filter, lo: int | None, hi: int | None) -> tuple[str, list[Any]]:
         return where(f, lo, hi, self.sqlite)
 
-    async def history(self, f: Filter, limit: int = 50, before: int | None = None, after: int | None = None) -> Page:
+    async def history(
+        self, f: Filter, limit: int = 50, before: int | None = None, after: int | None = None
+    ) -> Page:
         lo, hi = await self.id_range(f.since, f.until)
         base, args = self._where(f, lo, hi)
         if after is not None:
@@ -217,14 +229,18 @@ class History:
     async def count(self, f: Filter, cap: int) -> int:
         """How many records the filter has, counting no further than ``cap`` (then ``cap + 1``)."""
         base, args = self._where(f, *(await self.id_range(f.since, f.until)))
-        rows = await self._select(f"SELECT count(*) FROM (SELECT 1 {base} LIMIT ?) AS matches", (*args, cap + 1))
+        rows = await self._select(
+            f"SELECT count(*) FROM (SELECT 1 {base} LIMIT ?) AS matches", (*args, cap + 1)
+        )
         return int(rows[0][0])
 
     async def record(self, usage_id: int) -> UsageRecord | None:
         rows = await self._select(f"SELECT {USAGE_SELECT} FROM usage WHERE id = ?", (usage_id,))
         return usage_record(rows[0]) if rows else None
 
-    async def key_models(self, key_id: int, group_id: int, since: float | None, until: float | None) -> list[Totals]:
+    async def key_models(
+        self, key_id: int, group_id: int, since: float | None, until: float | None
+    ) -> list[Totals]:
         """One key's usage per model over a period."""
         return await self.totals(Filter(group_id, key_id=key_id, since=since, until=until), "model")
 

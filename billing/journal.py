@@ -56,8 +56,12 @@ class Entry:
     @staticmethod
     def parse(line: bytes) -> Entry:
         body = json.loads(line)
-        return Entry(body["id"], Reservation(*body["reservation"]), UsageRecord(**body["record"]),
-                     body.get("store", ""))  # fmt: skip
+        return Entry(
+            body["id"],
+            Reservation(*body["reservation"]),
+            UsageRecord(**body["record"]),
+            body.get("store", ""),
+        )
 
 
 class Journal:

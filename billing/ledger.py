@@ -70,13 +70,17 @@ class Ledger:
     usage record. While the store cannot take a reservation, :meth:`reserve` raises
     ``StoreUnavailable`` (503 ``store_unavailable``): nothing is sent upstream unreserved."""
 
-    def __init__(self, store: Store, give_up: float = 5.0, reply_wait: float = 1.0, checkpoint: float = 1.0) -> None:
+    def __init__(
+        self, store: Store, give_up: float = 5.0, reply_wait: float = 1.0, checkpoint: float = 1.0
+    ) -> None:
         self.store = store
         self.durable = Durable(store, give_up)
         # how long a reply waits for its call's settlement to be durable (0: it does not wait); past it
         # (the store slow or down) the reply goes out and the settlement is retried, then journaled
         self.reply_wait = reply_wait
-        self.progress = Progress(store, checkpoint)  # the streams in flight, their usage so far kept every few s
+        self.progress = Progress(
+            store, checkpoint
+        )  # the streams in flight, their usage so far kept every few s
         self.pending: set[asyncio.Future[int]] = set()  # settlements queued and not yet durable
         self.last: asyncio.Future[int] | None = None  # the settlement queued last
         self._watched: dict[str, list[asyncio.Future[int]]] = {}
@@ -165,10 +169,14 @@ class Ledger:
         """Start settling now (nothing can cancel it); the future resolves once it is durable.
         ``linger``: nobody waits for it (a store may then wait a little to batch it with others);
         ``owed``: see :meth:`billing.store.Store.settle_soon`."""
-        return self.store.settle_soon(reservation, record, linger, owed)  # kept until durable: billing/durable.py
+        return self.store.settle_soon(
+            reservation, record, linger, owed
+        )  # kept until durable: billing/durable.py
 
 
-def ledger_for(store: Store, give_up: float = 5.0, reply_wait: float = 1.0, checkpoint: float = 1.0) -> Ledger:
+def ledger_for(
+    store: Store, give_up: float = 5.0, reply_wait: float = 1.0, checkpoint: float = 1.0
+) -> Ledger:
     """The ledger for a store: held in this process's memory if it alone spends from the store
     (SQLite), else in the store itself (PostgreSQL: reservations shared by the replicas). ``give_up``:
     seconds a settlement is retried before it goes to the journal; ``reply_wait``: see :class:`Ledger`;
@@ -196,8 +204,14 @@ class LocalLedger(Ledger):
     the hold. Nothing is ever reserved in the store, so a crash leaves nothing to reconcile: the
     balance is exactly what was charged."""
 
-    def __init__(self, store: Store, refresh: float = 2.0, give_up: float = 5.0, reply_wait: float = 1.0,
-                 checkpoint: float = 1.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        store: Store,
+        refresh: float = 2.0,
+        give_up: float = 5.0,
+        reply_wait: float = 1.0,
+        checkpoint: float = 1.0,
+    ) -> None:
         super().__init__(store, give_up, reply_wait, checkpoint)
         self.refresh = refresh
         self._groups: dict[int, _Holds] = {}
@@ -208,7 +222,9 @@ class LocalLedger(Ledger):
         self._reads: Flights[tuple[_Holds, _Holds]] = Flights()
 
     async def _read(self, group_id: int, key_id: int) -> tuple[_Holds, _Holds]:
-        for _ in range(8):  # read again if a settlement became durable meanwhile (seen by one read, not the other)
+        for _ in range(
+            8
+        ):  # read again if a settlement became durable meanwhile (seen by one read, not the other)
             released = self._released
             balance, room = await self.store.ledger_state(group_id, key_id)
             windows = await budgets.read(self.store.database, [group_id], self.store.clock())
@@ -238,7 +254,9 @@ class LocalLedger(Ledger):
             log.warning("the ledger's balance could not be read: %s", exc)
             raise StoreUnavailable() from None
 
-    def _refusal(self, group: _Holds, key: _Holds, amount: int, group_id: int = 0, key_id: int = 0) -> Refusal | None:
+    def _refusal(
+        self, group: _Holds, key: _Holds, amount: int, group_id: int = 0, key_id: int = 0
+    ) -> Refusal | None:
         windows = self._windows.get(group_id) if self._windows else None
         over = None
         if windows is not None:  # every call's worst case held against every window (billing/budgets.py)
@@ -251,7 +269,12 @@ class LocalLedger(Ledger):
     async def reserve(self, group_id: int, key_id: int, amount: int, hold: Hold | None = None) -> Reservation:
         group, key = self._groups.get(group_id), self._keys.get(key_id)
         now = time.monotonic()
-        if group is None or key is None or now - group.read_at > self.refresh or now - key.read_at > self.refresh:
+        if (
+            group is None
+            or key is None
+            or now - group.read_at > self.refresh
+            or now - key.read_at > self.refresh
+        ):
             group, key = await self._reread(group_id, key_id)
         elif now - group.read_at > self.refresh / 2 or now - key.read_at > self.refresh / 2:
             # read again ahead of time, waited for by nobody: under another group's burst the read
@@ -315,10 +338,19 @@ class Meter:
         re-raise."""
         return _SettlesOnFailure(self)
 
-    async def finish(self, usage: TokenUsage | None, status: str, *, generated: str = "", error: str | None = None,
-                     first_token_at: float | None = None, upstream_id: str | None = None,
-                     prompt_usage: TokenUsage | None = None, estimated: bool = False,
-                     reply: bool = False) -> None:  # fmt: skip
+    async def finish(
+        self,
+        usage: TokenUsage | None,
+        status: str,
+        *,
+        generated: str = "",
+        error: str | None = None,
+        first_token_at: float | None = None,
+        upstream_id: str | None = None,
+        prompt_usage: TokenUsage | None = None,
+        estimated: bool = False,
+        reply: bool = False,
+    ) -> None:
         """``prompt_usage``: the prompt's exact counts, when the upstream gave them before it stopped
         (Anthropic's ``message_start``); an estimate then counts only the output. ``reply``: the
         caller's answer goes out after :meth:`durable` (its settlement is written at once, not
@@ -332,7 +364,9 @@ class Meter:
         record = self.record
         exact = usage is not None and not estimated
         if usage is None and (generated or status == "interrupted"):
-            usage = await asyncio.get_running_loop().run_in_executor(None, self._estimate, generated, prompt_usage)
+            usage = await asyncio.get_running_loop().run_in_executor(
+                None, self._estimate, generated, prompt_usage
+            )
         if usage is None:
             usage = TokenUsage()  # failed before the provider produced anything: costs nothing
         record.prompt_tokens = usage.prompt
@@ -378,8 +412,12 @@ class Meter:
     def _estimate(self, generated: str, prompt: TokenUsage | None) -> TokenUsage:
         completion = tokens.count(generated)
         if prompt is not None:
-            return TokenUsage(prompt=prompt.prompt, cached=prompt.cached, cache_write=prompt.cache_write,
-                              completion=completion)  # fmt: skip
+            return TokenUsage(
+                prompt=prompt.prompt,
+                cached=prompt.cached,
+                cache_write=prompt.cache_write,
+                completion=completion,
+            )
         return TokenUsage(prompt=tokens.count_request(self.prompt), completion=completion)
 
 

@@ -155,11 +155,15 @@ async def released_holds(conn: asyncpg.Connection, entries: Sequence[Entry]) -> 
     """Of these journaled settlements whose reservation is gone, the reservations that were released
     for a stopped process (an ``interrupted`` record, billing/leases.py) rather than settled by an
     earlier try, with what that record charged (its stream's last checkpoint): the rest is still owed."""
-    gone = {e.reservation.id: e.record.request_id for e in entries if e.reservation.id > 0 and e.record.request_id}
+    gone = {
+        e.reservation.id: e.record.request_id for e in entries if e.reservation.id > 0 and e.record.request_id
+    }
     if not gone:
         return {}
-    rows = await conn.fetch("SELECT error, credits FROM usage WHERE request_id = ANY($1::text[]) "
-                            "AND status = 'interrupted'", sorted(set(gone.values())))  # fmt: skip
+    rows = await conn.fetch(
+        "SELECT error, credits FROM usage WHERE request_id = ANY($1::text[]) AND status = 'interrupted'",
+        sorted(set(gone.values())),
+    )
     released = {}
     for rid in gone:
         for error, credits in rows:
@@ -224,13 +228,19 @@ class PostgresStore(Store):
         return principal_row(await self.db.read_row(_PRINCIPAL_BY_HASH, key_hash), key_hash)
 
     # -- ledger ---------------------------------------------------------------------------------
-    async def reserve(self, group_id: int, key_id: int, amount: int, hold: Hold | None = None,
-                      ) -> Reservation | Refusal:  # fmt: skip
+    async def reserve(
+        self,
+        group_id: int,
+        key_id: int,
+        amount: int,
+        hold: Hold | None = None,
+    ) -> Reservation | Refusal:
         result: Reservation | Refusal = await self.commits.submit(ReserveOp(group_id, key_id, amount, hold))
         return result
 
-    def settle_soon(self, reservation: Reservation, record: UsageRecord, linger: bool = False,
-                    owed: bool = False) -> asyncio.Future[int]:  # fmt: skip
+    def settle_soon(
+        self, reservation: Reservation, record: UsageRecord, linger: bool = False, owed: bool = False
+    ) -> asyncio.Future[int]:
         return self.commits.submit(SettleOp(reservation, record), linger)
 
     async def note_progress(self, progress: list[Checkpoint]) -> None:
@@ -245,10 +255,15 @@ class PostgresStore(Store):
         async with self.db.transaction() as conn:
             fresh = {r[0] for r in await conn.fetch(APPLIED, [e.id for e in entries])}
             todo = [e for e in entries if e.id in fresh]
-            plan = await lock(conn, sorted({e.reservation.id for e in todo if e.reservation.id > 0}),
-                              sorted({e.reservation.key_id for e in todo}),
-                              sorted({e.reservation.group_id for e in todo}))  # fmt: skip
-            plan.windows = await read_windows(conn, sorted({e.reservation.group_id for e in todo}), self.clock())
+            plan = await lock(
+                conn,
+                sorted({e.reservation.id for e in todo if e.reservation.id > 0}),
+                sorted({e.reservation.key_id for e in todo}),
+                sorted({e.reservation.group_id for e in todo}),
+            )
+            plan.windows = await read_windows(
+                conn, sorted({e.reservation.group_id for e in todo}), self.clock()
+            )
             released = await released_holds(conn, [e for e in todo if e.reservation.id not in plan.released])
             done = dict.fromkeys((e.id for e in entries), False)
             for entry in todo:
@@ -271,8 +286,9 @@ class PostgresStore(Store):
         row = await self.db.fetchrow(
             "SELECT g.balance, k.spend_cap - k.spent - k.reserved FROM groups g, keys k "
             "WHERE g.id = $1 AND k.id = $2",
-            group_id, key_id,
-        )  # fmt: skip
+            group_id,
+            key_id,
+        )
         if row is None:
             raise StoreError(f"no group {group_id} or key {key_id}")
         return row[0], row[1]
@@ -289,4 +305,3 @@ class PostgresStore(Store):
                     return released
                 last = ids[-1]
                 released += await release(conn, ids, INTERRUPTED)
-

@@ -65,8 +65,14 @@ from billing.store import (
 )
 from core.clock import Clock
 
-_PG = {"int": "int8", "str": "text", "float": "float8", "bool": "bool", "float | None": "float8",
-       "str | None": "text"}  # fmt: skip
+_PG = {
+    "int": "int8",
+    "str": "text",
+    "float": "float8",
+    "bool": "bool",
+    "float | None": "float8",
+    "str | None": "text",
+}
 USAGE_PG = tuple(_PG[USAGE_TYPES[name]] for name in USAGE_COLUMNS)  # the usage columns' types, in order
 NOW = "extract(epoch FROM now())::float8"
 
@@ -247,8 +253,14 @@ $$;
 """
 # The usage records of the settlements charged: ``$3`` is a JSON array of ``[operation index (from
 # 1), usage record]``; the record's credits are the charge, its time (if it has none) ``$4``.
-_SETTLED = ", ".join("b.result[(e.pair->>0)::int]" if c == "credits" else "coalesce(nullif(x.ts, 0), $4)"
-                     if c == "ts" else f"x.{c}" for c in USAGE_COLUMNS)  # fmt: skip
+_SETTLED = ", ".join(
+    "b.result[(e.pair->>0)::int]"
+    if c == "credits"
+    else "coalesce(nullif(x.ts, 0), $4)"
+    if c == "ts"
+    else f"x.{c}"
+    for c in USAGE_COLUMNS
+)
 BATCH = f"""
 WITH b AS MATERIALIZED (
     SELECT * FROM ledger_batch($1::text::jsonb, $2::text)
@@ -275,9 +287,7 @@ TAKE_STALE = (
 )
 INTERRUPTED = "reservation left by a stopped process, released on restart"
 CUT = "reservation whose commit was cut off with the connection (its call was refused or reserved again), released"
-APPLIED = (
-    f"INSERT INTO journal_applied (id, ts) SELECT unnest($1::text[]), {NOW} ON CONFLICT (id) DO NOTHING RETURNING id"
-)
+APPLIED = f"INSERT INTO journal_applied (id, ts) SELECT unnest($1::text[]), {NOW} ON CONFLICT (id) DO NOTHING RETURNING id"
 BUDGET_HINT = 30.0  # seconds a group found with a budget is batched in Python without trying ledger_batch
 RETRIES = 5  # a batch that hits a deadlock (only possible with exotic call patterns) is redone
 RECONCILE_CHUNK = 500
@@ -323,7 +333,9 @@ class LockedBatch:
     now: float = field(default_factory=time.time)
     start: dict[tuple[str, int], tuple[int, int, int]] = field(default_factory=dict)
     reservations: list[tuple[int, int, int]] = field(default_factory=list)
-    holds: list[tuple[str | None, str | None, str | None, str | None, bool | None]] = field(default_factory=list)
+    holds: list[tuple[str | None, str | None, str | None, str | None, bool | None]] = field(
+        default_factory=list
+    )
     usage: list[tuple[Any, ...]] = field(default_factory=list)
     windows: budgets.Windows | None = None  # the budgets of the groups locked, and their spend
 
@@ -350,7 +362,11 @@ class LockedBatch:
             raise StoreError("a reservation cannot be negative")
         key_room = key.cap - key.spent - key.reserved if key.cap is not None else None
         # the key's and group's budgets (billing/budgets.py), their rows locked above
-        over = partial(self.windows.check, group_id, key_id, group.reserved, key.reserved, amount) if self.windows else None
+        over = (
+            partial(self.windows.check, group_id, key_id, group.reserved, key.reserved, amount)
+            if self.windows
+            else None
+        )
         refused = rules.refusal(amount, key_room, over, group.balance)
         if refused is not None:
             return refused
@@ -358,8 +374,11 @@ class LockedBatch:
         group.reserved += amount
         key.reserved += amount
         self.reservations.append((group_id, key_id, amount))
-        self.holds.append((hold.model, hold.provider, hold.request_id, hold.endpoint, hold.stream) if hold
-                          else (None, None, None, None, None))  # fmt: skip
+        self.holds.append(
+            (hold.model, hold.provider, hold.request_id, hold.endpoint, hold.stream)
+            if hold
+            else (None, None, None, None, None)
+        )
         return len(self.reservations) - 1
 
     def settle(self, reservation: Reservation, record: UsageRecord, once: bool = False) -> int | None:
@@ -387,16 +406,27 @@ class LockedBatch:
 
     def args(self, replica: str | None) -> list[Any]:
         """The parameters of ``APPLY``: net changes per group and key, new rows as columns."""
-        groups = [(gid, r.balance - b, r.reserved - res, r.spent - s)
-                  for gid, r in self.groups.items() for b, res, s in [self.start["g", gid]]]  # fmt: skip
-        keys = [(kid, r.reserved - res, r.spent - s)
-                for kid, r in self.keys.items() for _, res, s in [self.start["k", kid]]]  # fmt: skip
+        groups = [
+            (gid, r.balance - b, r.reserved - res, r.spent - s)
+            for gid, r in self.groups.items()
+            for b, res, s in [self.start["g", gid]]
+        ]
+        keys = [
+            (kid, r.reserved - res, r.spent - s)
+            for kid, r in self.keys.items()
+            for _, res, s in [self.start["k", kid]]
+        ]
         groups = [g for g in groups if any(g[1:])]
         keys = [k for k in keys if any(k[1:])]
         return [
-            *columns(groups, 4), *columns(keys, 3), *columns(self.reservations, 3),
-            len(groups), *columns(self.usage, len(USAGE_COLUMNS)), replica, *columns(self.holds, 5),
-        ]  # fmt: skip
+            *columns(groups, 4),
+            *columns(keys, 3),
+            *columns(self.reservations, 3),
+            len(groups),
+            *columns(self.usage, len(USAGE_COLUMNS)),
+            replica,
+            *columns(self.holds, 5),
+        ]
 
 
 def columns(rows: list[tuple[Any, ...]], width: int) -> list[list[Any]]:
@@ -442,8 +472,22 @@ def batch_args(ops: Sequence[Op], replica: str | None) -> tuple[str, str | None,
             if hold is None:
                 rows.append((True, op.group_id, op.key_id, op.amount, 0, 0, False))
             else:
-                rows.append((True, op.group_id, op.key_id, op.amount, 0, 0, False, hold.model, hold.provider,
-                             hold.request_id, hold.endpoint, hold.stream))  # fmt: skip
+                rows.append(
+                    (
+                        True,
+                        op.group_id,
+                        op.key_id,
+                        op.amount,
+                        0,
+                        0,
+                        False,
+                        hold.model,
+                        hold.provider,
+                        hold.request_id,
+                        hold.endpoint,
+                        hold.stream,
+                    )
+                )
         else:
             r = op.reservation
             rows.append((False, r.group_id, r.key_id, r.amount, r.id, op.record.credits, op.once))
@@ -451,8 +495,9 @@ def batch_args(ops: Sequence[Op], replica: str | None) -> tuple[str, str | None,
     return _json.encode(rows).decode(), replica, _json.encode(usage).decode(), time.time()
 
 
-async def run_batch(conn: asyncpg.Connection, ops: Sequence[Op], replica: str | None = None,
-                    now: float | None = None) -> list[Any]:  # fmt: skip
+async def run_batch(
+    conn: asyncpg.Connection, ops: Sequence[Op], replica: str | None = None, now: float | None = None
+) -> list[Any]:
     """One transaction for ``ops``; returns each operation's result. Raises if any fails. ``now``: the
     store's clock, for the budget windows."""
     settled = sorted({op.reservation.id for op in ops if isinstance(op, SettleOp)})
@@ -465,12 +510,20 @@ async def run_batch(conn: asyncpg.Connection, ops: Sequence[Op], replica: str | 
         new_ids = await apply(conn, plan, replica)
         if plan.windows:
             await conn.executemany(ADD_SPEND, plan.windows.rows())
-    return [Reservation(new_ids[r], *plan.reservations[r]) if isinstance(op, ReserveOp) and isinstance(r, int)
-            else r for op, r in zip(ops, results, strict=True)]  # fmt: skip
+    return [
+        Reservation(new_ids[r], *plan.reservations[r])
+        if isinstance(op, ReserveOp) and isinstance(r, int)
+        else r
+        for op, r in zip(ops, results, strict=True)
+    ]
 
 
-async def lock(conn: asyncpg.Connection, settled: list[int], key_ids: list[int], group_ids: list[int],
-               ) -> LockedBatch:  # fmt: skip
+async def lock(
+    conn: asyncpg.Connection,
+    settled: list[int],
+    key_ids: list[int],
+    group_ids: list[int],
+) -> LockedBatch:
     """Take the reservations being settled, lock the keys, then the groups, and read them."""
     plan = LockedBatch(set(), {}, {})
     for kind, rid, a, b, c in await conn.fetch(LOCK, settled, key_ids, group_ids):
@@ -509,8 +562,9 @@ class LedgerCommits:
 
     linger = 0.02  # as the SQLite store's group commit (billing/sqlite.py GroupCommit)
 
-    def __init__(self, db: PostgresPool, limit: int = 1024, owner: Store | None = None,
-                 clock: Clock = time.time) -> None:  # fmt: skip
+    def __init__(
+        self, db: PostgresPool, limit: int = 1024, owner: Store | None = None, clock: Clock = time.time
+    ) -> None:
         self.db = db
         self.owner = owner  # the store whose ``rescue`` is offered the settlements that fail
         self.clock = clock  # the budget windows' (core/clock.py)
@@ -522,7 +576,9 @@ class LedgerCommits:
         self.conn: asyncpg.Connection | None = None  # the batches' own, kept from one batch to the next
         self.pid = 0  # its backend's
         self.batches = 0
-        self.replica: str | None = None  # this process's name on the reservations it makes (billing/leases.py)
+        self.replica: str | None = (
+            None  # this process's name on the reservations it makes (billing/leases.py)
+        )
         # a batch of reservations whose connection was lost may have committed (the COMMIT was on the
         # wire) while its callers were refused: the holds of this replica that no call of it knows
         # are released before the next batch (``live``: the reservations its calls hold)
@@ -564,9 +620,16 @@ class LedgerCommits:
         """Fail these operations, offering each first try of a settlement to ``Store.rescue``."""
         rescue = self.owner.rescue if self.owner is not None else None
         if rescue is not None and not isinstance(exc, asyncio.CancelledError):
-            batch = [(op, future) for op, future in batch
-                     if not (isinstance(op, SettleOp) and not op.once and not future.done()
-                             and rescue(op.reservation, op.record, self.began, future, exc))]  # fmt: skip
+            batch = [
+                (op, future)
+                for op, future in batch
+                if not (
+                    isinstance(op, SettleOp)
+                    and not op.once
+                    and not future.done()
+                    and rescue(op.reservation, op.record, self.began, future, exc)
+                )
+            ]
         fail(batch, exc)
 
     async def _sweep(self, conn: asyncpg.Connection) -> None:
@@ -661,8 +724,9 @@ class LedgerCommits:
         if not down(exc):
             self._fail(batch, exc)
             return
-        self.suspect = self.suspect or (self.replica is not None and
-                                        any(isinstance(op, ReserveOp) for op, _ in batch))  # fmt: skip
+        self.suspect = self.suspect or (
+            self.replica is not None and any(isinstance(op, ReserveOp) for op, _ in batch)
+        )
         try:
             await self._drop()
         finally:
@@ -787,15 +851,36 @@ async def release(conn: asyncpg.Connection, ids: list[int], why: str) -> int:
         # (a text an earlier replica kept, counted on a worker thread)
         cut = [(row[7], row[8] or 0, row[9], row[10] or "") for row in taken if row[7]]
         charges = iter(await asyncio.get_running_loop().run_in_executor(None, _charged, cut) if cut else ())
-        for rid, group_id, key_id, amount, model, provider, request_id, progress, *_, endpoint, stream in taken:
+        for (
+            rid,
+            group_id,
+            key_id,
+            amount,
+            model,
+            provider,
+            request_id,
+            progress,
+            *_,
+            endpoint,
+            stream,
+        ) in taken:
             plan.released.add(rid)
             if progress:  # what the stream had generated at its last checkpoint
                 record = replace(next(charges), error=f"{released_mark(rid)}{why}; {CHARGED}")
             else:
-                record = UsageRecord(key_id=key_id, group_id=group_id, model=model or "", provider=provider or "",
-                                     endpoint=endpoint or "chat", stream=bool(stream),
-                                     status="interrupted", usage_exact=False, request_id=request_id,
-                                     error=f"{released_mark(rid)}{why}", error_code="interrupted")  # fmt: skip
+                record = UsageRecord(
+                    key_id=key_id,
+                    group_id=group_id,
+                    model=model or "",
+                    provider=provider or "",
+                    endpoint=endpoint or "chat",
+                    stream=bool(stream),
+                    status="interrupted",
+                    usage_exact=False,
+                    request_id=request_id,
+                    error=f"{released_mark(rid)}{why}",
+                    error_code="interrupted",
+                )
             plan.settle(Reservation(rid, group_id, key_id, amount), record)
         await apply(conn, plan)
     return len(taken)

@@ -96,12 +96,25 @@ def charged(charge: str | bytes, completion: int, at: float | None, text: str = 
         prompt = kept.prompt_usage
         if prompt is None:
             prompt = TokenUsage(prompt=tokens.count_prompt(kept.prompt) if kept.prompt is not None else 0)
-        usage = TokenUsage(prompt=prompt.prompt, cached=prompt.cached, cache_write=prompt.cache_write,
-                           completion=completion + tokens.count(text))  # fmt: skip
+        usage = TokenUsage(
+            prompt=prompt.prompt,
+            cached=prompt.cached,
+            cache_write=prompt.cache_write,
+            completion=completion + tokens.count(text),
+        )
     record.prompt_tokens, record.completion_tokens = usage.prompt, usage.completion
-    record.cached_tokens, record.cache_write_tokens, record.reasoning_tokens = usage.cached, usage.cache_write, usage.reasoning
+    record.cached_tokens, record.cache_write_tokens, record.reasoning_tokens = (
+        usage.cached,
+        usage.cache_write,
+        usage.reasoning,
+    )
     record.credits = min(cost(kept.prices, usage), kept.cap)
-    record.status, record.usage_exact, record.error, record.error_code = "interrupted", False, CUT, "interrupted"
+    record.status, record.usage_exact, record.error, record.error_code = (
+        "interrupted",
+        False,
+        CUT,
+        "interrupted",
+    )
     record.ts = at if at is not None else time.time()
     record.latency_ms = max(0.0, record.ts - kept.began) * 1000
     return record
@@ -175,7 +188,11 @@ class Progress:
             # the text it added (unless the upstream reported the usage: then that is charged, as it is);
             # its prompt, with its first charge if nothing reported the prompt's counts
             try:
-                prompt = tokens.prompt_texts(f.meter.prompt) if usage != f.usage and usage == (None, None) else None
+                prompt = (
+                    tokens.prompt_texts(f.meter.prompt)
+                    if usage != f.usage and usage == (None, None)
+                    else None
+                )
             except Exception:  # (one stream's that cannot be made holds back no other's)
                 log.exception("stream %s: its checkpoint could not be made", f.meter.reservation.id)
                 continue
@@ -195,7 +212,9 @@ class Progress:
                 log.exception("stream %s: its checkpoint could not be made", meter.reservation.id)
                 continue
             completion = f.tokens + tokens_added
-            rows.append(_new(Checkpoint, (meter.reservation.id, meter.record.request_id, charge, completion, at)))
+            rows.append(
+                _new(Checkpoint, (meter.reservation.id, meter.record.request_id, charge, completion, at))
+            )
             written.append((f, charge, usage, chars, completion))
         if rows:
             await self.store.note_progress(rows)
@@ -216,14 +235,17 @@ def _counted(parts: list[tuple[str, tuple[int, list[str]] | None]]) -> list[tupl
     return [(count(added), prompt_count(prompt) if prompt is not None else None) for added, prompt in parts]
 
 
-def _charge(meter: Meter, reported: tuple[TokenUsage | None, TokenUsage | None], at: float,
-            prompt_tokens: int | None) -> str:  # fmt: skip
+def _charge(
+    meter: Meter, reported: tuple[TokenUsage | None, TokenUsage | None], at: float, prompt_tokens: int | None
+) -> str:
     """The stream's :class:`Charge` as JSON (its prompt's tokens as counted if nothing reported them)."""
     usage, prompt = reported
     if usage is None and prompt is None:
         prompt = TokenUsage(prompt=prompt_tokens or 0)
     began = at - (time.monotonic() - meter.started)
-    kept = Charge(_fields_of(meter.record), began, meter.reservation.amount, meter.model.prices, usage, prompt)
+    kept = Charge(
+        _fields_of(meter.record), began, meter.reservation.amount, meter.model.prices, usage, prompt
+    )
     return _charge_json.encode(kept).decode()
 
 

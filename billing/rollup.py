@@ -42,8 +42,16 @@ LAG = 600.0  # seconds: records stamped more recently than this are left above t
 CHUNK = 20_000  # ids per refresh transaction (SQLite: the store's thread is held that long)
 EVERY = 15.0  # seconds between refreshes started by readers
 WIDE = ("group_id", "key_id", "model", "provider", "deployment", "endpoint", "source")
-COUNTS = ("calls", "errors", "rejected", "credits", "prompt_tokens", "completion_tokens", "cached_tokens",
-          "reasoning_tokens")  # fmt: skip
+COUNTS = (
+    "calls",
+    "errors",
+    "rejected",
+    "credits",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "reasoning_tokens",
+)
 # the counts of a set of usage records, in COUNTS order
 RAW_COUNTS = (
     "count(*), sum(CASE WHEN status IN ('error', 'interrupted') THEN 1 ELSE 0 END), "
@@ -53,8 +61,10 @@ RAW_COUNTS = (
 ROLLED_COUNTS = ", ".join(f"sum({c})" for c in COUNTS)
 # each batch's counts over its records up to ``upto`` (a watermark of the rollups when it was kept):
 # the batches' pages read one row per batch, however many lines it had (billing/analysis.py)
-BATCH_TOTALS = (f"CREATE TABLE usage_batch_totals (batch_id TEXT PRIMARY KEY, upto BIGINT NOT NULL, "
-                f"{', '.join(f'{c} BIGINT NOT NULL' for c in COUNTS)})")  # fmt: skip
+BATCH_TOTALS = (
+    f"CREATE TABLE usage_batch_totals (batch_id TEXT PRIMARY KEY, upto BIGINT NOT NULL, "
+    f"{', '.join(f'{c} BIGINT NOT NULL' for c in COUNTS)})"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,8 +86,10 @@ class Level:
         types = {"group_id": big, "key_id": big}
         columns = ", ".join(f"{d} {types.get(d, 'TEXT')} NOT NULL" for d in self.dims)
         counts = ", ".join(f"{c} {big} NOT NULL" for c in COUNTS)
-        out = [f"CREATE TABLE {self.table} (period {big} NOT NULL, {columns}, {counts}, "
-               f"PRIMARY KEY (period, {', '.join(self.dims)}))"]  # fmt: skip
+        out = [
+            f"CREATE TABLE {self.table} (period {big} NOT NULL, {columns}, {counts}, "
+            f"PRIMARY KEY (period, {', '.join(self.dims)}))"
+        ]
         for n, index in enumerate(self.indexes):
             out.append(f"CREATE INDEX {self.table}_{n} ON {self.table}({', '.join(index)}, period)")
         return ";\n".join(out)
@@ -85,8 +97,11 @@ class Level:
     def roll(self, sqlite: bool) -> str:
         """SQL: add the counts of the records with ids in (?, ?] to this level, under a token (?)."""
         dims = ", ".join(self.dims)
-        period = f"(CAST(ts / {self.width} AS INTEGER) * {self.width})" if sqlite else (
-            f"(floor(ts / {self.width}) * {self.width})::int8")  # fmt: skip
+        period = (
+            f"(CAST(ts / {self.width} AS INTEGER) * {self.width})"
+            if sqlite
+            else (f"(floor(ts / {self.width}) * {self.width})::int8")
+        )
         updates = ", ".join(f"{c} = {self.table}.{c} + excluded.{c}" for c in COUNTS)
         return (
             f"INSERT INTO {self.table} (period, {dims}, {', '.join(COUNTS)}) "
@@ -113,18 +128,22 @@ def hour_of(sqlite: bool) -> str:
 def rebuild(sqlite: bool) -> str:
     """A migration that drops the rollups and makes them anew, empty, with the watermark at 0: they
     are derived from the usage table, so a change of their shape costs one refresh from the start."""
-    drops = [f"DROP TABLE IF EXISTS {level.table}" for level in LEVELS] + ["DROP TABLE IF EXISTS usage_rollup"]
+    drops = [f"DROP TABLE IF EXISTS {level.table}" for level in LEVELS] + [
+        "DROP TABLE IF EXISTS usage_rollup"
+    ]
     return ";\n".join([*drops, migration(sqlite)])
 
 
 def migration(sqlite: bool) -> str:
     """The script that creates the rollups' tables (billing's migrations, both stores)."""
     big = "INTEGER" if sqlite else "BIGINT"
-    return ";\n".join([
-        *(level.script(sqlite) for level in LEVELS),
-        f"CREATE TABLE usage_rollup (id INTEGER PRIMARY KEY, rolled {big} NOT NULL, token TEXT NOT NULL)",
-        "INSERT INTO usage_rollup (id, rolled, token) VALUES (1, 0, '')",
-    ])  # fmt: skip
+    return ";\n".join(
+        [
+            *(level.script(sqlite) for level in LEVELS),
+            f"CREATE TABLE usage_rollup (id INTEGER PRIMARY KEY, rolled {big} NOT NULL, token TEXT NOT NULL)",
+            "INSERT INTO usage_rollup (id, rolled, token) VALUES (1, 0, '')",
+        ]
+    )
 
 
 class Rollup:
@@ -158,9 +177,12 @@ class Rollup:
                 upto = min(rolled + CHUNK, target)
                 token = secrets.token_hex(8)
                 steps: list[tuple[str, Sequence[Any]]] = [
-                    ("UPDATE usage_rollup SET rolled = ?, token = ? WHERE id = 1 AND rolled = ?", (upto, token, rolled)),
+                    (
+                        "UPDATE usage_rollup SET rolled = ?, token = ? WHERE id = 1 AND rolled = ?",
+                        (upto, token, rolled),
+                    ),
                     *((roll, (rolled, upto, token)) for roll in self._rolls),
-                ]  # fmt: skip
+                ]
                 await self.db.atomic(steps)
                 rolled = await self.rolled()  # (another process may have moved it further)
                 await asyncio.sleep(0)

@@ -19,8 +19,9 @@ from billing.budgets import Exceeded
 from billing.store import Refusal
 
 
-def refusal(amount: int, key_room: int | None, over: Callable[[], Exceeded | None] | None,
-            group_room: int) -> Refusal | None:  # fmt: skip
+def refusal(
+    amount: int, key_room: int | None, over: Callable[[], Exceeded | None] | None, group_room: int
+) -> Refusal | None:
     """The refusal of a reservation of ``amount`` nano-credits, or None: ``key_room`` is what the key's
     cap leaves (None: no cap), ``over`` finds the budget it would exceed (read only when the cap
     allows it), ``group_room`` what the group's balance leaves; each net of the calls in flight."""
@@ -28,8 +29,13 @@ def refusal(amount: int, key_room: int | None, over: Callable[[], Exceeded | Non
         return Refusal("key_cap", max(key_room, 0), amount)
     exceeded = over() if over is not None else None
     if exceeded is not None:
-        return Refusal("budget", max(exceeded.budget.amount - exceeded.used, 0), amount, exceeded.budget.describe(),
-                       exceeded.resets_at)  # fmt: skip
+        return Refusal(
+            "budget",
+            max(exceeded.budget.amount - exceeded.used, 0),
+            amount,
+            exceeded.budget.describe(),
+            exceeded.resets_at,
+        )
     if group_room < amount:
         return Refusal("balance", max(group_room, 0), amount)
     return None

@@ -157,7 +157,9 @@ def _insert_sql(rows: int, lean: bool) -> str:
     return f"INSERT INTO usage ({', '.join(columns)}) VALUES {', '.join([marks] * rows)}"
 
 
-def _usage_insert(records: Sequence[UsageRecord], charges: Sequence[int], stamp: float) -> tuple[str, list[Any]]:
+def _usage_insert(
+    records: Sequence[UsageRecord], charges: Sequence[int], stamp: float
+) -> tuple[str, list[Any]]:
     """The statement and parameters that insert ``records``, charged ``charges``, into ``usage``,
     stamped ``stamp`` if they have no time yet: the values :func:`billing.store.usage_values` gives,
     bools as 0 / 1, and the :data:`_RARE` columns left out if every record has them None."""
@@ -267,9 +269,14 @@ class GroupCommit:
                     if not future.done():
                         if ok:
                             future.set_result(value)
-                        elif not (rescue is not None and isinstance(op, Settle) and not op.again
-                                  and rescue(op.reservation, op.record, began, future, value,
-                                             self.store.owed_retry(op))):  # fmt: skip
+                        elif not (
+                            rescue is not None
+                            and isinstance(op, Settle)
+                            and not op.again
+                            and rescue(
+                                op.reservation, op.record, began, future, value, self.store.owed_retry(op)
+                            )
+                        ):
                             future.set_exception(value)
         finally:
             self.draining = False
@@ -300,13 +307,23 @@ class Settle:
 
     __slots__ = ("reservation", "record", "again", "now", "noted", "epoch", "owed")
 
-    def __init__(self, reservation: Reservation, record: UsageRecord, now: float, again: bool = False,
-                 noted: bool = False, epoch: str = "", owed: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        reservation: Reservation,
+        record: UsageRecord,
+        now: float,
+        again: bool = False,
+        noted: bool = False,
+        epoch: str = "",
+        owed: int = 0,
+    ) -> None:
         self.reservation = reservation
         self.record = record
         self.again = again  # a retry (Store.settle_again): never offered to Store.rescue
         self.now = now  # the store's clock when it was queued: the budget buckets it falls in
-        self.noted = noted  # its stream's progress was kept (SQLiteStore.note_progress): that row goes with it
+        self.noted = (
+            noted  # its stream's progress was kept (SQLiteStore.note_progress): that row goes with it
+        )
         self.epoch, self.owed = epoch, owed  # its line in the owed log (billing/owed.py), if it has one
 
     def __call__(self, db: sqlite3.Connection) -> int:
@@ -325,12 +342,15 @@ def _forget_progress(db: sqlite3.Connection, settles: Sequence[Settle]) -> None:
 def _balances_sql(groups: int) -> str:
     """The balances of ``groups`` groups, and whether each has a budget (its own or a key's): in the
     settlement's own transaction, so a budget another process just added is seen."""
-    return ("SELECT id, balance, EXISTS (SELECT 1 FROM budgets WHERE budgets.group_id = groups.id) FROM groups "
-            f"WHERE id IN ({', '.join('?' * groups)})")
+    return (
+        "SELECT id, balance, EXISTS (SELECT 1 FROM budgets WHERE budgets.group_id = groups.id) FROM groups "
+        f"WHERE id IN ({', '.join('?' * groups)})"
+    )
 
 
-def settle_rows(db: sqlite3.Connection, settles: list[tuple[Reservation, UsageRecord]],
-                now: float | None = None) -> list[int]:  # fmt: skip
+def settle_rows(
+    db: sqlite3.Connection, settles: list[tuple[Reservation, UsageRecord]], now: float | None = None
+) -> list[int]:
     """Charge each call, in order, what its record says, capped by what its group has left (its
     stored reservation, if any, released first), and add it to the current bucket (at ``now``, the
     store's clock) of its key's and group's budgets (billing/budgets.py); write the usage records;
@@ -365,7 +385,9 @@ def settle_rows(db: sqlite3.Connection, settles: list[tuple[Reservation, UsageRe
     stamp = time.time()
     records = [record for _, record in settles]
     for at in range(0, len(records), _ROWS_PER_INSERT):
-        db.execute(*_usage_insert(records[at : at + _ROWS_PER_INSERT], charges[at : at + _ROWS_PER_INSERT], stamp))
+        db.execute(
+            *_usage_insert(records[at : at + _ROWS_PER_INSERT], charges[at : at + _ROWS_PER_INSERT], stamp)
+        )
     for g, (h, c) in groups.items():
         if h or c:
             db.execute(
@@ -397,14 +419,18 @@ def replay_rows(db: sqlite3.Connection, entries: Sequence[Entry]) -> dict[str, b
     now = time.time()
     with transaction(db):
         for entry in entries:
-            if not db.execute("INSERT OR IGNORE INTO journal_applied (id, ts) VALUES (?, ?)", (entry.id, now)).rowcount:
+            if not db.execute(
+                "INSERT OR IGNORE INTO journal_applied (id, ts) VALUES (?, ?)", (entry.id, now)
+            ).rowcount:
                 done[entry.id] = False  # applied by an earlier replay
                 continue
             try:
                 with savepoint(db, "entry"):
                     if entry.reservation.id < 0:  # (a stream's progress kept, then its settlement journaled)
-                        db.execute("DELETE FROM in_progress WHERE reservation = ? AND request_id IS ?",
-                                   (entry.reservation.id, entry.record.request_id))  # fmt: skip
+                        db.execute(
+                            "DELETE FROM in_progress WHERE reservation = ? AND request_id IS ?",
+                            (entry.reservation.id, entry.record.request_id),
+                        )
                     settle_rows(db, [(entry.reservation, entry.record)])
                 done[entry.id] = True
             except Exception as exc:
@@ -415,8 +441,9 @@ def replay_rows(db: sqlite3.Connection, entries: Sequence[Entry]) -> dict[str, b
     return done
 
 
-def _owed_applied(db: sqlite3.Connection, ops: list[Callable[[sqlite3.Connection], Any]],
-                  results: list[tuple[bool, Any]]) -> None:  # fmt: skip
+def _owed_applied(
+    db: sqlite3.Connection, ops: list[Callable[[sqlite3.Connection], Any]], results: list[tuple[bool, Any]]
+) -> None:
     """In a group commit's transaction: the owed log's lines it applied, as ranges of their seqs (one row
     per epoch grows while the ranges follow each other: one statement per commit)."""
     ranges: list[list[Any]] = []
@@ -427,17 +454,24 @@ def _owed_applied(db: sqlite3.Connection, ops: list[Callable[[sqlite3.Connection
             else:
                 ranges.append([op.epoch, op.owed, op.owed])
     for epoch, lo, hi in ranges:
-        if not db.execute("UPDATE owed_applied SET hi = ? WHERE epoch = ? AND hi = ?", (hi, epoch, lo - 1)).rowcount:
+        if not db.execute(
+            "UPDATE owed_applied SET hi = ? WHERE epoch = ? AND hi = ?", (hi, epoch, lo - 1)
+        ).rowcount:
             db.execute("INSERT INTO owed_applied (epoch, lo, hi) VALUES (?, ?, ?)", (epoch, lo, hi))
 
 
 def _note_progress(db: sqlite3.Connection, rows: list[Checkpoint]) -> None:
-    charged = [(row.reservation, row.request_id, row.charge, row.completion, row.at) for row in rows
-               if row.charge is not None]  # fmt: skip
+    charged = [
+        (row.reservation, row.request_id, row.charge, row.completion, row.at)
+        for row in rows
+        if row.charge is not None
+    ]
     if charged:
         db.executemany(NOTE_CHARGE, charged)
     if len(charged) < len(rows):
-        db.executemany(NOTE_COUNT, [(row.completion, row.at, row.reservation) for row in rows if row.charge is None])
+        db.executemany(
+            NOTE_COUNT, [(row.completion, row.at, row.reservation) for row in rows if row.charge is None]
+        )
 
 
 # a stream's checkpoint, a row of its own: with its charge when that changed (or was never written),
@@ -451,7 +485,8 @@ def _text_of(db: sqlite3.Connection, reservation: int) -> tuple[str, float | Non
     each character once, and when its last checkpoint was."""
     parts, end, last = [], 0, None
     for start, text, at in db.execute(
-        "SELECT start, text, at FROM in_progress_text WHERE reservation = ? ORDER BY start, rowid", (reservation,)
+        "SELECT start, text, at FROM in_progress_text WHERE reservation = ? ORDER BY start, rowid",
+        (reservation,),
     ):
         if start + len(text) > end:
             parts.append(text[max(0, end - start) :])
@@ -460,8 +495,9 @@ def _text_of(db: sqlite3.Connection, reservation: int) -> tuple[str, float | Non
     return "".join(parts), last
 
 
-def _cut_stream(db: sqlite3.Connection, reservation: int, charge: str, completion: int | None,
-                at: float | None) -> UsageRecord:  # fmt: skip
+def _cut_stream(
+    db: sqlite3.Connection, reservation: int, charge: str, completion: int | None, at: float | None
+) -> UsageRecord:
     """The record of a stream a stopped process left in progress (its text, if that process kept one)."""
     if completion is None:
         text, at = _text_of(db, reservation)
@@ -580,7 +616,9 @@ class SQLiteStore(Store):
     # -- groups ---------------------------------------------------------------------------------
     async def principal(self, key_hash: str) -> Principal | None:
         return await self.run(
-            lambda db: principal_row(db.execute(_PRINCIPAL_BY_HASH, (key_hash, key_hash)).fetchone(), key_hash)
+            lambda db: principal_row(
+                db.execute(_PRINCIPAL_BY_HASH, (key_hash, key_hash)).fetchone(), key_hash
+            )
         )
 
     # -- ledger ---------------------------------------------------------------------------------
@@ -651,8 +689,9 @@ class SQLiteStore(Store):
             return self.commits.submit(Settle(reservation, record, self.clock(), noted=noted), linger)
         seq = book.write(reservation, record)  # survives the process from here: the reply may go out
         self._owed_pending += 1
-        settling = self.commits.submit(Settle(reservation, record, self.clock(), noted=noted, epoch=book.epoch,
-                                              owed=seq), linger)  # fmt: skip
+        settling = self.commits.submit(
+            Settle(reservation, record, self.clock(), noted=noted, epoch=book.epoch, owed=seq), linger
+        )
         settling.add_done_callback(partial(self._owed_done, reservation.id))
         return settling
 
@@ -674,8 +713,11 @@ class SQLiteStore(Store):
     def settle_again(self, reservation: Reservation, record: UsageRecord) -> asyncio.Future[int]:
         first = self._owed_retried.get(reservation.id)  # (kept for each retry until the settlement is done)
         epoch, seq = (first.epoch, first.owed) if first is not None else ("", 0)
-        return self.commits.submit(Settle(reservation, record, self.clock(), again=True, noted=reservation.id < 0,
-                                          epoch=epoch, owed=seq))  # fmt: skip
+        return self.commits.submit(
+            Settle(
+                reservation, record, self.clock(), again=True, noted=reservation.id < 0, epoch=epoch, owed=seq
+            )
+        )
 
     def note_progress(self, progress: list[Checkpoint]) -> asyncio.Future[None]:
         """In the group commit, before the settlements queued after it (which remove the rows)."""
@@ -693,7 +735,9 @@ class SQLiteStore(Store):
                 owed = await self._settle_owed(epoch, lines)
             self.owed.begin()  # (after the lines are settled: a crash before leaves them to the next start)
             self._owed_left = ("", [])
-            await self.run(lambda db: db.execute("DELETE FROM owed_applied WHERE epoch <> ?", (self.owed_epoch,)))
+            await self.run(
+                lambda db: db.execute("DELETE FROM owed_applied WHERE epoch <> ?", (self.owed_epoch,))
+            )
         return owed + await self._charge_cut_streams()
 
     @property
@@ -705,8 +749,11 @@ class SQLiteStore(Store):
             return db.execute("SELECT lo, hi FROM owed_applied WHERE epoch = ?", (epoch,)).fetchall()
 
         ranges = await self.run(applied)
-        todo = [Entry(entry_id(epoch, seq), r, record) for seq, r, record in lines
-                if not any(lo <= seq <= hi for lo, hi in ranges)]  # fmt: skip
+        todo = [
+            Entry(entry_id(epoch, seq), r, record)
+            for seq, r, record in lines
+            if not any(lo <= seq <= hi for lo, hi in ranges)
+        ]
         if not todo:
             return 0
         done = sum((await self.replay(todo)).values())
@@ -717,17 +764,28 @@ class SQLiteStore(Store):
 
         def fn(db: sqlite3.Connection) -> list[int]:
             with transaction(db):
-                records = [_cut_stream(db, *row) for row in db.execute(
-                    "SELECT reservation, record, completion, at FROM in_progress ORDER BY reservation").fetchall()]
-                charges = settle_rows(db, [(Reservation(0, r.group_id, r.key_id, 0), r) for r in records]) if records else []
+                records = [
+                    _cut_stream(db, *row)
+                    for row in db.execute(
+                        "SELECT reservation, record, completion, at FROM in_progress ORDER BY reservation"
+                    ).fetchall()
+                ]
+                charges = (
+                    settle_rows(db, [(Reservation(0, r.group_id, r.key_id, 0), r) for r in records])
+                    if records
+                    else []
+                )
                 db.execute("DELETE FROM in_progress")
                 db.execute("DELETE FROM in_progress_text")
             return charges
 
         charges = await self.run(fn)
         if charges:
-            log.warning("charged %d streams cut by a stop for what they had generated: %s credits",
-                        len(charges), sum(charges) / NANO)  # fmt: skip
+            log.warning(
+                "charged %d streams cut by a stop for what they had generated: %s credits",
+                len(charges),
+                sum(charges) / NANO,
+            )
         return len(charges)
 
     async def replay(self, entries: Sequence[Entry]) -> dict[str, bool]:
@@ -741,8 +799,15 @@ class SQLiteStore(Store):
             ).fetchall()
             with transaction(db):
                 for rid, group_id, key_id, amount in rows:
-                    record = UsageRecord(key_id=key_id, group_id=group_id, model="", provider="", status="interrupted",
-                                         usage_exact=False, error="reservation left by a stopped process, released on restart")  # fmt: skip
+                    record = UsageRecord(
+                        key_id=key_id,
+                        group_id=group_id,
+                        model="",
+                        provider="",
+                        status="interrupted",
+                        usage_exact=False,
+                        error="reservation left by a stopped process, released on restart",
+                    )
                     self._settle(db, Reservation(rid, group_id, key_id, amount), record)
             return len(rows)
 

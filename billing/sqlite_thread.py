@@ -101,7 +101,9 @@ class SQLiteThread:
     def _connect(self) -> None:
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000)
+        db = sqlite3.connect(
+            self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000
+        )
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")
         db.execute("PRAGMA foreign_keys=ON")
@@ -170,7 +172,9 @@ def _atomic(db: sqlite3.Connection, steps: Sequence[tuple[str, Sequence[Any]]], 
     counts: list[int] = []
     with transaction(db):
         for sql, args in steps:
-            counts.append(0 if chained and counts and not counts[-1] else db.execute(sql, tuple(args)).rowcount)
+            counts.append(
+                0 if chained and counts and not counts[-1] else db.execute(sql, tuple(args)).rowcount
+            )
     return counts
 
 

@@ -120,11 +120,22 @@ def group_row(row: Sequence[Any]) -> Group:
 def key_row(row: Sequence[Any]) -> KeyInfo:
     allowed = tuple(json.loads(row[9])) if row[9] else None
     return KeyInfo(
-        id=row[0], group_id=row[1], group_name=row[2], name=row[3], hint=row[4], created_at=row[5],
-        revoked_at=row[6], spend_cap=row[7], spent=row[8], allowed_models=allowed, expires_at=row[10],
-        tags=tuple(json.loads(row[11])) if row[11] else (), owner=row[12] or "", last_used_at=row[13],
+        id=row[0],
+        group_id=row[1],
+        group_name=row[2],
+        name=row[3],
+        hint=row[4],
+        created_at=row[5],
+        revoked_at=row[6],
+        spend_cap=row[7],
+        spent=row[8],
+        allowed_models=allowed,
+        expires_at=row[10],
+        tags=tuple(json.loads(row[11])) if row[11] else (),
+        owner=row[12] or "",
+        last_used_at=row[13],
         rotated_until=row[14],
-    )  # fmt: skip
+    )
 
 
 def meta_values(meta: KeyMeta | None) -> tuple[float | None, str | None, str]:
@@ -324,8 +335,15 @@ class Rescue(Protocol):
     (``began``: ``time.monotonic()`` when the store first tried it; ``entry_id``: the id its journal
     entry must have, if it has one already: billing/owed.py)."""
 
-    def __call__(self, reservation: Reservation, record: UsageRecord, began: float, future: asyncio.Future[int],
-                 error: BaseException, entry_id: str = "") -> bool: ...  # fmt: skip
+    def __call__(
+        self,
+        reservation: Reservation,
+        record: UsageRecord,
+        began: float,
+        future: asyncio.Future[int],
+        error: BaseException,
+        entry_id: str = "",
+    ) -> bool: ...
 
 
 class Store(ABC):
@@ -385,7 +403,10 @@ class Store(ABC):
 
     async def list_groups(self) -> list[Group]:
         binary = ' COLLATE "C"' if self.database.dialect == "postgresql" else ""  # (byte order, as SQLite's)
-        return [group_row(r) for r in await self.database.select(f"SELECT {GROUP_COLS} FROM groups ORDER BY name{binary}")]
+        return [
+            group_row(r)
+            for r in await self.database.select(f"SELECT {GROUP_COLS} FROM groups ORDER BY name{binary}")
+        ]
 
     async def topup(self, name: str, amount: int) -> Group:
         if amount <= 0:
@@ -397,8 +418,16 @@ class Store(ABC):
             raise StoreError(f"no group named {name!r}")
         return group_row(rows[0])
 
-    async def create_key(self, group: str, name: str, key_hash: str, hint: str, spend_cap: int | None = None,
-                         allowed_models: list[str] | None = None, meta: KeyMeta | None = None) -> KeyInfo:  # fmt: skip
+    async def create_key(
+        self,
+        group: str,
+        name: str,
+        key_hash: str,
+        hint: str,
+        spend_cap: int | None = None,
+        allowed_models: list[str] | None = None,
+        meta: KeyMeta | None = None,
+    ) -> KeyInfo:
         found = await self.database.select("SELECT id FROM groups WHERE name = ?", (group,))
         if not found:
             raise StoreError(f"no group named {group!r}")
@@ -406,9 +435,17 @@ class Store(ABC):
             rows = await self.database.select(
                 "INSERT INTO keys (group_id, name, key_hash, hint, created_at, spend_cap, allowed_models, expires_at, "
                 "tags, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
-                (found[0][0], name, key_hash, hint, time.time(), spend_cap,
-                 json.dumps(allowed_models) if allowed_models else None, *meta_values(meta)),
-            )  # fmt: skip
+                (
+                    found[0][0],
+                    name,
+                    key_hash,
+                    hint,
+                    time.time(),
+                    spend_cap,
+                    json.dumps(allowed_models) if allowed_models else None,
+                    *meta_values(meta),
+                ),
+            )
         except StoreConstraint:  # (groups are never deleted: the hash is what is taken)
             raise StoreError("a key with this hash already exists") from None
         return await self._changed_key(rows[0][0], 1)
@@ -419,14 +456,21 @@ class Store(ABC):
         )
         return changed[0] > 0
 
-    async def update_key(self, key_id: int, spend_cap: int | None, allowed_models: list[str] | None) -> KeyInfo:
+    async def update_key(
+        self, key_id: int, spend_cap: int | None, allowed_models: list[str] | None
+    ) -> KeyInfo:
         """Set a key's spend cap (nano-credits, None = no cap) and model allow-list (None = every model);
         raises StoreError if there is no such key."""
         if spend_cap is not None and spend_cap < 0:
             raise StoreError("a spend cap cannot be negative")
-        changed = await self.database.atomic([("UPDATE keys SET spend_cap = ?, allowed_models = ? WHERE id = ?",
-                                               (spend_cap, json.dumps(allowed_models) if allowed_models else None,
-                                                key_id))])  # fmt: skip
+        changed = await self.database.atomic(
+            [
+                (
+                    "UPDATE keys SET spend_cap = ?, allowed_models = ? WHERE id = ?",
+                    (spend_cap, json.dumps(allowed_models) if allowed_models else None, key_id),
+                )
+            ]
+        )
         return await self._changed_key(key_id, changed[0])
 
     async def get_key(self, key_id: int) -> KeyInfo | None:
@@ -448,18 +492,28 @@ class Store(ABC):
     # key lifecycle: dialect-neutral statements on the store's database handle
     async def set_key_meta(self, key_id: int, meta: KeyMeta) -> KeyInfo:
         """Set a key's expiry, tags and owner; raises StoreError if there is no such key."""
-        changed = await self.database.atomic([("UPDATE keys SET expires_at = ?, tags = ?, owner = ? WHERE id = ?",
-                                               (*meta_values(meta), key_id))])  # fmt: skip
+        changed = await self.database.atomic(
+            [
+                (
+                    "UPDATE keys SET expires_at = ?, tags = ?, owner = ? WHERE id = ?",
+                    (*meta_values(meta), key_id),
+                )
+            ]
+        )
         return await self._changed_key(key_id, changed[0])
 
     async def rotate_key(self, key_id: int, key_hash: str, hint: str, grace: float) -> KeyInfo:
         """Give a live key a new secret (``key_hash``, ``hint``); the secret it had keeps working for
         ``grace`` seconds (0: stops at once). A second rotation ends the first one's grace."""
-        changed = await self.database.atomic([(
-            "UPDATE keys SET prev_hash = key_hash, prev_until = ?, key_hash = ?, hint = ? "
-            "WHERE id = ? AND revoked_at IS NULL",
-            (time.time() + grace, key_hash, hint, key_id),
-        )])  # fmt: skip
+        changed = await self.database.atomic(
+            [
+                (
+                    "UPDATE keys SET prev_hash = key_hash, prev_until = ?, key_hash = ?, hint = ? "
+                    "WHERE id = ? AND revoked_at IS NULL",
+                    (time.time() + grace, key_hash, hint, key_id),
+                )
+            ]
+        )
         return await self._changed_key(key_id, changed[0], "no live key")
 
     async def touch_keys(self, used: dict[int, float]) -> None:
@@ -477,14 +531,21 @@ class Store(ABC):
         return info
 
     # ledger
-    async def reserve(self, group_id: int, key_id: int, amount: int, hold: Hold | None = None,
-                      ) -> Reservation | Refusal:  # fmt: skip
+    async def reserve(
+        self,
+        group_id: int,
+        key_id: int,
+        amount: int,
+        hold: Hold | None = None,
+    ) -> Reservation | Refusal:
         """Atomically move ``amount`` from the group's balance to reserved, if the balance (and the
         key's spend cap) allow it; never lets a balance go below zero, whatever runs concurrently.
         ``hold``: the call's model and request id, kept with a stored reservation. Only a store shared
         by replicas has stored reservations (not ``exclusive``): an exclusive store's are held in the
         gateway's memory (:class:`billing.ledger.LocalLedger`)."""
-        raise NotImplementedError(f"{type(self).__name__} keeps no reservations: billing.ledger.LocalLedger holds them")
+        raise NotImplementedError(
+            f"{type(self).__name__} keeps no reservations: billing.ledger.LocalLedger holds them"
+        )
 
     @abstractmethod
     async def ledger_state(self, group_id: int, key_id: int) -> tuple[int, int | None]:
@@ -550,8 +611,14 @@ class Store(ABC):
         at its last checkpoint, if it had one: :meth:`note_progress`). Returns how many."""
 
     # usage
-    async def usage(self, group: str | None = None, key_id: int | None = None, source: str | None = None,
-                    limit: int = 100, before_id: int | None = None) -> list[UsageRecord]:  # fmt: skip
+    async def usage(
+        self,
+        group: str | None = None,
+        key_id: int | None = None,
+        source: str | None = None,
+        limit: int = 100,
+        before_id: int | None = None,
+    ) -> list[UsageRecord]:
         """Usage records, newest first."""
         return await self.history.usage(group, key_id, source, limit, before_id)
 

@@ -26,7 +26,9 @@ def encoding() -> Any:
     from tiktoken.load import load_tiktoken_bpe
 
     ranks = load_tiktoken_bpe(str(DATA), expected_hash=SHA256)
-    return tiktoken.Encoding(name="cl100k_base", pat_str=PATTERN, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": 100257})
+    return tiktoken.Encoding(
+        name="cl100k_base", pat_str=PATTERN, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": 100257}
+    )
 
 
 def count(text: str) -> int:
@@ -50,7 +52,9 @@ def count(text: str) -> int:
     try:
         return first + sum(cast("list[int]", counts))  # (a None, of a word not kept, raises)
     except TypeError:  # (a word not kept)
-        return first + sum(n if n is not None else _word(_spaced, w, " " + w) for n, w in zip(counts, rest, strict=True))
+        return first + sum(
+            n if n is not None else _word(_spaced, w, " " + w) for n, w in zip(counts, rest, strict=True)
+        )
 
 
 WORD_MAX = 32  # characters: a longer word is counted each time, not kept
@@ -75,7 +79,9 @@ def _apart(text: str) -> bool:
         return False
     if text.isprintable():  # (no whitespace but spaces)
         return True
-    return text.find(" \n") < 0 and text.find("\n ") < 0 and text.replace("\n", "").isprintable()  # (and line breaks)
+    return (
+        text.find(" \n") < 0 and text.find("\n ") < 0 and text.replace("\n", "").isprintable()
+    )  # (and line breaks)
 
 
 def _cut(parts: list[str]) -> list[str]:

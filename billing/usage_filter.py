@@ -14,12 +14,25 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 # the filter's fields that are columns of the usage table, tested as ``column = ?``
-_EQUAL = ("group_id", "key_id", "request_id", "batch_id", "model", "deployment", "end_user", "provider", "endpoint",
-          "upstream_request_id")
+_EQUAL = (
+    "group_id",
+    "key_id",
+    "request_id",
+    "batch_id",
+    "model",
+    "deployment",
+    "end_user",
+    "provider",
+    "endpoint",
+    "upstream_request_id",
+)
 # fields of a few known values, written into the SQL as literals: how rare a value is decides the best
 # plan (1 % of calls are rejected, 96 % ok), and PostgreSQL plans a statement it has prepared five
 # times once for any value (a generic plan) unless the value is part of the statement
-_LITERALS = {"status": frozenset({"ok", "error", "interrupted", "rejected"}), "source": frozenset({"api", "job"})}
+_LITERALS = {
+    "status": frozenset({"ok", "error", "interrupted", "rejected"}),
+    "source": frozenset({"api", "job"}),
+}
 # (field, index) in the order they are preferred; an index on (group_id, field, id) needs the group
 _INDEXES = (
     ("request_id", "usage_request", False),
@@ -32,8 +45,20 @@ _INDEXES = (
     ("source", "usage_group_source", True),
 )
 # the fields the hourly rollup keeps (billing/rollup.py): a filter on these alone can be answered from it
-ROLLED = frozenset({"group_id", "key_id", "model", "models", "provider", "deployment", "endpoint", "source", "since",
-                    "until"})
+ROLLED = frozenset(
+    {
+        "group_id",
+        "key_id",
+        "model",
+        "models",
+        "provider",
+        "deployment",
+        "endpoint",
+        "source",
+        "since",
+        "until",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,8 +21,11 @@ from core.config import Settings
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    console = sub.add_parser("console", help="the management console at /console: its admin password",
-                             description="The management console's admin password.")  # fmt: skip
+    console = sub.add_parser(
+        "console",
+        help="the management console at /console: its admin password",
+        description="The management console's admin password.",
+    )
     csub = console.add_subparsers(dest="action", required=True, metavar="ACTION")
     for name, text in (
         ("set-password", "set the console's admin password (kept as an scrypt hash in the store)"),
@@ -49,7 +52,9 @@ async def store_password(store: Store, hashed: str) -> None:
     queries = queries_for(store)
     await queries.set_setting(auth.PASSWORD_SETTING, hashed)
     await queries.set_setting(auth.SECRET_SETTING, secrets.token_urlsafe(32))
-    await queries.sessions_end_all()  # every open session ends, on every replica, also with [console] session_secret
+    await (
+        queries.sessions_end_all()
+    )  # every open session ends, on every replica, also with [console] session_secret
 
 
 def run(args: argparse.Namespace, settings: Settings) -> None:
@@ -61,10 +66,13 @@ def run(args: argparse.Namespace, settings: Settings) -> None:
     if args.action == "hash-password":
         print(hashed)
         return
+
     async def set_and_audit(store: Store) -> None:
         await store_password(store, hashed)
         # the audit log says that the password changed, never the password or its hash
-        await Changes(store, Audit(store.database), cli_actor()).setting("console_password", None, {"set": True})
+        await Changes(store, Audit(store.database), cli_actor()).setting(
+            "console_password", None, {"set": True}
+        )
 
     asyncio.run(with_store(settings.store.url, set_and_audit))
     if settings.console.password_hash:

@@ -86,11 +86,19 @@ def demo_deployments(settings: Settings, running: dict[str, Running]) -> Setting
     items = [DeploymentSettings(name="primary", base_url=main.base_url, api_key=main.api_key, weight=2)]
     for item in extra:
         azure = isinstance(item.emulator, AzureOpenAIEmulator)
-        items.append(DeploymentSettings(name=item.name, base_url=item.base_url, api_key=item.api_key,
-                                        kind="azure" if azure else None, api_version="2024-10-21" if azure else None,
-                                        rpm=60 if item.name == "second" else 0))  # fmt: skip
-    own = msgspec.structs.replace(settings.providers.get("openai", ProviderSettings()), base_url=None, api_key=None,
-                                  deployments=items)  # fmt: skip
+        items.append(
+            DeploymentSettings(
+                name=item.name,
+                base_url=item.base_url,
+                api_key=item.api_key,
+                kind="azure" if azure else None,
+                api_version="2024-10-21" if azure else None,
+                rpm=60 if item.name == "second" else 0,
+            )
+        )
+    own = msgspec.structs.replace(
+        settings.providers.get("openai", ProviderSettings()), base_url=None, api_key=None, deployments=items
+    )
     return msgspec.structs.replace(settings, providers={**settings.providers, "openai": own})
 
 
@@ -107,8 +115,10 @@ def fixed_key(settings: Settings) -> str | None:
         return None
     prefix = settings.server.key_prefix
     if not key_form(prefix).match(fixed):
-        raise DemoError(f"ROUTER_DEMO_KEY does not have the form of a key: '{prefix}-v1-' then 32 to 128 of "
-                        f"A-Z a-z 0-9 _ - (e.g. {generate_key(prefix)}); unset it for a generated key")  # fmt: skip
+        raise DemoError(
+            f"ROUTER_DEMO_KEY does not have the form of a key: '{prefix}-v1-' then 32 to 128 of "
+            f"A-Z a-z 0-9 _ - (e.g. {generate_key(prefix)}); unset it for a generated key"
+        )
     return fixed
 
 
@@ -119,8 +129,10 @@ def bind(host: str, port: int) -> socket.socket:
         return socket.create_server((host, port), family=family, backlog=4096)
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
-            raise DemoError(f"port {port} on {host} is in use: stop what serves there, or choose another "
-                            f"port: make demo PORT={port + 1} (router demo --port {port + 1})") from None  # fmt: skip
+            raise DemoError(
+                f"port {port} on {host} is in use: stop what serves there, or choose another "
+                f"port: make demo PORT={port + 1} (router demo --port {port + 1})"
+            ) from None
         raise DemoError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
 
 
@@ -130,8 +142,10 @@ async def emulators(host: str, first_port: int) -> dict[str, Running]:
     except OSError as exc:
         last = first_port + len(FACTORIES) + len(DEPLOYMENTS) - 1
         why = "one is in use" if exc.errno == errno.EADDRINUSE else exc.strerror
-        raise DemoError(f"the emulators' ports {first_port}-{last} on {host} are not all free ({why}): choose "
-                        "others: make demo EMULATOR_PORT=N (router demo --emulator-port N)") from None  # fmt: skip
+        raise DemoError(
+            f"the emulators' ports {first_port}-{last} on {host} are not all free ({why}): choose "
+            "others: make demo EMULATOR_PORT=N (router demo --emulator-port N)"
+        ) from None
 
 
 def keep(path: Path, secret: str) -> None:
@@ -159,7 +173,9 @@ async def demo_key(store: Store, settings: Settings, directory: Path, fixed: str
             try:
                 await new_key(store, settings, DEMO_GROUP, "demo", key=fixed)
             except Exception as exc:  # noqa: BLE001 - a revoked key's hash is taken: say so in one line
-                raise DemoError(f"ROUTER_DEMO_KEY cannot be used ({exc}): a revoked key is not revived") from None
+                raise DemoError(
+                    f"ROUTER_DEMO_KEY cannot be used ({exc}): a revoked key is not revived"
+                ) from None
         return fixed
     path = directory / KEY_FILE
     old = None if fresh else kept(path)
@@ -200,8 +216,11 @@ def demo_settings(settings: Settings, directory: Path, access_log: str) -> Setti
     return msgspec.structs.replace(settings, observability=msgspec.structs.replace(obs, access_log_file=path))
 
 
-def banner(base: str, running: dict[str, Running], key: str, directory: Path, console: str, access: str) -> str:
+def banner(
+    base: str, running: dict[str, Running], key: str, directory: Path, console: str, access: str
+) -> str:
     origin = base.removesuffix("/v1")
+
     def port(r: Running) -> str:
         return r.base_url.split(":")[-1].split("/")[0]
 
@@ -210,7 +229,7 @@ def banner(base: str, running: dict[str, Running], key: str, directory: Path, co
     return f"""
   Model router demo: gateway on {base}
   Emulated providers: {providers}
-  openai/ deployments: primary (the openai emulator), {deployments or 'none'}
+  openai/ deployments: primary (the openai emulator), {deployments or "none"}
   API key (group '{DEMO_GROUP}', kept in {directory / KEY_FILE}; make demo NEW_KEY=1 for another):
     {key}
   Console: {origin}/console
@@ -255,15 +274,23 @@ async def demo(settings: Settings, options: DemoOptions) -> None:
         except BaseException:
             await gateway.stop()
             raise
-        access = settings.observability.access_log_file or ("on this terminal" if settings.observability.access_log else "off")
+        access = settings.observability.access_log_file or (
+            "on this terminal" if settings.observability.access_log else "off"
+        )
         base = f"http://{options.host}:{options.port}/v1"
 
         async def started() -> None:
             print(banner(base, running, key, directory, console, access), flush=True)
 
         server = msgspec.structs.replace(settings.server, host=options.host, port=options.port)
-        await serve(app, server, started, fd=sock.detach(), on_reload=partial(reload, gateway),
-                    console=app.state.console_listener)  # fmt: skip
+        await serve(
+            app,
+            server,
+            started,
+            fd=sock.detach(),
+            on_reload=partial(reload, gateway),
+            console=app.state.console_listener,
+        )
     finally:
         sock.close()
         await stop_emulators(running)

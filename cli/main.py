@@ -46,7 +46,9 @@ def _groups(args: argparse.Namespace, settings: Settings) -> None:
         if problem is not None:
             raise SystemExit(f"error: {problem}")
         amount = credits_to_nano(args.credits)
-        group = asyncio.run(with_store(settings.store.url, lambda s: cli_changes(s).create_group(args.name, amount)))
+        group = asyncio.run(
+            with_store(settings.store.url, lambda s: cli_changes(s).create_group(args.name, amount))
+        )
         print(f"group {group.name} (id {group.id}) created with {nano_to_credits(group.balance)} credits")
     elif args.action == "show":
         found = asyncio.run(with_store(settings.store.url, lambda s: s.get_group(args.name)))
@@ -64,13 +66,19 @@ def _groups(args: argparse.Namespace, settings: Settings) -> None:
         groups = asyncio.run(with_store(settings.store.url, lambda s: s.list_groups()))
         print(f"{'id':>4}  {'name':<24} {'balance':>16} {'reserved':>14} {'spent':>14}")
         for g in groups:
-            print(f"{g.id:>4}  {g.name:<24} {nano_to_credits(g.balance):>16} {nano_to_credits(g.reserved):>14} {nano_to_credits(g.spent):>14}")
+            print(
+                f"{g.id:>4}  {g.name:<24} {nano_to_credits(g.balance):>16} {nano_to_credits(g.reserved):>14} {nano_to_credits(g.spent):>14}"
+            )
 
 
 def _when(ts: float | None) -> str:
     import datetime
 
-    return "-" if ts is None else datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+    return (
+        "-"
+        if ts is None
+        else datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+    )
 
 
 def _meta_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -80,7 +88,9 @@ def _meta_args(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _show_key(info: KeyInfo) -> None:
-    print(f"key        {info.id} ({info.hint}) in group {info.group_name}, {'revoked' if info.revoked_at else 'live'}")
+    print(
+        f"key        {info.id} ({info.hint}) in group {info.group_name}, {'revoked' if info.revoked_at else 'live'}"
+    )
     print(f"name       {info.name or '-'}")
     print(f"owner      {info.owner or '-'}")
     print(f"tags       {', '.join(info.tags) or '-'}")
@@ -104,22 +114,30 @@ def _key_action(args: argparse.Namespace, settings: Settings) -> None:
         cap = credits_to_nano(args.spend_cap) if args.spend_cap else None
         models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else None
         meta = lifecycle.meta_of(_meta_args(args))
-        key, info = asyncio.run(with_store(url, lambda s: cli_changes(s).create_key(settings, args.group, args.name, cap, models, meta)))
+        key, info = asyncio.run(
+            with_store(
+                url, lambda s: cli_changes(s).create_key(settings, args.group, args.name, cap, models, meta)
+            )
+        )
         print(f"key {info.id} created in group {info.group_name}; it is shown once, store it now:")
         print(key)
     elif args.action in ("show", "update"):
+
         async def show_or_update(store: Store) -> KeyInfo:
             info = await store.get_key(args.id)
             if info is None:
                 raise StoreError(f"no key with id {args.id}")
             if args.action == "update":
                 meta = lifecycle.meta_of(_meta_args(args), KeyMeta(info.expires_at, info.tags, info.owner))
-                info = await cli_changes(store).update_key(info, info.spend_cap, list(info.allowed_models or ()) or None, meta)
+                info = await cli_changes(store).update_key(
+                    info, info.spend_cap, list(info.allowed_models or ()) or None, meta
+                )
             return info
 
         _show_key(asyncio.run(with_store(url, show_or_update)))
     elif args.action == "rotate":
         grace = lifecycle.grace(args.grace, "--grace")
+
         async def rotate(store: Store) -> tuple[str, KeyInfo]:
             info = await store.get_key(args.id)
             if info is None:
@@ -127,7 +145,9 @@ def _key_action(args: argparse.Namespace, settings: Settings) -> None:
             return await cli_changes(store).rotate_key(settings, info, grace)
 
         key, info = asyncio.run(with_store(url, rotate))
-        print(f"key {info.id} rotated; the old secret works until {_when(info.rotated_until)}; the new one is shown once:")
+        print(
+            f"key {info.id} rotated; the old secret works until {_when(info.rotated_until)}; the new one is shown once:"
+        )
         print(key)
     elif args.action == "revoke":
         done = asyncio.run(with_store(settings.store.url, lambda s: cli_changes(s).revoke_key(args.id)))
@@ -136,11 +156,15 @@ def _key_action(args: argparse.Namespace, settings: Settings) -> None:
         print(f"key {args.id} revoked")
     else:
         keys = asyncio.run(with_store(settings.store.url, lambda s: s.list_keys(args.group)))
-        print(f"{'id':>4}  {'group':<16} {'name':<16} {'key':<22} {'status':<8} {'spent':>12}  {'expires':<20} {'last used':<20}")
+        print(
+            f"{'id':>4}  {'group':<16} {'name':<16} {'key':<22} {'status':<8} {'spent':>12}  {'expires':<20} {'last used':<20}"
+        )
         for k in keys:
             status = "revoked" if k.revoked_at else "live"
-            print(f"{k.id:>4}  {k.group_name:<16} {k.name:<16} {k.hint:<22} {status:<8} {nano_to_credits(k.spent):>12}  "
-                  f"{_when(k.expires_at):<20} {_when(k.last_used_at):<20}")  # fmt: skip
+            print(
+                f"{k.id:>4}  {k.group_name:<16} {k.name:<16} {k.hint:<22} {status:<8} {nano_to_credits(k.spent):>12}  "
+                f"{_when(k.expires_at):<20} {_when(k.last_used_at):<20}"
+            )
 
 
 def _webhooks(args: argparse.Namespace, settings: Settings) -> None:
@@ -159,7 +183,9 @@ def _webhooks(args: argparse.Namespace, settings: Settings) -> None:
                     raise StoreError(f"no group named {args.group!r}")
                 await webhooks.destination_of(target, settings.alerts.destinations())
                 book = AlertBook(store.database)
-                return await cli_changes(store).add_webhook(book, target, args.group, below, within, not args.no_budgets)
+                return await cli_changes(store).add_webhook(
+                    book, target, args.group, below, within, not args.no_budgets
+                )
 
             hook = asyncio.run(with_store(url, add))
             print(f"webhook {hook.id} added; its signing secret is shown once, store it now:")
@@ -171,32 +197,48 @@ def _webhooks(args: argparse.Namespace, settings: Settings) -> None:
         asyncio.run(with_store(url, lambda s: cli_changes(s).delete_webhook(AlertBook(s.database), args.id)))
         print(f"webhook {args.id} removed")
     elif args.action == "deliveries":
-        rows = asyncio.run(with_store(url, lambda s: AlertBook(s.database).deliveries(args.webhook, args.limit)))
-        print(f"{'id':>5}  {'created (UTC)':<20} {'hook':>4} {'event':<17} {'status':<10} {'tries':>5}  last error")
+        rows = asyncio.run(
+            with_store(url, lambda s: AlertBook(s.database).deliveries(args.webhook, args.limit))
+        )
+        print(
+            f"{'id':>5}  {'created (UTC)':<20} {'hook':>4} {'event':<17} {'status':<10} {'tries':>5}  last error"
+        )
         for d in rows:
-            print(f"{d.id:>5}  {_when(d.created_at):<20} {d.webhook_id:>4} {d.event_type:<17} {d.status:<10} "
-                  f"{d.attempts:>5}  {d.error or ''}")  # fmt: skip
+            print(
+                f"{d.id:>5}  {_when(d.created_at):<20} {d.webhook_id:>4} {d.event_type:<17} {d.status:<10} "
+                f"{d.attempts:>5}  {d.error or ''}"
+            )
     else:
         hooks = asyncio.run(with_store(url, lambda s: AlertBook(s.database).webhooks()))
         print(f"{'id':>4}  {'group':<16} {'balance under':>14} {'expiry within':>14} {'budgets':<8} url")
         for h in hooks:
             under = nano_to_credits(h.balance_below) if h.balance_below is not None else "-"
             soon = f"{h.expiry_within:.0f} s" if h.expiry_within is not None else "-"
-            print(f"{h.id:>4}  {h.group or '(all)':<16} {under:>14} {soon:>14} {'yes' if h.budgets else 'no':<8} {h.url}")
+            print(
+                f"{h.id:>4}  {h.group or '(all)':<16} {under:>14} {soon:>14} {'yes' if h.budgets else 'no':<8} {h.url}"
+            )
 
 
 def _usage(args: argparse.Namespace, settings: Settings) -> None:
     import datetime
 
-    records = asyncio.run(with_store(settings.store.url, lambda s: s.usage(args.group, args.key, args.source, args.limit)))
-    print(f"{'time (UTC)':<19}  {'key':>4} {'source':<6} {'model':<34} {'in':>7} {'out':>7} {'credits':>14} {'status':<11}")
+    records = asyncio.run(
+        with_store(settings.store.url, lambda s: s.usage(args.group, args.key, args.source, args.limit))
+    )
+    print(
+        f"{'time (UTC)':<19}  {'key':>4} {'source':<6} {'model':<34} {'in':>7} {'out':>7} {'credits':>14} {'status':<11}"
+    )
     for r in records:
         when = datetime.datetime.fromtimestamp(r.ts, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
         status = r.status + ("" if r.usage_exact else "*")
-        print(f"{when:<19}  {r.key_id:>4} {r.source:<6} {r.model:<34} {r.prompt_tokens:>7} {r.completion_tokens:>7} "
-              f"{nano_to_credits(r.credits):>14} {status:<11}")  # fmt: skip
+        print(
+            f"{when:<19}  {r.key_id:>4} {r.source:<6} {r.model:<34} {r.prompt_tokens:>7} {r.completion_tokens:>7} "
+            f"{nano_to_credits(r.credits):>14} {status:<11}"
+        )
     if any(not r.usage_exact for r in records):
-        print("* token counts estimated (the provider never reported usage, e.g. a stream the caller broke off)")
+        print(
+            "* token counts estimated (the provider never reported usage, e.g. a stream the caller broke off)"
+        )
 
 
 EXAMPLES = """\
@@ -211,22 +253,36 @@ examples:
 
 
 def _meta_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--expires", metavar="WHEN",
-                   help="expiry: a duration from now (30d, 12h), an ISO 8601 date or time (UTC), or never")  # fmt: skip
+    p.add_argument(
+        "--expires",
+        metavar="WHEN",
+        help="expiry: a duration from now (30d, 12h), an ISO 8601 date or time (UTC), or never",
+    )
     p.add_argument("--tags", help="comma-separated tags (replace the key's tags)")
     p.add_argument("--owner", help="who the key belongs to (free text)")
 
 
 def _config_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", dest="config_sub", metavar="PATH",
-                   help="TOML settings file (default: $ROUTER_CONFIG, else built-in defaults)")  # fmt: skip
+    p.add_argument(
+        "--config",
+        dest="config_sub",
+        metavar="PATH",
+        help="TOML settings file (default: $ROUTER_CONFIG, else built-in defaults)",
+    )
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="router", description="OpenAI-compatible multi-provider model router",
-                                epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("--config", metavar="PATH",
-                   help="TOML settings file (default: $ROUTER_CONFIG, else built-in defaults)")  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="router",
+        description="OpenAI-compatible multi-provider model router",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--config",
+        metavar="PATH",
+        help="TOML settings file (default: $ROUTER_CONFIG, else built-in defaults)",
+    )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = sub.add_parser("serve", help="run the gateway", description="Run the gateway (hypercorn).")
@@ -237,81 +293,149 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--fd", type=int, help=argparse.SUPPRESS)  # a worker: serve this inherited socket
     serve.add_argument("--console-fd", type=int, help=argparse.SUPPRESS)  # and this one: [console] listen
 
-    demo = sub.add_parser("demo", help="run the gateway with emulated providers and a seeded key",
-                          description="The gateway and the emulated providers (openai/ with three deployments) in one process, with a "
-                          "group 'demo', its key and a console password kept in the data directory.")  # fmt: skip
+    demo = sub.add_parser(
+        "demo",
+        help="run the gateway with emulated providers and a seeded key",
+        description="The gateway and the emulated providers (openai/ with three deployments) in one process, with a "
+        "group 'demo', its key and a console password kept in the data directory.",
+    )
     _config_option(demo)
-    demo.add_argument("--host", default="127.0.0.1", help="address of the gateway and the emulators (default: %(default)s)")
+    demo.add_argument(
+        "--host", default="127.0.0.1", help="address of the gateway and the emulators (default: %(default)s)"
+    )
     demo.add_argument("--port", type=int, default=8080, help="the gateway's port (default: %(default)s)")
-    demo.add_argument("--emulator-port", type=int, default=0, metavar="PORT",
-                      help="first of the emulators' seven consecutive ports (default: free ports)")  # fmt: skip
-    demo.add_argument("--new-key", action="store_true",
-                      help="issue a new demo key instead of reusing the one kept in the data directory")  # fmt: skip
-    demo.add_argument("--access-log", default="", metavar="PATH",
-                      help="where the access log goes (default: access.log in the data directory; - for this terminal)")  # fmt: skip
+    demo.add_argument(
+        "--emulator-port",
+        type=int,
+        default=0,
+        metavar="PORT",
+        help="first of the emulators' seven consecutive ports (default: free ports)",
+    )
+    demo.add_argument(
+        "--new-key",
+        action="store_true",
+        help="issue a new demo key instead of reusing the one kept in the data directory",
+    )
+    demo.add_argument(
+        "--access-log",
+        default="",
+        metavar="PATH",
+        help="where the access log goes (default: access.log in the data directory; - for this terminal)",
+    )
 
-    emus = sub.add_parser("emulators", help="run the five emulated providers alone (for benchmarks)",
-                          description="The five emulated providers, each on its own port, until Ctrl-C.")  # fmt: skip
+    emus = sub.add_parser(
+        "emulators",
+        help="run the five emulated providers alone (for benchmarks)",
+        description="The five emulated providers, each on its own port, until Ctrl-C.",
+    )
     emus.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
-    emus.add_argument("--port", type=int, default=9100, help="first port; the providers take consecutive ports (default: %(default)s)")
+    emus.add_argument(
+        "--port",
+        type=int,
+        default=9100,
+        help="first port; the providers take consecutive ports (default: %(default)s)",
+    )
 
-    groups = sub.add_parser("groups", help="credit groups: create, top up, list, show",
-                            description="Credit groups: every key spends from its group's balance.")  # fmt: skip
+    groups = sub.add_parser(
+        "groups",
+        help="credit groups: create, top up, list, show",
+        description="Credit groups: every key spends from its group's balance.",
+    )
     gsub = groups.add_subparsers(dest="action", required=True, metavar="ACTION")
-    gc = gsub.add_parser("create", help="a new group with a starting balance", description="Create a credit group.")
+    gc = gsub.add_parser(
+        "create", help="a new group with a starting balance", description="Create a credit group."
+    )
     gc.add_argument("name", help="the group's name (unique)")
     gc.add_argument("--credits", required=True, help="starting balance in credits (up to 9 decimals)")
-    gt = gsub.add_parser("topup", help="add credits to a group's balance", description="Add credits to a group.")
+    gt = gsub.add_parser(
+        "topup", help="add credits to a group's balance", description="Add credits to a group."
+    )
     gt.add_argument("name", help="the group's name")
     gt.add_argument("amount", help="credits to add (up to 9 decimals)")
-    gsub.add_parser("list", help="every group with its balance, reserved and spent credits",
-                    description="List every group.")  # fmt: skip
-    gs = gsub.add_parser("show", help="balance, reserved and spent credits of a group", description="Show one group.")
+    gsub.add_parser(
+        "list",
+        help="every group with its balance, reserved and spent credits",
+        description="List every group.",
+    )
+    gs = gsub.add_parser(
+        "show", help="balance, reserved and spent credits of a group", description="Show one group."
+    )
     gs.add_argument("name", help="the group's name")
 
-    keys = sub.add_parser("keys", help="API keys: create, list, revoke", description="API keys of the groups.")
+    keys = sub.add_parser(
+        "keys", help="API keys: create, list, revoke", description="API keys of the groups."
+    )
     ksub = keys.add_subparsers(dest="action", required=True, metavar="ACTION")
-    kc = ksub.add_parser("create", help="issue a key (printed once, alone on the last line)",
-                         description="Issue an API key; only its hash is stored, so it is shown once.")  # fmt: skip
+    kc = ksub.add_parser(
+        "create",
+        help="issue a key (printed once, alone on the last line)",
+        description="Issue an API key; only its hash is stored, so it is shown once.",
+    )
     kc.add_argument("--group", required=True, help="the group the key spends from")
     kc.add_argument("--name", default="", help="a label for the key")
     kc.add_argument("--spend-cap", metavar="CREDITS", help="credits this key may spend in all")
     kc.add_argument("--models", help="comma-separated model ids this key may use (default: all)")
     _meta_options(kc)
-    ku = ksub.add_parser("update", help="change a key's expiry, tags or owner", description="Change a key's lifecycle fields.")
+    ku = ksub.add_parser(
+        "update", help="change a key's expiry, tags or owner", description="Change a key's lifecycle fields."
+    )
     ku.add_argument("id", type=int, help="the key's id (router keys list)")
     _meta_options(ku)
     ks = ksub.add_parser("show", help="a key's expiry, tags, owner, last use", description="Show one key.")
     ks.add_argument("id", type=int, help="the key's id (router keys list)")
-    kt = ksub.add_parser("rotate", help="a new secret for a key (printed once); the old one works for --grace",
-                         description="Rotate a key's secret: same key id, spend and settings; the old secret stays "
-                         "valid for the grace period, then gets 401 key_rotated.")  # fmt: skip
+    kt = ksub.add_parser(
+        "rotate",
+        help="a new secret for a key (printed once); the old one works for --grace",
+        description="Rotate a key's secret: same key id, spend and settings; the old secret stays "
+        "valid for the grace period, then gets 401 key_rotated.",
+    )
     kt.add_argument("id", type=int, help="the key's id (router keys list)")
-    kt.add_argument("--grace", default="0", help="how long the old secret keeps working: seconds or 15m, 1h, 7d (default: 0)")
-    kr = ksub.add_parser("revoke", help="revoke a key at once", description="Revoke a key; its next call gets 401.")
+    kt.add_argument(
+        "--grace",
+        default="0",
+        help="how long the old secret keeps working: seconds or 15m, 1h, 7d (default: 0)",
+    )
+    kr = ksub.add_parser(
+        "revoke", help="revoke a key at once", description="Revoke a key; its next call gets 401."
+    )
     kr.add_argument("id", type=int, help="the key's id (router keys list)")
     kl = ksub.add_parser("list", help="keys with their hint, status and spend", description="List keys.")
     kl.add_argument("--group", help="only this group's keys")
 
-    hooks = sub.add_parser("webhooks", help="alert webhooks: add, list, remove, deliveries",
-                           description="Webhooks alerted on thresholds (signed; retried from a durable outbox).")  # fmt: skip
+    hooks = sub.add_parser(
+        "webhooks",
+        help="alert webhooks: add, list, remove, deliveries",
+        description="Webhooks alerted on thresholds (signed; retried from a durable outbox).",
+    )
     hsub = hooks.add_subparsers(dest="action", required=True, metavar="ACTION")
-    ha = hsub.add_parser("add", help="a webhook (its signing secret printed once, alone on the last line)",
-                         description="Add a webhook: events are POSTed to URL, signed with its secret.")  # fmt: skip
+    ha = hsub.add_parser(
+        "add",
+        help="a webhook (its signing secret printed once, alone on the last line)",
+        description="Add a webhook: events are POSTed to URL, signed with its secret.",
+    )
     ha.add_argument("url", help="where events are POSTed (http:// or https://)")
     ha.add_argument("--group", help="only this group's alerts (default: every group)")
-    ha.add_argument("--balance-below", metavar="CREDITS", help="alert when a group's balance drops under this")
-    ha.add_argument("--expiry-within", metavar="WHEN", help="alert when a key expires within this (seconds, 12h, 7d)")
+    ha.add_argument(
+        "--balance-below", metavar="CREDITS", help="alert when a group's balance drops under this"
+    )
+    ha.add_argument(
+        "--expiry-within", metavar="WHEN", help="alert when a key expires within this (seconds, 12h, 7d)"
+    )
     ha.add_argument("--no-budgets", action="store_true", help="no alerts at 50/80/100 %% of budget windows")
     hsub.add_parser("list", help="the webhooks and their thresholds", description="List the webhooks.")
     hr = hsub.add_parser("remove", help="stop alerting a webhook", description="Remove a webhook.")
     hr.add_argument("id", type=int, help="the webhook's id (router webhooks list)")
-    hd = hsub.add_parser("deliveries", help="the latest events and their delivery status",
-                         description="Events, newest first, with their delivery status.")  # fmt: skip
+    hd = hsub.add_parser(
+        "deliveries",
+        help="the latest events and their delivery status",
+        description="Events, newest first, with their delivery status.",
+    )
     hd.add_argument("--webhook", type=int, help="only this webhook's events")
     hd.add_argument("--limit", type=int, default=50, help="how many events (default: %(default)s)")
 
-    usage = sub.add_parser("usage", help="usage records, newest first", description="Usage records, newest first.")
+    usage = sub.add_parser(
+        "usage", help="usage records, newest first", description="Usage records, newest first."
+    )
     usage.add_argument("--group", help="only this group's calls")
     usage.add_argument("--key", type=int, help="only this key's calls (its id)")
     usage.add_argument("--source", choices=["api", "job"], help="only API calls or only batch-job lines")

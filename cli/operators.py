@@ -29,22 +29,35 @@ from core.config import Settings
 
 
 def add_commands(sub: Any) -> None:
-    p = sub.add_parser("operators", help="the console's operators: add, list, password, token, remove",
-                       description="Named accounts for the console and the admin API, each with a role.")  # fmt: skip
+    p = sub.add_parser(
+        "operators",
+        help="the console's operators: add, list, password, token, remove",
+        description="Named accounts for the console and the admin API, each with a role.",
+    )
     osub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     add = osub.add_parser("add", help="an operator with its own password", description="Add an operator.")
     add.add_argument("name", help="its login name: a-z, 0-9, '.', '_', '-'")
-    add.add_argument("--role", required=True, choices=operators.ROLES,
-                     help="admin: everything; viewer: sees and exports, changes nothing; operator: its groups only")  # fmt: skip
+    add.add_argument(
+        "--role",
+        required=True,
+        choices=operators.ROLES,
+        help="admin: everything; viewer: sees and exports, changes nothing; operator: its groups only",
+    )
     add.add_argument("--group", action="append", default=[], help="a group the operator operates (repeat)")
     add.add_argument("--stdin", action="store_true", help="read the password from standard input")
     osub.add_parser("list", help="the operators", description="List the operators.")
-    pw = osub.add_parser("password", help="a new password (the account's sessions end)", description="Set a password.")
+    pw = osub.add_parser(
+        "password", help="a new password (the account's sessions end)", description="Set a password."
+    )
     pw.add_argument("name", help="the operator")
     pw.add_argument("--stdin", action="store_true", help="read the password from standard input")
-    tok = osub.add_parser("token", help="a new admin API token, printed once", description="Make an API token.")
+    tok = osub.add_parser(
+        "token", help="a new admin API token, printed once", description="Make an API token."
+    )
     tok.add_argument("name", help="the operator")
-    rm = osub.add_parser("remove", help="delete an operator (its sessions end)", description="Remove an operator.")
+    rm = osub.add_parser(
+        "remove", help="delete an operator (its sessions end)", description="Remove an operator."
+    )
     rm.add_argument("name", help="the operator")
 
 
@@ -60,8 +73,14 @@ def run(args: argparse.Namespace, settings: Settings) -> None:
         changes = cli_changes(store)
         if action == "list":
             rows = await book.all()
-            return "\n".join(f"{o.name:<24} {o.role:<9} {', '.join(o.groups) or '(every group)'}"
-                             f"{'  (has an API token)' if o.token_hash else ''}" for o in rows) or "no operators"  # fmt: skip
+            return (
+                "\n".join(
+                    f"{o.name:<24} {o.role:<9} {', '.join(o.groups) or '(every group)'}"
+                    f"{'  (has an API token)' if o.token_hash else ''}"
+                    for o in rows
+                )
+                or "no operators"
+            )
         if action == "add":
             made = await changes.add_operator(book, args.name, args.role, args.group, hashed)
             return f"operator {made.name} ({made.role}) added"
@@ -70,7 +89,9 @@ def run(args: argparse.Namespace, settings: Settings) -> None:
             return f"operator {args.name}: password set; its sessions are logged out"
         if action == "token":
             await changes.operator_token(book, args.name, token)
-            return f"operator {args.name}'s admin API token (shown once; the old one no longer works):\n{token}"
+            return (
+                f"operator {args.name}'s admin API token (shown once; the old one no longer works):\n{token}"
+            )
         found = await changes.remove_operator(book, args.name)
         return f"operator {found.name} removed"
 

@@ -22,15 +22,24 @@ if TYPE_CHECKING:
 
 
 def main(args: argparse.Namespace, settings: Settings, config: str | None) -> None:
-    server = msgspec.structs.replace(settings.server, host=args.host or settings.server.host,
-                                     port=args.port or settings.server.port)  # fmt: skip
+    server = msgspec.structs.replace(
+        settings.server, host=args.host or settings.server.host, port=args.port or settings.server.port
+    )
     workers = args.workers or server.workers
     if workers > 1 and args.fd is None:
         raise SystemExit(workers_of(settings, config, server, workers))
     app = create_app(settings)
     app.state.gateway.config_path = config  # what SIGHUP and the admin API's reload read again
-    run(serve(app, server, fd=args.fd, on_reload=partial(reload, app.state.gateway),
-              console=app.state.console_listener, console_fd=args.console_fd))  # fmt: skip
+    run(
+        serve(
+            app,
+            server,
+            fd=args.fd,
+            on_reload=partial(reload, app.state.gateway),
+            console=app.state.console_listener,
+            console_fd=args.console_fd,
+        )
+    )
 
 
 def reload(gateway: Gateway) -> None:
@@ -48,17 +57,35 @@ def workers_of(settings: Settings, config: str | None, server: ServerSettings, w
     """``router serve`` in ``workers`` processes on one socket (server.serve.serve_workers), each a
     ``router serve --fd N`` of the same configuration; refused (2) on SQLite."""
     if settings.store.url.startswith("sqlite"):
-        print("router: several workers need a store they can share: set [store] url to a PostgreSQL URL "
-              "(SQLite takes one gateway process per database file)", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            "router: several workers need a store they can share: set [store] url to a PostgreSQL URL "
+            "(SQLite takes one gateway process per database file)",
+            file=sys.stderr,
+            flush=True,
+        )
         return 2
     if not settings.limits.redis_url:
-        print(f"router: note: without [limits] redis_url each of the {workers} workers keeps its own rate "
-              "limit buckets (a key may get up to that many times its limits)", file=sys.stderr)  # fmt: skip
+        print(
+            f"router: note: without [limits] redis_url each of the {workers} workers keeps its own rate "
+            "limit buckets (a key may get up to that many times its limits)",
+            file=sys.stderr,
+        )
 
     def argv(fd: int, console_fd: int | None) -> list[str]:
-        return [sys.executable, "-m", "cli", *(["--config", config] if config else []), "serve",
-                "--host", server.host, "--port", str(server.port), "--fd", str(fd),
-                *(["--console-fd", str(console_fd)] if console_fd is not None else [])]  # fmt: skip
+        return [
+            sys.executable,
+            "-m",
+            "cli",
+            *(["--config", config] if config else []),
+            "serve",
+            "--host",
+            server.host,
+            "--port",
+            str(server.port),
+            "--fd",
+            str(fd),
+            *(["--console-fd", str(console_fd)] if console_fd is not None else []),
+        ]
 
     listen = settings.console.listen if settings.console.enabled else ""
     return serve_workers(server, workers, argv, listen or None)

@@ -15,8 +15,11 @@ from starlette.routing import Route
 from console import auth, operators
 from console.app import Console, action, every_group, may_change, page
 
-NOTICES = {"added": "Operator added.", "password": "Password set: that operator's sessions have ended.",
-           "removed": "Operator removed: its sessions have ended and its API token no longer works."}  # fmt: skip
+NOTICES = {
+    "added": "Operator added.",
+    "password": "Password set: that operator's sessions have ended.",
+    "removed": "Operator removed: its sessions have ended and its API token no longer works.",
+}
 
 
 async def accounts_page(c: Console, request: Request, status: int = 200, **context: Any) -> Response:
@@ -24,9 +27,16 @@ async def accounts_page(c: Console, request: Request, status: int = 200, **conte
         return refusal
     context.setdefault("errors", {})
     context.setdefault("values", {})
-    return c.render(request, "operators.html", status=status, accounts=await c.queries.operators.all(),
-                    roles=operators.ROLES, me=operators.current().name,
-                    notice=NOTICES.get(request.query_params.get("ok", ""), ""), **context)  # fmt: skip
+    return c.render(
+        request,
+        "operators.html",
+        status=status,
+        accounts=await c.queries.operators.all(),
+        roles=operators.ROLES,
+        me=operators.current().name,
+        notice=NOTICES.get(request.query_params.get("ok", ""), ""),
+        **context,
+    )
 
 
 accounts = page(accounts_page)
@@ -48,12 +58,15 @@ async def add(c: Console, request: Request, form: dict[str, str]) -> Response:
     if not errors:
         try:
             hashed = await asyncio.to_thread(auth.hash_password, password)  # (scrypt: off the event loop)
-            await c.changes(request, "console").add_operator(c.queries.operators, name, role,
-                                                             _groups(form.get("groups", "")), hashed)  # fmt: skip
+            await c.changes(request, "console").add_operator(
+                c.queries.operators, name, role, _groups(form.get("groups", "")), hashed
+            )
         except operators.OperatorError as exc:
             errors[exc.field] = str(exc)
     if errors:
-        return await accounts_page(c, request, 400, errors=errors, values={k: v for k, v in form.items() if k != "password"})
+        return await accounts_page(
+            c, request, 400, errors=errors, values={k: v for k, v in form.items() if k != "password"}
+        )
     return c.redirect(request, "/operators", ok="added")
 
 
@@ -79,7 +92,12 @@ async def remove(c: Console, request: Request, form: dict[str, str]) -> Response
         return refusal
     name = request.path_params["name"]
     if name == operators.current().name:
-        return await accounts_page(c, request, 400, errors={f"remove-{name}": "You cannot remove the account you are signed in with."})
+        return await accounts_page(
+            c,
+            request,
+            400,
+            errors={f"remove-{name}": "You cannot remove the account you are signed in with."},
+        )
     try:
         await c.changes(request, "console").remove_operator(c.queries.operators, name)
     except operators.OperatorError as exc:

@@ -147,7 +147,9 @@ def guarded(handler: API) -> Callable[[Request], Awaitable[Response]]:
 
 async def body(request: Request) -> dict[str, Any]:
     if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
-        raise AdminError(415, "Send a JSON body (Content-Type: application/json).", "unsupported_content_type")
+        raise AdminError(
+            415, "Send a JSON body (Content-Type: application/json).", "unsupported_content_type"
+        )
     raw = b""
     async for chunk in request.stream():
         raw += chunk
@@ -174,16 +176,33 @@ def amount(name: str, nano: int | None) -> dict[str, Any]:
 
 
 def group_json(g: Group) -> dict[str, Any]:
-    return {"id": g.id, "name": g.name, **amount("balance", g.balance), **amount("reserved", g.reserved),
-            **amount("spent", g.spent), "created_at": g.created_at}  # fmt: skip
+    return {
+        "id": g.id,
+        "name": g.name,
+        **amount("balance", g.balance),
+        **amount("reserved", g.reserved),
+        **amount("spent", g.spent),
+        "created_at": g.created_at,
+    }
 
 
 def key_json(k: KeyInfo) -> dict[str, Any]:
-    return {"id": k.id, "group": k.group_name, "name": k.name, "hint": k.hint, "created_at": k.created_at,
-            "revoked_at": k.revoked_at, **amount("spend_cap", k.spend_cap), **amount("spent", k.spent),
-            "allowed_models": list(k.allowed_models) if k.allowed_models else None, "expires_at": k.expires_at,
-            "tags": list(k.tags), "owner": k.owner, "last_used_at": k.last_used_at,
-            "rotated_until": k.rotated_until}  # fmt: skip
+    return {
+        "id": k.id,
+        "group": k.group_name,
+        "name": k.name,
+        "hint": k.hint,
+        "created_at": k.created_at,
+        "revoked_at": k.revoked_at,
+        **amount("spend_cap", k.spend_cap),
+        **amount("spent", k.spent),
+        "allowed_models": list(k.allowed_models) if k.allowed_models else None,
+        "expires_at": k.expires_at,
+        "tags": list(k.tags),
+        "owner": k.owner,
+        "last_used_at": k.last_used_at,
+        "rotated_until": k.rotated_until,
+    }
 
 
 def usage_json(r: UsageRecord) -> dict[str, Any]:
@@ -316,7 +335,9 @@ async def create_key(c: Console, request: Request) -> Response:
     label = forms.label(str(data.get("name", "")), "name")
     cap, allowed = cap_of(data.get("spend_cap")), allowed_of(c, data.get("allowed_models"))
     meta = lifecycle.meta_of(data)
-    key, info = await changes(c, request).create_key(c.gateway.settings, group.name, label, cap, allowed, meta)
+    key, info = await changes(c, request).create_key(
+        c.gateway.settings, group.name, label, cap, allowed, meta
+    )
     return JSONResponse(
         {**key_json(info), "key": key}, status_code=201, headers={"cache-control": "no-store"}
     )
@@ -371,8 +392,12 @@ async def audit_log(c: Console, request: Request) -> Response:
     limit = number(p, "limit", int) or 100
     if not 1 <= limit <= 1000:
         raise Invalid("limit", "'limit' is between 1 and 1000.")
-    entries = await c.audit.entries(limit, number(p, "before", int), p.get("target") or None, p.get("action") or None)
-    return JSONResponse({"data": [e.json() for e in entries], "older": entries[-1].id if len(entries) == limit else None})
+    entries = await c.audit.entries(
+        limit, number(p, "before", int), p.get("target") or None, p.get("action") or None
+    )
+    return JSONResponse(
+        {"data": [e.json() for e in entries], "older": entries[-1].id if len(entries) == limit else None}
+    )
 
 
 async def list_webhooks(c: Console, request: Request) -> Response:
@@ -385,18 +410,27 @@ async def add_webhook(c: Console, request: Request) -> Response:
     data = await body(request)
     unknown = set(data) - {"url", "group", "balance_below", "expiry_within", "budgets"}
     if unknown:
-        raise Invalid(sorted(unknown)[0], f"Unknown field '{sorted(unknown)[0]}': use url, group, balance_below, "
-                                          "expiry_within, budgets.")  # fmt: skip
+        raise Invalid(
+            sorted(unknown)[0],
+            f"Unknown field '{sorted(unknown)[0]}': use url, group, balance_below, expiry_within, budgets.",
+        )
     url = webhooks.url_of(data.get("url"))
-    below, within = webhooks.threshold_of(data.get("balance_below")), webhooks.within_of(data.get("expiry_within"))
+    below, within = (
+        webhooks.threshold_of(data.get("balance_below")),
+        webhooks.within_of(data.get("expiry_within")),
+    )
     group = await webhooks.group_of(c, data.get("group"))
     budgets = data.get("budgets", True)
     if not isinstance(budgets, bool):
         raise Invalid("budgets", "'budgets' is true or false.")
-    await webhooks.destination_of(url, c.gateway.settings.alerts.destinations())  # (last: it resolves the host)
+    await webhooks.destination_of(
+        url, c.gateway.settings.alerts.destinations()
+    )  # (last: it resolves the host)
     hook = await changes(c, request).add_webhook(c.gateway.alerts, url, group, below, within, budgets)
     # the signing secret, in this answer only
-    return JSONResponse({**hook.json(), "secret": hook.secret}, status_code=201, headers={"cache-control": "no-store"})
+    return JSONResponse(
+        {**hook.json(), "secret": hook.secret}, status_code=201, headers={"cache-control": "no-store"}
+    )
 
 
 async def webhook_of(c: Console, request: Request) -> int:
@@ -432,7 +466,9 @@ def usage_filter(request: Request, group_id: int) -> Filter:
     deployment = (p.get("deployment") or "").strip() or None
     if deployment is not None and not is_name(deployment):
         raise Invalid("deployment", "'deployment' is a deployment's name (letters, digits, . _ -).")
-    return Filter(group_id, source, model, number(p, "key", int), number(p, "since"), number(p, "until"), deployment)
+    return Filter(
+        group_id, source, model, number(p, "key", int), number(p, "since"), number(p, "until"), deployment
+    )
 
 
 async def group_usage(c: Console, request: Request) -> Response:
@@ -459,7 +495,9 @@ async def group_buckets(c: Console, request: Request) -> Response:
         raise Invalid("since", "'since' must be before 'until'.")
     count = math.ceil((until - since) / width)
     if count > MAX_BUCKETS:
-        raise Invalid("width", f"Pick a width of at least {MIN_WIDTH:g} seconds and at most {MAX_BUCKETS} buckets.")
+        raise Invalid(
+            "width", f"Pick a width of at least {MIN_WIDTH:g} seconds and at most {MAX_BUCKETS} buckets."
+        )
     buckets = await c.history.buckets(f, since, width, count)
     return JSONResponse(
         {
@@ -507,14 +545,21 @@ async def reload(c: Console, request: Request) -> Response:
     (gateway.state.Gateway.reload), audited; a file that does not load changes nothing (400, the reason)."""
     admin_only()
     gw = c.gateway
-    before = {"providers": sorted(gw.deployments), "deployments": sum(len(d) for d in gw.deployments.values()),
-              "models": len(gw.catalog.models)}  # fmt: skip
+    before = {
+        "providers": sorted(gw.deployments),
+        "deployments": sum(len(d) for d in gw.deployments.values()),
+        "models": len(gw.catalog.models),
+    }
     try:
         pending = gw.reload_file()
     except ConfigError as exc:
         raise AdminError(400, f"The configuration was not reloaded: {exc}", "invalid_configuration") from None
-    after = {"providers": sorted(gw.deployments), "deployments": sum(len(d) for d in gw.deployments.values()),
-             "models": len(gw.catalog.models), "at_restart": pending}  # fmt: skip
+    after = {
+        "providers": sorted(gw.deployments),
+        "deployments": sum(len(d) for d in gw.deployments.values()),
+        "models": len(gw.catalog.models),
+        "at_restart": pending,
+    }
     await changes(c, request).record("config.reload", gw.config_path or "settings", before, after)
     return JSONResponse({"reloaded": True, "restart_needed": pending})
 

@@ -136,7 +136,9 @@ class Console:
         """The operator's changes made through this request, recorded as ``<surface>:<operator>
         (<address>)`` (``console:alice (10.0.0.7)``, ``admin-api:admin (127.0.0.1)``)."""
         ip = request.client.host if request.client else "unknown"
-        return Changes(self.store, self.audit, f"{surface}:{operators.current().name} ({ip})", self.gateway.auth.forget)
+        return Changes(
+            self.store, self.audit, f"{surface}:{operators.current().name} ({ip})", self.gateway.auth.forget
+        )
 
     def model_ids(self) -> list[str]:
         return sorted(m.id for m in self.gateway.catalog.models.values())
@@ -183,7 +185,11 @@ class Console:
         if session is not None and session.admin:
             held = await self.queries.session_credential(session.sid_hash)
             operator = await self.operator_of(held[1]) if held is not None else None
-            if held is None or operator is None or not hmac.compare_digest(held[0], await self.fingerprint(operator)):
+            if (
+                held is None
+                or operator is None
+                or not hmac.compare_digest(held[0], await self.fingerprint(operator))
+            ):
                 return None
             request.state.operator = operator
             operators.acting(operator)
@@ -200,7 +206,9 @@ class Console:
     async def log_in(self, operator: Operator = operators.ADMIN) -> auth.Session:
         session = auth.Session.logged_in(self.settings.session_seconds)
         name = None if operator.name == operators.BUILT_IN else operator.name
-        await self.queries.session_start(session.sid_hash, await self.fingerprint(operator), session.expires, name)
+        await self.queries.session_start(
+            session.sid_hash, await self.fingerprint(operator), session.expires, name
+        )
         return session
 
     async def log_out(self, session: auth.Session) -> None:
@@ -211,7 +219,9 @@ class Console:
         ``admin``) the admin password or token."""
         if name and name != operators.BUILT_IN:
             found = await self.queries.operators.get(name)
-            ok = found is not None and await asyncio.to_thread(auth.verify_password, password, found.password_hash)
+            ok = found is not None and await asyncio.to_thread(
+                auth.verify_password, password, found.password_hash
+            )
             return found if ok else None
         token = auth.admin_token(self.settings)
         if auth.token_matches(password, token):
@@ -227,7 +237,10 @@ class Console:
         (``login_attempts_global``). The first is what a success clears."""
         s = self.settings
         own = f"login:device:{device}" if device else f"login:ip:{ip}:{account}"
-        return [Window(own, s.login_attempts_per_ip), Window(f"login:account:{account}", s.login_attempts_global)]
+        return [
+            Window(own, s.login_attempts_per_ip),
+            Window(f"login:account:{account}", s.login_attempts_global),
+        ]
 
     async def device(self, request: Request, account: str) -> str | None:
         """This browser's device id, if its cookie was earned on ``account``."""

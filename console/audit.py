@@ -19,8 +19,12 @@ PAGE = 100
 
 
 # the snapshots' fields that hold nano-credits (groups, keys, webhooks) and those that hold instants
-CREDITS = frozenset({"balance", "reserved", "spent", "spend_cap", "balance_below_nano", "amount_nano", "added"})
-INSTANTS = frozenset({"created_at", "revoked_at", "expires_at", "last_used_at", "rotated_until", "deleted_at"})
+CREDITS = frozenset(
+    {"balance", "reserved", "spent", "spend_cap", "balance_below_nano", "amount_nano", "added"}
+)
+INSTANTS = frozenset(
+    {"created_at", "revoked_at", "expires_at", "last_used_at", "rotated_until", "deleted_at"}
+)
 
 
 def changed(before: object, after: object, zone: ZoneInfo = display.UTC) -> list[tuple[str, str, str]]:
@@ -62,8 +66,9 @@ async def audit(c: Console, request: Request) -> Response:
     zone = prefs.zone_of(request)
     rows = [(e, changed(e.before, e.after, zone)) for e in entries]
     older = entries[-1].id if len(entries) == PAGE else None
-    return c.render(request, "audit.html", rows=rows, target=target or "", action=action or "", older=older,
-                    errors=errors)  # fmt: skip
+    return c.render(
+        request, "audit.html", rows=rows, target=target or "", action=action or "", older=older, errors=errors
+    )
 
 
 def routes() -> list[Route]:

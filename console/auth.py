@@ -184,7 +184,9 @@ def sign_session(session: Session, secret: str) -> str:
 def new_device(secret: str, account: str) -> str:
     """A device cookie: this browser has logged in as ``account`` before (its failed logins at that
     account have a window of their own)."""
-    return sign({"d": secrets.token_urlsafe(16), "u": account, "e": int(time.time() + DEVICE_SECONDS)}, secret)
+    return sign(
+        {"d": secrets.token_urlsafe(16), "u": account, "e": int(time.time() + DEVICE_SECONDS)}, secret
+    )
 
 
 def read_device(cookie: str | None, secret: str, account: str) -> str | None:

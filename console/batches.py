@@ -19,7 +19,16 @@ from console.app import Console, action, page, refused
 from console.groups import notice, quote_name
 from gateway.state import BatchBook, BatchView
 
-STATUSES = ("validating", "in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled")
+STATUSES = (
+    "validating",
+    "in_progress",
+    "finalizing",
+    "completed",
+    "failed",
+    "expired",
+    "cancelling",
+    "cancelled",
+)
 PER_PAGE = 25
 FAILED_LINES = 50
 
@@ -55,10 +64,19 @@ async def batches(c: Console, request: Request) -> Response:
     rows = rows[:PER_PAGE]
     spent = await c.analysis.batches([b.id for b in rows])
     return c.render(
-        request, "batches.html", batches=rows, spent=spent, groups=groups, state=status, statuses=STATUSES,
-        group=group_name if group_id is not None else "", older=rows[-1].id if more else None, before=before,
-        places=display.places(t.credits for t in spent.values()), notice=notice(request),
-    )  # fmt: skip
+        request,
+        "batches.html",
+        batches=rows,
+        spent=spent,
+        groups=groups,
+        state=status,
+        statuses=STATUSES,
+        group=group_name if group_id is not None else "",
+        older=rows[-1].id if more else None,
+        before=before,
+        places=display.places(t.credits for t in spent.values()),
+        notice=notice(request),
+    )
 
 
 async def batch_or_404(c: Console, batch_id: str) -> BatchView:
@@ -86,11 +104,22 @@ def failed_line(line_no: int, custom_id: str, result: str | None) -> Line:
 async def batch(c: Console, request: Request) -> Response:
     b = await batch_or_404(c, request.path_params["batch_id"])
     spent = (await c.analysis.batches([b.id])).get(b.id, Totals())
-    lines = [failed_line(x.line_no, getattr(x, "custom_id", ""), x.result)
-             for x in await book(c).failed_lines(b.id, FAILED_LINES)]  # fmt: skip
+    lines = [
+        failed_line(x.line_no, getattr(x, "custom_id", ""), x.result)
+        for x in await book(c).failed_lines(b.id, FAILED_LINES)
+    ]
     group = next((g.name for g in await c.store.list_groups() if g.id == b.group_id), "")
-    return c.render(request, "batch.html", b=b, spent=spent, lines=lines, group=group, notice=notice(request),
-                    places=display.places([spent.credits]), group_q=quote_name(group))  # fmt: skip
+    return c.render(
+        request,
+        "batch.html",
+        b=b,
+        spent=spent,
+        lines=lines,
+        group=group,
+        notice=notice(request),
+        places=display.places([spent.credits]),
+        group_q=quote_name(group),
+    )
 
 
 @page

@@ -30,14 +30,23 @@ WINDOWS = ("day", "week", "month")  # the calendar windows the form offers (a ro
 async def card(c: Console, group: str, key_id: int | None = None) -> dict[str, Any]:
     """The Budgets card's context: the budgets of the group (all of them) or of one key."""
     states = await budgets.states(c.store, group, key_id)
-    hooks = [h for h in await AlertBook(c.store.database).webhooks() if h.budgets and h.group in (None, group)]
+    hooks = [
+        h for h in await AlertBook(c.store.database).webhooks() if h.budgets and h.group in (None, group)
+    ]
     amounts = [s.budget.amount for s in states] + [s.spent for s in states]
-    return {"budgets": states, "budget_watchers": len(hooks), "budget_levels": BUDGET_LEVELS,
-            "budget_windows": WINDOWS, "budget_zone": c.gateway.settings.billing.timezone,
-            "budget_places": display.places(amounts)}  # fmt: skip
+    return {
+        "budgets": states,
+        "budget_watchers": len(hooks),
+        "budget_levels": BUDGET_LEVELS,
+        "budget_windows": WINDOWS,
+        "budget_zone": c.gateway.settings.billing.timezone,
+        "budget_places": display.places(amounts),
+    }
 
 
-async def add(c: Console, request: Request, form: dict[str, str], group: str, key_id: int | None) -> dict[str, str]:
+async def add(
+    c: Console, request: Request, form: dict[str, str], group: str, key_id: int | None
+) -> dict[str, str]:
     """Add the form's budget; the errors by field (none: it was added)."""
     errors: dict[str, str] = {}
     amount: int | None = None
@@ -47,8 +56,12 @@ async def add(c: Console, request: Request, form: dict[str, str], group: str, ke
         errors[exc.field] = exc.message
     window = zone = ""
     try:
-        window, zone = forms.budget_window(form.get("budget_window", ""), form.get("budget_timezone", ""),
-                                           c.gateway.settings.billing.timezone, ("budget_window", "budget_timezone"))  # fmt: skip
+        window, zone = forms.budget_window(
+            form.get("budget_window", ""),
+            form.get("budget_timezone", ""),
+            c.gateway.settings.billing.timezone,
+            ("budget_window", "budget_timezone"),
+        )
     except Invalid as exc:
         errors[exc.field] = exc.message
     if key_id is None and form.get("budget_key", "").strip():
@@ -71,7 +84,9 @@ async def owned(c: Console, budget_id: str, group: str, key_id: int | None) -> B
     return next((s for s in states if s.budget.id == found), None)
 
 
-async def set_amount(c: Console, request: Request, form: dict[str, str], state: BudgetState) -> dict[str, str]:
+async def set_amount(
+    c: Console, request: Request, form: dict[str, str], state: BudgetState
+) -> dict[str, str]:
     field = f"budget_set_{state.budget.id}"
     try:
         amount = forms.credits(form.get("amount", ""), field, positive=True)
@@ -121,6 +136,8 @@ def routes(prefix: str, owner: Owner, page: Page) -> list[Route]:
         await remove(c, request, state)
         return c.redirect(request, path, "budgets", ok="budget-removed")
 
-    return [Route(f"{prefix}/budgets", action(added), methods=["POST"]),
-            Route(f"{prefix}/budgets/{{budget_id}}", action(changed), methods=["POST"]),
-            Route(f"{prefix}/budgets/{{budget_id}}/remove", action(removed), methods=["POST"])]  # fmt: skip
+    return [
+        Route(f"{prefix}/budgets", action(added), methods=["POST"]),
+        Route(f"{prefix}/budgets/{{budget_id}}", action(changed), methods=["POST"]),
+        Route(f"{prefix}/budgets/{{budget_id}}/remove", action(removed), methods=["POST"]),
+    ]

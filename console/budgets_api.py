@@ -1,11 +1,11 @@
 """The admin API's budgets and end users (console/api.py has the rest and the auth around them).
 
-    GET    /api/groups/{name}/budgets      the group's and its keys' budgets, each with its window now
-    POST   /api/groups/{name}/budgets      {"amount", "window", "key_id"?, "timezone"?} -> 201
-    PATCH  /api/budgets/{id}               {"amount"}: its new amount (its window and spend stay)
-    DELETE /api/budgets/{id}
-    GET    /api/groups/{name}/users        ?key=&since=&until=&limit=  usage per end user (the request's
-                                           ``user``), most credits first
+GET    /api/groups/{name}/budgets      the group's and its keys' budgets, each with its window now
+POST   /api/groups/{name}/budgets      {"amount", "window", "key_id"?, "timezone"?} -> 201
+PATCH  /api/budgets/{id}               {"amount"}: its new amount (its window and spend stay)
+DELETE /api/budgets/{id}
+GET    /api/groups/{name}/users        ?key=&since=&until=&limit=  usage per end user (the request's
+                                       ``user``), most credits first
 """
 
 from __future__ import annotations
@@ -36,9 +36,13 @@ async def create_budget(c: Console, request: Request) -> Response:
     data = await body(request)
     amount = forms.credits(amount_text(data.get("amount"), "amount"), "amount", positive=True)
     assert amount is not None
-    window, tz = forms.budget_window(data.get("window"), data.get("timezone"), c.gateway.settings.billing.timezone)
+    window, tz = forms.budget_window(
+        data.get("window"), data.get("timezone"), c.gateway.settings.billing.timezone
+    )
     key_id = data.get("key_id")
-    if key_id is not None and (isinstance(key_id, bool) or not isinstance(key_id, int) or not 1 <= key_id <= INT64_MAX):
+    if key_id is not None and (
+        isinstance(key_id, bool) or not isinstance(key_id, int) or not 1 <= key_id <= INT64_MAX
+    ):
         raise Invalid("key_id", "'key_id' must be the id of one of the group's keys, or null.")
     try:
         made = await changes(c, request).add_budget(group.name, amount, window, key_id, tz)
@@ -88,8 +92,15 @@ async def users(c: Console, request: Request) -> Response:
 
 
 def _user(u: end_users.UserUsage) -> dict[str, Any]:
-    return {"user": u.user, "calls": u.calls, "prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-            "credits": to_credits(u.credits), "credits_nano": u.credits, "last_ts": u.last_ts}  # fmt: skip
+    return {
+        "user": u.user,
+        "calls": u.calls,
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "credits": to_credits(u.credits),
+        "credits_nano": u.credits,
+        "last_ts": u.last_ts,
+    }
 
 
 def routes() -> list[Route]:

@@ -31,14 +31,39 @@ from console.groups import group_or_404, quote_name
 from core.inputs import natural
 
 CSV_COLUMNS = [
-    "id", "time", "group_id", "key_id", "key_name", "model", "provider", "deployment", "endpoint", "source", "batch_id",
-    "stream", "prompt_tokens", "completion_tokens", "cached_tokens", "cache_write_tokens", "reasoning_tokens",
-    "credits", "status", "error_code", "usage_exact", "latency_ms", "ttft_ms", "request_id", "upstream_request_id",
-    "end_user", "error",
-]  # fmt: skip
+    "id",
+    "time",
+    "group_id",
+    "key_id",
+    "key_name",
+    "model",
+    "provider",
+    "deployment",
+    "endpoint",
+    "source",
+    "batch_id",
+    "stream",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "cache_write_tokens",
+    "reasoning_tokens",
+    "credits",
+    "status",
+    "error_code",
+    "usage_exact",
+    "latency_ms",
+    "ttft_ms",
+    "request_id",
+    "upstream_request_id",
+    "end_user",
+    "error",
+]
 
 
-async def query_of(c: Console, request: Request, group_id: int | None, errors: dict[str, str]) -> tuple[CallsQuery, Filter, list[str]]:
+async def query_of(
+    c: Console, request: Request, group_id: int | None, errors: dict[str, str]
+) -> tuple[CallsQuery, Filter, list[str]]:
     """The page's query, its filter (the model filter resolved), and the models the group (or any
     group) called."""
     q = filters.parse(dict(request.query_params), prefs.zone_of(request), time.time(), errors)
@@ -47,7 +72,9 @@ async def query_of(c: Console, request: Request, group_id: int | None, errors: d
     if q.model:
         models = filters.resolve_models(q.model, c.gateway.catalog, used)
         if not models:
-            errors["model"] = f"No model matches “{q.model}”: pick one of the models {'this group' if group_id else 'any group'} called."
+            errors["model"] = (
+                f"No model matches “{q.model}”: pick one of the models {'this group' if group_id else 'any group'} called."
+            )
     return q, q.filter(group_id, models), used
 
 
@@ -57,20 +84,46 @@ async def history(c: Console, request: Request, group: Group | None) -> Response
     q, f, used = await query_of(c, request, group.id if group else None, errors)
     zone = prefs.zone_of(request)
     whose = group.name if group else "every group"
-    shown = await views.summary(c, f, q.period, zone, f"Credits and calls of {whose}, {q.period.label}", latency=False)
+    shown = await views.summary(
+        c, f, q.period, zone, f"Credits and calls of {whose}, {q.period.label}", latency=False
+    )
     f = replace(f, since=shown.since)
     result, pager = await views.page_of(c, f, q.limit, q.page, q.before, q.after)
     keys = {k.id: k for k in await c.store.list_keys(group.name if group else None)}
     here = f"{c.base(request)}/groups/{quote_name(group.name)}/calls" if group else f"{c.base(request)}/calls"
-    by_deployment = await views.breakdown(c, f, "deployment", "By deployment", lambda d: d or "(none)",
-                                          lambda d: f"{here}?{q.query(deployment=d or None)}")  # fmt: skip
+    by_deployment = await views.breakdown(
+        c,
+        f,
+        "deployment",
+        "By deployment",
+        lambda d: d or "(none)",
+        lambda d: f"{here}?{q.query(deployment=d or None)}",
+    )
     groups = {} if group else {g.id: g.name for g in await c.store.list_groups()}
     return c.render(
-        request, "calls.html", by_deployment=by_deployment, deployments=c.deployment_names(), status=400 if errors else 200, group=group, q=q, f=f, page=result, pager=pager,
-        keys=keys, shown=shown, errors=errors, models=used, tab="calls", page_sizes=filters.PAGE_SIZES,
-        statuses=filters.STATUSES, providers=sorted(c.gateway.catalog.providers), zone=zone, groups=groups,
-        places=display.places(r.credits for r in result.rows), here=here,
-    )  # fmt: skip
+        request,
+        "calls.html",
+        by_deployment=by_deployment,
+        deployments=c.deployment_names(),
+        status=400 if errors else 200,
+        group=group,
+        q=q,
+        f=f,
+        page=result,
+        pager=pager,
+        keys=keys,
+        shown=shown,
+        errors=errors,
+        models=used,
+        tab="calls",
+        page_sizes=filters.PAGE_SIZES,
+        statuses=filters.STATUSES,
+        providers=sorted(c.gateway.catalog.providers),
+        zone=zone,
+        groups=groups,
+        places=display.places(r.credits for r in result.rows),
+        here=here,
+    )
 
 
 @page
@@ -97,12 +150,34 @@ def cell(value: Any) -> Any:
 def csv_row(r: UsageRecord, keys: dict[int, KeyInfo]) -> list[Any]:
     name = keys[r.key_id].name if r.key_id in keys else ""
     values = (
-        r.id, display.iso(r.ts), r.group_id, r.key_id, name, r.model, r.provider, r.deployment, r.endpoint, r.source,
-        r.batch_id or "", int(r.stream), r.prompt_tokens, r.completion_tokens, r.cached_tokens, r.cache_write_tokens,
-        r.reasoning_tokens, display.exact(r.credits), r.status, r.error_code or "", int(r.usage_exact),
-        round(r.latency_ms, 1), "" if r.ttft_ms is None else round(r.ttft_ms, 1), r.request_id or "",
-        r.upstream_request_id or "", r.end_user or "", r.error or "",
-    )  # fmt: skip
+        r.id,
+        display.iso(r.ts),
+        r.group_id,
+        r.key_id,
+        name,
+        r.model,
+        r.provider,
+        r.deployment,
+        r.endpoint,
+        r.source,
+        r.batch_id or "",
+        int(r.stream),
+        r.prompt_tokens,
+        r.completion_tokens,
+        r.cached_tokens,
+        r.cache_write_tokens,
+        r.reasoning_tokens,
+        display.exact(r.credits),
+        r.status,
+        r.error_code or "",
+        int(r.usage_exact),
+        round(r.latency_ms, 1),
+        "" if r.ttft_ms is None else round(r.ttft_ms, 1),
+        r.request_id or "",
+        r.upstream_request_id or "",
+        r.end_user or "",
+        r.error or "",
+    )
     return [cell(v) for v in values]
 
 
@@ -152,12 +227,25 @@ async def call(c: Console, request: Request) -> Response:
     group = key.group_name if key else None
     if record is None or not operators.current().sees(group):
         raise HTTPException(404, f"No call with id {request.path_params['call_id']}.")
-    others: list[UsageRecord] = []  # the same request's other records: the candidates it fell back from (or to)
+    others: list[
+        UsageRecord
+    ] = []  # the same request's other records: the candidates it fell back from (or to)
     if record.request_id:
-        found = await c.history.history(Filter(group_id=record.group_id, request_id=record.request_id), limit=20)
+        found = await c.history.history(
+            Filter(group_id=record.group_id, request_id=record.request_id), limit=20
+        )
         others = [r for r in reversed(found.rows) if r.id != record.id]
-    return c.render(request, "call.html", r=record, key=key, group=group, places=display.places([record.credits]),
-                    charge=charge.explain(c.gateway.catalog, record), attempts=attempts_of(record), others=others)  # fmt: skip
+    return c.render(
+        request,
+        "call.html",
+        r=record,
+        key=key,
+        group=group,
+        places=display.places([record.credits]),
+        charge=charge.explain(c.gateway.catalog, record),
+        attempts=attempts_of(record),
+        others=others,
+    )
 
 
 def attempts_of(record: UsageRecord) -> list[tuple[str, str, float]]:
@@ -187,8 +275,16 @@ async def find(c: Console, request: Request) -> Response:
     found = [r for r in found if operators.current().sees(groups.get(r.group_id))]
     if len(found) == 1:
         return c.redirect(request, f"/calls/{found[0].id}")
-    return c.render(request, "find.html", wanted=wanted, found=found, groups=groups, by=by,
-                    days=UPSTREAM_SEARCH_DAYS, places=display.places(r.credits for r in found))  # fmt: skip
+    return c.render(
+        request,
+        "find.html",
+        wanted=wanted,
+        found=found,
+        groups=groups,
+        by=by,
+        days=UPSTREAM_SEARCH_DAYS,
+        places=display.places(r.credits for r in found),
+    )
 
 
 def routes() -> list[Route]:

@@ -43,7 +43,9 @@ def cli_actor() -> str:
 
 
 class Changes:
-    def __init__(self, store: Store, audit: Audit, actor: str, forget: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, store: Store, audit: Audit, actor: str, forget: Callable[[], None] | None = None
+    ) -> None:
         self.store = store
         self.audit = audit
         self.actor = actor
@@ -53,7 +55,9 @@ class Changes:
         try:
             await self.audit.record(self.actor, action, target, before, after)
         except Exception:
-            log.exception("audit record of %s on %s by %s failed (the change was made)", action, target, self.actor)
+            log.exception(
+                "audit record of %s on %s by %s failed (the change was made)", action, target, self.actor
+            )
             raise
 
     # -- groups -------------------------------------------------------------------------------------
@@ -65,19 +69,29 @@ class Changes:
     async def topup(self, name: str, amount: int) -> Group:
         before = await self.store.get_group(name)
         group = await self.store.topup(name, amount)
-        await self.record("group.topup", f"group:{name}", snapshot(before), {**(snapshot(group) or {}), "added": amount})
+        await self.record(
+            "group.topup", f"group:{name}", snapshot(before), {**(snapshot(group) or {}), "added": amount}
+        )
         return group
 
     # -- keys ---------------------------------------------------------------------------------------
-    async def create_key(self, settings: Settings, group: str, name: str, cap: int | None,
-                         allowed: list[str] | None, meta: KeyMeta | None = None) -> tuple[str, KeyInfo]:  # fmt: skip
+    async def create_key(
+        self,
+        settings: Settings,
+        group: str,
+        name: str,
+        cap: int | None,
+        allowed: list[str] | None,
+        meta: KeyMeta | None = None,
+    ) -> tuple[str, KeyInfo]:
         key, info = await new_key(self.store, settings, group, name, cap, allowed, meta=meta)
         self.forget()  # (a digest looked up before it existed is no longer unknown)
         await self.record("key.create", f"key:{info.id}", None, snapshot(info))
         return key, info
 
-    async def update_key(self, info: KeyInfo, cap: int | None, allowed: list[str] | None,
-                         meta: KeyMeta | None = None) -> KeyInfo:  # fmt: skip
+    async def update_key(
+        self, info: KeyInfo, cap: int | None, allowed: list[str] | None, meta: KeyMeta | None = None
+    ) -> KeyInfo:
         updated = info
         if cap != info.spend_cap or tuple(allowed or ()) != tuple(info.allowed_models or ()):
             updated = await self.store.update_key(info.id, cap, allowed)
@@ -101,11 +115,15 @@ class Changes:
         done = await self.store.revoke_key(key_id)
         self.forget()
         if done:
-            await self.record("key.revoke", f"key:{key_id}", snapshot(before), snapshot(await self.store.get_key(key_id)))
+            await self.record(
+                "key.revoke", f"key:{key_id}", snapshot(before), snapshot(await self.store.get_key(key_id))
+            )
         return done
 
     # -- budgets ------------------------------------------------------------------------------------
-    async def add_budget(self, group: str, amount: int, window: str, key_id: int | None, tz: str) -> BudgetState:
+    async def add_budget(
+        self, group: str, amount: int, window: str, key_id: int | None, tz: str
+    ) -> BudgetState:
         made = await budgets.add(self.store, group, amount, window, key_id, tz)
         state = await self._budget(made.id)
         await self.record("budget.add", f"budget:{made.id}", None, state.as_dict() if state else None)
@@ -117,7 +135,9 @@ class Changes:
         if before is None or not await budgets.set_amount(self.store, budget_id, amount):
             return None
         after = await self._budget(budget_id)
-        await self.record("budget.update", f"budget:{budget_id}", before.as_dict(), after.as_dict() if after else None)
+        await self.record(
+            "budget.update", f"budget:{budget_id}", before.as_dict(), after.as_dict() if after else None
+        )
         return after
 
     async def remove_budget(self, budget_id: int) -> BudgetState | None:
@@ -132,8 +152,15 @@ class Changes:
         return await budgets.state(self.store, budget_id)
 
     # -- webhooks -----------------------------------------------------------------------------------
-    async def add_webhook(self, book: AlertBook, url: str, group: str | None, balance_below: int | None,
-                          expiry_within: float | None, budgets: bool = True) -> Webhook:  # fmt: skip
+    async def add_webhook(
+        self,
+        book: AlertBook,
+        url: str,
+        group: str | None,
+        balance_below: int | None,
+        expiry_within: float | None,
+        budgets: bool = True,
+    ) -> Webhook:
         hook = await book.add_webhook(url, group, balance_below, expiry_within, budgets)
         await self.record("webhook.create", f"webhook:{hook.id}", None, hook.json())  # never its secret
         return hook
@@ -146,8 +173,9 @@ class Changes:
         return True
 
     # -- operators (never a password, its hash or a token in the record) --------------------------
-    async def add_operator(self, book: Operators, name: str, role: str, groups: list[str],
-                           password_hash: str) -> Operator:  # fmt: skip
+    async def add_operator(
+        self, book: Operators, name: str, role: str, groups: list[str], password_hash: str
+    ) -> Operator:
         for group in groups:
             if await self.store.get_group(group) is None:
                 raise OperatorError(f"no group named {group!r}", "groups")

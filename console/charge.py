@@ -44,12 +44,19 @@ def explain(catalog: Catalog, r: UsageRecord) -> Charge | None:
     cached = min(r.cached_tokens, r.prompt_tokens)
     written = min(r.cache_write_tokens, r.prompt_tokens - cached)
     fresh = r.prompt_tokens - cached - written
-    lines = [Line("Input", fresh, p.input, fresh * p.input),
-             Line("Cached input", cached, p.cached_input, cached * p.cached_input),
-             Line("Cache writes", written, p.cache_write, written * p.cache_write),
-             Line("Output (reasoning included)", r.completion_tokens, p.output, r.completion_tokens * p.output)]  # fmt: skip
-    usage = TokenUsage(prompt=r.prompt_tokens, completion=r.completion_tokens, cached=r.cached_tokens,
-                       cache_write=r.cache_write_tokens, reasoning=r.reasoning_tokens)  # fmt: skip
+    lines = [
+        Line("Input", fresh, p.input, fresh * p.input),
+        Line("Cached input", cached, p.cached_input, cached * p.cached_input),
+        Line("Cache writes", written, p.cache_write, written * p.cache_write),
+        Line("Output (reasoning included)", r.completion_tokens, p.output, r.completion_tokens * p.output),
+    ]
+    usage = TokenUsage(
+        prompt=r.prompt_tokens,
+        completion=r.completion_tokens,
+        cached=r.cached_tokens,
+        cache_write=r.cache_write_tokens,
+        reasoning=r.reasoning_tokens,
+    )
     computed = cost(p, usage) if r.status != "rejected" else 0
     notes = []
     if r.status == "rejected":
@@ -61,7 +68,8 @@ def explain(catalog: Catalog, r: UsageRecord) -> Charge | None:
     if not r.usage_exact:
         notes.append("The provider did not report usage: the token counts are the gateway's estimate.")
     if r.status != "rejected" and computed != r.credits:
-        notes.append("The charge differs from these prices: the catalog's prices changed since the call, or it had "
-                     "input images, hour-long cache writes or generated images, which are priced apart.")  # fmt: skip
+        notes.append(
+            "The charge differs from these prices: the catalog's prices changed since the call, or it had "
+            "input images, hour-long cache writes or generated images, which are priced apart."
+        )
     return Charge([line for line in lines if line.tokens], computed, r.credits, notes)
-

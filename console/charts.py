@@ -39,7 +39,7 @@ def nice_step(maximum: float, whole: bool = False) -> float:
         return 1.0
     raw = maximum / TICKS
     exp = 10 ** math.floor(math.log10(raw))
-    for m in ((1, 2, 5, 10) if whole else (1, 2, 2.5, 5, 10)):
+    for m in (1, 2, 5, 10) if whole else (1, 2, 2.5, 5, 10):
         if m * exp >= raw - 1e-12:
             step = m * exp
             return max(1.0, round(step)) if whole else step
@@ -95,20 +95,26 @@ def _draw(b: Buckets, points: Sequence[Point], title: str, zone: str, size: str)
     for i in range(ticks + 1):
         y = TOP + plot_h * (1 - i / ticks)
         out.append(f'<line class="grid" x1="{left}" y1="{y:.1f}" x2="{W - right}" y2="{y:.1f}"/>')
-        out.append(f'<text class="axis credits" x="{left - 8}" y="{y + 4:.1f}" text-anchor="end">'
-                   f"{_credits_tick(credit_step * i, decimals)}</text>")  # fmt: skip
+        out.append(
+            f'<text class="axis credits" x="{left - 8}" y="{y + 4:.1f}" text-anchor="end">'
+            f"{_credits_tick(credit_step * i, decimals)}</text>"
+        )
     call_ticks = int(round(call_max / call_step))
     for i in range(call_ticks + 1):
         y = TOP + plot_h * (1 - i / call_ticks)
-        out.append(f'<text class="axis calls" x="{W - right + 8}" y="{y + 4:.1f}">{int(call_step * i):,}</text>')
+        out.append(
+            f'<text class="axis calls" x="{W - right + 8}" y="{y + 4:.1f}">{int(call_step * i):,}</text>'
+        )
     line: list[str] = []
     for i, p in enumerate(points):
         x = left + i * step
         h = plot_h * credits[i] / credit_max
         cx, cy = x + step / 2, TOP + plot_h * (1 - p.calls / call_max)
         line.append(f"{cx:.1f},{cy:.1f}")
-        tip = (f"{b.label(i, long=True)} ({zone}): {p.calls:,} calls"
-               f"{f' ({p.failed:,} failed or rejected)' if p.failed else ''}, {display.exact(p.credits)} credits")  # fmt: skip
+        tip = (
+            f"{b.label(i, long=True)} ({zone}): {p.calls:,} calls"
+            f"{f' ({p.failed:,} failed or rejected)' if p.failed else ''}, {display.exact(p.credits)} credits"
+        )
         out.append(
             f'<g class="bucket"><rect class="hit" x="{x:.1f}" y="{TOP}" width="{step:.1f}" height="{plot_h}"/>'
             f'<rect class="bar" x="{x + (step - bar) / 2:.1f}" y="{TOP + plot_h - h:.1f}" width="{bar:.1f}" '
@@ -116,16 +122,26 @@ def _draw(b: Buckets, points: Sequence[Point], title: str, zone: str, size: str)
         )
     out.append(f'<polyline class="line" points="{" ".join(line)}"/>')
     if n <= (45 if size == "wide" else 24):
-        out += [f'<circle class="dot" cx="{pt.split(",")[0]}" cy="{pt.split(",")[1]}" r="2.5"/>' for pt in line]
-    out.append(f'<line class="axisline" x1="{left}" y1="{TOP + plot_h}" x2="{W - right}" y2="{TOP + plot_h}"/>')
+        out += [
+            f'<circle class="dot" cx="{pt.split(",")[0]}" cy="{pt.split(",")[1]}" r="2.5"/>' for pt in line
+        ]
+    out.append(
+        f'<line class="axisline" x1="{left}" y1="{TOP + plot_h}" x2="{W - right}" y2="{TOP + plot_h}"/>'
+    )
     for i in b.ticks(most):
         x = left + i * step
-        out.append(f'<line class="tick" x1="{x:.1f}" y1="{TOP + plot_h}" x2="{x:.1f}" y2="{TOP + plot_h + 5}"/>')
-        out.append(f'<text class="axis" x="{x:.1f}" y="{H - BOTTOM + 19}" text-anchor="start">{escape(b.label(i))}</text>')
+        out.append(
+            f'<line class="tick" x1="{x:.1f}" y1="{TOP + plot_h}" x2="{x:.1f}" y2="{TOP + plot_h + 5}"/>'
+        )
+        out.append(
+            f'<text class="axis" x="{x:.1f}" y="{H - BOTTOM + 19}" text-anchor="start">{escape(b.label(i))}</text>'
+        )
     out.append(f'<text class="legend credits" x="{left}" y="{H - 8}">▮ credits (left)</text>')
     out.append(f'<text class="legend calls" x="{left + 16 * char}" y="{H - 8}">● calls (right)</text>')
     if size == "wide":
-        out.append(f'<text class="legend" x="{W - right}" y="{H - 8}" text-anchor="end">{escape(zone)}</text>')
+        out.append(
+            f'<text class="legend" x="{W - right}" y="{H - 8}" text-anchor="end">{escape(zone)}</text>'
+        )
     out.append("</svg>")
     return "".join(out)
 

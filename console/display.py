@@ -46,7 +46,11 @@ def fixed(nano: int | None, decimals: int = MIN_PLACES) -> str:
     scale = 10 ** (9 - decimals)
     units = (abs(nano) + scale // 2) // scale  # in 10**-decimals credits
     if nano and not units:
-        return f"{'>-' if nano < 0 else '<'}0.{'0' * (decimals - 1)}1" if decimals else f"{'>-' if nano < 0 else '<'}1"
+        return (
+            f"{'>-' if nano < 0 else '<'}0.{'0' * (decimals - 1)}1"
+            if decimals
+            else f"{'>-' if nano < 0 else '<'}1"
+        )
     whole, frac = divmod(units, 10**decimals)
     return f"{sign}{whole:,}" + (f".{frac:0{decimals}d}" if decimals else "")
 

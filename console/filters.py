@@ -26,9 +26,18 @@ STATUSES = ("ok", "error", "interrupted", "rejected")
 STREAMS = {"": None, "yes": True, "no": False}
 TEXT_LIMIT = 256
 # the filters shown as removable chips: (field, label)
-CHIPS = (("model", "model"), ("key", "key"), ("status", "status"), ("provider", "provider"),
-         ("endpoint", "endpoint"), ("stream", "stream"), ("request", "request id"), ("user", "user"),
-         ("deployment", "deployment"), ("batch", "batch"))  # fmt: skip
+CHIPS = (
+    ("model", "model"),
+    ("key", "key"),
+    ("status", "status"),
+    ("provider", "provider"),
+    ("endpoint", "endpoint"),
+    ("stream", "stream"),
+    ("request", "request id"),
+    ("user", "user"),
+    ("deployment", "deployment"),
+    ("batch", "batch"),
+)
 
 
 def query_string(values: dict[str, Any], changes: dict[str, Any]) -> str:
@@ -79,20 +88,38 @@ class CallsQuery:
     def filter(self, group_id: int | None, models: tuple[str, ...] | None = None) -> Filter:
         """The records this query is about (``models``: what the model filter resolved to)."""
         return Filter(
-            group_id, source=SOURCES[self.source], key_id=self.key, since=self.period.since, until=self.period.until,
-            models=models if self.model else None, status=self.status or None, provider=self.provider or None,
-            endpoint=self.endpoint or None, stream=STREAMS[self.stream], request_id=self.request or None,
-            end_user=self.user or None, deployment=self.deployment or None, batch_id=self.batch or None,
-        )  # fmt: skip
+            group_id,
+            source=SOURCES[self.source],
+            key_id=self.key,
+            since=self.period.since,
+            until=self.period.until,
+            models=models if self.model else None,
+            status=self.status or None,
+            provider=self.provider or None,
+            endpoint=self.endpoint or None,
+            stream=STREAMS[self.stream],
+            request_id=self.request or None,
+            end_user=self.user or None,
+            deployment=self.deployment or None,
+            batch_id=self.batch or None,
+        )
 
     def params(self) -> dict[str, Any]:
         return {
-            "source": self.source if self.source != "all" else None, **period_params(self.period),
-            "model": self.model, "key": self.key, "status": self.status,
-            "provider": self.provider, "endpoint": self.endpoint, "stream": self.stream, "request": self.request,
-            "user": self.user, "deployment": self.deployment, "batch": self.batch,
+            "source": self.source if self.source != "all" else None,
+            **period_params(self.period),
+            "model": self.model,
+            "key": self.key,
+            "status": self.status,
+            "provider": self.provider,
+            "endpoint": self.endpoint,
+            "stream": self.stream,
+            "request": self.request,
+            "user": self.user,
+            "deployment": self.deployment,
+            "batch": self.batch,
             "limit": self.limit if self.limit != 50 else None,
-        }  # fmt: skip
+        }
 
     def query(self, **changes: Any) -> str:
         """This query string with some parameters changed (None or "" drops one); the page cursors
@@ -101,7 +128,9 @@ class CallsQuery:
 
     def kept(self) -> str:
         """The query string of what every link to another page keeps: the Jobs/API toggle and the period."""
-        return query_string({"source": self.source if self.source != "all" else None, **period_params(self.period)}, {})
+        return query_string(
+            {"source": self.source if self.source != "all" else None, **period_params(self.period)}, {}
+        )
 
     def chips(self) -> list[tuple[str, str, str]]:
         """The filters in force: (label, value, the query string without it)."""
@@ -121,8 +150,9 @@ def text(params: dict[str, str], name: str) -> str:
     return params.get(name, "").strip()[:TEXT_LIMIT]
 
 
-def parse(params: dict[str, str], zone: ZoneInfo, now: float, errors: dict[str, str],
-          default_period: str = "7d") -> CallsQuery:  # fmt: skip
+def parse(
+    params: dict[str, str], zone: ZoneInfo, now: float, errors: dict[str, str], default_period: str = "7d"
+) -> CallsQuery:
     """The query of a calls page; a bad value is reported in ``errors`` and left out."""
 
     def take(name: str, parse_it: Any, default: Any) -> Any:
@@ -132,8 +162,13 @@ def parse(params: dict[str, str], zone: ZoneInfo, now: float, errors: dict[str, 
             errors[exc.field or name] = exc.message
             return default
 
-    q = CallsQuery(period=take("period", lambda: periods.choose(params, zone, now, default_period),
-                               periods.choose({}, zone, now, default_period)))  # fmt: skip
+    q = CallsQuery(
+        period=take(
+            "period",
+            lambda: periods.choose(params, zone, now, default_period),
+            periods.choose({}, zone, now, default_period),
+        )
+    )
     source = params.get("source", "all") or "all"
     if source not in SOURCES:
         errors["source"] = "The source is all, api or job."
@@ -154,13 +189,23 @@ def parse(params: dict[str, str], zone: ZoneInfo, now: float, errors: dict[str, 
     size = size if size in PAGE_SIZES else 50
     page = natural(params.get("page", "")) or 0
     return replace(
-        q, source=source, model=text(params, "model").lower(), key=take("key", lambda: cursor(params.get("key", ""), "key"), None),
-        status=status, provider=text(params, "provider"), endpoint=text(params, "endpoint"), stream=stream,
-        request=text(params, "request"), user=text(params, "user"), deployment=deployment,
-        batch=text(params, "batch"), limit=size, before=take("before", lambda: cursor(params.get("before", ""), "before"), None),
+        q,
+        source=source,
+        model=text(params, "model").lower(),
+        key=take("key", lambda: cursor(params.get("key", ""), "key"), None),
+        status=status,
+        provider=text(params, "provider"),
+        endpoint=text(params, "endpoint"),
+        stream=stream,
+        request=text(params, "request"),
+        user=text(params, "user"),
+        deployment=deployment,
+        batch=text(params, "batch"),
+        limit=size,
+        before=take("before", lambda: cursor(params.get("before", ""), "before"), None),
         after=take("after", lambda: cursor(params.get("after", ""), "after"), None),
         page=page if 0 < page < 10**9 else None,
-    )  # fmt: skip
+    )
 
 
 def resolve_models(typed: str, catalog: Catalog, used: list[str]) -> tuple[str, ...]:

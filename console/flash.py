@@ -26,7 +26,9 @@ def _key(secret: str, csrf: str, token: str) -> bytes:
 
 
 def _stream(key: bytes, size: int) -> bytes:
-    blocks = (hmac.new(key, b"ctr" + n.to_bytes(8, "big"), hashlib.sha256).digest() for n in range(size // 32 + 1))
+    blocks = (
+        hmac.new(key, b"ctr" + n.to_bytes(8, "big"), hashlib.sha256).digest() for n in range(size // 32 + 1)
+    )
     return b"".join(blocks)[:size]
 
 

@@ -21,7 +21,9 @@ T = TypeVar("T")
 
 MAX_FORM_BYTES = 64 * 1024
 AMOUNT = re.compile(r"^\d{1,12}(\.\d{1,9})?$")
-GROUPED = re.compile(r"^\d{1,3}([,\s\u00a0\u202f_]\d{3})+(\.\d{1,9})?$")  # 1,000,000.5 · 1 000 000 · 1_000_000
+GROUPED = re.compile(
+    r"^\d{1,3}([,\s\u00a0\u202f_]\d{3})+(\.\d{1,9})?$"
+)  # 1,000,000.5 · 1 000 000 · 1_000_000
 MODEL = re.compile(r"^[a-z0-9][a-z0-9._:/-]{0,127}$")
 # ``?source=`` everywhere in the console: every core.types.Source, or all of them
 SOURCES: dict[str, Source | None] = {"all": None, **{s: s for s in get_args(Source)}}
@@ -46,13 +48,17 @@ def credits(text: str, field: str, *, positive: bool = False, allow_empty: bool 
     if GROUPED.match(text):
         text = re.sub(r"[,\s\u00a0\u202f_]", "", text)
     elif "," in text:
-        raise Invalid(field, f"“{text[:40]}”: use a point for decimals (1.5) and commas only between thousands (1,000).")
+        raise Invalid(
+            field, f"“{text[:40]}”: use a point for decimals (1.5) and commas only between thousands (1,000)."
+        )
     if not AMOUNT.match(text):
         raise Invalid(field, f"“{text[:40]}” is not an amount of credits: use digits, with up to 9 decimals.")
     try:
         nano = to_nano(text)
     except ValueError:
-        raise Invalid(field, f"“{text[:40]}” is not an amount of credits: use digits, with up to 9 decimals.") from None
+        raise Invalid(
+            field, f"“{text[:40]}” is not an amount of credits: use digits, with up to 9 decimals."
+        ) from None
     if positive and nano <= 0:
         raise Invalid(field, "The amount must be more than zero.")
     return nano
@@ -106,7 +112,9 @@ def cursor(text: str, field: str) -> int | None:
     return value
 
 
-def budget_window(window: Any, tz: Any, default_tz: str, fields: tuple[str, str] = ("window", "timezone")) -> tuple[str, str]:
+def budget_window(
+    window: Any, tz: Any, default_tz: str, fields: tuple[str, str] = ("window", "timezone")
+) -> tuple[str, str]:
     """A budget's window and time zone as an operator gives them (the console's form, the admin API):
     ``day``/``week``/``month`` (calendar, in ``tz``) or a rolling ``30m``/``12h``/``7d``."""
     zone = tz if isinstance(tz, str) and tz.strip() else default_tz

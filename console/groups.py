@@ -71,8 +71,15 @@ async def groups_page(c: Console, request: Request, status: int = 200, **context
     context.setdefault("errors", {})
     context.setdefault("values", {})
     columns = [g.balance for g in groups] + [g.reserved for g in groups] + [g.spent for g in groups]
-    return c.render(request, "groups.html", status=status, groups=groups, notice=notice(request),
-                    places=views.display.places(columns), **context)  # fmt: skip
+    return c.render(
+        request,
+        "groups.html",
+        status=status,
+        groups=groups,
+        notice=notice(request),
+        places=views.display.places(columns),
+        **context,
+    )
 
 
 groups = page(groups_page)
@@ -123,7 +130,9 @@ async def topup(c: Console, request: Request, form: dict[str, str]) -> Response:
 
 
 # -- one group ------------------------------------------------------------------------------------
-async def summary_page(c: Console, request: Request, name: str, status: int = 200, **context: Any) -> Response:
+async def summary_page(
+    c: Console, request: Request, name: str, status: int = 200, **context: Any
+) -> Response:
     group = await group_or_404(c, name)
     errors: dict[str, str] = context.pop("errors", {})
     period = period_of(request, errors)
@@ -136,26 +145,59 @@ async def summary_page(c: Console, request: Request, name: str, status: int = 20
     here = f"{c.base(request)}/groups/{quote_name(group.name)}/calls"
     calls = filters.CallsQuery(source=source, period=period)
     tables = [
-        await views.breakdown(c, f, "model", "By model", lambda m: m or "(none)",
-                              lambda m: f"{here}?{calls.query(model=m)}"),
-        await views.breakdown(c, f, "key_id", "By key", lambda k: _key_label(keys, k),
-                              lambda k: f"{c.base(request)}/keys/{k}?{calls.kept()}"),
-        await views.breakdown(c, f, "endpoint", "By endpoint", str, lambda e: f"{here}?{calls.query(endpoint=e)}"),
-        await views.breakdown(c, f, "source", "By source", lambda s: "Jobs" if s == "job" else "API",
-                              lambda s: f"{here}?{calls.query(source=s)}"),
-    ]  # fmt: skip
-    deployments = await views.breakdown(c, f, "deployment", "By deployment", lambda d: d or "(none)",
-                                        lambda d: f"{here}?{calls.query(deployment=d or None)}")  # fmt: skip
+        await views.breakdown(
+            c, f, "model", "By model", lambda m: m or "(none)", lambda m: f"{here}?{calls.query(model=m)}"
+        ),
+        await views.breakdown(
+            c,
+            f,
+            "key_id",
+            "By key",
+            lambda k: _key_label(keys, k),
+            lambda k: f"{c.base(request)}/keys/{k}?{calls.kept()}",
+        ),
+        await views.breakdown(
+            c, f, "endpoint", "By endpoint", str, lambda e: f"{here}?{calls.query(endpoint=e)}"
+        ),
+        await views.breakdown(
+            c,
+            f,
+            "source",
+            "By source",
+            lambda s: "Jobs" if s == "job" else "API",
+            lambda s: f"{here}?{calls.query(source=s)}",
+        ),
+    ]
+    deployments = await views.breakdown(
+        c,
+        f,
+        "deployment",
+        "By deployment",
+        lambda d: d or "(none)",
+        lambda d: f"{here}?{calls.query(deployment=d or None)}",
+    )
     if any(r.key for r in deployments.rows):  # a provider with several deployments served some
         tables.append(deployments)
     context.setdefault("values", {})
     return c.render(
-        request, "group.html", status=status, group=group, period=period, source=source, shown=shown,
-        tables=tables, errors=errors, notice=notice(request), tab="summary", link=calls,
-        budget_keys=list(keys.values()), **await budget_forms.card(c, group.name),
+        request,
+        "group.html",
+        status=status,
+        group=group,
+        period=period,
+        source=source,
+        shown=shown,
+        tables=tables,
+        errors=errors,
+        notice=notice(request),
+        tab="summary",
+        link=calls,
+        budget_keys=list(keys.values()),
+        **await budget_forms.card(c, group.name),
         topups=await c.audit.entries(TOPUPS, None, f"group:{group.name}", "group.topup"),
-        places=views.display.places([group.balance, group.reserved, group.spent]), **context,
-    )  # fmt: skip
+        places=views.display.places([group.balance, group.reserved, group.spent]),
+        **context,
+    )
 
 
 def _key_label(keys: dict[int, Any], key_id: int) -> str:
@@ -182,11 +224,19 @@ async def keys_page(c: Console, request: Request, name: str, status: int = 200, 
     context.setdefault("errors", {})
     context.setdefault("values", {})
     return c.render(
-        request, "group_keys.html", status=status, group=group, keys=keys, used=used, new_key=new,
+        request,
+        "group_keys.html",
+        status=status,
+        group=group,
+        keys=keys,
+        used=used,
+        new_key=new,
         link=filters.CallsQuery(source=source_of(request), period=period_of(request, {})),
-        tab="keys", notice=notice(request), places=views.display.places(
-            [k.spent for k in keys] + [k.spend_cap for k in keys]), **context,
-    )  # fmt: skip
+        tab="keys",
+        notice=notice(request),
+        places=views.display.places([k.spent for k in keys] + [k.spend_cap for k in keys]),
+        **context,
+    )
 
 
 @page
@@ -194,7 +244,9 @@ async def group_keys(c: Console, request: Request) -> Response:
     return await keys_page(c, request, request.path_params["name"])
 
 
-def key_fields(c: Console, form: dict[str, str], errors: dict[str, str]) -> tuple[int | None, list[str] | None]:
+def key_fields(
+    c: Console, form: dict[str, str], errors: dict[str, str]
+) -> tuple[int | None, list[str] | None]:
     cap: int | None = None
     allowed: list[str] | None = None
     try:
@@ -220,7 +272,9 @@ async def create_key(c: Console, request: Request, form: dict[str, str]) -> Resp
     cap, allowed = key_fields(c, form, errors)
     if errors:
         return await keys_page(c, request, group.name, 400, errors=errors, values=form)
-    key, info = await c.changes(request, "console").create_key(c.gateway.settings, group.name, label, cap, allowed)
+    key, info = await c.changes(request, "console").create_key(
+        c.gateway.settings, group.name, label, cap, allowed
+    )
     # the clear key goes to the next page through a one-time flash: a reload shows (and makes) nothing
     token = await flash.put(c.queries.db, await c.secret(), request.state.session.csrf, key)
     return c.redirect(request, f"/groups/{quote_name(group.name)}/keys", created=token, key=info.id)

@@ -49,8 +49,12 @@ async def keys(c: Console, request: Request) -> Response:
     status = params.get("status", "") if params.get("status", "") in STATUSES else ""
     sort = params.get("sort", "used") if params.get("sort", "used") in SORTS else "used"
     everyone = [k for k in await c.store.list_keys() if operators.current().sees(k.group_name)]
-    listed = [k for k in everyone if (not search or matches(k, search))
-              and (not status or (status == "revoked") == (k.revoked_at is not None))]  # fmt: skip
+    listed = [
+        k
+        for k in everyone
+        if (not search or matches(k, search))
+        and (not status or (status == "revoked") == (k.revoked_at is not None))
+    ]
     zone = prefs.zone_of(request)
     since = period.since
     if since is None:
@@ -67,13 +71,29 @@ async def keys(c: Console, request: Request) -> Response:
     shown = listed[:500]
     amounts = [per_key[(k.id,)].credits for k in shown if (k.id,) in per_key]
     return c.render(
-        request, "keys.html", keys=shown, more=len(listed) - len(shown), total=len(everyone), per_key=per_key,
-        used=used, period=period, search=search, state=status, sort=sort, statuses=STATUSES, sorts=SORTS,
-        errors=errors, zone=zone, places=display.places(amounts), spent_places=display.places(k.spent for k in shown),
+        request,
+        "keys.html",
+        keys=shown,
+        more=len(listed) - len(shown),
+        total=len(everyone),
+        per_key=per_key,
+        used=used,
+        period=period,
+        search=search,
+        state=status,
+        sort=sort,
+        statuses=STATUSES,
+        sorts=SORTS,
+        errors=errors,
+        zone=zone,
+        places=display.places(amounts),
+        spent_places=display.places(k.spent for k in shown),
         now=time.time(),
-        link=Link({"q": search, "status": status, "sort": sort if sort != "used" else None, **period_params(period)}),
+        link=Link(
+            {"q": search, "status": status, "sort": sort if sort != "used" else None, **period_params(period)}
+        ),
         kept=CallsQuery(period=period).kept(),
-    )  # fmt: skip
+    )
 
 
 async def key_page(c: Console, request: Request, status: int = 200, **context: Any) -> Response:
@@ -81,10 +101,20 @@ async def key_page(c: Console, request: Request, status: int = 200, **context: A
     errors: dict[str, str] = context.pop("errors", {})
     period = period_of(request, errors)  # (the default of every page: a link from one keeps its period)
     link = CallsQuery(source=source_of(request), period=period)
-    f = Filter(info.group_id, key_id=info.id, since=period.since, until=period.until, source=SOURCES[link.source])
-    table = await views.breakdown(c, f, "model", "By model", lambda m: m or "(none)",
-                                  lambda m: f"{c.base(request)}/groups/{quote_name(info.group_name)}/calls?{link.query(key=info.id, model=m)}",
-                                  top=100)  # fmt: skip
+    f = Filter(
+        info.group_id, key_id=info.id, since=period.since, until=period.until, source=SOURCES[link.source]
+    )
+    table = await views.breakdown(
+        c,
+        f,
+        "model",
+        "By model",
+        lambda m: m or "(none)",
+        lambda m: (
+            f"{c.base(request)}/groups/{quote_name(info.group_name)}/calls?{link.query(key=info.id, model=m)}"
+        ),
+        top=100,
+    )
     total = await c.analysis.total(f)
     used = await c.analysis.last_used([info.id])
     values = context.pop("values", None) or {
@@ -96,14 +126,27 @@ async def key_page(c: Console, request: Request, status: int = 200, **context: A
     }
     token = request.query_params.get("rotated", "")
     if token and not errors:
-        context["new_secret"] = await flash.take(c.queries.db, await c.secret(), request.state.session.csrf, token)
+        context["new_secret"] = await flash.take(
+            c.queries.db, await c.secret(), request.state.session.csrf, token
+        )
     return c.render(
-        request, "key.html", status=status, key=info, table=table, total=total, period=period, errors=errors,
+        request,
+        "key.html",
+        status=status,
+        key=info,
+        table=table,
+        total=total,
+        period=period,
+        errors=errors,
         now=time.time(),
-        values=values, notice=notice(request), last_used=used.get(info.id), link=link,
+        values=values,
+        notice=notice(request),
+        last_used=used.get(info.id),
+        link=link,
         places=display.places([info.spent, info.spend_cap or 0]),
-        **await budget_forms.card(c, info.group_name, info.id), **context,
-    )  # fmt: skip
+        **await budget_forms.card(c, info.group_name, info.id),
+        **context,
+    )
 
 
 key = page(key_page)
@@ -125,13 +168,19 @@ async def update_lifecycle(c: Console, request: Request, form: dict[str, str]) -
     info = await key_or_404(c, request.path_params["key_id"])
     old = KeyMeta(info.expires_at, info.tags, info.owner)
     try:
-        given = {"expires_at": form.get("expires_at", ""), "tags": form.get("tags", ""), "owner": form.get("owner", "")}
+        given = {
+            "expires_at": form.get("expires_at", ""),
+            "tags": form.get("tags", ""),
+            "owner": form.get("owner", ""),
+        }
         if info.expires_at and given["expires_at"].strip() == display.iso(info.expires_at):
             del given["expires_at"]  # unchanged (it may be past already: only a new expiry must be ahead)
         meta = lifecycle.meta_of(given, old)
     except Invalid as exc:
         return await key_page(c, request, 400, errors={exc.field: exc.message}, values=form)
-    await c.changes(request, "console").update_key(info, info.spend_cap, list(info.allowed_models or ()) or None, meta)
+    await c.changes(request, "console").update_key(
+        info, info.spend_cap, list(info.allowed_models or ()) or None, meta
+    )
     return c.redirect(request, f"/keys/{info.id}", ok="updated")
 
 
@@ -145,8 +194,15 @@ async def confirm_rotate(c: Console, request: Request) -> Response:
         grace = lifecycle.grace(given, "grace")
     except Invalid as exc:
         return await key_page(c, request, 400, errors={exc.field: exc.message}, values={"grace": given})
-    return c.render(request, "confirm_rotate.html", key=info, grace=given, seconds=grace,
-                    grace_text=lifecycle.grace_text(grace), until=time.time() + grace)  # fmt: skip
+    return c.render(
+        request,
+        "confirm_rotate.html",
+        key=info,
+        grace=given,
+        seconds=grace,
+        grace_text=lifecycle.grace_text(grace),
+        until=time.time() + grace,
+    )
 
 
 @action
@@ -169,8 +225,15 @@ async def rotate(c: Console, request: Request, form: dict[str, str]) -> Response
 async def confirm_revoke(c: Console, request: Request) -> Response:
     info = await key_or_404(c, request.path_params["key_id"])
     used = await c.analysis.last_used([info.id])
-    return c.render(request, "confirm_revoke.html", key=info, last_used=used.get(info.id),
-                    back=c.safe(request, request.query_params.get("back", ""), f"/groups/{quote_name(info.group_name)}/keys"))  # fmt: skip
+    return c.render(
+        request,
+        "confirm_revoke.html",
+        key=info,
+        last_used=used.get(info.id),
+        back=c.safe(
+            request, request.query_params.get("back", ""), f"/groups/{quote_name(info.group_name)}/keys"
+        ),
+    )
 
 
 @action

@@ -50,8 +50,11 @@ def expiry(value: Any, field: str = "expires_at", now: float | None = None) -> f
     else:
         at = None
     if at is None or not 0 <= at <= MAX_TIME:
-        raise Invalid(field, f"'{field}' must be a time: epoch seconds, an ISO 8601 date or time "
-                             "(2027-01-31 or 2027-01-31T12:00:00Z), a duration from now (30d, 12h), or null.")  # fmt: skip
+        raise Invalid(
+            field,
+            f"'{field}' must be a time: epoch seconds, an ISO 8601 date or time "
+            "(2027-01-31 or 2027-01-31T12:00:00Z), a duration from now (30d, 12h), or null.",
+        )
     if at <= now:
         raise Invalid(field, f"'{field}' is in the past ({_iso(at)}): give a time after now ({_iso(now)}).")
     return at

@@ -78,7 +78,9 @@ class Operator:
     @property
     def fingerprint(self) -> str:
         """What its sessions logged in against: a new password or role ends them."""
-        return hashlib.sha256(f"{self.name}\0{self.role}\0{self.password_hash}\0{','.join(self.groups)}".encode()).hexdigest()
+        return hashlib.sha256(
+            f"{self.name}\0{self.role}\0{self.password_hash}\0{','.join(self.groups)}".encode()
+        ).hexdigest()
 
 
 ADMIN = Operator(BUILT_IN, "admin")
@@ -99,8 +101,10 @@ def acting(operator: Operator) -> None:
 
 def check(name: str, role: str, groups: list[str]) -> None:
     if not NAME.fullmatch(name) or name == BUILT_IN:
-        raise OperatorError(f"{name!r}: an operator's name is 1 to 64 of a-z, 0-9, '.', '_', '-' "
-                            f"(starting with a letter or digit), and not {BUILT_IN!r}")  # fmt: skip
+        raise OperatorError(
+            f"{name!r}: an operator's name is 1 to 64 of a-z, 0-9, '.', '_', '-' "
+            f"(starting with a letter or digit), and not {BUILT_IN!r}"
+        )
     if role not in ROLES:
         raise OperatorError(f"{role!r}: the role is one of {', '.join(ROLES)}", "role")
     if role == "operator" and not groups:
@@ -117,8 +121,10 @@ def new_token() -> str:
     return TOKEN_PREFIX + secrets.token_urlsafe(32)
 
 
-MIGRATION = ("CREATE TABLE console_operators (name TEXT PRIMARY KEY, role TEXT NOT NULL, groups TEXT NOT NULL, "
-             "password_hash TEXT NOT NULL, token_hash TEXT, created_at DOUBLE PRECISION NOT NULL)")  # fmt: skip
+MIGRATION = (
+    "CREATE TABLE console_operators (name TEXT PRIMARY KEY, role TEXT NOT NULL, groups TEXT NOT NULL, "
+    "password_hash TEXT NOT NULL, token_hash TEXT, created_at DOUBLE PRECISION NOT NULL)"
+)
 _COLUMNS = "name, role, groups, password_hash, token_hash"
 
 
@@ -136,8 +142,10 @@ class Operators:
         check(name, role, groups)
         if await self.get(name) is not None:
             raise OperatorError(f"there is already an operator named {name!r}")
-        await self.db.write(f"INSERT INTO console_operators ({_COLUMNS}, created_at) VALUES (?, ?, ?, ?, NULL, ?)",
-                            (name, role, json.dumps(sorted(set(groups))), password_hash, time.time()))  # fmt: skip
+        await self.db.write(
+            f"INSERT INTO console_operators ({_COLUMNS}, created_at) VALUES (?, ?, ?, ?, NULL, ?)",
+            (name, role, json.dumps(sorted(set(groups))), password_hash, time.time()),
+        )
         found = await self.get(name)
         assert found is not None
         return found
@@ -147,21 +155,29 @@ class Operators:
         return _row(rows[0]) if rows else None
 
     async def all(self) -> list[Operator]:
-        return [_row(r) for r in await self.db.select(f"SELECT {_COLUMNS} FROM console_operators ORDER BY name")]
+        return [
+            _row(r) for r in await self.db.select(f"SELECT {_COLUMNS} FROM console_operators ORDER BY name")
+        ]
 
     async def by_token(self, token: str) -> Operator | None:
         if not token.startswith(TOKEN_PREFIX):
             return None
         wanted = token_hash(token)
-        rows = await self.db.select(f"SELECT {_COLUMNS} FROM console_operators WHERE token_hash = ?", (wanted,))
+        rows = await self.db.select(
+            f"SELECT {_COLUMNS} FROM console_operators WHERE token_hash = ?", (wanted,)
+        )
         found = _row(rows[0]) if rows else None
         return found if found is not None and hmac.compare_digest(found.token_hash, wanted) else None
 
     async def set_password(self, name: str, password_hash: str) -> bool:
-        return await self._changed("UPDATE console_operators SET password_hash = ? WHERE name = ?", (password_hash, name))
+        return await self._changed(
+            "UPDATE console_operators SET password_hash = ? WHERE name = ?", (password_hash, name)
+        )
 
     async def set_token(self, name: str, token: str) -> bool:
-        return await self._changed("UPDATE console_operators SET token_hash = ? WHERE name = ?", (token_hash(token), name))
+        return await self._changed(
+            "UPDATE console_operators SET token_hash = ? WHERE name = ?", (token_hash(token), name)
+        )
 
     async def remove(self, name: str) -> bool:
         return await self._changed("DELETE FROM console_operators WHERE name = ?", (name,))

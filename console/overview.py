@@ -30,19 +30,45 @@ async def overview(c: Console, request: Request) -> Response:
     base = c.base(request)
     link = filters.CallsQuery(source=source, period=period)  # (every link keeps the toggle and the period)
     tables = [
-        await views.breakdown(c, f, "group_id", "Top groups", lambda g: groups.get(g, f"group {g}"),
-                              lambda g: f"{base}/groups/{quote_name(groups.get(g, ''))}?{link.query()}",
-                              more_link=f"{base}/groups"),
-        await views.breakdown(c, f, "model", "Top models", lambda m: m or "(none)",
-                              lambda m: f"{base}/calls?{link.query(model=m)}" if m else "",
-                              more_link=f"{base}/calls?{link.query()}"),
-        await views.breakdown(c, f, "key_id", "Top keys",
-                              lambda k: f"{k} · {keys[k].name or keys[k].hint} ({keys[k].group_name})" if k in keys else str(k),
-                              lambda k: f"{base}/keys/{k}?{link.query()}",
-                              more_link=f"{base}/keys?{link.query(source=None)}&sort=credits"),
-    ]  # fmt: skip
-    return c.render(request, "overview.html", period=period, source=source, shown=shown, tables=tables,
-                    errors=errors, notice=notice(request), link=link)  # fmt: skip
+        await views.breakdown(
+            c,
+            f,
+            "group_id",
+            "Top groups",
+            lambda g: groups.get(g, f"group {g}"),
+            lambda g: f"{base}/groups/{quote_name(groups.get(g, ''))}?{link.query()}",
+            more_link=f"{base}/groups",
+        ),
+        await views.breakdown(
+            c,
+            f,
+            "model",
+            "Top models",
+            lambda m: m or "(none)",
+            lambda m: f"{base}/calls?{link.query(model=m)}" if m else "",
+            more_link=f"{base}/calls?{link.query()}",
+        ),
+        await views.breakdown(
+            c,
+            f,
+            "key_id",
+            "Top keys",
+            lambda k: f"{k} · {keys[k].name or keys[k].hint} ({keys[k].group_name})" if k in keys else str(k),
+            lambda k: f"{base}/keys/{k}?{link.query()}",
+            more_link=f"{base}/keys?{link.query(source=None)}&sort=credits",
+        ),
+    ]
+    return c.render(
+        request,
+        "overview.html",
+        period=period,
+        source=source,
+        shown=shown,
+        tables=tables,
+        errors=errors,
+        notice=notice(request),
+        link=link,
+    )
 
 
 def routes() -> list[Route]:

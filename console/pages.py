@@ -56,9 +56,18 @@ async def login_form(request: Request) -> Response:
 
 async def login_page(c: Console, request: Request, error: str = "", status: int = 200) -> Response:
     target = request.query_params.get("next", "")
-    configured = bool(auth.admin_token(c.settings) or await c.password_hash() or await c.queries.operators.all())
-    return c.render(request, "login.html", status=status, error=error, next=target, configured=configured,
-                    sso=sso.enabled(c.settings))  # fmt: skip
+    configured = bool(
+        auth.admin_token(c.settings) or await c.password_hash() or await c.queries.operators.all()
+    )
+    return c.render(
+        request,
+        "login.html",
+        status=status,
+        error=error,
+        next=target,
+        configured=configured,
+        sso=sso.enabled(c.settings),
+    )
 
 
 async def login(request: Request) -> Response:
@@ -130,7 +139,9 @@ async def sso_console(request: Request) -> tuple[Console, Response | None]:
     """The console, and the 404 to answer if single sign-on is not configured."""
     c = console_of(request)
     await c.ensure()
-    return c, None if sso.enabled(c.settings) else Response("single sign-on is not configured", status_code=404)
+    return c, None if sso.enabled(c.settings) else Response(
+        "single sign-on is not configured", status_code=404
+    )
 
 
 async def sso_start(request: Request) -> Response:
@@ -143,10 +154,18 @@ async def sso_start(request: Request) -> Response:
             issuer = await c.sso.issuer(http, c.settings)
     except sso.SSOError as exc:
         return await sso_refused(c, request, exc)
-    response = RedirectResponse(c.sso.authorize_url(issuer, c.settings, flow, sso_redirect_uri(c, request)), 303)
-    response.set_cookie(sso.FLOW_COOKIE, auth.sign(flow.data(), await c.secret()), max_age=sso.FLOW_SECONDS,
-                        path=request.scope.get("root_path") or "/", secure=c.settings.secure_cookies, httponly=True,
-                        samesite="lax")  # fmt: skip
+    response = RedirectResponse(
+        c.sso.authorize_url(issuer, c.settings, flow, sso_redirect_uri(c, request)), 303
+    )
+    response.set_cookie(
+        sso.FLOW_COOKIE,
+        auth.sign(flow.data(), await c.secret()),
+        max_age=sso.FLOW_SECONDS,
+        path=request.scope.get("root_path") or "/",
+        secure=c.settings.secure_cookies,
+        httponly=True,
+        samesite="lax",
+    )
     return response
 
 
@@ -158,20 +177,25 @@ async def sso_callback(request: Request) -> Response:
     flow = sso.Flow.of(auth.signed(request.cookies.get(sso.FLOW_COOKIE), await c.secret()))
     try:
         if params.get("error"):
-            raise sso.SSOError(f"the identity provider refused it ({params.get('error_description') or params['error']})")
+            raise sso.SSOError(
+                f"the identity provider refused it ({params.get('error_description') or params['error']})"
+            )
         if flow is None or not hmac.compare_digest(flow.state, params.get("state", "")):
             raise sso.SSOError("it expired, or did not start in this browser: try again", 400)
         once = Window("sso:state:" + hashlib.sha256(flow.state.encode()).hexdigest(), 1)  # (console/sso.py)
         if (await c.gateway.attempts.take([once], sso.FLOW_SECONDS)).wait:
             raise sso.SSOError("this sign-in was used already: start again", 400)
         async with sso.client() as http:
-            name = await c.sso.username(http, c.settings, flow, params.get("code", ""), sso_redirect_uri(c, request))
+            name = await c.sso.username(
+                http, c.settings, flow, params.get("code", ""), sso_redirect_uri(c, request)
+            )
         operator = None
         if operators.NAME.fullmatch(name) and name != operators.BUILT_IN:
             operator = await c.queries.operators.get(name)
         if operator is None:
-            raise sso.SSOError(f"no operator account is named {name[:64]!r} (an admin makes one: router operators "
-                               "add)", 403)  # fmt: skip
+            raise sso.SSOError(
+                f"no operator account is named {name[:64]!r} (an admin makes one: router operators add)", 403
+            )
     except sso.SSOError as exc:
         response = await sso_refused(c, request, exc)
     else:
@@ -179,7 +203,9 @@ async def sso_callback(request: Request) -> Response:
         request.state.session, request.state.operator = session, operator
         response = c.render(request, "signed_in.html", target=c.safe(request, flow.next, "/"))
         await c.set_cookie(response, request, session)
-    response.delete_cookie(sso.FLOW_COOKIE, path=request.scope.get("root_path") or "/")  # one use, whatever came of it
+    response.delete_cookie(
+        sso.FLOW_COOKIE, path=request.scope.get("root_path") or "/"
+    )  # one use, whatever came of it
     return response
 
 
@@ -199,11 +225,24 @@ async def set_display(c: Console, request: Request, form: dict[str, str]) -> Res
         name = form.get("browser", "")
     back = c.safe(request, form.get("back", ""), "/")
     if not prefs.valid(name):
-        return c.render(request, "display.html", status=400, zones=sorted(prefs.zones()), back=back,
-                        error="Pick a time zone from the list (your browser did not say which is yours).")  # fmt: skip
+        return c.render(
+            request,
+            "display.html",
+            status=400,
+            zones=sorted(prefs.zones()),
+            back=back,
+            error="Pick a time zone from the list (your browser did not say which is yours).",
+        )
     response = RedirectResponse(back, status_code=303)
-    response.set_cookie(prefs.COOKIE, name, max_age=prefs.YEAR, path=request.scope.get("root_path") or "/",
-                        secure=c.settings.secure_cookies, httponly=True, samesite="strict")  # fmt: skip
+    response.set_cookie(
+        prefs.COOKIE,
+        name,
+        max_age=prefs.YEAR,
+        path=request.scope.get("root_path") or "/",
+        secure=c.settings.secure_cookies,
+        httponly=True,
+        samesite="strict",
+    )
     return response
 
 

@@ -31,9 +31,17 @@ PRESETS: dict[str, tuple[str, str, int, int]] = {  # key: (label, unit, step, bu
     "90d": ("Last 90 days", "day", 1, 90),
 }
 # (unit, step, rough seconds) from the finest to the coarsest: a range gets the first that fits
-UNITS = [("hour", 1, HOUR), ("hour", 3, 3 * HOUR), ("hour", 6, 6 * HOUR), ("hour", 12, 12 * HOUR),
-         ("day", 1, DAY), ("week", 1, 7 * DAY), ("month", 1, 30 * DAY), ("month", 3, 91 * DAY),
-         ("month", 12, 365 * DAY)]  # fmt: skip
+UNITS = [
+    ("hour", 1, HOUR),
+    ("hour", 3, 3 * HOUR),
+    ("hour", 6, 6 * HOUR),
+    ("hour", 12, 12 * HOUR),
+    ("day", 1, DAY),
+    ("week", 1, 7 * DAY),
+    ("month", 1, 30 * DAY),
+    ("month", 3, 91 * DAY),
+    ("month", 12, 365 * DAY),
+]
 CHOICES = [*PRESETS, "all"]
 
 
@@ -158,7 +166,9 @@ class Buckets:
             return f"{start:%a %Y-%m-%d}"
         if self.unit == "week":
             return f"Week of {start:%a %Y-%m-%d}"
-        return f"{start:%B %Y}" if self.step == 1 else f"{start:%b %Y}–{end - datetime.timedelta(days=1):%b %Y}"
+        return (
+            f"{start:%B %Y}" if self.step == 1 else f"{start:%b %Y}–{end - datetime.timedelta(days=1):%b %Y}"
+        )
 
     def ticks(self, most: int = 8) -> list[int]:
         """The buckets to label on the axis: evenly spaced, on round clock times where they can be."""
@@ -166,8 +176,14 @@ class Buckets:
         every = next((k for k in (1, 2, 3, 4, 6, 8, 12, 24, 48) if n / k <= most), math.ceil(n / most))
         if self.unit == "hour":
             period = every * self.step  # hours between labels: put them where the clock is a multiple
-            first = next((i for i in range(min(n, every))
-                          if datetime.datetime.fromtimestamp(self.edges[i], self.zone).hour % period == 0), 0)  # fmt: skip
+            first = next(
+                (
+                    i
+                    for i in range(min(n, every))
+                    if datetime.datetime.fromtimestamp(self.edges[i], self.zone).hour % period == 0
+                ),
+                0,
+            )
         else:
             first = 0
         return list(range(first, n, every))
@@ -177,7 +193,9 @@ def buckets(since: float, until: float, zone: ZoneInfo, unit: str | None = None,
     """The buckets covering ``[since, until)``: of ``unit`` x ``step``, or of the finest unit that
     needs at most ``MAX_BUCKETS``."""
     if unit is None:
-        unit, step = next(((u, s) for u, s, size in UNITS if (until - since) / size <= MAX_BUCKETS), UNITS[-1][:2])
+        unit, step = next(
+            ((u, s) for u, s, size in UNITS if (until - since) / size <= MAX_BUCKETS), UNITS[-1][:2]
+        )
     edges = [floor(since, unit, step, zone)]
     while edges[-1] < until and len(edges) <= 4 * MAX_BUCKETS:
         following = shift(edges[-1], unit, step, 1, zone)

@@ -70,20 +70,24 @@ class Queries:
         assert value is not None
         return value
 
-
     # -- sessions (ids are stored hashed: a leaked table opens nothing) ------------------------------
-    async def session_start(self, sid_hash: str, credential: str, expires: float, operator: str | None = None) -> None:
+    async def session_start(
+        self, sid_hash: str, credential: str, expires: float, operator: str | None = None
+    ) -> None:
         await self.ready()
         await self.db.write("DELETE FROM console_sessions WHERE expires < ?", (time.time(),))
-        await self.db.write("INSERT INTO console_sessions (id, credential, expires, operator) VALUES (?, ?, ?, ?)",
-                            (sid_hash, credential, expires, operator))  # fmt: skip
+        await self.db.write(
+            "INSERT INTO console_sessions (id, credential, expires, operator) VALUES (?, ?, ?, ?)",
+            (sid_hash, credential, expires, operator),
+        )
 
     async def session_credential(self, sid_hash: str) -> tuple[str, str | None] | None:
         """The credential fingerprint a live session logged in with and its operator (None: the
         built-in admin), or None (ended, expired, unknown)."""
         await self.ready()
         rows = await self.db.select(
-            "SELECT credential, operator FROM console_sessions WHERE id = ? AND expires >= ?", (sid_hash, time.time())
+            "SELECT credential, operator FROM console_sessions WHERE id = ? AND expires >= ?",
+            (sid_hash, time.time()),
         )
         return (str(rows[0][0]), None if rows[0][1] is None else str(rows[0][1])) if rows else None
 
@@ -94,7 +98,6 @@ class Queries:
     async def sessions_end_all(self) -> None:
         await self.ready()
         await self.db.write("DELETE FROM console_sessions")
-
 
     @property
     def operators(self) -> operators.Operators:

@@ -46,7 +46,11 @@ class Headers:
         async def with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 spent = f"app;dur={(time.perf_counter() - began) * 1000:.1f}".encode()
-                message["headers"] = [*message.get("headers", ()), *SECURITY_HEADERS, (b"server-timing", spent)]
+                message["headers"] = [
+                    *message.get("headers", ()),
+                    *SECURITY_HEADERS,
+                    (b"server-timing", spent),
+                ]
             await send(message)
 
         await self.app(scope, receive, with_headers)
@@ -89,8 +93,12 @@ async def http_error(request: Request, exc: Exception) -> Response:
 
 def console_app(gateway: Gateway) -> Starlette:
     app = Starlette(
-        routes=[Route("/static/{name}", static, methods=["GET"]), *pages.routes(), *api.routes(),
-                *budgets_api.routes()],
+        routes=[
+            Route("/static/{name}", static, methods=["GET"]),
+            *pages.routes(),
+            *api.routes(),
+            *budgets_api.routes(),
+        ],
         middleware=[Middleware(Headers), Middleware(SettledFirst, gateway=gateway)],
         exception_handlers={HTTPException: http_error},
     )

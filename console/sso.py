@@ -48,7 +48,9 @@ FLOW_COOKIE = "mr_sso"
 FLOW_SECONDS = 600
 DISCOVERY_SECONDS = 3600.0
 # asymmetric signatures only: never "none", never a MAC keyed with the client's secret
-ALGORITHMS = frozenset({"RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"})
+ALGORITHMS = frozenset(
+    {"RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"}
+)
 RETRY_AFTER = 30
 
 
@@ -83,7 +85,13 @@ class Flow:
         return Flow(secrets.token_urlsafe(24), secrets.token_urlsafe(24), secrets.token_urlsafe(48), next_)
 
     def data(self) -> dict[str, object]:
-        return {"s": self.state, "n": self.nonce, "v": self.verifier, "x": self.next, "e": int(time.time() + FLOW_SECONDS)}
+        return {
+            "s": self.state,
+            "n": self.nonce,
+            "v": self.verifier,
+            "x": self.next,
+            "e": int(time.time() + FLOW_SECONDS),
+        }
 
     @staticmethod
     def of(data: dict[str, object] | None) -> Flow | None:
@@ -127,8 +135,13 @@ class OIDC:
             return kept[2]
         doc = await _json(http, "GET", f"{url}/.well-known/openid-configuration")
         try:
-            found = Issuer(str(doc["issuer"]), str(doc["authorization_endpoint"]), str(doc["token_endpoint"]),
-                           str(doc["jwks_uri"]), str(doc.get("userinfo_endpoint") or ""))  # fmt: skip
+            found = Issuer(
+                str(doc["issuer"]),
+                str(doc["authorization_endpoint"]),
+                str(doc["token_endpoint"]),
+                str(doc["jwks_uri"]),
+                str(doc.get("userinfo_endpoint") or ""),
+            )
         except (KeyError, TypeError):
             raise SSOError("the identity provider's discovery document lacks an endpoint", 503) from None
         if found.issuer.rstrip("/") != url:  # (OpenID Connect Discovery 1.0, section 4.3)
@@ -137,21 +150,38 @@ class OIDC:
         return found
 
     def authorize_url(self, issuer: Issuer, settings: ConsoleSettings, flow: Flow, redirect_uri: str) -> str:
-        query = {"response_type": "code", "client_id": settings.oidc_client_id, "redirect_uri": redirect_uri,
-                 "scope": "openid profile email", "state": flow.state, "nonce": flow.nonce,
-                 "code_challenge": flow.challenge, "code_challenge_method": "S256"}  # fmt: skip
+        query = {
+            "response_type": "code",
+            "client_id": settings.oidc_client_id,
+            "redirect_uri": redirect_uri,
+            "scope": "openid profile email",
+            "state": flow.state,
+            "nonce": flow.nonce,
+            "code_challenge": flow.challenge,
+            "code_challenge_method": "S256",
+        }
         return f"{issuer.authorization_endpoint}?{urlencode(query)}"
 
-    async def username(self, http: aiohttp.ClientSession, settings: ConsoleSettings, flow: Flow, code: str,
-                       redirect_uri: str) -> str:  # fmt: skip
+    async def username(
+        self, http: aiohttp.ClientSession, settings: ConsoleSettings, flow: Flow, code: str, redirect_uri: str
+    ) -> str:
         """Exchange ``code`` and verify the ID token; the operator name its claim gives."""
         issuer = await self.issuer(http, settings)
         # client_secret_basic: each part form-encoded, then Basic (RFC 6749, section 2.3.1)
         basic = f"{quote(settings.oidc_client_id, safe='')}:{quote(client_secret(settings), safe='')}"
         auth = {"authorization": "Basic " + base64.b64encode(basic.encode()).decode()}
-        tokens = await _json(http, "POST", issuer.token_endpoint, headers=auth, data={
-            "grant_type": "authorization_code", "code": code, "redirect_uri": redirect_uri,
-            "code_verifier": flow.verifier})  # fmt: skip
+        tokens = await _json(
+            http,
+            "POST",
+            issuer.token_endpoint,
+            headers=auth,
+            data={
+                "grant_type": "authorization_code",
+                "code": code,
+                "redirect_uri": redirect_uri,
+                "code_verifier": flow.verifier,
+            },
+        )
         id_token = tokens.get("id_token")
         if not isinstance(id_token, str):
             raise SSOError("the identity provider gave no ID token")
@@ -159,10 +189,19 @@ class OIDC:
             header = jwt.get_unverified_header(id_token)
             algorithm = header.get("alg")
             if algorithm not in ALGORITHMS:
-                raise SSOError(f"the ID token is signed with {algorithm!r}, which the console does not accept")
+                raise SSOError(
+                    f"the ID token is signed with {algorithm!r}, which the console does not accept"
+                )
             key = await self._key(http, issuer, header.get("kid"))
-            claims = jwt.decode(id_token, key.key, algorithms=[algorithm], audience=settings.oidc_client_id,
-                                issuer=issuer.issuer, leeway=60, options={"require": ["exp", "iat", "sub"]})  # fmt: skip
+            claims = jwt.decode(
+                id_token,
+                key.key,
+                algorithms=[algorithm],
+                audience=settings.oidc_client_id,
+                issuer=issuer.issuer,
+                leeway=60,
+                options={"require": ["exp", "iat", "sub"]},
+            )
         except jwt.PyJWTError as exc:
             raise SSOError(f"the ID token does not verify ({exc})") from None
         if not hmac.compare_digest(str(claims.get("nonce", "")), flow.nonce):
@@ -172,7 +211,9 @@ class OIDC:
         if name is None and issuer.userinfo_endpoint and isinstance(access, str):
             # a provider may keep profile claims out of the ID token (OpenID Connect Core 1.0, 5.4): the
             # UserInfo endpoint has them, for the same subject (5.3.2)
-            info = await _json(http, "GET", issuer.userinfo_endpoint, headers={"authorization": f"Bearer {access}"})
+            info = await _json(
+                http, "GET", issuer.userinfo_endpoint, headers={"authorization": f"Bearer {access}"}
+            )
             if info.get("sub") != claims["sub"]:
                 raise SSOError("the identity provider's UserInfo is about another subject")
             name = info.get(settings.oidc_username_claim)
@@ -184,7 +225,10 @@ class OIDC:
         for fresh in (False, True):
             if fresh or self._keys is None or self._keys[0] != issuer.jwks_uri:
                 try:
-                    self._keys = (issuer.jwks_uri, jwt.PyJWKSet.from_dict(await _json(http, "GET", issuer.jwks_uri)))
+                    self._keys = (
+                        issuer.jwks_uri,
+                        jwt.PyJWKSet.from_dict(await _json(http, "GET", issuer.jwks_uri)),
+                    )
                 except jwt.PyJWTError as exc:
                     raise SSOError(f"the identity provider's keys cannot be read ({exc})", 503) from None
             keys = self._keys[1].keys
@@ -199,7 +243,9 @@ async def _json(http: aiohttp.ClientSession, method: str, url: str, **kw: Any) -
         async with http.request(method, url, **kw) as resp:
             body = await resp.json(content_type=None)
             if resp.status == 400 and isinstance(body, dict) and method == "POST":  # (RFC 6749, section 5.2)
-                raise SSOError(f"the identity provider refused the code ({body.get('error', 'invalid_request')})")
+                raise SSOError(
+                    f"the identity provider refused the code ({body.get('error', 'invalid_request')})"
+                )
             if resp.status != 200 or not isinstance(body, dict):
                 raise SSOError(f"the identity provider answered {resp.status} at {url}", 503)
             return body

@@ -29,8 +29,9 @@ class Summary:
     buckets: periods.Buckets | None
 
 
-async def summary(c: Console, f: Filter, period: periods.Period, zone: ZoneInfo, title: str,
-                  latency: bool = True) -> Summary:  # fmt: skip
+async def summary(
+    c: Console, f: Filter, period: periods.Period, zone: ZoneInfo, title: str, latency: bool = True
+) -> Summary:
     """The chart of ``f`` over ``period`` (hourly totals put in the period's buckets), its totals and
     (``latency``) its latency percentiles."""
     now = time.time()
@@ -73,16 +74,23 @@ class Breakdown:
     more_link: str = ""  # where they are all listed
 
 
-async def breakdown(c: Console, f: Filter, field: str, title: str, label: Any, link: Any,
-                    top: int = 10, more_link: str = "") -> Breakdown:  # fmt: skip
+async def breakdown(
+    c: Console, f: Filter, field: str, title: str, label: Any, link: Any, top: int = 10, more_link: str = ""
+) -> Breakdown:
     """Totals of ``f`` per value of ``field``, most credits first (``label`` / ``link``: the text and
     the link of a value)."""
     totals = await c.analysis.totals(f, (field,))
     ranked = sorted(totals.items(), key=lambda kv: (-kv[1].credits, -kv[1].calls, str(kv[0][0])))
     spent = sum(t.credits for t in totals.values()) or 1
     rows = [Row(k, label(k), link(k), t, t.credits / spent) for (k,), t in ranked[:top]]
-    return Breakdown(title, field, rows, display.places(r.totals.credits for r in rows), max(0, len(ranked) - top),
-                     more_link)
+    return Breakdown(
+        title,
+        field,
+        rows,
+        display.places(r.totals.credits for r in rows),
+        max(0, len(ranked) - top),
+        more_link,
+    )
 
 
 @dataclass(slots=True)
@@ -98,8 +106,9 @@ class Pager:
         return self.total > COUNT_CAP
 
 
-async def page_of(c: Console, f: Filter, limit: int, page: int | None, before: int | None,
-                  after: int | None) -> tuple[Page, Pager]:  # fmt: skip
+async def page_of(
+    c: Console, f: Filter, limit: int, page: int | None, before: int | None, after: int | None
+) -> tuple[Page, Pager]:
     """A page of the history and where it is: its number (carried in the URL by the pager's links)
     and how many pages the filter has. The oldest page (``after=0``) is the last one: the records
     left over once the others are full."""

@@ -31,7 +31,12 @@ NOTICES = {"added": "Webhook added.", "removed": "Webhook removed: it gets no mo
 def url_of(value: Any, field: str = "url") -> str:
     text = value.strip() if isinstance(value, str) else ""
     parts = urlsplit(text) if text and len(text) <= MAX_URL else None
-    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in text):
+    if (
+        parts is None
+        or parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or any(c.isspace() for c in text)
+    ):
         raise Invalid(field, f"'{field}' must be an http:// or https:// URL with a host.")
     return text
 
@@ -39,9 +44,12 @@ def url_of(value: Any, field: str = "url") -> str:
 async def destination_of(url: str, allowed: Destinations, field: str = "url") -> str:
     """``url`` (see :func:`url_of`) if a webhook may point there, else a 400 naming ``field``."""
     if await refused(url, allowed):
-        raise Invalid(field, f"'{field}' must point to a public address: private, loopback, link-local, unique-local, "
-                             "multicast and unspecified addresses, cloud metadata services and hosts that do not "
-                             "resolve are refused (a receiver inside your network: [alerts] allow_destinations).")  # fmt: skip
+        raise Invalid(
+            field,
+            f"'{field}' must point to a public address: private, loopback, link-local, unique-local, "
+            "multicast and unspecified addresses, cloud metadata services and hosts that do not "
+            "resolve are refused (a receiver inside your network: [alerts] allow_destinations).",
+        )
     return url
 
 
@@ -93,8 +101,16 @@ async def webhooks_page(c: Console, request: Request, status: int = 200, **conte
         secret = await flash.take(c.queries.db, await c.secret(), request.state.session.csrf, token)
     context.setdefault("errors", {})
     context.setdefault("values", {})
-    return c.render(request, "webhooks.html", status=status, hooks=hooks, deliveries=deliveries, secret=secret,
-                    notice=NOTICES.get(request.query_params.get("ok", ""), ""), **context)  # fmt: skip
+    return c.render(
+        request,
+        "webhooks.html",
+        status=status,
+        hooks=hooks,
+        deliveries=deliveries,
+        secret=secret,
+        notice=NOTICES.get(request.query_params.get("ok", ""), ""),
+        **context,
+    )
 
 
 webhooks = page(webhooks_page)
@@ -122,9 +138,14 @@ async def add(c: Console, request: Request, form: dict[str, str]) -> Response:
             errors[exc.field] = exc.message
     if errors:
         return await webhooks_page(c, request, 400, errors=errors, values=form)
-    hook = await c.changes(request, "console").add_webhook(c.gateway.alerts, values["url"], values["group"],
-                                                           values["balance_below"], values["expiry_within"],
-                                                           form.get("budgets", "") == "on")  # fmt: skip
+    hook = await c.changes(request, "console").add_webhook(
+        c.gateway.alerts,
+        values["url"],
+        values["group"],
+        values["balance_below"],
+        values["expiry_within"],
+        form.get("budgets", "") == "on",
+    )
     token = await flash.put(c.queries.db, await c.secret(), request.state.session.csrf, hook.secret)
     return c.redirect(request, "/webhooks", created=token, ok="added")
 

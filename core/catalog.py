@@ -21,8 +21,13 @@ from core.redact import DEFAULT_KEY_PREFIX, redact_keys
 from core.types import Endpoint
 
 BUILTIN = Path(__file__).with_name("catalog.toml")
-ENDPOINT_PATHS = {"chat": "chat/completions", "responses": "responses", "messages": "messages",
-                  "embeddings": "embeddings", "images": "images/generations"}
+ENDPOINT_PATHS = {
+    "chat": "chat/completions",
+    "responses": "responses",
+    "messages": "messages",
+    "embeddings": "embeddings",
+    "images": "images/generations",
+}
 
 
 class ConfigError(Exception):
@@ -39,7 +44,9 @@ class PriceSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     output: str = "0"
     cached_input: str | None = None
     cache_write: str | None = None
-    cache_write_1h: str | None = None  # a cache write kept for an hour (Anthropic's ttl "1h"); default: cache_write
+    cache_write_1h: str | None = (
+        None  # a cache write kept for an hour (Anthropic's ttl "1h"); default: cache_write
+    )
     image: str | None = None  # credits per generated image (Imagen); token-priced models leave it unset
     image_input: str | None = None  # per 1M tokens of input images (gpt-image edits); default: input
 
@@ -87,7 +94,9 @@ class ModelSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     id: str
     alias_of: str | None = None
     upstream: str | None = None
-    kind: Literal["chat", "reasoning", "search", "code", "image-generation", "image-preview", "embedding"] = "chat"
+    kind: Literal["chat", "reasoning", "search", "code", "image-generation", "image-preview", "embedding"] = (
+        "chat"
+    )
     endpoints: list[Endpoint] = msgspec.field(default_factory=lambda: ["chat", "responses"])
     image_input: bool = False
     tools: bool = True  # function tools (OpenAI's ``tools``) are taken; false: 400 tools_unsupported
@@ -173,8 +182,13 @@ def not_found(model_id: str, hint: str = "") -> ModelNotFound:
 
 
 class Catalog:
-    def __init__(self, providers: dict[str, ProviderSpec], models: list[ModelSpec], source: str = "catalog",
-                 key_prefix: str = DEFAULT_KEY_PREFIX):  # fmt: skip
+    def __init__(
+        self,
+        providers: dict[str, ProviderSpec],
+        models: list[ModelSpec],
+        source: str = "catalog",
+        key_prefix: str = DEFAULT_KEY_PREFIX,
+    ):
         self.providers = providers
         self.key_prefix = key_prefix  # a key sent as the model is not echoed in the 404 (core/redact.py)
         self.prefix_alias: dict[str, str] = {}
@@ -262,7 +276,9 @@ class Catalog:
             source = str(extra)
         return cls(providers, list(models.values()), source, key_prefix)
 
-    def named(self, names: dict[str, str], groups: dict[str, dict[str, str]], source: str = "config") -> Catalog:
+    def named(
+        self, names: dict[str, str], groups: dict[str, dict[str, str]], source: str = "config"
+    ) -> Catalog:
         """This catalog with the operator's names (``[models]``): a name → a catalog model, for every
         group or for one group (which wins); a name may hide a catalog id or a bare id."""
 
@@ -270,11 +286,15 @@ class Catalog:
             try:
                 return self.resolve(model_id)
             except (ModelNotFound, InvalidRequest):
-                raise ConfigError(f"{source}: {where}: {name!r} maps to {model_id!r}, which is not in the catalog") from None
+                raise ConfigError(
+                    f"{source}: {where}: {name!r} maps to {model_id!r}, which is not in the catalog"
+                ) from None
 
         self._names = {name: target(name, to, "models.map") for name, to in names.items()}
-        self._group_names = {group: {name: target(name, to, f"models.groups.{group}") for name, to in mapped.items()}
-                             for group, mapped in groups.items()}  # fmt: skip
+        self._group_names = {
+            group: {name: target(name, to, f"models.groups.{group}") for name, to in mapped.items()}
+            for group, mapped in groups.items()
+        }
         return self
 
     def resolve(self, model_id: str, group: str | None = None) -> Model:
@@ -290,8 +310,12 @@ class Catalog:
         if model is None:
             candidates = self._ambiguous.get(model_id.lower())
             if candidates:
-                raise InvalidRequest(f"The model `{model_id}` is ambiguous: it names {', '.join(candidates)}. Send one "
-                                     "of these ids.", param="model", code="ambiguous_model")  # fmt: skip
+                raise InvalidRequest(
+                    f"The model `{model_id}` is ambiguous: it names {', '.join(candidates)}. Send one "
+                    "of these ids.",
+                    param="model",
+                    code="ambiguous_model",
+                )
             hint = ""
             if "/" not in model_id:
                 hint = " Model ids have the form '<provider>/<model_name>', e.g. 'openai/gpt-4o-mini'; GET /v1/models lists them."

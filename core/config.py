@@ -187,7 +187,9 @@ class ObservabilitySettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=
 
 
 class HealthSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    upstreams: Literal["all", "any", "none"] = "all"  # providers that must accept a TCP connection for /readyz
+    upstreams: Literal["all", "any", "none"] = (
+        "all"  # providers that must accept a TCP connection for /readyz
+    )
     timeout: float = 1.0  # seconds per probe (store query, TCP connect)
     cache_seconds: float = 5.0
 
@@ -272,6 +274,8 @@ class BillingSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     cost_in_answer: bool = True
     # the time zone of calendar budget windows (a day, a week, a month): an IANA name
     timezone: str = "UTC"
+
+
 class ResponsesSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """``[responses]``: the stored responses of ``/v1/responses`` (gateway/response_store.py)."""
 
@@ -313,7 +317,11 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     def load_catalog(self) -> Catalog:
         catalog = Catalog.load(Path(self.catalog.path) if self.catalog.path else None, self.server.key_prefix)
-        return catalog.named(self.models.map, self.models.groups) if self.models.map or self.models.groups else catalog
+        return (
+            catalog.named(self.models.map, self.models.groups)
+            if self.models.map or self.models.groups
+            else catalog
+        )
 
     def deployments(self, prefix: str, catalog: Catalog) -> list[Deployment]:
         """One provider group's deployments, credentials read (a ConfigError names a deployment whose
@@ -322,7 +330,9 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         own = self.providers.get(prefix, ProviderSettings())
         timeouts = (own.connect_timeout, own.read_timeout)
         if own.deployments:
-            return [resolve(prefix, spec.protocol, spec.base_url, d, catalog, timeouts) for d in own.deployments]
+            return [
+                resolve(prefix, spec.protocol, spec.base_url, d, catalog, timeouts) for d in own.deployments
+            ]
         env_url = os.environ.get(f"ROUTER_{prefix.upper()}_BASE_URL")
         base_url = (env_url or own.base_url or spec.base_url).rstrip("/")
         api_key = own.api_key or os.environ.get(spec.api_key_env, "")
@@ -355,19 +365,27 @@ def parse_settings(raw: dict, source: str = "config") -> Settings:
     except msgspec.ValidationError as exc:
         raise ConfigError(f"{source}: {exc}") from None
     if 0 < len(settings.console.admin_token) < MIN_ADMIN_TOKEN:
-        raise ConfigError(f"{source}: console.admin_token must be at least {MIN_ADMIN_TOKEN} characters "
-                          "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')")  # fmt: skip
+        raise ConfigError(
+            f"{source}: console.admin_token must be at least {MIN_ADMIN_TOKEN} characters "
+            "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+        )
     if settings.console.oidc_issuer and not settings.console.oidc_client_id:
-        raise ConfigError(f"{source}: console.oidc_client_id: single sign-on needs the console's client id at the issuer")
+        raise ConfigError(
+            f"{source}: console.oidc_client_id: single sign-on needs the console's client id at the issuer"
+        )
     listen = LISTEN.fullmatch(settings.console.listen)
     if settings.console.listen and not (listen and int(listen[2] or 1) < 65536):
-        raise ConfigError(f"{source}: console.listen: {settings.console.listen!r} is neither HOST:PORT "
-                          "(e.g. 127.0.0.1:8081, [::1]:8081) nor unix:PATH")  # fmt: skip
+        raise ConfigError(
+            f"{source}: console.listen: {settings.console.listen!r} is neither HOST:PORT "
+            "(e.g. 127.0.0.1:8081, [::1]:8081) nor unix:PATH"
+        )
     try:
         ZoneInfo(settings.billing.timezone)
     except (ZoneInfoNotFoundError, ValueError):
-        raise ConfigError(f"{source}: billing.timezone: unknown time zone {settings.billing.timezone!r} "
-                          "(an IANA name such as UTC or Europe/Paris)") from None  # fmt: skip
+        raise ConfigError(
+            f"{source}: billing.timezone: unknown time zone {settings.billing.timezone!r} "
+            "(an IANA name such as UTC or Europe/Paris)"
+        ) from None
     try:
         settings.alerts.destinations()
     except ValueError as exc:
@@ -383,8 +401,10 @@ def parse_settings(raw: dict, source: str = "config") -> Settings:
             known = ", ".join(sorted(catalog.providers))
             raise ConfigError(f"{source}: unknown provider `providers.{prefix}` (known: {known})")
         if own.deployments and (own.base_url or own.api_key):
-            raise ConfigError(f"{source}: providers.{prefix}: base_url and api_key belong to each of its "
-                              "deployments when it lists deployments")  # fmt: skip
+            raise ConfigError(
+                f"{source}: providers.{prefix}: base_url and api_key belong to each of its "
+                "deployments when it lists deployments"
+            )
         check(prefix, catalog.providers[prefix].protocol, own.deployments, catalog, source)
         for name in own.model_routing:
             canonical(prefix, name, catalog, f"{source}: providers.{prefix}.model_routing")

@@ -115,8 +115,9 @@ class Deployment(msgspec.Struct, frozen=True):
         return f"Deployment({self.prefix}/{self.name}, {self.kind or 'native'}, {self.base_url})"
 
     def serves(self, model: Model, endpoint: str = "chat") -> bool:
-        return ((self.models is None or (model.alias_of or model.id) in self.models)
-                and (self.endpoints is None or endpoint in self.endpoints))  # fmt: skip
+        return (self.models is None or (model.alias_of or model.id) in self.models) and (
+            self.endpoints is None or endpoint in self.endpoints
+        )
 
     def upstream_name(self, model: Model) -> str:
         """The model's name at this deployment (an Azure deployment's name, a renamed model)."""
@@ -131,7 +132,9 @@ def canonical(prefix: str, name: str, catalog: Catalog, where: str) -> str:
     except Exception:  # ModelNotFound: a config error here, at start
         raise ConfigError(f"{where}: unknown model '{name}' (GET /v1/models lists them)") from None
     if model.provider != prefix:
-        raise ConfigError(f"{where}: the model '{name}' belongs to the group '{model.provider}', not '{prefix}'")
+        raise ConfigError(
+            f"{where}: the model '{name}' belongs to the group '{model.provider}', not '{prefix}'"
+        )
     return model.alias_of or model.id
 
 
@@ -166,7 +169,9 @@ def secret(item: DeploymentSettings, where: str) -> str:
     if item.api_key_env is not None:
         value = os.environ.get(item.api_key_env, "").strip()
         if not value:
-            raise ConfigError(f"{where}: the environment variable {item.api_key_env} (its api_key_env) is not set")
+            raise ConfigError(
+                f"{where}: the environment variable {item.api_key_env} (its api_key_env) is not set"
+            )
         return value
     if item.api_key_file is not None:
         try:
@@ -180,8 +185,14 @@ def secret(item: DeploymentSettings, where: str) -> str:
     return item.api_key or ""
 
 
-def resolve(prefix: str, protocol: str, default_url: str, item: DeploymentSettings, catalog: Catalog,
-            timeouts: tuple[float, float]) -> Deployment:  # fmt: skip
+def resolve(
+    prefix: str,
+    protocol: str,
+    default_url: str,
+    item: DeploymentSettings,
+    catalog: Catalog,
+    timeouts: tuple[float, float],
+) -> Deployment:
     where = f"providers.{prefix}.deployments '{item.name}'"
     kind = item.kind or protocol
     models = frozenset(canonical(prefix, m, catalog, where) for m in item.models) if item.models else None

@@ -29,19 +29,25 @@ from dataclasses import dataclass
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
-METADATA_ADDRESSES = frozenset(ipaddress.ip_address(a) for a in (
-    "169.254.169.254",  # AWS, GCP, Azure, Oracle, DigitalOcean, OpenStack...
-    "169.254.170.2",  # AWS ECS task metadata
-    "169.254.170.23",  # AWS EKS pod identity
-    "fd00:ec2::254",  # AWS over IPv6
-    "fd00:ec2::23",
-    "100.100.100.200",  # Alibaba Cloud
-))  # fmt: skip
-METADATA_NAMES = frozenset({"metadata.google.internal", "metadata.goog", "metadata", "instance-data",
-                            "instance-data.ec2.internal"})  # fmt: skip
+METADATA_ADDRESSES = frozenset(
+    ipaddress.ip_address(a)
+    for a in (
+        "169.254.169.254",  # AWS, GCP, Azure, Oracle, DigitalOcean, OpenStack...
+        "169.254.170.2",  # AWS ECS task metadata
+        "169.254.170.23",  # AWS EKS pod identity
+        "fd00:ec2::254",  # AWS over IPv6
+        "fd00:ec2::23",
+        "100.100.100.200",  # Alibaba Cloud
+    )
+)
+METADATA_NAMES = frozenset(
+    {"metadata.google.internal", "metadata.goog", "metadata", "instance-data", "instance-data.ec2.internal"}
+)
 _NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
 _COMPATIBLE = ipaddress.ip_network("::/96")
-_HOST = re.compile(r"(?=.{1,253}$)([a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?)(\.[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?)*")
+_HOST = re.compile(
+    r"(?=.{1,253}$)([a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?)(\.[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?)*"
+)
 
 
 def host_name(host: str) -> str:
@@ -116,7 +122,9 @@ class Destinations:
                 pass
             name = host_name(text)
             if not _HOST.fullmatch(name) or address_of(name) is not None:
-                raise ValueError(f"{entry!r} is neither a network (10.0.0.0/8, fd00::/8, an address) nor a host name")
+                raise ValueError(
+                    f"{entry!r} is neither a network (10.0.0.0/8, fd00::/8, an address) nor a host name"
+                )
             names.add(name)
         return cls(tuple(networks), frozenset(names))
 
@@ -132,6 +140,8 @@ class Destinations:
             return False
         if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
             ip = ip.ipv4_mapped  # (the allow-list names IPv4 networks as such)
-        if ip in METADATA_ADDRESSES or (isinstance(ip, ipaddress.IPv6Address) and _embedded(ip) in METADATA_ADDRESSES):
+        if ip in METADATA_ADDRESSES or (
+            isinstance(ip, ipaddress.IPv6Address) and _embedded(ip) in METADATA_ADDRESSES
+        ):
             return False  # (even allow-listed)
         return self.trusts(host) or public(ip) or any(ip in net for net in self.networks)

@@ -182,8 +182,13 @@ class StoreUnavailable(GatewayError):
     type = "server_error"
     code = "store_unavailable"
 
-    def __init__(self, message: str = "The gateway's store cannot be reached right now; nothing was charged and "
-                 "nothing was sent upstream. Retry shortly.", *, retry_after: int = 2) -> None:  # fmt: skip
+    def __init__(
+        self,
+        message: str = "The gateway's store cannot be reached right now; nothing was charged and "
+        "nothing was sent upstream. Retry shortly.",
+        *,
+        retry_after: int = 2,
+    ) -> None:
         super().__init__(message, headers={"Retry-After": str(retry_after)})
 
 
@@ -227,11 +232,23 @@ class UpstreamQuotaExceeded(UpstreamFinal):
 
 # Anthropic's error types by HTTP status (its API reference, "Errors"); what has no status of its own there
 # keeps ours with the nearest type
-ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 402: "billing_error",
-                   403: "permission_error", 404: "not_found_error", 405: "invalid_request_error",
-                   408: "timeout_error", 413: "request_too_large", 415: "invalid_request_error",
-                   429: "rate_limit_error", 500: "api_error", 502: "api_error", 503: "api_error",
-                   504: "timeout_error", 529: "overloaded_error"}  # fmt: skip
+ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    408: "timeout_error",
+    413: "request_too_large",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "api_error",
+    502: "api_error",
+    503: "api_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
 
 
 class AnthropicBody(msgspec.Struct):

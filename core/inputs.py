@@ -59,14 +59,20 @@ def decode_json(body: bytes | str, bounded: bool = False) -> Any:
     except UnicodeDecodeError:
         raise InvalidRequest("The JSON body is not valid UTF-8.", code="invalid_json") from None
     except RecursionError:
-        raise InvalidRequest(f"The JSON body is nested more than {MAX_DEPTH} levels deep.", code="invalid_json") from None
+        raise InvalidRequest(
+            f"The JSON body is nested more than {MAX_DEPTH} levels deep.", code="invalid_json"
+        ) from None
     # (a str the decoder took is valid UTF-8 once encoded: a batch's lines come as str)
     deep = nests_deeper(body.encode() if isinstance(body, str) else bytes(body), MAX_DEPTH)
     if deep or (deep is None and too_deep(value, MAX_DEPTH)):
-        raise InvalidRequest(f"The JSON body is nested more than {MAX_DEPTH} levels deep.", code="invalid_json")
+        raise InvalidRequest(
+            f"The JSON body is nested more than {MAX_DEPTH} levels deep.", code="invalid_json"
+        )
     at = outsized(value) if bounded else None
     if at is not None:
-        raise InvalidRequest(f"'{at}' must be a number from {INT64_MIN} to {INT64_MAX}.", param=at, code="invalid_value")
+        raise InvalidRequest(
+            f"'{at}' must be a number from {INT64_MIN} to {INT64_MAX}.", param=at, code="invalid_value"
+        )
     return value
 
 
@@ -204,7 +210,11 @@ def key_of(text: str) -> bytes:
     """A 32-byte key from its configured form: 64 hex digits, or base64 of 32 bytes (ValueError else)."""
     text = text.strip()
     try:
-        raw = bytes.fromhex(text) if len(text) == 64 else base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        raw = (
+            bytes.fromhex(text)
+            if len(text) == 64
+            else base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        )
     except (ValueError, binascii.Error):
         raise ValueError("a seal key is 64 hex digits or the base64 of 32 bytes") from None
     if len(raw) != 32:

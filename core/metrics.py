@@ -120,22 +120,36 @@ OPEN_STREAMS = _Level()
 
 class _CallPath(Collector):
     def collect(self) -> Iterator[Metric]:
-        requests = CounterMetricFamily("router_requests", "HTTP requests by endpoint and status.",
-                                       labels=["endpoint", "status"])  # fmt: skip
+        requests = CounterMetricFamily(
+            "router_requests", "HTTP requests by endpoint and status.", labels=["endpoint", "status"]
+        )
         for (endpoint, status), count in list(_requests.items()):
             requests.add_metric([endpoint, str(status)], count)
-        duration = HistogramMetricFamily("router_request_duration_seconds", "HTTP request duration, until the last byte.",
-                                         labels=["endpoint"])  # fmt: skip
+        duration = HistogramMetricFamily(
+            "router_request_duration_seconds",
+            "HTTP request duration, until the last byte.",
+            labels=["endpoint"],
+        )
         for endpoint, hist in list(_durations.items()):
             duration.add_metric([endpoint], hist.buckets(), hist.total)
-        calls = CounterMetricFamily("router_calls", "Settled model calls by provider, model and outcome.",
-                                    labels=["provider", "model", "status"])  # fmt: skip
-        ttft = HistogramMetricFamily("router_time_to_first_token_seconds",
-                                     "Time from the call's start to its first streamed token.", labels=["provider", "model"])  # fmt: skip
-        tokens = CounterMetricFamily("router_tokens", "Tokens by provider, model and kind (prompt, completion).",
-                                     labels=["provider", "model", "kind"])  # fmt: skip
-        credits = CounterMetricFamily("router_credits", "Credits charged by provider and model.",
-                                      labels=["provider", "model"])  # fmt: skip
+        calls = CounterMetricFamily(
+            "router_calls",
+            "Settled model calls by provider, model and outcome.",
+            labels=["provider", "model", "status"],
+        )
+        ttft = HistogramMetricFamily(
+            "router_time_to_first_token_seconds",
+            "Time from the call's start to its first streamed token.",
+            labels=["provider", "model"],
+        )
+        tokens = CounterMetricFamily(
+            "router_tokens",
+            "Tokens by provider, model and kind (prompt, completion).",
+            labels=["provider", "model", "kind"],
+        )
+        credits = CounterMetricFamily(
+            "router_credits", "Credits charged by provider and model.", labels=["provider", "model"]
+        )
         for (provider, model), c in list(_calls.items()):
             for outcome, count in list(c.status.items()):
                 calls.add_metric([provider, model, outcome], count)
@@ -144,7 +158,9 @@ class _CallPath(Collector):
             tokens.add_metric([provider, model, "prompt"], c.prompt)
             tokens.add_metric([provider, model, "completion"], c.completion)
             credits.add_metric([provider, model], c.credits / 1e9)
-        streams = GaugeMetricFamily("router_open_streams", "SSE responses being written now.", value=OPEN_STREAMS.value)
+        streams = GaugeMetricFamily(
+            "router_open_streams", "SSE responses being written now.", value=OPEN_STREAMS.value
+        )
         yield from (requests, duration, streams, calls, ttft, tokens, credits)
 
 
@@ -168,8 +184,11 @@ def watch_circuits(source: Circuits) -> None:
 
 class _CircuitState(Collector):
     def collect(self) -> Iterator[Metric]:
-        family = GaugeMetricFamily("router_circuit_state", "Circuit breaker state per provider (1 = current).",
-                                   labels=["provider", "state"])  # fmt: skip
+        family = GaugeMetricFamily(
+            "router_circuit_state",
+            "Circuit breaker state per provider (1 = current).",
+            labels=["provider", "state"],
+        )
         states: dict[str, str] = {}  # several gateways in one process (tests, mounts): the worst state
         for source in list(_circuits):
             for provider, state in source.states().items():
@@ -346,13 +365,22 @@ def watch_deployments(source: Resting) -> None:
 class _Deployments(Collector):
     def collect(self) -> Iterator[Metric]:
         labels = ["provider", "deployment"]
-        calls = CounterMetricFamily("router_deployment_calls", "Upstream attempts by deployment and outcome.",
-                                    labels=[*labels, "outcome"])  # fmt: skip
-        latency = HistogramMetricFamily("router_deployment_latency_seconds",
-                                        "Time from sending to a deployment to its answer's headers.", labels=labels)  # fmt: skip
-        flight = GaugeMetricFamily("router_deployment_in_flight", "Calls on a deployment now (this replica).",
-                                   labels=labels)  # fmt: skip
-        cooldowns = CounterMetricFamily("router_deployment_cooldowns", "Rests a deployment began.", labels=labels)
+        calls = CounterMetricFamily(
+            "router_deployment_calls",
+            "Upstream attempts by deployment and outcome.",
+            labels=[*labels, "outcome"],
+        )
+        latency = HistogramMetricFamily(
+            "router_deployment_latency_seconds",
+            "Time from sending to a deployment to its answer's headers.",
+            labels=labels,
+        )
+        flight = GaugeMetricFamily(
+            "router_deployment_in_flight", "Calls on a deployment now (this replica).", labels=labels
+        )
+        cooldowns = CounterMetricFamily(
+            "router_deployment_cooldowns", "Rests a deployment began.", labels=labels
+        )
         cooling = GaugeMetricFamily("router_deployment_cooling", "1 while a deployment rests.", labels=labels)
         for (provider, name), d in list(_deployments.items()):
             for outcome, count in list(d.outcomes.items()):
@@ -411,15 +439,27 @@ class _Connections(Collector):
         if not _connections:
             return
         source = _connections[0]
-        yield GaugeMetricFamily("router_connections_open", "Client connections open now.", value=len(source.open))
-        yield GaugeMetricFamily("router_connections_idle", "Client connections open with no request in flight.",
-                                value=len(source.idle))  # fmt: skip
-        yield GaugeMetricFamily("router_connections_max", "The cap on open client connections.",
-                                value=source.max_connections)  # fmt: skip
-        yield CounterMetricFamily("router_connections_evicted", "Idle connections closed to make room for new ones.",
-                                  value=source.evicted)  # fmt: skip
-        yield CounterMetricFamily("router_connections_refused",
-                                  "Connections answered 503 because every open one was busy.", value=source.refused)  # fmt: skip
+        yield GaugeMetricFamily(
+            "router_connections_open", "Client connections open now.", value=len(source.open)
+        )
+        yield GaugeMetricFamily(
+            "router_connections_idle",
+            "Client connections open with no request in flight.",
+            value=len(source.idle),
+        )
+        yield GaugeMetricFamily(
+            "router_connections_max", "The cap on open client connections.", value=source.max_connections
+        )
+        yield CounterMetricFamily(
+            "router_connections_evicted",
+            "Idle connections closed to make room for new ones.",
+            value=source.evicted,
+        )
+        yield CounterMetricFamily(
+            "router_connections_refused",
+            "Connections answered 503 because every open one was busy.",
+            value=source.refused,
+        )
 
 
 REGISTRY.register(_Connections())
@@ -442,20 +482,37 @@ def watch_journal(journal: Any) -> None:
 
 class _Settlements(Collector):
     def collect(self) -> Iterator[Metric]:
-        yield GaugeMetricFamily("router_settlements_pending", "Settlements queued and not yet durable.",
-                                value=sum(len(ledger.pending) for ledger in list(_ledgers)))  # fmt: skip
-        yield GaugeMetricFamily("router_settlements_journaled", "Settlements in the local journal, waiting for the store.",
-                                value=sum(journal.count for journal in list(_journals)))  # fmt: skip
+        yield GaugeMetricFamily(
+            "router_settlements_pending",
+            "Settlements queued and not yet durable.",
+            value=sum(len(ledger.pending) for ledger in list(_ledgers)),
+        )
+        yield GaugeMetricFamily(
+            "router_settlements_journaled",
+            "Settlements in the local journal, waiting for the store.",
+            value=sum(journal.count for journal in list(_journals)),
+        )
 
 
 REGISTRY.register(_Settlements())
-JOURNALED = Counter("router_settlements_journaled", "Settlements written to the local journal because the store "
-                    "stayed down.", registry=REGISTRY)  # fmt: skip
+JOURNALED = Counter(
+    "router_settlements_journaled",
+    "Settlements written to the local journal because the store stayed down.",
+    registry=REGISTRY,
+)
 REPLAYED = Counter("router_journal_replays", "Journaled settlements applied to the store.", registry=REGISTRY)
-STORE_ERRORS = Counter("router_store_errors", "Store failures by operation (lookup, reserve, settle, heartbeat).",
-                       ["operation"], registry=REGISTRY)  # fmt: skip
-HOLDS_RELEASED = Counter("router_holds_released", "Holds released for a stopped process, by reason "
-                         "(dead_replica, restart).", ["reason"], registry=REGISTRY)  # fmt: skip
+STORE_ERRORS = Counter(
+    "router_store_errors",
+    "Store failures by operation (lookup, reserve, settle, heartbeat).",
+    ["operation"],
+    registry=REGISTRY,
+)
+HOLDS_RELEASED = Counter(
+    "router_holds_released",
+    "Holds released for a stopped process, by reason (dead_replica, restart).",
+    ["reason"],
+    registry=REGISTRY,
+)
 
 
 def store_error(operation: str) -> None:

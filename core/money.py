@@ -1,7 +1,7 @@
 """Amounts of credits: integers of nano-credits (10⁻⁹ credit) inside, decimal strings outside.
 
-    to_nano("12.5")    -> 12_500_000_000   (ValueError: not a number, or more than 9 decimals)
-    to_credits(1500)   -> "0.0000015"       (exact, no trailing zeros)
+to_nano("12.5")    -> 12_500_000_000   (ValueError: not a number, or more than 9 decimals)
+to_credits(1500)   -> "0.0000015"       (exact, no trailing zeros)
 """
 
 from __future__ import annotations

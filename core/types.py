@@ -21,7 +21,9 @@ RECEIVE_WATCH = "router.receive.watch"
 JSON = dict[str, Any]
 Headers = list[tuple[bytes, bytes]]
 
-Endpoint = Literal["chat", "responses", "messages", "embeddings", "images"]  # which of our model endpoints a call came through (catalog: endpoints)
+Endpoint = Literal[
+    "chat", "responses", "messages", "embeddings", "images"
+]  # which of our model endpoints a call came through (catalog: endpoints)
 Source = Literal["api", "job"]  # an HTTP caller, or a line of a batch (jobs/)
 CallStatus = Literal["ok", "error", "interrupted", "rejected"]  # how a call ended, in its usage record
 

@@ -195,7 +195,11 @@ def parse_chat_request(body: bytes) -> tuple[dict[str, Any], ChatRequest]:
         raise InvalidRequest("The request body must be a JSON object.", code="invalid_json")
     for required in ("model", "messages"):
         if required not in raw:
-            raise InvalidRequest(f"Missing required parameter: '{required}'.", param=required, code="missing_required_parameter")
+            raise InvalidRequest(
+                f"Missing required parameter: '{required}'.",
+                param=required,
+                code="missing_required_parameter",
+            )
     try:
         request = chat_struct(raw)
     except RecursionError:
@@ -267,7 +271,9 @@ class TokenUsage(msgspec.Struct, kw_only=True):
     completion: int = 0
     cached: int = 0
     cache_write: int = 0
-    cache_write_1h: int = 0  # of ``cache_write``, what is kept for an hour (Anthropic's ttl "1h": its own price)
+    cache_write_1h: int = (
+        0  # of ``cache_write``, what is kept for an hour (Anthropic's ttl "1h": its own price)
+    )
     reasoning: int = 0
     reasoning_estimated: bool = False  # the provider counts reasoning inside completion only (Anthropic)
     image_prompt: int = 0  # of ``prompt``, the input images' tokens (gpt-image edits: their own price)

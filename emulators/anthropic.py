@@ -24,7 +24,9 @@ from emulators.common import Emulator, decode, encode, nth, pause, play, random_
 from emulators.directives import Directives, Flakiness, count_tokens, directives, reply_pieces
 
 # id -> (display name, max output tokens, created_at)
-ORGANIZATION = "5f0c9a3e-7d1b-4c2a-9e8f-3b6d2a1c0e94"  # the account's organization, named in its rate-limit errors
+ORGANIZATION = (
+    "5f0c9a3e-7d1b-4c2a-9e8f-3b6d2a1c0e94"  # the account's organization, named in its rate-limit errors
+)
 
 MODELS = {
     "claude-opus-4-8": ("Claude Opus 4.8", 128000, "2026-05-05T00:00:00Z"),
@@ -45,19 +47,68 @@ ALIASES = {
     "claude-3-5-haiku-latest": "claude-3-5-haiku-20241022",
 }
 FIELDS = {
-    "model", "messages", "max_tokens", "system", "temperature", "top_p", "top_k", "stop_sequences", "stream",
-    "tools", "tool_choice", "thinking", "metadata", "service_tier", "cache_control", "output_config",
-    "container", "inference_geo", "mcp_servers", "context_management", "diagnostics", "speed",
-}  # fmt: skip
-COUNT_FIELDS = {"model", "messages", "system", "tools", "tool_choice", "thinking", "mcp_servers", "context_management",
-                "output_config", "output_format", "cache_control"}  # fmt: skip
+    "model",
+    "messages",
+    "max_tokens",
+    "system",
+    "temperature",
+    "top_p",
+    "top_k",
+    "stop_sequences",
+    "stream",
+    "tools",
+    "tool_choice",
+    "thinking",
+    "metadata",
+    "service_tier",
+    "cache_control",
+    "output_config",
+    "container",
+    "inference_geo",
+    "mcp_servers",
+    "context_management",
+    "diagnostics",
+    "speed",
+}
+COUNT_FIELDS = {
+    "model",
+    "messages",
+    "system",
+    "tools",
+    "tool_choice",
+    "thinking",
+    "mcp_servers",
+    "context_management",
+    "output_config",
+    "output_format",
+    "cache_control",
+}
 VERSIONS = {"2023-01-01", "2023-06-01", "2026-10-21"}  # the last is what anthropic SDK 2.x sends
-BLOCKS = ("text", "image", "document", "tool_use", "tool_result", "thinking", "redacted_thinking",
-          "search_result", "server_tool_use", "web_search_tool_result")  # fmt: skip  (a tuple: any value may be looked up)
+BLOCKS = (
+    "text",
+    "image",
+    "document",
+    "tool_use",
+    "tool_result",
+    "thinking",
+    "redacted_thinking",
+    "search_result",
+    "server_tool_use",
+    "web_search_tool_result",
+)  # (a tuple: any value may be looked up)
 IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 402: "billing_error", 403: "permission_error",
-               404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
-               504: "timeout_error", 529: "overloaded_error"}  # fmt: skip
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
 TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")
 TOOL_ID = re.compile(r"^[a-zA-Z0-9_-]+$")
 MIN_CACHE_TOKENS = 1024
@@ -113,15 +164,27 @@ def _check_top(body: dict[str, Any]) -> str:
     model = ALIASES.get(body["model"], body["model"])
     _require(model in MODELS, f"model: {body['model']}", 404)
     _require("max_tokens" in body, "max_tokens: Field required")
-    _require(_is_int(body["max_tokens"]) and body["max_tokens"] >= 0, "max_tokens: Input should be a valid integer greater than or equal to 0")
+    _require(
+        _is_int(body["max_tokens"]) and body["max_tokens"] >= 0,
+        "max_tokens: Input should be a valid integer greater than or equal to 0",
+    )
     limit = MODELS[model][1]
-    _require(body["max_tokens"] <= limit, f"max_tokens: {body['max_tokens']} > {limit}, which is the maximum allowed number of output tokens for {model}")
+    _require(
+        body["max_tokens"] <= limit,
+        f"max_tokens: {body['max_tokens']} > {limit}, which is the maximum allowed number of output tokens for {model}",
+    )
     temperature = body.get("temperature")
     if temperature is not None:
-        _require(isinstance(temperature, int | float) and 0 <= temperature <= 1, "temperature: Input should be less than or equal to 1")
+        _require(
+            isinstance(temperature, int | float) and 0 <= temperature <= 1,
+            "temperature: Input should be less than or equal to 1",
+        )
     stops = body.get("stop_sequences")
     if stops is not None:
-        _require(isinstance(stops, list) and all(isinstance(s, str) for s in stops), "stop_sequences: Input should be a valid list of strings")
+        _require(
+            isinstance(stops, list) and all(isinstance(s, str) for s in stops),
+            "stop_sequences: Input should be a valid list of strings",
+        )
     _check_system(body)
     return model
 
@@ -129,34 +192,59 @@ def _check_top(body: dict[str, Any]) -> str:
 def _check_system(body: dict[str, Any]) -> None:
     system = body.get("system")
     if system is not None and not isinstance(system, str):
-        _require(isinstance(system, list) and all(isinstance(b, dict) and b.get("type") == "text" for b in system),
-                 "system: Input should be a valid string or a list of text blocks")  # fmt: skip
+        _require(
+            isinstance(system, list) and all(isinstance(b, dict) and b.get("type") == "text" for b in system),
+            "system: Input should be a valid string or a list of text blocks",
+        )
 
 
 def _check_block(block: Any, role: str, where: str) -> None:
-    _require(isinstance(block, dict) and block.get("type") in BLOCKS, f"{where}.type: unknown content block type")
+    _require(
+        isinstance(block, dict) and block.get("type") in BLOCKS, f"{where}.type: unknown content block type"
+    )
     kind = block["type"]
     if kind == "text":
-        _require(isinstance(block.get("text"), str) and block["text"] != "", "messages: text content blocks must be non-empty")
+        _require(
+            isinstance(block.get("text"), str) and block["text"] != "",
+            "messages: text content blocks must be non-empty",
+        )
     elif kind == "image":
         source = block.get("source") if isinstance(block.get("source"), dict) else {}
         if source.get("type") == "url":
             _require(isinstance(source.get("url"), str), f"{where}.image.source.url.url: Field required")
         else:
-            _require(source.get("type") == "base64", f"{where}.image.source: Input tag does not match 'base64' or 'url'")
-            _require(source.get("media_type") in IMAGE_TYPES,
-                     f"{where}.image.source.base64.media_type: Input should be 'image/jpeg', 'image/png', 'image/gif' or 'image/webp'")  # fmt: skip
-            _require(isinstance(source.get("data"), str) and source["data"] != "", f"{where}.image.source.base64.data: Field required")
+            _require(
+                source.get("type") == "base64",
+                f"{where}.image.source: Input tag does not match 'base64' or 'url'",
+            )
+            _require(
+                source.get("media_type") in IMAGE_TYPES,
+                f"{where}.image.source.base64.media_type: Input should be 'image/jpeg', 'image/png', 'image/gif' or 'image/webp'",
+            )
+            _require(
+                isinstance(source.get("data"), str) and source["data"] != "",
+                f"{where}.image.source.base64.data: Field required",
+            )
     elif kind == "tool_use":
         _require(role == "assistant", f"{where}: tool_use blocks are only allowed in assistant messages")
-        _require(isinstance(block.get("id"), str) and bool(TOOL_ID.match(block["id"])), f"{where}.tool_use.id: String should match pattern '^[a-zA-Z0-9_-]+$'")
-        _require(isinstance(block.get("input"), dict), f"{where}.tool_use.input: Input should be a valid dictionary")
+        _require(
+            isinstance(block.get("id"), str) and bool(TOOL_ID.match(block["id"])),
+            f"{where}.tool_use.id: String should match pattern '^[a-zA-Z0-9_-]+$'",
+        )
+        _require(
+            isinstance(block.get("input"), dict),
+            f"{where}.tool_use.input: Input should be a valid dictionary",
+        )
     elif kind == "tool_result":
         _require(role == "user", f"{where}: tool_result blocks are only allowed in user messages")
-        _require(isinstance(block.get("tool_use_id"), str), f"{where}.tool_result.tool_use_id: Field required")
+        _require(
+            isinstance(block.get("tool_use_id"), str), f"{where}.tool_result.tool_use_id: Field required"
+        )
         # (ToolResultBlockParam.content: Union[str, Iterable[Content]], anthropic-sdk-python)
-        _require(isinstance(block.get("content"), str | list | None),
-                 f"{where}.tool_result.content: Input should be a valid string or a list of content blocks")  # fmt: skip
+        _require(
+            isinstance(block.get("content"), str | list | None),
+            f"{where}.tool_result.content: Input should be a valid string or a list of content blocks",
+        )
 
 
 def _check_messages(messages: Any) -> list[dict[str, Any]]:
@@ -165,18 +253,29 @@ def _check_messages(messages: Any) -> list[dict[str, Any]]:
     _require(len(messages) > 0, "messages: at least one message is required")
     turns: list[dict[str, Any]] = []
     for i, message in enumerate(messages):
-        _require(isinstance(message, dict) and message.get("role") in ("user", "assistant", "system"),
-                 f"messages.{i}.role: Input should be 'user', 'assistant' or 'system'")  # fmt: skip
+        _require(
+            isinstance(message, dict) and message.get("role") in ("user", "assistant", "system"),
+            f"messages.{i}.role: Input should be 'user', 'assistant' or 'system'",
+        )
         content = message.get("content")
         if message["role"] == "system":  # a mid-conversation system message: text blocks, not a turn
-            _require(isinstance(content, str) or (isinstance(content, list) and all(
-                isinstance(b, dict) and b.get("type") in ("text", "mid_conv_system") for b in content)),
-                f"messages.{i}.content: a system message holds text blocks")  # fmt: skip
+            _require(
+                isinstance(content, str)
+                or (
+                    isinstance(content, list)
+                    and all(
+                        isinstance(b, dict) and b.get("type") in ("text", "mid_conv_system") for b in content
+                    )
+                ),
+                f"messages.{i}.content: a system message holds text blocks",
+            )
             continue
         _require(isinstance(content, str | list), f"messages.{i}.content: Input should be a valid list")
         final_assistant = i == len(messages) - 1 and message["role"] == "assistant"
-        _require(bool(content) or final_assistant,
-                 f"messages.{i}: all messages must have non-empty content except for the optional final assistant message")  # fmt: skip
+        _require(
+            bool(content) or final_assistant,
+            f"messages.{i}: all messages must have non-empty content except for the optional final assistant message",
+        )
         for j, block in enumerate(content if isinstance(content, list) else ()):
             _check_block(block, message["role"], f"messages.{i}.content.{j}")
         if turns and turns[-1]["role"] == message["role"]:
@@ -188,7 +287,9 @@ def _check_messages(messages: Any) -> list[dict[str, Any]]:
     last = turns[-1]
     if last["role"] == "assistant" and last["content"] and last["content"][-1].get("type") == "text":
         text = last["content"][-1]["text"]
-        _require(text == text.rstrip(), "messages: final assistant content cannot end with trailing whitespace")
+        _require(
+            text == text.rstrip(), "messages: final assistant content cannot end with trailing whitespace"
+        )
     return turns
 
 
@@ -205,17 +306,26 @@ def _check_pairs(turns: list[dict[str, Any]]) -> None:
         if turn["role"] == "assistant" and k + 1 < len(turns):
             answered = set(_ids(turns[k + 1], "tool_result", "tool_use_id"))
             missing = [i for i in _ids(turn, "tool_use", "id") if i not in answered]
-            _require(not missing, f"messages.{k}: `tool_use` ids were found without `tool_result` blocks immediately after: "
-                     f"{', '.join(missing)}. Each `tool_use` block must have a corresponding `tool_result` block in the next message.")  # fmt: skip
+            _require(
+                not missing,
+                f"messages.{k}: `tool_use` ids were found without `tool_result` blocks immediately after: "
+                f"{', '.join(missing)}. Each `tool_use` block must have a corresponding `tool_result` block in the next message.",
+            )
         if turn["role"] == "user":
             asked = set(_ids(turns[k - 1], "tool_use", "id")) if k else set()
             kinds = _kinds(turn)
             for j, tid in enumerate(_ids(turn, "tool_result", "tool_use_id")):
-                _require(tid in asked, f"messages.{k}.content.{j}: unexpected `tool_use_id` found in `tool_result` blocks: {tid}. "
-                         "Each `tool_result` block must have a corresponding `tool_use` block in the previous message.")  # fmt: skip
+                _require(
+                    tid in asked,
+                    f"messages.{k}.content.{j}: unexpected `tool_use_id` found in `tool_result` blocks: {tid}. "
+                    "Each `tool_result` block must have a corresponding `tool_use` block in the previous message.",
+                )
             if "tool_result" in kinds:
                 first_other = next(j for j, kind in enumerate([*kinds, "end"]) if kind != "tool_result")
-                _require("tool_result" not in kinds[first_other:], f"messages.{k}: `tool_result` blocks must come before any other content")
+                _require(
+                    "tool_result" not in kinds[first_other:],
+                    f"messages.{k}: `tool_result` blocks must come before any other content",
+                )
 
 
 def _check_tools(body: dict[str, Any]) -> None:
@@ -226,15 +336,22 @@ def _check_tools(body: dict[str, Any]) -> None:
             _require(isinstance(tool, dict), f"tools.{i}: Input should be a valid dictionary")
             if tool.get("type", "custom") != "custom":
                 continue  # a versioned server tool
-            _require(isinstance(tool.get("name"), str) and bool(TOOL_NAME.match(tool["name"])),
-                     f"tools.{i}.custom.name: String should match pattern '^[a-zA-Z0-9_-]{{1,128}}$'")  # fmt: skip
+            _require(
+                isinstance(tool.get("name"), str) and bool(TOOL_NAME.match(tool["name"])),
+                f"tools.{i}.custom.name: String should match pattern '^[a-zA-Z0-9_-]{{1,128}}$'",
+            )
             schema = tool.get("input_schema")
             _require(isinstance(schema, dict), f"tools.{i}.custom.input_schema: Field required")
-            _require(schema.get("type") == "object", f"tools.{i}.custom.input_schema.type: Input should be 'object'")
+            _require(
+                schema.get("type") == "object",
+                f"tools.{i}.custom.input_schema.type: Input should be 'object'",
+            )
     choice = body.get("tool_choice")
     if choice is not None:
-        _require(isinstance(choice, dict) and choice.get("type") in ("auto", "any", "tool", "none"),
-                 "tool_choice: Input tag does not match any of the expected tags: 'auto', 'any', 'tool', 'none'")  # fmt: skip
+        _require(
+            isinstance(choice, dict) and choice.get("type") in ("auto", "any", "tool", "none"),
+            "tool_choice: Input tag does not match any of the expected tags: 'auto', 'any', 'tool', 'none'",
+        )
         if choice["type"] == "tool":
             _require(isinstance(choice.get("name"), str), "tool_choice.tool.name: Field required")
 
@@ -248,14 +365,22 @@ def _check_thinking(body: dict[str, Any]) -> None:
     thinking = body.get("thinking")
     if thinking is None:
         return
-    _require(isinstance(thinking, dict) and thinking.get("type") in ("enabled", "disabled", "adaptive"),
-             "thinking: Input tag does not match any of the expected tags: 'enabled', 'disabled', 'adaptive'")  # fmt: skip
+    _require(
+        isinstance(thinking, dict) and thinking.get("type") in ("enabled", "disabled", "adaptive"),
+        "thinking: Input tag does not match any of the expected tags: 'enabled', 'disabled', 'adaptive'",
+    )
     if thinking["type"] == "enabled":
         budget = thinking.get("budget_tokens")
-        _require(_is_int(budget) and budget >= 1024, "thinking.enabled.budget_tokens: Input should be greater than or equal to 1024")
+        _require(
+            _is_int(budget) and budget >= 1024,
+            "thinking.enabled.budget_tokens: Input should be greater than or equal to 1024",
+        )
         _require(body["max_tokens"] > budget, "`max_tokens` must be greater than `thinking.budget_tokens`")
     if _thinking_on(body):
-        _require(body.get("temperature") in (None, 1), "`temperature` may only be set to 1 when thinking is enabled")
+        _require(
+            body.get("temperature") in (None, 1),
+            "`temperature` may only be set to 1 when thinking is enabled",
+        )
         _require(body.get("top_k") is None, "`top_k` may not be set when thinking is enabled")
 
 
@@ -264,10 +389,12 @@ def _check_thinking_turns(body: dict[str, Any], turns: list[dict[str, Any]]) -> 
     if not _thinking_on(body) or len(turns) < 2 or "tool_result" not in _kinds(turns[-1]):
         return
     first = _kinds(turns[-2])[0] if turns[-2]["content"] else "nothing"
-    _require(first in ("thinking", "redacted_thinking"),
-             f"messages.{len(turns) - 2}.content.0.type: Expected `thinking` or `redacted_thinking`, but found `{first}`. "
-             "When `thinking` is enabled, a final `assistant` message must start with a thinking block. "
-             "We recommend you include thinking blocks from previous turns. To avoid this requirement, disable `thinking`.")  # fmt: skip
+    _require(
+        first in ("thinking", "redacted_thinking"),
+        f"messages.{len(turns) - 2}.content.0.type: Expected `thinking` or `redacted_thinking`, but found `{first}`. "
+        "When `thinking` is enabled, a final `assistant` message must start with a thinking block. "
+        "We recommend you include thinking blocks from previous turns. To avoid this requirement, disable `thinking`.",
+    )
 
 
 def check_request(body: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
@@ -332,7 +459,9 @@ def _pick_tool(body: dict[str, Any], d: Directives, answered: bool) -> tuple[dic
     forced = choice["type"] in ("any", "tool")
     if not tools or answered or choice["type"] == "none" or not (d.tool or forced):
         return None
-    tool = next((t for t in tools if t["name"] == choice.get("name")), tools[d.tool_index([t["name"] for t in tools])])
+    tool = next(
+        (t for t in tools if t["name"] == choice.get("name")), tools[d.tool_index([t["name"] for t in tools])]
+    )
     return tool, forced
 
 
@@ -411,15 +540,25 @@ class AnthropicEmulator(Emulator):
     # -- errors -----------------------------------------------------------------------------------
     def error(self, status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
         request_id = "req_011C" + random_id(20)
-        body = {"type": "error", "error": {"type": ERROR_TYPES.get(status, "api_error"), "message": message},
-                "request_id": request_id}  # fmt: skip
-        return web.Response(status=status, body=encode(body), content_type="application/json",
-                            headers={"request-id": request_id, **(headers or {})})  # fmt: skip
+        body = {
+            "type": "error",
+            "error": {"type": ERROR_TYPES.get(status, "api_error"), "message": message},
+            "request_id": request_id,
+        }
+        return web.Response(
+            status=status,
+            body=encode(body),
+            content_type="application/json",
+            headers={"request-id": request_id, **(headers or {})},
+        )
 
     def fault(self, status: int) -> web.Response:
         if status == 402:
-            return self.error(402, "Your credit balance is too low to access the Anthropic API. Please go to Plans & "
-                              "Billing to upgrade or purchase credits.")  # fmt: skip
+            return self.error(
+                402,
+                "Your credit balance is too low to access the Anthropic API. Please go to Plans & "
+                "Billing to upgrade or purchase credits.",
+            )
         if status == 429:
             return self.input_limited(50_000)
         if status == 529:
@@ -430,13 +569,16 @@ class AnthropicEmulator(Emulator):
         """Over the organization's input tokens per minute: the same words whether the minute's usage or
         the request alone is over it (as reported in public bug reports; the real message names the
         organization)."""
-        return self.error(429, f"This request would exceed the rate limit for your organization ({ORGANIZATION}) "
-                              f"of {itpm:,} input tokens per minute. For details, refer to: "
-                              "https://docs.anthropic.com/en/api/rate-limits. You can see the response headers for "
-                              "current usage. Please reduce the prompt length or the maximum tokens requested, or try "
-                              "again later. You may also contact sales at https://www.anthropic.com/contact-sales to "
-                              "discuss your options for a rate limit increase.",
-                              {"retry-after": "1", "anthropic-ratelimit-input-tokens-remaining": "0"})  # fmt: skip
+        return self.error(
+            429,
+            f"This request would exceed the rate limit for your organization ({ORGANIZATION}) "
+            f"of {itpm:,} input tokens per minute. For details, refer to: "
+            "https://docs.anthropic.com/en/api/rate-limits. You can see the response headers for "
+            "current usage. Please reduce the prompt length or the maximum tokens requested, or try "
+            "again later. You may also contact sales at https://www.anthropic.com/contact-sales to "
+            "discuss your options for a rate limit increase.",
+            {"retry-after": "1", "anthropic-ratelimit-input-tokens-remaining": "0"},
+        )
 
     def _refused(self, request: web.Request) -> web.Response | None:
         key = request.headers.get("x-api-key")
@@ -458,9 +600,13 @@ class AnthropicEmulator(Emulator):
         refused = self._refused(request)
         if refused is not None:
             return refused
-        data = [{"type": "model", "id": mid, "display_name": name, "created_at": created}
-                for mid, (name, _, created) in MODELS.items()]  # fmt: skip
-        return web.json_response({"data": data, "has_more": False, "first_id": data[0]["id"], "last_id": data[-1]["id"]})
+        data = [
+            {"type": "model", "id": mid, "display_name": name, "created_at": created}
+            for mid, (name, _, created) in MODELS.items()
+        ]
+        return web.json_response(
+            {"data": data, "has_more": False, "first_id": data[0]["id"], "last_id": data[-1]["id"]}
+        )
 
     # -- count_tokens -----------------------------------------------------------------------------
     async def count_tokens(self, request: web.Request) -> web.Response:
@@ -506,8 +652,11 @@ class AnthropicEmulator(Emulator):
             return body
         self.received(body, request.headers)
         if (wait := self.over_limit()) is not None:
-            return self.error(429, "Number of requests has exceeded your per-minute rate limit",
-                              {"retry-after": retry_after(wait), "anthropic-ratelimit-requests-remaining": "0"})  # fmt: skip
+            return self.error(
+                429,
+                "Number of requests has exceeded your per-minute rate limit",
+                {"retry-after": retry_after(wait), "anthropic-ratelimit-requests-remaining": "0"},
+            )
         try:
             model, turns = check_request(body)
         except Rejected as exc:
@@ -519,16 +668,30 @@ class AnthropicEmulator(Emulator):
         if reply.d.fault:
             return self.fault(reply.d.fault)
         usage = self._usage(model, body, turns)
-        message: dict[str, Any] = {"id": "msg_01" + random_id(22), "type": "message", "role": "assistant", "model": model}
-        headers = {"request-id": "req_011C" + random_id(20), "anthropic-ratelimit-requests-limit": "1000",
-                   "anthropic-ratelimit-requests-remaining": "999"}  # fmt: skip
+        message: dict[str, Any] = {
+            "id": "msg_01" + random_id(22),
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+        }
+        headers = {
+            "request-id": "req_011C" + random_id(20),
+            "anthropic-ratelimit-requests-limit": "1000",
+            "anthropic-ratelimit-requests-remaining": "999",
+        }
         if body.get("stream"):
             return await self._stream(request, reply, message, usage, headers)
         if reply.d.malformed:
-            return web.Response(body=b'{"id": "msg_broken", "type": "message", "content": [', content_type="application/json")
+            return web.Response(
+                body=b'{"id": "msg_broken", "type": "message", "content": [', content_type="application/json"
+            )
         signature = "Eq" + random_id(40)
-        message.update(content=[s.block(signature) for s in reply.segments], stop_reason=reply.stop_reason,
-                       stop_sequence=reply.stop_sequence, usage={**usage, "output_tokens": reply.output_tokens})  # fmt: skip
+        message.update(
+            content=[s.block(signature) for s in reply.segments],
+            stop_reason=reply.stop_reason,
+            stop_sequence=reply.stop_sequence,
+            usage={**usage, "output_tokens": reply.output_tokens},
+        )
         return web.Response(body=encode(message), content_type="application/json", headers=headers)
 
     def _usage(self, model: str, body: dict[str, Any], turns: list[dict[str, Any]]) -> dict[str, Any]:
@@ -548,54 +711,117 @@ class AnthropicEmulator(Emulator):
                 else:
                     write = tokens
                     self.cache.add(key)
-        return {"input_tokens": total - read - write, "cache_creation_input_tokens": write, "cache_read_input_tokens": read,
-                "cache_creation": {"ephemeral_5m_input_tokens": write if ttl != "1h" else 0,
-                                   "ephemeral_1h_input_tokens": write if ttl == "1h" else 0},
-                "service_tier": "standard"}  # fmt: skip
+        return {
+            "input_tokens": total - read - write,
+            "cache_creation_input_tokens": write,
+            "cache_read_input_tokens": read,
+            "cache_creation": {
+                "ephemeral_5m_input_tokens": write if ttl != "1h" else 0,
+                "ephemeral_1h_input_tokens": write if ttl == "1h" else 0,
+            },
+            "service_tier": "standard",
+        }
 
-    def _events(self, reply: Reply, message: dict[str, Any], usage: dict[str, Any]) -> list[tuple[bytes, bool]]:
+    def _events(
+        self, reply: Reply, message: dict[str, Any], usage: dict[str, Any]
+    ) -> list[tuple[bytes, bool]]:
         """The stream as (framed event, is a content delta)."""
-        start = {**message, "content": [], "stop_reason": None, "stop_sequence": None, "usage": {**usage, "output_tokens": 1}}
+        start = {
+            **message,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {**usage, "output_tokens": 1},
+        }
         events = [(sse("message_start", {"type": "message_start", "message": start}), False)]
         for i, seg in enumerate(reply.segments):
-            initial = {"type": "thinking", "thinking": "", "signature": ""} if seg.kind == "thinking" else \
-                {"type": "tool_use", **(seg.tool or {}), "input": {}} if seg.kind == "tool_use" else {"type": "text", "text": ""}  # fmt: skip
-            events.append((sse("content_block_start", {"type": "content_block_start", "index": i, "content_block": initial}), False))
+            initial = (
+                {"type": "thinking", "thinking": "", "signature": ""}
+                if seg.kind == "thinking"
+                else {"type": "tool_use", **(seg.tool or {}), "input": {}}
+                if seg.kind == "tool_use"
+                else {"type": "text", "text": ""}
+            )
+            events.append(
+                (
+                    sse(
+                        "content_block_start",
+                        {"type": "content_block_start", "index": i, "content_block": initial},
+                    ),
+                    False,
+                )
+            )
             if i == 0:
                 events.append((sse("ping", {"type": "ping"}), False))
-            kind, key = {"thinking": ("thinking_delta", "thinking"), "tool_use": ("input_json_delta", "partial_json")}.get(
-                seg.kind, ("text_delta", "text"))
+            kind, key = {
+                "thinking": ("thinking_delta", "thinking"),
+                "tool_use": ("input_json_delta", "partial_json"),
+            }.get(seg.kind, ("text_delta", "text"))
             for piece in seg.pieces:
                 delta = {"type": "content_block_delta", "index": i, "delta": {"type": kind, key: piece}}
                 events.append((sse("content_block_delta", delta), True))
             if seg.kind == "thinking":
                 signature = {"type": "signature_delta", "signature": "Eq" + random_id(40)}
-                events.append((sse("content_block_delta", {"type": "content_block_delta", "index": i, "delta": signature}), False))
+                events.append(
+                    (
+                        sse(
+                            "content_block_delta",
+                            {"type": "content_block_delta", "index": i, "delta": signature},
+                        ),
+                        False,
+                    )
+                )
             events.append((sse("content_block_stop", {"type": "content_block_stop", "index": i}), False))
         if not reply.segments:
             events.append((sse("ping", {"type": "ping"}), False))
-        final = {k: usage[k] for k in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")}
-        events.append((sse("message_delta", {"type": "message_delta",
-                                             "delta": {"stop_reason": reply.stop_reason, "stop_sequence": reply.stop_sequence},
-                                             "usage": {**final, "output_tokens": reply.output_tokens}}), False))  # fmt: skip
+        final = {
+            k: usage[k] for k in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+        }
+        events.append(
+            (
+                sse(
+                    "message_delta",
+                    {
+                        "type": "message_delta",
+                        "delta": {"stop_reason": reply.stop_reason, "stop_sequence": reply.stop_sequence},
+                        "usage": {**final, "output_tokens": reply.output_tokens},
+                    },
+                ),
+                False,
+            )
+        )
         events.append((sse("message_stop", {"type": "message_stop"}), False))
         return events
 
-    async def _stream(self, request: web.Request, reply: Reply, message: dict[str, Any], usage: dict[str, Any],
-                      headers: dict[str, str]) -> web.StreamResponse:  # fmt: skip
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
-                                               "Cache-Control": "no-cache", **headers})  # fmt: skip
+    async def _stream(
+        self,
+        request: web.Request,
+        reply: Reply,
+        message: dict[str, Any],
+        usage: dict[str, Any],
+        headers: dict[str, str],
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream; charset=utf-8",
+                "Cache-Control": "no-cache",
+                **headers,
+            }
+        )
         await response.prepare(request)
         d = reply.d
         events = self._events(reply, message, usage)
         frames, deltas = [data for data, _ in events], [is_delta for _, is_delta in events]
         first = nth(deltas, 1)
         if d.malformed and first is not None:
-            frames[first - 1] = b'event: content_block_delta\ndata: {"type": "content_block_delta", "index": 0, "delta": {\n\n'
+            frames[first - 1] = (
+                b'event: content_block_delta\ndata: {"type": "content_block_delta", "index": 0, "delta": {\n\n'
+            )
         if d.midfail and first is not None:  # right after the first delta, so before any [cut:N]
             error = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
             await play(request, response, frames, d, fail=(first, sse("error", error)))
         else:
-            await play(request, response, frames, d, nth(deltas, max(d.cut, 1)) if d.cut is not None else None)
+            await play(
+                request, response, frames, d, nth(deltas, max(d.cut, 1)) if d.cut is not None else None
+            )
         return response
-

@@ -25,25 +25,36 @@ from emulators.openai import OpenAIEmulator
 
 CATEGORIES = ("hate", "self_harm", "sexual", "violence")
 SAFE = {name: {"filtered": False, "severity": "safe"} for name in CATEGORIES}
-PROMPT_RESULTS = [{"prompt_index": 0, "content_filter_results": {**SAFE, "jailbreak": {"filtered": False, "detected": False}}}]
-DENIED = ("Access denied due to invalid subscription key or wrong API endpoint. Make sure to provide a valid key "
-          "for an active subscription and use a correct regional API endpoint for your resource.")  # fmt: skip
+PROMPT_RESULTS = [
+    {
+        "prompt_index": 0,
+        "content_filter_results": {**SAFE, "jailbreak": {"filtered": False, "detected": False}},
+    }
+]
+DENIED = (
+    "Access denied due to invalid subscription key or wrong API endpoint. Make sure to provide a valid key "
+    "for an active subscription and use a correct regional API endpoint for your resource."
+)
 
 
 class AzureOpenAIEmulator(OpenAIEmulator):
     """``deployments`` maps each deployment of the emulated resource to its model (None: any name is a
     deployment of the model of that name)."""
 
-    def __init__(self, api_key: str = "emu-azure-key", deployments: dict[str, str] | None = None,
-                 rpm: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self, api_key: str = "emu-azure-key", deployments: dict[str, str] | None = None, rpm: int = 0
+    ) -> None:
         self.deployments = deployments
         super().__init__("openai", api_key, rpm)
 
     def routes(self) -> None:
         self.app.router.add_post("/openai/deployments/{deployment}/chat/completions", self.deployment_chat)
         embeddings, images = OpenAIEmbeddings(self), OpenAIImages(self)
-        for path, handler in (("embeddings", embeddings.handle), ("images/generations", images.generations),
-                              ("images/edits", images.edits)):  # fmt: skip
+        for path, handler in (
+            ("embeddings", embeddings.handle),
+            ("images/generations", images.generations),
+            ("images/edits", images.edits),
+        ):
             self.app.router.add_post(f"/openai/deployments/{{deployment}}/{path}", self.deployed(handler))
 
     def deployed(self, handler: Any) -> Any:
@@ -67,9 +78,13 @@ class AzureOpenAIEmulator(OpenAIEmulator):
         name = request.match_info["deployment"]
         model = name if self.deployments is None else self.deployments.get(name)
         if model is None:
-            return self.azure_error(404, "DeploymentNotFound", "The API deployment for this resource does not exist. "
-                                    "If you created the deployment within the last 5 minutes, please wait a moment "
-                                    "and try again.")  # fmt: skip
+            return self.azure_error(
+                404,
+                "DeploymentNotFound",
+                "The API deployment for this resource does not exist. "
+                "If you created the deployment within the last 5 minutes, please wait a moment "
+                "and try again.",
+            )
         request[DEPLOYED] = model
         return None
 
@@ -79,23 +94,31 @@ class AzureOpenAIEmulator(OpenAIEmulator):
     async def body(self, request: web.Request) -> dict[str, Any] | web.Response:
         body = await super().body(request)
         if isinstance(body, dict) and DEPLOYED in request:  # (the body as received stays in ``requests``)
-            return {**body, "model": request[DEPLOYED]}  # the deployment decides the model, whatever the body says
+            return {
+                **body,
+                "model": request[DEPLOYED],
+            }  # the deployment decides the model, whatever the body says
         return body
 
-    def azure_error(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    def azure_error(
+        self, status: int, code: str, message: str, headers: dict[str, str] | None = None
+    ) -> web.Response:
         body = {"error": {"code": code, "message": message}}
-        return web.Response(status=status, body=encode(body), content_type="application/json", headers=headers)
+        return web.Response(
+            status=status, body=encode(body), content_type="application/json", headers=headers
+        )
 
     def rate_limited(self, wait: float) -> web.Response:
         seconds = retry_after(wait)
         return self.azure_error(
-            429, "429",
+            429,
+            "429",
             "Requests to the ChatCompletions_Create Operation under Azure OpenAI API have "
             f"exceeded call rate limit of your current OpenAI S0 pricing tier. Please retry after {seconds} "
             "second(s). Please go here: https://aka.ms/oai/quotaincrease if you would like to further increase "
             "the default rate limit.",
             {"retry-after": seconds, "x-ratelimit-remaining-requests": "0"},
-        )  # fmt: skip
+        )
 
     async def deployment_chat(self, request: web.Request) -> web.StreamResponse:
         refused = self._refused(request)
@@ -111,13 +134,18 @@ class AzureOpenAIEmulator(OpenAIEmulator):
     def filtered(self) -> web.Response:
         """The prompt refused by the content filter (HTTP 400, code content_filter)."""
         result = {**SAFE, "violence": {"filtered": True, "severity": "high"}}
-        body = {"error": {
-            "message": "The response was filtered due to the prompt triggering Azure OpenAI's content management "
-                       "policy. Please modify your prompt and retry. To learn more about our content filtering "
-                       "policies please read our documentation: https://go.microsoft.com/fwlink/?linkid=2198766",
-            "type": None, "param": "prompt", "code": "content_filter", "status": 400,
-            "innererror": {"code": "ResponsibleAIPolicyViolation", "content_filter_result": result},
-        }}  # fmt: skip
+        body = {
+            "error": {
+                "message": "The response was filtered due to the prompt triggering Azure OpenAI's content management "
+                "policy. Please modify your prompt and retry. To learn more about our content filtering "
+                "policies please read our documentation: https://go.microsoft.com/fwlink/?linkid=2198766",
+                "type": None,
+                "param": "prompt",
+                "code": "content_filter",
+                "status": 400,
+                "innererror": {"code": "ResponsibleAIPolicyViolation", "content_filter_result": result},
+            }
+        }
         return web.Response(status=400, body=encode(body), content_type="application/json")
 
     def annotate(self, out: dict[str, Any]) -> None:
@@ -132,7 +160,14 @@ class AzureOpenAIEmulator(OpenAIEmulator):
             choice["content_filter_results"] = SAFE if text else {}
 
     def preamble(self) -> list[bytes]:
-        frame = {"choices": [], "created": 0, "id": "", "model": "", "object": "", "prompt_filter_results": PROMPT_RESULTS}
+        frame = {
+            "choices": [],
+            "created": 0,
+            "id": "",
+            "model": "",
+            "object": "",
+            "prompt_filter_results": PROMPT_RESULTS,
+        }
         return [b"data: " + encode(frame) + b"\n\n"]
 
 

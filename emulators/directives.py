@@ -131,8 +131,10 @@ def structured_pieces(schema: Any, cap: int | None, variant: int = 0) -> tuple[l
     """A JSON answer to structured output (``schema``: a JSON schema, or None for JSON mode), as stream
     pieces of a few characters (about a token each), and whether ``cap`` cut it (then it is not valid
     JSON, as a real model's cut answer is not)."""
-    text = json.dumps(instance(schema if isinstance(schema, dict) else {"type": "object"}, variant=variant),
-                      ensure_ascii=False)  # fmt: skip
+    text = json.dumps(
+        instance(schema if isinstance(schema, dict) else {"type": "object"}, variant=variant),
+        ensure_ascii=False,
+    )
     pieces = [text[i : i + 4] for i in range(0, len(text), 4)]
     if cap is not None and len(pieces) > cap:
         return pieces[:cap], True

@@ -29,13 +29,20 @@ if TYPE_CHECKING:
 
 # model -> (default size, largest size a caller may ask; 0: only the default)
 MODELS: dict[str, dict[str, tuple[int, int]]] = {
-    "openai": {"text-embedding-3-small": (1536, 1536), "text-embedding-3-large": (3072, 3072),
-               "text-embedding-ada-002": (1536, 0)},
+    "openai": {
+        "text-embedding-3-small": (1536, 1536),
+        "text-embedding-3-large": (3072, 3072),
+        "text-embedding-ada-002": (1536, 0),
+    },
     "mistral": {"mistral-embed": (1024, 0), "codestral-embed": (1536, 3072)},
-    "upstage": {"embedding-query": (4096, 0), "embedding-passage": (4096, 0),
-                "solar-embedding-1-large-query": (4096, 0), "solar-embedding-1-large-passage": (4096, 0)},
+    "upstage": {
+        "embedding-query": (4096, 0),
+        "embedding-passage": (4096, 0),
+        "solar-embedding-1-large-query": (4096, 0),
+        "solar-embedding-1-large-passage": (4096, 0),
+    },
     "google": {"gemini-embedding-001": (3072, 3072), "text-embedding-004": (768, 768)},
-}  # fmt: skip
+}
 MAX_INPUTS = {"openai": 2048, "mistral": 512, "upstage": 100, "google": 100}
 MISTRAL_FIELDS = frozenset(
     {"model", "input", "output_dimension", "output_dtype", "encoding_format", "metadata"}
@@ -121,8 +128,12 @@ class OpenAIEmbeddings:
             return web.Response(status=422, body=encode({"detail": detail}), content_type="application/json")
         model = body.get("model")
         if model not in MODELS[self.flavour]:
-            return emu.error(404, f"The model `{model}` does not exist or you do not have access to it.",
-                             "invalid_request_error", "model_not_found")  # fmt: skip
+            return emu.error(
+                404,
+                f"The model `{model}` does not exist or you do not have access to it.",
+                "invalid_request_error",
+                "model_not_found",
+            )
         inputs = self._inputs(body)
         if isinstance(inputs, web.Response):
             return inputs
@@ -158,13 +169,19 @@ class OpenAIEmbeddings:
         if self.flavour == "mistral":
             usage["completion_tokens"] = 0
             out = {"id": random_id(32, "0123456789abcdef"), **out}
-        return web.Response(body=encode(out), content_type="application/json",
-                            headers={"x-request-id": "req_" + random_id(16)})  # fmt: skip
+        return web.Response(
+            body=encode(out),
+            content_type="application/json",
+            headers={"x-request-id": "req_" + random_id(16)},
+        )
 
 
 def _gemini_error(code: int, message: str, status: str = "INVALID_ARGUMENT") -> web.Response:
-    return web.Response(status=code, body=encode({"error": {"code": code, "message": message, "status": status}}),
-                        content_type="application/json")  # fmt: skip
+    return web.Response(
+        status=code,
+        body=encode({"error": {"code": code, "message": message, "status": status}}),
+        content_type="application/json",
+    )
 
 
 def _gemini_one(model: str, request: Any) -> tuple[tuple[float, ...], str] | str:
@@ -192,9 +209,13 @@ async def gemini_embed(
     """``models/{model}:embedContent`` and ``:batchEmbedContents`` (authorised and rate-limited by
     the caller, :class:`emulators.gemini.GeminiEmulator`)."""
     if model not in MODELS["google"]:
-        return _gemini_error(404, f"models/{model} is not found for API version v1beta, or is not supported for "
-                             f"{method}. Call ListModels to see the list of available models and their supported "
-                             "methods.", "NOT_FOUND")  # fmt: skip
+        return _gemini_error(
+            404,
+            f"models/{model} is not found for API version v1beta, or is not supported for "
+            f"{method}. Call ListModels to see the list of available models and their supported "
+            "methods.",
+            "NOT_FOUND",
+        )
     requests = body.get("requests") if method == "batchEmbedContents" else [body]
     if not isinstance(requests, list) or not requests:
         return _gemini_error(400, "* BatchEmbedContentsRequest.requests: must not be empty")

@@ -98,8 +98,12 @@ def error(code: int, message: str, status: str, details: list[dict[str, Any]] | 
 
 def fault(status: int, retry_delay: str = "1s") -> web.Response:
     if status == 402:  # billing required (or the free tier is not offered in the caller's region)
-        return error(400, "Gemini API free tier is not available in your country. Please enable billing on your "
-                     "project in Google AI Studio.", "FAILED_PRECONDITION")  # fmt: skip
+        return error(
+            400,
+            "Gemini API free tier is not available in your country. Please enable billing on your "
+            "project in Google AI Studio.",
+            "FAILED_PRECONDITION",
+        )
     if status == 429:
         return error(
             429,
@@ -290,7 +294,9 @@ class GeminiAnswer:
             parts += self.call_parts()
             candidates.append(self.candidate(index, parts, True))
         per_candidate = self.call_tokens() + self.images * IMAGE_OUT_TOKENS
-        return self.envelope(candidates, sum(map(len, self.candidates)) + per_candidate * len(self.candidates))
+        return self.envelope(
+            candidates, sum(map(len, self.candidates)) + per_candidate * len(self.candidates)
+        )
 
     def chunks(self) -> list[dict[str, Any]]:
         steps = [self.steps(i) for i in range(len(self.candidates))]
@@ -441,7 +447,9 @@ class GeminiEmulator(Emulator):
             candidates.append(pieces)
             finishes.append("MAX_TOKENS" if truncated and not stopped else "STOP")
         images = 1 if "image" in model and not calls else 0  # the image models draw what they are asked
-        return GeminiAnswer(model, d, candidates, finishes, calls, thinking, show, prompt_tokens, image_tokens, images)
+        return GeminiAnswer(
+            model, d, candidates, finishes, calls, thinking, show, prompt_tokens, image_tokens, images
+        )
 
     @staticmethod
     def _calls(body: dict[str, Any], d: Directives, two: bool) -> list[dict[str, Any]]:
@@ -454,7 +462,10 @@ class GeminiEmulator(Emulator):
         pool = [f for f in declarations if not allowed or f.get("name") in allowed] or declarations
         first = d.tool_index([f.get("name") for f in pool])
         chosen = pool[:2] if two and len(pool) > 1 else pool[first : first + 1]
-        return [{"name": f.get("name", "tool"), "args": d.arguments(f.get("name", "tool"), _schema(f))} for f in chosen]
+        return [
+            {"name": f.get("name", "tool"), "args": d.arguments(f.get("name", "tool"), _schema(f))}
+            for f in chosen
+        ]
 
     async def post(self, request: web.Request) -> web.StreamResponse:
         model, _, method = request.match_info["target"].partition(":")
@@ -519,9 +530,15 @@ class GeminiEmulator(Emulator):
         if sse:
             frames = [b"data: " + data + b"\r\n\r\n" for data in events]
         else:
-            frames = [(b"[" if i == 0 else b",\r\n") + data + (b"]" if i == len(events) - 1 else b"")
-                      for i, data in enumerate(events)]  # fmt: skip
-        fail = (1, b"data: " + MIDFAIL + b"\r\n\r\n" if sse else b",\r\n" + MIDFAIL + b"]") if d.midfail else None
+            frames = [
+                (b"[" if i == 0 else b",\r\n") + data + (b"]" if i == len(events) - 1 else b"")
+                for i, data in enumerate(events)
+            ]
+        fail = (
+            (1, b"data: " + MIDFAIL + b"\r\n\r\n" if sse else b",\r\n" + MIDFAIL + b"]")
+            if d.midfail
+            else None
+        )
         await play(request, response, frames, d, d.cut, fail)
         return response
 
@@ -575,4 +592,3 @@ def _missing_signature(contents: list[dict[str, Any]]) -> str | None:
                 "https://ai.google.dev/gemini-api/docs/thought-signatures for more details."
             )
     return None
-

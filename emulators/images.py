@@ -77,7 +77,14 @@ class OpenAIImages:
         self.emu = emu
 
     def _invalid(self, message: str, param: str) -> web.Response:
-        body = {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": "invalid_value"}}
+        body = {
+            "error": {
+                "message": message,
+                "type": "invalid_request_error",
+                "param": param,
+                "code": "invalid_value",
+            }
+        }
         return web.Response(status=400, body=encode(body), content_type="application/json")
 
     async def generations(self, request: web.Request) -> web.StreamResponse:
@@ -129,15 +136,22 @@ class OpenAIImages:
             return emu.rate_limited(wait)
         model = body.get("model")
         if model not in GPT_IMAGE:
-            return emu.error(404, f"The model `{model}` does not exist or you do not have access to it.",
-                             "invalid_request_error", "model_not_found")  # fmt: skip
+            return emu.error(
+                404,
+                f"The model `{model}` does not exist or you do not have access to it.",
+                "invalid_request_error",
+                "model_not_found",
+            )
         prompt = body.get("prompt")
         if not isinstance(prompt, str) or not prompt:
             return self._invalid("Missing required parameter: 'prompt'.", "prompt")
         size = body.get("size") or "auto"
         if size not in GPT_SIZES:
-            return self._invalid(f"Invalid value: '{size}'. Supported values are: '1024x1024', '1024x1536', "
-                                 "'1536x1024', and 'auto'.", "size")  # fmt: skip
+            return self._invalid(
+                f"Invalid value: '{size}'. Supported values are: '1024x1024', '1024x1536', "
+                "'1536x1024', and 'auto'.",
+                "size",
+            )
         n = body.get("n") or 1
         if type(n) is not int or not 1 <= n <= 10:
             return self._invalid("Invalid value for 'n': must be between 1 and 10.", "n")
@@ -164,17 +178,26 @@ class OpenAIImages:
             "output_format": "png",
             "quality": tier,
             "size": named,
-            "usage": {"input_tokens": text_tokens + image_tokens,
-                      "input_tokens_details": {"image_tokens": image_tokens, "text_tokens": text_tokens},
-                      "output_tokens": output, "total_tokens": text_tokens + image_tokens + output},
-        }  # fmt: skip
-        return web.Response(body=encode(out), content_type="application/json",
-                            headers={"x-request-id": "req_" + random_id(16)})  # fmt: skip
+            "usage": {
+                "input_tokens": text_tokens + image_tokens,
+                "input_tokens_details": {"image_tokens": image_tokens, "text_tokens": text_tokens},
+                "output_tokens": output,
+                "total_tokens": text_tokens + image_tokens + output,
+            },
+        }
+        return web.Response(
+            body=encode(out),
+            content_type="application/json",
+            headers={"x-request-id": "req_" + random_id(16)},
+        )
 
 
 def _gemini_error(code: int, message: str, status: str = "INVALID_ARGUMENT") -> web.Response:
-    return web.Response(status=code, body=encode({"error": {"code": code, "message": message, "status": status}}),
-                        content_type="application/json")  # fmt: skip
+    return web.Response(
+        status=code,
+        body=encode({"error": {"code": code, "message": message, "status": status}}),
+        content_type="application/json",
+    )
 
 
 async def imagen_predict(
@@ -182,9 +205,13 @@ async def imagen_predict(
 ) -> web.Response:
     """``models/{model}:predict`` for Imagen (authorised and rate-limited by the Gemini emulator)."""
     if model not in IMAGEN:
-        return _gemini_error(404, f"models/{model} is not found for API version v1beta, or is not supported for "
-                             "predict. Call ListModels to see the list of available models and their supported "
-                             "methods.", "NOT_FOUND")  # fmt: skip
+        return _gemini_error(
+            404,
+            f"models/{model} is not found for API version v1beta, or is not supported for "
+            "predict. Call ListModels to see the list of available models and their supported "
+            "methods.",
+            "NOT_FOUND",
+        )
     instances = body.get("instances")
     prompt = (
         instances[0].get("prompt")

@@ -27,10 +27,29 @@ from emulators.openai_responses import ResponsesHandler
 ORGANIZATION = "org-3mUlAt3dG4tewayAcc0unt1"  # the account's organization, named in its rate-limit errors
 
 MISTRAL_FIELDS = {
-    "model", "messages", "temperature", "top_p", "max_tokens", "stream", "stop", "random_seed", "response_format",
-    "tools", "tool_choice", "presence_penalty", "frequency_penalty", "n", "prediction", "parallel_tool_calls",
-    "safe_prompt", "prompt_mode", "reasoning_effort", "metadata", "guardrails", "prompt_cache_key",
-}  # fmt: skip
+    "model",
+    "messages",
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "stream",
+    "stop",
+    "random_seed",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "presence_penalty",
+    "frequency_penalty",
+    "n",
+    "prediction",
+    "parallel_tool_calls",
+    "safe_prompt",
+    "prompt_mode",
+    "reasoning_effort",
+    "metadata",
+    "guardrails",
+    "prompt_cache_key",
+}
 
 
 def _call_text(call: dict[str, Any]) -> str:
@@ -40,7 +59,9 @@ def _call_text(call: dict[str, Any]) -> str:
 
 async def _cut_body(request: web.Request, data: bytes) -> web.StreamResponse:
     """Headers promising ``data``, half of it, then the connection closed (the [cut] directive)."""
-    response = web.StreamResponse(headers={"Content-Type": "application/json", "Content-Length": str(len(data))})
+    response = web.StreamResponse(
+        headers={"Content-Type": "application/json", "Content-Length": str(len(data))}
+    )
     await response.prepare(request)
     await response.write(data[: len(data) // 2])
     if request.transport is not None:
@@ -57,8 +78,14 @@ def _text(content: Any) -> str:
 
 
 class OpenAIEmulator(Emulator):
-    def __init__(self, flavour: str = "openai", api_key: str = "emu-key", rpm: int = 0, tpm: int = 0,
-                 ms_per_token: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        flavour: str = "openai",
+        api_key: str = "emu-key",
+        rpm: int = 0,
+        tpm: int = 0,
+        ms_per_token: int = 0,
+    ) -> None:
         assert flavour in ("openai", "upstage", "mistral")
         super().__init__(api_key, max_body=64 * 1024 * 1024, rpm=rpm)
         self.flavour = flavour
@@ -82,19 +109,33 @@ class OpenAIEmulator(Emulator):
             self.app.router.add_post("/v1/images/edits", images.edits)
 
     # -- errors in the flavour's envelope ---------------------------------------------------------
-    def error(self, status: int, message: str, type_: str, code: str | None = None, headers: dict | None = None) -> web.Response:
+    def error(
+        self, status: int, message: str, type_: str, code: str | None = None, headers: dict | None = None
+    ) -> web.Response:
         if self.flavour == "mistral":
-            body: dict[str, Any] = {"object": "error", "message": message, "type": type_, "param": None, "code": code}
+            body: dict[str, Any] = {
+                "object": "error",
+                "message": message,
+                "type": type_,
+                "param": None,
+                "code": code,
+            }
         else:
             body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
-        return web.Response(status=status, body=encode(body), content_type="application/json", headers=headers)
+        return web.Response(
+            status=status, body=encode(body), content_type="application/json", headers=headers
+        )
 
     def fault(self, status: int) -> web.Response:
         if status == 402:  # out of credit: a 429 that is not a rate limit
-            return self.error(429, "You exceeded your current quota, please check your plan and billing details. For "
-                              "more information on this error, read the docs: "
-                              "https://platform.openai.com/docs/guides/error-codes/api-errors.",
-                              "insufficient_quota", "insufficient_quota")  # fmt: skip
+            return self.error(
+                429,
+                "You exceeded your current quota, please check your plan and billing details. For "
+                "more information on this error, read the docs: "
+                "https://platform.openai.com/docs/guides/error-codes/api-errors.",
+                "insufficient_quota",
+                "insufficient_quota",
+            )
         if status == 429:
             return self.rate_limited(1.0)
         if status == 529:
@@ -104,19 +145,28 @@ class OpenAIEmulator(Emulator):
     def rate_limited(self, wait: float) -> web.Response:
         """429 over the request rate limit, with the wait in retry-after (whole seconds)."""
         limit = self.limit.rpm or 1  # (the real message names the account's organization and its usage)
-        return self.error(429, f"Rate limit reached for requests in organization {ORGANIZATION} on requests per "
-                          f"min (RPM): Limit {limit}, Used {limit}, Requested 1. Please try again in {wait:.3f}s. "
-                          "Visit https://platform.openai.com/account/rate-limits to learn more.",
-                          "requests", "rate_limit_exceeded",
-                          {"retry-after": retry_after(wait), "x-ratelimit-remaining-requests": "0"})  # fmt: skip
+        return self.error(
+            429,
+            f"Rate limit reached for requests in organization {ORGANIZATION} on requests per "
+            f"min (RPM): Limit {limit}, Used {limit}, Requested 1. Please try again in {wait:.3f}s. "
+            "Visit https://platform.openai.com/account/rate-limits to learn more.",
+            "requests",
+            "rate_limit_exceeded",
+            {"retry-after": retry_after(wait), "x-ratelimit-remaining-requests": "0"},
+        )
 
     def too_large(self, model: str, requested: int) -> web.Response:
         """429 for one request over the account's whole TPM: OpenAI's "Request too large" (type
         ``tokens``), which no wait cures (the same request always gets it)."""
-        return self.error(429, f"Request too large for {model} in organization {ORGANIZATION} on tokens per min "
-                          f"(TPM): Limit {self.tpm}, Requested {requested}. The input or output tokens must be "
-                          "reduced in order to run successfully. Visit https://platform.openai.com/account/rate-limits "
-                          "to learn more.", "tokens", "rate_limit_exceeded")  # fmt: skip
+        return self.error(
+            429,
+            f"Request too large for {model} in organization {ORGANIZATION} on tokens per min "
+            f"(TPM): Limit {self.tpm}, Requested {requested}. The input or output tokens must be "
+            "reduced in order to run successfully. Visit https://platform.openai.com/account/rate-limits "
+            "to learn more.",
+            "tokens",
+            "rate_limit_exceeded",
+        )
 
     def _authorised(self, request: web.Request) -> bool:
         return request.headers.get("Authorization") == f"Bearer {self.api_key}"
@@ -128,47 +178,88 @@ class OpenAIEmulator(Emulator):
 
     # -- chat -------------------------------------------------------------------------------------
     def _validate(self, body: dict[str, Any]) -> web.Response | None:
-        if not isinstance(body.get("model"), str) or not isinstance(body.get("messages"), list) or not body["messages"]:
-            return self.error(400, "'model' and a non-empty 'messages' are required.", "invalid_request_error")
+        if (
+            not isinstance(body.get("model"), str)
+            or not isinstance(body.get("messages"), list)
+            or not body["messages"]
+        ):
+            return self.error(
+                400, "'model' and a non-empty 'messages' are required.", "invalid_request_error"
+            )
         model = body["model"]
         if self.flavour == "mistral":
             extra = sorted(set(body) - MISTRAL_FIELDS)
             if extra:
-                detail = [{"type": "extra_forbidden", "loc": ["body", f], "msg": "Extra inputs are not permitted"} for f in extra]
-                return web.Response(status=422, body=encode({"detail": detail}), content_type="application/json")
+                detail = [
+                    {"type": "extra_forbidden", "loc": ["body", f], "msg": "Extra inputs are not permitted"}
+                    for f in extra
+                ]
+                return web.Response(
+                    status=422, body=encode({"detail": detail}), content_type="application/json"
+                )
             for message in body["messages"]:
                 ids = [c.get("id", "") for c in message.get("tool_calls") or []]
                 if message.get("role") == "tool":
                     ids.append(message.get("tool_call_id", ""))
                 for tid in ids:
                     if not (len(tid) == 9 and tid.isalnum()):
-                        return self.error(400, f"Tool call id was {tid} but must be a-z, A-Z, 0-9, with a length of 9.", "invalid_request_error")
+                        return self.error(
+                            400,
+                            f"Tool call id was {tid} but must be a-z, A-Z, 0-9, with a length of 9.",
+                            "invalid_request_error",
+                        )
         # OpenAI's reasoning models; its chat-latest models are not (they take max_tokens and sampling)
         reasoning = self.flavour == "openai" and model.startswith(("o", "gpt-5")) and "chat" not in model
         if reasoning and "max_tokens" in body:
-            return self.error(400, "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.",
-                              "invalid_request_error", "unsupported_parameter")  # fmt: skip
+            return self.error(
+                400,
+                "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.",
+                "invalid_request_error",
+                "unsupported_parameter",
+            )
         if reasoning:
             refused = self._reasoning_sampling(body)
             if refused is not None:
                 return refused
         if body.get("stream_options") is not None and not body.get("stream"):
-            return self.error(400, "The 'stream_options' parameter is only allowed when 'stream' is enabled.", "invalid_request_error")
+            return self.error(
+                400,
+                "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+                "invalid_request_error",
+            )
         return None
 
     def _reasoning_sampling(self, body: dict[str, Any]) -> web.Response | None:
         """Reasoning models take only the default sampling: OpenAI's 400s for what they refuse."""
         if body.get("temperature") not in (None, 1):
-            return self.error(400, f"Unsupported value: 'temperature' does not support {body['temperature']} with this "
-                              "model. Only the default (1) value is supported.", "invalid_request_error",
-                              "unsupported_value")  # fmt: skip
-        for name in ("top_p", "presence_penalty", "frequency_penalty", "logprobs", "top_logprobs", "logit_bias", "stop"):
+            return self.error(
+                400,
+                f"Unsupported value: 'temperature' does not support {body['temperature']} with this "
+                "model. Only the default (1) value is supported.",
+                "invalid_request_error",
+                "unsupported_value",
+            )
+        for name in (
+            "top_p",
+            "presence_penalty",
+            "frequency_penalty",
+            "logprobs",
+            "top_logprobs",
+            "logit_bias",
+            "stop",
+        ):
             if body.get(name) is not None:
-                return self.error(400, f"Unsupported parameter: '{name}' is not supported with this model.",
-                                  "invalid_request_error", "unsupported_parameter")  # fmt: skip
+                return self.error(
+                    400,
+                    f"Unsupported parameter: '{name}' is not supported with this model.",
+                    "invalid_request_error",
+                    "unsupported_parameter",
+                )
         return None
 
-    def _plan(self, body: dict[str, Any]) -> tuple[Directives, list[list[str]], str, dict[str, Any] | None, int, bool]:
+    def _plan(
+        self, body: dict[str, Any]
+    ) -> tuple[Directives, list[list[str]], str, dict[str, Any] | None, int, bool]:
         """(directives, the answer's pieces per choice, finish reason, tool call, prompt tokens, reasoning)."""
         messages = body["messages"]
         last_user: dict[str, Any] = next((m for m in reversed(messages) if m.get("role") == "user"), {})
@@ -181,20 +272,47 @@ class OpenAIEmulator(Emulator):
             prompt_tokens += count_tokens(encode(tools).decode())
         choice = body.get("tool_choice")
         tool_call = None
-        if tools and messages[-1].get("role") != "tool" and choice != "none" and (
-            d.tool or choice in ("required", "any") or isinstance(choice, dict)
+        if (
+            tools
+            and messages[-1].get("role") != "tool"
+            and choice != "none"
+            and (d.tool or choice in ("required", "any") or isinstance(choice, dict))
         ):
             fn = tools[d.tool_index([t.get("function", {}).get("name") for t in tools])].get("function", {})
             if isinstance(choice, dict) and choice.get("type") != "custom":
-                fn = next((t["function"] for t in tools if t.get("function", {}).get("name") == choice.get("function", {}).get("name")), fn)
+                fn = next(
+                    (
+                        t["function"]
+                        for t in tools
+                        if t.get("function", {}).get("name") == choice.get("function", {}).get("name")
+                    ),
+                    fn,
+                )
             call_id = random_id(9) if self.flavour == "mistral" else "call_" + random_id(24)
-            tool_call = {"id": call_id, "type": "function",
-                         "function": {"name": fn.get("name", "tool"), "arguments": encode(d.arguments(fn.get("name", "tool"), fn.get("parameters"))).decode()}}  # fmt: skip
+            tool_call = {
+                "id": call_id,
+                "type": "function",
+                "function": {
+                    "name": fn.get("name", "tool"),
+                    "arguments": encode(d.arguments(fn.get("name", "tool"), fn.get("parameters"))).decode(),
+                },
+            }
             custom = tools[0].get("custom") if tools[0].get("type") == "custom" else None
             if isinstance(choice, dict) and choice.get("type") == "custom":
-                custom = next((t["custom"] for t in tools if t.get("custom", {}).get("name") == choice.get("custom", {}).get("name")), custom)
+                custom = next(
+                    (
+                        t["custom"]
+                        for t in tools
+                        if t.get("custom", {}).get("name") == choice.get("custom", {}).get("name")
+                    ),
+                    custom,
+                )
             if self.flavour == "openai" and isinstance(custom, dict):  # a custom tool: free-form text input
-                tool_call = {"id": call_id, "type": "custom", "custom": {"name": custom.get("name", "tool"), "input": "print('hello')"}}
+                tool_call = {
+                    "id": call_id,
+                    "type": "custom",
+                    "custom": {"name": custom.get("name", "tool"), "input": "print('hello')"},
+                }
         if messages[-1].get("role") == "tool":
             d.echo, d.text = True, f"The tool returned: {_text(messages[-1].get('content'))}"
         fmt = body.get("response_format")
@@ -204,13 +322,19 @@ class OpenAIEmulator(Emulator):
         for i in range(body.get("n") or 1):  # n choices, each its own answer
             if kind in ("json_schema", "json_object") and not d.echo:  # structured output: JSON of the schema
                 spec = fmt.get("json_schema") if isinstance(fmt, dict) else None
-                pieces, cut = structured_pieces(spec.get("schema") if isinstance(spec, dict) else None, cap, i)
+                pieces, cut = structured_pieces(
+                    spec.get("schema") if isinstance(spec, dict) else None, cap, i
+                )
             else:
                 pieces, cut = reply_pieces(prompt + (f"#{i}" if i else ""), d, cap)
             replies.append(pieces)
             truncated = truncated or cut
-        reasoning = d.think or (self.flavour == "upstage" and body.get("reasoning_effort") in ("low", "medium", "high"))
-        reasoning = reasoning or (self.flavour == "mistral" and str(body.get("model", "")).startswith("magistral"))
+        reasoning = d.think or (
+            self.flavour == "upstage" and body.get("reasoning_effort") in ("low", "medium", "high")
+        )
+        reasoning = reasoning or (
+            self.flavour == "mistral" and str(body.get("model", "")).startswith("magistral")
+        )
         return d, replies, ("length" if truncated else "stop"), tool_call, prompt_tokens, reasoning
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
@@ -226,7 +350,9 @@ class OpenAIEmulator(Emulator):
         try:
             body = decode(await request.read())
         except msgspec.DecodeError:
-            return self.error(400, "We could not parse the JSON body of your request.", "invalid_request_error")
+            return self.error(
+                400, "We could not parse the JSON body of your request.", "invalid_request_error"
+            )
         if not isinstance(body, dict):
             return self.error(400, "The body must be a JSON object.", "invalid_request_error")
         self.received(body, request.headers)
@@ -246,8 +372,13 @@ class OpenAIEmulator(Emulator):
         await pause(d.slow_ms)
         flaky = self.flakiness.fault(_text(body["messages"][-1].get("content")), d)
         if flaky == 429:
-            return self.error(429, "Rate limit reached for requests", "requests", "rate_limit_exceeded",
-                              {"retry-after": "0.1"})  # fmt: skip
+            return self.error(
+                429,
+                "Rate limit reached for requests",
+                "requests",
+                "rate_limit_exceeded",
+                {"retry-after": "0.1"},
+            )
         if d.fault == 402 and self.flavour != "openai":
             d.fault = None  # out of credit: only OpenAI's way of saying it is known (and emulated)
         if d.fault or flaky:
@@ -273,13 +404,28 @@ class OpenAIEmulator(Emulator):
         elif self.ms_per_token:
             await pause(self.ms_per_token * completion_tokens)
         if body.get("stream"):
-            return await self._stream(request, body, d, cid, created, replies, thinking, finish, tool_call, usage)
+            return await self._stream(
+                request, body, d, cid, created, replies, thinking, finish, tool_call, usage
+            )
         if d.malformed:
             return web.Response(body=b'{"id": "broken", "choices": [', content_type="application/json")
-        choices = [{"index": i, "message": self._message(pieces, thinking, tool_call, i), "logprobs": None,
-                    "finish_reason": finish} for i, pieces in enumerate(replies)]  # fmt: skip
-        out = {"id": cid, "object": "chat.completion", "created": created, "model": body["model"], "choices": choices,
-               "usage": usage}  # fmt: skip
+        choices = [
+            {
+                "index": i,
+                "message": self._message(pieces, thinking, tool_call, i),
+                "logprobs": None,
+                "finish_reason": finish,
+            }
+            for i, pieces in enumerate(replies)
+        ]
+        out = {
+            "id": cid,
+            "object": "chat.completion",
+            "created": created,
+            "model": body["model"],
+            "choices": choices,
+            "usage": usage,
+        }
         if self.flavour == "openai":
             out["system_fingerprint"] = "fp_emulator"
             out["service_tier"] = "default"
@@ -287,20 +433,31 @@ class OpenAIEmulator(Emulator):
         data = encode(out)
         if d.cut is not None:  # the connection drops after part of the body
             return await _cut_body(request, data)
-        return web.Response(body=data, content_type="application/json", headers={"x-request-id": "req_" + random_id(16)})
+        return web.Response(
+            body=data, content_type="application/json", headers={"x-request-id": "req_" + random_id(16)}
+        )
 
-    def _message(self, pieces: list[str], thinking: list[str], tool_call: dict[str, Any] | None, index: int) -> dict[str, Any]:
+    def _message(
+        self, pieces: list[str], thinking: list[str], tool_call: dict[str, Any] | None, index: int
+    ) -> dict[str, Any]:
         """One choice's message as the flavour writes it (Mistral: a tool call has no ``type`` and an ``index``)."""
         message: dict[str, Any] = {"role": "assistant", "content": None if tool_call else "".join(pieces)}
         if tool_call:
-            call = {**tool_call, "id": tool_call["id"] if index == 0 else tool_call["id"][:-2] + f"{index:02d}"}
-            if self.flavour == "mistral":  # as Mistral's API answers (client-python: ToolCall type is optional)
+            call = {
+                **tool_call,
+                "id": tool_call["id"] if index == 0 else tool_call["id"][:-2] + f"{index:02d}",
+            }
+            if (
+                self.flavour == "mistral"
+            ):  # as Mistral's API answers (client-python: ToolCall type is optional)
                 call = {"function": call["function"], "id": call["id"], "index": 0}
             message["tool_calls"] = [call]
         if thinking:
             if self.flavour == "mistral":
-                message["content"] = [{"type": "thinking", "thinking": [{"type": "text", "text": "".join(thinking)}]},
-                                      {"type": "text", "text": message["content"] or ""}]  # fmt: skip
+                message["content"] = [
+                    {"type": "thinking", "thinking": [{"type": "text", "text": "".join(thinking)}]},
+                    {"type": "text", "text": message["content"] or ""},
+                ]
             else:
                 message["reasoning" if self.flavour == "upstage" else "reasoning_content"] = "".join(thinking)
         if self.flavour == "openai":
@@ -315,19 +472,48 @@ class OpenAIEmulator(Emulator):
         """Stream events before the first chunk."""
         return []
 
-    async def _stream(self, request: web.Request, body: dict[str, Any], d: Directives, cid: str, created: int,
-                      replies: list[list[str]], thinking: list[str], finish: str, tool_call: dict[str, Any] | None,
-                      usage: dict[str, Any]) -> web.StreamResponse:  # fmt: skip
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                               "x-request-id": "req_" + random_id(16)})  # fmt: skip
+    async def _stream(
+        self,
+        request: web.Request,
+        body: dict[str, Any],
+        d: Directives,
+        cid: str,
+        created: int,
+        replies: list[list[str]],
+        thinking: list[str],
+        finish: str,
+        tool_call: dict[str, Any] | None,
+        usage: dict[str, Any],
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "x-request-id": "req_" + random_id(16),
+            }
+        )
         await response.prepare(request)
-        include_usage = self.flavour == "mistral" or bool((body.get("stream_options") or {}).get("include_usage"))
+        include_usage = self.flavour == "mistral" or bool(
+            (body.get("stream_options") or {}).get("include_usage")
+        )
         mistral = self.flavour == "mistral"
 
-        def event(delta: dict[str, Any] | None, finish_reason: str | None = None, last_usage: Any = None, empty: bool = False,
-                  index: int = 0) -> bytes:  # fmt: skip
-            chunk: dict[str, Any] = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": body["model"],
-                                     "choices": [] if empty else [{"index": index, "delta": delta or {}, "finish_reason": finish_reason}]}  # fmt: skip
+        def event(
+            delta: dict[str, Any] | None,
+            finish_reason: str | None = None,
+            last_usage: Any = None,
+            empty: bool = False,
+            index: int = 0,
+        ) -> bytes:
+            chunk: dict[str, Any] = {
+                "id": cid,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": body["model"],
+                "choices": []
+                if empty
+                else [{"index": index, "delta": delta or {}, "finish_reason": finish_reason}],
+            }
             if not mistral and not empty:
                 chunk["choices"][0]["logprobs"] = None
             if include_usage and not mistral:
@@ -342,21 +528,34 @@ class OpenAIEmulator(Emulator):
         events += [event({"role": "assistant", "content": ""}, index=i) for i in range(1, len(replies))]
         for piece in thinking:
             if mistral:
-                events.append(event({"content": [{"type": "thinking", "thinking": [{"type": "text", "text": piece}]}]}))
+                events.append(
+                    event({"content": [{"type": "thinking", "thinking": [{"type": "text", "text": piece}]}]})
+                )
             else:
-                events.append(event({"reasoning" if self.flavour == "upstage" else "reasoning_content": piece}))
+                events.append(
+                    event({"reasoning" if self.flavour == "upstage" else "reasoning_content": piece})
+                )
         if tool_call:
             kind = tool_call["type"]
             args, field = _call_text(tool_call), "arguments" if kind == "function" else "input"
             half = len(args) // 2
-            first = {"index": 0, "id": tool_call["id"], "type": kind, kind: {"name": tool_call[kind]["name"], field: ""}}
+            first = {
+                "index": 0,
+                "id": tool_call["id"],
+                "type": kind,
+                kind: {"name": tool_call[kind]["name"], field: ""},
+            }
             if mistral:  # Mistral's deltas carry no type
                 del first["type"]
             events.append(event({"tool_calls": [first]}))
             events.append(event({"tool_calls": [{"index": 0, kind: {field: args[:half]}}]}))
             events.append(event({"tool_calls": [{"index": 0, kind: {field: args[half:]}}]}))
         for step in range(max(len(pieces) for pieces in replies)):  # the choices' pieces interleaved
-            events += [event({"content": pieces[step]}, index=i) for i, pieces in enumerate(replies) if step < len(pieces)]
+            events += [
+                event({"content": pieces[step]}, index=i)
+                for i, pieces in enumerate(replies)
+                if step < len(pieces)
+            ]
         events += [event({}, finish, index=i) for i in range(1, len(replies))]
         if mistral:
             events.append(event({}, finish, usage))
@@ -367,8 +566,17 @@ class OpenAIEmulator(Emulator):
         events.append(b"data: [DONE]\n\n")
         if d.malformed and len(events) > 2 + len(lead):
             events[2 + len(lead)] = b'data: {"id": "broken", "choices": [\n\n'
-        fail = (2 + len(lead), b'data: {"error": {"message": "The server had an error while processing your request.", "type": "server_error", "param": null, "code": null}}\n\n') if d.midfail else None
-        ended, written = await play(request, response, events, d, d.cut + 1 + len(lead) if d.cut is not None else None, fail)
+        fail = (
+            (
+                2 + len(lead),
+                b'data: {"error": {"message": "The server had an error while processing your request.", "type": "server_error", "param": null, "code": null}}\n\n',
+            )
+            if d.midfail
+            else None
+        )
+        ended, written = await play(
+            request, response, events, d, d.cut + 1 + len(lead) if d.cut is not None else None, fail
+        )
         if ended in ("complete", "disconnected"):
             self.streams = [*self.streams[-49:], (ended, written)]
         return response

@@ -63,8 +63,12 @@ def _missing(param: str) -> Invalid:
 
 def _wrong_type(param: str, expected: str) -> Invalid:
     """As the API answers a field of the wrong JSON type."""
-    return Invalid(400, f"Invalid type for '{param}': expected {expected}, but got a value of another type instead.",
-                   param, "invalid_type")  # fmt: skip
+    return Invalid(
+        400,
+        f"Invalid type for '{param}': expected {expected}, but got a value of another type instead.",
+        param,
+        "invalid_type",
+    )
 
 
 def _rid(prefix: str) -> str:
@@ -123,7 +127,9 @@ class ResponsesHandler:
             raise _missing("model")
         for name, kinds, expected in _TYPES:  # as the API answers a field of the wrong type
             value = body.get(name)
-            if value is not None and (not isinstance(value, kinds) or isinstance(value, bool) and bool not in kinds):
+            if value is not None and (
+                not isinstance(value, kinds) or isinstance(value, bool) and bool not in kinds
+            ):
                 raise _wrong_type(name, expected)
         cap = body.get("max_output_tokens")
         if cap is not None and (not isinstance(cap, int) or cap < 16):
@@ -141,8 +147,12 @@ class ResponsesHandler:
         if body["model"].startswith(("o1", "o3", "o4", "gpt-5")) and "chat" not in body["model"]:
             for name in ("temperature", "top_p"):  # reasoning models take only the default
                 if body.get(name) is not None and body[name] != 1:
-                    raise Invalid(400, f"Unsupported parameter: '{name}' is not supported with this model.",
-                                  name, "unsupported_parameter")  # fmt: skip
+                    raise Invalid(
+                        400,
+                        f"Unsupported parameter: '{name}' is not supported with this model.",
+                        name,
+                        "unsupported_parameter",
+                    )
         for i, tool in enumerate(body.get("tools") or []):
             if not isinstance(tool, dict):
                 raise _wrong_type(f"tools[{i}]", "an object")
@@ -160,9 +170,17 @@ class ResponsesHandler:
                 if not isinstance(tool["tools"], list):
                     raise _wrong_type(f"tools[{i}].tools", "an array")
                 for j, inner in enumerate(tool["tools"]):
-                    if not isinstance(inner, dict) or inner.get("type") != "function" or not isinstance(inner.get("name"), str):
-                        raise Invalid(400, f"Invalid value for 'tools[{i}].tools[{j}]': a namespace holds function tools.",
-                                      f"tools[{i}].tools[{j}]", "invalid_value")  # fmt: skip
+                    if (
+                        not isinstance(inner, dict)
+                        or inner.get("type") != "function"
+                        or not isinstance(inner.get("name"), str)
+                    ):
+                        raise Invalid(
+                            400,
+                            f"Invalid value for 'tools[{i}].tools[{j}]': a namespace holds function tools.",
+                            f"tools[{i}].tools[{j}]",
+                            "invalid_value",
+                        )
                 continue
             if kind != "function" and kind not in HOSTED_TOOLS:
                 raise Invalid(
@@ -251,7 +269,9 @@ class ResponsesHandler:
         if isinstance(fmt, dict) and fmt.get("type") in ("json_schema", "json_object") and not d.echo:
             pieces, incomplete = structured_pieces(fmt.get("schema"), cap - len(thinking) if cap else None)
         else:
-            pieces, incomplete = reply_pieces(" ".join([instructions, *texts]), d, cap - len(thinking) if cap else None)
+            pieces, incomplete = reply_pieces(
+                " ".join([instructions, *texts]), d, cap - len(thinking) if cap else None
+            )
         out: list[dict[str, Any]] = []
         if thinking:
             summary = (
@@ -260,7 +280,9 @@ class ResponsesHandler:
                 else []
             )
             item: dict[str, Any] = {"id": _rid("rs"), "type": "reasoning", "summary": summary}
-            if "reasoning.encrypted_content" in (body.get("include") or ()):  # the reasoning, opaque, to send back
+            if "reasoning.encrypted_content" in (
+                body.get("include") or ()
+            ):  # the reasoning, opaque, to send back
                 item["encrypted_content"] = "gAAAAA" + secrets.token_urlsafe(48)
             out.append(item)
         call = self._tool_call(body, d, last)
@@ -297,7 +319,10 @@ class ResponsesHandler:
         if not (d.tool or choice == "required" or named):
             return None
         wanted = choice.get("name") if isinstance(choice, dict) else None
-        tool = next((t for t in tools if named and t["name"] == wanted), tools[d.tool_index([t["name"] for t in tools])])
+        tool = next(
+            (t for t in tools if named and t["name"] == wanted),
+            tools[d.tool_index([t["name"] for t in tools])],
+        )
         return {
             "id": _rid("fc"),
             "type": "function_call",
@@ -384,8 +409,13 @@ class ResponsesHandler:
         await pause(plan.d.slow_ms)
         flaky = emu.flakiness.fault("responses:" + plan.d.text, plan.d)
         if flaky == 429:
-            return emu.error(429, "Rate limit reached for requests", "requests", "rate_limit_exceeded",
-                             {"retry-after": "0.1"})  # fmt: skip
+            return emu.error(
+                429,
+                "Rate limit reached for requests",
+                "requests",
+                "rate_limit_exceeded",
+                {"retry-after": "0.1"},
+            )
         if plan.d.fault or flaky:
             return emu.fault(plan.d.fault or flaky or 500)
         response = self._response(body, _rid("resp"), int(time.time()))
@@ -436,7 +466,11 @@ class ResponsesHandler:
                 data = data[: len(data) // 2]
             frames.append(b"event: " + event["type"].encode() + b"\ndata: " + data + b"\n\n")
         second = nth(deltas, 2)
-        fail = (second - 1, self._failed(response, events[second - 1]["sequence_number"])) if d.midfail and second else None
+        fail = (
+            (second - 1, self._failed(response, events[second - 1]["sequence_number"]))
+            if d.midfail and second
+            else None
+        )
         cut_after = nth(deltas, max(d.cut, 1)) if d.cut is not None else None
         ended, written = await play(request, out, frames, d, cut_after, fail)
         if ended in ("complete", "disconnected"):

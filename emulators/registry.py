@@ -42,8 +42,9 @@ DEPLOYMENTS: dict[str, tuple[str, Callable[[str], Emulator], str]] = {
 }
 
 
-async def start_emulators(host: str = "127.0.0.1", first_port: int = 0,
-                          deployments: bool = False) -> dict[str, Running]:  # fmt: skip
+async def start_emulators(
+    host: str = "127.0.0.1", first_port: int = 0, deployments: bool = False
+) -> dict[str, Running]:
     """Start every emulator (with ``deployments``, the extra ones too, under their names); ``first_port``
     0 picks free ports, else consecutive ports from it. When a port is taken, the ones already started
     stop again and the OSError is raised."""

@@ -30,7 +30,9 @@ def instance(schema: Any, root: Any = None, depth: int = 0, name: str = "", vari
     for key in ("anyOf", "oneOf"):
         options = schema.get(key)
         if isinstance(options, list) and options:
-            chosen = next((o for o in options if not (isinstance(o, dict) and _kind(o) == "null")), options[0])
+            chosen = next(
+                (o for o in options if not (isinstance(o, dict) and _kind(o) == "null")), options[0]
+            )
             return instance(chosen, root, depth + 1, name, variant)
     if isinstance(schema.get("allOf"), list):
         merged: dict[str, Any] = {}

@@ -71,8 +71,12 @@ def budget_source(store: Store) -> BudgetSource:
     """The budgets of billing/budgets.py as the checker reads them: every budget's current window."""
 
     async def windows() -> list[BudgetWindow]:
-        return [BudgetWindow(s.group_name, s.budget.key_id, s.budget.period.name, s.window_start, s.spent,
-                             s.budget.amount) for s in await budgets.states(store)]  # fmt: skip
+        return [
+            BudgetWindow(
+                s.group_name, s.budget.key_id, s.budget.period.name, s.window_start, s.spent, s.budget.amount
+            )
+            for s in await budgets.states(store)
+        ]
 
     return windows
 
@@ -114,8 +118,14 @@ class Checker:
             low = balance < hook.balance_below
             episode = await self.book.episode(f"balance:{hook.id}:{name}", low)
             if low:
-                data = {"group": name, "balance": to_credits(balance), "threshold": to_credits(hook.balance_below)}
-                queued += await self.book.fire(f"balance.low:{hook.id}:{name}:{episode}", hook.id, "balance.low", data)
+                data = {
+                    "group": name,
+                    "balance": to_credits(balance),
+                    "threshold": to_credits(hook.balance_below),
+                }
+                queued += await self.book.fire(
+                    f"balance.low:{hook.id}:{name}:{episode}", hook.id, "balance.low", data
+                )
         return queued
 
     async def _expiries(self, hook: Webhook, expiring: Sequence[tuple[int, str, str, float]]) -> int:
@@ -138,8 +148,15 @@ class Checker:
             scope = f"key:{w.key_id}" if w.key_id is not None else f"group:{w.group}"
             for level in BUDGET_LEVELS:
                 if percent >= level:
-                    data = {"group": w.group, "key_id": w.key_id, "window": w.window, "window_start": w.start,
-                            "level": level, "used": to_credits(w.used), "limit": to_credits(w.limit)}  # fmt: skip
+                    data = {
+                        "group": w.group,
+                        "key_id": w.key_id,
+                        "window": w.window,
+                        "window_start": w.start,
+                        "level": level,
+                        "used": to_credits(w.used),
+                        "limit": to_credits(w.limit),
+                    }
                     event = f"budget.threshold:{hook.id}:{scope}:{w.window}:{w.start!r}:{level}"
                     queued += await self.book.fire(event, hook.id, "budget.threshold", data)
         return queued
@@ -173,8 +190,9 @@ async def refused(url: str, allowed: Destinations) -> bool:
     if allowed.trusts(host):
         return False
     try:
-        infos = await asyncio.wait_for(asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM),
-                                       RESOLVE_SECONDS)  # fmt: skip
+        infos = await asyncio.wait_for(
+            asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM), RESOLVE_SECONDS
+        )
     except (OSError, UnicodeError):  # (TimeoutError is an OSError)
         return True
     addresses = {str(info[4][0]) for info in infos}
@@ -190,7 +208,9 @@ class CheckedResolver(AbstractResolver):
         self.allowed = allowed
         self.inner = inner or aiohttp.ThreadedResolver()
 
-    async def resolve(self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
         found = await self.inner.resolve(host, port, family)
         kept = [r for r in found if self.allowed.permits(host, r["host"])]
         if not kept:
@@ -230,8 +250,11 @@ class Deliverer:
         hooks = {h.id: h for h in await self.book.webhooks()}
         if self._session is None:
             self._session = aiohttp.ClientSession(  # shared by every group's webhooks: keeps no cookies
-                timeout=aiohttp.ClientTimeout(total=self.settings.timeout), cookie_jar=aiohttp.DummyCookieJar(),
-                connector=aiohttp.TCPConnector(resolver=CheckedResolver(self.allowed)),  # (no proxy: trust_env off)
+                timeout=aiohttp.ClientTimeout(total=self.settings.timeout),
+                cookie_jar=aiohttp.DummyCookieJar(),
+                connector=aiohttp.TCPConnector(
+                    resolver=CheckedResolver(self.allowed)
+                ),  # (no proxy: trust_env off)
             )
         for delivery in claimed:
             sending = asyncio.ensure_future(self._send(delivery, hooks.get(delivery.webhook_id), owner))
@@ -242,8 +265,9 @@ class Deliverer:
     def _sent(self, sending: asyncio.Future[bool]) -> None:
         self._sending.pop(sending, None)
         if not sending.cancelled() and sending.exception() is not None:  # its outcome could not be written
-            log.warning("webhook delivery: %s (the event is sent again once its lease runs out)",
-                        sending.exception())  # fmt: skip
+            log.warning(
+                "webhook delivery: %s (the event is sent again once its lease runs out)", sending.exception()
+            )
 
     async def idle(self) -> None:
         """Once every send in flight has ended."""
@@ -255,16 +279,24 @@ class Deliverer:
             await self.book.failed(delivery, owner, DELETED, None, None)
             return False
         body = delivery.body.encode()
-        headers = {"content-type": "application/json", SIGNATURE_HEADER: sign(hook.secret, body),
-                   EVENT_HEADER: delivery.event_id, "user-agent": "model-router-webhooks"}  # fmt: skip
+        headers = {
+            "content-type": "application/json",
+            SIGNATURE_HEADER: sign(hook.secret, body),
+            EVENT_HEADER: delivery.event_id,
+            "user-agent": "model-router-webhooks",
+        }
         status: int | None = None
         try:
             assert self._session is not None
             target = host_of(hook.url)
             host = target[0] if target is not None else ""
             if not host or (address_of(host) is not None and not self.allowed.permits(host, host)):
-                raise OSError(f"{host}: not an address a webhook may be sent to")  # (a name: the resolver checks it)
-            async with self._session.post(hook.url, data=body, headers=headers, allow_redirects=False) as answer:
+                raise OSError(
+                    f"{host}: not an address a webhook may be sent to"
+                )  # (a name: the resolver checks it)
+            async with self._session.post(
+                hook.url, data=body, headers=headers, allow_redirects=False
+            ) as answer:
                 status = answer.status
                 await answer.read()
             if 200 <= status < 300:
@@ -272,7 +304,10 @@ class Deliverer:
                 return True
             error = detail = f"HTTP {status}"
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
-            error, detail = FAILED, f"{type(exc).__name__}: {exc}"[:300]  # (the detail for the operator's log only)
+            error, detail = (
+                FAILED,
+                f"{type(exc).__name__}: {exc}"[:300],
+            )  # (the detail for the operator's log only)
         attempts = delivery.attempts + 1
         retry = time.time() + self.backoff(attempts) if attempts < self.settings.max_attempts else None
         await self.book.failed(delivery, owner, error, status, retry)

@@ -98,15 +98,20 @@ class StoreCount:
             steps.append(("SELECT pg_advisory_xact_lock(?)", (_LOCK,)))
         steps += [
             ("DELETE FROM attempts WHERE expires <= ?", (now,)),
-            (f"INSERT INTO attempts (name, token, expires) SELECT w.name, CAST(? AS TEXT), "
-             f"CAST(? AS DOUBLE PRECISION) FROM ({rows}) w WHERE {room}",
-             [token, now + seconds, *names, *[v for w in windows for v in (w.name, w.limit)]]),
-        ]  # fmt: skip
+            (
+                f"INSERT INTO attempts (name, token, expires) SELECT w.name, CAST(? AS TEXT), "
+                f"CAST(? AS DOUBLE PRECISION) FROM ({rows}) w WHERE {room}",
+                [token, now + seconds, *names, *[v for w in windows for v in (w.name, w.limit)]],
+            ),
+        ]
         if (await self.db.atomic(steps))[-1]:
             return 0
         marks = ", ".join("?" * len(names))
-        found = await self.db.select(f"SELECT name, expires FROM attempts WHERE name IN ({marks}) "
-                                     "AND expires > ? ORDER BY expires DESC", [*names, now])  # fmt: skip
+        found = await self.db.select(
+            f"SELECT name, expires FROM attempts WHERE name IN ({marks}) "
+            "AND expires > ? ORDER BY expires DESC",
+            [*names, now],
+        )
         waits = [0.0]
         for w in windows:
             expiries = [float(e) for name, e in found if name == w.name]
@@ -121,7 +126,9 @@ class StoreCount:
 
     async def clear(self, names: Sequence[str]) -> None:
         await self.ready()
-        await self.db.write(f"DELETE FROM attempts WHERE name IN ({', '.join('?' * len(names))})", list(names))
+        await self.db.write(
+            f"DELETE FROM attempts WHERE name IN ({', '.join('?' * len(names))})", list(names)
+        )
 
 
 class RedisCount:
@@ -156,8 +163,9 @@ class RedisCount:
 
 
 class Attempts:
-    def __init__(self, db: Database, redis_url: str = "", prefix: str = "router:rl",
-                 timeout: float = 0.25) -> None:  # fmt: skip
+    def __init__(
+        self, db: Database, redis_url: str = "", prefix: str = "router:rl", timeout: float = 0.25
+    ) -> None:
         self.store = StoreCount(db)
         self.redis = RedisCount(redis_url, prefix, timeout) if redis_url else None
         self._warned = 0.0
@@ -204,8 +212,11 @@ class Attempts:
         now = time.monotonic()
         if now - self._warned >= 10:
             self._warned = now
-            log.warning("attempts: Redis cannot be reached (%s: %s); counted in the store meanwhile",
-                        type(exc).__name__, exc)  # fmt: skip
+            log.warning(
+                "attempts: Redis cannot be reached (%s: %s); counted in the store meanwhile",
+                type(exc).__name__,
+                exc,
+            )
 
     async def close(self) -> None:
         if self.redis is not None:

@@ -48,8 +48,9 @@ def failover(exc: GatewayError) -> bool:
     rejecting the gateway's own credentials, the gateway's account there being out of credit, the
     deployment not having the model or endpoint (404), and the call being larger than that account's
     tokens per minute (another account may be larger)."""
-    return retryable(exc) or isinstance(exc, UpstreamAuthFailed | UpstreamQuotaExceeded | UpstreamTooLarge
-                                        | UpstreamNotFound)  # fmt: skip
+    return retryable(exc) or isinstance(
+        exc, UpstreamAuthFailed | UpstreamQuotaExceeded | UpstreamTooLarge | UpstreamNotFound
+    )
 
 
 def breaker_failure(exc: GatewayError) -> bool:
@@ -69,9 +70,11 @@ def backoff(attempt: int, base: float, cap: float, retry_after: str | None = Non
 
 def all_busy(prefix: str, model_id: str, wait: float) -> RateLimited:
     if wait == math.inf:  # no wait cures it: the SDKs are told not to retry
-        return RateLimited(f"The call is larger than the tokens-per-minute ceiling of every deployment of the "
-                           f"provider '{prefix}' that serves `{model_id}`; send a shorter prompt or lower max_tokens.",
-                           final=True)  # fmt: skip
+        return RateLimited(
+            f"The call is larger than the tokens-per-minute ceiling of every deployment of the "
+            f"provider '{prefix}' that serves `{model_id}`; send a shorter prompt or lower max_tokens.",
+            final=True,
+        )
     seconds = max(math.ceil(wait), 1)
     return RateLimited(
         f"Every deployment of the provider '{prefix}' that serves `{model_id}` is cooling down or at its rate "
@@ -100,11 +103,32 @@ class Attempts:
     ``deadline`` (monotonic seconds) and ``max_retries``; ``prefix`` and ``model_id`` name them in
     the error when every one is busy."""
 
-    __slots__ = ("deps", "deadline", "max_retries", "base", "cap", "prefix", "model_id",
-                 "tried", "skipped", "counted", "attempt", "waited", "last")  # fmt: skip
+    __slots__ = (
+        "deps",
+        "deadline",
+        "max_retries",
+        "base",
+        "cap",
+        "prefix",
+        "model_id",
+        "tried",
+        "skipped",
+        "counted",
+        "attempt",
+        "waited",
+        "last",
+    )
 
-    def __init__(self, deps: tuple[Deployment, ...], deadline: float, max_retries: int, base: float, cap: float,
-                 prefix: str, model_id: str) -> None:  # fmt: skip
+    def __init__(
+        self,
+        deps: tuple[Deployment, ...],
+        deadline: float,
+        max_retries: int,
+        base: float,
+        cap: float,
+        prefix: str,
+        model_id: str,
+    ) -> None:
         self.deps = deps
         self.deadline = deadline
         self.max_retries = max_retries

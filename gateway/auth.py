@@ -54,9 +54,16 @@ def key_hint(key: str) -> str:
     return f"{head}-v1-...{key[-4:]}"
 
 
-async def new_key(store: Store, settings: Settings, group: str, name: str, spend_cap: int | None = None,
-                  models: list[str] | None = None, key: str | None = None,
-                  meta: KeyMeta | None = None) -> tuple[str, Any]:  # fmt: skip
+async def new_key(
+    store: Store,
+    settings: Settings,
+    group: str,
+    name: str,
+    spend_cap: int | None = None,
+    models: list[str] | None = None,
+    key: str | None = None,
+    meta: KeyMeta | None = None,
+) -> tuple[str, Any]:
     """Issue a key for ``group``: the clear key (shown once) and the stored key's info."""
     key = key or generate_key(settings.server.key_prefix)
     info = await store.create_key(group, name, hash_key(key), key_hint(key), spend_cap, models, meta)
@@ -124,12 +131,16 @@ class Authenticator:
         if scheme.lower() != "bearer" or not key:
             raise Unauthorized("The Authorization header must be 'Bearer YOUR_KEY'.")
         if not self._form.match(key):
-            raise Unauthorized("Incorrect API key provided: it does not have the form of a key of this service.")
+            raise Unauthorized(
+                "Incorrect API key provided: it does not have the form of a key of this service."
+            )
         digest = hash_key(key)
         now = time.monotonic()
         cached = self._cache.get(digest)
         if cached is not None and cached[1] > now:
-            if cached[1] - now < self.cache_seconds / 2:  # looked up again ahead of time, waited for by nobody
+            if (
+                cached[1] - now < self.cache_seconds / 2
+            ):  # looked up again ahead of time, waited for by nobody
                 self._lookups.ahead(digest, lambda: self._lookup(digest))
             hit = cached[0]
             if hit is None:
@@ -172,4 +183,3 @@ def _check_deadline(deadline: float, code: str, now: float) -> None:
                 code="key_rotated",
             )
         raise Unauthorized("This API key has expired.", code="key_expired")
-

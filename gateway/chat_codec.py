@@ -42,8 +42,14 @@ def answer_text(data: dict[str, Any]) -> str:
 class ChatCodec(Codec):
     """A chat request: ``raw`` is its decoded body (unknown fields pass through), ``req`` its view."""
 
-    def __init__(self, raw: dict[str, Any], req: ChatRequest, size: int, endpoint: Endpoint = "chat",
-                 encode_only: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        raw: dict[str, Any],
+        req: ChatRequest,
+        size: int,
+        endpoint: Endpoint = "chat",
+        encode_only: bool = False,
+    ) -> None:
         # (Codec's fields set here directly: this runs on every chat call)
         self.view, self.size, self.stream, self.endpoint = req, size, bool(req.stream), endpoint
         self.models = fallback_list(raw) if "models" in raw or "route" in raw else []

@@ -65,8 +65,13 @@ def cost_of(record: UsageRecord) -> Cost:
     """The charge of a settled call (``Meter.finish`` filled ``record``): the same figure the ledger
     stores, computed once."""
     text = to_credits(record.credits)
-    usage = TokenUsage(prompt=record.prompt_tokens, completion=record.completion_tokens, cached=record.cached_tokens,
-                       cache_write=record.cache_write_tokens, reasoning=record.reasoning_tokens)  # fmt: skip
+    usage = TokenUsage(
+        prompt=record.prompt_tokens,
+        completion=record.completion_tokens,
+        cached=record.cached_tokens,
+        cache_write=record.cache_write_tokens,
+        reasoning=record.reasoning_tokens,
+    )
     return Cost(text, msgspec.Raw(text.encode()), usage)
 
 
@@ -272,8 +277,13 @@ class WholeLeg(Leg):
 
     __slots__ = ("map_error",)
 
-    def __init__(self, model: Model, model_id: str, upstream: UpstreamRequest,
-                 map_error: Callable[[int, bytes, Mapping[str, str]], GatewayError]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: Model,
+        model_id: str,
+        upstream: UpstreamRequest,
+        map_error: Callable[[int, bytes, Mapping[str, str]], GatewayError],
+    ) -> None:
         super().__init__(model, model_id, upstream)
         self.map_error = map_error
 
@@ -324,5 +334,7 @@ def fallback_list(body: dict[str, Any]) -> list[str]:
     if extra is None:
         return []
     if not isinstance(extra, list) or not all(isinstance(m, str) for m in extra) or len(extra) > 8:
-        raise InvalidRequest("'models' must be a list of at most 8 model ids.", param="models", code="invalid_value")
+        raise InvalidRequest(
+            "'models' must be a list of at most 8 model ids.", param="models", code="invalid_value"
+        )
     return extra

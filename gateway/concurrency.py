@@ -128,7 +128,9 @@ class InFlight:
         """``backend``: where the counts are (gateway/backends.py ``in_flight``); None: no limit is set."""
         self.settings = settings
         self.enabled = configured(settings)
-        assert backend is not None or not self.enabled, "limits of calls in flight are set: they need a backend"
+        assert backend is not None or not self.enabled, (
+            "limits of calls in flight are set: they need a backend"
+        )
         self.backend = backend
         self._members = itertools.count(1)
         self._name = name or f"{secrets.token_hex(4)}:"  # this replica's prefix of its calls' members (Redis)
@@ -150,8 +152,11 @@ class InFlight:
             assert self.backend is not None
             base = f"{self.backend.namespace}{{g{principal.group_id}}}:"  # one hash tag per group (Redis Cluster)
             names = (f"{base}k{principal.key_id}:f", f"{base}g:f")
-            places = [Place(name, limit, kind) for name, limit, kind in zip(names, self.limits(principal.group_name),
-                                                                         _KINDS, strict=True) if limit]  # fmt: skip
+            places = [
+                Place(name, limit, kind)
+                for name, limit, kind in zip(names, self.limits(principal.group_name), _KINDS, strict=True)
+                if limit
+            ]
             self._places[principal.key_id] = places
         return places
 
@@ -168,8 +173,9 @@ class InFlight:
         member = f"{self._name}{next(self._members)}"
         return self._entered(backend, places, member, backend.enter(places, member))
 
-    async def _entered(self, backend: Backend, places: list[Place], member: str,
-                       entering: Awaitable[int]) -> Flight | None:  # fmt: skip
+    async def _entered(
+        self, backend: Backend, places: list[Place], member: str, entering: Awaitable[int]
+    ) -> Flight | None:
         try:
             full = await entering
         except Exception as exc:
@@ -177,8 +183,9 @@ class InFlight:
             warn_unavailable(exc)
             if self.settings.fail_open:
                 return None
-            raise RateLimited("Calls in flight cannot be counted right now; retry shortly.",
-                              headers={"Retry-After": "1"}) from None  # fmt: skip
+            raise RateLimited(
+                "Calls in flight cannot be counted right now; retry shortly.", headers={"Retry-After": "1"}
+            ) from None
         if full < 0:
             return Flight(partial(backend.leave, places, member))
         place = places[full]
@@ -197,4 +204,6 @@ class InFlight:
 
 def configured(settings: LimitsSettings) -> bool:
     """Whether any limit of calls in flight is set (for every group or for one)."""
-    return any(getattr(settings, k) for k in _KINDS) or any(getattr(g, k) for g in settings.groups.values() for k in _KINDS)
+    return any(getattr(settings, k) for k in _KINDS) or any(
+        getattr(g, k) for g in settings.groups.values() for k in _KINDS
+    )

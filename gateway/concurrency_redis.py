@@ -71,8 +71,14 @@ LEASE = 60.0  # seconds a place outlives its replica's last renewal
 
 
 class RedisBackend(Backend):
-    def __init__(self, url: str, prefix: str = "router:rl", timeout: float = 0.25, lease: float = LEASE,
-                 pipe: ScriptPipe | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        url: str,
+        prefix: str = "router:rl",
+        timeout: float = 0.25,
+        lease: float = LEASE,
+        pipe: ScriptPipe | None = None,
+    ) -> None:
         """``pipe``: another's (the rate limits', gateway/ratelimit_redis.py) to share, with its
         connection: a call's two checks then go in one round trip. Closed by its owner."""
         self.namespace = prefix.rstrip(":") + ":" if prefix else ""
@@ -81,7 +87,10 @@ class RedisBackend(Backend):
         self.owned = pipe is None
         if pipe is None:
             client = redis.Redis.from_url(
-                url, socket_timeout=timeout, socket_connect_timeout=max(timeout, 1.0), health_check_interval=30
+                url,
+                socket_timeout=timeout,
+                socket_connect_timeout=max(timeout, 1.0),
+                health_check_interval=30,
             )
             pipe = ScriptPipe(client, [], timeout, on_error=self._failed)
         pipe.scripts += [ENTER, LEAVE, RENEW]  # (loaded again when the server lost them)
@@ -101,7 +110,9 @@ class RedisBackend(Backend):
             self._replay()
         return self._entered(self.pipe.call(_ENTER, names, args), places, names, member)  # queued now
 
-    async def _entered(self, answer: asyncio.Future[Any], places: list[Place], names: list[str], member: str) -> int:
+    async def _entered(
+        self, answer: asyncio.Future[Any], places: list[Place], names: list[str], member: str
+    ) -> int:
         try:
             full = int(await answer)
         except BaseException:  # the caller went away, or Redis failed: the script may have run all the same
@@ -128,8 +139,9 @@ class RedisBackend(Backend):
         answer = self.pipe.later(_LEAVE, names, [member])
         answer.add_done_callback(partial(self._released, names, member, since))
 
-    def _released(self, names: Sequence[str], member: str, since: float | None,
-                  answer: asyncio.Future[Any]) -> None:  # fmt: skip
+    def _released(
+        self, names: Sequence[str], member: str, since: float | None, answer: asyncio.Future[Any]
+    ) -> None:
         exc = answer.exception() if not answer.cancelled() else None
         if exc is not None:
             self.unreleased[member] = (names, time.monotonic() if since is None else since)
@@ -154,9 +166,12 @@ class RedisBackend(Backend):
         if now - self._warned < 10:
             return
         self._warned = now
-        log.warning("calls in flight: a Redis update failed (%s: %s); the places of calls that ended are "
-                    "given back when Redis answers, the others expire with their lease",
-                    type(exc).__name__, exc)  # fmt: skip
+        log.warning(
+            "calls in flight: a Redis update failed (%s: %s); the places of calls that ended are "
+            "given back when Redis answers, the others expire with their lease",
+            type(exc).__name__,
+            exc,
+        )
 
     async def close(self) -> None:
         await self.renewer.stop()

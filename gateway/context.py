@@ -40,7 +40,9 @@ class CallContext:
     metadata: str | None = None  # the request's ``metadata`` map, as compact JSON
     metered: bool = False  # a usage record was made for a reservation: the ledger will store it
     response_id: str | None = None  # the queued background response this call runs (jobs/background.py)
-    traceparent: str | None = None  # the caller's W3C trace context, the parent of the call's span (gateway/tracing.py)
+    traceparent: str | None = (
+        None  # the caller's W3C trace context, the parent of the call's span (gateway/tracing.py)
+    )
     key_prefix: str = DEFAULT_KEY_PREFIX  # the form of the gateway's keys: redacted from who the call is for
 
     @property
@@ -62,12 +64,23 @@ class CallContext:
         self.metered = True
         p = self.principal
         return UsageRecord(
-            key_id=p.key_id, group_id=p.group_id, model=model, provider=provider, endpoint=self.endpoint,
-            source=self.source, stream=stream, request_id=self.request_id, batch_id=self.batch_id,
-            end_user=self.end_user, safety_identifier=self.safety_identifier, metadata=self.metadata,
-        )  # fmt: skip
+            key_id=p.key_id,
+            group_id=p.group_id,
+            model=model,
+            provider=provider,
+            endpoint=self.endpoint,
+            source=self.source,
+            stream=stream,
+            request_id=self.request_id,
+            batch_id=self.batch_id,
+            end_user=self.end_user,
+            safety_identifier=self.safety_identifier,
+            metadata=self.metadata,
+        )
 
-    def rejected(self, exc: GatewayError, model: str, provider: str, stream: bool, began: float) -> UsageRecord:
+    def rejected(
+        self, exc: GatewayError, model: str, provider: str, stream: bool, began: float
+    ) -> UsageRecord:
         """The record of a call refused before anything was reserved: status ``rejected``, no credits,
         the error's code and message (``began``: ``time.perf_counter()`` when the request arrived)."""
         record = self.record(model[:MAX_MODEL], provider, stream)
@@ -113,9 +126,13 @@ def _metadata(body: dict[str, Any], key_prefix: str) -> str | None:
     value = body["metadata"]
     if not isinstance(value, dict) or not value:
         return None
-    if any(isinstance(v, str) and holds_key(v, key_prefix) or holds_key(k, key_prefix) for k, v in value.items()):
-        value = body["metadata"] = {redact_keys(k, key_prefix): redact_keys(v, key_prefix) if isinstance(v, str) else v
-                                    for k, v in value.items()}  # fmt: skip
+    if any(
+        isinstance(v, str) and holds_key(v, key_prefix) or holds_key(k, key_prefix) for k, v in value.items()
+    ):
+        value = body["metadata"] = {
+            redact_keys(k, key_prefix): redact_keys(v, key_prefix) if isinstance(v, str) else v
+            for k, v in value.items()
+        }
     if len(value) > 16 or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
         return None
     text = _encode(value).decode()

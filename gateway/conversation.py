@@ -31,7 +31,9 @@ def not_found(response_id: str, param: str | None = None) -> NotFound:
 
 @dataclass(slots=True)
 class Conversation:
-    body: dict[str, Any]  # the request with the whole conversation as its input (the caller's if nothing to expand)
+    body: dict[
+        str, Any
+    ]  # the request with the whole conversation as its input (the caller's if nothing to expand)
     given: Any  # the request's own input, references resolved
     previous: str | None  # the previous_response_id it continues
     expanded: bool  # the input differs from the caller's
@@ -73,7 +75,9 @@ def own_items(given: Any) -> list[Any]:
 def upstream_item(item: dict[str, Any]) -> dict[str, Any] | None:
     """A stored item as it goes upstream again: no id; a reasoning item only with its encrypted content,
     and only the provider's own (not what the gateway sealed for another provider: gateway/sealed.py)."""
-    if item.get("type") == "reasoning" and (not item.get("encrypted_content") or sealed(item["encrypted_content"])):
+    if item.get("type") == "reasoning" and (
+        not item.get("encrypted_content") or sealed(item["encrypted_content"])
+    ):
         return None
     return {k: v for k, v in item.items() if k != "id"}
 
@@ -84,16 +88,22 @@ def _references(given: Any) -> list[tuple[int, str]]:
         if isinstance(item, dict) and item.get("type") == "item_reference":
             ref = item.get("id")
             if not isinstance(ref, str) or not ref:
-                raise InvalidRequest(f"'input[{i}].id' must be the id of a stored item.", param=f"input[{i}].id",
-                                     code="invalid_value")  # fmt: skip
+                raise InvalidRequest(
+                    f"'input[{i}].id' must be the id of a stored item.",
+                    param=f"input[{i}].id",
+                    code="invalid_value",
+                )
             refs.append((i, ref))
     return refs
 
 
 async def _chain(store: ResponseStore, group_id: int, previous: Any, max_chain: int) -> list[Any]:
     if not isinstance(previous, str) or not previous:
-        raise InvalidRequest("'previous_response_id' must be a response id.", param="previous_response_id",
-                             code="invalid_value")  # fmt: skip
+        raise InvalidRequest(
+            "'previous_response_id' must be a response id.",
+            param="previous_response_id",
+            code="invalid_value",
+        )
     chain = await store.chain(group_id, previous, max_chain)
     if not chain or chain[-1].id != previous:
         raise not_found(previous, "previous_response_id")
@@ -101,15 +111,19 @@ async def _chain(store: ResponseStore, group_id: int, previous: Any, max_chain: 
         raise InvalidRequest(
             f"The conversation of previous_response_id '{previous}' is longer than this gateway's limit of "
             f"{max_chain} responses ([responses] max_chain); start a new one, or send its input in full.",
-            param="previous_response_id", code="conversation_too_long",
-        )  # fmt: skip
+            param="previous_response_id",
+            code="conversation_too_long",
+        )
     if chain[0].previous_response_id is not None:  # a link was deleted or expired
         raise not_found(chain[0].previous_response_id, "previous_response_id")
     last = chain[-1]
     if last.status in ("queued", "in_progress"):
-        raise InvalidRequest(f"The response '{previous}' has not completed yet (status {last.status}); poll it with "
-                             "GET /v1/responses/{id} first.", param="previous_response_id",
-                             code="response_not_completed")  # fmt: skip
+        raise InvalidRequest(
+            f"The response '{previous}' has not completed yet (status {last.status}); poll it with "
+            "GET /v1/responses/{id} first.",
+            param="previous_response_id",
+            code="response_not_completed",
+        )
     items: list[Any] = []
     for stored in chain:
         for item in [*stored.input, *stored.output]:
@@ -146,8 +160,9 @@ async def expand(store: ResponseStore, group_id: int, body: dict[str, Any], max_
             raise InvalidRequest(
                 f"'input[{i}]' refers to the item '{ref}', which is not in this conversation: no stored response of "
                 "this group holds it (deleted, expired, stored with store: false, or never made here).",
-                param=f"input[{i}]", code="item_not_found",
-            )  # fmt: skip
+                param=f"input[{i}]",
+                code="item_not_found",
+            )
         resolved[i] = upstream_item(item)  # (None: a reasoning item nothing upstream can read back)
         own[i] = item
     history = await _chain(store, group_id, previous, max_chain) if previous is not None else []

@@ -33,8 +33,9 @@ class Count(NamedTuple):
     rate_headers: Headers | None  # the caller's rate limits, as any call's answer says them
 
 
-async def count_tokens(gw: Gateway, principal: Principal, body: dict[str, Any], size: int,
-                       sent: dict[str, str]) -> Count:  # fmt: skip
+async def count_tokens(
+    gw: Gateway, principal: Principal, body: dict[str, Any], size: int, sent: dict[str, str]
+) -> Count:
     """The input tokens of the Messages request ``body`` (``size`` bytes; ``sent``: the caller's
     ``anthropic-version`` and ``anthropic-beta``) for ``principal``."""
     codec = MessagesCodec(body, size, sent)
@@ -43,10 +44,15 @@ async def count_tokens(gw: Gateway, principal: Principal, body: dict[str, Any], 
     if gw.catalog.providers[model.provider].protocol != "anthropic":
         return Count(tokens.count_request(to_chat({**body, "stream": False})), "estimate", headers)
     deadline = time.monotonic() + gw.settings.reliability.deadline
-    call = UpstreamCall(model, codec.deployments(gw, model),
-                        lambda dep: native.count_request(dep, body, dep.upstream_name(model), sent),
-                        partial(map_upstream_error, model.provider), deadline, principal.group_id,
-                        Ask(stream=False))  # fmt: skip
+    call = UpstreamCall(
+        model,
+        codec.deployments(gw, model),
+        lambda dep: native.count_request(dep, body, dep.upstream_name(model), sent),
+        partial(map_upstream_error, model.provider),
+        deadline,
+        principal.group_id,
+        Ask(stream=False),
+    )
     response, lease = await open_upstream(gw, call)
     try:
         payload = await response.read()

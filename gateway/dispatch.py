@@ -35,7 +35,9 @@ if TYPE_CHECKING:
 class Pool:
     """One provider group's deployments and how a call chooses among them."""
 
-    def __init__(self, prefix: str, deployments: list[Deployment], own: ProviderSettings, catalog: Catalog) -> None:
+    def __init__(
+        self, prefix: str, deployments: list[Deployment], own: ProviderSettings, catalog: Catalog
+    ) -> None:
         self.prefix = prefix
         self.deployments = tuple(deployments)
         self.strategy: Strategy = own.routing
@@ -57,7 +59,9 @@ class Pool:
         404 for it lately, unless that leaves none)."""
         found = self._serving.get((model.id, endpoint))
         if found is None:
-            found = self._serving[model.id, endpoint] = tuple(d for d in self.deployments if d.serves(model, endpoint))
+            found = self._serving[model.id, endpoint] = tuple(
+                d for d in self.deployments if d.serves(model, endpoint)
+            )
         if self._unserved:
             now = time.monotonic()
             known = model.alias_of or model.id
@@ -68,18 +72,27 @@ class Pool:
     def unserved(self, deployment: Deployment, model: Model, seconds: float) -> None:
         """``deployment`` answered 404 for ``model``: other deployments serve it for ``seconds``."""
         now = time.monotonic()
-        self._unserved = {k: until for k, until in self._unserved.items() if until > now}  # (few: a misconfiguration's)
+        self._unserved = {
+            k: until for k, until in self._unserved.items() if until > now
+        }  # (few: a misconfiguration's)
         self._unserved[deployment.key, model.alias_of or model.id] = now + seconds
 
     def strategy_for(self, model: Model) -> Strategy:
-        return self.by_model.get(model.alias_of or model.id, self.strategy) if self.by_model else self.strategy
+        return (
+            self.by_model.get(model.alias_of or model.id, self.strategy) if self.by_model else self.strategy
+        )
 
 
 class Dispatcher:
     """The pools of every provider group and the state they are routed on."""
 
-    def __init__(self, pools: dict[str, Pool], settings: RoutingSettings, local: MemoryState,
-                 shared: UpstreamState | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        pools: dict[str, Pool],
+        settings: RoutingSettings,
+        local: MemoryState,
+        shared: UpstreamState | None = None,
+    ) -> None:
         self.pools = pools
         self.settings = settings
         self.local = local
@@ -90,8 +103,9 @@ class Dispatcher:
     def state(self, pool: Pool) -> UpstreamState:
         return self.shared if pool.shared else self.local
 
-    def order(self, pool: Pool, model: Model, deps: tuple[Deployment, ...], state: UpstreamState,
-              ask: routing.Ask) -> list[Deployment]:  # fmt: skip
+    def order(
+        self, pool: Pool, model: Model, deps: tuple[Deployment, ...], state: UpstreamState, ask: routing.Ask
+    ) -> list[Deployment]:
         if len(deps) == 1:
             return [deps[0]]
         if pool.sticky and ask.conversation is not None:
@@ -99,8 +113,9 @@ class Dispatcher:
         else:
             key = model.alias_of or model.id
             loads = [state.load(d, key) for d in deps]
-            ranked = routing.order(pool.strategy_for(model), deps, loads, self.rnd, self.settings.exploration,
-                                   ask.stream)  # fmt: skip
+            ranked = routing.order(
+                pool.strategy_for(model), deps, loads, self.rnd, self.settings.exploration, ask.stream
+            )
         return [deps[i] for i in ranked]
 
     def resting(self) -> dict[tuple[str, str], float]:
@@ -138,7 +153,9 @@ class Dispatcher:
             await self.shared.close()
 
 
-def dispatcher_for(settings: Settings, catalog: Catalog, deployments: dict[str, list[Deployment]]) -> Dispatcher:
+def dispatcher_for(
+    settings: Settings, catalog: Catalog, deployments: dict[str, list[Deployment]]
+) -> Dispatcher:
     """The dispatcher of a gateway: a pool per provider group, routed on Redis when ``[limits] redis_url``
     is set and some group has several deployments or a ceiling (else on this process's memory)."""
     pools = {
@@ -147,5 +164,7 @@ def dispatcher_for(settings: Settings, catalog: Catalog, deployments: dict[str, 
     }
     routing_settings = settings.routing
     local = MemoryState(routing_settings.latency_weight)
-    shared = backends.upstream_state(settings.limits, routing_settings, any(pool.shared for pool in pools.values()))
+    shared = backends.upstream_state(
+        settings.limits, routing_settings, any(pool.shared for pool in pools.values())
+    )
     return Dispatcher(pools, routing_settings, local, shared)

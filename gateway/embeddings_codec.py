@@ -64,18 +64,30 @@ def check_model(req: EmbeddingsRequest, model: Model, model_id: str) -> Embeddin
             f"The model `{model_id}` is not an embedding model.", "model", "unsupported_model_endpoint"
         )
     if req.tokens is not None and not spec.token_arrays:
-        raise _invalid(f"The model `{model_id}` takes text only; send 'input' as a string or a list of strings, "
-                       "not token arrays.", "input", "invalid_type")  # fmt: skip
+        raise _invalid(
+            f"The model `{model_id}` takes text only; send 'input' as a string or a list of strings, "
+            "not token arrays.",
+            "input",
+            "invalid_type",
+        )
     if req.count > spec.max_inputs:
-        raise _invalid(f"'input' holds {req.count} items; the model `{model_id}` takes at most {spec.max_inputs} "
-                       "in one request. Split them into several requests.", "input")  # fmt: skip
+        raise _invalid(
+            f"'input' holds {req.count} items; the model `{model_id}` takes at most {spec.max_inputs} "
+            "in one request. Split them into several requests.",
+            "input",
+        )
     if req.dimensions is not None and req.dimensions != spec.dimensions:
         if not spec.max_dimensions:
-            raise _invalid(f"The model `{model_id}` does not support 'dimensions' (its vectors have "
-                           f"{spec.dimensions}).", "dimensions")  # fmt: skip
+            raise _invalid(
+                f"The model `{model_id}` does not support 'dimensions' (its vectors have {spec.dimensions}).",
+                "dimensions",
+            )
         if not spec.min_dimensions <= req.dimensions <= spec.max_dimensions:
-            raise _invalid(f"'dimensions' must be between {spec.min_dimensions} and {spec.max_dimensions} for the "
-                           f"model `{model_id}` (got {req.dimensions}).", "dimensions")  # fmt: skip
+            raise _invalid(
+                f"'dimensions' must be between {spec.min_dimensions} and {spec.max_dimensions} for the "
+                f"model `{model_id}` (got {req.dimensions}).",
+                "dimensions",
+            )
     return spec
 
 
@@ -102,16 +114,20 @@ class EmbeddingsCodec(Codec):
         if protocol == "gemini":
             return GeminiEmbeddingsLeg(self.req, model, model_id, deployment, adapter.error)
         if protocol != "openai":
-            raise _invalid(f"The model `{model_id}` cannot be called on /v1/embeddings.", "model",
-                           "unsupported_model_endpoint")  # fmt: skip
+            raise _invalid(
+                f"The model `{model_id}` cannot be called on /v1/embeddings.",
+                "model",
+                "unsupported_model_endpoint",
+            )
         return OpenAIEmbeddingsLeg(self.req, model, model_id, deployment, adapter.error)
 
 
 class _EmbeddingsLeg(WholeLeg):
     __slots__ = ("req",)
 
-    def __init__(self, req: EmbeddingsRequest, model: Model, model_id: str, upstream: UpstreamRequest,
-                 map_error: Any) -> None:  # fmt: skip
+    def __init__(
+        self, req: EmbeddingsRequest, model: Model, model_id: str, upstream: UpstreamRequest, map_error: Any
+    ) -> None:
         super().__init__(model, model_id, upstream, map_error)
         self.req = req
 
@@ -123,10 +139,16 @@ class _EmbeddingsLeg(WholeLeg):
         """The caller's answer; each vector stays the upstream's JSON text (never decoded) unless it is
         a float array and the caller asked base64."""
         b64 = self.req.base64
-        data = [{"object": "embedding", "index": i, "embedding": _b64_raw(v) if b64 else v}
-                for i, v in enumerate(vectors)]  # fmt: skip
-        return {"object": "list", "data": data, "model": self.model_id,
-                "usage": {"prompt_tokens": usage.prompt, "total_tokens": usage.prompt}}  # fmt: skip
+        data = [
+            {"object": "embedding", "index": i, "embedding": _b64_raw(v) if b64 else v}
+            for i, v in enumerate(vectors)
+        ]
+        return {
+            "object": "list",
+            "data": data,
+            "model": self.model_id,
+            "usage": {"prompt_tokens": usage.prompt, "total_tokens": usage.prompt},
+        }
 
 
 class _Item(msgspec.Struct):
@@ -169,8 +191,9 @@ def _malformed(provider: str) -> UpstreamError:
 class OpenAIEmbeddingsLeg(_EmbeddingsLeg):
     """OpenAI, Mistral and Upstage: ``POST {base}/embeddings``."""
 
-    def __init__(self, req: EmbeddingsRequest, model: Model, model_id: str, deployment: Deployment,
-                 map_error: Any) -> None:  # fmt: skip
+    def __init__(
+        self, req: EmbeddingsRequest, model: Model, model_id: str, deployment: Deployment, map_error: Any
+    ) -> None:
         name = deployment.upstream_name(model)
         provider = model.provider
         body: dict[str, Any] = {"model": name, "input": req.raw["input"]}
@@ -205,8 +228,9 @@ class OpenAIEmbeddingsLeg(_EmbeddingsLeg):
 class GeminiEmbeddingsLeg(_EmbeddingsLeg):
     """Gemini: ``:embedContent`` for one input, ``:batchEmbedContents`` for several."""
 
-    def __init__(self, req: EmbeddingsRequest, model: Model, model_id: str, deployment: Deployment,
-                 map_error: Any) -> None:  # fmt: skip
+    def __init__(
+        self, req: EmbeddingsRequest, model: Model, model_id: str, deployment: Deployment, map_error: Any
+    ) -> None:
         if req.texts is None:
             raise _invalid(
                 f"The model `{model_id}` takes text only; send 'input' as strings.", "input", "invalid_type"
@@ -241,7 +265,13 @@ class GeminiEmbeddingsLeg(_EmbeddingsLeg):
     def answer(self, payload: bytes) -> Answer:
         try:
             reply = _decode_gemini(payload)
-            found = reply.embeddings if reply.embeddings is not None else [reply.embedding] if reply.embedding else []
+            found = (
+                reply.embeddings
+                if reply.embeddings is not None
+                else [reply.embedding]
+                if reply.embedding
+                else []
+            )
             vectors = [item.values for item in found]
             reported = (reply.usageMetadata or {}).get("promptTokenCount")
         except (msgspec.DecodeError, msgspec.ValidationError, TypeError, AttributeError):

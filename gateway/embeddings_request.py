@@ -70,11 +70,17 @@ def _inputs(value: Any) -> tuple[list[str] | None, list[list[int]] | None]:
     if all(isinstance(t, list) for t in value):
         for i, tokens in enumerate(value):
             if not _token_array(tokens):
-                raise _invalid(f"'input[{i}]' must be a non-empty list of integer token ids.", f"input[{i}]",
-                               "invalid_type")  # fmt: skip
+                raise _invalid(
+                    f"'input[{i}]' must be a non-empty list of integer token ids.",
+                    f"input[{i}]",
+                    "invalid_type",
+                )
         return None, value
-    raise _invalid("'input' must be a string, a list of strings, or a list of token arrays; not a mix.", "input",
-                   "invalid_type")  # fmt: skip
+    raise _invalid(
+        "'input' must be a string, a list of strings, or a list of token arrays; not a mix.",
+        "input",
+        "invalid_type",
+    )
 
 
 def parse_embeddings(body: bytes | dict[str, Any]) -> EmbeddingsRequest:

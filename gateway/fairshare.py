@@ -83,7 +83,9 @@ class FairShare:
         the process holds ``cap``, else ``cap``; no bound while no other group called lately."""
         started = self.started
         if len(started) > 64:  # (forget the groups gone quiet)
-            for gone in [g for g, at in started.items() if now - at > RECENT_SECONDS and g not in self.counts]:
+            for gone in [
+                g for g, at in started.items() if now - at > RECENT_SECONDS and g not in self.counts
+            ]:
                 del started[gone]
         if not any(g != group_id and now - at <= RECENT_SECONDS for g, at in started.items()):
             return UNBOUNDED

@@ -57,14 +57,24 @@ def check_model(req: ImagesRequest, model: Model, model_id: str) -> ImageSpec:
             f"The model `{model_id}` does not generate images.", "model", "unsupported_model_endpoint"
         )
     if req.edit and not spec.edits:
-        raise _invalid(f"The model `{model_id}` does not edit images; POST /v1/images/edits takes a GPT image "
-                       "model (openai/gpt-image-1.5, ...).", "model", "unsupported_model_endpoint")  # fmt: skip
+        raise _invalid(
+            f"The model `{model_id}` does not edit images; POST /v1/images/edits takes a GPT image "
+            "model (openai/gpt-image-1.5, ...).",
+            "model",
+            "unsupported_model_endpoint",
+        )
     if req.size is not None and req.size not in spec.sizes:
-        raise _invalid(f"'size' {req.size!r} is not supported by the model `{model_id}`; it draws "
-                       f"{', '.join(spec.sizes)}.", "size")  # fmt: skip
+        raise _invalid(
+            f"'size' {req.size!r} is not supported by the model `{model_id}`; it draws "
+            f"{', '.join(spec.sizes)}.",
+            "size",
+        )
     if req.n > spec.max_n:
-        raise _invalid(f"'n' is {req.n}; the model `{model_id}` draws at most {spec.max_n} image"
-                       f"{'s' if spec.max_n > 1 else ''} per request.", "n")  # fmt: skip
+        raise _invalid(
+            f"'n' is {req.n}; the model `{model_id}` draws at most {spec.max_n} image"
+            f"{'s' if spec.max_n > 1 else ''} per request.",
+            "n",
+        )
     return spec
 
 
@@ -83,8 +93,12 @@ class ImagesCodec(Codec):
         view = ChatRequest(model=req.model, messages=[], max_tokens=output_tokens(req), n=req.n)
         pictures = sum(1 for f in req.files if f.field != "mask")
         prompt_bytes = len(req.prompt.encode()) + 256  # the prompt and the other fields
-        super().__init__(view, prompt_bytes + pictures * IMAGE_INPUT_TOKENS if req.edit else size, False,
-                         fallback_list(req.raw))  # fmt: skip
+        super().__init__(
+            view,
+            prompt_bytes + pictures * IMAGE_INPUT_TOKENS if req.edit else size,
+            False,
+            fallback_list(req.raw),
+        )
         self.req = req
 
     def conversation(self, key_id: int, first: int) -> bytes:
@@ -106,8 +120,9 @@ class ImagesCodec(Codec):
 class _ImagesLeg(WholeLeg):
     __slots__ = ("req",)
 
-    def __init__(self, req: ImagesRequest, model: Model, model_id: str, upstream: UpstreamRequest,
-                 map_error: Any) -> None:  # fmt: skip
+    def __init__(
+        self, req: ImagesRequest, model: Model, model_id: str, upstream: UpstreamRequest, map_error: Any
+    ) -> None:
         super().__init__(model, model_id, upstream, map_error)
         self.req = req
 
@@ -131,15 +146,20 @@ def multipart(fields: dict[str, Any], req: ImagesRequest) -> tuple[bytes, str]:
         )
     for upload in req.files:
         filename = upload.filename.replace('"', "")
-        out.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{upload.field}"; filename="{filename}"\r\n'
-                   f"Content-Type: {upload.mime}\r\n\r\n".encode() + upload.data + b"\r\n")  # fmt: skip
+        out.append(
+            f'--{boundary}\r\nContent-Disposition: form-data; name="{upload.field}"; filename="{filename}"\r\n'
+            f"Content-Type: {upload.mime}\r\n\r\n".encode()
+            + upload.data
+            + b"\r\n"
+        )
     out.append(f"--{boundary}--\r\n".encode())
     return b"".join(out), f"multipart/form-data; boundary={boundary}"
 
 
 class OpenAIImagesLeg(_ImagesLeg):
-    def __init__(self, req: ImagesRequest, model: Model, model_id: str, deployment: Deployment,
-                 map_error: Any) -> None:  # fmt: skip
+    def __init__(
+        self, req: ImagesRequest, model: Model, model_id: str, deployment: Deployment, map_error: Any
+    ) -> None:
         fields = {k: v for k, v in req.raw.items() if k not in NOT_SENT}
         name = fields["model"] = deployment.upstream_name(model)
         url, headers = address(deployment, "images/edits" if req.edit else "images/generations", name)
@@ -156,9 +176,11 @@ class OpenAIImagesLeg(_ImagesLeg):
             images = data["data"]
             reported = data.get("usage") or {}
             details = reported.get("input_tokens_details") or {}
-            usage = TokenUsage(prompt=int(reported.get("input_tokens") or 0),
-                               image_prompt=int(details.get("image_tokens") or 0),
-                               completion=int(reported.get("output_tokens") or 0))  # fmt: skip
+            usage = TokenUsage(
+                prompt=int(reported.get("input_tokens") or 0),
+                image_prompt=int(details.get("image_tokens") or 0),
+                completion=int(reported.get("output_tokens") or 0),
+            )
         except (msgspec.DecodeError, KeyError, TypeError, AttributeError, ValueError):
             raise _malformed(self.model.provider) from None
         if not isinstance(images, list) or not all(isinstance(i, dict) and "b64_json" in i for i in images):
@@ -172,8 +194,9 @@ class OpenAIImagesLeg(_ImagesLeg):
 class ImagenLeg(_ImagesLeg):
     """Imagen on the Gemini API: ``models/{m}:predict``."""
 
-    def __init__(self, req: ImagesRequest, model: Model, model_id: str, deployment: Deployment,
-                 map_error: Any) -> None:  # fmt: skip
+    def __init__(
+        self, req: ImagesRequest, model: Model, model_id: str, deployment: Deployment, map_error: Any
+    ) -> None:
         name = deployment.upstream_name(model)
         parameters: dict[str, Any] = {"sampleCount": req.n}
         if req.size is not None:
@@ -194,6 +217,10 @@ class ImagenLeg(_ImagesLeg):
         except (msgspec.DecodeError, KeyError, TypeError, AttributeError):
             raise _malformed(self.model.provider) from None
         # Imagen bills per image drawn (filtered ones are not returned, nor billed)
-        body = {"created": int(time.time()), "data": [{"b64_json": image} for image in images],
-                "size": self.req.size or "1024x1024", "output_format": "png"}  # fmt: skip
+        body = {
+            "created": int(time.time()),
+            "data": [{"b64_json": image} for image in images],
+            "size": self.req.size or "1024x1024",
+            "output_format": "png",
+        }
         return Answer(body, TokenUsage(images=len(images)))

@@ -88,9 +88,12 @@ def _fields(raw: dict[str, Any]) -> ImagesRequest:
         raise _invalid(f"'quality' must be one of {', '.join(QUALITIES)}.", "quality")
     response_format = raw.get("response_format")
     if response_format == "url":
-        raise _invalid("response_format 'url' is not supported: this gateway returns images as b64_json only "
-                       "(it keeps no images to serve by URL). Omit response_format or send 'b64_json'.",
-                       "response_format", "unsupported_value")  # fmt: skip
+        raise _invalid(
+            "response_format 'url' is not supported: this gateway returns images as b64_json only "
+            "(it keeps no images to serve by URL). Omit response_format or send 'b64_json'.",
+            "response_format",
+            "unsupported_value",
+        )
     if response_format not in (None, "b64_json"):
         raise _invalid("'response_format' must be 'b64_json'.", "response_format")
     if raw.get("stream"):
@@ -117,8 +120,10 @@ def _text_value(name: str, value: str) -> Any:
 def parse_edit(body: bytes, content_type: str) -> ImagesRequest:
     """A multipart/form-data edit request: its text fields and files (each checked to be an image)."""
     if "multipart/form-data" not in content_type.lower() or "boundary=" not in content_type:
-        raise InvalidRequest("Content-Type must be multipart/form-data with a boundary (as the OpenAI SDK sends "
-                             "images.edit).", code="unsupported_content_type")  # fmt: skip
+        raise InvalidRequest(
+            "Content-Type must be multipart/form-data with a boundary (as the OpenAI SDK sends images.edit).",
+            code="unsupported_content_type",
+        )
     message = BytesParser(policy=HTTP).parsebytes(
         b"Content-Type: " + content_type.encode() + b"\r\n\r\n" + body
     )
@@ -140,12 +145,18 @@ def parse_edit(body: bytes, content_type: str) -> ImagesRequest:
             raise _invalid(f"Unexpected file field '{name}': send 'image' (or 'image[]') and 'mask'.", name)
         mime = image_type(data)
         if mime is None:
-            raise _invalid(f"The file '{filename or name}' is not a PNG, JPEG or WEBP image.", name.rstrip("[]"),
-                           "invalid_image_format")  # fmt: skip
+            raise _invalid(
+                f"The file '{filename or name}' is not a PNG, JPEG or WEBP image.",
+                name.rstrip("[]"),
+                "invalid_image_format",
+            )
         files.append(Upload(name, filename or "image.png", mime, data))
     if not any(f.field != "mask" for f in files):
-        raise _invalid("Missing required parameter: 'image' (one or more image files).", "image",
-                       "missing_required_parameter")  # fmt: skip
+        raise _invalid(
+            "Missing required parameter: 'image' (one or more image files).",
+            "image",
+            "missing_required_parameter",
+        )
     request = _fields(raw)
     request.files = files
     return request

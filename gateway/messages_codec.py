@@ -55,8 +55,9 @@ def chat_request(chat: dict[str, Any]) -> ChatRequest:
         path = text.rpartition(" - at `$.")[2].rstrip("`") if " - at `$." in text else ""
         field = path.split("[", 1)[0].split(".", 1)[0]
         param = {"stop": "stop_sequences", "max_tokens": "max_tokens"}.get(field, field) or None
-        raise InvalidRequest(f"{param or 'request'}: {text.partition(' - at `')[0]}", param=param,
-                             code="invalid_value") from None  # fmt: skip
+        raise InvalidRequest(
+            f"{param or 'request'}: {text.partition(' - at `')[0]}", param=param, code="invalid_value"
+        ) from None
 
 
 class MessagesCodec(Codec):
@@ -84,7 +85,11 @@ class MessagesCodec(Codec):
             chat = to_chat(self.body)
             self._translated = chat, chat_request(chat)
         chat, req = self._translated
-        if "reasoning_effort" in chat and not model.reasoning and gw.catalog.providers[model.provider].protocol == "openai":
+        if (
+            "reasoning_effort" in chat
+            and not model.reasoning
+            and gw.catalog.providers[model.provider].protocol == "openai"
+        ):
             chat = {name: value for name, value in chat.items() if name != "reasoning_effort"}
         if cap and chat["max_tokens"] > cap:
             chat, req = {**chat, "max_tokens": cap}, msgspec.structs.replace(req, max_tokens=cap)
@@ -98,9 +103,19 @@ class MessagesCodec(Codec):
 class NativeLeg(Leg):
     __slots__ = ("body", "provider")
 
-    def __init__(self, model: Model, model_id: str, body: dict[str, Any], deployment: Deployment,
-                 forwarded: Mapping[str, str]) -> None:  # fmt: skip
-        super().__init__(model, model_id, native.build_request(deployment, body, deployment.upstream_name(model), forwarded))
+    def __init__(
+        self,
+        model: Model,
+        model_id: str,
+        body: dict[str, Any],
+        deployment: Deployment,
+        forwarded: Mapping[str, str],
+    ) -> None:
+        super().__init__(
+            model,
+            model_id,
+            native.build_request(deployment, body, deployment.upstream_name(model), forwarded),
+        )
         self.body = body
         self.provider = model.provider
 

@@ -24,6 +24,7 @@ from gateway.messages_translate import anthropic_usage, stop_reason
 
 _encode = msgspec.json.Encoder().encode
 
+
 def frame(data: dict[str, Any]) -> bytes:
     return frame_event(data["type"], _encode(data))
 
@@ -31,7 +32,10 @@ def frame(data: dict[str, Any]) -> bytes:
 # a text or thinking delta, the one frame of most chunks, written as bytes around the piece's JSON:
 # the same bytes as frame() of {"type": "content_block_delta", "index": i, "delta": {"type": ..., kind: piece}}
 _DELTA = b'event: content_block_delta\ndata: {"type":"content_block_delta","index":'
-_DELTA_OF = {"text": b',"delta":{"type":"text_delta","text":', "thinking": b',"delta":{"type":"thinking_delta","thinking":'}
+_DELTA_OF = {
+    "text": b',"delta":{"type":"text_delta","text":',
+    "thinking": b',"delta":{"type":"thinking_delta","thinking":',
+}
 _DELTA_END = b"}}\n\n"
 _PING = frame({"type": "ping"})
 _STOP = frame({"type": "message_stop"})
@@ -41,8 +45,10 @@ _BLOCK_STOP = b'event: content_block_stop\ndata: {"type":"content_block_stop","i
 # "stop_reason": None, "stop_sequence": None, "usage": {each count 0}}}
 _START = b'event: message_start\ndata: {"type":"message_start","message":{"id":'
 _START_MODEL = b',"type":"message","role":"assistant","model":'
-_START_END = (b',"content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":0,'
-              b'"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":0}}}\n\n') + _PING
+_START_END = (
+    b',"content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":0,'
+    b'"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":0}}}\n\n'
+) + _PING
 
 
 def error_event(exc: GatewayError) -> bytes:
@@ -111,8 +117,12 @@ class MessageSynth:
 
     def _text(self, kind: str, piece: str, out: list[bytes]) -> None:
         if self.open != kind:
-            self._start({"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking" else
-                        {"type": "text", "text": ""}, out)  # fmt: skip
+            self._start(
+                {"type": "thinking", "thinking": "", "signature": ""}
+                if kind == "thinking"
+                else {"type": "text", "text": ""},
+                out,
+            )
             self.head = b"".join((_DELTA, str(self.index).encode(), _DELTA_OF[kind]))
         out.append(b"".join((self.head, _encode(piece), _DELTA_END)))
 
@@ -120,8 +130,12 @@ class MessageSynth:
         position = call.get("index", 0)
         function = call.get("function") or {}
         if position not in self.calls:
-            block: dict[str, Any] = {"type": "tool_use", "id": call.get("id") or f"toolu_{position}", "name": function.get("name") or "",
-                     "input": {}}  # fmt: skip
+            block: dict[str, Any] = {
+                "type": "tool_use",
+                "id": call.get("id") or f"toolu_{position}",
+                "name": function.get("name") or "",
+                "input": {},
+            }
             self._start(block, out)
             self.calls[position] = self.index
         elif self.calls[position] != self.index:  # (providers send one call's pieces together)

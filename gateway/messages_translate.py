@@ -27,13 +27,45 @@ from core.wire import ChatRequest, FunctionDef, ImagePart, ImageURL, Message, To
 _encode = msgspec.json.Encoder().encode
 
 # Anthropic's request fields (MessageCreateParams and the beta's), and what becomes of each here
-TAKEN = frozenset({"model", "messages", "max_tokens", "system", "temperature", "top_p", "stop_sequences", "stream",
-                   "tools", "tool_choice", "thinking", "metadata", "output_config", "output_format"})  # fmt: skip
-LEFT_OUT = frozenset({"top_k", "cache_control", "context_management", "service_tier", "container", "inference_geo",
-                      "diagnostics", "speed", "betas"})  # fmt: skip
+TAKEN = frozenset(
+    {
+        "model",
+        "messages",
+        "max_tokens",
+        "system",
+        "temperature",
+        "top_p",
+        "stop_sequences",
+        "stream",
+        "tools",
+        "tool_choice",
+        "thinking",
+        "metadata",
+        "output_config",
+        "output_format",
+    }
+)
+LEFT_OUT = frozenset(
+    {
+        "top_k",
+        "cache_control",
+        "context_management",
+        "service_tier",
+        "container",
+        "inference_geo",
+        "diagnostics",
+        "speed",
+        "betas",
+    }
+)
 REFUSED = {"mcp_servers": "MCP servers are run by Anthropic's API only: use an anthropic/... model"}
-STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "function_call": "tool_use",
-                "content_filter": "refusal"}  # fmt: skip
+STOP_REASONS = {
+    "stop": "end_turn",
+    "length": "max_tokens",
+    "tool_calls": "tool_use",
+    "function_call": "tool_use",
+    "content_filter": "refusal",
+}
 EFFORTS = {"low": "low", "medium": "medium", "high": "high", "max": "high", "xhigh": "high", "minimal": "low"}
 _SOME_TOOL = Tool(function=FunctionDef(name="tools"))  # the view says only whether the call has tools
 
@@ -53,7 +85,9 @@ def check_fields(body: dict[str, Any]) -> None:
         return
     for name in body:
         if name in REFUSED:
-            raise _invalid(f"'{name}' is not supported for this model: {REFUSED[name]}.", name, "unsupported_parameter")
+            raise _invalid(
+                f"'{name}' is not supported for this model: {REFUSED[name]}.", name, "unsupported_parameter"
+            )
         if name not in TAKEN and name not in LEFT_OUT:
             raise _invalid(f"{name}: Extra inputs are not permitted", name, "unknown_parameter")
 
@@ -64,7 +98,11 @@ def _text_of(value: Any, param: str) -> str:
     if isinstance(value, list):
         parts = []
         for i, block in enumerate(value):
-            if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
+            if (
+                not isinstance(block, dict)
+                or block.get("type") != "text"
+                or not isinstance(block.get("text"), str)
+            ):
                 raise _invalid(f"{param}.{i}: Input should be a text block", f"{param}.{i}")
             parts.append(block["text"])
         return "\n\n".join(parts)
@@ -90,8 +128,15 @@ def _image(block: dict[str, Any], where: str) -> dict[str, Any]:
         raise _invalid(f"{where}.source: Field required", where)
     if source.get("type") == "url" and isinstance(source.get("url"), str):
         return {"type": "image_url", "image_url": {"url": source["url"]}}
-    if source.get("type") == "base64" and isinstance(source.get("data"), str) and isinstance(source.get("media_type"), str):
-        return {"type": "image_url", "image_url": {"url": f"data:{source['media_type']};base64,{source['data']}"}}
+    if (
+        source.get("type") == "base64"
+        and isinstance(source.get("data"), str)
+        and isinstance(source.get("media_type"), str)
+    ):
+        return {
+            "type": "image_url",
+            "image_url": {"url": f"data:{source['media_type']};base64,{source['data']}"},
+        }
     raise _invalid(f"{where}.source: an image source is 'base64' (media_type, data) or 'url' (url)", where)
 
 
@@ -99,12 +144,20 @@ def _document(block: dict[str, Any], where: str) -> dict[str, Any]:
     source = block.get("source")
     if isinstance(source, dict) and source.get("type") == "base64" and isinstance(source.get("data"), str):
         media = source.get("media_type") or "application/pdf"
-        return {"type": "file", "file": {"file_data": f"data:{media};base64,{source['data']}",
-                                         "filename": str(block.get("title") or "document.pdf")}}  # fmt: skip
+        return {
+            "type": "file",
+            "file": {
+                "file_data": f"data:{media};base64,{source['data']}",
+                "filename": str(block.get("title") or "document.pdf"),
+            },
+        }
     if isinstance(source, dict) and source.get("type") == "text" and isinstance(source.get("data"), str):
         return {"type": "text", "text": source["data"]}
-    raise _invalid(f"{where}.source: only base64 and text documents can be sent to this model", where,
-                   "unsupported_content")  # fmt: skip
+    raise _invalid(
+        f"{where}.source: only base64 and text documents can be sent to this model",
+        where,
+        "unsupported_content",
+    )
 
 
 def _tool_result(block: dict[str, Any], where: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -179,8 +232,13 @@ def _assistant(content: list[Any], where: str) -> dict[str, Any]:
             if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
                 raise _invalid(f"{at}: a tool_use block has an id and a name", at)
             arguments = block.get("input") if isinstance(block.get("input"), dict) else {}
-            calls.append({"id": block["id"], "type": "function",
-                          "function": {"name": block["name"], "arguments": _encode(arguments).decode()}})  # fmt: skip
+            calls.append(
+                {
+                    "id": block["id"],
+                    "type": "function",
+                    "function": {"name": block["name"], "arguments": _encode(arguments).decode()},
+                }
+            )
         elif kind in ("thinking", "redacted_thinking", "server_tool_use", "web_search_tool_result"):
             continue  # the provider's own state (a signature is Anthropic's alone), or a hosted tool's turn
         else:
@@ -203,7 +261,9 @@ def messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     for i, message in enumerate(given):
         role = message.get("role") if isinstance(message, dict) else None
         content = message.get("content") if role is not None else None
-        if role == "user" and content and isinstance(content, str):  # (the common turn, as _user would make it)
+        if (
+            role == "user" and content and isinstance(content, str)
+        ):  # (the common turn, as _user would make it)
             out.append({"role": "user", "content": content})
             continue
         where = f"messages.{i}"
@@ -234,7 +294,9 @@ def hosted(tool: Any) -> bool:
 def omitted_tools(body: dict[str, Any]) -> list[str]:
     """The hosted tools left out of a translated call (named in the answer's header)."""
     tools = body.get("tools")
-    return [str(t.get("name") or t.get("type")) for t in tools if hosted(t)] if isinstance(tools, list) else []
+    return (
+        [str(t.get("name") or t.get("type")) for t in tools if hosted(t)] if isinstance(tools, list) else []
+    )
 
 
 def _tools(tools: Any) -> list[dict[str, Any]]:
@@ -264,15 +326,21 @@ def _hosted_not_forced(tools: list[Any], choice: Any) -> None:
     if forced is not None:
         for tool in tools:
             if hosted(tool) and tool.get("name") == forced:
-                raise _invalid(f"tool_choice: the tool '{forced}' is one Anthropic runs ({tool.get('type')}); this "
-                               "model's provider cannot run it", "tool_choice", "unsupported_tool")  # fmt: skip
+                raise _invalid(
+                    f"tool_choice: the tool '{forced}' is one Anthropic runs ({tool.get('type')}); this "
+                    "model's provider cannot run it",
+                    "tool_choice",
+                    "unsupported_tool",
+                )
 
 
 def _tool_choice(choice: Any) -> tuple[Any, bool | None]:
     """Anthropic ``tool_choice`` → chat ``tool_choice`` and ``parallel_tool_calls``."""
     if not isinstance(choice, dict) or choice.get("type") not in ("auto", "any", "tool", "none"):
-        raise _invalid("tool_choice: Input tag does not match any of the expected tags: 'auto', 'any', 'tool', 'none'",
-                       "tool_choice")  # fmt: skip
+        raise _invalid(
+            "tool_choice: Input tag does not match any of the expected tags: 'auto', 'any', 'tool', 'none'",
+            "tool_choice",
+        )
     kind = choice["type"]
     parallel = False if choice.get("disable_parallel_tool_use") is True else None
     if kind == "tool":
@@ -289,8 +357,10 @@ def effort(body: dict[str, Any]) -> str | None:
     thinking = body.get("thinking")
     kind = thinking.get("type") if isinstance(thinking, dict) else None
     if thinking is not None and kind not in ("enabled", "disabled", "adaptive"):
-        raise _invalid("thinking: Input tag does not match any of the expected tags: 'enabled', 'disabled', 'adaptive'",
-                       "thinking")  # fmt: skip
+        raise _invalid(
+            "thinking: Input tag does not match any of the expected tags: 'enabled', 'disabled', 'adaptive'",
+            "thinking",
+        )
     if kind == "disabled":
         return None
     if isinstance(named, str):
@@ -300,8 +370,10 @@ def effort(body: dict[str, Any]) -> str | None:
     if kind == "enabled":
         budget = thinking.get("budget_tokens") if isinstance(thinking, dict) else None
         if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1024:
-            raise _invalid("thinking.enabled.budget_tokens: Input should be greater than or equal to 1024",
-                           "thinking.budget_tokens")  # fmt: skip
+            raise _invalid(
+                "thinking.enabled.budget_tokens: Input should be greater than or equal to 1024",
+                "thinking.budget_tokens",
+            )
         return "low" if budget <= 2048 else "medium" if budget <= 8192 else "high"
     return "medium" if kind == "adaptive" else None
 
@@ -311,16 +383,26 @@ def _response_format(body: dict[str, Any]) -> dict[str, Any] | None:
     fmt = config.get("format") if isinstance(config, dict) else body.get("output_format")
     if fmt is None:
         return None
-    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
-        raise _invalid("output_config.format: Input should be {'type': 'json_schema', 'schema': {...}}",
-                       "output_config.format")  # fmt: skip
+    if (
+        not isinstance(fmt, dict)
+        or fmt.get("type") != "json_schema"
+        or not isinstance(fmt.get("schema"), dict)
+    ):
+        raise _invalid(
+            "output_config.format: Input should be {'type': 'json_schema', 'schema': {...}}",
+            "output_config.format",
+        )
     return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"], "strict": True}}
 
 
 def to_chat(body: dict[str, Any]) -> dict[str, Any]:
     """A Messages request → the chat request the chat pipeline takes (``model`` as the caller wrote it)."""
     check_fields(body)
-    chat: dict[str, Any] = {"model": body["model"], "messages": messages(body), "max_tokens": body["max_tokens"]}
+    chat: dict[str, Any] = {
+        "model": body["model"],
+        "messages": messages(body),
+        "max_tokens": body["max_tokens"],
+    }
     for name in ("temperature", "top_p"):
         if body.get(name) is not None:
             chat[name] = body[name]
@@ -330,7 +412,9 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
             raise _invalid("stop_sequences: Input should be a valid list of strings", "stop_sequences")
         chat["stop"] = stops
     if body.get("tools"):
-        tools = once(body["tools"], "chat", _tools)  # (Claude Code's every turn: translated once, core/kept.py)
+        tools = once(
+            body["tools"], "chat", _tools
+        )  # (Claude Code's every turn: translated once, core/kept.py)
         _hosted_not_forced(body["tools"], body.get("tool_choice"))
         if tools:
             chat["tools"] = tools
@@ -373,7 +457,9 @@ def reserve_request(body: dict[str, Any]) -> ChatRequest:
         for block in content if isinstance(content, list) else ():
             if isinstance(block, dict) and block.get("type") in ("image", "tool_result"):
                 inner = block.get("content") if block["type"] == "tool_result" else [block]
-                for image in inner if isinstance(inner, list) else ():  # (a wrong type: refused after the checks)
+                for image in (
+                    inner if isinstance(inner, list) else ()
+                ):  # (a wrong type: refused after the checks)
                     if isinstance(image, dict) and image.get("type") == "image":
                         parts.append(ImagePart(image_url=ImageURL(url="data:")))
     tools = body.get("tools")
@@ -390,7 +476,9 @@ def estimate_prompt(body: dict[str, Any]) -> dict[str, Any]:
     blocks, images and tools): the system as a first message."""
     given = body["messages"]
     system = body.get("system")
-    prompt: dict[str, Any] = {"messages": [{"role": "system", "content": system}, *given] if system else given}
+    prompt: dict[str, Any] = {
+        "messages": [{"role": "system", "content": system}, *given] if system else given
+    }
     if body.get("tools"):
         prompt["tools"] = body["tools"]
     return prompt
@@ -414,11 +502,19 @@ def anthropic_usage(usage: Any) -> dict[str, Any]:
     prompt, output = _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
     details = usage.get("prompt_tokens_details")
     if not details or not isinstance(details, dict):  # (most answers: nothing cached)
-        return {"input_tokens": prompt, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
-                "output_tokens": output}  # fmt: skip
+        return {
+            "input_tokens": prompt,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+            "output_tokens": output,
+        }
     read, write = _count(details.get("cached_tokens")), _count(details.get("cache_write_tokens"))
-    return {"input_tokens": max(prompt - read - write, 0), "cache_creation_input_tokens": write,
-            "cache_read_input_tokens": read, "output_tokens": output}  # fmt: skip
+    return {
+        "input_tokens": max(prompt - read - write, 0),
+        "cache_creation_input_tokens": write,
+        "cache_read_input_tokens": read,
+        "output_tokens": output,
+    }
 
 
 def _count(value: Any) -> int:
@@ -436,11 +532,24 @@ def from_completion(completion: dict[str, Any], model_id: str) -> dict[str, Any]
         content.append({"type": "text", "text": message["content"]})
     for call in message.get("tool_calls") or ():
         function = call.get("function") or {}
-        content.append({"type": "tool_use", "id": call.get("id") or "toolu_" + new_id(), "name": function.get("name"),
-                        "input": tool_input(function.get("arguments"))})  # fmt: skip
-    return {"id": message_id(), "type": "message", "role": "assistant", "model": model_id, "content": content,
-            "stop_reason": stop_reason(choice.get("finish_reason")), "stop_sequence": None,
-            "usage": anthropic_usage(completion.get("usage"))}  # fmt: skip
+        content.append(
+            {
+                "type": "tool_use",
+                "id": call.get("id") or "toolu_" + new_id(),
+                "name": function.get("name"),
+                "input": tool_input(function.get("arguments")),
+            }
+        )
+    return {
+        "id": message_id(),
+        "type": "message",
+        "role": "assistant",
+        "model": model_id,
+        "content": content,
+        "stop_reason": stop_reason(choice.get("finish_reason")),
+        "stop_sequence": None,
+        "usage": anthropic_usage(completion.get("usage")),
+    }
 
 
 def tool_input(arguments: Any) -> Any:

@@ -13,7 +13,9 @@ log = logging.getLogger("router.periodic")
 
 
 class Periodic:
-    def __init__(self, name: str, interval: float, run: Callable[[], Awaitable[object]], final: bool = True) -> None:
+    def __init__(
+        self, name: str, interval: float, run: Callable[[], Awaitable[object]], final: bool = True
+    ) -> None:
         self.name = name
         self.interval = interval
         self.run = run

@@ -78,8 +78,17 @@ class Pipeline:
     def __init__(self, gateway: Gateway) -> None:
         self.gw = gateway
 
-    def check(self, principal: Principal, req: ChatRequest, endpoint: Endpoint = "chat", model_id: str | None = None,
-              *, image_param: str = "messages", cap_param: str = "max_tokens", clamp: bool = False) -> Model:  # fmt: skip
+    def check(
+        self,
+        principal: Principal,
+        req: ChatRequest,
+        endpoint: Endpoint = "chat",
+        model_id: str | None = None,
+        *,
+        image_param: str = "messages",
+        cap_param: str = "max_tokens",
+        clamp: bool = False,
+    ) -> Model:
         """The model ``model_id`` (default: the request's) for this caller and request: its endpoint,
         image input, tools, custom tools, the key's allow-list, the output cap (400/403/404; ``clamp``:
         a cap over the model's ceiling is the codec's to lower)."""
@@ -102,7 +111,9 @@ class Pipeline:
                 code="tools_unsupported",
             )
         custom = req.custom_tools_at()
-        if custom and not gw.catalog.providers[model.provider].custom_tools:  # they pass through, untranslated
+        if (
+            custom and not gw.catalog.providers[model.provider].custom_tools
+        ):  # they pass through, untranslated
             raise InvalidRequest(
                 f"Custom tools ('type': 'custom') are supported only by OpenAI models (openai/...); the model "
                 f"`{model_id}` takes function tools ('type': 'function').",
@@ -110,8 +121,15 @@ class Pipeline:
                 code="unsupported_tool",
             )
         if not may_use(principal, model.id, model_id):
-            raise PermissionDenied(f"This API key is not allowed to use the model `{model_id}`.", param="model")
-        if req.output_cap is not None and model.max_output and req.output_cap > model.max_output and not clamp:
+            raise PermissionDenied(
+                f"This API key is not allowed to use the model `{model_id}`.", param="model"
+            )
+        if (
+            req.output_cap is not None
+            and model.max_output
+            and req.output_cap > model.max_output
+            and not clamp
+        ):
             raise InvalidRequest(
                 f"{cap_param} is too large: {req.output_cap}. The model `{model_id}` produces at most "
                 f"{model.max_output} output tokens.",
@@ -153,8 +171,15 @@ class Pipeline:
         try:
             for n, model_id in enumerate(ids):
                 try:
-                    model = self.check(principal, codec.view, codec.endpoint, model_id, image_param=codec.image_param,
-                                       cap_param=codec.cap_param, clamp=codec.clamp_cap)  # fmt: skip
+                    model = self.check(
+                        principal,
+                        codec.view,
+                        codec.endpoint,
+                        model_id,
+                        image_param=codec.image_param,
+                        cap_param=codec.cap_param,
+                        clamp=codec.clamp_cap,
+                    )
                     deployments = codec.deployments(gw, model)
                     if not deployments:
                         raise no_deployment(model)
@@ -164,9 +189,13 @@ class Pipeline:
                         raise
                     continue  # a fallback this call cannot use
                 if n == 0:  # limits: once per call (429 here is final: no fallback), before any reserve
-                    if context.waited_on and (share := gw.fair.enter(principal.group_id, principal.group_name)):
+                    if context.waited_on and (
+                        share := gw.fair.enter(principal.group_id, principal.group_name)
+                    ):
                         places.append(share)
-                    entering = gw.in_flight.enter(principal) if gw.in_flight.enabled and context.waited_on else None
+                    entering = (
+                        gw.in_flight.enter(principal) if gw.in_flight.enabled and context.waited_on else None
+                    )
                     if entering is None:
                         limit_headers = await gw.limits.admit(principal, model, codec.size, codec.view)
                     else:  # (with Redis, the two checks go in one round trip)
@@ -175,7 +204,9 @@ class Pipeline:
                         finally:
                             if flight := await entering:
                                 places.append(flight)
-                if not closed(gw.breakers, deployments, context.group_id):  # every circuit open: nothing reserved for it
+                if not closed(
+                    gw.breakers, deployments, context.group_id
+                ):  # every circuit open: nothing reserved for it
                     last = circuit_open(model.provider)
                     continue
                 try:
@@ -194,14 +225,22 @@ class Pipeline:
             for place in places:  # refused, failed or cancelled before an upstream answered
                 place.end()
 
-    async def _open(self, context: CallContext, codec: Codec, leg: Leg, deployments: tuple[Deployment, ...],
-                    deadline: float) -> Started:  # fmt: skip
+    async def _open(
+        self,
+        context: CallContext,
+        codec: Codec,
+        leg: Leg,
+        deployments: tuple[Deployment, ...],
+        deadline: float,
+    ) -> Started:
         """One candidate: reserve at its prices, open its upstream on one of ``deployments`` (``leg`` is
         the call on the first), settle on failure."""
         gw, model = self.gw, leg.model
         # (rate limits were checked once per call, in start(), before the first candidate)
         amount = worst_case(model, codec.size, codec.view, leg.upstream.max_output)
-        hold = Hold(model.id, model.provider, context.request_id, context.endpoint, codec.stream)  # (PostgreSQL)
+        hold = Hold(
+            model.id, model.provider, context.request_id, context.endpoint, codec.stream
+        )  # (PostgreSQL)
         call = traced() if gw.tracing is not None else None
         if call is None:
             reservation = await gw.ledger.reserve(context.group_id, context.key_id, amount, hold)
@@ -223,18 +262,35 @@ class Pipeline:
                 return found.upstream
 
             pool = gw.dispatcher.pools[model.provider]
-            tokens = input_ceiling(codec.size, codec.view) + output_ceiling(model, codec.view) if pool.tokens else 0
-            sticky = codec.conversation(context.key_id, gw.settings.routing.sticky_messages) if pool.sticky else None
+            tokens = (
+                input_ceiling(codec.size, codec.view) + output_ceiling(model, codec.view)
+                if pool.tokens
+                else 0
+            )
+            sticky = (
+                codec.conversation(context.key_id, gw.settings.routing.sticky_messages)
+                if pool.sticky
+                else None
+            )
             tried: list[list[Any]] = []
             try:
-                outgoing = UpstreamCall(model, deployments, build, leg.error, deadline, context.group_id,
-                                        Ask(tokens, sticky, codec.stream))  # fmt: skip
+                outgoing = UpstreamCall(
+                    model,
+                    deployments,
+                    build,
+                    leg.error,
+                    deadline,
+                    context.group_id,
+                    Ask(tokens, sticky, codec.stream),
+                )
                 response, lease = await open_upstream(gw, outgoing, tried)
             finally:
                 if len(tried) > 1:  # retried, or moved to another deployment: each try in the record
                     record.attempts = msgspec.json.encode(tried).decode()
             meter.on_finish = lease.end
-            return Started(legs[lease.deployment.key], meter, response, upstream_request_id(response.headers), lease)
+            return Started(
+                legs[lease.deployment.key], meter, response, upstream_request_id(response.headers), lease
+            )
 
     async def complete(self, started: Started) -> Answer:
         """The whole answer of a non-stream call, settled."""
@@ -243,12 +299,17 @@ class Pipeline:
             try:
                 with self.gw.deadlines.after(started.lease.deployment.read_timeout):
                     payload = await response.read()
-            except (TimeoutError, aiohttp.ClientError) as exc:  # the body broke off or stalled: nothing to bill
+            except (
+                TimeoutError,
+                aiohttp.ClientError,
+            ) as exc:  # the body broke off or stalled: nothing to bill
                 provider = started.model.provider
                 if isinstance(exc, TimeoutError):
                     raise UpstreamTimeout(f"The provider '{provider}' stopped sending its answer.") from None
-                raise UpstreamError(f"The connection to the provider '{provider}' was lost while it answered "
-                                    f"({type(exc).__name__}).") from None  # fmt: skip
+                raise UpstreamError(
+                    f"The connection to the provider '{provider}' was lost while it answered "
+                    f"({type(exc).__name__})."
+                ) from None
             finally:
                 response.release()
             answer = leg.answer(payload)
@@ -276,8 +337,14 @@ class Pipeline:
     def relay(self, started: Started) -> AsyncGenerator[list[Any], None]:
         """The stream's batches of pieces (gateway/relay.py), settled exactly once."""
         idle = self.gw.deadlines.idle(started.lease.deployment.read_timeout)  # each read of the stream
-        return relay(started.leg.reader(), started.response, started.meter, started.model.provider, idle,
-                     self.gw.settings.billing.cost_in_answer)  # fmt: skip
+        return relay(
+            started.leg.reader(),
+            started.response,
+            started.meter,
+            started.model.provider,
+            idle,
+            self.gw.settings.billing.cost_in_answer,
+        )
 
     async def abandon(self, started: Started) -> None:
         """The consumer went away before or while reading: close the upstream, settle (no-op if done)."""

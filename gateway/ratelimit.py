@@ -113,10 +113,14 @@ class KeyBuckets:
         self.kinds = kinds
         self.tokens = any(is_tokens for _, _, is_tokens in buckets)
         self.by_kind = [
-            (counts, _NAMES[counts], [(n, limit, step, b"%d" % limit) for n, limit, step, t in self.buckets if t == counts])
+            (
+                counts,
+                _NAMES[counts],
+                [(n, limit, step, b"%d" % limit) for n, limit, step, t in self.buckets if t == counts],
+            )
             for counts in (False, True)
             if any(t == counts for *_, t in self.buckets)
-        ]  # fmt: skip
+        ]
 
 
 _NAMES = {  # (limit, remaining, reset) header names by counts-tokens
@@ -212,7 +216,9 @@ class RateLimiter:
             self._plans[principal.key_id] = plan
         return plan
 
-    async def admit(self, principal: Principal, model: Model, body_size: int, req: ChatRequest) -> Headers | None:
+    async def admit(
+        self, principal: Principal, model: Model, body_size: int, req: ChatRequest
+    ) -> Headers | None:
         """Admit one call or raise 429; returns the response's ``x-ratelimit-*`` headers (None when
         no limit applies, or ``[limits] headers`` is off: a refusal carries them all the same)."""
         if not self.enabled:
@@ -225,7 +231,9 @@ class RateLimiter:
         headers = self.backend.admit_now(plan, tokens)
         if headers is not None:
             return headers if self.settings.headers else None
-        buckets = [Bucket(name, limit, tokens if is_tokens else 1) for name, limit, _, is_tokens in plan.buckets]
+        buckets = [
+            Bucket(name, limit, tokens if is_tokens else 1) for name, limit, _, is_tokens in plan.buckets
+        ]
         kinds = plan.kinds
         try:
             ok, states = await self.backend.take(buckets)
@@ -270,7 +278,9 @@ class RateLimiter:
             await self.backend.close()
 
 
-def _tightest(buckets: list[Bucket], kinds: list[str], states: list[BucketState]) -> list[tuple[bool, int, int, float]]:
+def _tightest(
+    buckets: list[Bucket], kinds: list[str], states: list[BucketState]
+) -> list[tuple[bool, int, int, float]]:
     """(counts tokens, limit, remaining, reset) of the tightest bucket of each kind (requests, then
     tokens): the least remaining, the later reset on a tie."""
     out = []
@@ -309,4 +319,6 @@ def warn_unavailable(exc: Exception) -> None:
 
 def configured(settings: LimitsSettings) -> bool:
     """Whether any rate limit is set (for every group or for one)."""
-    return any(getattr(settings, k) for k in _KINDS) or any(getattr(g, k) for g in settings.groups.values() for k in _KINDS)
+    return any(getattr(settings, k) for k in _KINDS) or any(
+        getattr(g, k) for g in settings.groups.values() for k in _KINDS
+    )

@@ -29,16 +29,27 @@ from redis.exceptions import NoScriptError, ResponseError
 Op = tuple[str, Sequence[str], Sequence[Any], "asyncio.Future[Any] | None"]  # (sha, keys, args, waiter)
 
 
-def evalsha(script_sha: str, keys: Sequence[str], args: Sequence[Any], encode: Callable[[Any], bytes]) -> bytes:
+def evalsha(
+    script_sha: str, keys: Sequence[str], args: Sequence[Any], encode: Callable[[Any], bytes]
+) -> bytes:
     """``EVALSHA`` of these keys and arguments in the Redis protocol (RESP); ``encode``: the client's
     encoder, for anything but str, int and float (it refuses what Redis cannot take)."""
     items = [script_sha.encode(), b"%d" % len(keys), *[key.encode() for key in keys]]
     for arg in args:
         kind = type(arg)
-        items.append(arg.encode() if kind is str else repr(arg).encode() if kind is int or kind is float
-                     else encode(arg))  # fmt: skip
-    return b"".join([b"*%d\r\n$7\r\nEVALSHA\r\n" % (len(items) + 1),
-                     *[b"$%d\r\n%s\r\n" % (len(item), item) for item in items]])  # fmt: skip
+        items.append(
+            arg.encode()
+            if kind is str
+            else repr(arg).encode()
+            if kind is int or kind is float
+            else encode(arg)
+        )
+    return b"".join(
+        [
+            b"*%d\r\n$7\r\nEVALSHA\r\n" % (len(items) + 1),
+            *[b"$%d\r\n%s\r\n" % (len(item), item) for item in items],
+        ]
+    )
 
 
 def sha(script: str) -> str:
@@ -46,8 +57,13 @@ def sha(script: str) -> str:
 
 
 class ScriptPipe:
-    def __init__(self, client: Any, scripts: Iterable[str], timeout: float,
-                 on_error: Callable[[BaseException], None] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        client: Any,
+        scripts: Iterable[str],
+        timeout: float,
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> None:
         self.client = client
         self.scripts = list(scripts)
         self.timeout = timeout  # seconds per round trip before its calls fail
@@ -66,8 +82,9 @@ class ScriptPipe:
         """Run the script with the next round trip; nobody waits for it."""
         self._queue((script_sha, keys, args, None))
 
-    def later(self, script_sha: str, keys: Sequence[str], args: Sequence[Any],
-              delay: float = 0.005) -> asyncio.Future[Any]:  # fmt: skip
+    def later(
+        self, script_sha: str, keys: Sequence[str], args: Sequence[Any], delay: float = 0.005
+    ) -> asyncio.Future[Any]:
         """Like :meth:`call`, but with the next round trip that goes anyway, or within ``delay`` seconds
         (what nobody waits for need not cost a round trip of its own). Its failure goes to the future
         it returns (read in a done callback, say), not to ``on_error``."""
@@ -125,8 +142,10 @@ class ScriptPipe:
         conn = await pool.get_connection()
         try:
             encode = conn.encoder.encode
-            await conn.send_packed_command(b"".join([evalsha(script_sha, keys, args, encode)
-                                                     for script_sha, keys, args, _ in batch]), check_health=False)  # fmt: skip
+            await conn.send_packed_command(
+                b"".join([evalsha(script_sha, keys, args, encode) for script_sha, keys, args, _ in batch]),
+                check_health=False,
+            )
             results: list[Any] = []
             for _ in batch:
                 try:  # (no timer per reply: the whole round trip has one, in _flush)

@@ -43,8 +43,14 @@ class LastBatch(list):
     """The last batch of :func:`relay` (nothing follows it)."""
 
 
-async def relay(reader: Reader, response: aiohttp.ClientResponse, meter: Meter, provider: str, idle: Idle,
-                show_cost: bool = False) -> AsyncGenerator[list[Any], None]:  # fmt: skip
+async def relay(
+    reader: Reader,
+    response: aiohttp.ClientResponse,
+    meter: Meter,
+    provider: str,
+    idle: Idle,
+    show_cost: bool = False,
+) -> AsyncGenerator[list[Any], None]:
     """The caller's pieces, a batch per upstream read, ending with a :class:`LastBatch`. ``idle``: the
     deadline of each read, renewed at each (the deployment's ``read_timeout``: an upstream silent that
     long has failed).
@@ -73,7 +79,9 @@ async def relay(reader: Reader, response: aiohttp.ClientResponse, meter: Meter, 
                         yield out
                         out = []
             if not reader.complete:
-                raise UpstreamError(f"The provider '{provider}' ended the stream before the answer was complete.")
+                raise UpstreamError(
+                    f"The provider '{provider}' ended the stream before the answer was complete."
+                )
             failure: GatewayError | None = None
         except GatewayError as exc:
             outcome.status, outcome.error = "error", exc.message
@@ -118,8 +126,9 @@ def _unread(response: aiohttp.ClientResponse) -> bytes:
     return data
 
 
-async def _settle(meter: Meter, reader: Reader, outcome: StreamEnd, response: aiohttp.ClientResponse,
-                  reply: bool = False) -> None:  # fmt: skip
+async def _settle(
+    meter: Meter, reader: Reader, outcome: StreamEnd, response: aiohttp.ClientResponse, reply: bool = False
+) -> None:
     if meter.finished:
         return
     usage, prompt_usage = reader.reported()

@@ -76,14 +76,28 @@ GOOD_KEPT = 4096  # groups whose last success a breaker remembers before it forg
 class Breaker:
     """One deployment's circuit (the module's docstring says when it opens, for whom, and how it closes)."""
 
-    __slots__ = ("threshold", "cooldown", "probe_timeout", "failures", "open_until", "probe", "probe_until",
-                 "groups", "good", "error", "opened_at", "_tickets")  # fmt: skip
+    __slots__ = (
+        "threshold",
+        "cooldown",
+        "probe_timeout",
+        "failures",
+        "open_until",
+        "probe",
+        "probe_until",
+        "groups",
+        "good",
+        "error",
+        "opened_at",
+        "_tickets",
+    )
 
     def __init__(self, threshold: int, cooldown: float, probe_timeout: float = 300.0) -> None:
         self.threshold = threshold
         self.cooldown = cooldown
         self.probe_timeout = probe_timeout
-        self.failures = 0  # failed calls since the last success (a call counts once however often it was tried)
+        self.failures = (
+            0  # failed calls since the last success (a call counts once however often it was tried)
+        )
         self.open_until = 0.0
         self.probe = 0  # the ticket of the probe in flight (half-open), 0 if none
         self.probe_until = 0.0
@@ -171,17 +185,23 @@ class Breaker:
         if state == "closed":
             return None
         now = time.monotonic()
-        return {"state": state, "refuses": "every group" if len(self.groups) > 1 else "one group",
-                "failed_calls": self.failures, "groups": len(self.groups), "last_error": self.error,
-                "opened_seconds_ago": round(now - self.opened_at, 1),
-                "probe_in_seconds": round(max(self.open_until - now, 0.0), 1)}  # fmt: skip
+        return {
+            "state": state,
+            "refuses": "every group" if len(self.groups) > 1 else "one group",
+            "failed_calls": self.failures,
+            "groups": len(self.groups),
+            "last_error": self.error,
+            "opened_seconds_ago": round(now - self.opened_at, 1),
+            "probe_in_seconds": round(max(self.open_until - now, 0.0), 1),
+        }
 
 
 class Breakers:
     """One breaker per deployment; ``states()`` for /readyz and /metrics, ``reasons()`` for /readyz."""
 
-    def __init__(self, threshold: int, cooldown: float, probe_timeout: float = 300.0,
-                 providers: Iterable[str] = ()) -> None:  # fmt: skip
+    def __init__(
+        self, threshold: int, cooldown: float, probe_timeout: float = 300.0, providers: Iterable[str] = ()
+    ) -> None:
         self.threshold = threshold
         self.cooldown = cooldown
         self.probe_timeout = probe_timeout
@@ -209,8 +229,12 @@ class Breakers:
         return out
 
 
-def closed(breakers: Breakers, deps: tuple[Deployment, ...], group: int,
-           skipped: set[str] | frozenset[str] = frozenset()) -> tuple[Deployment, ...]:  # fmt: skip
+def closed(
+    breakers: Breakers,
+    deps: tuple[Deployment, ...],
+    group: int,
+    skipped: set[str] | frozenset[str] = frozenset(),
+) -> tuple[Deployment, ...]:
     """The deployments whose circuit is not open for ``group`` (and not ``skipped``), in their order."""
     if len(deps) == 1:  # the usual case: one deployment
         return deps if deps[0].key not in skipped and not breakers[deps[0].key].open_for(group) else ()
@@ -219,13 +243,15 @@ def closed(breakers: Breakers, deps: tuple[Deployment, ...], group: int,
 
 def circuit_open(provider: str) -> UpstreamUnavailable:
     return UpstreamUnavailable(
-        f"The provider '{provider}' keeps failing and is skipped for a while (circuit open).", code="circuit_open"
+        f"The provider '{provider}' keeps failing and is skipped for a while (circuit open).",
+        code="circuit_open",
     )
 
 
 def no_deployment(model: Model) -> UpstreamUnavailable:
-    return UpstreamUnavailable(f"No deployment of the provider '{model.provider}' serves `{model.id}`.",
-                               code="no_deployment")  # fmt: skip
+    return UpstreamUnavailable(
+        f"No deployment of the provider '{model.provider}' serves `{model.id}`.", code="no_deployment"
+    )
 
 
 class UpstreamCall(NamedTuple):
@@ -254,14 +280,20 @@ async def open_upstream(gw: Gateway, call: UpstreamCall, log: list[list[Any]] | 
     pool = dispatcher.pools[model.provider]
     state = dispatcher.state(pool)
     key = model.alias_of or model.id  # rests and latencies are per model
-    plan = Attempts(deps, call.deadline, rel.max_retries, rel.backoff_base, rel.backoff_max, pool.prefix, model.id)
+    plan = Attempts(
+        deps, call.deadline, rel.max_retries, rel.backoff_base, rel.backoff_max, pool.prefix, model.id
+    )
     while True:
         usable = closed(gw.breakers, deps, call.group, plan.skipped)
         if not usable:
             raise plan.last or circuit_open(pool.prefix)
         order = plan.order(dispatcher.order(pool, model, usable, state, call.ask))
         tokens = call.ask.tokens
-        got = await state.acquire(order, key, tokens) if pool.shared else dispatcher.local.acquire_now(order, key, tokens)
+        got = (
+            await state.acquire(order, key, tokens)
+            if pool.shared
+            else dispatcher.local.acquire_now(order, key, tokens)
+        )
         if isinstance(got, Lease):
             step = await _try(gw, call, plan, got, log)
             if isinstance(step, Opened):
@@ -276,8 +308,9 @@ async def open_upstream(gw: Gateway, call: UpstreamCall, log: list[list[Any]] | 
             await asyncio.sleep(step.seconds)
 
 
-async def _try(gw: Gateway, call: UpstreamCall, plan: Attempts, lease: Lease,
-               log: list[list[Any]] | None) -> Opened | Step:  # fmt: skip
+async def _try(
+    gw: Gateway, call: UpstreamCall, plan: Attempts, lease: Lease, log: list[list[Any]] | None
+) -> Opened | Step:
     """One try on ``lease``'s deployment, past its breaker: the response, or what ``plan`` says next."""
     dep = lease.deployment
     breaker = gw.breakers[dep.key]
@@ -310,9 +343,13 @@ async def _try(gw: Gateway, call: UpstreamCall, plan: Attempts, lease: Lease,
 def _failed(gw: Gateway, call: UpstreamCall, plan: Attempts, lease: Lease, error: GatewayError) -> Step:
     """What ``error`` teaches the deployment's state, its breaker and the metrics; what ``plan`` says next."""
     dep = lease.deployment
-    rest = gw.dispatcher.cooldown(error) if len(call.deployments) > 1 else 0.0  # (only helps if another serves)
+    rest = (
+        gw.dispatcher.cooldown(error) if len(call.deployments) > 1 else 0.0
+    )  # (only helps if another serves)
     lease.owner.release(lease, cooldown=rest)
-    metrics.deployment_call(dep.prefix, dep.name, "rate_limited" if isinstance(error, RateLimited) else "error")
+    metrics.deployment_call(
+        dep.prefix, dep.name, "rate_limited" if isinstance(error, RateLimited) else "error"
+    )
     if rest:
         metrics.deployment_cooldown(dep.prefix, dep.name)
     if plan.counts(dep.key, error):
@@ -322,8 +359,12 @@ def _failed(gw: Gateway, call: UpstreamCall, plan: Attempts, lease: Lease, error
     return plan.failed(dep.key, error, time.monotonic())
 
 
-async def _send(gw: Gateway, upstream: UpstreamRequest, dep: Deployment,
-                to_error: Callable[[int, bytes, Mapping[str, str]], GatewayError]) -> aiohttp.ClientResponse:  # fmt: skip
+async def _send(
+    gw: Gateway,
+    upstream: UpstreamRequest,
+    dep: Deployment,
+    to_error: Callable[[int, bytes, Mapping[str, str]], GatewayError],
+) -> aiohttp.ClientResponse:
     """One attempt: the response once its headers say it succeeded, else the error it means."""
     call = traced() if gw.tracing is not None else None
     if call is not None:  # one span per attempt (gateway/tracing.py), its traceparent sent upstream
@@ -334,8 +375,12 @@ async def _send(gw: Gateway, upstream: UpstreamRequest, dep: Deployment,
     return await _attempt(gw, upstream, dep, to_error)
 
 
-async def _attempt(gw: Gateway, upstream: UpstreamRequest, dep: Deployment,
-                   to_error: Callable[[int, bytes, Mapping[str, str]], GatewayError]) -> aiohttp.ClientResponse:  # fmt: skip
+async def _attempt(
+    gw: Gateway,
+    upstream: UpstreamRequest,
+    dep: Deployment,
+    to_error: Callable[[int, bytes, Mapping[str, str]], GatewayError],
+) -> aiohttp.ClientResponse:
     first_byte = gw.settings.reliability.first_byte_timeout
     try:
         with gw.deadlines.after(first_byte):
@@ -350,7 +395,9 @@ async def _attempt(gw: Gateway, upstream: UpstreamRequest, dep: Deployment,
             return response
     except TimeoutError:
         metrics.upstream_error(dep.prefix, "timeout")
-        raise UpstreamTimeout(f"The provider '{dep.prefix}' sent no answer within {first_byte:g} s.") from None
+        raise UpstreamTimeout(
+            f"The provider '{dep.prefix}' sent no answer within {first_byte:g} s."
+        ) from None
 
 
 def retried(provider: str) -> None:

@@ -59,19 +59,27 @@ class Keep:
         store = _flag(body, "store") is not False
         background = bool(_flag(body, "background")) and context.response_id is None
         if background and not store:
-            raise InvalidRequest("Background responses are stored to be polled: 'background: true' needs 'store' "
-                                 "true or absent.", param="store", code="invalid_value")  # fmt: skip
+            raise InvalidRequest(
+                "Background responses are stored to be polled: 'background: true' needs 'store' "
+                "true or absent.",
+                param="store",
+                code="invalid_value",
+            )
         if background and body.get("stream"):
-            raise InvalidRequest("'background: true' with 'stream: true' is not supported by this gateway: poll the "
-                                 "response with GET /v1/responses/{id}, or stream it in the foreground.",
-                                 param="stream", code="unsupported_parameter")  # fmt: skip
+            raise InvalidRequest(
+                "'background: true' with 'stream: true' is not supported by this gateway: poll the "
+                "response with GET /v1/responses/{id}, or stream it in the foreground.",
+                param="stream",
+                code="unsupported_parameter",
+            )
         limit = gw.settings.responses.max_stored_bytes
         if store and size > limit:
             raise InvalidRequest(
                 f"The request is {size} bytes, more than this gateway stores for one response ({limit} bytes, "
                 "[responses] max_stored_bytes): send it with 'store: false', or shorten it.",
-                param="store", code="response_too_large",
-            )  # fmt: skip
+                param="store",
+                code="response_too_large",
+            )
         return cls(gw, context, store, background)
 
     def echo(self, conversation: Conversation) -> dict[str, Any]:
@@ -96,20 +104,28 @@ class Keep:
                 f"The conversation is about {tokens} tokens with the stored responses it continues, more than the "
                 f"context window of `{conversation.body['model']}` ({model.context} tokens); start a new "
                 "conversation or send a shorter input.",
-                param=param, code="context_length_exceeded",
-            )  # fmt: skip
+                param=param,
+                code="context_length_exceeded",
+            )
 
     def stored(self, response: dict[str, Any], conversation: Conversation) -> Stored:
         return Stored(
-            id=str(response.get("id")), group_id=self.context.group_id, key_id=self.context.key_id,
-            status=str(response.get("status") or "completed"), model=str(response.get("model") or ""),
-            created_at=float(response.get("created_at") or time.time()), previous_response_id=self.previous,
-            body=response, input=conversation.own if self.running is None else [],  # (a queued one's: kept)
+            id=str(response.get("id")),
+            group_id=self.context.group_id,
+            key_id=self.context.key_id,
+            status=str(response.get("status") or "completed"),
+            model=str(response.get("model") or ""),
+            created_at=float(response.get("created_at") or time.time()),
+            previous_response_id=self.previous,
+            body=response,
+            input=conversation.own if self.running is None else [],  # (a queued one's: kept)
             output=list(response.get("output") or []),
             background=self.running is not None or self.background,
-        )  # fmt: skip
+        )
 
-    async def answer(self, response: dict[str, Any], conversation: Conversation, encoded_body: bytes | None = None) -> bool:
+    async def answer(
+        self, response: dict[str, Any], conversation: Conversation, encoded_body: bytes | None = None
+    ) -> bool:
         """Store a finished response (``encoded_body``: it, encoded already); on failure it says ``store:
         false`` (see the module's docstring) and this returns False."""
         if not self.store:
@@ -133,10 +149,17 @@ class Keep:
             except Exception:
                 there = None
             if there:
-                log.warning("response %s stored, though its write failed (%s: %s)", stored.id, type(exc).__name__, exc)
+                log.warning(
+                    "response %s stored, though its write failed (%s: %s)", stored.id, type(exc).__name__, exc
+                )
                 return True
-            log.warning("response %s %s (%s: %s)", stored.id, "may not be stored" if there is None else "not stored",
-                        type(exc).__name__, exc)  # fmt: skip
+            log.warning(
+                "response %s %s (%s: %s)",
+                stored.id,
+                "may not be stored" if there is None else "not stored",
+                type(exc).__name__,
+                exc,
+            )
             response["store"] = False
             return False
         return True

@@ -68,7 +68,9 @@ OPEN = ("queued", "in_progress")  # a background response that may still change 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
 
-_COLUMNS = "id, group_id, key_id, status, model, created_at, previous_response_id, background, body, input, error"
+_COLUMNS = (
+    "id, group_id, key_id, status, model, created_at, previous_response_id, background, body, input, error"
+)
 
 
 def _text(value: Any) -> str:
@@ -104,11 +106,19 @@ class Stored:
 
 def _row(row: tuple[Any, ...]) -> Stored:
     return Stored(
-        id=row[0], group_id=int(row[1]), key_id=int(row[2]), status=row[3], model=row[4],
-        created_at=float(row[5]), previous_response_id=row[6], background=bool(row[7]),
-        body=(body := _decode(row[8])), input=_decode(row[9]), output=body.get("output") or [],
+        id=row[0],
+        group_id=int(row[1]),
+        key_id=int(row[2]),
+        status=row[3],
+        model=row[4],
+        created_at=float(row[5]),
+        previous_response_id=row[6],
+        background=bool(row[7]),
+        body=(body := _decode(row[8])),
+        input=_decode(row[9]),
+        output=body.get("output") or [],
         error=_decode(row[10]) if row[10] else None,
-    )  # fmt: skip
+    )
 
 
 def item_ids(items: list[Any]) -> list[str]:
@@ -201,8 +211,10 @@ class ResponseStore:
         """The stored value of ``name``, storing ``default`` first if there is none (the first writer wins:
         every replica reads the same)."""
         await self.ready()
-        await self.db.write("INSERT INTO response_settings (name, value) VALUES (?, ?) ON CONFLICT (name) DO NOTHING",
-                            (name, default))  # fmt: skip
+        await self.db.write(
+            "INSERT INTO response_settings (name, value) VALUES (?, ?) ON CONFLICT (name) DO NOTHING",
+            (name, default),
+        )
         rows = await self.db.select("SELECT value FROM response_settings WHERE name = ?", (name,))
         return str(rows[0][0])
 
@@ -213,79 +225,127 @@ class ResponseStore:
             return []
         values = ", ".join(["(?, ?, ?)"] * len(ids))
         args = [value for item in ids for value in (stored.id, item, stored.group_id)]
-        return [(f"INSERT INTO response_items (response_id, item_id, group_id) VALUES {values} "
-                 "ON CONFLICT DO NOTHING", args)]  # fmt: skip
+        return [
+            (
+                f"INSERT INTO response_items (response_id, item_id, group_id) VALUES {values} "
+                "ON CONFLICT DO NOTHING",
+                args,
+            )
+        ]
 
-    async def insert(self, stored: Stored, encoded: Encoded, expires_at: float, request: bytes | None = None) -> None:
+    async def insert(
+        self, stored: Stored, encoded: Encoded, expires_at: float, request: bytes | None = None
+    ) -> None:
         """A new response (``request``: a background one's call, still to run), written with the others
         that arrive while a write is under way: one transaction (one fsync on SQLite) for all of them."""
         await self.ready()
-        await self._commit.write([
-            ("INSERT INTO responses (id, group_id, key_id, status, model, created_at, expires_at, "
-             "previous_response_id, background, body, input, request) "
-             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-             (stored.id, stored.group_id, stored.key_id, stored.status, stored.model, stored.created_at, expires_at,
-              stored.previous_response_id, int(stored.background), encoded.body, encoded.input,
-              request.decode() if request is not None else None)),
-            *self._items(stored),
-        ])  # fmt: skip
+        await self._commit.write(
+            [
+                (
+                    "INSERT INTO responses (id, group_id, key_id, status, model, created_at, expires_at, "
+                    "previous_response_id, background, body, input, request) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        stored.id,
+                        stored.group_id,
+                        stored.key_id,
+                        stored.status,
+                        stored.model,
+                        stored.created_at,
+                        expires_at,
+                        stored.previous_response_id,
+                        int(stored.background),
+                        encoded.body,
+                        encoded.input,
+                        request.decode() if request is not None else None,
+                    ),
+                ),
+                *self._items(stored),
+            ]
+        )
 
     async def finish(self, stored: Stored, encoded: Encoded) -> bool:
         """A background response's outcome, unless it was cancelled (or failed) meanwhile."""
         await self.ready()
         # (its input items were kept when it was queued; its output's ids are indexed only if it was updated)
-        counts = await self.db.atomic([
-            ("UPDATE responses SET status = ?, model = ?, body = ?, request = NULL, "
-             "lease_owner = NULL WHERE id = ? AND group_id = ? AND status = 'in_progress'",
-             (stored.status, stored.model, encoded.body, stored.id, stored.group_id)),
-            *[("INSERT INTO response_items (response_id, item_id, group_id) SELECT ?, ?, ? WHERE EXISTS "
-               "(SELECT 1 FROM responses WHERE id = ? AND status = ?) ON CONFLICT DO NOTHING",
-               (stored.id, item, stored.group_id, stored.id, stored.status))
-              for item in dict.fromkeys(item_ids(stored.output))],
-        ])  # fmt: skip
+        counts = await self.db.atomic(
+            [
+                (
+                    "UPDATE responses SET status = ?, model = ?, body = ?, request = NULL, "
+                    "lease_owner = NULL WHERE id = ? AND group_id = ? AND status = 'in_progress'",
+                    (stored.status, stored.model, encoded.body, stored.id, stored.group_id),
+                ),
+                *[
+                    (
+                        "INSERT INTO response_items (response_id, item_id, group_id) SELECT ?, ?, ? WHERE EXISTS "
+                        "(SELECT 1 FROM responses WHERE id = ? AND status = ?) ON CONFLICT DO NOTHING",
+                        (stored.id, item, stored.group_id, stored.id, stored.status),
+                    )
+                    for item in dict.fromkeys(item_ids(stored.output))
+                ],
+            ]
+        )
         return counts[0] == 1
 
     async def has(self, stored: Stored) -> bool:
         """Whether ``stored`` is there as written (by ``insert`` or ``finish``): a write whose outcome is
         unknown, read back."""
-        rows = await self.db.select("SELECT 1 FROM responses WHERE id = ? AND group_id = ? AND status = ?",
-                                    (stored.id, stored.group_id, stored.status))  # fmt: skip
+        rows = await self.db.select(
+            "SELECT 1 FROM responses WHERE id = ? AND group_id = ? AND status = ?",
+            (stored.id, stored.group_id, stored.status),
+        )
         return bool(rows)
 
     async def fail(self, response_id: str, error: dict[str, Any], statuses: tuple[str, ...] = OPEN) -> bool:
         await self.ready()
         marks = ", ".join("?" * len(statuses))
-        counts = await self.db.atomic([
-            (f"UPDATE responses SET status = 'failed', error = ?, request = NULL, lease_owner = NULL "
-             f"WHERE id = ? AND status IN ({marks})", (_text(error), response_id, *statuses)),
-        ])  # fmt: skip
+        counts = await self.db.atomic(
+            [
+                (
+                    f"UPDATE responses SET status = 'failed', error = ?, request = NULL, lease_owner = NULL "
+                    f"WHERE id = ? AND status IN ({marks})",
+                    (_text(error), response_id, *statuses),
+                ),
+            ]
+        )
         return counts[0] == 1
 
     async def cancel(self, group_id: int, response_id: str) -> bool:
         """A queued or running background response → ``cancelled`` (False: it had ended)."""
         await self.ready()
-        counts = await self.db.atomic([
-            ("UPDATE responses SET status = 'cancelled', request = NULL "
-             "WHERE id = ? AND group_id = ? AND background = 1 AND status IN ('queued', 'in_progress')",
-             (response_id, group_id)),
-        ])  # fmt: skip
+        counts = await self.db.atomic(
+            [
+                (
+                    "UPDATE responses SET status = 'cancelled', request = NULL "
+                    "WHERE id = ? AND group_id = ? AND background = 1 AND status IN ('queued', 'in_progress')",
+                    (response_id, group_id),
+                ),
+            ]
+        )
         return counts[0] == 1
 
     async def delete(self, group_id: int, response_id: str, now: float | None = None) -> bool:
         found = await self.get(group_id, response_id, now)
         if found is None:
             return False
-        counts = await self.db.atomic([
-            ("DELETE FROM responses WHERE id = ? AND group_id = ?", (response_id, group_id)),
-            *self._unindex([found]),
-        ])  # fmt: skip
+        counts = await self.db.atomic(
+            [
+                ("DELETE FROM responses WHERE id = ? AND group_id = ?", (response_id, group_id)),
+                *self._unindex([found]),
+            ]
+        )
         return counts[0] == 1
 
     @staticmethod
     def _unindex(gone: list[Stored]) -> Steps:
-        return [("DELETE FROM response_items WHERE group_id = ? AND item_id = ? AND response_id = ?",
-                 (stored.group_id, item, stored.id))
-                for stored in gone for item in dict.fromkeys(item_ids(stored.input) + item_ids(stored.output))]  # fmt: skip
+        return [
+            (
+                "DELETE FROM response_items WHERE group_id = ? AND item_id = ? AND response_id = ?",
+                (stored.group_id, item, stored.id),
+            )
+            for stored in gone
+            for item in dict.fromkeys(item_ids(stored.input) + item_ids(stored.output))
+        ]
 
     async def purge(self, now: float | None = None, batch: int = 500) -> int:
         """Delete the responses whose retention ran out (``batch`` at a time); how many."""
@@ -293,15 +353,19 @@ class ResponseStore:
         now = now or time.time()
         purged = 0
         while True:
-            rows = await self.db.select(f"SELECT {_COLUMNS} FROM responses WHERE expires_at <= ? LIMIT ?", (now, batch))
+            rows = await self.db.select(
+                f"SELECT {_COLUMNS} FROM responses WHERE expires_at <= ? LIMIT ?", (now, batch)
+            )
             if not rows:
                 return purged
             gone = [_row(row) for row in rows]
             marks = ", ".join("?" * len(gone))
-            counts = await self.db.atomic([
-                (f"DELETE FROM responses WHERE id IN ({marks})", tuple(stored.id for stored in gone)),
-                *self._unindex(gone),
-            ])  # fmt: skip
+            counts = await self.db.atomic(
+                [
+                    (f"DELETE FROM responses WHERE id IN ({marks})", tuple(stored.id for stored in gone)),
+                    *self._unindex(gone),
+                ]
+            )
             purged += counts[0]
 
     # -- reads -------------------------------------------------------------------------------------
@@ -313,7 +377,9 @@ class ResponseStore:
         )
         return _row(rows[0]) if rows else None
 
-    async def chain(self, group_id: int, response_id: str, limit: int, now: float | None = None) -> list[Stored]:
+    async def chain(
+        self, group_id: int, response_id: str, limit: int, now: float | None = None
+    ) -> list[Stored]:
         """The response ``response_id`` and its ancestors, oldest first, at most ``limit + 1`` of them
         (the caller refuses a longer chain); the first one's ``previous_response_id`` is set when a
         link is missing (deleted, expired) or the chain was cut at the limit."""
@@ -330,7 +396,9 @@ class ResponseStore:
         )
         return [_row(row) for row in rows]
 
-    async def items(self, group_id: int, ids: list[str], now: float | None = None) -> dict[str, dict[str, Any]]:
+    async def items(
+        self, group_id: int, ids: list[str], now: float | None = None
+    ) -> dict[str, dict[str, Any]]:
         """The stored items of the group with these ids (input or output of a live response)."""
         await self.ready()
         wanted = set(ids)
@@ -366,19 +434,24 @@ class ResponseStore:
         )
         rows = await self.db.select(
             "SELECT id, key_id, request FROM responses WHERE status = 'in_progress' AND background = 1 "
-            "AND lease_owner = ?", (owner,)
+            "AND lease_owner = ?",
+            (owner,),
         )
         return [(row[0], int(row[1]), str(row[2] or "").encode()) for row in rows]
 
     async def _fair(self, limit: int) -> list[str]:
         """The ids of the ``limit`` queued responses to run next (a claim by another replica meanwhile
         just takes some of them first)."""
-        groups = [int(row[0]) for row in await self.db.select(_QUEUED_GROUPS, (MAX_GROUPS,)) if row[0] is not None]
+        groups = [
+            int(row[0]) for row in await self.db.select(_QUEUED_GROUPS, (MAX_GROUPS,)) if row[0] is not None
+        ]
         if not groups:
             return []
-        running = dict(await self.db.select(
-            "SELECT group_id, count(*) FROM responses WHERE status = 'in_progress' AND background = 1 GROUP BY group_id"
-        ))  # fmt: skip
+        running = dict(
+            await self.db.select(
+                "SELECT group_id, count(*) FROM responses WHERE status = 'in_progress' AND background = 1 GROUP BY group_id"
+            )
+        )
         load = {group: int(running.get(group, 0)) for group in groups}
         picks: dict[int, int] = {}  # group -> responses taken from it
         for _ in range(limit):
@@ -389,8 +462,9 @@ class ResponseStore:
         for group, count in picks.items():
             rows = await self.db.select(
                 "SELECT id FROM responses WHERE status = 'queued' AND background = 1 AND group_id = ? "
-                "ORDER BY created_at LIMIT ?", (group, count),
-            )  # fmt: skip
+                "ORDER BY created_at LIMIT ?",
+                (group, count),
+            )
             chosen += [row[0] for row in rows]
         return chosen
 
@@ -416,5 +490,7 @@ class ResponseStore:
         ``every``: all of them, when no other process may run any)."""
         await self.ready()
         sql = "SELECT id FROM responses WHERE status = 'in_progress' AND background = 1"
-        rows = await self.db.select(sql if every else sql + " AND lease_expires < ?", () if every else (time.time(),))
+        rows = await self.db.select(
+            sql if every else sql + " AND lease_expires < ?", () if every else (time.time(),)
+        )
         return [row[0] for row in rows]

@@ -124,12 +124,15 @@ class ResponsesCodec(Codec):
     image_param = "input"
     cap_param = "max_output_tokens"
 
-    def __init__(self, body: dict[str, Any], size: int, echo: dict[str, Any] | None = None,
-                 tools: bytes | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, body: dict[str, Any], size: int, echo: dict[str, Any] | None = None, tools: bytes | None = None
+    ) -> None:
         models = fallback_list(body)
         super().__init__(reserve_request(body), size, bool(body.get("stream")), models)
         self.body = body
-        self.echo = echo  # fields of the Response object the gateway decides (id, store, previous_response_id)
+        self.echo = (
+            echo  # fields of the Response object the gateway decides (id, store, previous_response_id)
+        )
         self.sent = tools  # the body's tools as the caller sent them (their bytes), if known
         self._translated: tuple[dict[str, Any], ChatRequest, Options] | None = None
         self._tools: bytes | None = None  # the request's tools encoded (once translated)
@@ -141,8 +144,11 @@ class ResponsesCodec(Codec):
             sealer = gw.sealer
             self._tools = encoded_tools(self.body, self.sent)
             chat = to_chat(self.body, sealer.open if sealer is not None else None, self._tools)
-            self._translated = (chat, chat_request(chat),
-                                options(self.body, sealer.seal if sealer is not None else None, self._tools))  # fmt: skip
+            self._translated = (
+                chat,
+                chat_request(chat),
+                options(self.body, sealer.seal if sealer is not None else None, self._tools),
+            )
         chat, req, how = self._translated
         if self.body.get("prompt_cache_key") and gw.catalog.providers[model.provider].protocol == "anthropic":
             chat = cache_marked(chat)  # Anthropic caches up to a marked block: the instructions (and tools)
@@ -186,12 +192,21 @@ def native_body(body: dict[str, Any]) -> dict[str, Any]:
 class NativeLeg(Leg):
     __slots__ = ("body", "echo", "provider")
 
-    def __init__(self, gw: Gateway, model: Model, model_id: str, body: dict[str, Any], deployment: Deployment,
-                 echo: dict[str, Any] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        gw: Gateway,
+        model: Model,
+        model_id: str,
+        body: dict[str, Any],
+        deployment: Deployment,
+        echo: dict[str, Any] | None = None,
+    ) -> None:
         if model.reasoning:  # sampling options a reasoning model refuses (catalog data, as for chat)
             drop = SAMPLING.intersection(gw.catalog.providers[model.provider].reasoning_drop_fields)
             body = {name: value for name, value in body.items() if name not in drop}
-        upstream = openai_responses.build_request(deployment, native_body(body), deployment.upstream_name(model))
+        upstream = openai_responses.build_request(
+            deployment, native_body(body), deployment.upstream_name(model)
+        )
         super().__init__(model, model_id, upstream)
         self.body = body
         self.echo = echo
@@ -239,7 +254,6 @@ class NativeReader(RelayReader):
         if self.cost is not None:
             responses_priced(terminal.response, self.cost)
         return terminal
-
 
 
 class TranslatedLeg(ChatBackedLeg):
@@ -299,4 +313,3 @@ class SynthReader(ChatWrapper):
         if self.cost is not None:
             responses_priced(terminal.response, self.cost)
         return [*head, terminal]
-

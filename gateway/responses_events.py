@@ -45,13 +45,17 @@ _encode = msgspec.json.Encoder().encode
 def _text_delta(item: bytes, index: int) -> bytes:
     """The frame of a text delta of one message (``item``: its id, encoded), left to fill: the
     sequence number and the delta, encoded (key order as _event builds it)."""
-    return (b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","sequence_number":%%d,'
-            b'"item_id":%b,"output_index":%d,"content_index":0,"delta":%%b,"logprobs":[]}\n\n') % (item, index)
+    return (
+        b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","sequence_number":%%d,'
+        b'"item_id":%b,"output_index":%d,"content_index":0,"delta":%%b,"logprobs":[]}\n\n'
+    ) % (item, index)
 
 
 # the frames of the two events that open a stream, up to their response (key order as _event builds it)
 _CREATED = b'event: response.created\ndata: {"type":"response.created","sequence_number":%d,"response":'
-_IN_PROGRESS = b'}\n\nevent: response.in_progress\ndata: {"type":"response.in_progress","sequence_number":%d,"response":'
+_IN_PROGRESS = (
+    b'}\n\nevent: response.in_progress\ndata: {"type":"response.in_progress","sequence_number":%d,"response":'
+)
 
 
 def item_id(prefix: str) -> str:
@@ -97,7 +101,13 @@ def _part(kind: str, text: str) -> dict[str, Any]:
 def new_item(kind: str, summary: bool = False) -> dict[str, Any]:
     """An item of text as it opens: a message, or reasoning (its text as summary parts when ``summary``)."""
     if kind == "message":
-        return {"id": item_id("msg"), "type": "message", "status": "in_progress", "role": "assistant", "content": []}
+        return {
+            "id": item_id("msg"),
+            "type": "message",
+            "status": "in_progress",
+            "role": "assistant",
+            "content": [],
+        }
     if summary:
         return {"id": item_id("rs"), "type": "reasoning", "summary": [], "status": "in_progress"}
     return {"id": item_id("rs"), "type": "reasoning", "summary": [], "content": [], "status": "in_progress"}
@@ -109,8 +119,14 @@ def call_item(call: dict[str, Any], names: Mapping[str, Any]) -> dict[str, Any]:
     name = (call.get("function") or {}).get("name") or ""
     known = names.get(name)
     if known is not None and known.custom:  # a free-form tool: its input once whole (see final)
-        item = {"id": item_id("ctc"), "type": "custom_tool_call", "status": "in_progress",
-                "call_id": call.get("id") or item_id("call"), "input": "", "name": known.name}  # fmt: skip
+        item = {
+            "id": item_id("ctc"),
+            "type": "custom_tool_call",
+            "status": "in_progress",
+            "call_id": call.get("id") or item_id("call"),
+            "input": "",
+            "name": known.name,
+        }
     else:
         item = {
             "id": item_id("fc"),
@@ -143,8 +159,9 @@ def closing(finish_reason: str | None, item: dict[str, Any]) -> str:
     return "incomplete" if INCOMPLETE.get(finish_reason or "") and item["type"] == "message" else "completed"
 
 
-def sealed_item(output: list[dict[str, Any]], blocks: list[Any],
-                seal: Callable[[dict[str, Any]], str] | None) -> dict[str, Any] | None:  # fmt: skip
+def sealed_item(
+    output: list[dict[str, Any]], blocks: list[Any], seal: Callable[[dict[str, Any]], str] | None
+) -> dict[str, Any] | None:
     """A tool turn's provider state as a last reasoning item whose ``encrypted_content`` the gateway
     sealed (when the caller asked for it): thinking blocks, thought signatures, the turn's call ids."""
     calls = [item for item in output if item["type"] in ("function_call", "custom_tool_call")]
@@ -154,12 +171,18 @@ def sealed_item(output: list[dict[str, Any]], blocks: list[Any],
     if not blocks and not signatures:
         return None
     state = {"b": blocks, "s": signatures, "c": [c["call_id"] for c in calls]}
-    return {"id": item_id("rs"), "type": "reasoning", "summary": [], "encrypted_content": seal(state),
-            "status": "completed"}  # fmt: skip
+    return {
+        "id": item_id("rs"),
+        "type": "reasoning",
+        "summary": [],
+        "encrypted_content": seal(state),
+        "status": "completed",
+    }
 
 
-def ended(shell: dict[str, Any], output: list[dict[str, Any]], finish_reason: str | None,
-          usage: Any) -> tuple[str, dict[str, Any]]:  # fmt: skip
+def ended(
+    shell: dict[str, Any], output: list[dict[str, Any]], finish_reason: str | None, usage: Any
+) -> tuple[str, dict[str, Any]]:
     """The terminal event's type and the finished response: incomplete when the provider stopped at the
     output cap or its content filter, else completed."""
     changes: dict[str, Any] = {"usage": responses_usage(usage)}
@@ -270,8 +293,15 @@ class EventSynth:
         item = new_item(kind, summary)
         events = self._open(item)
         if summary:
-            events.append(self._event("response.reasoning_summary_part.added", item_id=item["id"],
-                                      output_index=self.current, summary_index=0, part=_SUMMARY_EMPTY))  # fmt: skip
+            events.append(
+                self._event(
+                    "response.reasoning_summary_part.added",
+                    item_id=item["id"],
+                    output_index=self.current,
+                    summary_index=0,
+                    part=_SUMMARY_EMPTY,
+                )
+            )
             return events
         events.append(
             self._event(
@@ -291,7 +321,9 @@ class EventSynth:
         index = self.current
         assert index is not None
         self.pieces[index].append(piece)
-        if kind == "message":  # (most of a stream's events: written as their frame, as _event and frames would)
+        if (
+            kind == "message"
+        ):  # (most of a stream's events: written as their frame, as _event and frames would)
             if self.writing != index:
                 self._delta = _text_delta(_encode(self.output[index]["id"]), index)
                 self.writing = index
@@ -300,8 +332,15 @@ class EventSynth:
             return events
         where = {"item_id": self.output[index]["id"], "output_index": index, "content_index": 0}
         if self.options.summary:
-            events.append(self._event("response.reasoning_summary_text.delta", item_id=where["item_id"],
-                                      output_index=index, summary_index=0, delta=piece))  # fmt: skip
+            events.append(
+                self._event(
+                    "response.reasoning_summary_text.delta",
+                    item_id=where["item_id"],
+                    output_index=index,
+                    summary_index=0,
+                    delta=piece,
+                )
+            )
         else:
             events.append(self._event("response.reasoning_text.delta", **where, delta=piece))
         return events
@@ -321,7 +360,9 @@ class EventSynth:
             self.pieces[index].append(arguments)
             if index != self.current:  # a late piece of a call already done (no adapter does this): keep it
                 self.output[index] = self._final(index, self.output[index]["status"])
-            elif self.output[index]["type"] == "function_call":  # (a free-form input goes out whole, at its end)
+            elif (
+                self.output[index]["type"] == "function_call"
+            ):  # (a free-form input goes out whole, at its end)
                 events.append(
                     self._event(
                         "response.function_call_arguments.delta",
@@ -352,12 +393,18 @@ class EventSynth:
                 )
             ]
         elif item["type"] == "custom_tool_call":
-            events = [self._event("response.custom_tool_call_input.delta", **where, delta=item["input"]),
-                      self._event("response.custom_tool_call_input.done", **where, input=item["input"])]  # fmt: skip
+            events = [
+                self._event("response.custom_tool_call_input.delta", **where, delta=item["input"]),
+                self._event("response.custom_tool_call_input.done", **where, input=item["input"]),
+            ]
         elif item["type"] == "reasoning" and "content" not in item:
             part = item["summary"][0]
-            events = [self._event("response.reasoning_summary_text.done", **where, summary_index=0, text=part["text"]),
-                      self._event("response.reasoning_summary_part.done", **where, summary_index=0, part=part)]  # fmt: skip
+            events = [
+                self._event(
+                    "response.reasoning_summary_text.done", **where, summary_index=0, text=part["text"]
+                ),
+                self._event("response.reasoning_summary_part.done", **where, summary_index=0, part=part),
+            ]
         else:
             part = item["content"][0]
             done = (
@@ -392,8 +439,10 @@ class EventSynth:
             return []
         index = len(self.output)
         self.output.append(item)
-        return [self._event("response.output_item.added", output_index=index, item=item),
-                self._event("response.output_item.done", output_index=index, item=item)]  # fmt: skip
+        return [
+            self._event("response.output_item.added", output_index=index, item=item),
+            self._event("response.output_item.done", output_index=index, item=item),
+        ]
 
     def fail(self, error: dict[str, Any]) -> list[dict[str, Any]]:
         """The answer broke off: ``response.failed`` with what was generated so far (items incomplete)."""
@@ -408,8 +457,13 @@ class EventSynth:
         return [self._event("response.failed", response=self._response(status="failed", error=failure))]
 
 
-def whole(shell: dict[str, Any], message: dict[str, Any], finish_reason: str | None, usage: Any,
-          options: Options | None = None) -> dict[str, Any]:  # fmt: skip
+def whole(
+    shell: dict[str, Any],
+    message: dict[str, Any],
+    finish_reason: str | None,
+    usage: Any,
+    options: Options | None = None,
+) -> dict[str, Any]:
     """A whole chat answer's ``message`` → the finished Response: the items :class:`EventSynth` gives
     for it streamed (its reasoning, its text, its calls, then the sealed state), made by the same
     rules without making the events."""
@@ -427,8 +481,10 @@ def whole(shell: dict[str, Any], message: dict[str, Any], finish_reason: str | N
     if not opened:  # an empty answer is still one (empty) message
         opened.append((new_item("message"), ""))
     last = len(opened) - 1
-    output = [final(item, text, "completed" if i < last else closing(finish_reason, item))
-              for i, (item, text) in enumerate(opened)]  # fmt: skip
+    output = [
+        final(item, text, "completed" if i < last else closing(finish_reason, item))
+        for i, (item, text) in enumerate(opened)
+    ]
     blocks = message.get("thinking_blocks")
     sealed = sealed_item(output, blocks if isinstance(blocks, list) else [], how.seal)
     if sealed is not None:

@@ -49,8 +49,12 @@ HOSTED = frozenset(
 _encode = msgspec.json.Encoder().encode
 ENCRYPTED = "reasoning.encrypted_content"  # include: reasoning items carry the state to send back
 _FLAT = re.compile(r"[^a-zA-Z0-9_-]")
-CUSTOM_INPUT = {"type": "object", "properties": {"input": {"type": "string", "description": "The tool's input, "
-                "free-form text."}}, "required": ["input"], "additionalProperties": False}  # fmt: skip
+CUSTOM_INPUT = {
+    "type": "object",
+    "properties": {"input": {"type": "string", "description": "The tool's input, free-form text."}},
+    "required": ["input"],
+    "additionalProperties": False,
+}
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
 DETAILS = frozenset({"low", "high", "auto"})
@@ -243,12 +247,20 @@ Opener = Callable[[str, str], dict[str, Any]]  # (sealed text, where) -> payload
 def _states(given: list[Any], opener: Opener | None) -> list[State]:
     states: list[State] = []
     for i, item in enumerate(given):
-        sealed = item.get("encrypted_content") if isinstance(item, dict) and item.get("type") == "reasoning" else None
+        sealed = (
+            item.get("encrypted_content")
+            if isinstance(item, dict) and item.get("type") == "reasoning"
+            else None
+        )
         if opener is None or not isinstance(sealed, str):
             continue
         payload = opener(sealed, f"input[{i}].encrypted_content")
         if payload:
-            states.append(State(list(payload.get("b") or ()), dict(payload.get("s") or {}), list(payload.get("c") or ())))
+            states.append(
+                State(
+                    list(payload.get("b") or ()), dict(payload.get("s") or {}), list(payload.get("c") or ())
+                )
+            )
     return states
 
 
@@ -352,7 +364,11 @@ def omitted_tools(body: dict[str, Any], sent: bytes | None = None) -> list[str]:
     kept = _OMITTED.get(sent) if sent is not None else None
     if kept is None:
         tools = body.get("tools")
-        kept = [str(t.get("type")) for t in tools if isinstance(t, dict) and t.get("type") in HOSTED] if isinstance(tools, list) else []
+        kept = (
+            [str(t.get("type")) for t in tools if isinstance(t, dict) and t.get("type") in HOSTED]
+            if isinstance(tools, list)
+            else []
+        )
         if sent is not None:
             _OMITTED.put(sent, kept, len(sent))
     return kept
@@ -382,13 +398,25 @@ def _tools(tools: Any, choice: Any = None) -> list[dict[str, Any]]:
         elif kind == "namespace":
             namespace = _string(tool, "name", where)
             if not isinstance(tool.get("tools"), list):
-                raise InvalidRequest(f"'{where}.tools' must be a list of function tools.", param=f"{where}.tools",
-                                     code="invalid_type")  # fmt: skip
+                raise InvalidRequest(
+                    f"'{where}.tools' must be a list of function tools.",
+                    param=f"{where}.tools",
+                    code="invalid_type",
+                )
             for j, inner in enumerate(tool["tools"]):
                 if not isinstance(inner, dict) or inner.get("type", "function") != "function":
-                    raise _refuse(f"'{where}.tools[{j}]': a namespace holds function tools.", f"{where}.tools[{j}]",
-                                  "unsupported_tool")  # fmt: skip
-                out.append(_function(inner, f"{where}.tools[{j}]", flat(namespace, _string(inner, "name", f"{where}.tools[{j}]"))))
+                    raise _refuse(
+                        f"'{where}.tools[{j}]': a namespace holds function tools.",
+                        f"{where}.tools[{j}]",
+                        "unsupported_tool",
+                    )
+                out.append(
+                    _function(
+                        inner,
+                        f"{where}.tools[{j}]",
+                        flat(namespace, _string(inner, "name", f"{where}.tools[{j}]")),
+                    )
+                )
         elif kind == "custom":  # free-form input: one string argument
             function = {"name": _string(tool, "name", where), "parameters": CUSTOM_INPUT}
             if isinstance(tool.get("description"), str):
@@ -396,10 +424,17 @@ def _tools(tools: Any, choice: Any = None) -> list[dict[str, Any]]:
             out.append({"type": "function", "function": function})
         elif kind in HOSTED:  # run by OpenAI alone: left out (named in x-router-omitted-tools)
             if forced == kind:
-                raise _refuse(f"tool_choice forces the tool {kind!r}, which only OpenAI runs: {P1_ONLY}.",
-                              "tool_choice", "unsupported_tool")  # fmt: skip
+                raise _refuse(
+                    f"tool_choice forces the tool {kind!r}, which only OpenAI runs: {P1_ONLY}.",
+                    "tool_choice",
+                    "unsupported_tool",
+                )
         else:
-            raise _refuse(f"The tool type {kind!r} ({where}) is not supported for this model.", where, "unsupported_tool")
+            raise _refuse(
+                f"The tool type {kind!r} ({where}) is not supported for this model.",
+                where,
+                "unsupported_tool",
+            )
     return out
 
 
@@ -433,7 +468,11 @@ def known_names(body: dict[str, Any], encoded: bytes) -> dict[str, ToolName]:
 def _tool_choice(choice: Any) -> Any:
     if choice in ("none", "auto", "required"):
         return choice
-    if isinstance(choice, dict) and choice.get("type") in ("function", "custom") and isinstance(choice.get("name"), str):
+    if (
+        isinstance(choice, dict)
+        and choice.get("type") in ("function", "custom")
+        and isinstance(choice.get("name"), str)
+    ):
         namespace = choice.get("namespace") if isinstance(choice.get("namespace"), str) else None
         return {"type": "function", "function": {"name": flat(namespace, choice["name"])}}
     kind = choice.get("type") if isinstance(choice, dict) else choice
@@ -483,13 +522,17 @@ def cache_marked(chat: dict[str, Any]) -> dict[str, Any]:
     return {**chat, "messages": [*messages[:last], marked, *messages[last + 1 :]]}
 
 
-def options(body: dict[str, Any], seal: Callable[[dict[str, Any]], str] | None,
-            tools: bytes | None = None) -> Options:  # fmt: skip
+def options(
+    body: dict[str, Any], seal: Callable[[dict[str, Any]], str] | None, tools: bytes | None = None
+) -> Options:
     """How a translated answer is written back: its thinking as summary parts when a summary is asked,
     the caller's tool names, and the provider's state sealed into a reasoning item when the caller asks
     for ``reasoning.encrypted_content`` (it keeps nothing: ``store: false``, as Codex)."""
     reasoning = body.get("reasoning")
-    summary = isinstance(reasoning, dict) and (reasoning.get("summary") or reasoning.get("generate_summary")) is not None
+    summary = (
+        isinstance(reasoning, dict)
+        and (reasoning.get("summary") or reasoning.get("generate_summary")) is not None
+    )
     include = body.get("include")
     sealed = seal if isinstance(include, list) and ENCRYPTED in include else None
     names = known_names(body, tools) if tools else tool_names(body)
@@ -513,7 +556,11 @@ def to_chat(body: dict[str, Any], opener: Opener | None = None, tools: bytes | N
             chat[theirs] = body[ours]
     if body.get("tools"):
         given = body["tools"]
-        translated = known_tools(given, body.get("tool_choice"), tools) if tools else _tools(given, body.get("tool_choice"))
+        translated = (
+            known_tools(given, body.get("tool_choice"), tools)
+            if tools
+            else _tools(given, body.get("tool_choice"))
+        )
         if translated:
             chat["tools"] = translated
     if body.get("tool_choice") is not None and "tools" in chat:
@@ -547,8 +594,11 @@ def estimate_prompt(body: dict[str, Any]) -> dict[str, Any]:
     """A Responses request as the chat-shaped parts billing.tokens.count_request counts, only to
     estimate its prompt when no usage came (lenient)."""
     text = body.get("text")
-    return {"messages": _estimate_messages(body), "tools": body.get("tools"),
-            "response_format": text.get("format") if isinstance(text, dict) else None}  # fmt: skip
+    return {
+        "messages": _estimate_messages(body),
+        "tools": body.get("tools"),
+        "response_format": text.get("format") if isinstance(text, dict) else None,
+    }
 
 
 def _estimate_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -585,7 +635,9 @@ def encoded_tools(body: dict[str, Any], sent: bytes | None = None) -> bytes | No
     tools = body.get("tools")
     if not isinstance(tools, list) or not tools:
         return None
-    if sent is not None and sent.find(b"\n") < 0 and sent.find(b"\r") < 0:  # (an SSE data line holds no line break)
+    if (
+        sent is not None and sent.find(b"\n") < 0 and sent.find(b"\r") < 0
+    ):  # (an SSE data line holds no line break)
         return sent
     return _encode(tools)
 
@@ -631,10 +683,17 @@ def shell(body: dict[str, Any], model_id: str, tools: bytes | None = None) -> di
     }
 
 
-def from_completion(completion: dict[str, Any], response: dict[str, Any], how: Options | None = None) -> dict[str, Any]:
+def from_completion(
+    completion: dict[str, Any], response: dict[str, Any], how: Options | None = None
+) -> dict[str, Any]:
     """A chat.completion → the finished Response object (``response`` is its :func:`shell`)."""
     choices = completion.get("choices") or [{}]
     choice = choices[0] if isinstance(choices[0], dict) else {}
     message = choice.get("message")
-    return whole(response, message if isinstance(message, dict) else {}, choice.get("finish_reason"),
-                 completion.get("usage"), how)  # fmt: skip
+    return whole(
+        response,
+        message if isinstance(message, dict) else {},
+        choice.get("finish_reason"),
+        completion.get("usage"),
+        how,
+    )

@@ -70,8 +70,14 @@ def _weighted_keys(deps: Sequence[Deployment], rnd: random.Random) -> list[float
     return [rnd.random() ** (1.0 / d.weight) for d in deps]
 
 
-def order(strategy: Strategy, deps: Sequence[Deployment], loads: Sequence[Load], rnd: random.Random,
-          exploration: float = 0.1, stream: bool = True) -> list[int]:  # fmt: skip
+def order(
+    strategy: Strategy,
+    deps: Sequence[Deployment],
+    loads: Sequence[Load],
+    rnd: random.Random,
+    exploration: float = 0.1,
+    stream: bool = True,
+) -> list[int]:
     """The indexes of ``deps`` in the order to try them (``stream``: the call's kind, for latency)."""
     n = len(deps)
     if n == 1:

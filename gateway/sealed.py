@@ -54,10 +54,13 @@ class Sealer:
         (an empty dict: the caller drops it)."""
         if not sealed(text):
             return {}
-        refused = InvalidRequest(f"'{where}' was not sealed by this gateway, or was altered: send back the "
-                                 "reasoning item as it came, or leave it out.", param=where,
-                                 code="invalid_encrypted_content")  # fmt: skip
-        data = text[len(PREFIX):]
+        refused = InvalidRequest(
+            f"'{where}' was not sealed by this gateway, or was altered: send back the "
+            "reasoning item as it came, or leave it out.",
+            param=where,
+            code="invalid_encrypted_content",
+        )
+        data = text[len(PREFIX) :]
         try:
             raw = base64.urlsafe_b64decode(data + "=" * (-len(data) % 4))
             value = _decode(self._aead.decrypt(raw[:12], raw[12:], _AAD)) if len(raw) > 28 else None

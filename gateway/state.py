@@ -45,6 +45,7 @@ from gateway.tracing import from_environment as tracing_from_environment
 # what a reload keeps as the process started with (they take effect at the next restart)
 RESTART = ("server", "store", "jobs", "console", "observability", "alerts", "billing", "responses", "health")
 
+
 class Service(Protocol):
     """Something that runs beside the calls and starts and stops with the gateway (the batch runner,
     set by the HTTP layer: ``router.app``)."""
@@ -84,8 +85,9 @@ class BatchBook(Protocol):
     """The batches, as the console shows them across groups (the batch runner, set by the HTTP layer:
     ``router.app``)."""
 
-    async def browse(self, group_id: int | None, status: str | None, before: str | None,
-                     limit: int) -> Sequence[BatchView]: ...  # fmt: skip
+    async def browse(
+        self, group_id: int | None, status: str | None, before: str | None, limit: int
+    ) -> Sequence[BatchView]: ...
 
     async def batch(self, batch_id: str) -> BatchView | None: ...
 
@@ -112,7 +114,9 @@ class Gateway:
         # SQLite: one gateway per file, so admission is held in this process's memory (no store round
         # trip per call); PostgreSQL: reservations are atomic updates in the store, shared by replicas
         st = settings.store
-        self.ledger = ledger_for(self.store, st.journal_after_seconds, st.reply_wait_seconds, st.checkpoint_seconds)
+        self.ledger = ledger_for(
+            self.store, st.journal_after_seconds, st.reply_wait_seconds, st.checkpoint_seconds
+        )
         self.limits = RateLimiter(settings.limits, backends.rate_limits(settings.limits))
         # calls in flight per key and group (gateway/concurrency.py), on the rate limits' Redis connection
         self.in_flight = InFlight(settings.limits, backends.in_flight(settings.limits, self.limits.backend))
@@ -124,10 +128,18 @@ class Gateway:
         self.deadlines = Deadlines()  # the call path's timeouts (body, first byte)
         self.auth = Authenticator(self.store, settings.server.key_prefix, settings.server.auth_cache_seconds)
         # the keys' last-used times, written in one batch a minute (gateway/auth.py: LastUsed)
-        self.background: list[Periodic] = [Periodic("last-used", LAST_USED_SECONDS, self.auth.last_used.flush)]
+        self.background: list[Periodic] = [
+            Periodic("last-used", LAST_USED_SECONDS, self.auth.last_used.flush)
+        ]
         if st.checkpoint_seconds:  # the usage so far of the streams in flight (billing/progress.py)
-            self.background.append(Periodic("stream-checkpoints", self.ledger.progress.tick_every, self.ledger.progress.tick,
-                                            final=False))  # fmt: skip
+            self.background.append(
+                Periodic(
+                    "stream-checkpoints",
+                    self.ledger.progress.tick_every,
+                    self.ledger.progress.tick,
+                    final=False,
+                )
+            )
         # alerts: threshold checks queue events in the outbox, deliveries send them (gateway/alerts.py)
         self.alerts = AlertBook(self.store.database)
         self.alert_checker = Checker(self.store, self.alerts)
@@ -135,28 +147,42 @@ class Gateway:
         self.alert_deliverer = Deliverer(self.alerts, settings.alerts)
         if settings.alerts.enabled:
             a = settings.alerts
-            self.background += [Periodic("alert-checks", a.check_interval, self.alert_checker.check, final=False),
-                                Periodic("alert-deliveries", a.deliver_interval, self.alert_deliverer.deliver, final=False)]  # fmt: skip
+            self.background += [
+                Periodic("alert-checks", a.check_interval, self.alert_checker.check, final=False),
+                Periodic("alert-deliveries", a.deliver_interval, self.alert_deliverer.deliver, final=False),
+            ]
         self.adapters: dict[str, Adapter] = {}  # provider prefix → its adapter (every provider has one)
         self.deployments: dict[str, list[Deployment]] = {}  # provider prefix → its deployments
         for prefix, spec in self.catalog.providers.items():
             self.deployments[prefix] = settings.deployments(prefix, self.catalog)
             self.adapters[prefix] = adapter_for(prefix, spec)
         self.providers = {prefix: deps[0] for prefix, deps in self.deployments.items()}  # each group's first
-        self.dispatcher = dispatcher_for(settings, self.catalog, self.deployments)  # which deployment serves a call
+        self.dispatcher = dispatcher_for(
+            settings, self.catalog, self.deployments
+        )  # which deployment serves a call
         rel = settings.reliability
         # one circuit per deployment (its key: the provider's prefix in the single-account form); a probe
         # that nobody reports on (a bug) frees it after the longest a call can take
-        self.breakers = Breakers(rel.breaker_threshold, rel.breaker_cooldown, rel.deadline + rel.first_byte_timeout,
-                                 [d.key for deps in self.deployments.values() for d in deps])  # fmt: skip
+        self.breakers = Breakers(
+            rel.breaker_threshold,
+            rel.breaker_cooldown,
+            rel.deadline + rel.first_byte_timeout,
+            [d.key for deps in self.deployments.values() for d in deps],
+        )
         self.responses = ResponseStore(self.store.database)  # the stored responses of /v1/responses
-        self.tracing: Tracing | None = tracing_from_environment()  # traces of calls: None unless OTEL_* configure them
-        self.sealer: Sealer | None = None  # seals provider state into reasoning items (gateway/sealed.py), at start
+        self.tracing: Tracing | None = (
+            tracing_from_environment()
+        )  # traces of calls: None unless OTEL_* configure them
+        self.sealer: Sealer | None = (
+            None  # seals provider state into reasoning items (gateway/sealed.py), at start
+        )
         self.jobs: Service | None = None  # the Batch API's runner (jobs/), set by create_app
         self.batches: BatchBook | None = None  # the same runner, as the console reads it
         self.backgrounds: Backgrounds | None = None  # the same runner, running background responses
         self.config_path: str | None = None  # the file the settings came from: what a reload re-reads
-        self._retired: list[Any] = []  # routers a reload replaced: closed at stop (their calls may still hold leases)
+        self._retired: list[
+            Any
+        ] = []  # routers a reload replaced: closed at stop (their calls may still hold leases)
         self.started = False
         self._warming: asyncio.Future[Any] | None = None
         self._lock = asyncio.Lock()
@@ -199,15 +225,19 @@ class Gateway:
         old = self.settings
         redis = ("redis_url", "redis_prefix", "redis_timeout", "fail_open")
         if any(getattr(old.limits, name) != getattr(settings.limits, name) for name in redis):
-            raise ConfigError("limits: redis_url, redis_prefix, redis_timeout and fail_open change at a restart, "
-                              "not a reload")  # fmt: skip
+            raise ConfigError(
+                "limits: redis_url, redis_prefix, redis_timeout and fail_open change at a restart, "
+                "not a reload"
+            )
         catalog = settings.load_catalog()
         deployments = {prefix: settings.deployments(prefix, catalog) for prefix in catalog.providers}
         adapters = {prefix: adapter_for(prefix, spec) for prefix, spec in catalog.providers.items()}
         dispatcher = dispatcher_for(settings, catalog, deployments)
         # the backends kept (a Redis address changes at a restart), or built if limits are set anew
         limits = RateLimiter(settings.limits, self.limits.backend or backends.rate_limits(settings.limits))
-        in_flight = InFlight(settings.limits, self.in_flight.backend or backends.in_flight(settings.limits, limits.backend))
+        in_flight = InFlight(
+            settings.limits, self.in_flight.backend or backends.in_flight(settings.limits, limits.backend)
+        )
         kept = {name: getattr(old, name) for name in RESTART if getattr(old, name) != getattr(settings, name)}
         applied = msgspec.structs.replace(settings, **{name: getattr(old, name) for name in RESTART})
         # every part is built: now the swap, with no await in between

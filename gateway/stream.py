@@ -64,8 +64,11 @@ _decode_text = msgspec.json.Decoder(str).decode
 # and flat fields after the choices (OpenAI's obfuscation; usage null first, or no usage).
 _CHOICES = b',"choices":['
 _TEXT_OPEN = _CHOICES + b'{"index":0,"delta":{"content":'
-_CHOICE_ENDS = (b'},"logprobs":null,"finish_reason":null}]', b'},"finish_reason":null,"logprobs":null}]',
-                b'},"finish_reason":null}]')  # fmt: skip
+_CHOICE_ENDS = (
+    b'},"logprobs":null,"finish_reason":null}]',
+    b'},"finish_reason":null,"logprobs":null}]',
+    b'},"finish_reason":null}]',
+)
 _TEXT_CLOSE = b'},"'  # how the delta object ends (never inside a JSON string: its quotes are escaped)
 _USAGE_NULL = b',"usage":null'
 
@@ -97,14 +100,29 @@ _FIRST, _BETWEEN, _LAST = b"data: ", b"\n\ndata: ", b"\n\n"  # SSE frames of sev
 def _chunk_head(completion_id: str, created: int, model: str) -> bytes:
     """How a compact chat.completion.chunk begins, up to its model: ours, or an upstream's."""
     return b'{"id":%b,"object":"chat.completion.chunk","created":%d,"model":%b' % (
-        _encode(completion_id), created, _encode(model))
+        _encode(completion_id),
+        created,
+        _encode(model),
+    )
 
 
 class Shaper:
     """Normalises adapter chunks into the order and shape the caller is promised."""
 
-    __slots__ = ("call", "completion_id", "created", "finished", "role_sent", "said", "stamp", "_head", "_upstream",
-                 "_usage", "_text_head", "_between")  # fmt: skip
+    __slots__ = (
+        "call",
+        "completion_id",
+        "created",
+        "finished",
+        "role_sent",
+        "said",
+        "stamp",
+        "_head",
+        "_upstream",
+        "_usage",
+        "_text_head",
+        "_between",
+    )
 
     def __init__(self, call: Call, completion_id: str, created: int, stamp: bool = True) -> None:
         self.call = call
@@ -208,8 +226,17 @@ class Shaper:
             self.said += memoryview(text)[1:-1]
         else:
             self._text(content)
-        return b"".join((self._head, _TEXT_OPEN, text, parts[0], self._between, parts[1],
-                         _NO_USAGE if self._usage else b"}"))  # fmt: skip
+        return b"".join(
+            (
+                self._head,
+                _TEXT_OPEN,
+                text,
+                parts[0],
+                self._between,
+                parts[1],
+                _NO_USAGE if self._usage else b"}",
+            )
+        )
 
     def _stamp(self, chunk: dict[str, Any]) -> dict[str, Any]:
         """The chunk with our id, the caller's model id and the same key order whatever the provider."""
@@ -364,7 +391,11 @@ async def sse(batches: AsyncGenerator[list[Any], None]) -> AsyncGenerator[bytes,
     try:
         async for batch in batches:
             # b"data: " + chunk + b"\n\n" per chunk, in one join
-            data = _FIRST + _BETWEEN.join([c if c.__class__ is bytes else _encode(c) for c in batch]) + _LAST if batch else b""
+            data = (
+                _FIRST + _BETWEEN.join([c if c.__class__ is bytes else _encode(c) for c in batch]) + _LAST
+                if batch
+                else b""
+            )
             if isinstance(batch, LastBatch):
                 yield data + DONE  # the last batch and the end in one write
                 return

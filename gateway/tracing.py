@@ -40,11 +40,21 @@ if TYPE_CHECKING:
     from core.deployments import Deployment
     from gateway.context import CallContext
 
-OPERATIONS = {"chat": "chat", "messages": "chat", "responses": "chat", "embeddings": "embeddings",
-              "images": "image_generation"}  # fmt: skip
+OPERATIONS = {
+    "chat": "chat",
+    "messages": "chat",
+    "responses": "chat",
+    "embeddings": "embeddings",
+    "images": "image_generation",
+}
 # the GenAI conventions' names of the providers (gen_ai.provider.name)
-PROVIDERS = {"openai": "openai", "anthropic": "anthropic", "google": "gcp.gemini", "mistral": "mistral_ai",
-             "upstage": "upstage"}  # fmt: skip
+PROVIDERS = {
+    "openai": "openai",
+    "anthropic": "anthropic",
+    "google": "gcp.gemini",
+    "mistral": "mistral_ai",
+    "upstage": "upstage",
+}
 _W3C = TraceContextTextMapPropagator()
 _CURRENT: ContextVar[CallSpan | None] = ContextVar("router_call_span", default=None)
 
@@ -54,7 +64,9 @@ def configured(environ: Mapping[str, str] = os.environ) -> bool:
         return False
     if environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() in ("none", ""):
         return False
-    return bool(environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
+    return bool(
+        environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    )
 
 
 def from_environment(environ: Mapping[str, str] = os.environ) -> Tracing | None:
@@ -63,7 +75,9 @@ def from_environment(environ: Mapping[str, str] = os.environ) -> Tracing | None:
         return None
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    provider = TracerProvider(resource=Resource.create({"service.name": environ.get("OTEL_SERVICE_NAME") or "model-router"}))
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": environ.get("OTEL_SERVICE_NAME") or "model-router"})
+    )
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     return Tracing(provider)
 
@@ -71,8 +85,12 @@ def from_environment(environ: Mapping[str, str] = os.environ) -> Tracing | None:
 def _linked(kind: str, value: str) -> Link:
     """A link to the span a batch or a background response stands for: its ids drawn from its own id."""
     digest = hashlib.sha256(f"{kind}:{value}".encode()).digest()
-    context = SpanContext(int.from_bytes(digest[:16], "big"), int.from_bytes(digest[16:24], "big"), is_remote=True,
-                          trace_flags=TraceFlags(TraceFlags.SAMPLED))  # fmt: skip
+    context = SpanContext(
+        int.from_bytes(digest[:16], "big"),
+        int.from_bytes(digest[16:24], "big"),
+        is_remote=True,
+        trace_flags=TraceFlags(TraceFlags.SAMPLED),
+    )
     return Link(context, {f"router.{kind}": value})
 
 
@@ -92,13 +110,22 @@ class Tracing:
             links.append(_linked("response", context.response_id))
         elif context.traceparent:
             parent = _W3C.extract({"traceparent": context.traceparent})
-        span = self.tracer.start_span(f"{operation} {model_id}", context=parent or Context(), kind=SpanKind.SERVER,
-                                      links=links, attributes={
-            "gen_ai.operation.name": operation, "gen_ai.request.model": model_id, "router.endpoint": context.endpoint,
-            "router.group": context.principal.group_name, "router.key": context.principal.key_name,
-            "router.source": context.source, "router.stream": stream,
-            **({"router.request_id": context.request_id} if context.request_id else {}),
-        })  # fmt: skip
+        span = self.tracer.start_span(
+            f"{operation} {model_id}",
+            context=parent or Context(),
+            kind=SpanKind.SERVER,
+            links=links,
+            attributes={
+                "gen_ai.operation.name": operation,
+                "gen_ai.request.model": model_id,
+                "router.endpoint": context.endpoint,
+                "router.group": context.principal.group_name,
+                "router.key": context.principal.key_name,
+                "router.source": context.source,
+                "router.stream": stream,
+                **({"router.request_id": context.request_id} if context.request_id else {}),
+            },
+        )
         call = CallSpan(self, span)
         _CURRENT.set(call)
         return call
@@ -117,8 +144,18 @@ def finish_reasons(body: Any) -> list[str]:
     if not isinstance(body, dict):
         return []
     if isinstance(body.get("choices"), list):
-        return [str(c.get("finish_reason")) for c in body["choices"] if isinstance(c, dict) and c.get("finish_reason")]
-    reason = body.get("stop_reason") if body.get("type") == "message" else body.get("status") if body.get("object") == "response" else None
+        return [
+            str(c.get("finish_reason"))
+            for c in body["choices"]
+            if isinstance(c, dict) and c.get("finish_reason")
+        ]
+    reason = (
+        body.get("stop_reason")
+        if body.get("type") == "message"
+        else body.get("status")
+        if body.get("object") == "response"
+        else None
+    )
     return [str(reason)] if reason else []
 
 
@@ -133,16 +170,24 @@ class CallSpan:
         self.reasons: list[str] = []  # the answer's finish reasons, when known (non-stream)
 
     def _child(self, name: str, attributes: dict[str, Any], kind: SpanKind = SpanKind.INTERNAL) -> Span:
-        return self.tracing.tracer.start_span(name, context=trace.set_span_in_context(self.span), kind=kind,
-                                              attributes=attributes)  # fmt: skip
+        return self.tracing.tracer.start_span(
+            name, context=trace.set_span_in_context(self.span), kind=kind, attributes=attributes
+        )
 
     @contextmanager
     def attempt(self, deployment: Deployment, headers: dict[str, str]) -> Iterator[Span]:
         """One upstream attempt; its ``traceparent`` goes into ``headers``."""
         self.attempts += 1
         name = f"{getattr(self.span, 'name', 'chat').split(' ', 1)[0]} {deployment.prefix}"
-        span = self._child(name, {"gen_ai.provider.name": PROVIDERS.get(deployment.prefix, deployment.prefix),
-                                  "router.deployment": deployment.name, "router.attempt": self.attempts}, SpanKind.CLIENT)  # fmt: skip
+        span = self._child(
+            name,
+            {
+                "gen_ai.provider.name": PROVIDERS.get(deployment.prefix, deployment.prefix),
+                "router.deployment": deployment.name,
+                "router.attempt": self.attempts,
+            },
+            SpanKind.CLIENT,
+        )
         _W3C.inject(headers, context=trace.set_span_in_context(span))
         try:
             yield span
@@ -171,13 +216,20 @@ class CallSpan:
             return
         self.ended = True
         span = self.span
-        span.set_attributes({
-            "gen_ai.provider.name": PROVIDERS.get(record.provider, record.provider), "gen_ai.response.model": record.model,
-            "gen_ai.usage.input_tokens": record.prompt_tokens, "gen_ai.usage.output_tokens": record.completion_tokens,
-            "router.credits": record.credits / 1e9, "router.credits_nano": record.credits, "router.status": record.status,
-            "router.deployment": record.deployment or "", "router.attempts": self.attempts,
-            "router.cache_hit": record.cached_tokens > 0,
-        })  # fmt: skip
+        span.set_attributes(
+            {
+                "gen_ai.provider.name": PROVIDERS.get(record.provider, record.provider),
+                "gen_ai.response.model": record.model,
+                "gen_ai.usage.input_tokens": record.prompt_tokens,
+                "gen_ai.usage.output_tokens": record.completion_tokens,
+                "router.credits": record.credits / 1e9,
+                "router.credits_nano": record.credits,
+                "router.status": record.status,
+                "router.deployment": record.deployment or "",
+                "router.attempts": self.attempts,
+                "router.cache_hit": record.cached_tokens > 0,
+            }
+        )
         if self.reasons:
             span.set_attribute("gen_ai.response.finish_reasons", self.reasons)
         if record.status not in ("ok",):

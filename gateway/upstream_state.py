@@ -34,7 +34,17 @@ class Lease:
     gave it, with the latency the call measured: a stream's time to first byte; a non-stream call's
     time to its answer over its ``output`` tokens, once the pipeline has read them)."""
 
-    __slots__ = ("deployment", "model", "owner", "token", "opened_at", "latency", "released", "stream", "output")
+    __slots__ = (
+        "deployment",
+        "model",
+        "owner",
+        "token",
+        "opened_at",
+        "latency",
+        "released",
+        "stream",
+        "output",
+    )
 
     def __init__(self, deployment: Deployment, model: str, owner: UpstreamState, token: str = "") -> None:
         self.deployment = deployment
@@ -75,8 +85,13 @@ class UpstreamState(ABC):
         seconds until the earliest could (``math.inf``: none ever could, the call exceeds every
         ceiling)."""
 
-    def release(self, lease: Lease, latency: float | None = None, cooldown: float = 0.0,
-                per_token: float | None = None) -> None:  # fmt: skip
+    def release(
+        self,
+        lease: Lease,
+        latency: float | None = None,
+        cooldown: float = 0.0,
+        per_token: float | None = None,
+    ) -> None:
         """The call is over: out of flight, ``latency`` (a stream's seconds to first byte) or
         ``per_token`` (a non-stream call's seconds per output token) into its average, and
         ``cooldown`` seconds of rest for the deployment and model if it was refused. Idempotent,
@@ -91,7 +106,9 @@ class UpstreamState(ABC):
         self._release(lease, latency, cooldown, per_token)
 
     @abstractmethod
-    def _release(self, lease: Lease, latency: float | None, cooldown: float, per_token: float | None) -> None: ...
+    def _release(
+        self, lease: Lease, latency: float | None, cooldown: float, per_token: float | None
+    ) -> None: ...
 
     async def close(self) -> None:
         return None
@@ -109,7 +126,9 @@ class _Dep:
         self.per_token: dict[str, float] = {}  # model -> non-stream calls' seconds per output token
 
 
-def room(dep: Deployment, rpm_tat: float, tpm_tat: float, now: float, tokens: int) -> tuple[float, float, float]:
+def room(
+    dep: Deployment, rpm_tat: float, tpm_tat: float, now: float, tokens: int
+) -> tuple[float, float, float]:
     """(wait, new rpm TAT, new tpm TAT): ``wait`` 0 if both ceilings have room for the call."""
     wait = 0.0
     if dep.rpm:
@@ -150,8 +169,12 @@ class MemoryState(UpstreamState):
         state = self._deps.get(dep.key)
         if state is None:
             return IDLE
-        return Load(state.in_flight, state.latency.get(model), headroom(dep, state.rpm_tat, state.tpm_tat, self.clock()),
-                    state.per_token.get(model))  # fmt: skip
+        return Load(
+            state.in_flight,
+            state.latency.get(model),
+            headroom(dep, state.rpm_tat, state.tpm_tat, self.clock()),
+            state.per_token.get(model),
+        )
 
     def resting(self, dep: Deployment) -> dict[str, float]:
         state = self._deps.get(dep.key)

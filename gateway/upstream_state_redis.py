@@ -141,8 +141,14 @@ def _seconds(value: bytes | str) -> float | None:
 class RedisState(UpstreamState):
     shared = True
 
-    def __init__(self, url: str, prefix: str = "router:dep", timeout: float = 0.25, alpha: float = 0.3,
-                 lease_seconds: int = LEASE_SECONDS) -> None:  # fmt: skip
+    def __init__(
+        self,
+        url: str,
+        prefix: str = "router:dep",
+        timeout: float = 0.25,
+        alpha: float = 0.3,
+        lease_seconds: int = LEASE_SECONDS,
+    ) -> None:
         self.prefix = prefix.rstrip(":")
         self.timeout = timeout
         self.alpha = alpha
@@ -169,7 +175,11 @@ class RedisState(UpstreamState):
 
     def resting(self, dep: Deployment) -> dict[str, float]:
         now = time.monotonic()
-        out = {m: until - now for (key, m), until in list(self._rest_until.items()) if key == dep.key and until > now}
+        out = {
+            m: until - now
+            for (key, m), until in list(self._rest_until.items())
+            if key == dep.key and until > now
+        }
         for m, seconds in self.local.resting(dep).items():
             out[m] = max(out.get(m, 0.0), seconds)
         return out
@@ -189,7 +199,9 @@ class RedisState(UpstreamState):
         now = time.monotonic()
         for i, dep in enumerate(order):
             in_flight, latency, rest, left, per_token = out[5 * i + 2 : 5 * i + 7]
-            self._loads[(dep.key, model)] = Load(int(in_flight), _seconds(latency), int(left) / _US, _seconds(per_token))
+            self._loads[(dep.key, model)] = Load(
+                int(in_flight), _seconds(latency), int(left) / _US, _seconds(per_token)
+            )
             if int(rest):
                 self._rest_until[(dep.key, model)] = now + int(rest) / _US
             else:
@@ -203,8 +215,14 @@ class RedisState(UpstreamState):
         if cooldown > 0:  # this replica's view has it at once (Redis's, with the next round trip)
             key = (lease.deployment.key, lease.model)
             self._rest_until[key] = max(self._rest_until.get(key, 0.0), time.monotonic() + cooldown)
-        args = [lease.token, "" if latency is None else f"{latency:.6f}", int(cooldown * _US), self.alpha, lease.model,
-                "" if per_token is None else f"{per_token:.9f}"]  # fmt: skip
+        args = [
+            lease.token,
+            "" if latency is None else f"{latency:.6f}",
+            int(cooldown * _US),
+            self.alpha,
+            lease.model,
+            "" if per_token is None else f"{per_token:.9f}",
+        ]
         self.pipe.send(_RELEASE_SHA, self._names(lease.deployment), args)
 
     def _failed(self, exc: BaseException) -> None:
@@ -212,8 +230,12 @@ class RedisState(UpstreamState):
         now = time.monotonic()
         if now - self._warned > 10:
             self._warned = now
-            log.warning("routing state unavailable in Redis (%s: %s); deployments are chosen on this "
-                        "process's own state", type(exc).__name__, exc)  # fmt: skip
+            log.warning(
+                "routing state unavailable in Redis (%s: %s); deployments are chosen on this "
+                "process's own state",
+                type(exc).__name__,
+                exc,
+            )
 
     async def close(self) -> None:
         await self.pipe.close()

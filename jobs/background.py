@@ -41,9 +41,11 @@ from jobs.calls import call_app, request_id
 log = logging.getLogger("router.jobs")
 _decode = msgspec.json.Decoder().decode
 
-INTERRUPTED = {"code": "server_error",
-               "message": "The gateway process running this background response stopped before it ended; it was "
-                          "not run again (nothing is billed twice). Create it again."}  # fmt: skip
+INTERRUPTED = {
+    "code": "server_error",
+    "message": "The gateway process running this background response stopped before it ended; it was "
+    "not run again (nothing is billed twice). Create it again.",
+}
 REVOKED = {"code": "invalid_api_key", "message": "The key that created this background response was revoked."}
 
 
@@ -54,13 +56,20 @@ def error_of(status: int, body: bytes) -> dict[str, Any]:
     except (msgspec.DecodeError, AttributeError):
         error = None
     error = error if isinstance(error, dict) else {}
-    return {"code": str(error.get("code") or error.get("type") or f"http_{status}"),
-            "message": str(error.get("message") or f"The call failed with HTTP status {status}.")}  # fmt: skip
+    return {
+        "code": str(error.get("code") or error.get("type") or f"http_{status}"),
+        "message": str(error.get("message") or f"The call failed with HTTP status {status}."),
+    }
 
 
 class Background:
-    def __init__(self, gateway: Gateway, app: ASGIApp, name: str,
-                 principal: Callable[[int], Awaitable[Principal | None]]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        gateway: Gateway,
+        app: ASGIApp,
+        name: str,
+        principal: Callable[[int], Awaitable[Principal | None]],
+    ) -> None:
         self.gw = gateway
         self.app = app
         self.name = name
@@ -82,8 +91,10 @@ class Background:
         if exclusive:
             with suppress(Exception):  # the store is down: the loop fails them once their lease ran out
                 await self._fail_orphans(every=True)
-        self._loops = [asyncio.create_task(self._run(), name="background-responses"),
-                       asyncio.create_task(self._purge(), name="responses-purge")]  # fmt: skip
+        self._loops = [
+            asyncio.create_task(self._run(), name="background-responses"),
+            asyncio.create_task(self._purge(), name="responses-purge"),
+        ]
 
     def poke(self) -> None:
         self._wake.set()
@@ -112,7 +123,9 @@ class Background:
         while not self.stopping:
             self._wake.clear()
             try:
-                for response_id in await self.store.renew([owner for owner, _ in self.running.values()], self.lease):
+                for response_id in await self.store.renew(
+                    [owner for owner, _ in self.running.values()], self.lease
+                ):
                     self.cancel(response_id)
                 await self._fail_orphans()
                 await self._claim()
@@ -124,8 +137,12 @@ class Background:
 
     async def _fail_orphans(self, every: bool = False) -> None:
         for response_id in await self.store.orphans(every):
-            if response_id not in self.running and await self.store.fail(response_id, INTERRUPTED, ("in_progress",)):
-                log.warning("background response %s was left running by a stopped process: failed", response_id)
+            if response_id not in self.running and await self.store.fail(
+                response_id, INTERRUPTED, ("in_progress",)
+            ):
+                log.warning(
+                    "background response %s was left running by a stopped process: failed", response_id
+                )
 
     async def _claim(self) -> None:
         free = self.gw.settings.responses.background_concurrency - len(self.running)
@@ -133,7 +150,9 @@ class Background:
             return
         owner = f"{self.name}:r{next(self._claims)}"
         for response_id, key_id, request in await self.store.claim(owner, self.lease, free):
-            task = asyncio.create_task(self._one(response_id, key_id, request), name=f"response-{response_id}")
+            task = asyncio.create_task(
+                self._one(response_id, key_id, request), name=f"response-{response_id}"
+            )
             self.running[response_id] = (owner, task)
             task.add_done_callback(partial(self._done, response_id))
 
@@ -157,7 +176,9 @@ class Background:
             raise
         except Exception as exc:  # a bug, the store: the response must not stay in_progress for ever
             log.exception("background response %s failed", response_id)
-            await self._fail_quietly(response_id, {"code": "server_error", "message": f"{type(exc).__name__}"})
+            await self._fail_quietly(
+                response_id, {"code": "server_error", "message": f"{type(exc).__name__}"}
+            )
 
     async def _fail_quietly(self, response_id: str, error: dict[str, Any]) -> None:
         try:

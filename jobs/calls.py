@@ -101,7 +101,9 @@ async def call_app(app: ASGIApp, path: str, body: bytes, context: CallContext) -
         nonlocal status
         if message["type"] == "http.response.start":
             status = int(message["status"])
-            headers.update((k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in message.get("headers", ()))
+            headers.update(
+                (k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in message.get("headers", ())
+            )
         elif message["type"] == "http.response.body":
             chunks.append(bytes(message.get("body", b"")))
             if not message.get("more_body", False):
@@ -136,7 +138,9 @@ def output_line(custom_id: str, rid: str, answer: Answer) -> Outcome:
     return Outcome(False, _encode(line).decode())
 
 
-def error_line(custom_id: str, code: str, message: str, status: int | None = None, rid: str | None = None) -> Outcome:
+def error_line(
+    custom_id: str, code: str, message: str, status: int | None = None, rid: str | None = None
+) -> Outcome:
     """An error line for a request that got no HTTP answer (or one made up here, with ``status``)."""
     response = None
     if status is not None:

@@ -129,12 +129,20 @@ class Job:
             settings = self.runner.gw.settings
             try:
                 lines, problems = await asyncio.to_thread(
-                    parse_input, data, b.endpoint, self.model_check(self.principal),
-                    max_lines=settings.jobs.max_lines, max_body_bytes=settings.server.max_body_bytes,
-                )  # fmt: skip
-            except Exception as exc:  # a bug of ours on this file: fail the batch once, do not retry it for ever
+                    parse_input,
+                    data,
+                    b.endpoint,
+                    self.model_check(self.principal),
+                    max_lines=settings.jobs.max_lines,
+                    max_body_bytes=settings.server.max_body_bytes,
+                )
+            except (
+                Exception
+            ) as exc:  # a bug of ours on this file: fail the batch once, do not retry it for ever
                 log.exception("batch %s: its input file could not be validated", b.id)
-                problems = [Problem("invalid_file", f"The input file could not be validated ({type(exc).__name__}).")]
+                problems = [
+                    Problem("invalid_file", f"The input file could not be validated ({type(exc).__name__}).")
+                ]
                 lines = []
         if problems:
             await self.store.fail_batch(b.id, self.owner, [p.data() for p in problems], now)
@@ -161,7 +169,9 @@ class Job:
         for line in await self.store.running_lines(self.batch.id):
             outcome = error_line(line.custom_id, "interrupted", INTERRUPTED)
             await self.store.finish_line(self.batch.id, line.line_no, None, outcome, time.time())
-            log.warning("batch %s: line %d was in flight when its runner stopped; failed", self.batch.id, line.line_no)
+            log.warning(
+                "batch %s: line %d was in flight when its runner stopped; failed", self.batch.id, line.line_no
+            )
 
     async def execute(self) -> None:
         workers = min(self.runner.settings.concurrency, max(self.batch.total, 1))
@@ -184,7 +194,9 @@ class Job:
                 raise
             except Exception:
                 log.exception("batch %s: line %d", b.id, line.line_no)
-                outcome = error_line(line.custom_id, "internal_error", "The gateway failed to run this request.", 500)
+                outcome = error_line(
+                    line.custom_id, "internal_error", "The gateway failed to run this request.", 500
+                )
             # the call's settlement is durable before the line is: a line in the output is a line billed,
             # also when the process is killed right after (API answers do not wait: billing/ledger.py)
             if settlements:
@@ -195,8 +207,12 @@ class Job:
         """The line's call (a 429 tried again); the settlements of its attempts go to ``settlements``."""
         principal = self.principal
         if principal is None:
-            return error_line(line.custom_id, "invalid_api_key", "The API key that created this batch has been "
-                              "revoked; its remaining requests are not run.", 401)  # fmt: skip
+            return error_line(
+                line.custom_id,
+                "invalid_api_key",
+                "The API key that created this batch has been revoked; its remaining requests are not run.",
+                401,
+            )
         body = line.body.encode()
         timeout = self.runner.settings.line_timeout
         for attempt in range(RATE_LIMIT_RETRIES + 1):
@@ -205,10 +221,14 @@ class Job:
             ledger.watch(rid)
             try:
                 async with asyncio.timeout(timeout):
-                    context = CallContext(principal, rid, "job", ENDPOINTS[self.batch.endpoint], self.batch.id)
+                    context = CallContext(
+                        principal, rid, "job", ENDPOINTS[self.batch.endpoint], self.batch.id
+                    )
                     answer = await call_app(self.runner.app, self.batch.endpoint, body, context)
             except TimeoutError:
-                return error_line(line.custom_id, "timeout", f"The request took longer than {timeout:g} s.", 504, rid)
+                return error_line(
+                    line.custom_id, "timeout", f"The request took longer than {timeout:g} s.", 504, rid
+                )
             finally:
                 settlements += ledger.unwatch(rid)
             if answer.status != 429 or answer.headers.get("x-should-retry") == "false":
@@ -261,7 +281,10 @@ class Job:
                 await store.set_finalizing(b.id, self.owner, int(time.time()))
         code, message = {
             "cancelled": ("batch_cancelled", "The batch was cancelled before this request ran."),
-            "expired": ("batch_expired", "This request could not be executed before the completion window expired."),
+            "expired": (
+                "batch_expired",
+                "This request could not be executed before the completion window expired.",
+            ),
         }.get(final, ("interrupted", INTERRUPTED))
         out: list[str] = []
         err: list[str] = []
@@ -275,8 +298,9 @@ class Job:
         now = int(time.time())
         output, out_data = self._file(out, "output", now)
         error, err_data = self._file(err, "error", now)
-        done = await store.finalize(b.id, self.owner, Final(final, now, len(out), len(err), output, out_data,
-                                                            error, err_data))  # fmt: skip
+        done = await store.finalize(
+            b.id, self.owner, Final(final, now, len(out), len(err), output, out_data, error, err_data)
+        )
         if done:
             log.info("batch %s %s: %d completed, %d failed", b.id, final, len(out), len(err))
         return done
@@ -286,5 +310,6 @@ class Job:
             return None, b""
         data = ("\n".join(lines) + "\n").encode()
         b = self.batch
-        return FileRow(new_file_id(), b.group_id, b.key_id, "batch_output", f"{b.id}_{kind}.jsonl", len(data), now), data
-
+        return FileRow(
+            new_file_id(), b.group_id, b.key_id, "batch_output", f"{b.id}_{kind}.jsonl", len(data), now
+        ), data

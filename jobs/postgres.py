@@ -30,8 +30,9 @@ NOW = "extract(epoch FROM clock_timestamp())::float8"
 
 MIGRATIONS = migrations("postgresql")
 
-_INSERT_FILE = (f"INSERT INTO files ({', '.join(FILE_COLUMNS)}, data) "
-                f"VALUES ({', '.join('?' * (len(FILE_COLUMNS) + 1))})")  # fmt: skip
+_INSERT_FILE = (
+    f"INSERT INTO files ({', '.join(FILE_COLUMNS)}, data) VALUES ({', '.join('?' * (len(FILE_COLUMNS) + 1))})"
+)
 
 
 def _count(status: str) -> int:
@@ -55,7 +56,9 @@ class PostgresJobStore(JobStore):
         return _INSERT_FILE, (*row.values(), data)
 
     async def file_content(self, group_id: int, file_id: str) -> bytes | None:
-        data = await self.pool.fetchval("SELECT data FROM files WHERE id = $1 AND group_id = $2", file_id, group_id)
+        data = await self.pool.fetchval(
+            "SELECT data FROM files WHERE id = $1 AND group_id = $2", file_id, group_id
+        )
         return bytes(data) if data is not None else None
 
     # -- leases ---------------------------------------------------------------------------------------
@@ -66,8 +69,10 @@ class PostgresJobStore(JobStore):
             "AND NOT (id = ANY($3::text[])) ORDER BY (SELECT count(*) FROM batches r WHERE r.group_id = b.group_id "
             f"AND r.{OPEN_SQL} AND r.lease_until >= {NOW}), seq LIMIT 1 FOR UPDATE SKIP LOCKED) "
             f"RETURNING {', '.join(BATCH_COLUMNS)}",
-            owner, lease, skip,
-        )  # fmt: skip
+            owner,
+            lease,
+            skip,
+        )
         return batch_of(row) if row else None
 
     async def batch_load(self, skip: list[str]) -> dict[int, GroupLoad]:
@@ -76,15 +81,17 @@ class PostgresJobStore(JobStore):
             f"(lease_until IS NULL OR lease_until < {NOW}) AND NOT (id = ANY($1::text[]))) "
             f"FROM batches WHERE {OPEN_SQL} GROUP BY group_id",
             skip,
-        )  # fmt: skip
+        )
         return {int(row[0]): GroupLoad(int(row[1]), int(row[2])) for row in rows}
 
     async def renew(self, batch_id: str, owner: str, lease: float) -> str | None:
         status = await self.pool.fetchval(
             f"UPDATE batches SET lease_until = {NOW} + $3 WHERE id = $1 AND lease_owner = $2 AND {OPEN_SQL} "
             "RETURNING status",
-            batch_id, owner, lease,
-        )  # fmt: skip
+            batch_id,
+            owner,
+            lease,
+        )
         return str(status) if status is not None else None
 
     # -- the run of one batch -------------------------------------------------------------------------
@@ -95,8 +102,11 @@ class PostgresJobStore(JobStore):
                 "in_progress_at = $1, total = $2 WHERE id = $3 AND lease_owner = $4 "
                 "AND status IN ('validating', 'cancelling') AND total = 0 "
                 "AND NOT EXISTS (SELECT 1 FROM batch_lines WHERE batch_id = $3)",
-                now, len(lines), batch_id, owner,
-            )  # fmt: skip
+                now,
+                len(lines),
+                batch_id,
+                owner,
+            )
             if _count(status) == 0:
                 return False
             await conn.copy_records_to_table(
@@ -113,6 +123,8 @@ class PostgresJobStore(JobStore):
             "AND state = 'pending' ORDER BY line_no LIMIT 1 FOR UPDATE SKIP LOCKED) "
             "AND EXISTS (SELECT 1 FROM batches WHERE id = $1 AND lease_owner = $2 AND status = 'in_progress') "
             "RETURNING line_no, custom_id, body",
-            batch_id, owner, now,
-        )  # fmt: skip
+            batch_id,
+            owner,
+            now,
+        )
         return Line(*row) if row else None

@@ -112,7 +112,9 @@ class JobRunner:
         self.background.cancel(response_id)
 
     # -- the console's view (gateway.state.BatchBook) ------------------------------------------------
-    async def browse(self, group_id: int | None, status: str | None, before: str | None, limit: int) -> list[BatchRow]:
+    async def browse(
+        self, group_id: int | None, status: str | None, before: str | None, limit: int
+    ) -> list[BatchRow]:
         return await self.store.browse(group_id, status, before, limit)
 
     async def batch(self, batch_id: str) -> BatchRow | None:
@@ -175,8 +177,9 @@ class JobRunner:
     async def _claim(self) -> None:
         while len(self.jobs) < self.settings.max_jobs and not self.stopping:
             owner = f"{self.name}:{next(self._claims)}"
-            batch = await self.store.claim_batch(owner, self.settings.lease_seconds,
-                                                 [*self.jobs, *self.backoff.waiting()])  # fmt: skip
+            batch = await self.store.claim_batch(
+                owner, self.settings.lease_seconds, [*self.jobs, *self.backoff.waiting()]
+            )
             if batch is None:
                 return
             job = Job(self, batch, owner)
@@ -199,14 +202,22 @@ class JobRunner:
         if not waiting:
             return
         least = min(waiting)
-        crowded = [job for job in ours if job.batch.group_id in load and load[job.batch.group_id].running >= least + 2]
+        crowded = [
+            job
+            for job in ours
+            if job.batch.group_id in load and load[job.batch.group_id].running >= least + 2
+        ]
         if not crowded:
             return
         most = max(load[job.batch.group_id].running for job in crowded)
         job = [job for job in crowded if load[job.batch.group_id].running == most][-1]
         job.yielding = True
-        log.info("batch %s lets its slot go for a while: its group runs %d batches, another group's waits with %d",
-                 job.batch.id, most, least)  # fmt: skip
+        log.info(
+            "batch %s lets its slot go for a while: its group runs %d batches, another group's waits with %d",
+            job.batch.id,
+            most,
+            least,
+        )
 
     def _done(self, batch_id: str, _task: object = None) -> None:
         job, _ = self.jobs.pop(batch_id, (None, None))

@@ -96,7 +96,9 @@ class SQLiteJobStore(JobStore):
 
     async def file_content(self, group_id: int, file_id: str) -> bytes | None:
         def fn(db: sqlite3.Connection) -> bytes | None:
-            row = db.execute("SELECT 1 FROM files WHERE id = ? AND group_id = ?", (file_id, group_id)).fetchone()
+            row = db.execute(
+                "SELECT 1 FROM files WHERE id = ? AND group_id = ?", (file_id, group_id)
+            ).fetchone()
             if row is None:
                 return None
             try:
@@ -130,8 +132,12 @@ class SQLiteJobStore(JobStore):
             row = db.execute(free, (now, *skip, now)).fetchone()
             if row is None:
                 return None
-            return batch_of(db.execute(f"UPDATE batches SET lease_owner = ?, lease_until = ? WHERE id = ? RETURNING {_COLUMNS}",
-                                       (owner, now + lease, row[0])).fetchone())  # fmt: skip
+            return batch_of(
+                db.execute(
+                    f"UPDATE batches SET lease_owner = ?, lease_until = ? WHERE id = ? RETURNING {_COLUMNS}",
+                    (owner, now + lease, row[0]),
+                ).fetchone()
+            )
 
         return await self.tx(fn)
 
@@ -151,8 +157,10 @@ class SQLiteJobStore(JobStore):
         return await self.run(fn)
 
     async def renew(self, batch_id: str, owner: str, lease: float) -> str | None:
-        rows = await self.db.select(f"UPDATE batches SET lease_until = ? WHERE {HELD} AND {OPEN_SQL} RETURNING status",
-                                    (time.time() + lease, batch_id, owner))  # fmt: skip
+        rows = await self.db.select(
+            f"UPDATE batches SET lease_until = ? WHERE {HELD} AND {OPEN_SQL} RETURNING status",
+            (time.time() + lease, batch_id, owner),
+        )
         return str(rows[0][0]) if rows else None
 
     # -- the run of one batch -------------------------------------------------------------------------
@@ -176,7 +184,9 @@ class SQLiteJobStore(JobStore):
 
     async def claim_line(self, batch_id: str, owner: str, now: float) -> Line | None:
         def fn(db: sqlite3.Connection) -> Line | None:
-            held = db.execute(f"SELECT 1 FROM batches WHERE {HELD} AND status = 'in_progress'", (batch_id, owner))
+            held = db.execute(
+                f"SELECT 1 FROM batches WHERE {HELD} AND status = 'in_progress'", (batch_id, owner)
+            )
             if held.fetchone() is None:
                 return None
             row = db.execute(

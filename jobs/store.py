@@ -25,14 +25,43 @@ OPEN = ("validating", "in_progress", "finalizing", "cancelling")  # a runner sti
 
 # the batch columns, in the order of BatchRow's fields (both stores select them in this order)
 BATCH_COLUMNS = (
-    "id", "group_id", "key_id", "endpoint", "input_file_id", "completion_window", "status", "created_at",
-    "expires_at", "metadata", "errors", "in_progress_at", "finalizing_at", "completed_at", "failed_at",
-    "expired_at", "cancelling_at", "cancelled_at", "output_file_id", "error_file_id", "total", "completed",
-    "failed", "input_tokens", "output_tokens", "cached_tokens", "reasoning_tokens", "lease_owner",
-)  # fmt: skip
+    "id",
+    "group_id",
+    "key_id",
+    "endpoint",
+    "input_file_id",
+    "completion_window",
+    "status",
+    "created_at",
+    "expires_at",
+    "metadata",
+    "errors",
+    "in_progress_at",
+    "finalizing_at",
+    "completed_at",
+    "failed_at",
+    "expired_at",
+    "cancelling_at",
+    "cancelled_at",
+    "output_file_id",
+    "error_file_id",
+    "total",
+    "completed",
+    "failed",
+    "input_tokens",
+    "output_tokens",
+    "cached_tokens",
+    "reasoning_tokens",
+    "lease_owner",
+)
 FILE_COLUMNS = ("id", "group_id", "key_id", "purpose", "filename", "bytes", "created_at", "expires_at")
 # the column of each final status's time (Batch.finalize)
-ENDED_AT = {"completed": "completed_at", "failed": "failed_at", "expired": "expired_at", "cancelled": "cancelled_at"}
+ENDED_AT = {
+    "completed": "completed_at",
+    "failed": "failed_at",
+    "expired": "expired_at",
+    "cancelled": "cancelled_at",
+}
 
 
 def migrations(dialect: str) -> list[str]:
@@ -52,7 +81,9 @@ def migrations(dialect: str) -> list[str]:
         filename TEXT NOT NULL,
         bytes {int} NOT NULL,
         created_at {int} NOT NULL,
-        expires_at {int}""" + data + """
+        expires_at {int}"""
+        + data
+        + """
     );
     CREATE INDEX files_group ON files(group_id, seq);
     CREATE TABLE batches (
@@ -234,8 +265,11 @@ class Final:
     @property
     def files(self) -> list[tuple[FileRow, bytes]]:
         """The files it creates, with their contents."""
-        return [(file, data) for file, data in ((self.output, self.output_data), (self.error, self.error_data))
-                if file is not None]  # fmt: skip
+        return [
+            (file, data)
+            for file, data in ((self.output, self.output_data), (self.error, self.error_data))
+            if file is not None
+        ]
 
 
 class JobStore(ABC):
@@ -271,23 +305,30 @@ class JobStore(ABC):
     @abstractmethod
     async def file_content(self, group_id: int, file_id: str) -> bytes | None: ...
 
-    async def list_files(self, group_id: int, purpose: str | None, after: str | None, limit: int,
-                         ascending: bool) -> list[FileRow]:  # fmt: skip
+    async def list_files(
+        self, group_id: int, purpose: str | None, after: str | None, limit: int, ascending: bool
+    ) -> list[FileRow]:
         """Up to ``limit`` files of the group, newest first (or oldest first), after the file ``after``."""
         cmp, order = (">", "ASC") if ascending else ("<", "DESC")
-        where, args = _where(("group_id = ?", group_id), ("purpose = ?", purpose),
-                             (f"seq {cmp} (SELECT seq FROM files WHERE id = ? AND group_id = ?)", after, group_id))  # fmt: skip
+        where, args = _where(
+            ("group_id = ?", group_id),
+            ("purpose = ?", purpose),
+            (f"seq {cmp} (SELECT seq FROM files WHERE id = ? AND group_id = ?)", after, group_id),
+        )
         rows = await self.db.select(f"{_FILE} WHERE {where} ORDER BY seq {order} LIMIT ?", (*args, limit))
         return [file_of(r) for r in rows]
 
     async def delete_file(self, group_id: int, file_id: str) -> bool:
-        changed = await self.db.atomic([("DELETE FROM files WHERE id = ? AND group_id = ?", (file_id, group_id))])
+        changed = await self.db.atomic(
+            [("DELETE FROM files WHERE id = ? AND group_id = ?", (file_id, group_id))]
+        )
         return changed[0] > 0
 
     # -- batches ------------------------------------------------------------------------------------
     async def create_batch(self, row: BatchRow) -> None:
-        await self.db.write(f"INSERT INTO batches ({', '.join(BATCH_COLUMNS)}) VALUES ({_marks(BATCH_COLUMNS)})",
-                            row.values())  # fmt: skip
+        await self.db.write(
+            f"INSERT INTO batches ({', '.join(BATCH_COLUMNS)}) VALUES ({_marks(BATCH_COLUMNS)})", row.values()
+        )
 
     async def get_batch(self, group_id: int | None, batch_id: str) -> BatchRow | None:
         """The batch, if it belongs to the group (``None``: any group, for the runner)."""
@@ -297,23 +338,33 @@ class JobStore(ABC):
 
     async def list_batches(self, group_id: int, after: str | None, limit: int) -> list[BatchRow]:
         """Up to ``limit`` batches of the group, newest first, after the batch ``after``."""
-        where, args = _where(("group_id = ?", group_id),
-                             ("seq < (SELECT seq FROM batches WHERE id = ? AND group_id = ?)", after, group_id))  # fmt: skip
+        where, args = _where(
+            ("group_id = ?", group_id),
+            ("seq < (SELECT seq FROM batches WHERE id = ? AND group_id = ?)", after, group_id),
+        )
         rows = await self.db.select(f"{_BATCH} WHERE {where} ORDER BY seq DESC LIMIT ?", (*args, limit))
         return [batch_of(r) for r in rows]
 
-    async def browse(self, group_id: int | None, status: str | None, before: str | None, limit: int) -> list[BatchRow]:
+    async def browse(
+        self, group_id: int | None, status: str | None, before: str | None, limit: int
+    ) -> list[BatchRow]:
         """Up to ``limit`` batches, newest first, older than the batch ``before``: of one group or of
         all (``None``), of one status or of any (the console's list)."""
-        where, args = _where(("group_id = ?", group_id), ("status = ?", status),
-                             ("seq < (SELECT seq FROM batches WHERE id = ?)", before))  # fmt: skip
+        where, args = _where(
+            ("group_id = ?", group_id),
+            ("status = ?", status),
+            ("seq < (SELECT seq FROM batches WHERE id = ?)", before),
+        )
         rows = await self.db.select(f"{_BATCH} WHERE {where} ORDER BY seq DESC LIMIT ?", (*args, limit))
         return [batch_of(r) for r in rows]
 
     async def cancel_batch(self, group_id: int, batch_id: str, now: int) -> BatchRow | None:
         """``validating``/``in_progress`` → ``cancelling``; returns the batch as it now is."""
-        await self.db.write("UPDATE batches SET status = 'cancelling', cancelling_at = ? WHERE id = ? AND group_id = ? "
-                            "AND status IN ('validating', 'in_progress')", (now, batch_id, group_id))  # fmt: skip
+        await self.db.write(
+            "UPDATE batches SET status = 'cancelling', cancelling_at = ? WHERE id = ? AND group_id = ? "
+            "AND status IN ('validating', 'in_progress')",
+            (now, batch_id, group_id),
+        )
         return await self.get_batch(group_id, batch_id)
 
     # -- leases (one runner per batch at a time) ----------------------------------------------------
@@ -333,7 +384,9 @@ class JobStore(ABC):
         """Extend our lease; the batch's status, or None if the lease is no longer ours."""
 
     async def release(self, batch_id: str, owner: str) -> None:
-        await self.db.write(f"UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE {HELD}", (batch_id, owner))
+        await self.db.write(
+            f"UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE {HELD}", (batch_id, owner)
+        )
 
     async def release_all(self) -> int:
         """Free every lease (SQLite: one gateway per file, so any lease is from a process now gone)."""
@@ -349,21 +402,37 @@ class JobStore(ABC):
 
     async def fail_batch(self, batch_id: str, owner: str, errors: list[dict[str, Any]], now: int) -> bool:
         """Validation failed: ``failed`` with ``errors``; the lease is let go."""
-        changed = await self.db.atomic([("UPDATE batches SET status = 'failed', failed_at = ?, errors = ?, "
-                                         f"lease_owner = NULL, lease_until = NULL WHERE {HELD} "
-                                         "AND status IN ('validating', 'cancelling')",
-                                         (now, json.dumps(errors), batch_id, owner))])  # fmt: skip
+        changed = await self.db.atomic(
+            [
+                (
+                    "UPDATE batches SET status = 'failed', failed_at = ?, errors = ?, "
+                    f"lease_owner = NULL, lease_until = NULL WHERE {HELD} "
+                    "AND status IN ('validating', 'cancelling')",
+                    (now, json.dumps(errors), batch_id, owner),
+                )
+            ]
+        )
         return changed[0] > 0
 
     async def set_finalizing(self, batch_id: str, owner: str, now: int) -> bool:
-        changed = await self.db.atomic([(f"UPDATE batches SET status = 'finalizing', finalizing_at = ? WHERE {HELD} "
-                                         "AND status = 'in_progress'", (now, batch_id, owner))])  # fmt: skip
+        changed = await self.db.atomic(
+            [
+                (
+                    f"UPDATE batches SET status = 'finalizing', finalizing_at = ? WHERE {HELD} "
+                    "AND status = 'in_progress'",
+                    (now, batch_id, owner),
+                )
+            ]
+        )
         return changed[0] > 0
 
     async def running_lines(self, batch_id: str) -> list[Line]:
         """Lines claimed but never finished (their runner is gone)."""
-        rows = await self.db.select("SELECT line_no, custom_id, body FROM batch_lines WHERE batch_id = ? "
-                                    "AND state = 'running' ORDER BY line_no", (batch_id,))  # fmt: skip
+        rows = await self.db.select(
+            "SELECT line_no, custom_id, body FROM batch_lines WHERE batch_id = ? "
+            "AND state = 'running' ORDER BY line_no",
+            (batch_id,),
+        )
         return [Line(*r) for r in rows]
 
     @abstractmethod
@@ -371,31 +440,60 @@ class JobStore(ABC):
         """Mark the next pending line ``running`` (durably) and return it; None when there is none, or
         the batch is no longer ``in_progress``, or the lease is not ours."""
 
-    async def finish_line(self, batch_id: str, line_no: int, owner: str | None, outcome: Outcome,
-                          now: float) -> bool:  # fmt: skip
+    async def finish_line(
+        self, batch_id: str, line_no: int, owner: str | None, outcome: Outcome, now: float
+    ) -> bool:
         """A claimed line's result, counted in the batch; only if it is still ``running`` (and, with an
         ``owner``, claimed by it). ``owner=None``: any claim (the lease holder failing a dead claim)."""
         t = outcome.tokens
-        changed = await self.db.atomic([
-            ("UPDATE batch_lines SET state = ?, result = ?, finished_at = ? WHERE batch_id = ? AND line_no = ? "
-             "AND state = 'running' AND (CAST(? AS TEXT) IS NULL OR owner = ?)",
-             ("done" if outcome.ok else "failed", outcome.result, now, batch_id, line_no, owner, owner)),
-            ("UPDATE batches SET completed = completed + ?, failed = failed + ?, input_tokens = input_tokens + ?, "
-             "output_tokens = output_tokens + ?, cached_tokens = cached_tokens + ?, "
-             "reasoning_tokens = reasoning_tokens + ? WHERE id = ?",
-             (int(outcome.ok), int(not outcome.ok), t.input, t.output, t.cached, t.reasoning, batch_id)),
-        ], chained=True)  # fmt: skip
+        changed = await self.db.atomic(
+            [
+                (
+                    "UPDATE batch_lines SET state = ?, result = ?, finished_at = ? WHERE batch_id = ? AND line_no = ? "
+                    "AND state = 'running' AND (CAST(? AS TEXT) IS NULL OR owner = ?)",
+                    (
+                        "done" if outcome.ok else "failed",
+                        outcome.result,
+                        now,
+                        batch_id,
+                        line_no,
+                        owner,
+                        owner,
+                    ),
+                ),
+                (
+                    "UPDATE batches SET completed = completed + ?, failed = failed + ?, input_tokens = input_tokens + ?, "
+                    "output_tokens = output_tokens + ?, cached_tokens = cached_tokens + ?, "
+                    "reasoning_tokens = reasoning_tokens + ? WHERE id = ?",
+                    (
+                        int(outcome.ok),
+                        int(not outcome.ok),
+                        t.input,
+                        t.output,
+                        t.cached,
+                        t.reasoning,
+                        batch_id,
+                    ),
+                ),
+            ],
+            chained=True,
+        )
         return changed[0] > 0
 
     async def line_states(self, batch_id: str) -> list[LineState]:
-        rows = await self.db.select("SELECT line_no, custom_id, state, result FROM batch_lines WHERE batch_id = ? "
-                                    "ORDER BY line_no", (batch_id,))  # fmt: skip
+        rows = await self.db.select(
+            "SELECT line_no, custom_id, state, result FROM batch_lines WHERE batch_id = ? ORDER BY line_no",
+            (batch_id,),
+        )
         return [LineState(*r) for r in rows]
 
     async def failed_lines(self, batch_id: str, limit: int) -> list[LineState]:
         """The first ``limit`` failed lines of a batch, with their error lines."""
-        rows = await self.db.select("SELECT line_no, custom_id, state, result FROM batch_lines WHERE batch_id = ? "
-                                    "AND state = 'failed' ORDER BY line_no LIMIT ?", (batch_id, limit))  # fmt: skip
+        rows = await self.db.select(
+            "SELECT line_no, custom_id, state, result FROM batch_lines WHERE batch_id = ? "
+            "AND state = 'failed' ORDER BY line_no LIMIT ?",
+            (batch_id, limit),
+        )
         return [LineState(*r) for r in rows]
 
     async def finalize(self, batch_id: str, owner: str, final: Final) -> bool:
@@ -403,14 +501,27 @@ class JobStore(ABC):
         the lines and the lease — all at once."""
         stamp = ENDED_AT[final.status]  # the column, from our own names (a KeyError for another status)
         output, error = final.output, final.error
-        changed = await self.db.atomic([
-            (f"UPDATE batches SET status = ?, {stamp} = ?, completed = ?, failed = ?, output_file_id = ?, "
-             f"error_file_id = ?, lease_owner = NULL, lease_until = NULL WHERE {HELD} AND {OPEN_SQL}",
-             (final.status, final.at, final.completed, final.failed, output.id if output else None,
-              error.id if error else None, batch_id, owner)),
-            *(self.file_insert(file, data) for file, data in final.files),
-            ("DELETE FROM batch_lines WHERE batch_id = ?", (batch_id,)),
-        ], chained=True)  # fmt: skip
+        changed = await self.db.atomic(
+            [
+                (
+                    f"UPDATE batches SET status = ?, {stamp} = ?, completed = ?, failed = ?, output_file_id = ?, "
+                    f"error_file_id = ?, lease_owner = NULL, lease_until = NULL WHERE {HELD} AND {OPEN_SQL}",
+                    (
+                        final.status,
+                        final.at,
+                        final.completed,
+                        final.failed,
+                        output.id if output else None,
+                        error.id if error else None,
+                        batch_id,
+                        owner,
+                    ),
+                ),
+                *(self.file_insert(file, data) for file, data in final.files),
+                ("DELETE FROM batch_lines WHERE batch_id = ?", (batch_id,)),
+            ],
+            chained=True,
+        )
         return changed[0] > 0
 
 

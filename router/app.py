@@ -38,8 +38,10 @@ from router.replies import JSONBytes
 from router.responses_api import Responses
 
 log = logging.getLogger("router")
-SERVED = ("/v1/chat/completions, /v1/responses, /v1/messages, /v1/embeddings, /v1/images/generations, "
-          "/v1/images/edits, /v1/models")  # fmt: skip
+SERVED = (
+    "/v1/chat/completions, /v1/responses, /v1/messages, /v1/embeddings, /v1/images/generations, "
+    "/v1/images/edits, /v1/models"
+)
 CONSOLE_ONLY = "this listener serves the console, /console"  # [console] listen
 
 
@@ -69,12 +71,17 @@ def as_error(exc: Exception, scope: Scope, serves: str = SERVED) -> GatewayError
     return GatewayError("The gateway hit an internal error; the request was not completed.")
 
 
-def _handler(dialects: Mapping[str, str], serves: str = SERVED) -> Callable[[Request, Exception], Awaitable[Response]]:
+def _handler(
+    dialects: Mapping[str, str], serves: str = SERVED
+) -> Callable[[Request, Exception], Awaitable[Response]]:
     """Starlette's exception handler (every class of exception): :func:`answer`, after logging a crash."""
 
     async def handle(request: Request, exc: Exception) -> Response:
         if not isinstance(exc, GatewayError | HTTPException):
-            log.exception("unhandled error on %s", redact_keys(request.url.path, logs.trace_of(request.scope).key_prefix))
+            log.exception(
+                "unhandled error on %s",
+                redact_keys(request.url.path, logs.trace_of(request.scope).key_prefix),
+            )
         return answer(as_error(exc, request.scope, serves), request.scope, dialects)
 
     return handle
@@ -103,9 +110,18 @@ class RouterApp(Starlette):
     metrics and access log of every request, and the hot endpoints called without Starlette's layers;
     CORS, when configured, outside that."""
 
-    def __init__(self, *, fast: dict[str, ASGIApp], access_log: bool, cors_origins: list[str],
-                 on_error: ErrorApp, drain_bytes: int, drain_seconds: float, key_prefix: str,
-                 **kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        fast: dict[str, ASGIApp],
+        access_log: bool,
+        cors_origins: list[str],
+        on_error: ErrorApp,
+        drain_bytes: int,
+        drain_seconds: float,
+        key_prefix: str,
+        **kwargs: Any,
+    ) -> None:
         self.drain_bytes, self.drain_seconds = drain_bytes, drain_seconds
         self.key_prefix = key_prefix
         self.fast = fast
@@ -116,8 +132,13 @@ class RouterApp(Starlette):
 
     def build_middleware_stack(self) -> ASGIApp:
         front = Front(
-            super().build_middleware_stack(), access_log=self.access_log, fast=self.fast, on_error=self.on_error,
-            drain_bytes=self.drain_bytes, drain_seconds=self.drain_seconds, key_prefix=self.key_prefix,
+            super().build_middleware_stack(),
+            access_log=self.access_log,
+            fast=self.fast,
+            on_error=self.on_error,
+            drain_bytes=self.drain_bytes,
+            drain_seconds=self.drain_seconds,
+            key_prefix=self.key_prefix,
         )
         return cors(front, self.cors_origins)  # outside Front: preflights of the fast paths too
 
@@ -165,7 +186,9 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
     dialects = endpoints.dialects(table)
     handlers = _handler(dialects)
     app = RouterApp(
-        fast=endpoints.fast_map(table),  # POST on these is answered by Front directly; the routes answer other methods (405)
+        fast=endpoints.fast_map(
+            table
+        ),  # POST on these is answered by Front directly; the routes answer other methods (405)
         access_log=obs.access_log,
         on_error=_answerer(gateway, dialects),
         drain_bytes=gateway.settings.server.max_body_bytes,
@@ -186,11 +209,16 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
     if console.enabled and console.listen:
         only = _handler({}, CONSOLE_ONLY)
         own = RouterApp(
-            fast={}, access_log=obs.access_log, on_error=_answerer(gateway, {}), cors_origins=[],
-            drain_bytes=gateway.settings.server.max_body_bytes, drain_seconds=gateway.settings.reliability.body_timeout,
-            key_prefix=gateway.settings.server.key_prefix, routes=[Mount("/console", app=console_app(gateway))],
+            fast={},
+            access_log=obs.access_log,
+            on_error=_answerer(gateway, {}),
+            cors_origins=[],
+            drain_bytes=gateway.settings.server.max_body_bytes,
+            drain_seconds=gateway.settings.reliability.body_timeout,
+            key_prefix=gateway.settings.server.key_prefix,
+            routes=[Mount("/console", app=console_app(gateway))],
             exception_handlers={GatewayError: only, HTTPException: only, Exception: only},
-        )  # fmt: skip
+        )
         own.state.gateway = gateway
         app.state.console_listener = (console.listen, own)
     # runs batch lines and background responses as in-process calls to this app

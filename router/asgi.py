@@ -14,6 +14,8 @@ from server.serve import tune_gc
 
 app = create_app(load_settings(None))
 if app.state.console_listener is not None:
-    raise ConfigError("[console] listen is served by `router serve` only: under another ASGI server leave it "
-                      "unset (the console is then at /console on the one listener) or set [console] enabled = false")  # fmt: skip
+    raise ConfigError(
+        "[console] listen is served by `router serve` only: under another ASGI server leave it "
+        "unset (the console is then at /console on the one listener) or set [console] enabled = false"
+    )
 tune_gc()

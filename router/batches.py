@@ -100,17 +100,35 @@ class BatchObject(msgspec.Struct, kw_only=True, omit_defaults=False):
 
 
 def batch_object(b: BatchRow) -> BatchObject:
-    usage = BatchUsage(b.input_tokens, InputDetails(b.cached_tokens), b.output_tokens,
-                       OutputDetails(b.reasoning_tokens), b.input_tokens + b.output_tokens)  # fmt: skip
+    usage = BatchUsage(
+        b.input_tokens,
+        InputDetails(b.cached_tokens),
+        b.output_tokens,
+        OutputDetails(b.reasoning_tokens),
+        b.input_tokens + b.output_tokens,
+    )
     return BatchObject(
-        id=b.id, endpoint=b.endpoint, errors=BatchErrors(b.errors) if b.errors else None,
-        input_file_id=b.input_file_id, completion_window=b.completion_window, status=b.status,
-        output_file_id=b.output_file_id, error_file_id=b.error_file_id, created_at=b.created_at,
-        in_progress_at=b.in_progress_at, expires_at=b.expires_at, finalizing_at=b.finalizing_at,
-        completed_at=b.completed_at, failed_at=b.failed_at, expired_at=b.expired_at,
-        cancelling_at=b.cancelling_at, cancelled_at=b.cancelled_at,
-        request_counts=RequestCounts(b.total, b.completed, b.failed), usage=usage, metadata=b.metadata,
-    )  # fmt: skip
+        id=b.id,
+        endpoint=b.endpoint,
+        errors=BatchErrors(b.errors) if b.errors else None,
+        input_file_id=b.input_file_id,
+        completion_window=b.completion_window,
+        status=b.status,
+        output_file_id=b.output_file_id,
+        error_file_id=b.error_file_id,
+        created_at=b.created_at,
+        in_progress_at=b.in_progress_at,
+        expires_at=b.expires_at,
+        finalizing_at=b.finalizing_at,
+        completed_at=b.completed_at,
+        failed_at=b.failed_at,
+        expired_at=b.expired_at,
+        cancelling_at=b.cancelling_at,
+        cancelled_at=b.cancelled_at,
+        request_counts=RequestCounts(b.total, b.completed, b.failed),
+        usage=usage,
+        metadata=b.metadata,
+    )
 
 
 def parse_create(raw: bytes) -> CreateBatch:
@@ -124,18 +142,27 @@ def parse_create(raw: bytes) -> CreateBatch:
         param = text.rpartition("`$.")[2].rstrip("`").split(".")[0] if "`$." in text else None
         if text.startswith("Object missing required field"):
             param = text.split("`")[1]
-            raise InvalidRequest(f"Missing required parameter: '{param}'.", param=param,
-                                 code="missing_required_parameter") from None  # fmt: skip
+            raise InvalidRequest(
+                f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter"
+            ) from None
         raise InvalidRequest(f"Invalid request: {text}.", param=param, code="invalid_value") from None
     if body.endpoint not in ENDPOINTS:
-        raise InvalidRequest(f"Unsupported endpoint {body.endpoint!r}: this gateway runs batches of "
-                             f"{', '.join(ENDPOINTS)}.", param="endpoint", code="invalid_value")  # fmt: skip
+        raise InvalidRequest(
+            f"Unsupported endpoint {body.endpoint!r}: this gateway runs batches of {', '.join(ENDPOINTS)}.",
+            param="endpoint",
+            code="invalid_value",
+        )
     if body.completion_window not in WINDOW_SECONDS:
-        raise InvalidRequest("'completion_window' must be '24h'.", param="completion_window", code="invalid_value")
+        raise InvalidRequest(
+            "'completion_window' must be '24h'.", param="completion_window", code="invalid_value"
+        )
     meta = body.metadata or {}
     if len(meta) > 16 or any(len(k) > 64 or len(v) > 512 for k, v in meta.items()):
-        raise InvalidRequest("'metadata' holds at most 16 pairs, keys up to 64 and values up to 512 characters.",
-                             param="metadata", code="invalid_value")  # fmt: skip
+        raise InvalidRequest(
+            "'metadata' holds at most 16 pairs, keys up to 64 and values up to 512 characters.",
+            param="metadata",
+            code="invalid_value",
+        )
     return body
 
 
@@ -146,18 +173,35 @@ class Batches:
     async def create(self, request: Request) -> Response:
         principal, runner = await job_caller(self.gw, request)
         body = parse_create(
-            await read_json_body(request, 64 * 1024, self.gw.settings.reliability.body_timeout, self.gw.deadlines)
+            await read_json_body(
+                request, 64 * 1024, self.gw.settings.reliability.body_timeout, self.gw.deadlines
+            )
         )
         source = await runner.store.get_file(principal.group_id, body.input_file_id)
         if source is None:
-            raise NotFound(f"No such File object: {body.input_file_id}", param="input_file_id", code="file_not_found")
+            raise NotFound(
+                f"No such File object: {body.input_file_id}", param="input_file_id", code="file_not_found"
+            )
         if source.purpose != "batch":
-            raise InvalidRequest(f"The file {source.id} has purpose {source.purpose!r}; a batch's input file is "
-                                 "uploaded with purpose 'batch'.", param="input_file_id", code="invalid_value")  # fmt: skip
+            raise InvalidRequest(
+                f"The file {source.id} has purpose {source.purpose!r}; a batch's input file is "
+                "uploaded with purpose 'batch'.",
+                param="input_file_id",
+                code="invalid_value",
+            )
         now = int(time.time())
-        row = BatchRow(new_batch_id(), principal.group_id, principal.key_id, body.endpoint, source.id,
-                       body.completion_window, "validating", now, now + WINDOW_SECONDS[body.completion_window],
-                       metadata=body.metadata)  # fmt: skip
+        row = BatchRow(
+            new_batch_id(),
+            principal.group_id,
+            principal.key_id,
+            body.endpoint,
+            source.id,
+            body.completion_window,
+            "validating",
+            now,
+            now + WINDOW_SECONDS[body.completion_window],
+            metadata=body.metadata,
+        )
         await runner.store.create_batch(row)
         runner.poke()
         return JSONBytes(_encode(batch_object(row)))
@@ -165,7 +209,9 @@ class Batches:
     async def list(self, request: Request) -> Response:
         principal, runner = await job_caller(self.gw, request)
         limit = int_param(request, "limit", 20, 1, 100)
-        rows = await runner.store.list_batches(principal.group_id, request.query_params.get("after"), limit + 1)
+        rows = await runner.store.list_batches(
+            principal.group_id, request.query_params.get("after"), limit + 1
+        )
         data = [batch_object(r) for r in rows[:limit]]
         return JSONBytes(_encode(list_page(data, len(rows) > limit)))
 

@@ -28,8 +28,16 @@ from router.replies import JSONBytes, LateSSE
 _encode = msgspec.json.Encoder().encode
 
 
-async def read_body(request: Request, limit: int, seconds: float, deadlines: Deadlines, *, too_large: str,
-                    code: str | None = None, what: str = "request body") -> bytes:  # fmt: skip
+async def read_body(
+    request: Request,
+    limit: int,
+    seconds: float,
+    deadlines: Deadlines,
+    *,
+    too_large: str,
+    code: str | None = None,
+    what: str = "request body",
+) -> bytes:
     """The whole body, at most ``limit`` bytes (413, and the connection closed: the rest is never read)
     within ``seconds`` (408). Read from the ASGI ``receive`` itself, not ``Request.stream()``."""
     length = request.headers.get("content-length")
@@ -53,7 +61,9 @@ async def read_body(request: Request, limit: int, seconds: float, deadlines: Dea
                 if not message.get("more_body", False):
                     break
     except TimeoutError:
-        raise RequestTimeout(f"The {what} did not arrive within {seconds:g} s.", headers={"Connection": "close"}) from None
+        raise RequestTimeout(
+            f"The {what} did not arrive within {seconds:g} s.", headers={"Connection": "close"}
+        ) from None
     trace_of(request.scope).body_read = True
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
@@ -62,7 +72,8 @@ async def read_json_body(request: Request, limit: int, seconds: float, deadlines
     ctype = request.headers.get("content-type", "")
     if "json" not in ctype.lower():
         raise UnsupportedMediaType(
-            f"Content-Type must be application/json (got {ctype or 'none'!r}).", code="unsupported_content_type"
+            f"Content-Type must be application/json (got {ctype or 'none'!r}).",
+            code="unsupported_content_type",
         )
     too_large = f"The request body is larger than the limit of {limit} bytes."
     return await read_body(request, limit, seconds, deadlines, too_large=too_large)
@@ -83,8 +94,9 @@ async def principal_of(gw: Gateway, request: Request) -> Principal:
     return await gw.auth.authenticate(request.headers.get("authorization"))
 
 
-async def begin_call(gw: Gateway, request: Request, endpoint: Endpoint, json: bool = True,
-                     authorization: str | None = None) -> tuple[CallContext, Trace, bytes]:  # fmt: skip
+async def begin_call(
+    gw: Gateway, request: Request, endpoint: Endpoint, json: bool = True, authorization: str | None = None
+) -> tuple[CallContext, Trace, bytes]:
     """The start of a model call endpoint: the gateway started, the caller authenticated (and noted
     in the request's trace for the access log: the key's id and group, never the key), the JSON body
     read (JSON unless ``json`` is false). ``authorization``: the key as an Authorization header, when
@@ -105,8 +117,13 @@ async def begin_call(gw: Gateway, request: Request, endpoint: Endpoint, json: bo
     if json:
         body = await read_json_body(request, limit, seconds, gw.deadlines)
     else:  # multipart (images/edits): its own parser checks the type
-        body = await read_body(request, limit, seconds, gw.deadlines,
-                               too_large=f"The request body is larger than the limit of {limit} bytes.")  # fmt: skip
+        body = await read_body(
+            request,
+            limit,
+            seconds,
+            gw.deadlines,
+            too_large=f"The request body is larger than the limit of {limit} bytes.",
+        )
     return context, trace, body
 
 
@@ -124,8 +141,9 @@ async def answered(pipeline: Pipeline, start: Awaitable[Started], trace: Trace) 
     return JSONBytes(_encode(answer.body), extra=extra)
 
 
-async def streamed(pipeline: Pipeline, start: Awaitable[Started], trace: Trace,
-                   encode: Encoder) -> AsyncGenerator[Any, None]:  # fmt: skip
+async def streamed(
+    pipeline: Pipeline, start: Awaitable[Started], trace: Trace, encode: Encoder
+) -> AsyncGenerator[Any, None]:
     """The body of a :class:`LateSSE` for any endpoint: first the headers for the response start
     (once the upstream answered), then the stream's bytes (``encode`` of the relayed pieces).
     Whatever ends it, a call that started is let go of (settled)."""
@@ -184,6 +202,7 @@ def record_refusal(gw: Gateway, trace: Trace, exc: GatewayError) -> None:
         name, provider = asked, ""
     record = context.rejected(exc, name, provider, trace.stream, trace.began)
     if more:
-        record.error = f"{record.error} (and {more} more refused alike in this group since, not recorded one by one)"
+        record.error = (
+            f"{record.error} (and {more} more refused alike in this group since, not recorded one by one)"
+        )
     gw.ledger.record(record)
-

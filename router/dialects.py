@@ -51,7 +51,13 @@ def error_event(exc: GatewayError, dialect: str) -> bytes:
     if dialect == MESSAGES:
         return anthropic_event(exc)
     if dialect == RESPONSES:
-        event = {"type": "error", "code": exc.code, "message": exc.message, "param": exc.param, "sequence_number": 0}
+        event = {
+            "type": "error",
+            "code": exc.code,
+            "message": exc.message,
+            "param": exc.param,
+            "sequence_number": 0,
+        }
         return frame_event("error", _encode(event))
     return frame(_encode(error_chunk(exc))) + DONE
 

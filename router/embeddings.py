@@ -25,9 +25,12 @@ def no_embeddings(catalog: Catalog, model_id: str) -> InvalidRequest | None:
     if any(m.provider == provider and "embeddings" in m.endpoints for m in catalog.models.values()):
         return None
     owner = catalog.providers[provider].owned_by.capitalize()
-    return InvalidRequest(f"{owner} has no embedding models: `{model_id}` cannot serve /v1/embeddings. "
-                          "GET /v1/models lists the models whose endpoints include 'embeddings'.",
-                          param="model", code="unsupported_model_endpoint")  # fmt: skip
+    return InvalidRequest(
+        f"{owner} has no embedding models: `{model_id}` cannot serve /v1/embeddings. "
+        "GET /v1/models lists the models whose endpoints include 'embeddings'.",
+        param="model",
+        code="unsupported_model_endpoint",
+    )
 
 
 class Embeddings:

@@ -80,8 +80,14 @@ class FileDeleted(msgspec.Struct, omit_defaults=False):
 
 
 def file_object(row: FileRow) -> FileObject:
-    return FileObject(id=row.id, bytes=row.bytes, created_at=row.created_at, filename=row.filename,
-                      purpose=row.purpose, expires_at=row.expires_at)  # fmt: skip
+    return FileObject(
+        id=row.id,
+        bytes=row.bytes,
+        created_at=row.created_at,
+        filename=row.filename,
+        purpose=row.purpose,
+        expires_at=row.expires_at,
+    )
 
 
 async def job_caller(gw: Gateway, request: Request) -> tuple[Principal, JobRunner]:
@@ -101,7 +107,9 @@ def int_param(request: Request, name: str, default: int, low: int, high: int) ->
         return default
     number = natural(value)
     if number is None or not low <= number <= high:
-        raise InvalidRequest(f"'{name}' must be an integer from {low} to {high}.", param=name, code="invalid_value")
+        raise InvalidRequest(
+            f"'{name}' must be an integer from {low} to {high}.", param=name, code="invalid_value"
+        )
     return number
 
 
@@ -134,7 +142,9 @@ def parse_multipart(body: bytes, boundary: bytes) -> dict[str, Part]:
     parts: dict[str, Part] = {}
     pos = data.find(delimiter)
     if pos < 0:
-        raise InvalidRequest("The multipart body has no part with the announced boundary.", code="invalid_multipart")
+        raise InvalidRequest(
+            "The multipart body has no part with the announced boundary.", code="invalid_multipart"
+        )
     while True:
         pos += len(delimiter)
         if data[pos : pos + 2] == b"--":
@@ -163,14 +173,22 @@ def file_name(given: str, key_prefix: str) -> str:
     redacted (core/redact.py). A name too long, with a control character or a path separator, or ``.``
     or ``..``, is a 400 naming ``file``: refused, not altered, so a listing shows what was sent."""
     if len(given) > MAX_FILENAME or _NOT_IN_A_NAME.search(given) or given in (".", ".."):
-        raise InvalidRequest(f"The file's name must be at most {MAX_FILENAME} characters, without control characters "
-                             "or path separators ('/', '\\').", param="file", code="invalid_file_name")  # fmt: skip
+        raise InvalidRequest(
+            f"The file's name must be at most {MAX_FILENAME} characters, without control characters "
+            "or path separators ('/', '\\').",
+            param="file",
+            code="invalid_file_name",
+        )
     return redact_keys(given, key_prefix) or "upload.jsonl"
 
 
 async def read_upload(request: Request, limit: int, seconds: float, deadlines: Deadlines) -> bytes:
-    too_large = f"The file is larger than the limit of {limit - MULTIPART_SLACK} bytes ([jobs] max_file_bytes)."
-    return await read_body(request, limit, seconds, deadlines, too_large=too_large, code="file_too_large", what="upload")
+    too_large = (
+        f"The file is larger than the limit of {limit - MULTIPART_SLACK} bytes ([jobs] max_file_bytes)."
+    )
+    return await read_body(
+        request, limit, seconds, deadlines, too_large=too_large, code="file_too_large", what="upload"
+    )
 
 
 # -- endpoints -----------------------------------------------------------------------------------------------
@@ -183,26 +201,49 @@ class Files:
         boundary = boundary_of(request.headers.get("content-type", ""))
         limit = self.gw.settings.jobs.max_file_bytes
         timeout = max(self.gw.settings.reliability.body_timeout, 300.0)
-        parts = parse_multipart(await read_upload(request, limit + MULTIPART_SLACK, timeout, self.gw.deadlines), boundary)
+        parts = parse_multipart(
+            await read_upload(request, limit + MULTIPART_SLACK, timeout, self.gw.deadlines), boundary
+        )
         purpose = parts.get("purpose")
         if purpose is None:
-            raise InvalidRequest("Missing required parameter: 'purpose'.", param="purpose", code="missing_required_parameter")
+            raise InvalidRequest(
+                "Missing required parameter: 'purpose'.", param="purpose", code="missing_required_parameter"
+            )
         if purpose.data.decode("utf-8", "replace").strip() != "batch":
-            raise InvalidRequest("This gateway stores files for the Batch API only: 'purpose' must be 'batch'.",
-                                 param="purpose", code="invalid_value")  # fmt: skip
+            raise InvalidRequest(
+                "This gateway stores files for the Batch API only: 'purpose' must be 'batch'.",
+                param="purpose",
+                code="invalid_value",
+            )
         upload = parts.get("file")
         if upload is None or upload.filename is None:
-            raise InvalidRequest("Missing required parameter: 'file' (a file part).", param="file",
-                                 code="missing_required_parameter")  # fmt: skip
+            raise InvalidRequest(
+                "Missing required parameter: 'file' (a file part).",
+                param="file",
+                code="missing_required_parameter",
+            )
         if len(upload.data) > limit:
-            raise PayloadTooLarge(f"The file is larger than the limit of {limit} bytes ([jobs] max_file_bytes).",
-                                  param="file", code="file_too_large")  # fmt: skip
+            raise PayloadTooLarge(
+                f"The file is larger than the limit of {limit} bytes ([jobs] max_file_bytes).",
+                param="file",
+                code="file_too_large",
+            )
         if not upload.data.strip():
-            raise InvalidRequest("The file is empty: a batch input file is a JSONL of requests.", param="file",
-                                 code="invalid_file")  # fmt: skip
+            raise InvalidRequest(
+                "The file is empty: a batch input file is a JSONL of requests.",
+                param="file",
+                code="invalid_file",
+            )
         name = file_name(upload.filename, self.gw.settings.server.key_prefix)
-        row = FileRow(new_file_id(), principal.group_id, principal.key_id, "batch", name, len(upload.data),
-                      int(time.time()))  # fmt: skip
+        row = FileRow(
+            new_file_id(),
+            principal.group_id,
+            principal.key_id,
+            "batch",
+            name,
+            len(upload.data),
+            int(time.time()),
+        )
         await runner.store.create_file(row, upload.data)
         return JSONBytes(_encode(file_object(row)))
 
@@ -212,8 +253,13 @@ class Files:
         order = request.query_params.get("order", "desc")
         if order not in ("asc", "desc"):
             raise InvalidRequest("'order' must be 'asc' or 'desc'.", param="order", code="invalid_value")
-        rows = await runner.store.list_files(principal.group_id, request.query_params.get("purpose"),
-                                             request.query_params.get("after"), limit + 1, order == "asc")  # fmt: skip
+        rows = await runner.store.list_files(
+            principal.group_id,
+            request.query_params.get("purpose"),
+            request.query_params.get("after"),
+            limit + 1,
+            order == "asc",
+        )
         data = [file_object(r) for r in rows[:limit]]
         return JSONBytes(_encode(list_page(data, len(rows) > limit)))
 

@@ -60,7 +60,10 @@ async def reachable(host: str, port: int, seconds: float) -> str | None:
     return None
 
 
-SERVER = f"hypercorn {importlib.metadata.version('hypercorn')}, {{}}"  # /readyz: what serves (server/serve.py)
+SERVER = (
+    f"hypercorn {importlib.metadata.version('hypercorn')}, {{}}"  # /readyz: what serves (server/serve.py)
+)
+
 
 class Readiness:
     def __init__(self, gateway: Gateway) -> None:
@@ -141,9 +144,13 @@ class Readiness:
     async def endpoint(self, request: Request) -> Response:
         ready, details = await self.check()
         # live, not cached
-        details = {**details, "circuits": self.gw.breakers.states(), "open_circuits": self.gw.breakers.reasons(),
-                   "deployments": self.gw.dispatcher.report(),
-                   "server": SERVER.format("fast path" if self.gw.settings.server.fast_path else "stock")}  # fmt: skip
+        details = {
+            **details,
+            "circuits": self.gw.breakers.states(),
+            "open_circuits": self.gw.breakers.reasons(),
+            "deployments": self.gw.dispatcher.report(),
+            "server": SERVER.format("fast path" if self.gw.settings.server.fast_path else "stock"),
+        }
         return JSONBytes(
             _encode(details), status_code=200 if ready else 503, headers={"cache-control": "no-store"}
         )

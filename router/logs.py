@@ -61,6 +61,7 @@ class Trace:
     def served(self, provider: str, deployment: str) -> None:
         """The provider and deployment that answered the call."""
         self.provider, self.deployment = provider, deployment
+
     context: CallContext | None = None  # a model call's context, once its caller is known
     stream: bool = False  # the call asked for a stream
     # the request's body was read to its end (router.chat.read_body says so; Front watches other routes' reads)
@@ -104,12 +105,15 @@ class _AccessLine(msgspec.Struct):
     client: str | None
 
 
-ACCESS_FIELDS = _AccessLine.__struct_fields__[4:]  # the fields of an access line, after ts, level, logger, msg
+ACCESS_FIELDS = _AccessLine.__struct_fields__[
+    4:
+]  # the fields of an access line, after ts, level, logger, msg
 
 
 def access_fields(values: tuple[Any, ...]) -> dict[str, Any]:
     """The values of an access line (as :func:`access` collects them) by field name."""
     return dict(zip(ACCESS_FIELDS, values, strict=True))
+
 
 _encode = msgspec.json.Encoder(enc_hook=str).encode
 _STANDARD = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "fields"}
@@ -144,14 +148,23 @@ class _LineFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         exc = self.formatException(record.exc_info) if record.exc_info else None
-        return self.line(record.created, record.levelname, record.name, record.getMessage(), _fields(record), exc)
+        return self.line(
+            record.created, record.levelname, record.name, record.getMessage(), _fields(record), exc
+        )
 
     def format_access(self, created: float, values: tuple[Any, ...]) -> str:
         """An access line from :func:`access`: its time and the values of ``ACCESS_FIELDS``."""
         return self.line(created, "INFO", ACCESS.name, "request", access_fields(values))
 
-    def line(self, created: float, level: str, logger: str, msg: str, fields: dict[str, Any],
-             exc: str | None = None) -> str:  # fmt: skip
+    def line(
+        self,
+        created: float,
+        level: str,
+        logger: str,
+        msg: str,
+        fields: dict[str, Any],
+        exc: str | None = None,
+    ) -> str:
         raise NotImplementedError
 
 
@@ -161,8 +174,15 @@ class JsonFormatter(_LineFormatter):
     def format_access(self, created: float, values: tuple[Any, ...]) -> str:
         return _encode(_AccessLine(_timestamp(created), "INFO", ACCESS.name, "request", *values)).decode()
 
-    def line(self, created: float, level: str, logger: str, msg: str, fields: dict[str, Any],
-             exc: str | None = None) -> str:  # fmt: skip
+    def line(
+        self,
+        created: float,
+        level: str,
+        logger: str,
+        msg: str,
+        fields: dict[str, Any],
+        exc: str | None = None,
+    ) -> str:
         out: dict[str, Any] = {"ts": _timestamp(created), "level": level, "logger": logger, "msg": msg}
         out.update(fields)
         if exc:
@@ -171,8 +191,15 @@ class JsonFormatter(_LineFormatter):
 
 
 class TextFormatter(_LineFormatter):
-    def line(self, created: float, level: str, logger: str, msg: str, fields: dict[str, Any],
-             exc: str | None = None) -> str:  # fmt: skip
+    def line(
+        self,
+        created: float,
+        level: str,
+        logger: str,
+        msg: str,
+        fields: dict[str, Any],
+        exc: str | None = None,
+    ) -> str:
         head = f"{_timestamp(created)} {level} {logger}: {msg}"
         rest = " ".join(f"{k}={v}" for k, v in fields.items() if v is not None)
         text = f"{head} {rest}" if rest else head
@@ -208,8 +235,13 @@ class _Batches(threading.Thread):
     appends to a queue (no wake-up of this thread, no hand-over of the GIL per record). Access lines go
     to ``access_out`` when there is one (``[observability] access_log_file``), else with the rest."""
 
-    def __init__(self, q: queue.SimpleQueue[Any], target: logging.Handler, interval: float = 0.05,
-                 access_out: TextIO | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        q: queue.SimpleQueue[Any],
+        target: logging.Handler,
+        interval: float = 0.05,
+        access_out: TextIO | None = None,
+    ) -> None:
         super().__init__(name="router-logs", daemon=True)
         self.q, self.target, self.interval, self.access_out = q, target, interval, access_out
         formatter = target.formatter

@@ -62,16 +62,23 @@ def parse_body(raw: bytes, count: bool = False) -> dict[str, Any]:
     if not isinstance(body.get("messages"), list):
         raise InvalidRequest("messages: Field required", param="messages", code="missing_required_parameter")
     if not body["messages"]:
-        raise InvalidRequest("messages: at least one message is required", param="messages", code="invalid_value")
+        raise InvalidRequest(
+            "messages: at least one message is required", param="messages", code="invalid_value"
+        )
     if count:
         body["max_tokens"] = 1
         return body
     cap = body.get("max_tokens")
     if cap is None:
-        raise InvalidRequest("max_tokens: Field required", param="max_tokens", code="missing_required_parameter")
+        raise InvalidRequest(
+            "max_tokens: Field required", param="max_tokens", code="missing_required_parameter"
+        )
     if not isinstance(cap, int) or isinstance(cap, bool) or not 1 <= cap <= 100_000_000:
-        raise InvalidRequest("max_tokens: Input should be a valid integer greater than or equal to 1",
-                             param="max_tokens", code="invalid_value")  # fmt: skip
+        raise InvalidRequest(
+            "max_tokens: Input should be a valid integer greater than or equal to 1",
+            param="max_tokens",
+            code="invalid_value",
+        )
     if body.get("stream") not in (None, True, False):
         raise InvalidRequest("stream: Input should be a valid boolean", param="stream", code="invalid_type")
     return body
@@ -130,4 +137,3 @@ async def joined(batches: Any) -> Any:
             yield b"".join(batch)
     finally:
         await batches.aclose()
-

@@ -51,9 +51,17 @@ class Front:
     """Request id, metrics and access log of every request; the ``fast`` endpoints (route path →
     ASGI app answering POST) called straight, their exceptions answered by ``on_error``."""
 
-    def __init__(self, app: ASGIApp, *, access_log: bool = True, fast: Mapping[str, ASGIApp] | None = None,
-                 on_error: ErrorApp | None = None, drain_bytes: int = 8 * 1024 * 1024,
-                 drain_seconds: float = 30.0, key_prefix: str = DEFAULT_KEY_PREFIX) -> None:  # fmt: skip
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        access_log: bool = True,
+        fast: Mapping[str, ASGIApp] | None = None,
+        on_error: ErrorApp | None = None,
+        drain_bytes: int = 8 * 1024 * 1024,
+        drain_seconds: float = 30.0,
+        key_prefix: str = DEFAULT_KEY_PREFIX,
+    ) -> None:
         self.app = app
         self.key_prefix = key_prefix  # the form of the gateway's keys: never taken as a request id or logged
         self.access_log = access_log
@@ -82,7 +90,11 @@ class Front:
         began = time.perf_counter()
         rid = b""
         for name, value in scope["headers"]:
-            if name == b"x-request-id" and _SANE.match(value) and not holds_key(value.decode(), self.key_prefix):
+            if (
+                name == b"x-request-id"
+                and _SANE.match(value)
+                and not holds_key(value.decode(), self.key_prefix)
+            ):
                 rid = value
                 break
         if not rid:
@@ -208,10 +220,21 @@ async def _drained(receive: Receive, most: int) -> bool:
             return True
 
 
-CORS_EXPOSED = ("x-request-id", "retry-after", "retry-after-ms", "x-request-cost", "x-budget-window", "x-budget-reset",
-                "x-router-omitted-tools", "x-router-token-count", *(
-    f"x-ratelimit-{what}-{unit}" for what in ("limit", "remaining", "reset") for unit in ("requests", "tokens")
-))  # fmt: skip
+CORS_EXPOSED = (
+    "x-request-id",
+    "retry-after",
+    "retry-after-ms",
+    "x-request-cost",
+    "x-budget-window",
+    "x-budget-reset",
+    "x-router-omitted-tools",
+    "x-router-token-count",
+    *(
+        f"x-ratelimit-{what}-{unit}"
+        for what in ("limit", "remaining", "reset")
+        for unit in ("requests", "tokens")
+    ),
+)
 
 
 def cors(app: ASGIApp, origins: list[str]) -> ASGIApp:

@@ -26,7 +26,8 @@ def card(catalog: Catalog, model: Model) -> ModelCard:
         kind=model.kind,
         endpoints=sorted(model.endpoints),
         image_input=model.image_input,
-        tools=model.tools and not model.endpoints.isdisjoint(("chat", "responses")),  # (not embeddings, images)
+        tools=model.tools
+        and not model.endpoints.isdisjoint(("chat", "responses")),  # (not embeddings, images)
         context_length=model.context,
         max_output_tokens=model.max_output,
         pricing=Pricing(
@@ -34,7 +35,9 @@ def card(catalog: Catalog, model: Model) -> ModelCard:
             output=to_credits(prices.output),
             cached_input=to_credits(prices.cached_input),
             cache_write=UNSET if prices.cache_write == prices.input else to_credits(prices.cache_write),
-            cache_write_1h=UNSET if prices.cache_write_1h == prices.cache_write else to_credits(prices.cache_write_1h),
+            cache_write_1h=UNSET
+            if prices.cache_write_1h == prices.cache_write
+            else to_credits(prices.cache_write_1h),
             image_input=UNSET if prices.image_input == prices.input else to_credits(prices.image_input),
             image=to_credits(prices.image) if prices.image else UNSET,
         ),

@@ -27,8 +27,13 @@ _JSON = (b"content-type", b"application/json")
 OMITTED = b"x-router-omitted-tools"  # the hosted tools a translated call left out (Responses, Messages)
 
 
-def name_omitted(response: Response, catalog: Catalog, model_id: Any, names: list[str],
-                 runs_them: Callable[[ProviderSpec], bool]) -> None:  # fmt: skip
+def name_omitted(
+    response: Response,
+    catalog: Catalog,
+    model_id: Any,
+    names: list[str],
+    runs_them: Callable[[ProviderSpec], bool],
+) -> None:
     """Name in ``OMITTED`` the hosted tools (``names``) a translated call left out: none when the model's
     provider runs them itself (``runs_them`` of its catalog entry)."""
     if not names:
@@ -42,11 +47,17 @@ def name_omitted(response: Response, catalog: Catalog, model_id: Any, names: lis
             return
     response.raw_headers.append((OMITTED, ", ".join(names).encode()))
 
+
 class JSONBytes(Response):
     media_type = "application/json"
 
-    def __init__(self, content: bytes, status_code: int = 200, headers: Mapping[str, str] | None = None,
-                 extra: Headers | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        content: bytes,
+        status_code: int = 200,
+        headers: Mapping[str, str] | None = None,
+        extra: Headers | None = None,
+    ) -> None:
         if headers is not None:
             super().__init__(content, status_code, headers)
         else:  # Starlette's init_headers, without encoding what is known already
@@ -72,8 +83,12 @@ _SSE = (
 class SSE(Response):
     media_type = "text/event-stream"
 
-    def __init__(self, stream: AsyncGenerator[bytes, None], extra: Headers | None = None,
-                 finalize: Callable[[], Awaitable[None]] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        stream: AsyncGenerator[bytes, None],
+        extra: Headers | None = None,
+        finalize: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         self.stream = stream
         self.finalize = finalize  # runs last, also when the stream never started
         self.status_code = 200
@@ -140,8 +155,12 @@ class LateSSE(SSE):
     ``keepalive`` seconds until the stream goes on; a gateway error then becomes the last event,
     ``failed(error)``. No task runs while the upstream answers in time: one timer."""
 
-    def __init__(self, stream: AsyncGenerator[bytes | Headers, None], keepalive: float,
-                 failed: Callable[[GatewayError], bytes]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        stream: AsyncGenerator[bytes | Headers, None],
+        keepalive: float,
+        failed: Callable[[GatewayError], bytes],
+    ) -> None:
         # begin() takes the headers, its first item; SSE.__call__ then sends the rest, all bytes
         super().__init__(cast(AsyncGenerator[bytes, None], stream))
         self.keepalive = keepalive
@@ -149,7 +168,9 @@ class LateSSE(SSE):
 
     async def begin(self, send: Send) -> None:
         early: list[_KeepAlive] = []
-        timer = asyncio.get_running_loop().call_later(self.keepalive, lambda: early.append(_KeepAlive(self, send)))
+        timer = asyncio.get_running_loop().call_later(
+            self.keepalive, lambda: early.append(_KeepAlive(self, send))
+        )
         error: GatewayError | None = None
         try:
             extra = await self.stream.__anext__()

@@ -48,8 +48,11 @@ def parse_body(raw: bytes) -> tuple[dict[str, Any], bytes | None]:
     if body.get("stream") not in (None, True, False):
         raise InvalidRequest("'stream' must be a boolean.", param="stream", code="invalid_type")
     if "input" in body and not isinstance(body["input"], (str, list)):
-        raise InvalidRequest("Invalid type for 'input': expected a string or an array of input items.",
-                             param="input", code="invalid_type")  # fmt: skip
+        raise InvalidRequest(
+            "Invalid type for 'input': expected a string or an array of input items.",
+            param="input",
+            code="invalid_type",
+        )
     return body, tools
 
 
@@ -85,12 +88,19 @@ class Responses:
         trace.model, trace.stream = body["model"], bool(body.get("stream"))
         identify(context, body)
         keep = Keep.of(gw, context, body, len(raw))  # before anything is reserved or sent
-        conversation = plain(body) or await expand(gw.responses, context.group_id, body,
-                                                   gw.settings.responses.max_chain)  # fmt: skip
+        conversation = plain(body) or await expand(
+            gw.responses, context.group_id, body, gw.settings.responses.max_chain
+        )
         size = len(_encode(conversation.body)) if conversation.expanded else len(raw)
         keep.check_context(conversation, size)
-        run = _encode({k: v for k, v in body.items() if k not in ("background", "stream")}) if keep.background else b""
-        codec = ResponsesCodec(conversation.body, size, keep.echo(conversation), tools)  # (its tools are raw's)
+        run = (
+            _encode({k: v for k, v in body.items() if k not in ("background", "stream")})
+            if keep.background
+            else b""
+        )
+        codec = ResponsesCodec(
+            conversation.body, size, keep.echo(conversation), tools
+        )  # (its tools are raw's)
         if keep.background:
             return await self.queue(context, codec, keep, conversation, run)
         start = self.pipeline.start(context, codec)
@@ -99,8 +109,13 @@ class Responses:
         else:
             stream = streamed(self.pipeline, start, trace, events(keep, conversation))
             response = LateSSE(stream, gw.settings.reliability.stream_keepalive, events_of(RESPONSES))
-        name_omitted(response, gw.catalog, conversation.body.get("model"), omitted_tools(conversation.body, tools),
-                     lambda spec: spec.responses_api)  # (OpenAI runs its hosted tools)  # fmt: skip
+        name_omitted(
+            response,
+            gw.catalog,
+            conversation.body.get("model"),
+            omitted_tools(conversation.body, tools),
+            lambda spec: spec.responses_api,
+        )  # (OpenAI runs its hosted tools)
         return response
 
     async def answered(self, start: Any, trace: Trace, keep: Keep, conversation: Conversation) -> Response:
@@ -115,19 +130,30 @@ class Responses:
             extra = [*(extra or ()), (b"x-request-cost", answer.cost.encode())]
         return JSONBytes(payload, extra=extra)
 
-    async def queue(self, context: CallContext, codec: ResponsesCodec, keep: Keep, conversation: Conversation,
-                    run: bytes) -> Response:  # fmt: skip
+    async def queue(
+        self, context: CallContext, codec: ResponsesCodec, keep: Keep, conversation: Conversation, run: bytes
+    ) -> Response:
         """``background: true``: checked as the call will be (a bad request is a 400 now, not a failed
         response later), stored ``queued`` with the request to run, answered at once."""
         gw = self.gw
-        model = self.pipeline.check(context.principal, codec.view, "responses", image_param=codec.image_param,
-                                    cap_param=codec.cap_param)  # fmt: skip
+        model = self.pipeline.check(
+            context.principal,
+            codec.view,
+            "responses",
+            image_param=codec.image_param,
+            cap_param=codec.cap_param,
+        )
         deployments = codec.deployments(gw, model)
         if deployments:
             codec.leg(gw, model, codec.view.model, deployments[0])  # the translation's 400s
         response = shell(conversation.body, codec.view.model)
-        response.update(id=item_id("resp"), status="queued", background=True, store=True,
-                        previous_response_id=conversation.previous)  # fmt: skip
+        response.update(
+            id=item_id("resp"),
+            status="queued",
+            background=True,
+            store=True,
+            previous_response_id=conversation.previous,
+        )
         await keep.queue(response, conversation, run)
         if gw.backgrounds is not None:
             gw.backgrounds.poke_background()

@@ -61,8 +61,11 @@ def page(items: list[Any], request: Request) -> ItemPage:
         if cursor is None:
             continue
         if cursor not in ids:
-            raise InvalidRequest(f"'{name}': no input item '{cursor[:MAX_ID]}' in this response.", param=name,
-                                 code="invalid_value")  # fmt: skip
+            raise InvalidRequest(
+                f"'{name}': no input item '{cursor[:MAX_ID]}' in this response.",
+                param=name,
+                code="invalid_value",
+            )
         if name == "after":
             start = ids.index(cursor) + 1
         else:
@@ -88,7 +91,11 @@ class StoredResponses:
     async def _stored(self, request: Request) -> tuple[Principal, Stored]:
         principal = await self._caller(request)
         response_id = request.path_params["response_id"]
-        found = await self.gw.responses.get(principal.group_id, response_id) if len(response_id) <= MAX_ID else None
+        found = (
+            await self.gw.responses.get(principal.group_id, response_id)
+            if len(response_id) <= MAX_ID
+            else None
+        )
         if found is None:
             raise not_found(response_id[:MAX_ID])
         return principal, found
@@ -115,13 +122,20 @@ class StoredResponses:
     async def cancel(self, request: Request) -> Response:
         principal, stored = await self._stored(request)
         if not stored.background:
-            raise InvalidRequest("Cannot cancel a synchronous response: only a response created with "
-                                 "'background: true' can be cancelled.", code="response_not_cancellable")  # fmt: skip
+            raise InvalidRequest(
+                "Cannot cancel a synchronous response: only a response created with "
+                "'background: true' can be cancelled.",
+                code="response_not_cancellable",
+            )
         if stored.status != "cancelled":
             if not await self.gw.responses.cancel(principal.group_id, stored.id):
-                raise InvalidRequest(f"Cannot cancel a response that has already ended (status {stored.status}).",
-                                     code="response_not_cancellable")  # fmt: skip
-            if self.gw.backgrounds is not None:  # running here: its call stops now (elsewhere: at the next renewal)
+                raise InvalidRequest(
+                    f"Cannot cancel a response that has already ended (status {stored.status}).",
+                    code="response_not_cancellable",
+                )
+            if (
+                self.gw.backgrounds is not None
+            ):  # running here: its call stops now (elsewhere: at the next renewal)
                 self.gw.backgrounds.cancel_background(stored.id)
             stored.status = "cancelled"
         return JSONBytes(_encode(stored.response()))

@@ -161,8 +161,9 @@ class Event:
         return self._value
 
 
-async def spawn_app(self: Any, app: Any, config: Any, scope: Any,
-                    send: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:  # fmt: skip
+async def spawn_app(
+    self: Any, app: Any, config: Any, scope: Any, send: Callable[[Any], Awaitable[None]]
+) -> Callable[[Any], Awaitable[None]]:
     """hypercorn's ``TaskGroup.spawn_app``, the app's receive channel a :class:`Channel`, whose
     :meth:`Channel.watch` the scope offers as the extension ``core.types.RECEIVE_WATCH``."""
     channel = Channel(config.max_app_queue_size)
@@ -174,8 +175,16 @@ async def spawn_app(self: Any, app: Any, config: Any, scope: Any,
     extensions = scope.get("extensions")
     if extensions is not None:
         extensions[RECEIVE_WATCH] = {"watch": channel.watch}
-    self.spawn(hypercorn_task_group._handle, app, config, scope, channel.get, send,
-               partial(loop.run_in_executor, None), _call_soon)  # fmt: skip
+    self.spawn(
+        hypercorn_task_group._handle,
+        app,
+        config,
+        scope,
+        channel.get,
+        send,
+        partial(loop.run_in_executor, None),
+        _call_soon,
+    )
     return channel.put
 
 

@@ -141,8 +141,13 @@ class Limits:
 async def _refuse(scope: Any, receive: Any, send: Any) -> None:
     """The answer to an HTTP/2 call over the descriptor budget: what an HTTP/1.1 connection gets."""
     if scope["type"] == "http":
-        await send({"type": "http.response.start", "status": 503,
-                    "headers": [(b"content-type", b"application/json"), (b"retry-after", b"1")]})  # fmt: skip
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 503,
+                "headers": [(b"content-type", b"application/json"), (b"retry-after", b"1")],
+            }
+        )
         await send({"type": "http.response.body", "body": _REFUSAL_BODY})
 
 
@@ -281,7 +286,12 @@ class GuardedTCPServer(TCPServer):
                     data = await reader.read(MAX_RECV)
                 else:
                     data = await asyncio.wait_for(reader.read(MAX_RECV), timeout)
-            except (ConnectionError, OSError, TimeoutError, SSLError):  # (asyncio.TimeoutError is TimeoutError)
+            except (
+                ConnectionError,
+                OSError,
+                TimeoutError,
+                SSLError,
+            ):  # (asyncio.TimeoutError is TimeoutError)
                 break
             else:
                 await handle(RawData(data))

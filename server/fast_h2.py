@@ -45,8 +45,9 @@ async def stream_send(self: Any, event: Any) -> None:
             data = event.data
             connection = self.connection
             try:
-                fits = (len(data) <= connection.max_outbound_frame_size
-                        and len(data) <= connection.local_flow_control_window(event.stream_id))  # fmt: skip
+                fits = len(data) <= connection.max_outbound_frame_size and len(
+                    data
+                ) <= connection.local_flow_control_window(event.stream_id)
                 if fits:
                     if data:  # (hypercorn's task sends no frame for an empty chunk either)
                         connection.send_data(event.stream_id, data)

@@ -78,8 +78,10 @@ _LENGTH, _CHUNKED, _UNTIL_CLOSE = range(3)  # how an answer's body is framed (h1
 _WS = (32, 9)  # a space, a tab
 _NO_HEADERS: list[tuple[bytes, bytes]] = []  # between heads (never appended to: on_header checks _in_head)
 _REPAIRED = frozenset((b"transfer-encoding", b"connection", b"host"))  # answer headers left to h11's rules
-_SPECIAL_LENGTHS = frozenset(len(name) for name in (b"host", b"transfer-encoding", b"content-length",
-                                                    b"connection", b"upgrade", b"expect"))  # fmt: skip
+_SPECIAL_LENGTHS = frozenset(
+    len(name)
+    for name in (b"host", b"transfer-encoding", b"content-length", b"connection", b"upgrade", b"expect")
+)
 
 
 def _comma_tokens(value: bytes) -> list[bytes]:
@@ -96,8 +98,9 @@ def _tokens(items: list[tuple[bytes, bytes, bytes]], name: bytes) -> list[bytes]
     return out
 
 
-def response_head(status: int, headers: list[tuple[bytes, bytes]], method: bytes, version: bytes | None,
-                  keep_alive: bool) -> tuple[bytes, int, int, bool]:  # fmt: skip
+def response_head(
+    status: int, headers: list[tuple[bytes, bytes]], method: bytes, version: bytes | None, keep_alive: bool
+) -> tuple[bytes, int, int, bool]:
     """h11's bytes for an answer's head (``Connection.send(Response(...))``) to a request of
     ``method`` and HTTP ``version`` (None: no request was read), with the connection's keep-alive as
     it stood: (the head, the body's framing, its length when framed by one, whether the connection
@@ -128,8 +131,9 @@ def response_head(status: int, headers: list[tuple[bytes, bytes]], method: bytes
     return _general_head(status, headers, method, version, keep_alive)
 
 
-def _general_head(status: int, headers: list[tuple[bytes, bytes]], method: bytes, version: bytes | None,
-                  keep_alive: bool) -> tuple[bytes, int, int, bool]:  # fmt: skip
+def _general_head(
+    status: int, headers: list[tuple[bytes, bytes]], method: bytes, version: bytes | None, keep_alive: bool
+) -> tuple[bytes, int, int, bool]:
     """:func:`response_head` for any headers: h11's ``_clean_up_response_headers_for_sending`` and
     ``_body_framing`` step by step."""
     items = normalize_and_validate(headers)._full_items
@@ -189,14 +193,52 @@ def _new_parser(protocol: HTTP1Protocol) -> httptools.HttpRequestParser:
 class HTTP1Protocol:
     """One HTTP/1.1 connection: hypercorn's ``H11Protocol`` on httptools (the module's docstring)."""
 
-    __slots__ = ("app", "config", "context", "task_group", "connection_state", "ssl", "client", "server", "send",
-                 "can_read", "stream", "keep_alive_requests", "parser", "_events", "_broken", "_closed", "_between",
-                 "_prefix", "_in_head", "_head_bytes", "_url", "_headers", "_method", "_version", "_keep_alive",
-                 "_received", "_answer", "_failed", "_framing", "_left", "_held")  # (an open stream's memory)  # fmt: skip
+    __slots__ = (
+        "app",
+        "config",
+        "context",
+        "task_group",
+        "connection_state",
+        "ssl",
+        "client",
+        "server",
+        "send",
+        "can_read",
+        "stream",
+        "keep_alive_requests",
+        "parser",
+        "_events",
+        "_broken",
+        "_closed",
+        "_between",
+        "_prefix",
+        "_in_head",
+        "_head_bytes",
+        "_url",
+        "_headers",
+        "_method",
+        "_version",
+        "_keep_alive",
+        "_received",
+        "_answer",
+        "_failed",
+        "_framing",
+        "_left",
+        "_held",
+    )  # (an open stream's memory)
 
-    def __init__(self, app: Any, config: Any, context: Any, task_group: Any, connection_state: Any, ssl: bool,
-                 client: tuple[str, int] | None, server: tuple[str, int] | None,
-                 send: Callable[[Any], Awaitable[None]]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        app: Any,
+        config: Any,
+        context: Any,
+        task_group: Any,
+        connection_state: Any,
+        ssl: bool,
+        client: tuple[str, int] | None,
+        server: tuple[str, int] | None,
+        send: Callable[[Any], Awaitable[None]],
+    ) -> None:
         self.app = app
         self.config = config
         self.context = context
@@ -382,12 +424,25 @@ class HTTP1Protocol:
             and self._events[-1:]
             and self._events[-1][0] is _UPGRADE
         ):
-            await self._write(informational_head(101, self.config.response_headers("h11")
-                                                 + [(b"connection", b"upgrade"), (b"upgrade", b"h2c")]))  # fmt: skip
+            await self._write(
+                informational_head(
+                    101,
+                    self.config.response_headers("h11") + [(b"connection", b"upgrade"), (b"upgrade", b"h2c")],
+                )
+            )
             request = SimpleNamespace(method=method, target=url, headers=headers)
             raise H2CProtocolRequiredError(self._events[-1][1], request)  # type: ignore[arg-type]
-        self.stream = HTTPStream(self.app, self.config, self.context, self.task_group, self.ssl, self.client,
-                                 self.server, self.stream_send, STREAM_ID)  # fmt: skip
+        self.stream = HTTPStream(
+            self.app,
+            self.config,
+            self.context,
+            self.task_group,
+            self.ssl,
+            self.client,
+            self.server,
+            self.stream_send,
+            STREAM_ID,
+        )
         await self.stream.handle(
             Request(
                 stream_id=STREAM_ID,
@@ -396,7 +451,7 @@ class HTTP1Protocol:
                 method=method.decode("ascii").upper(),
                 raw_path=url,
                 state=self.connection_state,
-            )  # fmt: skip
+            )
         )
         self.keep_alive_requests += 1
         await self.context.mark_request()
@@ -492,8 +547,14 @@ class HTTP1Protocol:
 
     async def _maybe_recycle(self) -> None:
         await self._close_stream()
-        if (not self.context.terminated.is_set() and self._answer == 2 and self._received and self._keep_alive
-                and not self._failed and not self._broken):  # fmt: skip
+        if (
+            not self.context.terminated.is_set()
+            and self._answer == 2
+            and self._received
+            and self._keep_alive
+            and not self._failed
+            and not self._broken
+        ):
             self._cycle()
             await self.can_read.set()
             await self.send(Updated(idle=True))
@@ -516,8 +577,12 @@ def build_and_validate_headers(headers: Any) -> list[tuple[bytes, bytes]]:
     for name, value in headers:
         if name[0] == 58:  # b":"
             raise ValueError("Pseudo headers are not valid")
-        out.append(((name if type(name) is bytes else bytes(name)).strip(),
-                    (value if type(value) is bytes else bytes(value)).strip()))  # fmt: skip
+        out.append(
+            (
+                (name if type(name) is bytes else bytes(name)).strip(),
+                (value if type(value) is bytes else bytes(value)).strip(),
+            )
+        )
     return out
 
 

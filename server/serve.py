@@ -61,8 +61,10 @@ def hypercorn_version() -> str:
 def check_hypercorn(version: str) -> None:
     """The fast path replaces some of hypercorn's internals: another release may differ in them."""
     if not version.startswith(VERIFIED):
-        raise ConfigError(f"the server's fast path was verified on hypercorn {', '.join(v + 'x' for v in VERIFIED)}, "
-                          f"not {version}: install the locked one (make install), or set [server] fast_path = false")  # fmt: skip
+        raise ConfigError(
+            f"the server's fast path was verified on hypercorn {', '.join(v + 'x' for v in VERIFIED)}, "
+            f"not {version}: install the locked one (make install), or set [server] fast_path = false"
+        )
 
 
 def install_server_layer(server: ServerSettings) -> None:
@@ -80,9 +82,16 @@ def install_server_layer(server: ServerSettings) -> None:
     channels.install()
 
 
-async def serve(app: ASGIApp, server: ServerSettings, started: Callable[[], Awaitable[None]] | None = None,
-                fd: int | None = None, *, on_reload: Callable[[], object] | None = None,
-                console: tuple[str, ASGIApp] | None = None, console_fd: int | None = None) -> None:  # fmt: skip
+async def serve(
+    app: ASGIApp,
+    server: ServerSettings,
+    started: Callable[[], Awaitable[None]] | None = None,
+    fd: int | None = None,
+    *,
+    on_reload: Callable[[], object] | None = None,
+    console: tuple[str, ASGIApp] | None = None,
+    console_fd: int | None = None,
+) -> None:
     """Serve on ``server.host:port`` until SIGINT/SIGTERM; then stop accepting, let open requests
     finish (up to ``graceful_timeout``), run the app's shutdown (which settles every call), and
     return. Client connections are bounded and closed when the client goes (server/connections.py).
@@ -173,8 +182,12 @@ def run(main: Coroutine[Any, Any, None]) -> None:
         asyncio.run(main)
 
 
-def serve_workers(server: ServerSettings, workers: int, argv: Callable[[int, int | None], list[str]],
-                  console: str | None = None) -> int:  # fmt: skip
+def serve_workers(
+    server: ServerSettings,
+    workers: int,
+    argv: Callable[[int, int | None], list[str]],
+    console: str | None = None,
+) -> int:
     """Bind ``server.host:port`` (and ``console``, an address, when given) once and run ``workers``
     processes, ``argv(fd, console_fd)``, that all accept on those sockets (the kernel spreads
     connections over them). SIGTERM/SIGINT go to every worker, each of which finishes its open
@@ -216,8 +229,11 @@ def serve_workers(server: ServerSettings, workers: int, argv: Callable[[int, int
     for child in children:  # a signal that came while they were being started reaches them too
         if forwarded and child.poll() is None:
             child.send_signal(next(iter(forwarded)))
-    print(f"router: {workers} workers on http://{host}:{port} (pids {', '.join(str(c.pid) for c in children)})",
-          file=sys.stderr, flush=True)  # fmt: skip
+    print(
+        f"router: {workers} workers on http://{host}:{port} (pids {', '.join(str(c.pid) for c in children)})",
+        file=sys.stderr,
+        flush=True,
+    )
     codes = [exit_status(child.wait(), forwarded) for child in children]
     return next((code for code in codes if code), 0)
 

@@ -43,18 +43,55 @@ T = TypeVar("T")
 # What a test starts besides one gateway and the emulators, as its markers: `make test-fast` runs the
 # tests that have none. The fixtures that start a service name it; so do the modules whose tests start
 # it themselves, and the ones that run whole processes or generated input at length (slow).
-STARTED_BY = {"pg": "postgres", "pg_url": "postgres", "redis_prefix": "redis", "redis_server": "redis",
-              "browser": "browser", "report": "node"}  # fmt: skip
+STARTED_BY = {
+    "pg": "postgres",
+    "pg_url": "postgres",
+    "redis_prefix": "redis",
+    "redis_server": "redis",
+    "browser": "browser",
+    "report": "node",
+}
 STARTED_IN = {
-    "test_postgres": "postgres", "test_budgets_replicas": "postgres", "test_redis_faults": "redis",
-    "test_console_browser": "browser", "test_client_matrix": "node", "test_console_sso": "node",
-    "test_claude_code": "agent", "test_codex": "agent",
-    **dict.fromkeys(["test_openapi", "test_alerts", "test_connections", "test_faults", "test_hard_kill", "test_crash",
-                     "test_soak", "test_cli", "test_admin_listener", "test_demo", "test_shutdown", "test_reload",
-                     "test_readme", "test_stock_server", "test_media_faults", "test_key_lifecycle", "test_operators",
-                     "test_audit", "test_batches", "test_budgets", "test_fast_headers", "test_fast_http1",
-                     "test_malformed", "test_client_langchain", "test_client_agents", "test_http2"], "slow"),
-}  # fmt: skip
+    "test_postgres": "postgres",
+    "test_budgets_replicas": "postgres",
+    "test_redis_faults": "redis",
+    "test_console_browser": "browser",
+    "test_client_matrix": "node",
+    "test_console_sso": "node",
+    "test_claude_code": "agent",
+    "test_codex": "agent",
+    **dict.fromkeys(
+        [
+            "test_openapi",
+            "test_alerts",
+            "test_connections",
+            "test_faults",
+            "test_hard_kill",
+            "test_crash",
+            "test_soak",
+            "test_cli",
+            "test_admin_listener",
+            "test_demo",
+            "test_shutdown",
+            "test_reload",
+            "test_readme",
+            "test_stock_server",
+            "test_media_faults",
+            "test_key_lifecycle",
+            "test_operators",
+            "test_audit",
+            "test_batches",
+            "test_budgets",
+            "test_fast_headers",
+            "test_fast_http1",
+            "test_malformed",
+            "test_client_langchain",
+            "test_client_agents",
+            "test_http2",
+        ],
+        "slow",
+    ),
+}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -68,6 +105,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             started.add(STARTED_IN[module])
         for name in started:
             item.add_marker(name)
+
+
 ONE_PER_PROVIDER = [  # a model of each provider group (p1..p5)
     "openai/gpt-4o-mini",
     "anthropic/claude-haiku-4-5",
@@ -79,7 +118,9 @@ _names = itertools.count(1)
 
 
 @contextlib.asynccontextmanager
-async def hypercorn_on(app: Any, **streams: Any) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+async def hypercorn_on(
+    app: Any, **streams: Any
+) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
     """``app`` served by hypercorn on a free loopback port (with whatever server layer the process has
     installed), and a client connection to it (``streams``: asyncio.open_connection's keywords); the
     server is stopped when the block ends."""
@@ -112,20 +153,34 @@ async def hypercorn_on(app: Any, **streams: Any) -> AsyncIterator[tuple[asyncio.
 
 def h2_get(path: str) -> list[tuple[bytes, bytes]]:
     """An HTTP/2 GET's headers, pseudo-headers first."""
-    return [(b":method", b"GET"), (b":path", path.encode()), (b":scheme", b"http"), (b":authority", b"localhost")]
+    return [
+        (b":method", b"GET"),
+        (b":path", path.encode()),
+        (b":scheme", b"http"),
+        (b":authority", b"localhost"),
+    ]
 
 
 def h2_chat(key: str) -> list[tuple[bytes, bytes]]:
     """The headers of an HTTP/2 POST /v1/chat/completions with ``key``."""
-    return [(b":method", b"POST"), (b":path", b"/v1/chat/completions"), (b":scheme", b"http"),
-            (b":authority", b"localhost"), (b"authorization", f"Bearer {key}".encode()),
-            (b"content-type", b"application/json")]  # fmt: skip
+    return [
+        (b":method", b"POST"),
+        (b":path", b"/v1/chat/completions"),
+        (b":scheme", b"http"),
+        (b":authority", b"localhost"),
+        (b"authorization", f"Bearer {key}".encode()),
+        (b"content-type", b"application/json"),
+    ]
 
 
-async def h2_exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                      requests: list[tuple[list[tuple[bytes, bytes]], bytes | None]], window: int = 65_535,
-                      cancel: dict[int, int] | None = None, cancel_connection_after: int | None = None
-                      ) -> list[tuple[int, bytes]]:  # fmt: skip
+async def h2_exchange(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    requests: list[tuple[list[tuple[bytes, bytes]], bytes | None]],
+    window: int = 65_535,
+    cancel: dict[int, int] | None = None,
+    cancel_connection_after: int | None = None,
+) -> list[tuple[int, bytes]]:
     """HTTP/2 with prior knowledge (the h2 library's client) on an open connection: each request
     (headers with the pseudo-headers, and a body or None) on its own stream, all at once, with
     ``window`` as the client's initial flow-control window. ``cancel``: request index -> the stream is
@@ -138,8 +193,13 @@ async def h2_exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     import h2.settings
 
     conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
-    conn.local_settings = h2.settings.Settings(client=True, initial_values={
-        h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window, h2.settings.SettingCodes.ENABLE_PUSH: 0})  # fmt: skip
+    conn.local_settings = h2.settings.Settings(
+        client=True,
+        initial_values={
+            h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window,
+            h2.settings.SettingCodes.ENABLE_PUSH: 0,
+        },
+    )
     conn.initiate_connection()
     index: dict[int, int] = {}
     for i, (headers, body) in enumerate(requests):
@@ -192,8 +252,13 @@ class Stack:
     on free ports; ``configure`` then gets their URLs (``http://127.0.0.1:PORT``, by name) and returns
     the gateway's settings."""
 
-    def __init__(self, tmp: Path, settings: Settings | None = None, extra: dict[str, Emulator] | None = None,
-                 configure: Callable[[dict[str, str]], Settings] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        tmp: Path,
+        settings: Settings | None = None,
+        extra: dict[str, Emulator] | None = None,
+        configure: Callable[[dict[str, str]], Settings] | None = None,
+    ) -> None:
         self.tmp = tmp
         self.extra = extra or {}
         self.extra_urls: dict[str, str] = {}
@@ -297,7 +362,9 @@ class Stack:
         """Anthropic's SDK on the gateway's Messages API."""
         import anthropic
 
-        client = anthropic.Anthropic(base_url=f"http://127.0.0.1:{self.port}", api_key=key or self.key(), max_retries=0, **kw)
+        client = anthropic.Anthropic(
+            base_url=f"http://127.0.0.1:{self.port}", api_key=key or self.key(), max_retries=0, **kw
+        )
         self.clients.append(client)
         return client
 
@@ -355,8 +422,9 @@ class Raw:
         return json.loads(self.body)
 
 
-def raw_request(stack: Stack, method: str, path: str, body: bytes | None = None,
-                headers: dict[str, str] | None = None) -> Raw:  # fmt: skip
+def raw_request(
+    stack: Stack, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
+) -> Raw:
     import http.client
 
     conn = http.client.HTTPConnection("127.0.0.1", stack.port, timeout=30)
@@ -374,8 +442,14 @@ def raw_request(stack: Stack, method: str, path: str, body: bytes | None = None,
 def http_post(key: str, body: bytes, path: str = "/v1/chat/completions", close: bool = False) -> bytes:
     """The bytes of an HTTP/1.1 POST of ``body`` as ``key``, for tests that read (or break off) the
     answer on a socket of their own."""
-    head = [f"POST {path} HTTP/1.1", "Host: x", f"Authorization: Bearer {key}", "Content-Type: application/json",
-            f"Content-Length: {len(body)}", *(["Connection: close"] if close else [])]  # fmt: skip
+    head = [
+        f"POST {path} HTTP/1.1",
+        "Host: x",
+        f"Authorization: Bearer {key}",
+        "Content-Type: application/json",
+        f"Content-Length: {len(body)}",
+        *(["Connection: close"] if close else []),
+    ]
     return "\r\n".join([*head, "", ""]).encode() + body
 
 
@@ -389,13 +463,17 @@ def break_off(port: int, request: bytes, marker: bytes, count: int) -> None:
             received += sock.recv(65536)
 
 
-def wait_healthy(port: int, proc: subprocess.Popen[bytes], log: Path | None = None, seconds: float = 30) -> None:
+def wait_healthy(
+    port: int, proc: subprocess.Popen[bytes], log: Path | None = None, seconds: float = 30
+) -> None:
     """Return once the gateway process on ``port`` answers ``GET /healthz``; fail (with its log) if it
     exits or takes longer than ``seconds`` (then it is killed)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise AssertionError(f"gateway on port {port} exited with {proc.returncode}: {log.read_text() if log else ''}")
+            raise AssertionError(
+                f"gateway on port {port} exited with {proc.returncode}: {log.read_text() if log else ''}"
+            )
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
                 if response.status == 200:
@@ -548,11 +626,15 @@ async def older_hold(store: Any, group_id: int, key_id: int, amount: int) -> Any
 
     def hold(db: Any) -> Reservation:
         db.execute("BEGIN IMMEDIATE")
-        db.execute("UPDATE groups SET balance = balance - ?, reserved = reserved + ? WHERE id = ?",
-                   (amount, amount, group_id))  # fmt: skip
+        db.execute(
+            "UPDATE groups SET balance = balance - ?, reserved = reserved + ? WHERE id = ?",
+            (amount, amount, group_id),
+        )
         db.execute("UPDATE keys SET reserved = reserved + ? WHERE id = ?", (amount, key_id))
-        rid = db.execute("INSERT INTO reservations (group_id, key_id, amount, created_at) VALUES (?, ?, ?, ?)",
-                         (group_id, key_id, amount, time.time())).lastrowid  # fmt: skip
+        rid = db.execute(
+            "INSERT INTO reservations (group_id, key_id, amount, created_at) VALUES (?, ?, ?, ?)",
+            (group_id, key_id, amount, time.time()),
+        ).lastrowid
         db.execute("COMMIT")
         return Reservation(rid, group_id, key_id, amount)
 

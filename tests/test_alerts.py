@@ -39,8 +39,16 @@ from tests.test_key_lifecycle import HI, MODEL, TOKEN
 
 OUTAGE = float(os.environ.get("ALERTS_TEST_OUTAGE", "2.0"))  # seconds the receiver is down (30 in the issue)
 LOOPBACK = ["127.0.0.0/8", "::1"]  # where the receivers listen (localhost: either)
-FAST = AlertsSettings(check_interval=0.2, deliver_interval=0.1, backoff_base=0.2, backoff_max=0.8,
-                      max_attempts=1000, timeout=1.5, lease_seconds=10.0, allow_destinations=LOOPBACK)  # fmt: skip
+FAST = AlertsSettings(
+    check_interval=0.2,
+    deliver_interval=0.1,
+    backoff_base=0.2,
+    backoff_max=0.8,
+    max_attempts=1000,
+    timeout=1.5,
+    lease_seconds=10.0,
+    allow_destinations=LOOPBACK,
+)
 
 
 def _bound(port: int) -> socket.socket:
@@ -84,7 +92,9 @@ class Receiver:
         self.got.append(({k.lower(): v for k, v in request.headers.items()}, await request.read()))
         if self.status != 200:
             return web.Response(status=self.status, headers={"Location": "http://10.0.0.1/"})
-        return web.Response(text="ok", headers={"Set-Cookie": f"seen={len(self.got)}; Path=/"} if self.cookie else None)
+        return web.Response(
+            text="ok", headers={"Set-Cookie": f"seen={len(self.got)}; Path=/"} if self.cookie else None
+        )
 
     async def up(self) -> None:
         self._released = asyncio.Event()
@@ -172,18 +182,29 @@ def receiver_and_stack(store_url: str, tmp_path: Path) -> Any:
 def test_each_alert_arrives_once_signed_after_an_outage(receiver_and_stack: Any) -> None:
     receiver, stack = receiver_and_stack  # the receiver starts down
     group = stack.group(10)
-    hook = api(stack, "POST", "/webhooks", {"url": receiver.url, "group": group, "balance_below": "20",
-                                            "expiry_within": "1h"}, status=201)  # fmt: skip
+    hook = api(
+        stack,
+        "POST",
+        "/webhooks",
+        {"url": receiver.url, "group": group, "balance_below": "20", "expiry_within": "1h"},
+        status=201,
+    )
     secret = hook.pop("secret")
     assert secret.startswith("whsec_") and "secret" not in json.dumps(api(stack, "GET", "/webhooks"))
-    stack.run(new_key(stack.store, stack.settings, group, "soon", meta=KeyMeta(expires_at=time.time() + 1800)))
+    stack.run(
+        new_key(stack.store, stack.settings, group, "soon", meta=KeyMeta(expires_at=time.time() + 1800))
+    )
     other = stack.group(1)  # another group: not this webhook's
-    stack.run(new_key(stack.store, stack.settings, other, "elsewhere", meta=KeyMeta(expires_at=time.time() + 60)))
+    stack.run(
+        new_key(stack.store, stack.settings, other, "elsewhere", meta=KeyMeta(expires_at=time.time() + 60))
+    )
     began = time.monotonic()
     time.sleep(OUTAGE)  # the receiver is down: every attempt fails, retried with backoff
     during = api(stack, "GET", f"/webhooks/{hook['id']}/deliveries")["data"]
     assert {d["type"] for d in during} == {"balance.low", "key.expiring"}
-    assert all(d["status"] == "pending" and d["attempts"] >= 2 and d["last_error"] == "failed" for d in during), during
+    assert all(
+        d["status"] == "pending" and d["attempts"] >= 2 and d["last_error"] == "failed" for d in during
+    ), during
     assert receiver.got == []
     stack.run(receiver.up())
     wait_for(lambda: len(receiver.got) >= 2, 10, "two alerts")
@@ -227,7 +248,9 @@ def test_a_balance_alert_rearms_once_the_balance_is_back(receiver_and_stack: Any
     stack.run(receiver.up())
     group = stack.group(10)
     _, info = stack.run(new_key(stack.store, stack.settings, group, "spender"))
-    hook = api(stack, "POST", "/webhooks", {"url": receiver.url, "group": group, "balance_below": "5"}, status=201)
+    hook = api(
+        stack, "POST", "/webhooks", {"url": receiver.url, "group": group, "balance_below": "5"}, status=201
+    )
     checker = stack.gateway.alert_checker
 
     async def hold(amount: int) -> Any:  # the balance lowered by a charge, given back by a top-up
@@ -235,8 +258,10 @@ def test_a_balance_alert_rearms_once_the_balance_is_back(receiver_and_stack: Any
 
         g = await stack.store.get_group(group)
         assert g is not None
-        await stack.store.settle(Reservation(0, g.id, info.id, 0), UsageRecord(key_id=info.id, group_id=g.id,
-                                 model=MODEL, provider="openai", credits=amount))  # fmt: skip
+        await stack.store.settle(
+            Reservation(0, g.id, info.id, 0),
+            UsageRecord(key_id=info.id, group_id=g.id, model=MODEL, provider="openai", credits=amount),
+        )
         return amount
 
     async def release(amount: int) -> None:
@@ -256,7 +281,9 @@ def test_a_balance_alert_rearms_once_the_balance_is_back(receiver_and_stack: Any
     assert queued_after_two_checks() == 2  # a new dip, a new alert
     wait_for(lambda: len(receiver.got) == 2, 10, "two balance alerts")
     assert len({e["id"] for e in receiver.events()}) == 2
-    assert all(d["status"] == "delivered" for d in api(stack, "GET", f"/webhooks/{hook['id']}/deliveries")["data"])
+    assert all(
+        d["status"] == "delivered" for d in api(stack, "GET", f"/webhooks/{hook['id']}/deliveries")["data"]
+    )
 
 
 def test_two_deliverers_on_one_store_never_send_an_event_twice(receiver_and_stack: Any) -> None:
@@ -348,8 +375,12 @@ def test_one_groups_hanging_receiver_never_holds_back_anothers_alerts(receiver_a
     stack.run(healthy.up())
     try:
         group_a, group_b = stack.group(10), stack.group(10)
-        hook_a = api(stack, "POST", "/webhooks", {"url": hanging.url, "group": group_a, "budgets": False}, status=201)
-        hook_b = api(stack, "POST", "/webhooks", {"url": healthy.url, "group": group_b, "budgets": False}, status=201)
+        hook_a = api(
+            stack, "POST", "/webhooks", {"url": hanging.url, "group": group_a, "budgets": False}, status=201
+        )
+        hook_b = api(
+            stack, "POST", "/webhooks", {"url": healthy.url, "group": group_b, "budgets": False}, status=201
+        )
         book = stack.gateway.alerts
         for n in range(40):
             stack.run(book.fire(f"test:a:{n}", hook_a["id"], "test", {"n": n}))
@@ -407,8 +438,13 @@ def test_bad_webhook_input_is_a_400_naming_the_field(receiver_and_stack: Any, tm
     assert api(stack, "GET", "/webhooks")["webhooks"] == []
     cwd = str(tmp_path)
     for args, words in [(["ftp://x"], "http"), (["https://x.example", "--balance-below", "-2"], "negative")]:
-        out = subprocess.run([sys.executable, "-m", "cli", "webhooks", "add", *args], cwd=cwd,
-                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-m", "cli", "webhooks", "add", *args],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert out.returncode != 0 and out.stderr.count("\n") == 1 and words in out.stderr, out.stderr
 
 
@@ -421,8 +457,10 @@ def test_budget_windows_alert_at_50_80_100_percent_once_per_window(receiver_and_
     start = {"day": 1_000_000.0}
 
     async def windows() -> list[BudgetWindow]:  # what the budgets report
-        return [BudgetWindow(group, None, "day", start["day"], used["day"], 100 * NANO),
-                BudgetWindow("another-group", None, "day", start["day"], 100 * NANO, 100 * NANO)]  # fmt: skip
+        return [
+            BudgetWindow(group, None, "day", start["day"], used["day"], 100 * NANO),
+            BudgetWindow("another-group", None, "day", start["day"], 100 * NANO, 100 * NANO),
+        ]
 
     checker = stack.gateway.alert_checker  # (the gateway's own checks run every 0.2 s beside these)
 
@@ -444,7 +482,13 @@ def test_budget_windows_alert_at_50_80_100_percent_once_per_window(receiver_and_
         checker.budgets = real
     wait_for(lambda: len(receiver.got) == 5, 10, "five budget alerts")
     levels = sorted((e["data"]["window_start"], e["data"]["level"]) for e in receiver.events())
-    assert levels == [(1_000_000.0, 50), (1_000_000.0, 80), (1_000_000.0, 100), (1_086_400.0, 50), (1_086_400.0, 80)]
+    assert levels == [
+        (1_000_000.0, 50),
+        (1_000_000.0, 80),
+        (1_000_000.0, 100),
+        (1_086_400.0, 50),
+        (1_086_400.0, 80),
+    ]
     assert {e["data"]["group"] for e in receiver.events()} == {group}
 
 
@@ -460,7 +504,11 @@ def test_a_real_budget_spent_past_half_alerts_once(receiver_and_stack: Any) -> N
     group = stack.group(10)
     api(stack, "POST", "/webhooks", {"url": receiver.url, "group": group}, status=201)
     client = stack.client(stack.key(group=group))
-    ask = {"model": "openai/gpt-4o-mini", "max_tokens": 5, "messages": [{"role": "user", "content": "hi [tokens:5]"}]}
+    ask = {
+        "model": "openai/gpt-4o-mini",
+        "max_tokens": 5,
+        "messages": [{"role": "user", "content": "hi [tokens:5]"}],
+    }
     client.chat.completions.create(**ask)  # type: ignore[call-overload]
     one = stack.run(stack.store.get_group(group)).spent  # what one call costs
     stack.run(budgets.add(stack.store, group, 40 * one, "day"))
@@ -471,21 +519,43 @@ def test_a_real_budget_spent_past_half_alerts_once(receiver_and_stack: Any) -> N
             assert exc.status_code == 402 and "budget" in exc.message
             break
     stack.run(stack.gateway.alert_checker.check())
-    wait_for(lambda: len([e for e in receiver.events() if e["type"] == "budget.threshold"]) >= 2, 10, "budget alerts")
+    wait_for(
+        lambda: len([e for e in receiver.events() if e["type"] == "budget.threshold"]) >= 2,
+        10,
+        "budget alerts",
+    )
     levels = sorted(e["data"]["level"] for e in receiver.events() if e["type"] == "budget.threshold")
     assert levels[:2] == [50, 80] and all(e["data"]["group"] == group for e in receiver.events())
 
 
-REFUSED = ["http://169.254.169.254/latest/meta-data/", "http://metadata.google.internal/computeMetadata/v1/",
-           "http://10.0.0.1/hook", "http://[fd00::1]/hook", "http://127.0.0.1:6379/", "http://localhost:8080/hook",
-           "https://0.0.0.0/", "http://[::1]/", "http://[::]/", "http://[::ffff:127.0.0.1]/", "http://0x7f.1/",
-           "http://2130706433/", "http://224.0.0.1/", "http://[ff02::1]/", "http://100.100.100.200/",
-           "http://[fe80::1]/", "http://192.168.1.1/", "http://172.16.0.1/", "http://[fd00:ec2::254]/",
-           "http://metadata.google.internal./", "http://nowhere.invalid/"]  # fmt: skip
+REFUSED = [
+    "http://169.254.169.254/latest/meta-data/",
+    "http://metadata.google.internal/computeMetadata/v1/",
+    "http://10.0.0.1/hook",
+    "http://[fd00::1]/hook",
+    "http://127.0.0.1:6379/",
+    "http://localhost:8080/hook",
+    "https://0.0.0.0/",
+    "http://[::1]/",
+    "http://[::]/",
+    "http://[::ffff:127.0.0.1]/",
+    "http://0x7f.1/",
+    "http://2130706433/",
+    "http://224.0.0.1/",
+    "http://[ff02::1]/",
+    "http://100.100.100.200/",
+    "http://[fe80::1]/",
+    "http://192.168.1.1/",
+    "http://172.16.0.1/",
+    "http://[fd00:ec2::254]/",
+    "http://metadata.google.internal./",
+    "http://nowhere.invalid/",
+]
 
 
-def test_webhooks_to_private_loopback_or_metadata_addresses_are_refused_when_added(store_url: str,
-                                                                                   tmp_path: Path) -> None:  # fmt: skip
+def test_webhooks_to_private_loopback_or_metadata_addresses_are_refused_when_added(
+    store_url: str, tmp_path: Path
+) -> None:
     stack = alert_stack(tmp_path, store_url, AlertsSettings())  # no allow-list: public addresses only
     try:
         messages = set()
@@ -493,7 +563,9 @@ def test_webhooks_to_private_loopback_or_metadata_addresses_are_refused_when_add
             answer = Client(stack).api("POST", "/webhooks", {"url": url}, token=TOKEN)
             assert answer.status == 400 and answer.json()["error"]["param"] == "url", (url, answer.text)
             messages.add(answer.json()["error"]["message"])
-        assert len(messages) == 1 and "public address" in messages.pop()  # (nothing of what a name resolves to)
+        assert (
+            len(messages) == 1 and "public address" in messages.pop()
+        )  # (nothing of what a name resolves to)
         console = Client(stack)
         assert console.login(TOKEN).status == 303
         form = console.post("/console/webhooks", {"url": "http://169.254.169.254/", "budgets": "on"})
@@ -503,37 +575,64 @@ def test_webhooks_to_private_loopback_or_metadata_addresses_are_refused_when_add
         assert hook["url"] == "https://8.8.8.8/hook"  # a public address (it gets no event here)
     finally:
         stack.stop()
-    for config, code in [("", 1), ('[alerts]\nallow_destinations = ["10.0.0.0/8"]\n', 0)]:  # the CLI, its settings
+    for config, code in [
+        ("", 1),
+        ('[alerts]\nallow_destinations = ["10.0.0.0/8"]\n', 0),
+    ]:  # the CLI, its settings
         (tmp_path / "router.toml").write_text(config)
-        out = subprocess.run([sys.executable, "-m", "cli", "webhooks", "add", "http://10.0.0.1/hook"], cwd=tmp_path,
-                             capture_output=True, text=True, timeout=60,
-                             env={**os.environ, "ROUTER_CONFIG": str(tmp_path / "router.toml")})  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-m", "cli", "webhooks", "add", "http://10.0.0.1/hook"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "ROUTER_CONFIG": str(tmp_path / "router.toml")},
+        )
         assert out.returncode == code, out.stderr
-        assert (out.stderr.count("\n"), "public address" in out.stderr) == ((1, True) if code else (0, False)), out.stderr
+        assert (out.stderr.count("\n"), "public address" in out.stderr) == (
+            (1, True) if code else (0, False)
+        ), out.stderr
 
 
-def test_a_webhook_no_longer_allowed_fails_at_send_time_without_a_connection(store_url: str, tmp_path: Path) -> None:
+def test_a_webhook_no_longer_allowed_fails_at_send_time_without_a_connection(
+    store_url: str, tmp_path: Path
+) -> None:
     """Two webhooks added while the allow-list let loopback in (one by address, one by name), their
     events queued; the gateway restarted without it: each send fails, reported as just "failed", and
     nothing connects to the port (the resolver drops the name's addresses, the address is refused
     before any connection)."""
     listener = Listener()
-    first = alert_stack(tmp_path / "a", store_url, msgspec.structs.replace(FAST, enabled=False))  # (sends nothing)
+    first = alert_stack(
+        tmp_path / "a", store_url, msgspec.structs.replace(FAST, enabled=False)
+    )  # (sends nothing)
     try:
-        hooks = [api(first, "POST", "/webhooks", {"url": f"http://{host}:{listener.port}/hook", "budgets": False},
-                     status=201)["id"] for host in ("127.0.0.1", "localhost")]  # fmt: skip
+        hooks = [
+            api(
+                first,
+                "POST",
+                "/webhooks",
+                {"url": f"http://{host}:{listener.port}/hook", "budgets": False},
+                status=201,
+            )["id"]
+            for host in ("127.0.0.1", "localhost")
+        ]
         for hook in hooks:
             first.run(first.gateway.alerts.fire(f"test:{hook}", hook, "test", {"hook": hook}))
     finally:
         first.stop()
     second = alert_stack(tmp_path / "b", store_url, msgspec.structs.replace(FAST, allow_destinations=[]))
     try:
+
         def tried() -> list[Any]:
             return [api(second, "GET", f"/webhooks/{hook}/deliveries")["data"][0] for hook in hooks]
 
         wait_for(lambda: all(d["attempts"] >= 3 for d in tried()), 10, "three attempts of each")
         for delivery in tried():
-            assert (delivery["status"], delivery["last_error"], delivery["last_status"]) == ("pending", "failed", None)
+            assert (delivery["status"], delivery["last_error"], delivery["last_status"]) == (
+                "pending",
+                "failed",
+                None,
+            )
         console = Client(second)
         assert console.login(TOKEN).status == 303
         page = console.get("/console/webhooks").text
@@ -554,8 +653,10 @@ def test_deliveries_say_delivered_an_http_status_or_failed_and_nothing_else(rece
     receiver.status = 302
     stack.run(receiver.up())
     closed = free_port()
-    hooks = [api(stack, "POST", "/webhooks", {"url": url, "budgets": False}, status=201)["id"]
-             for url in (receiver.url, f"http://127.0.0.1:{closed}/hook")]  # fmt: skip
+    hooks = [
+        api(stack, "POST", "/webhooks", {"url": url, "budgets": False}, status=201)["id"]
+        for url in (receiver.url, f"http://127.0.0.1:{closed}/hook")
+    ]
     book = stack.gateway.alerts
     for hook in hooks:
         stack.run(book.fire(f"test:{hook}", hook, "test", {"hook": hook}))
@@ -566,28 +667,51 @@ def test_deliveries_say_delivered_an_http_status_or_failed_and_nothing_else(rece
     wait_for(lambda: all(last(h)["attempts"] >= 2 for h in hooks), 10, "two attempts of each")
     assert (last(hooks[0])["last_error"], last(hooks[0])["last_status"]) == ("HTTP 302", 302)
     assert (last(hooks[1])["last_error"], last(hooks[1])["last_status"]) == ("failed", None)
-    kept = stack.run(book.db.select("SELECT last_error FROM alert_outbox WHERE webhook_id IN (?, ?) ORDER BY webhook_id",
-                                    tuple(hooks)))  # fmt: skip
+    kept = stack.run(
+        book.db.select(
+            "SELECT last_error FROM alert_outbox WHERE webhook_id IN (?, ?) ORDER BY webhook_id", tuple(hooks)
+        )
+    )
     assert [row[0] for row in kept] == ["HTTP 302", "failed"]  # (the detail is not even stored)
     assert receiver.got  # (the 302 is the answer: redirects are not followed)
     old = "ClientConnectorError: Cannot connect to host 10.0.0.7:22 ssl:default [Connect call failed]"
-    stack.run(book.db.write("UPDATE alert_outbox SET status = 'failed', last_error = ? WHERE event_id = ?",
-                            (old, f"test:{hooks[1]}")))  # fmt: skip
+    stack.run(
+        book.db.write(
+            "UPDATE alert_outbox SET status = 'failed', last_error = ? WHERE event_id = ?",
+            (old, f"test:{hooks[1]}"),
+        )
+    )
     assert last(hooks[1])["last_error"] == "failed"
     assert "10.0.0.7" not in Client(stack).api("GET", f"/webhooks/{hooks[1]}/deliveries", token=TOKEN).text
 
 
 def test_the_destination_rule() -> None:
     default = Destinations()
-    assert not any(default.permits("x", a) for a in ("10.0.0.1", "fd00::1", "127.0.0.1", "::1", "169.254.169.254",
-                                                     "::ffff:10.0.0.1", "64:ff9b::a00:1", "2002:a00:1::", "224.0.0.1"))  # fmt: skip
+    assert not any(
+        default.permits("x", a)
+        for a in (
+            "10.0.0.1",
+            "fd00::1",
+            "127.0.0.1",
+            "::1",
+            "169.254.169.254",
+            "::ffff:10.0.0.1",
+            "64:ff9b::a00:1",
+            "2002:a00:1::",
+            "224.0.0.1",
+        )
+    )
     assert all(default.permits("x", a) for a in ("8.8.8.8", "2606:4700:4700::1111", "64:ff9b::808:808"))
-    allowed = Destinations.parse(["10.0.0.0/8", "169.254.0.0/16", "Receiver.Internal.", "metadata.google.internal"])
+    allowed = Destinations.parse(
+        ["10.0.0.0/8", "169.254.0.0/16", "Receiver.Internal.", "metadata.google.internal"]
+    )
     assert allowed.permits("x", "10.1.2.3") and allowed.permits("x", "::ffff:10.1.2.3")
     assert allowed.permits("receiver.internal", "192.168.7.7") and allowed.permits("x", "169.254.1.1")
     # a cloud metadata service, never: by address (however written) or by name, allow-listed or not
     assert not allowed.permits("x", "169.254.169.254") and not allowed.permits("x", "::ffff:169.254.169.254")
-    assert not allowed.permits("metadata.google.internal", "8.8.8.8") and not allowed.trusts("metadata.google.internal")
+    assert not allowed.permits("metadata.google.internal", "8.8.8.8") and not allowed.trusts(
+        "metadata.google.internal"
+    )
     with pytest.raises(ValueError, match="'10.0.0.0/33'"):
         Destinations.parse(["10.0.0.0/33"])
     from core.config import ConfigError, parse_settings

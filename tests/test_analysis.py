@@ -34,14 +34,24 @@ def records(n: int, hours: float, seed: int = 7) -> list[UsageRecord]:
         key = rnd.randint(1, 6)
         model = MODELS[rnd.randrange(3)]
         status = rnd.choice(STATUSES)
-        out.append(UsageRecord(
-            key_id=key, group_id=1 + key % 2, model=model, provider=model.split("/")[0],
-            endpoint=rnd.choice(["chat", "responses"]), source=rnd.choice(["api", "job"]), stream=rnd.random() < 0.5,
-            prompt_tokens=rnd.randint(1, 900), completion_tokens=rnd.randint(0, 300),
-            credits=0 if status == "rejected" else rnd.randint(1, 10**7), status=status,
-            latency_ms=rnd.lognormvariate(5, 0.7), ttft_ms=rnd.uniform(5, 90) if status == "ok" else None,
-            ts=T0 + 1234.5 + i * hours * 3600 / n,
-        ))  # fmt: skip
+        out.append(
+            UsageRecord(
+                key_id=key,
+                group_id=1 + key % 2,
+                model=model,
+                provider=model.split("/")[0],
+                endpoint=rnd.choice(["chat", "responses"]),
+                source=rnd.choice(["api", "job"]),
+                stream=rnd.random() < 0.5,
+                prompt_tokens=rnd.randint(1, 900),
+                completion_tokens=rnd.randint(0, 300),
+                credits=0 if status == "rejected" else rnd.randint(1, 10**7),
+                status=status,
+                latency_ms=rnd.lognormvariate(5, 0.7),
+                ttft_ms=rnd.uniform(5, 90) if status == "ok" else None,
+                ts=T0 + 1234.5 + i * hours * 3600 / n,
+            )
+        )
     return out
 
 
@@ -50,16 +60,28 @@ def expected(recs: list[UsageRecord], f: Filter, by: tuple[str, ...]) -> dict[tu
     for r in recs:
         if f.group_id is not None and r.group_id != f.group_id:
             continue
-        if any(getattr(f, name) is not None and getattr(r, name) != getattr(f, name)
-               for name in ("key_id", "model", "source", "provider", "endpoint", "status", "stream")):  # fmt: skip
+        if any(
+            getattr(f, name) is not None and getattr(r, name) != getattr(f, name)
+            for name in ("key_id", "model", "source", "provider", "endpoint", "status", "stream")
+        ):
             continue
         if (f.models is not None and r.model not in f.models) or (f.since is not None and r.ts < f.since):
             continue
         if f.until is not None and r.ts >= f.until:
             continue
         key = tuple(int(r.ts // 3600 * 3600) if name == "hour" else getattr(r, name) for name in by)
-        out[key].add((1, r.status in ("error", "interrupted"), r.status == "rejected", r.credits,
-                      r.prompt_tokens, r.completion_tokens, r.cached_tokens, r.reasoning_tokens))  # fmt: skip
+        out[key].add(
+            (
+                1,
+                r.status in ("error", "interrupted"),
+                r.status == "rejected",
+                r.credits,
+                r.prompt_tokens,
+                r.completion_tokens,
+                r.cached_tokens,
+                r.reasoning_tokens,
+            )
+        )
     return dict(out)
 
 
@@ -151,7 +173,9 @@ def test_concurrent_refreshes_count_each_record_once(store_url: str, monkeypatch
 def test_percentiles_exact_and_sampled(store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     recs = records(4000, 8, seed=11)
 
-    def exact(pick: Callable[[UsageRecord], bool], value: Callable[[UsageRecord], float | None]) -> dict[int, float]:
+    def exact(
+        pick: Callable[[UsageRecord], bool], value: Callable[[UsageRecord], float | None]
+    ) -> dict[int, float]:
         values = sorted(v for r in recs if pick(r) and (v := value(r)) is not None)
         return {p: percentile(values, p) for p in (50, 90, 99)}
 
@@ -185,21 +209,39 @@ def test_batch_totals_are_kept_up_to_the_watermark_and_equal_the_records(store_u
         out = Totals()
         for r in among:
             if r.batch_id == batch:
-                out.add((1, r.status in ("error", "interrupted"), r.status == "rejected", r.credits,
-                         r.prompt_tokens, r.completion_tokens, r.cached_tokens, r.reasoning_tokens))  # fmt: skip
+                out.add(
+                    (
+                        1,
+                        r.status in ("error", "interrupted"),
+                        r.status == "rejected",
+                        r.credits,
+                        r.prompt_tokens,
+                        r.completion_tokens,
+                        r.cached_tokens,
+                        r.reasoning_tokens,
+                    )
+                )
         return out
 
     async def go() -> None:
         async with loaded(store_url, recs) as (store, a):
             a.rollup._refreshed = float("inf")  # the watermarks below are the test's
             assert await a.batches(["b1", "b2", "b0"]) == {"b1": want("b1", recs), "b2": want("b2", recs)}
-            assert await store.database.select("SELECT count(*) FROM usage_batch_totals") == [(0,)]  # nothing rolled
+            assert await store.database.select("SELECT count(*) FROM usage_batch_totals") == [
+                (0,)
+            ]  # nothing rolled
             half = await a.rollup.refresh(now=T0 + 3600 * 5)
             assert await a.batches(["b1", "b2"]) == {"b1": want("b1", recs), "b2": want("b2", recs)}
-            kept = await store.database.select("SELECT batch_id, upto, calls FROM usage_batch_totals ORDER BY batch_id")
-            ids = await store.database.select("SELECT id, batch_id FROM usage WHERE id <= ? AND batch_id IS NOT NULL",
-                                              (half,))  # fmt: skip
-            assert kept == [("b1", half, sum(1 for _, b in ids if b == "b1")), ("b2", half, sum(1 for _, b in ids if b == "b2"))]
+            kept = await store.database.select(
+                "SELECT batch_id, upto, calls FROM usage_batch_totals ORDER BY batch_id"
+            )
+            ids = await store.database.select(
+                "SELECT id, batch_id FROM usage WHERE id <= ? AND batch_id IS NOT NULL", (half,)
+            )
+            assert kept == [
+                ("b1", half, sum(1 for _, b in ids if b == "b1")),
+                ("b2", half, sum(1 for _, b in ids if b == "b2")),
+            ]
             await a.rollup.refresh(now=T0 + 3600 * 100)
             everything = {"b1": want("b1", recs), "b2": want("b2", recs)}
             assert await a.batches(["b1", "b2"]) == everything

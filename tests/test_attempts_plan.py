@@ -32,7 +32,9 @@ TOO_LARGE = UpstreamTooLarge("over the account's tpm")
 
 
 def deployments(*keys: str) -> tuple[Deployment, ...]:
-    return tuple(Deployment(key, f"http://{key}", "k") for key in keys)  # (a single account's key: its prefix)
+    return tuple(
+        Deployment(key, f"http://{key}", "k") for key in keys
+    )  # (a single account's key: its prefix)
 
 
 def plan(names: str = "a", retries: int = 2, deadline: float = 10.0) -> Attempts:
@@ -57,40 +59,62 @@ def play(attempts: Attempts, outcomes: list[tuple[Any, ...]]) -> list[tuple[Any,
 
 
 CASES: list[tuple[str, Attempts, list[tuple[Any, ...]], list[tuple[Any, ...]]]] = [
-    ("several deployments: each failure moves to the next at once, no retry spent",
-     plan("abc", retries=0),
-     [("failed", ("a", DOWN)), ("failed", ("b", DOWN)), ("failed", ("c", DOWN))],
-     [(FAILOVER, 0.0), (FAILOVER, 0.0), (GIVE_UP, DOWN)]),
-    ("once every deployment was tried, a retry (honouring Retry-After), then the retries run out",
-     plan("ab", retries=1),
-     [("failed", ("a", DOWN)), ("failed", ("b", SLOW)), ("failed", ("b", DOWN))],
-     [(FAILOVER, 0.0), (RETRY, 3.0), (GIVE_UP, DOWN)]),
-    ("a retryable failure is retried up to max_retries",
-     plan("a", retries=2),
-     [("failed", ("a", SLOW)), ("failed", ("a", SLOW)), ("failed", ("a", SLOW))],
-     [(RETRY, 3.0), (RETRY, 3.0), (GIVE_UP, SLOW)]),
-    ("Retry-After: 0 is a retry at once",
-     plan("a"), [("failed", ("a", NOW_AGAIN))], [(RETRY, 0.0)]),
-    ("a final upstream failure fails over to another deployment but is never retried",
-     plan("ab"), [("failed", ("a", CREDENTIALS)), ("failed", ("b", CREDENTIALS))],
-     [(FAILOVER, 0.0), (GIVE_UP, CREDENTIALS)]),
-    ("a failure of the caller's request gives up at once, other deployments or not",
-     plan("ab"), [("failed", ("a", BAD))], [(GIVE_UP, BAD)]),
-    ("a call too large for one account tries the others, never retries",
-     plan("ab"), [("failed", ("a", TOO_LARGE)), ("failed", ("b", TOO_LARGE))],
-     [(FAILOVER, 0.0), (GIVE_UP, TOO_LARGE)]),
-    ("a Retry-After past the deadline gives up",
-     plan("a"), [("failed", ("a", LATER))], [(GIVE_UP, LATER)]),
-    ("Retry-After fits the first time; the second would end past the deadline",
-     plan("a", retries=5, deadline=5.0), [("failed", ("a", SLOW)), ("failed", ("a", SLOW))],
-     [(RETRY, 3.0), (GIVE_UP, SLOW)]),
-    ("the probe another call holds is skipped, the next deployment tried at once",
-     plan("ab"), [("refused", "a"), ("failed", ("b", SLOW))], [(FAILOVER, 0.0), (RETRY, 3.0)]),
+    (
+        "several deployments: each failure moves to the next at once, no retry spent",
+        plan("abc", retries=0),
+        [("failed", ("a", DOWN)), ("failed", ("b", DOWN)), ("failed", ("c", DOWN))],
+        [(FAILOVER, 0.0), (FAILOVER, 0.0), (GIVE_UP, DOWN)],
+    ),
+    (
+        "once every deployment was tried, a retry (honouring Retry-After), then the retries run out",
+        plan("ab", retries=1),
+        [("failed", ("a", DOWN)), ("failed", ("b", SLOW)), ("failed", ("b", DOWN))],
+        [(FAILOVER, 0.0), (RETRY, 3.0), (GIVE_UP, DOWN)],
+    ),
+    (
+        "a retryable failure is retried up to max_retries",
+        plan("a", retries=2),
+        [("failed", ("a", SLOW)), ("failed", ("a", SLOW)), ("failed", ("a", SLOW))],
+        [(RETRY, 3.0), (RETRY, 3.0), (GIVE_UP, SLOW)],
+    ),
+    ("Retry-After: 0 is a retry at once", plan("a"), [("failed", ("a", NOW_AGAIN))], [(RETRY, 0.0)]),
+    (
+        "a final upstream failure fails over to another deployment but is never retried",
+        plan("ab"),
+        [("failed", ("a", CREDENTIALS)), ("failed", ("b", CREDENTIALS))],
+        [(FAILOVER, 0.0), (GIVE_UP, CREDENTIALS)],
+    ),
+    (
+        "a failure of the caller's request gives up at once, other deployments or not",
+        plan("ab"),
+        [("failed", ("a", BAD))],
+        [(GIVE_UP, BAD)],
+    ),
+    (
+        "a call too large for one account tries the others, never retries",
+        plan("ab"),
+        [("failed", ("a", TOO_LARGE)), ("failed", ("b", TOO_LARGE))],
+        [(FAILOVER, 0.0), (GIVE_UP, TOO_LARGE)],
+    ),
+    ("a Retry-After past the deadline gives up", plan("a"), [("failed", ("a", LATER))], [(GIVE_UP, LATER)]),
+    (
+        "Retry-After fits the first time; the second would end past the deadline",
+        plan("a", retries=5, deadline=5.0),
+        [("failed", ("a", SLOW)), ("failed", ("a", SLOW))],
+        [(RETRY, 3.0), (GIVE_UP, SLOW)],
+    ),
+    (
+        "the probe another call holds is skipped, the next deployment tried at once",
+        plan("ab"),
+        [("refused", "a"), ("failed", ("b", SLOW))],
+        [(FAILOVER, 0.0), (RETRY, 3.0)],
+    ),
 ]
 
 
-@pytest.mark.parametrize(("attempts", "outcomes", "expected"), [case[1:] for case in CASES],
-                         ids=[case[0] for case in CASES])  # fmt: skip
+@pytest.mark.parametrize(
+    ("attempts", "outcomes", "expected"), [case[1:] for case in CASES], ids=[case[0] for case in CASES]
+)
 def test_each_outcome_leads_to_its_step(attempts: Attempts, outcomes: list[Any], expected: list[Any]) -> None:
     assert play(attempts, outcomes) == expected
 
@@ -103,10 +127,17 @@ def test_every_deployment_busy_waits_for_the_first_back_and_that_wait_spends_the
     busy_first = plan("a", retries=1)
     steps = play(busy_first, [("busy", 1.5), ("busy", 1.5)])
     assert steps[0] == (RETRY, 1.5)
-    assert steps[1][0] == GIVE_UP and isinstance(steps[1][1], RateLimited) and steps[1][1].headers["Retry-After"] == "2"
-    refused_between = plan("ab", retries=2)  # a lease (refused here) ends the waiting: the next wait is a retry
-    assert play(refused_between, [("failed", ("a", SLOW)), ("failed", ("b", SLOW)), ("refused", "a"), ("busy", 1.0)]) \
-        == [(FAILOVER, 0.0), (RETRY, 3.0), (FAILOVER, 0.0), (RETRY, 1.0)]  # fmt: skip
+    assert (
+        steps[1][0] == GIVE_UP
+        and isinstance(steps[1][1], RateLimited)
+        and steps[1][1].headers["Retry-After"] == "2"
+    )
+    refused_between = plan(
+        "ab", retries=2
+    )  # a lease (refused here) ends the waiting: the next wait is a retry
+    assert play(
+        refused_between, [("failed", ("a", SLOW)), ("failed", ("b", SLOW)), ("refused", "a"), ("busy", 1.0)]
+    ) == [(FAILOVER, 0.0), (RETRY, 3.0), (FAILOVER, 0.0), (RETRY, 1.0)]
 
 
 def test_every_deployment_busy_past_the_deadline_or_forever_gives_up() -> None:
@@ -125,7 +156,11 @@ def test_backoff_without_retry_after_doubles_with_jitter() -> None:
 
 def test_a_breaker_counts_a_call_once_per_deployment_and_only_the_providers_failures() -> None:
     attempts = plan("ab")
-    assert [attempts.counts("a", DOWN), attempts.counts("a", DOWN), attempts.counts("b", DOWN)] == [True, False, True]
+    assert [attempts.counts("a", DOWN), attempts.counts("a", DOWN), attempts.counts("b", DOWN)] == [
+        True,
+        False,
+        True,
+    ]
     fresh = plan("ab")
     for error in (SLOW, TOO_LARGE, MISSING, BAD):
         assert not fresh.counts("a", error)

@@ -63,13 +63,25 @@ def test_the_admin_api_records_each_change_with_before_and_after(astack: Stack) 
     rotated = api(astack, "POST", f"/keys/{key_id}/rotate", {"grace_seconds": 60})
     api(astack, "POST", f"/keys/{key_id}/revoke")
     log = entries(astack)
-    assert [e["action"] for e in log] == ["key.revoke", "key.rotate", "key.update", "key.create", "group.topup",
-                                          "group.create"]  # fmt: skip
+    assert [e["action"] for e in log] == [
+        "key.revoke",
+        "key.rotate",
+        "key.update",
+        "key.create",
+        "group.topup",
+        "group.create",
+    ]
     assert all(e["actor"] == "admin-api:admin (127.0.0.1)" and e["ts"] > 0 for e in log)
     revoke, rotate, update, create, topup, group = log
-    assert group["before"] is None and group["after"]["balance"] == 10 * NANO and group["target"] == "group:audited"
+    assert (
+        group["before"] is None
+        and group["after"]["balance"] == 10 * NANO
+        and group["target"] == "group:audited"
+    )
     assert topup["before"]["balance"] == 10 * NANO and topup["after"]["balance"] == 12.5 * NANO
-    assert create["before"] is None and create["after"]["tags"] == ["ci"] and create["target"] == f"key:{key_id}"
+    assert (
+        create["before"] is None and create["after"]["tags"] == ["ci"] and create["target"] == f"key:{key_id}"
+    )
     assert update["before"]["owner"] == "ana" and update["after"]["owner"] == "bob"
     assert update["before"]["spend_cap"] is None and update["after"]["spend_cap"] == 3 * NANO
     assert update["before"]["expires_at"] is None and update["after"]["expires_at"] > 0
@@ -81,7 +93,9 @@ def test_the_admin_api_records_each_change_with_before_and_after(astack: Stack) 
     # never a secret: the clear keys and their hashes, anywhere in what the API shows or the table holds
     secrets = [first, rotated["key"], hash_key(first), hash_key(rotated["key"])]
     no_secret_in(json.dumps(log), secrets)
-    rows = astack.run(astack.store.database.select("SELECT actor, action, target, before, after FROM audit_log"))
+    rows = astack.run(
+        astack.store.database.select("SELECT actor, action, target, before, after FROM audit_log")
+    )
     no_secret_in(json.dumps(rows), secrets)
 
 
@@ -89,23 +103,35 @@ def test_a_refused_change_is_not_recorded(astack: Stack) -> None:
     group = astack.group(5)
     client = Client(astack)
     assert client.api("POST", f"/groups/{group}/topup", {"credits": "-1"}, token=TOKEN).status == 400
-    assert client.api("POST", f"/groups/{group}/keys", {"name": "x", "expires_at": 1}, token=TOKEN).status == 400
+    assert (
+        client.api("POST", f"/groups/{group}/keys", {"name": "x", "expires_at": 1}, token=TOKEN).status == 400
+    )
     assert entries(astack) == []
 
 
-def test_a_rotation_in_the_console_asks_first_and_keeps_the_old_secret_a_day_by_default(tmp_path: Path) -> None:
+def test_a_rotation_in_the_console_asks_first_and_keeps_the_old_secret_a_day_by_default(
+    tmp_path: Path,
+) -> None:
     """Rotate is a confirmation away, and an empty grace field is 24 hours, not 'at once': the old
     secret still answers after the rotation; a grace of 0 is said so before it is done."""
     stack = console_stack(tmp_path)
     try:
         client = admin(stack)
-        made = client.post(f"/console/groups/{stack.group()}/keys", {"label": "web", "spend_cap": "", "models": ""})
+        made = client.post(
+            f"/console/groups/{stack.group()}/keys", {"label": "web", "spend_cap": "", "models": ""}
+        )
         old = re.search(r'id="new-key">([^<]+)<', client.get(made.headers["location"]).text).group(1)  # type: ignore[union-attr]
         key_id = re.search(r"key=(\d+)", made.headers["location"]).group(1)  # type: ignore[union-attr]
         key_page = client.get(f"/console/keys/{key_id}").text
-        assert f'<form method="get" action="/console/keys/{key_id}/rotate"' in key_page and "Rotate…" in key_page
-        unconfirmed = client.post(f"/console/keys/{key_id}/rotate", {"grace": ""})  # no confirmation: nothing done
-        assert unconfirmed.status == 303 and unconfirmed.headers["location"].endswith(f"/keys/{key_id}/rotate?grace=24h")
+        assert (
+            f'<form method="get" action="/console/keys/{key_id}/rotate"' in key_page and "Rotate…" in key_page
+        )
+        unconfirmed = client.post(
+            f"/console/keys/{key_id}/rotate", {"grace": ""}
+        )  # no confirmation: nothing done
+        assert unconfirmed.status == 303 and unconfirmed.headers["location"].endswith(
+            f"/keys/{key_id}/rotate?grace=24h"
+        )
         asked = client.get(unconfirmed.headers["location"])
         assert asked.status == 200 and "keeps working <strong>for 24 hours</strong>" in asked.text
         assert 'name="grace" value="24h"' in asked.text and call(stack, old) == "ok"
@@ -116,7 +142,9 @@ def test_a_rotation_in_the_console_asks_first_and_keeps_the_old_secret_a_day_by_
         done = client.post(f"/console/keys/{key_id}/rotate", {"grace": "24h", "confirm": "yes"})
         assert done.status == 303 and "rotated=" in done.headers["location"]
         new = re.search(r'id="new-key">([^<]+)<', client.get(done.headers["location"]).text).group(1)  # type: ignore[union-attr]
-        assert new != old and call(stack, new) == "ok" and call(stack, old) == "ok"  # the old one, within its day
+        assert (
+            new != old and call(stack, new) == "ok" and call(stack, old) == "ok"
+        )  # the old one, within its day
         assert [e["action"] for e in entries(stack)][:1] == ["key.rotate"]
     finally:
         stack.stop()
@@ -131,20 +159,32 @@ def test_budgets_are_set_in_the_console_on_the_key_and_only_through_their_owners
         (key,) = stack.run(stack.store.list_keys(mine))
         page = client.get(f"/console/keys/{key.id}")
         assert 'id="budgets"' in page.text and "No budget yet" in page.text  # shown before any exists
-        bad = client.post(f"/console/keys/{key.id}/budgets", {"budget_amount": "5", "budget_window": "fortnight"})
+        bad = client.post(
+            f"/console/keys/{key.id}/budgets", {"budget_amount": "5", "budget_window": "fortnight"}
+        )
         assert bad.status == 400 and 'id="budget_window-error"' in bad.text and "autofocus" in bad.text
         made = client.post(f"/console/keys/{key.id}/budgets", {"budget_amount": "5", "budget_window": "7d"})
-        assert made.status == 303 and made.headers["location"].endswith(f"/keys/{key.id}?ok=budget-added#budgets")
+        assert made.status == 303 and made.headers["location"].endswith(
+            f"/keys/{key.id}?ok=budget-added#budgets"
+        )
         (state,) = stack.run(budgets.states(stack.store, mine))
-        assert (state.budget.key_id, state.budget.amount, state.budget.period.name) == (key.id, 5 * NANO, "7d")
+        assert (state.budget.key_id, state.budget.amount, state.budget.period.name) == (
+            key.id,
+            5 * NANO,
+            "7d",
+        )
         shown = client.get(f"/console/keys/{key.id}").text
         assert state.budget.period.describe() in shown and 'placeholder="5"' in shown
         # another group's page cannot reach it
-        assert client.post(f"/console/groups/{other}/budgets/{state.budget.id}", {"amount": "1"}).status == 404
+        assert (
+            client.post(f"/console/groups/{other}/budgets/{state.budget.id}", {"amount": "1"}).status == 404
+        )
         assert client.post(f"/console/groups/{other}/budgets/{state.budget.id}/remove", {}).status == 404
         bad_amount = client.post(f"/console/groups/{mine}/budgets/{state.budget.id}", {"amount": "-1"})
         assert bad_amount.status == 400 and f'id="budget_set_{state.budget.id}-error"' in bad_amount.text
-        assert client.post(f"/console/groups/{mine}/budgets/{state.budget.id}", {"amount": "7.5"}).status == 303
+        assert (
+            client.post(f"/console/groups/{mine}/budgets/{state.budget.id}", {"amount": "7.5"}).status == 303
+        )
         assert stack.run(budgets.states(stack.store, mine))[0].budget.amount == 7_500_000_000
         assert client.post(f"/console/keys/{key.id}/budgets/{state.budget.id}/remove", {}).status == 303
         assert stack.run(budgets.states(stack.store, mine)) == []
@@ -168,8 +208,12 @@ def test_the_console_records_its_changes_and_shows_them(tmp_path: Path) -> None:
         clear = re.search(r'id="new-key">([^<]+)<', page.text)
         assert clear, page.text[:400]
         key_id = re.search(r"key=(\d+)", made.headers["location"]).group(1)  # type: ignore[union-attr]
-        assert client.post(f"/console/keys/{key_id}/lifecycle", {"expires_at": "7d", "tags": "web, prod",
-                                                                  "owner": "ops"}).status == 303  # fmt: skip
+        assert (
+            client.post(
+                f"/console/keys/{key_id}/lifecycle", {"expires_at": "7d", "tags": "web, prod", "owner": "ops"}
+            ).status
+            == 303
+        )
         rotated = client.post(f"/console/keys/{key_id}/rotate", {"grace": "10m", "confirm": "yes"})
         assert rotated.status == 303
         shown = client.get(rotated.headers["location"])
@@ -178,8 +222,14 @@ def test_the_console_records_its_changes_and_shows_them(tmp_path: Path) -> None:
         assert client.get(rotated.headers["location"]).text.count(secret.group(1)) == 0  # shown once
         assert client.post(f"/console/keys/{key_id}/revoke", {"confirm": "yes"}).status == 303
         log = entries(stack)
-        assert [e["action"] for e in log] == ["key.revoke", "key.rotate", "key.update", "key.create",
-                                              "group.topup", "group.create"]  # fmt: skip
+        assert [e["action"] for e in log] == [
+            "key.revoke",
+            "key.rotate",
+            "key.update",
+            "key.create",
+            "group.topup",
+            "group.create",
+        ]
         assert all(e["actor"] == "console:admin (127.0.0.1)" for e in log)
         assert log[2]["after"]["tags"] == ["web", "prod"] and log[2]["before"]["tags"] == []
         page = client.get("/console/audit")
@@ -197,8 +247,15 @@ def test_the_console_records_its_changes_and_shows_them(tmp_path: Path) -> None:
 
 
 def router_cli(*args: str, cwd: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=60, env=dict(os.environ), input=stdin)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ),
+        input=stdin,
+    )
 
 
 def test_the_cli_records_its_changes_as_the_os_user(tmp_path: Path) -> None:
@@ -222,8 +279,15 @@ def test_the_cli_records_its_changes_as_the_os_user(tmp_path: Path) -> None:
             await store.close()
 
     log = run_sync(read())
-    assert [e["action"] for e in log] == ["settings.console_password", "key.revoke", "key.update", "key.rotate",
-                                          "key.create", "group.topup", "group.create"]  # fmt: skip
+    assert [e["action"] for e in log] == [
+        "settings.console_password",
+        "key.revoke",
+        "key.update",
+        "key.rotate",
+        "key.create",
+        "group.topup",
+        "group.create",
+    ]
     assert all(e["actor"] == f"cli:{getpass.getuser()}" for e in log)
     assert log[0]["after"] == {"set": True}
     no_secret_in(json.dumps(log), [key, rotated, hash_key(key), hash_key(rotated), password])
@@ -235,11 +299,12 @@ async def _password_hash(tmp_path: Path) -> str:
     store = open_store(f"sqlite:///{tmp_path}/data/router.db")
     await store.open()
     try:
-        rows = await store.database.select("SELECT value FROM console_settings WHERE name = ?", (auth.PASSWORD_SETTING,))
+        rows = await store.database.select(
+            "SELECT value FROM console_settings WHERE name = ?", (auth.PASSWORD_SETTING,)
+        )
         return str(rows[0][0])
     finally:
         await store.close()
-
 
 
 def test_budget_changes_are_recorded(astack: Stack) -> None:
@@ -249,7 +314,11 @@ def test_budget_changes_are_recorded(astack: Stack) -> None:
     assert (changed["amount"], changed["window"], changed["id"]) == ("3.5", "day", made["id"])
     api(astack, "DELETE", f"/budgets/{made['id']}")
     removed, updated, added = entries(astack, target=f"budget:{made['id']}")
-    assert (added["action"], updated["action"], removed["action"]) == ("budget.add", "budget.update", "budget.remove")
+    assert (added["action"], updated["action"], removed["action"]) == (
+        "budget.add",
+        "budget.update",
+        "budget.remove",
+    )
     assert updated["before"]["amount"] == "2" and updated["after"]["amount"] == "3.5"
     assert added["before"] is None and added["after"]["amount"] == "2" and added["after"]["window"] == "day"
     assert removed["before"]["group"] == "budgeted" and removed["after"] is None

@@ -38,8 +38,13 @@ from tests.conftest import Postgres, Stack, free_port, run_sync
 from tests.test_crash import _cli, _serve
 
 CHAT: Const[Literal["/v1/chat/completions"]] = "/v1/chat/completions"
-MIXED = ["openai/gpt-4o-mini", "anthropic/claude-haiku-4-5", "google/gemini-2.5-flash", "upstage/solar-mini",
-         "mistral/mistral-small-latest"]  # fmt: skip
+MIXED = [
+    "openai/gpt-4o-mini",
+    "anthropic/claude-haiku-4-5",
+    "google/gemini-2.5-flash",
+    "upstage/solar-mini",
+    "mistral/mistral-small-latest",
+]
 TERMINAL = ("completed", "failed", "expired", "cancelled")
 
 
@@ -82,8 +87,9 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     settings = Settings(
         store=StoreSettings(url=f"sqlite:///{tmp}/router.db"),
         reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9),
-        jobs=JobsSettings(poll_interval=0.05, concurrency=4, stop_grace=1.0, lease_seconds=3.0,
-                          max_file_bytes=64 * 1024),  # fmt: skip
+        jobs=JobsSettings(
+            poll_interval=0.05, concurrency=4, stop_grace=1.0, lease_seconds=3.0, max_file_bytes=64 * 1024
+        ),
     )
     stack = Stack(tmp, settings).start()
     try:
@@ -97,7 +103,9 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 def test_mixed_provider_batch_completes_and_is_billed_as_jobs(jobs: Stack) -> None:
     group = jobs.group(100)
     client = jobs.client(jobs.key(group=group))
-    items = [request(f"req-{n}-{model}", model, f"hello {n}", max_tokens=50) for n in range(2) for model in MIXED]
+    items = [
+        request(f"req-{n}-{model}", model, f"hello {n}", max_tokens=50) for n in range(2) for model in MIXED
+    ]
     created = submit(client, items, metadata={"run": "mixed"})
     assert created.status == "validating" and created.metadata == {"run": "mixed"}
     assert created.expires_at == created.created_at + 24 * 3600
@@ -151,7 +159,11 @@ def test_embeddings_batch(jobs: Stack) -> None:
         assert line["response"]["status_code"] == 200 and body["object"] == "list"
         assert isinstance(body["data"][0]["embedding"], list) and body["usage"]["prompt_tokens"] > 0
     records = jobs.run(jobs.store.usage(group=group, source="job"))
-    assert len(records) == 3 and {r.endpoint for r in records} == {"embeddings"} and all(r.credits for r in records)
+    assert (
+        len(records) == 3
+        and {r.endpoint for r in records} == {"embeddings"}
+        and all(r.credits for r in records)
+    )
 
 
 def test_list_files_batches_and_isolation(jobs: Stack) -> None:
@@ -200,7 +212,9 @@ def test_cancel_a_running_batch(jobs: Stack) -> None:
 def test_credit_exhaustion_fails_the_rest_with_402(jobs: Stack) -> None:
     group = jobs.group(0.0025)  # a few calls of ~0.0006 credits each
     client = jobs.client(jobs.key(group=group))
-    items = [request(f"e{n}", "openai/gpt-4o-mini", f"long {n} [tokens:1000]", max_tokens=1000) for n in range(10)]
+    items = [
+        request(f"e{n}", "openai/gpt-4o-mini", f"long {n} [tokens:1000]", max_tokens=1000) for n in range(10)
+    ]
     batch = wait(client, submit(client, items).id)
     assert batch.status == "completed"
     counts = batch.request_counts
@@ -241,8 +255,17 @@ def test_a_batch_past_its_window_expires(jobs: Stack) -> None:
     runner = jobs.gateway.jobs
     principal = jobs.run(runner.store.principal_by_id(jobs.run(jobs.store.list_keys())[-1].id))
     now = int(time.time())
-    row = BatchRow("batch_" + secrets.token_hex(12), principal.group_id, principal.key_id, CHAT, upload.id, "24h",
-                   "validating", now - 86400, now - 1)  # fmt: skip
+    row = BatchRow(
+        "batch_" + secrets.token_hex(12),
+        principal.group_id,
+        principal.key_id,
+        CHAT,
+        upload.id,
+        "24h",
+        "validating",
+        now - 86400,
+        now - 1,
+    )
     jobs.run(runner.store.create_batch(row))
     runner.poke()
     batch = wait(client, row.id)
@@ -254,21 +277,50 @@ BAD_LINES: list[tuple[str, list[Any], int, str]] = [
     ("malformed", [request("a", MIXED[0], "hi"), '{"custom_id": "b", "method": '], 2, "invalid_json_line"),
     ("no custom_id", [{"method": "POST", "url": CHAT, "body": {}}], 1, "missing_required_parameter"),
     ("duplicate", [request("same", MIXED[0], "a"), request("same", MIXED[1], "b")], 2, "duplicate_custom_id"),
-    ("wrong url", [request("a", MIXED[0], "hi"), request("b", MIXED[0], "hi", url="/v1/responses")], 2,
-     "mismatched_url"),
+    (
+        "wrong url",
+        [request("a", MIXED[0], "hi"), request("b", MIXED[0], "hi", url="/v1/responses")],
+        2,
+        "mismatched_url",
+    ),
     ("unknown model", [request("a", "openai/no-such-model", "hi")], 1, "model_not_found"),
-    ("no messages", [{"custom_id": "a", "method": "POST", "url": CHAT, "body": {"model": MIXED[0]}}], 1,
-     "missing_required_parameter"),
+    (
+        "no messages",
+        [{"custom_id": "a", "method": "POST", "url": CHAT, "body": {"model": MIXED[0]}}],
+        1,
+        "missing_required_parameter",
+    ),
     ("stream", [request("a", MIXED[0], "hi", stream=True)], 1, "invalid_value"),
-    ("nested too deeply", [request("a", MIXED[0], "hi"), '{"custom_id": "b", "body": ' + "[" * 5000 + "]" * 5000 + "}"], 2,
-     "invalid_json_line"),  # it crashed the validation (RecursionError): the batch never left validating
-    ("nested deeply", [{"custom_id": "a", "method": "POST", "url": CHAT, "body": {"model": MIXED[0], "messages": [
-        {"role": "user", "content": "hi"}], "metadata": json.loads("[" * 500 + "]" * 500)}}], 1, "invalid_json_line"),
-]  # fmt: skip
+    (
+        "nested too deeply",
+        [request("a", MIXED[0], "hi"), '{"custom_id": "b", "body": ' + "[" * 5000 + "]" * 5000 + "}"],
+        2,
+        "invalid_json_line",
+    ),  # it crashed the validation (RecursionError): the batch never left validating
+    (
+        "nested deeply",
+        [
+            {
+                "custom_id": "a",
+                "method": "POST",
+                "url": CHAT,
+                "body": {
+                    "model": MIXED[0],
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "metadata": json.loads("[" * 500 + "]" * 500),
+                },
+            }
+        ],
+        1,
+        "invalid_json_line",
+    ),
+]
 
 
 @pytest.mark.parametrize("items,line,code", [case[1:] for case in BAD_LINES], ids=[c[0] for c in BAD_LINES])
-def test_validation_fails_the_batch_with_line_numbers(jobs: Stack, items: list[Any], line: int, code: str) -> None:
+def test_validation_fails_the_batch_with_line_numbers(
+    jobs: Stack, items: list[Any], line: int, code: str
+) -> None:
     client = jobs.client()
     batch = wait(client, submit(client, items).id)
     assert batch.status == "failed" and batch.failed_at and batch.in_progress_at is None
@@ -313,9 +365,18 @@ async def stores(store_url: str, tmp_path: Path) -> AsyncIterator[tuple[Store, J
 
 def _batch(group_id: int, key_id: int, **kw: Any) -> BatchRow:
     now = int(time.time())
-    fields: dict[str, Any] = {"id": f"batch_{secrets.token_hex(6)}", "group_id": group_id, "key_id": key_id,
-              "endpoint": CHAT, "input_file_id": "file-x", "completion_window": "24h", "status": "validating",
-              "created_at": now, "expires_at": now + 86400, **kw}  # fmt: skip
+    fields: dict[str, Any] = {
+        "id": f"batch_{secrets.token_hex(6)}",
+        "group_id": group_id,
+        "key_id": key_id,
+        "endpoint": CHAT,
+        "input_file_id": "file-x",
+        "completion_window": "24h",
+        "status": "validating",
+        "created_at": now,
+        "expires_at": now + 86400,
+        **kw,
+    }
     return BatchRow(**fields)
 
 
@@ -332,7 +393,10 @@ async def test_store_files_and_principals(stores: tuple[Store, JobStore]) -> Non
     for n, row in enumerate(rows):
         await store.create_file(row, f"{n}\n\x00".encode())
     assert await store.get_file(group, "file-1") == rows[1] and await store.get_file(other, "file-1") is None
-    assert await store.file_content(group, "file-2") == b"2\n\x00" and await store.file_content(other, "file-2") is None
+    assert (
+        await store.file_content(group, "file-2") == b"2\n\x00"
+        and await store.file_content(other, "file-2") is None
+    )
     assert [f.id for f in await store.list_files(group, None, None, 2, False)] == ["file-2", "file-1"]
     assert [f.id for f in await store.list_files(group, "batch", "file-1", 5, False)] == ["file-0"]
     assert [f.id for f in await store.list_files(group, None, "file-0", 5, True)] == ["file-1", "file-2"]
@@ -340,7 +404,11 @@ async def test_store_files_and_principals(stores: tuple[Store, JobStore]) -> Non
     assert not await store.delete_file(other, "file-0") and await store.delete_file(group, "file-0")
     assert await store.file_content(group, "file-0") is None
     principal = await store.principal_by_id(key)
-    assert principal is not None and (principal.key_id, principal.group_id, principal.group_name) == (key, group, "a")
+    assert principal is not None and (principal.key_id, principal.group_id, principal.group_name) == (
+        key,
+        group,
+        "a",
+    )
     await billing.revoke_key(key)
     assert await store.principal_by_id(key) is None  # a revoked key's job stops with errors
 
@@ -354,7 +422,10 @@ async def test_store_leases_one_runner_per_batch(stores: tuple[Store, JobStore])
     claimed = await store.claim_batch("A", 0.3, [])
     assert claimed is not None and claimed.id == batch.id and claimed.lease_owner == "A"
     assert await store.claim_batch("B", 0.3, []) is None  # held
-    assert await store.renew(batch.id, "B", 0.3) is None and await store.renew(batch.id, "A", 0.3) == "validating"
+    assert (
+        await store.renew(batch.id, "B", 0.3) is None
+        and await store.renew(batch.id, "A", 0.3) == "validating"
+    )
     await asyncio.sleep(0.5)  # A went silent: its lease runs out
     taken = await store.claim_batch("B", 30, [])
     assert taken is not None and taken.lease_owner == "B"
@@ -400,7 +471,12 @@ async def test_store_lines_run_at_most_once(stores: tuple[Store, JobStore]) -> N
     assert not await store.finalize(batch.id, "B", final)  # not the holder
     assert await store.finalize(batch.id, "A", final)
     done = await store.get_batch(None, batch.id)
-    assert done is not None and done.status == "completed" and done.completed_at == 10 and done.lease_owner is None
+    assert (
+        done is not None
+        and done.status == "completed"
+        and done.completed_at == 10
+        and done.lease_owner is None
+    )
     assert done.output_file_id == "file-out" and done.error_file_id is None and done.finalizing_at == 9
     assert await store.file_content(group, "file-out") == b"o\n" and await store.line_states(batch.id) == []
     assert await store.claim_batch("A", 30, []) is None  # nothing open
@@ -456,8 +532,10 @@ def test_one_groups_batches_do_not_hold_another_groups_waiting(tmp_path: Path) -
     try:
         heavy, light = stack.client(), stack.client()
         marker = secrets.token_hex(4)
-        mine = [submit(heavy, [request(f"a{n}", MIXED[0], f"{marker}-{j}{n:02d} [slow:100]") for n in range(15)])
-                for j in range(3)]  # fmt: skip
+        mine = [
+            submit(heavy, [request(f"a{n}", MIXED[0], f"{marker}-{j}{n:02d} [slow:100]") for n in range(15)])
+            for j in range(3)
+        ]
         wait(heavy, mine[1].id, lambda b: b.status == "in_progress" and b.request_counts.completed >= 1)
         theirs = submit(light, [request(f"b{n}", MIXED[0], f"{marker}-9{n:02d}") for n in range(2)])
         done = wait(light, theirs.id, seconds=30)
@@ -538,7 +616,11 @@ class Emulators:
             self.running.append((prefix, f"http://127.0.0.1:{port}{root}", key, runner))
 
     def count(self, marker: str) -> Counter[str]:
-        return Counter(m for body in list(self.bodies) for m in re.findall(rf"{marker}-\d+", body.decode("utf-8", "replace")))
+        return Counter(
+            m
+            for body in list(self.bodies)
+            for m in re.findall(rf"{marker}-\d+", body.decode("utf-8", "replace"))
+        )
 
     def stop(self) -> None:
         async def _stop() -> None:
@@ -565,11 +647,13 @@ def test_killed_mid_job_resumes_and_runs_each_line_at_most_once(tmp_path: Path) 
     procs: list[subprocess.Popen[bytes]] = []
     try:
         config = tmp_path / "router.toml"
-        providers = "".join(f'[providers.{prefix}]\nbase_url = "{url}"\napi_key = "{key}"\n'
-                            for prefix, url, key, _ in emulators.running)  # fmt: skip
+        providers = "".join(
+            f'[providers.{prefix}]\nbase_url = "{url}"\napi_key = "{key}"\n'
+            for prefix, url, key, _ in emulators.running
+        )
         config.write_text(
             f'[store]\nurl = "sqlite:///{tmp_path}/router.db"\n[reliability]\nmax_retries = 0\n'
-            f"[jobs]\npoll_interval = 0.05\nconcurrency = 2\n[observability]\nlog_format = \"none\"\n{providers}"
+            f'[jobs]\npoll_interval = 0.05\nconcurrency = 2\n[observability]\nlog_format = "none"\n{providers}'
         )
         _cli(config, "groups", "create", "restart", "--credits", "100")
         key = _cli(config, "keys", "create", "--group", "restart").strip().splitlines()[-1]
@@ -619,8 +703,10 @@ def test_a_line_nested_20000_deep_fails_the_batch_once(jobs: Stack, caplog: pyte
     """It raised RecursionError in validation: the lease was released and the batch re-claimed ~800
     times a second, stuck in validating. Now it fails once, with the line's error."""
     client = jobs.client(jobs.key())
-    deep = '{"custom_id": "deep", "method": "POST", "url": "/v1/chat/completions", "body": {"model": ' \
-           '"openai/gpt-4o-mini", "messages": ' + "[" * 20_000 + "]" * 20_000 + "}}"  # fmt: skip
+    deep = (
+        '{"custom_id": "deep", "method": "POST", "url": "/v1/chat/completions", "body": {"model": '
+        '"openai/gpt-4o-mini", "messages": ' + "[" * 20_000 + "]" * 20_000 + "}}"
+    )
     created = submit(client, [deep, request("ok", "openai/gpt-4o-mini", "hi")])
     batch = wait(client, created.id)
     assert batch.status == "failed"

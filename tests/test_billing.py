@@ -19,7 +19,9 @@ from tests.conftest import Stack, break_off, http_post, older_hold
 
 
 def test_cost_of_each_price_kind() -> None:
-    prices = Prices(input=3 * NANO, output=15 * NANO, cached_input=NANO * 3 // 10, cache_write=NANO * 375 // 100)
+    prices = Prices(
+        input=3 * NANO, output=15 * NANO, cached_input=NANO * 3 // 10, cache_write=NANO * 375 // 100
+    )
     assert cost(prices, TokenUsage(prompt=1_000_000)) == 3 * NANO
     assert cost(prices, TokenUsage(completion=1_000_000)) == 15 * NANO
     assert cost(prices, TokenUsage(prompt=1_000_000, cached=1_000_000)) == 300_000_000
@@ -27,9 +29,14 @@ def test_cost_of_each_price_kind() -> None:
     # reasoning tokens are inside completion and billed as output, never twice
     assert cost(prices, TokenUsage(completion=10, reasoning=7)) == 150_000
     mixed = TokenUsage(prompt=1000, cached=200, cache_write=100, completion=50)
-    assert cost(prices, mixed) == (700 * 3 * NANO + 200 * 300_000_000 + 100 * 3_750_000_000 + 50 * 15 * NANO) // 10**6
+    assert (
+        cost(prices, mixed)
+        == (700 * 3 * NANO + 200 * 300_000_000 + 100 * 3_750_000_000 + 50 * 15 * NANO) // 10**6
+    )
     # a sub-nano-credit remainder rounds up, once, at the end
-    assert cost(Prices(input=150_000_000, output=0, cached_input=0, cache_write=0), TokenUsage(prompt=1)) == 150
+    assert (
+        cost(Prices(input=150_000_000, output=0, cached_input=0, cache_write=0), TokenUsage(prompt=1)) == 150
+    )
 
 
 def _group(stack: Stack, name: str):  # type: ignore[no-untyped-def]
@@ -55,9 +62,11 @@ def test_exact_charge_and_usage_record(stack: Stack, stream: bool) -> None:
     group = stack.group(10)
     client = stack.client(stack.key(group=group))
     out = client.chat.completions.create(
-        model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "count [tokens:20]"}], stream=stream,
+        model="openai/gpt-4o-mini",
+        messages=[{"role": "user", "content": "count [tokens:20]"}],
+        stream=stream,
         **({"stream_options": {"include_usage": True}} if stream else {}),
-    )  # fmt: skip
+    )
     usage = list(out)[-1].usage if stream else out.usage  # type: ignore[union-attr, arg-type]
     [record] = _wait_records(stack, group, 1)
     assert (record.prompt_tokens, record.completion_tokens) == (usage.prompt_tokens, usage.completion_tokens)
@@ -95,8 +104,11 @@ def test_upstream_500_costs_nothing(stack: Stack) -> None:
     client = stack.client(stack.key(group=group))
     for stream in (False, True):
         with pytest.raises(openai.InternalServerError):
-            out = client.chat.completions.create(model="mistral/mistral-small-latest",
-                                                 messages=[{"role": "user", "content": "[fault:500]"}], stream=stream)  # fmt: skip
+            out = client.chat.completions.create(
+                model="mistral/mistral-small-latest",
+                messages=[{"role": "user", "content": "[fault:500]"}],
+                stream=stream,
+            )
             if stream:
                 list(out)  # type: ignore[arg-type]
     records = _wait_records(stack, group, 2)
@@ -108,8 +120,14 @@ def test_upstream_500_costs_nothing(stack: Stack) -> None:
 def test_stream_broken_off_by_the_client_is_billed(stack: Stack) -> None:
     group = stack.group(1)
     key = stack.key(group=group)
-    body = json.dumps({"model": "openai/gpt-4o-mini", "stream": True, "max_tokens": 400,
-                       "messages": [{"role": "user", "content": "long [tokens:300] [delay:20]"}]}).encode()  # fmt: skip
+    body = json.dumps(
+        {
+            "model": "openai/gpt-4o-mini",
+            "stream": True,
+            "max_tokens": 400,
+            "messages": [{"role": "user", "content": "long [tokens:300] [delay:20]"}],
+        }
+    ).encode()
     break_off(stack.port, http_post(key, body), b"data: ", 12)
     [record] = _wait_records(stack, group, 1)
     assert record.status == "interrupted" and not record.usage_exact
@@ -119,23 +137,40 @@ def test_stream_broken_off_by_the_client_is_billed(stack: Stack) -> None:
     assert g.reserved == 0 and g.spent == record.credits and g.balance + g.spent == NANO
 
 
-TOOLS = [{"type": "function", "function": {"name": f"lookup_{n}", "description": f"Look up record kind {n} by id.",
-          "parameters": {"type": "object", "properties": {"id": {"type": "string", "description": "the id"}}}}}
-         for n in range(20)]  # fmt: skip
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": f"lookup_{n}",
+            "description": f"Look up record kind {n} by id.",
+            "parameters": {
+                "type": "object",
+                "properties": {"id": {"type": "string", "description": "the id"}},
+            },
+        },
+    }
+    for n in range(20)
+]
 
 
 def _break_off(stack: Stack, key: str, call: dict[str, object], events: int = 12) -> None:
     break_off(stack.port, http_post(key, json.dumps({**call, "stream": True}).encode()), b"data: ", events)
 
 
-@pytest.mark.parametrize("model", ["anthropic/claude-haiku-4-5", "openai/gpt-4o-mini", "mistral/mistral-small-latest"])
+@pytest.mark.parametrize(
+    "model", ["anthropic/claude-haiku-4-5", "openai/gpt-4o-mini", "mistral/mistral-small-latest"]
+)
 def test_stream_broken_off_bills_the_whole_prompt(stack: Stack, model: str) -> None:
     """A stream the caller breaks off is billed its whole prompt, tool definitions included: the
     upstream's exact count when it gave one before the end (Anthropic's message_start), else an
     estimate that counts the tools too (it counted only the messages: 17 tokens for a 3,700-token
     prompt)."""
-    call = {"model": model, "tools": TOOLS, "max_tokens": 400,
-            "messages": [{"role": "user", "content": "long [tokens:300] [delay:20]"}]}  # fmt: skip
+    call = {
+        "model": model,
+        "tools": TOOLS,
+        "max_tokens": 400,
+        "messages": [{"role": "user", "content": "long [tokens:300] [delay:20]"}],
+    }
     whole = stack.client(stack.key(group=stack.group(1))).chat.completions.create(**call)  # type: ignore[arg-type]
     group = stack.group(1)
     _break_off(stack, stack.key(group=group), call)
@@ -154,8 +189,13 @@ def test_stream_broken_off_bills_the_whole_prompt(stack: Stack, model: str) -> N
 def test_concurrent_calls_never_overspend(stack: Stack) -> None:
     request = ChatRequest(model="openai/gpt-4o", messages=[], max_tokens=100)  # type: ignore[arg-type]
     model = stack.gateway.catalog.resolve("openai/gpt-4o")
-    body = json.dumps({"model": "openai/gpt-4o", "max_tokens": 100,
-                       "messages": [{"role": "user", "content": "hello [tokens:5]"}]}).encode()  # fmt: skip
+    body = json.dumps(
+        {
+            "model": "openai/gpt-4o",
+            "max_tokens": 100,
+            "messages": [{"role": "user", "content": "hello [tokens:5]"}],
+        }
+    ).encode()
     worst = worst_case(model, len(body) + 40, request)
     group = stack.group(0)
     stack.run(stack.store.topup(group, worst * 50))
@@ -163,8 +203,11 @@ def test_concurrent_calls_never_overspend(stack: Stack) -> None:
 
     async def one(client: openai.AsyncOpenAI) -> str:
         try:
-            await client.chat.completions.create(model="openai/gpt-4o", max_tokens=100,
-                                                 messages=[{"role": "user", "content": "hello [tokens:5]"}])  # fmt: skip
+            await client.chat.completions.create(
+                model="openai/gpt-4o",
+                max_tokens=100,
+                messages=[{"role": "user", "content": "hello [tokens:5]"}],
+            )
             return "ok"
         except openai.APIStatusError as exc:  # too few credits, or past its share of the calls in flight
             assert exc.status_code == 402 or exc.code == "concurrency_limit_exceeded"  # type: ignore[attr-defined]
@@ -189,16 +232,21 @@ def test_concurrent_calls_never_overspend(stack: Stack) -> None:
 def test_key_allow_list_and_spend_cap(stack: Stack) -> None:
     group = stack.group(100)
     limited = stack.client(stack.key(group=group, models=["openai/gpt-4o-mini"]))
-    assert limited.chat.completions.create(model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "x"}])
+    assert limited.chat.completions.create(
+        model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "x"}]
+    )
     with pytest.raises(openai.PermissionDeniedError) as info:
         limited.chat.completions.create(model="openai/gpt-4o", messages=[{"role": "user", "content": "x"}])
     assert info.value.code == "model_not_allowed"  # type: ignore[attr-defined]
     capped = stack.client(stack.key(group=group, spend_cap=NANO // 1000))
     with pytest.raises(openai.APIStatusError) as info2:
-        capped.chat.completions.create(model="openai/gpt-4o", messages=[{"role": "user", "content": "x"}], max_tokens=5000)
+        capped.chat.completions.create(
+            model="openai/gpt-4o", messages=[{"role": "user", "content": "x"}], max_tokens=5000
+        )
     assert info2.value.status_code == 402 and info2.value.code == "key_spend_cap_reached"  # type: ignore[attr-defined]
-    assert capped.chat.completions.create(model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "x"}],
-                                          max_tokens=10)  # fmt: skip
+    assert capped.chat.completions.create(
+        model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "x"}], max_tokens=10
+    )
 
 
 def test_settlements_committed_together_match_one_by_one(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -210,8 +258,16 @@ def test_settlements_committed_together_match_one_by_one(tmp_path) -> None:  # t
     from billing.store import Reservation
 
     def record(group_id: int, key_id: int, credits: int) -> UsageRecord:
-        return UsageRecord(key_id=key_id, group_id=group_id, model="m", provider="p", endpoint="chat",
-                           source="api", stream=False, credits=credits)  # fmt: skip
+        return UsageRecord(
+            key_id=key_id,
+            group_id=group_id,
+            model="m",
+            provider="p",
+            endpoint="chat",
+            source="api",
+            stream=False,
+            credits=credits,
+        )
 
     async def main() -> None:
         store = SQLiteStore(f"sqlite:///{tmp_path / 'r.db'}")
@@ -221,7 +277,9 @@ def test_settlements_committed_together_match_one_by_one(tmp_path) -> None:  # t
             b = await store.create_group("b", 50)
             ka = await store.create_key("a", "ka", "h" * 64, "hint")
             kb = await store.create_key("b", "kb", "g" * 64, "hint")
-            held = await older_hold(store, a.id, ka.id, 300)  # a stored reservation: balance 700, reserved 300
+            held = await older_hold(
+                store, a.id, ka.id, 300
+            )  # a stored reservation: balance 700, reserved 300
             assert isinstance(held, Reservation)
             memory = Reservation(-1, a.id, ka.id, 0)  # admission held in the gateway's memory
             statements: list[str] = []
@@ -239,9 +297,7 @@ def test_settlements_committed_together_match_one_by_one(tmp_path) -> None:  # t
             results = await asyncio.gather(*[store.settle_soon(r, rec) for r, rec in jobs])  # one batch
             assert results == [250, 500, 250, 30, 0, 0]
             assert store.commits.batches == batches + 1
-            assert (
-                sum(s.startswith("SELECT id, balance, ") for s in statements) == 1
-            )  # applied together
+            assert sum(s.startswith("SELECT id, balance, ") for s in statements) == 1  # applied together
             statements.clear()
             jobs = [
                 (Reservation(-3, b.id, kb.id, 0), record(b.id, kb.id, 15)),
@@ -284,8 +340,16 @@ def test_a_lingering_batch_waits_for_a_quiet_moment_and_no_longer(tmp_path) -> N
             held = Reservation(-1, g.id, k.id, 0)
 
             def settle(credits: int, linger: bool = True) -> asyncio.Future[int]:
-                record = UsageRecord(key_id=k.id, group_id=g.id, model="m", provider="p", endpoint="chat",
-                                     source="api", stream=False, credits=credits)  # fmt: skip
+                record = UsageRecord(
+                    key_id=k.id,
+                    group_id=g.id,
+                    model="m",
+                    provider="p",
+                    endpoint="chat",
+                    source="api",
+                    stream=False,
+                    credits=credits,
+                )
                 return store.settle_soon(held, record, linger)
 
             store.commits.quiet_wait = 60.0  # (the test would time out waiting for it)
@@ -313,13 +377,19 @@ def test_a_call_going_to_its_upstream_writes_the_lingering_settlements(tmp_path:
     """On the call path, with replies that do not wait for their charge (``reply_wait_seconds = 0``): a
     call's settlement lingers, then is written when the next call goes to its upstream (long before
     ``quiet_wait`` would have run out)."""
-    settings = Settings(store=StoreSettings(url=f"sqlite:///{tmp_path}/r.db", reply_wait_seconds=0),
-                        reliability=ReliabilitySettings(max_retries=0))  # fmt: skip
+    settings = Settings(
+        store=StoreSettings(url=f"sqlite:///{tmp_path}/r.db", reply_wait_seconds=0),
+        reliability=ReliabilitySettings(max_retries=0),
+    )
     stack = Stack(tmp_path, settings).start()
     try:
         stack.gateway.store.commits.quiet_wait = 60.0
         client = stack.client()
-        ask = {"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        ask = {
+            "model": "openai/gpt-4o-mini",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 2,
+        }
         client.chat.completions.create(**ask)
         time.sleep(0.2)  # its settlement has lingered and waits for a quiet moment
         first = list(stack.gateway.ledger.pending)
@@ -354,8 +424,16 @@ def test_group_commit_never_blocks_the_event_loop_on_a_locked_database(tmp_path)
             k = await store.create_key("g", "k", "h" * 64, "hint")
             other = sqlite3.connect(path, isolation_level=None)
             other.execute("BEGIN IMMEDIATE")  # another writer holds the lock
-            record = UsageRecord(key_id=k.id, group_id=g.id, model="m", provider="p", endpoint="chat",
-                                 source="api", stream=False, credits=70)  # fmt: skip
+            record = UsageRecord(
+                key_id=k.id,
+                group_id=g.id,
+                model="m",
+                provider="p",
+                endpoint="chat",
+                source="api",
+                stream=False,
+                credits=70,
+            )
             settling = store.settle_soon(Reservation(-1, g.id, k.id, 0), record)
             ticks = 0
             began = time.monotonic()
@@ -385,15 +463,22 @@ async def test_a_settlement_that_cannot_be_stored_is_logged_with_its_usage_recor
     class BrokenStore:
         owes = False
 
-        def settle_soon(self, reservation: Reservation, record: UsageRecord, linger: bool,
-                        owed: bool = False) -> asyncio.Future[int]:  # fmt: skip
+        def settle_soon(
+            self, reservation: Reservation, record: UsageRecord, linger: bool, owed: bool = False
+        ) -> asyncio.Future[int]:
             failed: asyncio.Future[int] = asyncio.get_running_loop().create_future()
             failed.set_exception(RuntimeError("disk full"))
             return failed
 
     ledger = Ledger(BrokenStore())  # type: ignore[arg-type]
-    record = UsageRecord(key_id=7, group_id=3, model="openai/gpt-4o-mini", provider="openai", credits=1234,
-                         request_id="req_lost")  # fmt: skip
+    record = UsageRecord(
+        key_id=7,
+        group_id=3,
+        model="openai/gpt-4o-mini",
+        provider="openai",
+        credits=1234,
+        request_id="req_lost",
+    )
     with caplog.at_level("ERROR", logger="router.ledger"):
         ledger.queue(Reservation(1, 3, 7, 5000), record)
         await ledger.drain()
@@ -408,8 +493,11 @@ def test_reservation_covers_the_output_cap_the_adapter_raised(stack: Stack) -> N
     that can pay for 4,096 output tokens but not for the answer is refused before anything is sent
     (it was charged only what it had, and the gateway paid the rest), and one that can pay is charged
     the whole cost."""
-    call = {"model": "anthropic/claude-haiku-4-5", "reasoning_effort": "high",
-            "messages": [{"role": "user", "content": "think long [tokens:8000]"}]}  # fmt: skip
+    call = {
+        "model": "anthropic/claude-haiku-4-5",
+        "reasoning_effort": "high",
+        "messages": [{"role": "user", "content": "think long [tokens:8000]"}],
+    }
     emulator = stack.emulator("anthropic")
     poor = stack.group(0.03)  # 4,096 output tokens cost 0.0205; 8,000 cost 0.04
     before = len(emulator.requests)

@@ -72,8 +72,12 @@ async def test_a_daily_window_refuses_then_resets(ledger: tuple[Store, Ledger, F
     assert error.code == "budget_exceeded"
     assert "1 credits per calendar day (Asia/Seoul)" in error.message and "0.2 are left" in error.message
     # 22:00 UTC on 10 March is 07:00 on 11 March in Seoul: the window ends at the next Seoul midnight
-    assert error.headers["x-budget-reset"] == "2026-03-11T15:00:00Z" == error.message.split("resets at ")[1][:20]
-    await book.settle_soon(held, UsageRecord(key_id=key_id, group_id=group.id, model="m", provider="p", credits=NANO // 10))
+    assert (
+        error.headers["x-budget-reset"] == "2026-03-11T15:00:00Z" == error.message.split("resets at ")[1][:20]
+    )
+    await book.settle_soon(
+        held, UsageRecord(key_id=key_id, group_id=group.id, model="m", provider="p", credits=NANO // 10)
+    )
     await _call(book, group.id, key_id, NANO // 2, NANO // 2)  # 0.5 spent: 0.5 more fits
     with pytest.raises(InsufficientCredits):
         await book.reserve(group.id, key_id, NANO // 10)
@@ -119,8 +123,16 @@ async def test_concurrent_calls_never_exceed_the_window(ledger: tuple[Store, Led
             refused += 1
             return
         await asyncio.sleep(random.random() / 100)
-        await book.settle_soon(held, UsageRecord(key_id=key_id, group_id=group.id, model="m", provider="p",
-                                                 credits=random.randint(NANO // 10, NANO // 5)))  # fmt: skip
+        await book.settle_soon(
+            held,
+            UsageRecord(
+                key_id=key_id,
+                group_id=group.id,
+                model="m",
+                provider="p",
+                credits=random.randint(NANO // 10, NANO // 5),
+            ),
+        )
 
     await asyncio.gather(*(one() for _ in range(200)))
     await book.drain()
@@ -143,8 +155,10 @@ def test_calendar_windows_in_a_zone_with_dst() -> None:
     assert budgets.iso(week.bucket(now)) == "2026-03-22T23:00:00Z"  # Monday 00:00 CET
     assert budgets.iso(week.resets_at(now, [])) == "2026-03-29T22:00:00Z"  # Monday 00:00 CEST
     month = budgets.parse_period("month", "America/New_York")
-    assert budgets.iso(month.resets_at(datetime(2026, 12, 15, tzinfo=UTC).timestamp(), [])) == "2027-01-01T05:00:00Z"
-
+    assert (
+        budgets.iso(month.resets_at(datetime(2026, 12, 15, tzinfo=UTC).timestamp(), []))
+        == "2027-01-01T05:00:00Z"
+    )
 
 
 async def test_a_call_is_never_charged_more_than_it_reserved(ledger: tuple[Store, Ledger, FakeClock]) -> None:
@@ -171,8 +185,12 @@ def test_the_cli_answers_bad_budgets_in_one_line(tmp_path: Path) -> None:
     config.write_text(f'[store]\nurl = "sqlite:///{tmp_path}/r.db"\n')
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "cli", "--config", str(config), *args],
-                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", "cli", "--config", str(config), *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     assert cli("groups", "create", "acme", "--credits", "10").returncode == 0
     for args, says in [
@@ -185,7 +203,9 @@ def test_the_cli_answers_bad_budgets_in_one_line(tmp_path: Path) -> None:
         out = cli("budgets", "add", "--group", "acme", *args)
         assert out.returncode != 0 and out.stderr.startswith("error: ") and says in out.stderr, out.stderr
         assert out.stderr.count("\n") == 1, out.stderr  # one line, no traceback
-    made = cli("budgets", "add", "--group", "acme", "--amount", "2.5", "--window", "week", "--tz", "Asia/Seoul")
+    made = cli(
+        "budgets", "add", "--group", "acme", "--amount", "2.5", "--window", "week", "--tz", "Asia/Seoul"
+    )
     assert made.stdout.strip() == "budget 1: 2.5 credits per calendar week (Asia/Seoul) for group acme"
     assert "week (Asia/Seoul)" in cli("budgets", "list").stdout
     assert cli("budgets", "remove", "1").returncode == 0 and cli("budgets", "remove", "1").returncode != 0

@@ -22,24 +22,37 @@ from core.money import to_credits
 from tests.conftest import Postgres, Stack, free_port, run_sync, wait_healthy
 from tests.test_crash import _config_with_key
 
-BODY = {"model": "openai/gpt-4o-mini", "max_tokens": 16, "messages": [{"role": "user", "content": "hi [tokens:8]"}]}
+BODY = {
+    "model": "openai/gpt-4o-mini",
+    "max_tokens": 16,
+    "messages": [{"role": "user", "content": "hi [tokens:8]"}],
+}
 
 
 def _serve(config: Path, port: int, clock_file: Path, log: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, ENV: str(clock_file)}
     with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--config", str(config), "--port", str(port)],
-                                stdout=out, stderr=subprocess.STDOUT, env=env)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cli", "serve", "--config", str(config), "--port", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
     wait_healthy(port, proc, log)
     return proc
 
 
 async def _calls(ports: list[int], key: str, n: int) -> list[httpx.Response]:
     limits = httpx.Limits(max_connections=100)
-    async with httpx.AsyncClient(timeout=60, limits=limits, headers={"authorization": f"Bearer {key}"}) as client:
-        return await asyncio.gather(*(
-            client.post(f"http://127.0.0.1:{ports[i % len(ports)]}/v1/chat/completions", json=BODY) for i in range(n)
-        ))  # fmt: skip
+    async with httpx.AsyncClient(
+        timeout=60, limits=limits, headers={"authorization": f"Bearer {key}"}
+    ) as client:
+        return await asyncio.gather(
+            *(
+                client.post(f"http://127.0.0.1:{ports[i % len(ports)]}/v1/chat/completions", json=BODY)
+                for i in range(n)
+            )
+        )
 
 
 async def _spent(url: str, clock: float) -> tuple[int, int, int]:
@@ -63,9 +76,28 @@ def test_two_replicas_never_exceed_a_daily_budget(stack: Stack, pg: Postgres, tm
     clock_file.write_text("0")
     probe = _one_call_cost(stack)
     budget = probe * 50  # about 50 calls' worth (each holds its worst case until it settles)
-    out = subprocess.run([sys.executable, "-m", "cli", "--config", str(config), "budgets", "add", "--group", "team",
-                          "--key", "1", "--amount", to_credits(budget), "--window", "day"],
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cli",
+            "--config",
+            str(config),
+            "budgets",
+            "add",
+            "--group",
+            "team",
+            "--key",
+            "1",
+            "--amount",
+            to_credits(budget),
+            "--window",
+            "day",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     ports = [free_port(), free_port()]
     procs = [_serve(config, port, clock_file, tmp_path / f"gw{n}.log") for n, port in enumerate(ports)]
@@ -76,9 +108,13 @@ def test_two_replicas_never_exceed_a_daily_budget(stack: Stack, pg: Postgres, tm
         refusals = [a for a in answers if a.status_code == 402]
         for refusal in refusals:
             error = refusal.json()["error"]
-            assert error["code"] == "budget_exceeded" and "per calendar day (UTC) for key 1" in error["message"]
+            assert (
+                error["code"] == "budget_exceeded" and "per calendar day (UTC) for key 1" in error["message"]
+            )
             assert refusal.headers["x-budget-reset"] in error["message"]
-            assert refusal.headers["x-budget-window"].startswith(to_credits(budget) + " credits per calendar day")
+            assert refusal.headers["x-budget-window"].startswith(
+                to_credits(budget) + " credits per calendar day"
+            )
         time.sleep(0.5)  # the last settlements are queued after the answers
         now = time.time()
         window, key_spent, charged = run_sync(_spent(url, now))
@@ -90,8 +126,10 @@ def test_two_replicas_never_exceed_a_daily_budget(stack: Stack, pg: Postgres, tm
         clock_file.write_text(str(budgets.parse_period("day").resets_at(now, []) - now + 1))  # past midnight
         again = asyncio.run(_calls(ports, key, 4))
         assert [a.status_code for a in again] == [200] * 4, [a.text for a in again]
-        print(f"\n200 calls over two replicas: {statuses[200]} admitted, {statuses[402]} refused (budget_exceeded); "
-              f"spent {to_credits(window)} of {to_credits(budget)} credits in the day; after midnight 4/4 admitted")
+        print(
+            f"\n200 calls over two replicas: {statuses[200]} admitted, {statuses[402]} refused (budget_exceeded); "
+            f"spent {to_credits(window)} of {to_credits(budget)} credits in the day; after midnight 4/4 admitted"
+        )
     finally:
         for proc in procs:
             proc.terminate()
@@ -102,8 +140,12 @@ def test_two_replicas_never_exceed_a_daily_budget(stack: Stack, pg: Postgres, tm
 def _one_call_cost(stack: Stack) -> int:
     """What one such call costs (the usage record's credits), made on the in-process stack."""
     group = stack.group(5)
-    answer = httpx.post(f"{stack.base_url}/chat/completions", json=BODY, timeout=30,
-                        headers={"authorization": f"Bearer {stack.key(group=group)}"})  # fmt: skip
+    answer = httpx.post(
+        f"{stack.base_url}/chat/completions",
+        json=BODY,
+        timeout=30,
+        headers={"authorization": f"Bearer {stack.key(group=group)}"},
+    )
     assert answer.status_code == 200, answer.text
     (record,) = stack.run(stack.store.usage(group=group, limit=5))
     assert record.credits > 0

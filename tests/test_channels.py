@@ -110,7 +110,9 @@ def test_a_body_in_more_pieces_than_the_queue_holds_arrives_whole_through_hyperc
             got += message.get("body", b"")
             if not message.get("more_body"):
                 break
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(got))]})
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(got))]}
+        )
         await send({"type": "http.response.body", "body": bytes(got)})
 
     async def main() -> bytes:
@@ -193,4 +195,3 @@ def test_a_watched_channel_hands_every_item_on_as_it_comes_and_none_to_get() -> 
     assert seen == ["a", "b", "d", "c", "e"]
     assert state == [True, 0]
     assert got == "f"
-

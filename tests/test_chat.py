@@ -30,7 +30,10 @@ def test_stream_order(client: openai.OpenAI, model: str, include_usage: bool) ->
     kwargs = {"stream_options": {"include_usage": True}} if include_usage else {}
     chunks = list(
         client.chat.completions.create(
-            model=model, messages=[{"role": "user", "content": "Say something [tokens:5]"}], stream=True, **kwargs
+            model=model,
+            messages=[{"role": "user", "content": "Say something [tokens:5]"}],
+            stream=True,
+            **kwargs,
         )
     )
     assert len({c.id for c in chunks}) == 1
@@ -55,8 +58,13 @@ def test_stream_order(client: openai.OpenAI, model: str, include_usage: bool) ->
 def test_stream_ends_with_done_on_the_wire(stack: Stack) -> None:
     key = stack.key()
     body = b'{"model": "openai/gpt-4o-mini", "stream": true, "messages": [{"role": "user", "content": "hi [tokens:2]"}]}'
-    r = raw_request(stack, "POST", "/v1/chat/completions", body,
-                    {"Authorization": f"Bearer {key}", "Content-Type": "application/json"})  # fmt: skip
+    r = raw_request(
+        stack,
+        "POST",
+        "/v1/chat/completions",
+        body,
+        {"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    )
     assert r.status == 200
     assert r.headers["content-type"].startswith("text/event-stream")
     events = [e for e in r.text.split("\n\n") if e]
@@ -118,8 +126,19 @@ def test_a_conversation_moved_to_mistral_keeps_its_tool_calls(stack: Stack, clie
     """Mistral accepts only 9-character alphanumeric tool call ids: an OpenAI call's id (call_...) in
     the history is rewritten, the same way in the assistant turn and in the tool message, and the
     same way on every turn; Mistral's own ids pass unchanged."""
-    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]  # fmt: skip
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}},
+                    "required": ["city"],
+                },
+            },
+        }
+    ]
     first = client.chat.completions.create(
         model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "weather? [tool]"}], tools=tools
     )
@@ -132,27 +151,47 @@ def test_a_conversation_moved_to_mistral_keeps_its_tool_calls(stack: Stack, clie
     ]
     sent = []
     for _ in range(2):
-        follow = client.chat.completions.create(model="mistral/mistral-small-latest", messages=history, tools=tools)
+        follow = client.chat.completions.create(
+            model="mistral/mistral-small-latest", messages=history, tools=tools
+        )
         assert "sunny" in follow.choices[0].message.content
         sent.append(stack.emulator("mistral").requests[-1]["messages"])
     ids = {sent[0][1]["tool_calls"][0]["id"], sent[0][2]["tool_call_id"], sent[1][1]["tool_calls"][0]["id"]}
     [rewritten] = ids
     assert len(rewritten) == 9 and rewritten.isalnum()
     # Mistral's own ids are kept as they are
-    again = client.chat.completions.create(model="mistral/mistral-small-latest", tools=tools,
-                                           messages=[{"role": "user", "content": "weather? [tool]"}])  # fmt: skip
+    again = client.chat.completions.create(
+        model="mistral/mistral-small-latest",
+        tools=tools,
+        messages=[{"role": "user", "content": "weather? [tool]"}],
+    )
     own = again.choices[0].message.tool_calls[0]
-    client.chat.completions.create(model="mistral/mistral-small-latest", tools=tools, messages=[
-        {"role": "user", "content": "weather? [tool]"},
-        {"role": "assistant", "content": None, "tool_calls": [own.model_dump()]},
-        {"role": "tool", "tool_call_id": own.id, "content": "rain"},
-    ])  # fmt: skip
+    client.chat.completions.create(
+        model="mistral/mistral-small-latest",
+        tools=tools,
+        messages=[
+            {"role": "user", "content": "weather? [tool]"},
+            {"role": "assistant", "content": None, "tool_calls": [own.model_dump()]},
+            {"role": "tool", "tool_call_id": own.id, "content": "rain"},
+        ],
+    )
     assert stack.emulator("mistral").requests[-1]["messages"][2]["tool_call_id"] == own.id
 
 
 def test_tools_round_trip(client: openai.OpenAI) -> None:
-    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]  # fmt: skip
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}},
+                    "required": ["city"],
+                },
+            },
+        }
+    ]
     out = client.chat.completions.create(
         model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "weather? [tool]"}], tools=tools
     )
@@ -171,17 +210,29 @@ def test_tools_round_trip(client: openai.OpenAI) -> None:
     assert "sunny" in follow.choices[0].message.content
 
 
-CUSTOM_TOOL = {"type": "custom", "custom": {"name": "run_python", "description": "Runs Python",
-                                             "format": {"type": "grammar", "grammar": {"syntax": "regex", "definition": ".+"}}}}  # fmt: skip
+CUSTOM_TOOL = {
+    "type": "custom",
+    "custom": {
+        "name": "run_python",
+        "description": "Runs Python",
+        "format": {"type": "grammar", "grammar": {"syntax": "regex", "definition": ".+"}},
+    },
+}
 
 
 def test_custom_tools_pass_through_to_openai(stack: Stack, client: openai.OpenAI) -> None:
     out = client.chat.completions.create(
-        model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "code? [tool]"}], tools=[CUSTOM_TOOL]
+        model="openai/gpt-4o-mini",
+        messages=[{"role": "user", "content": "code? [tool]"}],
+        tools=[CUSTOM_TOOL],
     )
     call = out.choices[0].message.tool_calls[0]
     assert isinstance(call, openai.types.chat.ChatCompletionMessageCustomToolCall)
-    assert call.custom.name == "run_python" and call.custom.input and out.choices[0].finish_reason == "tool_calls"
+    assert (
+        call.custom.name == "run_python"
+        and call.custom.input
+        and out.choices[0].finish_reason == "tool_calls"
+    )
     assert stack.emulator("openai").requests[-1]["tools"] == [CUSTOM_TOOL]  # unchanged
     history = [
         {"role": "user", "content": "code? [tool]"},
@@ -191,19 +242,30 @@ def test_custom_tools_pass_through_to_openai(stack: Stack, client: openai.OpenAI
     follow = client.chat.completions.create(model="openai/gpt-4o-mini", messages=history, tools=[CUSTOM_TOOL])
     assert "hello" in follow.choices[0].message.content
     assert stack.emulator("openai").requests[-1]["messages"][1]["tool_calls"] == [call.model_dump()]
-    chunks = list(client.chat.completions.create(
-        model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "code? [tool]"}], tools=[CUSTOM_TOOL],
-        tool_choice={"type": "custom", "custom": {"name": "run_python"}}, stream=True))  # fmt: skip
+    chunks = list(
+        client.chat.completions.create(
+            model="openai/gpt-4o-mini",
+            messages=[{"role": "user", "content": "code? [tool]"}],
+            tools=[CUSTOM_TOOL],
+            tool_choice={"type": "custom", "custom": {"name": "run_python"}},
+            stream=True,
+        )
+    )
     deltas = [c.choices[0].delta.tool_calls[0] for c in chunks if c.choices and c.choices[0].delta.tool_calls]
     assert deltas[0].type == "custom" and deltas[0].model_extra["custom"]["name"] == "run_python"  # type: ignore[index]
     assert "".join(d.model_extra["custom"]["input"] for d in deltas) == call.custom.input  # type: ignore[index]
 
 
-@pytest.mark.parametrize("model", ["anthropic/claude-haiku-4-5", "google/gemini-2.5-flash", "mistral/mistral-small-latest"])
+@pytest.mark.parametrize(
+    "model", ["anthropic/claude-haiku-4-5", "google/gemini-2.5-flash", "mistral/mistral-small-latest"]
+)
 def test_custom_tools_refused_for_other_providers(stack: Stack, client: openai.OpenAI, model: str) -> None:
     call = {"id": "call_1", "type": "custom", "custom": {"name": "run_python", "input": "print(1)"}}
-    history = [{"role": "user", "content": "custom-marker"}, {"role": "assistant", "content": None, "tool_calls": [call]},
-               {"role": "tool", "tool_call_id": "call_1", "content": "1"}]  # fmt: skip
+    history = [
+        {"role": "user", "content": "custom-marker"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "1"},
+    ]
     for kwargs, param in (({"tools": [CUSTOM_TOOL]}, "tools"), ({"messages": history}, "messages")):
         args = {"model": model, "messages": [{"role": "user", "content": "custom-marker"}], **kwargs}
         with pytest.raises(openai.BadRequestError) as info:
@@ -232,12 +294,19 @@ def test_reasoning_is_exposed_separately(client: openai.OpenAI) -> None:
     message = out.choices[0].message
     assert message.reasoning_content == "Let me think."  # type: ignore[attr-defined]
     assert "think" not in (message.content or "")
-    out = client.chat.completions.create(model="mistral/magistral-medium-latest", messages=[{"role": "user", "content": "hi"}])
+    out = client.chat.completions.create(
+        model="mistral/magistral-medium-latest", messages=[{"role": "user", "content": "hi"}]
+    )
     assert out.choices[0].message.reasoning_content == "Let me think."  # type: ignore[attr-defined]
     assert isinstance(out.choices[0].message.content, str)
-    chunks = list(client.chat.completions.create(model="mistral/magistral-medium-latest",
-                                                 messages=[{"role": "user", "content": "hi"}], stream=True))  # fmt: skip
-    reasoning = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks if c.choices)
+    chunks = list(
+        client.chat.completions.create(
+            model="mistral/magistral-medium-latest", messages=[{"role": "user", "content": "hi"}], stream=True
+        )
+    )
+    reasoning = "".join(
+        getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks if c.choices
+    )
     content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert reasoning == "Let me think." and "think" not in content
 
@@ -249,7 +318,9 @@ async def test_async_client_stream(stack: Stack) -> None:
     )
     text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
     assert len(text.split()) == 3
-    out = await client.chat.completions.create(model="upstage/solar-pro4", messages=[{"role": "user", "content": "hi"}])
+    out = await client.chat.completions.create(
+        model="upstage/solar-pro4", messages=[{"role": "user", "content": "hi"}]
+    )
     assert out.model == "upstage/solar-pro4"
     await client.close()
 
@@ -260,12 +331,24 @@ def test_answer_shape_does_not_tell_the_provider(stack: Stack) -> None:
 
     key = stack.key()
     shapes: dict[str, set[tuple[str, ...]]] = {"plain": set(), "chunk": set()}
-    for model in ("openai/gpt-4o-mini", "anthropic/claude-haiku-4-5", "google/gemini-2.5-flash",
-                  "upstage/solar-mini", "mistral/mistral-small-latest"):  # fmt: skip
+    for model in (
+        "openai/gpt-4o-mini",
+        "anthropic/claude-haiku-4-5",
+        "google/gemini-2.5-flash",
+        "upstage/solar-mini",
+        "mistral/mistral-small-latest",
+    ):
         for stream in (False, True):
-            body = json.dumps({"model": model, "stream": stream, "messages": [{"role": "user", "content": "hi [tokens:2]"}]})
-            r = raw_request(stack, "POST", "/v1/chat/completions", body.encode(),
-                            {"Authorization": f"Bearer {key}", "Content-Type": "application/json"})  # fmt: skip
+            body = json.dumps(
+                {"model": model, "stream": stream, "messages": [{"role": "user", "content": "hi [tokens:2]"}]}
+            )
+            r = raw_request(
+                stack,
+                "POST",
+                "/v1/chat/completions",
+                body.encode(),
+                {"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+            )
             if stream:
                 for event in r.text.split("\n\n"):
                     if event.startswith("data: {"):
@@ -280,15 +363,24 @@ def test_sampling_parameters_are_not_sent_to_reasoning_models(stack: Stack, clie
     """OpenAI's reasoning models (gpt-5*, o-series) answer 400 to sampling parameters that clients
     send to any model; the gateway leaves them out for those models (catalog: reasoning) and sends
     them as given to the others."""
-    sampling = {"temperature": 0.2, "top_p": 0.5, "presence_penalty": 0.1, "frequency_penalty": 0.1, "stop": ["zz"],
-                "logprobs": True, "top_logprobs": 2}  # fmt: skip
-    out = client.chat.completions.create(model="openai/gpt-5-mini", messages=[{"role": "user", "content": "hi"}],
-                                         **sampling)  # type: ignore[arg-type]  # fmt: skip
+    sampling = {
+        "temperature": 0.2,
+        "top_p": 0.5,
+        "presence_penalty": 0.1,
+        "frequency_penalty": 0.1,
+        "stop": ["zz"],
+        "logprobs": True,
+        "top_logprobs": 2,
+    }
+    out = client.chat.completions.create(
+        model="openai/gpt-5-mini", messages=[{"role": "user", "content": "hi"}], **sampling
+    )  # type: ignore[arg-type]
     assert out.choices[0].message.content
     sent = stack.emulator("openai").requests[-1]
     assert not set(sampling) & set(sent)
-    client.chat.completions.create(model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "hi"}],
-                                   **sampling)  # type: ignore[arg-type]  # fmt: skip
+    client.chat.completions.create(
+        model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "hi"}], **sampling
+    )  # type: ignore[arg-type]
     assert {k: stack.emulator("openai").requests[-1][k] for k in sampling} == sampling
 
 
@@ -299,9 +391,18 @@ def test_every_groups_usage_has_both_details_objects(client: openai.OpenAI) -> N
         answer = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}])
         assert answer.usage is not None and answer.usage.completion_tokens_details is not None, model
         assert answer.usage.completion_tokens_details.reasoning_tokens == 0
-        assert answer.usage.prompt_tokens_details is not None and answer.usage.prompt_tokens_details.cached_tokens == 0
-        chunks = list(client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}],
-                                                     stream=True, stream_options={"include_usage": True}))  # fmt: skip
+        assert (
+            answer.usage.prompt_tokens_details is not None
+            and answer.usage.prompt_tokens_details.cached_tokens == 0
+        )
+        chunks = list(
+            client.chat.completions.create(
+                model=model,
+                messages=[{"role": "user", "content": "hi"}],
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
         usage = chunks[-1].usage
         assert usage is not None and usage.completion_tokens_details is not None, model
         assert usage.completion_tokens_details.reasoning_tokens == 0

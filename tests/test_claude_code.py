@@ -23,25 +23,42 @@ CLAUDE = Path(__file__).parent / "clients" / "node_modules" / ".bin" / "claude"
 CONTENT = "The gateway relayed this line from hello.txt."
 
 
-def claude(stack: Stack, key: str, prompt: str, cwd: Path, model: str | None, *, bearer: bool = False,
-           extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
+def claude(
+    stack: Stack,
+    key: str,
+    prompt: str,
+    cwd: Path,
+    model: str | None,
+    *,
+    bearer: bool = False,
+    extra: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
     """``claude -p PROMPT`` against the gateway, in ``cwd`` with a fresh home; the key as Claude Code
     sends ANTHROPIC_API_KEY (x-api-key) or, with ``bearer``, ANTHROPIC_AUTH_TOKEN (Authorization)."""
     home = cwd.parent / "home"
     home.mkdir(exist_ok=True)
     env = {name: value for name, value in os.environ.items() if not name.startswith(("ANTHROPIC_", "CLAUDE"))}
-    env.update({
-        "ANTHROPIC_BASE_URL": f"http://127.0.0.1:{stack.port}",
-        "ANTHROPIC_AUTH_TOKEN" if bearer else "ANTHROPIC_API_KEY": key,
-        "HOME": str(home),
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",  # no update checks, telemetry or error reports
-        "DISABLE_AUTOUPDATER": "1",
-        "CLAUDE_CODE_MAX_RETRIES": "0",  # a failure shows at once
-        **({"ANTHROPIC_MODEL": model} if model else {}),
-        **(extra or {}),
-    })  # fmt: skip
-    return subprocess.run([str(CLAUDE), "-p", prompt, "--output-format", "json"], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=180, check=False)  # fmt: skip
+    env.update(
+        {
+            "ANTHROPIC_BASE_URL": f"http://127.0.0.1:{stack.port}",
+            "ANTHROPIC_AUTH_TOKEN" if bearer else "ANTHROPIC_API_KEY": key,
+            "HOME": str(home),
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",  # no update checks, telemetry or error reports
+            "DISABLE_AUTOUPDATER": "1",
+            "CLAUDE_CODE_MAX_RETRIES": "0",  # a failure shows at once
+            **({"ANTHROPIC_MODEL": model} if model else {}),
+            **(extra or {}),
+        }
+    )
+    return subprocess.run(
+        [str(CLAUDE), "-p", prompt, "--output-format", "json"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
 
 
 def result(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
@@ -64,15 +81,21 @@ def test_claude_code_answers_and_reads_a_file_on_every_group(stack: Stack, workd
     assert CLAUDE.exists(), "make install puts Claude Code in tests/clients/node_modules"
     name = stack.group(50)
     key = stack.key(group=name)
-    plain = result(claude(stack, key, "Say hello.", workdir, MODELS[group], bearer=group in ("openai", "google")))
+    plain = result(
+        claude(stack, key, "Say hello.", workdir, MODELS[group], bearer=group in ("openai", "google"))
+    )
     assert plain["result"].strip()
     path = workdir / "hello.txt"
     asked = f'Read hello.txt and tell me its first line. [call:Read {{"file_path": "{path}"}}]'
     read = result(claude(stack, key, asked, workdir, MODELS[group]))
-    assert CONTENT in read["result"], read["result"]  # the file's line, read by Claude Code, quoted by the model
+    assert CONTENT in read["result"], read[
+        "result"
+    ]  # the file's line, read by Claude Code, quoted by the model
     records = stack.run(stack.store.usage(group=name, limit=10))
     # one call for the plain answer, two for the tool turn: each upstream call one record, billed once
-    assert len(records) == 3 and all(r.status == "ok" and r.endpoint == "messages" and r.credits > 0 for r in records)
+    assert len(records) == 3 and all(
+        r.status == "ok" and r.endpoint == "messages" and r.credits > 0 for r in records
+    )
     assert {r.model for r in records} == {stack.gateway.catalog.resolve(MODELS[group]).id}
     g = stack.run(stack.store.get_group(name))
     assert g is not None and g.reserved == 0 and g.spent == sum(r.credits for r in records)
@@ -84,8 +107,11 @@ def test_claude_codes_own_model_names_mapped_by_the_operator(tmp_path: Path, wor
     from core.config import ReliabilitySettings, Settings, StoreSettings, parse_settings
 
     names = parse_settings({"models": {"map": {"claude-opus-5-5": "google/gemini-2.5-flash"}}}).models
-    settings = Settings(store=StoreSettings(url=f"sqlite:///{tmp_path}/router.db"), models=names,
-                        reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9))  # fmt: skip
+    settings = Settings(
+        store=StoreSettings(url=f"sqlite:///{tmp_path}/router.db"),
+        models=names,
+        reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9),
+    )
     mapped = Stack(tmp_path, settings).start()
     try:
         name = mapped.group(50)

@@ -14,8 +14,14 @@ from tests.conftest import Stack
 
 
 def router(*args: str, cwd: str, env: dict | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=60, env={**os.environ, **(env or {})})  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def test_groups_and_keys_lifecycle(tmp_path) -> None:
@@ -57,22 +63,37 @@ def test_group_names_follow_the_consoles_rule(tmp_path) -> None:
 def test_cli_and_gateway_share_the_store(stack: Stack, tmp_path) -> None:
     config = tmp_path / "router.toml"
     config.write_text(f'[store]\nurl = "{stack.settings.store.url}"\n')
-    assert router("--config", str(config), "groups", "create", "shared", "--credits", "5", cwd=str(tmp_path)).returncode == 0
+    assert (
+        router(
+            "--config", str(config), "groups", "create", "shared", "--credits", "5", cwd=str(tmp_path)
+        ).returncode
+        == 0
+    )
     created = router("--config", str(config), "keys", "create", "--group", "shared", cwd=str(tmp_path))
     key = created.stdout.strip().splitlines()[-1]
     client = stack.client(key)
-    assert client.chat.completions.create(model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "hi"}]).choices
-    key_id = router("--config", str(config), "keys", "list", "--group", "shared", cwd=str(tmp_path)).stdout.splitlines()[-1].split()[0]
+    assert client.chat.completions.create(
+        model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "hi"}]
+    ).choices
+    key_id = (
+        router("--config", str(config), "keys", "list", "--group", "shared", cwd=str(tmp_path))
+        .stdout.splitlines()[-1]
+        .split()[0]
+    )
     router("--config", str(config), "keys", "revoke", key_id, cwd=str(tmp_path))
     stack.gateway.auth.forget()  # or wait auth_cache_seconds
     try:
-        client.chat.completions.create(model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "hi"}])
+        client.chat.completions.create(
+            model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "hi"}]
+        )
         raise AssertionError("revoked key was accepted")
     except openai.AuthenticationError:
         pass
 
 
-def _commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], argparse.ArgumentParser, str | None]]:  # fmt: skip
+def _commands(
+    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> list[tuple[tuple[str, ...], argparse.ArgumentParser, str | None]]:
     """Every (sub)command under ``parser``: its words, its parser and the one-line help it is listed with."""
     found = []
     for action in parser._actions:
@@ -89,14 +110,23 @@ def test_every_command_and_option_has_a_line_of_help() -> None:
 
     top = parser()
     commands = _commands(top)
-    assert {"groups create", "groups topup", "groups list", "keys create", "keys revoke", "keys list",
-            "console set-password"} <= {" ".join(words) for words, _, _ in commands}  # fmt: skip
+    assert {
+        "groups create",
+        "groups topup",
+        "groups list",
+        "keys create",
+        "keys revoke",
+        "keys list",
+        "console set-password",
+    } <= {" ".join(words) for words, _, _ in commands}
     for words, sub, listed in commands:
         assert listed, f"router {' '.join(words)} is listed without help"
         assert sub.description, f"router {' '.join(words)} --help has no description"
         for action in sub._actions:
             if action.option_strings or not isinstance(action, argparse._SubParsersAction):
-                assert action.help, f"router {' '.join(words)} {action.option_strings or action.dest}: no help"
+                assert action.help, (
+                    f"router {' '.join(words)} {action.option_strings or action.dest}: no help"
+                )
     shown = router("--help", cwd=".")
     assert "examples:" in shown.stdout and "router demo" in shown.stdout
     for command in ("serve", "demo"):

@@ -31,8 +31,12 @@ def get_weather(city: str) -> str:
 
 
 def _agent(client: openai.AsyncOpenAI, model: str) -> Agent:
-    return Agent(name="weather", instructions="Answer with the weather.", tools=[get_weather],
-                 model=OpenAIResponsesModel(model=model, openai_client=client))  # fmt: skip
+    return Agent(
+        name="weather",
+        instructions="Answer with the weather.",
+        tools=[get_weather],
+        model=OpenAIResponsesModel(model=model, openai_client=client),
+    )
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -44,8 +48,15 @@ def test_agent_with_a_tool_then_previous_response_id(stack: Stack, model: str) -
         try:
             agent = _agent(client, model)
             first = await Runner.run(agent, "What is the weather in Seoul? [tool]")
-            second = await Runner.run(agent, "What did you tell me?", previous_response_id=first.last_response_id)
-            return str(first.final_output), str(second.final_output), first.last_response_id, second.last_response_id
+            second = await Runner.run(
+                agent, "What did you tell me?", previous_response_id=first.last_response_id
+            )
+            return (
+                str(first.final_output),
+                str(second.final_output),
+                first.last_response_id,
+                second.last_response_id,
+            )
         finally:
             await client.close()
 
@@ -66,8 +77,11 @@ def test_agent_conversation_moves_from_claude_to_gemini(stack: Stack) -> None:
         client = openai.AsyncOpenAI(base_url=stack.base_url, api_key=key, max_retries=0)
         try:
             first = await Runner.run(_agent(client, MODELS[0]), "What is the weather in Seoul? [tool]")
-            second = await Runner.run(_agent(client, MODELS[1]), "Repeat the temperature.",
-                                      previous_response_id=first.last_response_id)  # fmt: skip
+            second = await Runner.run(
+                _agent(client, MODELS[1]),
+                "Repeat the temperature.",
+                previous_response_id=first.last_response_id,
+            )
             return str(second.final_output), second.last_response_id
         finally:
             await client.close()
@@ -89,14 +103,23 @@ def test_an_agent_with_a_plain_model_string_through_multi_provider(stack: Stack)
 
     async def run() -> list[str]:
         client = openai.AsyncOpenAI(base_url=stack.base_url, api_key=key, max_retries=0)
-        provider = MultiProvider(openai_client=client, openai_use_responses=True,
-                                 openai_prefix_mode="model_id", unknown_prefix_mode="model_id")  # fmt: skip
+        provider = MultiProvider(
+            openai_client=client,
+            openai_use_responses=True,
+            openai_prefix_mode="model_id",
+            unknown_prefix_mode="model_id",
+        )
         try:
             out = []
             for model in ("anthropic/claude-haiku-4-5", "openai/gpt-4o-mini"):
-                agent = Agent(name="weather", instructions="Answer with the weather.", tools=[get_weather], model=model)
-                result = await Runner.run(agent, "What is the weather in Seoul? [tool]",
-                                          run_config=RunConfig(model_provider=provider))  # fmt: skip
+                agent = Agent(
+                    name="weather", instructions="Answer with the weather.", tools=[get_weather], model=model
+                )
+                result = await Runner.run(
+                    agent,
+                    "What is the weather in Seoul? [tool]",
+                    run_config=RunConfig(model_provider=provider),
+                )
                 out.append(str(result.final_output))
             return out
         finally:

@@ -27,8 +27,14 @@ from tests.matrix import (
 
 pytestmark = pytest.mark.parametrize("group", GROUPS)
 
-TOOL = {"type": "function", "function": {"name": "get_weather", "description": "The current weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}  # fmt: skip
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -42,14 +48,25 @@ def chat_model(stack: Stack, key: str, group: str, **kw: Any) -> ChatOpenAI:
 
 def usage(message: AIMessage) -> dict[str, Any] | None:
     u = message.usage_metadata
-    return None if u is None else {"input": u["input_tokens"], "output": u["output_tokens"], "total": u["total_tokens"]}
+    return (
+        None
+        if u is None
+        else {"input": u["input_tokens"], "output": u["output_tokens"], "total": u["total_tokens"]}
+    )
 
 
 def test_chat(stack: Stack, key: str, group: str) -> None:
     out = chat_model(stack, key, group).invoke("Hello")
     meta = out.response_metadata
-    check_chat({"text": out.content, "finish": meta["finish_reason"], "usage": usage(out),
-                "model": meta["model_name"]}, MODELS[group])  # fmt: skip
+    check_chat(
+        {
+            "text": out.content,
+            "finish": meta["finish_reason"],
+            "usage": usage(out),
+            "model": meta["model_name"],
+        },
+        MODELS[group],
+    )
 
 
 def test_stream_with_usage(stack: Stack, key: str, group: str) -> None:
@@ -58,8 +75,15 @@ def test_stream_with_usage(stack: Stack, key: str, group: str) -> None:
     for chunk in chunks[1:]:
         whole += chunk
     assert isinstance(whole, AIMessage)
-    check_chat({"text": whole.content, "finish": whole.response_metadata["finish_reason"], "usage": usage(whole),
-                "model": whole.response_metadata["model_name"]}, MODELS[group])  # fmt: skip
+    check_chat(
+        {
+            "text": whole.content,
+            "finish": whole.response_metadata["finish_reason"],
+            "usage": usage(whole),
+            "model": whole.response_metadata["model_name"],
+        },
+        MODELS[group],
+    )
 
 
 def test_tool_loop(stack: Stack, key: str, group: str) -> None:
@@ -68,19 +92,32 @@ def test_tool_loop(stack: Stack, key: str, group: str) -> None:
     first = llm.invoke(messages)
     messages.append(first)
     for call in first.tool_calls:
-        messages.append(ToolMessage(json.dumps(weather(call["args"]["city"]), separators=(",", ":")),
-                                    tool_call_id=call["id"]))  # fmt: skip
+        messages.append(
+            ToolMessage(
+                json.dumps(weather(call["args"]["city"]), separators=(",", ":")), tool_call_id=call["id"]
+            )
+        )
     second = llm.invoke(messages)
-    check_tools({"steps": 2, "first_finish": first.response_metadata["finish_reason"],
-                 "calls": [{"name": c["name"], "input": c["args"]} for c in first.tool_calls],
-                 "text": second.content, "finish": second.response_metadata["finish_reason"]})  # fmt: skip
+    check_tools(
+        {
+            "steps": 2,
+            "first_finish": first.response_metadata["finish_reason"],
+            "calls": [{"name": c["name"], "input": c["args"]} for c in first.tool_calls],
+            "text": second.content,
+            "finish": second.response_metadata["finish_reason"],
+        }
+    )
 
 
 def test_image_input(stack: Stack, key: str, group: str) -> None:
     import openai
 
-    message = HumanMessage(content=[{"type": "text", "text": "What is in this image?"},
-                                    {"type": "image_url", "image_url": {"url": PNG}}])  # fmt: skip
+    message = HumanMessage(
+        content=[
+            {"type": "text", "text": "What is in this image?"},
+            {"type": "image_url", "image_url": {"url": PNG}},
+        ]
+    )
     llm = chat_model(stack, key, group)
     if stack.gateway.catalog.resolve(MODELS[group]).image_input:
         out = llm.invoke([message])
@@ -100,5 +137,9 @@ def test_structured_output(stack: Stack, key: str, group: str, method: str) -> N
 
 def test_json_mode(stack: Stack, key: str, group: str) -> None:
     """JSON mode asks for some JSON object (its shape is the prompt's business): a real, non-empty one."""
-    out = chat_model(stack, key, group).with_structured_output(None, method="json_mode").invoke("Answer in JSON.")  # type: ignore[arg-type]
+    out = (
+        chat_model(stack, key, group)
+        .with_structured_output(None, method="json_mode")
+        .invoke("Answer in JSON.")
+    )  # type: ignore[arg-type]
     assert isinstance(out, dict) and out

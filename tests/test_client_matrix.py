@@ -45,12 +45,24 @@ def report(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     out = tmp_path_factory.mktemp("matrix")
     running = []
     for script in SCRIPTS:
-        env = dict(os.environ, ROUTER_BASE_URL=stack.base_url, ROUTER_API_KEY=stack.key(1_000),
-                   ROUTER_MODELS=json.dumps(MODELS), ROUTER_WAITING=json.dumps(WAITING),
-                   ROUTER_REPORT=str(out / f"{script}.json"))  # fmt: skip
+        env = dict(
+            os.environ,
+            ROUTER_BASE_URL=stack.base_url,
+            ROUTER_API_KEY=stack.key(1_000),
+            ROUTER_MODELS=json.dumps(MODELS),
+            ROUTER_WAITING=json.dumps(WAITING),
+            ROUTER_REPORT=str(out / f"{script}.json"),
+        )
         log = open(out / f"{script}.log", "w")  # closed once the script has exited
-        running.append((script, log, subprocess.Popen(["node", script], cwd=CLIENTS_DIR, env=env, stdout=log,
-                                                      stderr=subprocess.STDOUT)))  # fmt: skip
+        running.append(
+            (
+                script,
+                log,
+                subprocess.Popen(
+                    ["node", script], cwd=CLIENTS_DIR, env=env, stdout=log, stderr=subprocess.STDOUT
+                ),
+            )
+        )
     cells: dict[str, Any] = {}
     for script, log, process in running:
         code = process.wait(timeout=300)
@@ -76,7 +88,9 @@ def test_stream_with_usage(report: dict[str, Any], client: str, group: str) -> N
     check_chat(cell(report, client, group, "stream"), MODELS[group])
 
 
-@pytest.mark.parametrize(("client", "group"), [(c, g) for c, g in cells("conversation") if c.startswith("ai-sdk")])
+@pytest.mark.parametrize(
+    ("client", "group"), [(c, g) for c, g in cells("conversation") if c.startswith("ai-sdk")]
+)
 def test_two_turn_conversation(stack: Stack, report: dict[str, Any], client: str, group: str) -> None:
     data = cell(report, client, group, "conversation")
     check_chat(data, MODELS[group])

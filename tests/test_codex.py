@@ -54,10 +54,28 @@ def codex(stack: Stack, key: str, model: str, prompt: str, tmp: Path, effort: st
     configure(home, stack)
     env = {name: value for name, value in os.environ.items() if not name.startswith(("OPENAI_", "CODEX_"))}
     env.update({"CODEX_HOME": str(home), "ROUTER_API_KEY": key, "HOME": str(tmp)})
-    argv = [str(CODEX), "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
-            "-m", model, "-o", str(last), *(["-c", f'model_reasoning_effort="{effort}"'] if effort else []), prompt]  # fmt: skip
-    done = subprocess.run(argv, cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=180, check=False)  # fmt: skip
+    argv = [
+        str(CODEX),
+        "exec",
+        "--skip-git-repo-check",
+        "--dangerously-bypass-approvals-and-sandbox",
+        "-m",
+        model,
+        "-o",
+        str(last),
+        *(["-c", f'model_reasoning_effort="{effort}"'] if effort else []),
+        prompt,
+    ]
+    done = subprocess.run(
+        argv,
+        cwd=work,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
     assert done.returncode == 0, (done.returncode, done.stdout[-3000:], done.stderr[-3000:])
     return last.read_text()
 
@@ -71,7 +89,9 @@ def tmp(tmp_path: Path) -> Path:
 
 def records(stack: Stack, group: str, calls: int) -> list[Any]:
     found = stack.run(stack.store.usage(group=group, limit=20))
-    assert len(found) == calls and all(r.status == "ok" and r.endpoint == "responses" and r.credits > 0 for r in found)
+    assert len(found) == calls and all(
+        r.status == "ok" and r.endpoint == "responses" and r.credits > 0 for r in found
+    )
     g = stack.run(stack.store.get_group(group))
     assert g is not None and g.reserved == 0 and g.spent == sum(r.credits for r in found)
     return found
@@ -98,11 +118,15 @@ def test_claudes_thinking_goes_back_to_claude_through_codexs_replay(stack: Stack
     emulator = stack.emulator("anthropic")
     folder = tmp / "work"
     key = stack.key()
-    codex(stack, key, MODELS["anthropic"], f'List {folder}. [call:exec_command {{"cmd": "ls {folder}"}}]', tmp)
+    codex(
+        stack, key, MODELS["anthropic"], f'List {folder}. [call:exec_command {{"cmd": "ls {folder}"}}]', tmp
+    )
     first, second = emulator.requests[-2:]
     assert "thinking" in first and "thinking" in second  # thinking on both calls of the tool loop
     replayed = second["messages"][-2]["content"]
-    assert replayed[0]["type"] == "thinking" and replayed[0]["signature"] and replayed[-1]["type"] == "tool_use"
+    assert (
+        replayed[0]["type"] == "thinking" and replayed[0]["signature"] and replayed[-1]["type"] == "tool_use"
+    )
 
 
 def test_geminis_thought_signatures_survive_codexs_replay(stack: Stack, tmp: Path) -> None:
@@ -110,41 +134,101 @@ def test_geminis_thought_signatures_survive_codexs_replay(stack: Stack, tmp: Pat
     fields it does not know from the items it replays, so the signature rides in a sealed reasoning item."""
     emulator = stack.emulator("google")
     folder = tmp / "work"
-    codex(stack, stack.key(), MODELS["google"], f'List {folder}. [call:exec_command {{"cmd": "ls {folder}"}}]', tmp)
+    codex(
+        stack,
+        stack.key(),
+        MODELS["google"],
+        f'List {folder}. [call:exec_command {{"cmd": "ls {folder}"}}]',
+        tmp,
+    )
     contents = emulator.requests[-1]["contents"]
-    calls = [p for c in contents if c.get("role") == "model" for p in c.get("parts") or () if "functionCall" in p]
+    calls = [
+        p for c in contents if c.get("role") == "model" for p in c.get("parts") or () if "functionCall" in p
+    ]
     assert calls and calls[0].get("thoughtSignature")
 
 
 # ------------------------------------------------------------------ the pieces, through the openai SDK
 
-NAMESPACE: Any = {"type": "namespace", "name": "multi_agent_v1", "description": "Sub-agents.", "tools": [
-    {"type": "function", "name": "close_agent", "description": "Close an agent.", "strict": False,
-     "parameters": {"type": "object", "properties": {"target": {"type": "string"}}, "required": ["target"],
-                    "additionalProperties": False}}]}  # fmt: skip
-PATCH: Any = {"type": "custom", "name": "apply_patch", "description": "Edit files: a patch, free-form.",
-              "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"}}  # fmt: skip
-SHELL: Any = {"type": "function", "name": "exec_command", "parameters": {"type": "object", "properties": {
-    "cmd": {"type": "string"}}, "required": ["cmd"]}}  # fmt: skip
-CODEX_FIELDS: Any = {"client_metadata": {"session_id": "s-1"}, "prompt_cache_key": "thread-1",
-                     "include": ["reasoning.encrypted_content"], "store": False}  # fmt: skip
+NAMESPACE: Any = {
+    "type": "namespace",
+    "name": "multi_agent_v1",
+    "description": "Sub-agents.",
+    "tools": [
+        {
+            "type": "function",
+            "name": "close_agent",
+            "description": "Close an agent.",
+            "strict": False,
+            "parameters": {
+                "type": "object",
+                "properties": {"target": {"type": "string"}},
+                "required": ["target"],
+                "additionalProperties": False,
+            },
+        }
+    ],
+}
+PATCH: Any = {
+    "type": "custom",
+    "name": "apply_patch",
+    "description": "Edit files: a patch, free-form.",
+    "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"},
+}
+SHELL: Any = {
+    "type": "function",
+    "name": "exec_command",
+    "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]},
+}
+CODEX_FIELDS: Any = {
+    "client_metadata": {"session_id": "s-1"},
+    "prompt_cache_key": "thread-1",
+    "include": ["reasoning.encrypted_content"],
+    "store": False,
+}
 
 
 @pytest.mark.parametrize("model", ["anthropic/claude-haiku-4-5", "mistral/mistral-small-latest"])
 def test_a_namespaced_function_comes_back_with_its_namespace(stack: Stack, model: str) -> None:
     client = stack.client()
     tools = [NAMESPACE, SHELL, {"type": "web_search", "external_web_access": False}]
-    out = client.responses.create(model=model, input='Close it. [call:multi_agent_v1__close_agent {"target": "a1"}]',
-                                  tools=tools, reasoning={"summary": "auto"}, extra_body=CODEX_FIELDS)  # fmt: skip
+    out = client.responses.create(
+        model=model,
+        input='Close it. [call:multi_agent_v1__close_agent {"target": "a1"}]',
+        tools=tools,
+        reasoning={"summary": "auto"},
+        extra_body=CODEX_FIELDS,
+    )
     (call,) = [item for item in out.output if item.type == "function_call"]
-    assert call.name == "close_agent" and call.namespace == "multi_agent_v1" and json.loads(call.arguments) == {"target": "a1"}
-    events = list(client.responses.create(model=model, input='[call:multi_agent_v1__close_agent {"target": "a2"}]',
-                                          tools=tools, stream=True, extra_body=CODEX_FIELDS))  # fmt: skip
-    done = [e.item for e in events if e.type == "response.output_item.done" and e.item.type == "function_call"]
+    assert (
+        call.name == "close_agent"
+        and call.namespace == "multi_agent_v1"
+        and json.loads(call.arguments) == {"target": "a1"}
+    )
+    events = list(
+        client.responses.create(
+            model=model,
+            input='[call:multi_agent_v1__close_agent {"target": "a2"}]',
+            tools=tools,
+            stream=True,
+            extra_body=CODEX_FIELDS,
+        )
+    )
+    done = [
+        e.item for e in events if e.type == "response.output_item.done" and e.item.type == "function_call"
+    ]
     assert done[0].name == "close_agent" and done[0].namespace == "multi_agent_v1"
     # the next turn replays the call as Codex does: the provider sees its own (flat) name again
-    replay: Any = [{"type": "function_call", "call_id": call.call_id, "name": "close_agent", "namespace": "multi_agent_v1",
-                    "arguments": call.arguments}, {"type": "function_call_output", "call_id": call.call_id, "output": "closed"}]  # fmt: skip
+    replay: Any = [
+        {
+            "type": "function_call",
+            "call_id": call.call_id,
+            "name": "close_agent",
+            "namespace": "multi_agent_v1",
+            "arguments": call.arguments,
+        },
+        {"type": "function_call_output", "call_id": call.call_id, "output": "closed"},
+    ]
     after = client.responses.create(model=model, input=replay, tools=tools, extra_body=CODEX_FIELDS)
     assert "closed" in after.output_text
 
@@ -157,36 +241,70 @@ def test_a_free_form_tool_is_a_custom_tool_call_on_every_provider(stack: Stack) 
         out = client.responses.create(model=model, input=asked, tools=[PATCH], extra_body=CODEX_FIELDS)
         (call,) = [item for item in out.output if item.type == "custom_tool_call"]
         assert call.name == "apply_patch" and call.input == patch
-        events = list(client.responses.create(model=model, input=asked, tools=[PATCH], stream=True, extra_body=CODEX_FIELDS))
+        events = list(
+            client.responses.create(
+                model=model, input=asked, tools=[PATCH], stream=True, extra_body=CODEX_FIELDS
+            )
+        )
         assert [e.input for e in events if e.type == "response.custom_tool_call_input.done"] == [patch]
-        replay: Any = [{"type": "custom_tool_call", "call_id": call.call_id, "name": "apply_patch", "input": patch},
-                       {"type": "custom_tool_call_output", "call_id": call.call_id, "output": "Success."}]  # fmt: skip
+        replay: Any = [
+            {"type": "custom_tool_call", "call_id": call.call_id, "name": "apply_patch", "input": patch},
+            {"type": "custom_tool_call_output", "call_id": call.call_id, "output": "Success."},
+        ]
         assert "Success." in client.responses.create(model=model, input=replay, tools=[PATCH]).output_text
 
 
 def test_thinking_as_summary_parts_and_the_sealed_state_guarded(stack: Stack) -> None:
     client = stack.client()
     asked = 'Run it. [think] [call:exec_command {"cmd": "ls"}]'
-    events = list(client.responses.create(model="anthropic/claude-haiku-4-5", input=asked, tools=[SHELL], stream=True,
-                                          reasoning={"effort": "low", "summary": "auto"}, extra_body=CODEX_FIELDS))  # fmt: skip
+    events = list(
+        client.responses.create(
+            model="anthropic/claude-haiku-4-5",
+            input=asked,
+            tools=[SHELL],
+            stream=True,
+            reasoning={"effort": "low", "summary": "auto"},
+            extra_body=CODEX_FIELDS,
+        )
+    )
     kinds = [e.type for e in events]
     assert "response.reasoning_summary_text.delta" in kinds and "response.reasoning_text.delta" not in kinds
     final = events[-1].response  # type: ignore[union-attr]
     summary, call, sealed = final.output[0], final.output[-2], final.output[-1]
     assert summary.type == "reasoning" and summary.summary[0].text and call.type == "function_call"
-    assert sealed.type == "reasoning" and sealed.encrypted_content and sealed.encrypted_content.startswith("rtr1.")
-    history: Any = [{"type": "message", "role": "user", "content": asked}, *(i.model_dump(exclude_none=True) for i in final.output),
-                    {"type": "function_call_output", "call_id": call.call_id, "output": "a.txt"}]  # fmt: skip
-    ok = client.responses.create(model="anthropic/claude-haiku-4-5", input=history, tools=[SHELL],
-                                 reasoning={"effort": "low"}, extra_body=CODEX_FIELDS)  # fmt: skip
+    assert (
+        sealed.type == "reasoning"
+        and sealed.encrypted_content
+        and sealed.encrypted_content.startswith("rtr1.")
+    )
+    history: Any = [
+        {"type": "message", "role": "user", "content": asked},
+        *(i.model_dump(exclude_none=True) for i in final.output),
+        {"type": "function_call_output", "call_id": call.call_id, "output": "a.txt"},
+    ]
+    ok = client.responses.create(
+        model="anthropic/claude-haiku-4-5",
+        input=history,
+        tools=[SHELL],
+        reasoning={"effort": "low"},
+        extra_body=CODEX_FIELDS,
+    )
     assert "a.txt" in ok.output_text
-    tampered = [*history[:-2], {**history[-2], "encrypted_content": sealed.encrypted_content[:-4] + "AAAA"}, history[-1]]
+    tampered = [
+        *history[:-2],
+        {**history[-2], "encrypted_content": sealed.encrypted_content[:-4] + "AAAA"},
+        history[-1],
+    ]
     with pytest.raises(openai.BadRequestError) as info:
-        client.responses.create(model="anthropic/claude-haiku-4-5", input=tampered, tools=[SHELL], extra_body=CODEX_FIELDS)
+        client.responses.create(
+            model="anthropic/claude-haiku-4-5", input=tampered, tools=[SHELL], extra_body=CODEX_FIELDS
+        )
     assert info.value.code == "invalid_encrypted_content" and "encrypted_content" in str(info.value.param)  # type: ignore[attr-defined]
     # OpenAI's own encrypted reasoning (a conversation that moved from an OpenAI model) is not ours: dropped
     foreign = [*history[:-2], {**history[-2], "encrypted_content": "gAAAAABforeign"}, history[-1]]
-    assert client.responses.create(model="anthropic/claude-haiku-4-5", input=foreign, tools=[SHELL]).output_text
+    assert client.responses.create(
+        model="anthropic/claude-haiku-4-5", input=foreign, tools=[SHELL]
+    ).output_text
 
 
 def test_the_openai_emulator_takes_what_codex_sends(stack: Stack) -> None:
@@ -196,13 +314,23 @@ def test_the_openai_emulator_takes_what_codex_sends(stack: Stack) -> None:
     direct = openai.OpenAI(base_url=running.base_url, api_key=running.api_key, max_retries=0)
     tools = [NAMESPACE, SHELL, {"type": "web_search", "external_web_access": False}]
     try:
-        out = direct.responses.create(model="gpt-5-mini", input="hi", tools=tools, reasoning={"summary": "auto"},
-                                      parallel_tool_calls=True, extra_body=CODEX_FIELDS)  # fmt: skip
+        out = direct.responses.create(
+            model="gpt-5-mini",
+            input="hi",
+            tools=tools,
+            reasoning={"summary": "auto"},
+            parallel_tool_calls=True,
+            extra_body=CODEX_FIELDS,
+        )
         assert out.output_text
     finally:
         direct.close()
-    out = stack.client().responses.create(model="openai/gpt-5-mini", input="hi", tools=tools, extra_body=CODEX_FIELDS)
-    assert out.output_text and stack.emulator("openai").requests[-1]["client_metadata"] == {"session_id": "s-1"}
+    out = stack.client().responses.create(
+        model="openai/gpt-5-mini", input="hi", tools=tools, extra_body=CODEX_FIELDS
+    )
+    assert out.output_text and stack.emulator("openai").requests[-1]["client_metadata"] == {
+        "session_id": "s-1"
+    }
 
 
 def test_prompt_cache_key_caches_claudes_instructions(stack: Stack) -> None:
@@ -210,12 +338,19 @@ def test_prompt_cache_key_caches_claudes_instructions(stack: Stack) -> None:
     marked for Anthropic's prompt cache, so the next turn reads them from it (billed at the cached price)."""
     client = stack.client()
     instructions = " ".join(f"rule{i} keep answers short" for i in range(400))
-    body: Any = [{"type": "message", "role": "developer", "content": [{"type": "input_text", "text": instructions}]},
-                 {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello"}]}]  # fmt: skip
+    body: Any = [
+        {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": instructions}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello"}]},
+    ]
     first = client.responses.create(model="anthropic/claude-haiku-4-5", input=body, extra_body=CODEX_FIELDS)
     second = client.responses.create(model="anthropic/claude-haiku-4-5", input=body, extra_body=CODEX_FIELDS)
     assert first.usage is not None and second.usage is not None
-    assert first.usage.input_tokens_details.cached_tokens == 0 and second.usage.input_tokens_details.cached_tokens > 1024
+    assert (
+        first.usage.input_tokens_details.cached_tokens == 0
+        and second.usage.input_tokens_details.cached_tokens > 1024
+    )
     plain = {k: v for k, v in CODEX_FIELDS.items() if k != "prompt_cache_key"}
     again = client.responses.create(model="anthropic/claude-haiku-4-5", input=body, extra_body=plain)
-    assert again.usage is not None and again.usage.input_tokens_details.cached_tokens == 0  # not asked: not marked
+    assert (
+        again.usage is not None and again.usage.input_tokens_details.cached_tokens == 0
+    )  # not asked: not marked

@@ -52,8 +52,11 @@ def _settings(tmp: Path, limits: LimitsSettings, store_url: str = "", **kw: Any)
 @pytest.fixture(scope="module")
 def cstack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("concurrency")
-    limits = LimitsSettings(key_concurrent=2, group_concurrent=3, groups={
-        "solo": GroupLimits(key_concurrent=1), "solo-broke": GroupLimits(key_concurrent=1)})
+    limits = LimitsSettings(
+        key_concurrent=2,
+        group_concurrent=3,
+        groups={"solo": GroupLimits(key_concurrent=1), "solo-broke": GroupLimits(key_concurrent=1)},
+    )
     jobs = JobsSettings(poll_interval=0.05, concurrency=4, stop_grace=1.0, lease_seconds=3.0)
     s = Stack(tmp, _settings(tmp, limits, jobs=jobs)).start()
     yield s
@@ -63,7 +66,9 @@ def cstack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 def _open_stream(client: openai.OpenAI, text: str = LONG) -> Any:
     """A stream whose first chunk has arrived: the call is in flight."""
-    stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": text}], stream=True)
+    stream = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": text}], stream=True
+    )
     next(iter(stream))
     return stream
 
@@ -111,7 +116,9 @@ def test_a_keys_and_a_groups_calls_in_flight_are_capped(cstack: Stack) -> None:
     assert after.balance == before.balance  # the refusals reserved nothing and cost nothing
     rows = cstack.run(cstack.store.usage(group=group))
     assert len(rows) == records + 2
-    assert {(r.status, r.credits, r.error_code) for r in rows[:2]} == {("rejected", 0, "concurrency_limit_exceeded")}
+    assert {(r.status, r.credits, r.error_code) for r in rows[:2]} == {
+        ("rejected", 0, "concurrency_limit_exceeded")
+    }
     held[0].close()  # the caller goes away mid-stream: its place is given back
     assert _eventually(lambda: _ask(first)).choices[0].message.content
     for stream in held[1:]:
@@ -130,18 +137,28 @@ def test_every_way_a_call_ends_gives_its_place_back(cstack: Stack) -> None:
     with pytest.raises(openai.InternalServerError):
         _ask(one, "[fault:500]")  # the upstream fails
     with pytest.raises(openai.APIError):
-        list(cstack.client(key).chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "[tokens:30] [cut:3]"}], stream=True))  # fmt: skip
+        list(
+            cstack.client(key).chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "[tokens:30] [cut:3]"}], stream=True
+            )
+        )
     with pytest.raises(openai.APIError):
-        list(one.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "[midfail]"}],
-                                         stream=True))  # fmt: skip
+        list(
+            one.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "[midfail]"}], stream=True
+            )
+        )
     assert _eventually(lambda: _ask(one)).choices[0].message.content  # answered, non-stream
-    assert list(one.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], stream=True))
+    assert list(
+        one.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], stream=True)
+    )
     held = _open_stream(one)
     assert _refused(lambda: _ask(one)).code == "concurrency_limit_exceeded"  # (the limit is 1)
     held.close()
     assert _eventually(lambda: _ask(one)).choices[0].message.content
-    broke = cstack.client(cstack.key(credits=0, group=_solo_group(cstack, "solo-broke", 0)))  # 402 after admission
+    broke = cstack.client(
+        cstack.key(credits=0, group=_solo_group(cstack, "solo-broke", 0))
+    )  # 402 after admission
     for _ in range(3):
         with pytest.raises(openai.APIStatusError) as info:
             _ask(broke)
@@ -189,8 +206,13 @@ async def test_redis_counts_are_shared_atomic_and_renewed(redis_prefix: str) -> 
     replicas = [RedisBackend(REDIS_URL, redis_prefix, timeout=5, lease=0.6) for _ in range(3)]
     try:
         await replicas[0].client.script_flush()  # the first call finds no script and loads it
-        places = [Place(redis_prefix + "{g1}:k1:f", 5, "key_concurrent"), Place(redis_prefix + "{g1}:g:f", 7, "group_concurrent")]
-        results = await asyncio.gather(*(r.enter(places, f"{n}:{i}") for n, r in enumerate(replicas) for i in range(4)))
+        places = [
+            Place(redis_prefix + "{g1}:k1:f", 5, "key_concurrent"),
+            Place(redis_prefix + "{g1}:g:f", 7, "group_concurrent"),
+        ]
+        results = await asyncio.gather(
+            *(r.enter(places, f"{n}:{i}") for n, r in enumerate(replicas) for i in range(4))
+        )
         assert sorted(results) == [-1] * 5 + [0] * 7  # 12 at once on three replicas: exactly 5 admitted
         await asyncio.sleep(1.5)  # past the lease, twice over: renewed every 0.15 s while they run
         assert await replicas[0].enter(places, "late") == 0

@@ -19,7 +19,9 @@ def test_defaults_without_a_file(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_file_and_environment(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "router.toml"
-    path.write_text('[server]\nport = 9000\n[providers.mistral]\nbase_url = "http://m.local/v1"\napi_key = "file-key"\n')
+    path.write_text(
+        '[server]\nport = 9000\n[providers.mistral]\nbase_url = "http://m.local/v1"\napi_key = "file-key"\n'
+    )
     monkeypatch.setenv("ROUTER_CONFIG", str(path))
     monkeypatch.setenv("OPENAI_API_KEY", "env-key")
     monkeypatch.setenv("ROUTER_UPSTAGE_BASE_URL", "http://u.local/v1/")
@@ -61,8 +63,12 @@ def test_unreadable_and_invalid_files(tmp_path) -> None:
 def test_cli_reports_config_errors(tmp_path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[server]\nprot = 1\n")
-    result = subprocess.run([sys.executable, "-m", "cli", "serve", "--config", str(bad)],
-                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "cli", "serve", "--config", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode != 0
     assert "config error" in result.stderr and "prot" in result.stderr
 

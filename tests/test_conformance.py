@@ -11,9 +11,27 @@ import pytest
 from tests.conftest import ONE_PER_PROVIDER, Stack
 
 MODELS = ONE_PER_PROVIDER
-IMAGE_MODELS = {"openai/gpt-4o-mini", "openai/gpt-5-mini", "anthropic/claude-haiku-4-5", "google/gemini-2.5-flash", "mistral/mistral-small-latest"}
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]  # fmt: skip
+IMAGE_MODELS = {
+    "openai/gpt-4o-mini",
+    "openai/gpt-5-mini",
+    "anthropic/claude-haiku-4-5",
+    "google/gemini-2.5-flash",
+    "mistral/mistral-small-latest",
+}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
 PNG = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
 
 pytestmark = pytest.mark.parametrize("model", MODELS)
@@ -48,8 +66,11 @@ def test_system_prompt_and_multi_turn(client: openai.OpenAI, model: str) -> None
 @pytest.mark.parametrize("include_usage", [False, True])
 def test_stream_order(client: openai.OpenAI, model: str, include_usage: bool) -> None:
     extra = {"stream_options": {"include_usage": True}} if include_usage else {}
-    chunks = list(client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": "Say it [tokens:6]"}], stream=True, **extra))  # fmt: skip
+    chunks = list(
+        client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Say it [tokens:6]"}], stream=True, **extra
+        )
+    )
     assert {c.id for c in chunks} == {chunks[0].id} and all(c.model == model for c in chunks)
     assert chunks[0].choices[0].delta.role == "assistant"
     finishes = [i for i, c in enumerate(chunks) if c.choices and c.choices[0].finish_reason]
@@ -66,8 +87,9 @@ def test_stream_order(client: openai.OpenAI, model: str, include_usage: bool) ->
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_max_tokens_gives_length(client: openai.OpenAI, model: str, stream: bool) -> None:
-    out = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "long [tokens:40]"}],
-                                         max_tokens=5, stream=stream)  # fmt: skip
+    out = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "long [tokens:40]"}], max_tokens=5, stream=stream
+    )
     if stream:
         chunks = list(out)  # type: ignore[arg-type]
         assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
@@ -101,18 +123,28 @@ def test_tool_call_round_trip(client: openai.OpenAI, model: str, stream: bool) -
     assert call_id and name == "get_weather"
     assert json.loads(arguments) == {"city": "Seoul"}
     messages += [
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+            ],
+        },
         {"role": "tool", "tool_call_id": call_id, "content": "sunny, 21C"},
-    ]  # fmt: skip
+    ]
     final = client.chat.completions.create(model=model, messages=messages, tools=TOOLS)
     assert "sunny, 21C" in (final.choices[0].message.content or "")
     assert final.choices[0].finish_reason == "stop"
 
 
 def test_image_message(client: openai.OpenAI, model: str) -> None:
-    message = {"role": "user", "content": [{"type": "text", "text": "What is this?"},
-                                           {"type": "image_url", "image_url": {"url": PNG}}]}  # fmt: skip
+    message = {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "What is this?"},
+            {"type": "image_url", "image_url": {"url": PNG}},
+        ],
+    }
     if model in IMAGE_MODELS:
         out = client.chat.completions.create(model=model, messages=[message])
         assert out.choices[0].message.content
@@ -124,13 +156,17 @@ def test_image_message(client: openai.OpenAI, model: str) -> None:
 
 def test_korean_split_inside_characters(client: openai.OpenAI, model: str) -> None:
     text = "한국어 응답을 스트리밍합니다: 가나다라마바사 아자차카타파하."
-    chunks = list(client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": f"[echo][split]{text}"}], stream=True))  # fmt: skip
+    chunks = list(
+        client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": f"[echo][split]{text}"}], stream=True
+        )
+    )
     assert _text(chunks) == text
 
 
 @pytest.mark.parametrize(
-    ("fault", "status"), [("[fault:429]", 429), ("[fault:500]", 502), ("[fault:503]", 503), ("[fault:529]", 503)]
+    ("fault", "status"),
+    [("[fault:429]", 429), ("[fault:500]", 502), ("[fault:503]", 503), ("[fault:529]", 503)],
 )
 def test_upstream_errors(client: openai.OpenAI, model: str, fault: str, status: int) -> None:
     with pytest.raises(openai.APIStatusError) as info:
@@ -141,8 +177,9 @@ def test_upstream_errors(client: openai.OpenAI, model: str, fault: str, status: 
 
 
 def test_stream_cut_off_midway(stack: Stack, client: openai.OpenAI, model: str) -> None:
-    stream = client.chat.completions.create(model=model, stream=True,
-                                            messages=[{"role": "user", "content": "long [tokens:30] [cut:3]"}])  # fmt: skip
+    stream = client.chat.completions.create(
+        model=model, stream=True, messages=[{"role": "user", "content": "long [tokens:30] [cut:3]"}]
+    )
     seen = []
     with pytest.raises(openai.APIError):
         for chunk in stream:

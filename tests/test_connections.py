@@ -31,8 +31,12 @@ def _serve(config: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
         resource.setrlimit(resource.RLIMIT_NOFILE, (NOFILE, NOFILE))
 
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--config", str(config), "--port", str(port)],
-                                stdout=out, stderr=subprocess.STDOUT, preexec_fn=small_limit)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cli", "serve", "--config", str(config), "--port", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=small_limit,
+        )
     wait_healthy(port, proc, log)
     return proc
 
@@ -56,11 +60,15 @@ def _metric(port: int, name: str) -> float:
     raise AssertionError(f"{name} not in /metrics")
 
 
-def test_connections_closed_by_the_client_let_go_of_their_socket_at_once(stack: Stack, tmp_path: Path) -> None:
+def test_connections_closed_by_the_client_let_go_of_their_socket_at_once(
+    stack: Stack, tmp_path: Path
+) -> None:
     """3,000 connect-then-close cycles, many times the descriptor limit: each socket is let go when
     the client closes (hypercorn kept it in CLOSE-WAIT for keep_alive_timeout, 75 s, until the
     process ran out of descriptors and answered nothing, /healthz included)."""
-    config, _ = _config_with_key(tmp_path, f"sqlite:///{tmp_path}/r.db", stack.emulators["openai"], "flood", 10)
+    config, _ = _config_with_key(
+        tmp_path, f"sqlite:///{tmp_path}/r.db", stack.emulators["openai"], "flood", 10
+    )
     port = free_port()
     proc = _serve(config, port, tmp_path / "gw.log")
     try:
@@ -84,8 +92,14 @@ def test_connections_closed_by_the_client_let_go_of_their_socket_at_once(stack: 
 def test_idle_connections_past_the_cap_make_room_for_new_ones(stack: Stack, tmp_path: Path) -> None:
     """Idle connections and half-sent request heads past max_idle_connections: the one idle longest
     is closed for each new one, so /healthz still answers and the descriptors stay bounded."""
-    config, key = _config_with_key(tmp_path, f"sqlite:///{tmp_path}/r.db", stack.emulators["openai"], "idle", 10,
-                                   "[server]\nmax_idle_connections = 40\n")  # fmt: skip
+    config, key = _config_with_key(
+        tmp_path,
+        f"sqlite:///{tmp_path}/r.db",
+        stack.emulators["openai"],
+        "idle",
+        10,
+        "[server]\nmax_idle_connections = 40\n",
+    )
     port = free_port()
     proc = _serve(config, port, tmp_path / "gw.log")
     held: list[socket.socket] = []
@@ -100,9 +114,13 @@ def test_idle_connections_past_the_cap_make_room_for_new_ones(stack: Stack, tmp_
         assert _metric(port, "router_connections_evicted_total") >= 300 - 40
         # a real call on a fresh connection is served
         request = urllib.request.Request(
-            f"http://127.0.0.1:{port}/v1/chat/completions", method="POST",
-            data=json.dumps({"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}).encode(),
-            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})  # fmt: skip
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            method="POST",
+            data=json.dumps(
+                {"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
+            ).encode(),
+            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(request, timeout=10) as response:
             assert response.status == 200
     finally:
@@ -112,15 +130,23 @@ def test_idle_connections_past_the_cap_make_room_for_new_ones(stack: Stack, tmp_
         proc.wait(15)
 
 
-def _capped_gateway(stack: Stack, tmp_path: Path, cap: int, prompt: str
-                    ) -> tuple[subprocess.Popen[bytes], int, str, bytes]:  # fmt: skip
+def _capped_gateway(
+    stack: Stack, tmp_path: Path, cap: int, prompt: str
+) -> tuple[subprocess.Popen[bytes], int, str, bytes]:
     """A ``router serve`` with ``max_connections = cap``, its port, a key, and a streaming call's body."""
-    config, key = _config_with_key(tmp_path, f"sqlite:///{tmp_path}/r.db", stack.emulators["openai"], "capped", 10,
-                                   f"[server]\nmax_connections = {cap}\n")  # fmt: skip
+    config, key = _config_with_key(
+        tmp_path,
+        f"sqlite:///{tmp_path}/r.db",
+        stack.emulators["openai"],
+        "capped",
+        10,
+        f"[server]\nmax_connections = {cap}\n",
+    )
     port = free_port()
     proc = _serve(config, port, tmp_path / "gw.log")
-    body = json.dumps({"model": "openai/gpt-4o-mini", "stream": True,
-                       "messages": [{"role": "user", "content": prompt}]}).encode()  # fmt: skip
+    body = json.dumps(
+        {"model": "openai/gpt-4o-mini", "stream": True, "messages": [{"role": "user", "content": prompt}]}
+    ).encode()
     return proc, port, key, body
 
 
@@ -133,7 +159,9 @@ def test_a_connection_past_the_cap_with_every_one_busy_gets_503(stack: Stack, tm
     started = threading.Semaphore(0)
 
     def stream() -> None:
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body, headers=headers)
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/chat/completions", data=body, headers=headers
+        )
         with urllib.request.urlopen(request, timeout=60) as response:
             started.release()  # its head has come: a busy connection until the body ends
             response.read()
@@ -212,7 +240,11 @@ def _answer(sock: socket.socket, request: bytes) -> bytes:
         assert piece, "the connection was closed"
         data += piece
     head, body = data.split(b"\r\n\r\n", 1)
-    length = next(int(line.split(b":")[1]) for line in head.lower().split(b"\r\n") if line.startswith(b"content-length:"))
+    length = next(
+        int(line.split(b":")[1])
+        for line in head.lower().split(b"\r\n")
+        if line.startswith(b"content-length:")
+    )
     while len(body) < length:
         piece = sock.recv(65536)
         assert piece, "the connection was closed"
@@ -233,13 +265,21 @@ def _closed_within(sock: socket.socket, seconds: float) -> float:
             return time.monotonic() - began
 
 
-def test_idle_connections_are_closed_after_the_keep_alive_timeout_and_at_shutdown(stack: Stack, tmp_path: Path) -> None:
+def test_idle_connections_are_closed_after_the_keep_alive_timeout_and_at_shutdown(
+    stack: Stack, tmp_path: Path
+) -> None:
     """The keep-alive timer runs while a connection is idle (server/connections.py: a timer handle per
     idle period): a connection that never sent, one idle after its answers, one whose requests came
     within the timeout each time are closed keep_alive_timeout after they were last busy, not before;
     a worker shutting down closes its idle connections at once."""
-    config, key = _config_with_key(tmp_path, f"sqlite:///{tmp_path}/r.db", stack.emulators["openai"], "idle", 10,
-                                   "[server]\nkeep_alive_timeout = 1.5\n")  # fmt: skip
+    config, key = _config_with_key(
+        tmp_path,
+        f"sqlite:///{tmp_path}/r.db",
+        stack.emulators["openai"],
+        "idle",
+        10,
+        "[server]\nkeep_alive_timeout = 1.5\n",
+    )
     port = free_port()
     proc = _serve(config, port, tmp_path / "gw.log")
     health = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
@@ -260,10 +300,19 @@ def test_idle_connections_are_closed_after_the_keep_alive_timeout_and_at_shutdow
         assert 1.0 < _closed_within(kept, 10) < 5
         # a call busy for longer than the timeout (a stream of 6 events 600 ms apart) is not cut
         slow = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        body = json.dumps({"model": "openai/gpt-4o-mini", "stream": True,
-                           "messages": [{"role": "user", "content": "slowly [tokens:6] [delay:600]"}]})  # fmt: skip
-        slow.request("POST", "/v1/chat/completions", body, {"Authorization": f"Bearer {key}",
-                                                            "Content-Type": "application/json"})  # fmt: skip
+        body = json.dumps(
+            {
+                "model": "openai/gpt-4o-mini",
+                "stream": True,
+                "messages": [{"role": "user", "content": "slowly [tokens:6] [delay:600]"}],
+            }
+        )
+        slow.request(
+            "POST",
+            "/v1/chat/completions",
+            body,
+            {"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+        )
         began = time.monotonic()
         streamed = slow.getresponse().read()
         assert streamed.rstrip().endswith(b"data: [DONE]") and time.monotonic() - began > 2, streamed[-200:]
@@ -305,8 +354,13 @@ def test_a_large_answer_to_a_caller_that_stops_reading_for_a_while_arrives_whole
     async def app(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-length", b"%d" % (len(piece) * pieces))]})  # fmt: skip
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-length", b"%d" % (len(piece) * pieces))],
+            }
+        )
         for _ in range(pieces):
             await send({"type": "http.response.body", "body": piece, "more_body": True})
             sent[0] += 1
@@ -317,7 +371,9 @@ def test_a_large_answer_to_a_caller_that_stops_reading_for_a_while_arrives_whole
             writer.write(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
             await reader.readuntil(b"\r\n\r\n")
             await asyncio.sleep(0.5)  # not reading: the server's writes fill the buffers and wait
-            assert sent[0] < pieces, sent  # they waited: the rest waits for the caller  # they waited (a few MB at most went to the buffers)
+            assert sent[0] < pieces, (
+                sent
+            )  # they waited: the rest waits for the caller  # they waited (a few MB at most went to the buffers)
             got = 0
             while got < len(piece) * pieces:
                 data = await reader.read(2**16)

@@ -159,7 +159,9 @@ class Client:
 
     def login(self, password: str = PASSWORD, name: str = "") -> Raw:
         self.get("/console/login")
-        return self.post("/console/login", {"name": name, "password": password}, csrf=self.csrf("/console/login"))
+        return self.post(
+            "/console/login", {"name": name, "password": password}, csrf=self.csrf("/console/login")
+        )
 
     def api(self, method: str, path: str, data: Any = None, token: str | None = TOKEN) -> Raw:
         headers = {"authorization": f"Bearer {token}"} if token else {}
@@ -320,7 +322,10 @@ def test_logout_ends_the_session_on_the_server(cstack: Stack) -> None:
     assert copy.get("/console/groups").status == 200
     assert web.post("/console/logout", {}).status == 303
     assert copy.get("/console/groups").status == 303  # the replayed cookie opens nothing
-    assert copy.post("/console/groups", {"name": "after-logout", "credits": "1"}, csrf=None).status in (303, 403)
+    assert copy.post("/console/groups", {"name": "after-logout", "credits": "1"}, csrf=None).status in (
+        303,
+        403,
+    )
     assert cstack.run(cstack.store.get_group("after-logout")) is None
 
 
@@ -392,8 +397,12 @@ def test_login_is_throttled(cstack: Stack) -> None:
         blocked = web.post("/console/login", {"password": PASSWORD}, csrf=web.csrf("/console/login"))
         assert blocked.status == 429 and "Too many failed logins" in blocked.text
         assert int(blocked.headers["retry-after"]) > 0
-        assert web.get("/console/groups").status == 303  # a browser never logged in before: not even the right one
-        assert web.api("GET", "/groups", token="wrong-token").status == 401  # (the API counts its bad tokens apart)
+        assert (
+            web.get("/console/groups").status == 303
+        )  # a browser never logged in before: not even the right one
+        assert (
+            web.api("GET", "/groups", token="wrong-token").status == 401
+        )  # (the API counts its bad tokens apart)
     finally:
         forget_failures(cstack)
     assert admin(cstack).get("/console/groups").status == 200
@@ -493,9 +502,13 @@ def guesses(stacks: list[Stack], n: int, password: str = "wrong guess 1") -> lis
             posts = []
             for i in range(n):
                 stack, csrf, cookies = forms[i % len(forms)]
-                posts.append(client.post(f"http://127.0.0.1:{stack.port}/console/login",
-                                         data={"password": password, "csrf": csrf},
-                                         headers={"cookie": "; ".join(f"{k}={v}" for k, v in cookies.items())}))  # fmt: skip
+                posts.append(
+                    client.post(
+                        f"http://127.0.0.1:{stack.port}/console/login",
+                        data={"password": password, "csrf": csrf},
+                        headers={"cookie": "; ".join(f"{k}={v}" for k, v in cookies.items())},
+                    )
+                )
             answers = await asyncio.gather(*posts)
         return [answer.status_code for answer in answers]
 
@@ -511,14 +524,21 @@ def test_guesses_sent_at_once_are_counted_before_they_are_checked(
     the account's windows first: 5 are checked, 35 refused (429) unchecked, whichever limit binds. The
     count is in the store: a restarted console still refuses, even the right password."""
     checks = Checks(monkeypatch)
-    stack = login_stack(tmp_path / "a", store_url, login_attempts_per_ip=per_ip, login_attempts_global=overall)
+    stack = login_stack(
+        tmp_path / "a", store_url, login_attempts_per_ip=per_ip, login_attempts_global=overall
+    )
     try:
         statuses = guesses([stack], 40)
     finally:
         stack.stop()
-    assert sorted(set(statuses)) == [401, 429] and statuses.count(401) == checks.count == 5, (checks.count, statuses)
+    assert sorted(set(statuses)) == [401, 429] and statuses.count(401) == checks.count == 5, (
+        checks.count,
+        statuses,
+    )
 
-    again = login_stack(tmp_path / "b", store_url, login_attempts_per_ip=per_ip, login_attempts_global=overall)
+    again = login_stack(
+        tmp_path / "b", store_url, login_attempts_per_ip=per_ip, login_attempts_global=overall
+    )
     try:
         refused = Client(again).login()
         assert refused.status == 429 and int(refused.headers["retry-after"]) > 250  # (300 s window)
@@ -538,7 +558,10 @@ def test_login_attempts_are_shared_through_redis_by_replicas_and_kept_over_a_res
     stacks = [login_stack(tmp_path / name, url, REDIS_URL, redis_prefix) for name in ("one", "two")]
     try:
         statuses = guesses(stacks, 40)
-        assert statuses.count(401) == checks.count == 5 and statuses.count(429) == 35, (checks.count, statuses)
+        assert statuses.count(401) == checks.count == 5 and statuses.count(429) == 35, (
+            checks.count,
+            statuses,
+        )
         assert [Client(stack).login().status for stack in stacks] == [429, 429] and checks.count == 5
         with redis.Redis.from_url(REDIS_URL) as shared:
             assert shared.keys(f"{redis_prefix}{{attempts}}:login:*")  # counted in Redis
@@ -548,7 +571,6 @@ def test_login_attempts_are_shared_through_redis_by_replicas_and_kept_over_a_res
     finally:
         for stack in stacks:
             stack.stop()
-
 
 
 async def test_login_attempts_are_counted_in_the_store_while_redis_cannot_be_reached(tmp_path: Path) -> None:
@@ -567,6 +589,7 @@ async def test_login_attempts_are_counted_in_the_store_while_redis_cannot_be_rea
         await attempts.close()
         await db.close()
 
+
 def test_sessions_and_passwords() -> None:
     hashed = auth.hash_password(PASSWORD)
     assert hashed.startswith("scrypt$") and PASSWORD not in hashed
@@ -575,7 +598,10 @@ def test_sessions_and_passwords() -> None:
     s = auth.Session.logged_in(60)
     cookie = auth.sign_session(s, "secret")
     assert auth.read_session(cookie, "secret") == auth.Session(True, s.csrf, float(int(s.expires)), s.sid)
-    assert auth.read_session(auth.sign_session(auth.Session(True, "c", time.time() + 60), "secret"), "secret") is None  # no id
+    assert (
+        auth.read_session(auth.sign_session(auth.Session(True, "c", time.time() + 60), "secret"), "secret")
+        is None
+    )  # no id
     assert auth.read_session(cookie, "other secret") is None
     assert (
         auth.read_session(auth.sign_session(auth.Session(True, "c", time.time() - 1), "secret"), "secret")
@@ -589,7 +615,9 @@ def test_config_console_table() -> None:
     s = parse_settings({"console": {"admin_token": TOKEN, "session_seconds": 60, "login_attempts_per_ip": 2}})
     assert s.console.admin_token == TOKEN and s.console.session_seconds == 60
     with pytest.raises(ConfigError, match="at least 24 characters"):
-        parse_settings({"console": {"admin_token": "short"}})  # a valid token always gets in: no guessable one
+        parse_settings(
+            {"console": {"admin_token": "short"}}
+        )  # a valid token always gets in: no guessable one
     with pytest.raises(ConfigError, match="console"):
         parse_settings({"console": {"admin_tokn": "t"}})
     with pytest.raises(ConfigError):
@@ -811,7 +839,9 @@ def test_queries_on_sqlite_and_postgres(tmp_path: Path) -> None:
                     f"INSERT INTO usage ({COLUMNS}) VALUES ({', '.join(f'${n}' for n in range(1, 22))})", pg
                 )
             result = await check_queries(store)
-            indexes = await store.database.select("SELECT indexname FROM pg_indexes WHERE tablename = 'usage'")
+            indexes = await store.database.select(
+                "SELECT indexname FROM pg_indexes WHERE tablename = 'usage'"
+            )
             assert {"usage_group_source", "usage_group_model", "usage_key"} <= {r[0] for r in indexes}
             return result
         finally:

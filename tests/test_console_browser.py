@@ -49,7 +49,9 @@ AXE_RUN = """async () => {
 def chromium_path() -> str:
     path = shutil.which(CHROMIUM) or (CHROMIUM if os.access(CHROMIUM, os.X_OK) else None)
     if path is None:
-        pytest.fail(f"{CHROMIUM} not found: install Debian's chromium (apt-get install -y chromium; .ci/run does)")
+        pytest.fail(
+            f"{CHROMIUM} not found: install Debian's chromium (apt-get install -y chromium; .ci/run does)"
+        )
     return path
 
 
@@ -67,14 +69,20 @@ def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
             s.group(credits, name=name)
         acme = s.client(s.key(group="acme", name="web", models=[MODEL, "anthropic/claude-sonnet-4-6"]))
         for n in range(8):
-            acme.chat.completions.create(model=(MODEL, "anthropic/claude-sonnet-4-6")[n % 2], messages=HI,
-                                         stream=n % 3 == 0, user="alice" if n < 4 else None)  # fmt: skip
+            acme.chat.completions.create(
+                model=(MODEL, "anthropic/claude-sonnet-4-6")[n % 2],
+                messages=HI,
+                stream=n % 3 == 0,
+                user="alice" if n < 4 else None,
+            )
         for model in ("nobody/nothing", "google/gemini-2.5-flash"):
             with pytest.raises(openai.APIStatusError):
                 acme.chat.completions.create(model=model, messages=HI)
         s.client(s.key(group="globex", name="ci")).chat.completions.create(model=MODEL, messages=HI)
         batcher = s.client(s.key(group="acme", name="batch"))
-        done = wait(batcher, submit(batcher, [request("a", MODEL, "hi"), request("b", MODEL, "x [fault:500]")]).id)
+        done = wait(
+            batcher, submit(batcher, [request("a", MODEL, "hi"), request("b", MODEL, "x [fault:500]")]).id
+        )
         invalid = wait(batcher, submit(batcher, [request("x", MODEL, "hi"), {"custom_id": "y"}]).id)
         key_id = s.run(s.store.list_keys("acme"))[0].id
         group_id = s.run(s.store.get_group("acme")).id  # type: ignore[union-attr]
@@ -82,10 +90,31 @@ def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
             job_record(s, "acme", key_id, model="google/gemini-2.5-flash", credits=2_000_000_000)
         yesterday = hour(time.time()) - 20 * 3600
         moments = [yesterday + 5 * 60, yesterday + 55 * 60, yesterday - 60, yesterday + 3600 + 1]
-        s.run(load(s.store, rows_of(UsageRecord(key_id=key_id, group_id=group_id, model=MODEL, provider="openai",
-                                                credits=1_234_567, latency_ms=80.0, ts=t) for t in moments)))  # fmt: skip
-        yield {"stack": s, "key_id": key_id, "group_id": group_id, "batch": done.id, "invalid": invalid.id,
-               "moments": moments}  # fmt: skip
+        s.run(
+            load(
+                s.store,
+                rows_of(
+                    UsageRecord(
+                        key_id=key_id,
+                        group_id=group_id,
+                        model=MODEL,
+                        provider="openai",
+                        credits=1_234_567,
+                        latency_ms=80.0,
+                        ts=t,
+                    )
+                    for t in moments
+                ),
+            )
+        )
+        yield {
+            "stack": s,
+            "key_id": key_id,
+            "group_id": group_id,
+            "batch": done.id,
+            "invalid": invalid.id,
+            "moments": moments,
+        }
     finally:
         s.stop()
 
@@ -95,8 +124,11 @@ def browser() -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=chromium_path(), headless=True,
-                               args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])  # fmt: skip
+        b = pw.chromium.launch(
+            executable_path=chromium_path(),
+            headless=True,
+            args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
+        )
         try:
             yield b
         finally:
@@ -120,16 +152,36 @@ def test_every_page_on_desktop_and_phone_with_axe(browser: Any, seeded: dict[str
     s = seeded["stack"]
     record = s.run(s.store.usage(group="acme", limit=1))[0]
     pages = {
-        "overview": "/", "overview-jobs-90d": "/?period=90d&source=job", "groups": "/groups", "group": "/groups/acme",
-        "group-empty": "/groups/empty", "group-keys": "/groups/acme/keys", "calls": "/groups/acme/calls?period=24h",
-        "calls-filtered": "/groups/acme/calls?status=rejected&period=24h", "calls-oldest": "/groups/acme/calls?limit=25&after=0",
-        "call": f"/calls/{record.id}", "find": "/calls?request=req_none", "calls-every": "/calls?period=24h", "keys": "/keys", "key": f"/keys/{seeded['key_id']}",
-        "revoke": f"/keys/{seeded['key_id']}/revoke", "rotate": f"/keys/{seeded['key_id']}/rotate", "batches": "/batches", "batch": f"/batches/{seeded['batch']}",
-        "batch-invalid": f"/batches/{seeded['invalid']}", "display": "/display", "audit": "/audit", "webhooks": "/webhooks",
+        "overview": "/",
+        "overview-jobs-90d": "/?period=90d&source=job",
+        "groups": "/groups",
+        "group": "/groups/acme",
+        "group-empty": "/groups/empty",
+        "group-keys": "/groups/acme/keys",
+        "calls": "/groups/acme/calls?period=24h",
+        "calls-filtered": "/groups/acme/calls?status=rejected&period=24h",
+        "calls-oldest": "/groups/acme/calls?limit=25&after=0",
+        "call": f"/calls/{record.id}",
+        "find": "/calls?request=req_none",
+        "calls-every": "/calls?period=24h",
+        "keys": "/keys",
+        "key": f"/keys/{seeded['key_id']}",
+        "revoke": f"/keys/{seeded['key_id']}/revoke",
+        "rotate": f"/keys/{seeded['key_id']}/rotate",
+        "batches": "/batches",
+        "batch": f"/batches/{seeded['batch']}",
+        "batch-invalid": f"/batches/{seeded['invalid']}",
+        "display": "/display",
+        "audit": "/audit",
+        "webhooks": "/webhooks",
         "operators": "/operators",
-    }  # fmt: skip
+    }
     if s.run(Operators(s.store.database).get("ops-axe")) is None:
-        s.run(Operators(s.store.database).add("ops-axe", "operator", ["acme"], hash_password("ops-axe-password")))
+        s.run(
+            Operators(s.store.database).add(
+                "ops-axe", "operator", ["acme"], hash_password("ops-axe-password")
+            )
+        )
     axe = AXE.read_text()
     context, page, base = logged_in(browser, s)
     found: list[str] = []
@@ -215,23 +267,37 @@ def test_an_operators_day(browser: Any, seeded: dict[str, Any]) -> None:
         page.click("summary >> text=The chart's figures")
         cells = page.locator("#chart-data tbody tr")
         starts = [float(x) for x in cells.evaluate_all("rows => rows.map(r => r.dataset.start)")]
-        calls = [int(x.replace(",", "")) for x in cells.evaluate_all("rows => rows.map(r => r.cells[1].textContent)")]
+        calls = [
+            int(x.replace(",", ""))
+            for x in cells.evaluate_all("rows => rows.map(r => r.cells[1].textContent)")
+        ]
         assert len(starts) == 24 and all(b - a == 3600 for a, b in zip(starts, starts[1:], strict=False))
-        db = s.run(s.store.database.select(
-            "SELECT CAST(ts / 3600 AS INTEGER) * 3600, count(*) FROM usage WHERE group_id = ? AND ts >= ? GROUP BY 1",
-            (seeded["group_id"], starts[0])))  # fmt: skip
-        assert dict(zip(starts, calls, strict=True)) == {float(h): 0 for h in starts} | {float(h): n for h, n in db}
+        db = s.run(
+            s.store.database.select(
+                "SELECT CAST(ts / 3600 AS INTEGER) * 3600, count(*) FROM usage WHERE group_id = ? AND ts >= ? GROUP BY 1",
+                (seeded["group_id"], starts[0]),
+            )
+        )
+        assert dict(zip(starts, calls, strict=True)) == {float(h): 0 for h in starts} | {
+            float(h): n for h, n in db
+        }
         first = cells.first.locator("td").first.inner_text()
-        assert re.search(r"\d\d:00–\d\d:00$", first), first  # on UTC's clock: the browser's is not the page's yet
+        assert re.search(r"\d\d:00–\d\d:00$", first), (
+            first
+        )  # on UTC's clock: the browser's is not the page's yet
         shot("chart-utc")
 
         # the header's switch: the browser's own zone (Asia/Kolkata), remembered
         switch = page.locator("header button[data-local]")
-        expect(switch).to_have_text(re.compile(r"Show Asia/(Kolkata|Calcutta) time"))  # (ICU may say Calcutta)
+        expect(switch).to_have_text(
+            re.compile(r"Show Asia/(Kolkata|Calcutta) time")
+        )  # (ICU may say Calcutta)
         switch.click()
         expect(page.locator(".zone-now")).to_have_text(re.compile(r"Times: Asia/(Kolkata|Calcutta)"))
         page.click("summary >> text=The chart's figures")
-        assert re.search(r"\d\d:30–\d\d:30$", page.locator("#chart-data tbody tr").first.locator("td").first.inner_text())
+        assert re.search(
+            r"\d\d:30–\d\d:30$", page.locator("#chart-data tbody tr").first.locator("td").first.inner_text()
+        )
         shot("chart-india")
         page.click("header >> text=Show UTC")
 
@@ -261,7 +327,11 @@ def test_an_operators_day(browser: Any, seeded: dict[str, Any]) -> None:
         page.click(f"#budgets form[action$='/budgets/{budget.budget.id}/remove'] button")
         expect(page.locator(".notice")).to_contain_text("Budget removed")
         expect(page.locator("#budgets")).to_contain_text("No budget yet")
-        assert [e.action for e in s.run(Audit(s.store.database).entries())][:3] == ["budget.remove", "budget.update", "budget.add"]
+        assert [e.action for e in s.run(Audit(s.store.database).entries())][:3] == [
+            "budget.remove",
+            "budget.update",
+            "budget.add",
+        ]
 
         # rotate: asked first, with the grace period said (24 hours unless given); the old secret still works
         page.goto(base + f"/keys/{key_id}")
@@ -325,8 +395,14 @@ def test_a_viewer_and_a_group_operator_in_the_browser(browser: Any, seeded: dict
                 expect(page.locator("main")).to_contain_text("Latest top-ups")  # what it may see
                 before = s.run(s.store.get_group("acme")).balance  # type: ignore[union-attr]
                 csrf = page.locator("input[name=csrf]").first.get_attribute("value")
-                answer = page.request.post(base + "/groups/acme/topup", form={"csrf": csrf or "", "amount": "5"})
-                assert answer.status == 403 and "changes nothing" in answer.text() and s.run(s.store.get_group("acme")).balance == before  # type: ignore[union-attr]
+                answer = page.request.post(
+                    base + "/groups/acme/topup", form={"csrf": csrf or "", "amount": "5"}
+                )
+                assert (
+                    answer.status == 403
+                    and "changes nothing" in answer.text()
+                    and s.run(s.store.get_group("acme")).balance == before
+                )  # type: ignore[union-attr]
             else:
                 page.goto(base + "/")
                 page.wait_for_url(re.compile(r"/console/groups$"))

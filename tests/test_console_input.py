@@ -46,11 +46,19 @@ def test_admin_api_query_numbers_out_of_range(istack: Stack) -> None:
         r = api.api("GET", path)
         assert 400 <= r.status < 500, (path, r.status, r.text[:200])
         assert _error(r)["param"] == param, (path, r.text[:200])
-    r = api.request("POST", "/console/api/groups", b"[" * 5_000, {"authorization": f"Bearer {TOKEN}",
-                                                                  "content-type": "application/json"})  # fmt: skip
+    r = api.request(
+        "POST",
+        "/console/api/groups",
+        b"[" * 5_000,
+        {"authorization": f"Bearer {TOKEN}", "content-type": "application/json"},
+    )
     assert r.status == 400 and _error(r)["code"] == "invalid_json"
-    r = api.request("POST", "/console/api/groups", b'{"name": "\xff"}', {"authorization": f"Bearer {TOKEN}",
-                                                                          "content-type": "application/json"})  # fmt: skip
+    r = api.request(
+        "POST",
+        "/console/api/groups",
+        b'{"name": "\xff"}',
+        {"authorization": f"Bearer {TOKEN}", "content-type": "application/json"},
+    )
     assert r.status == 400 and _error(r)["code"] == "invalid_json"
 
 
@@ -60,17 +68,34 @@ def test_console_pages_with_absurd_cursors(istack: Stack) -> None:
     for query in ("before=9999999999999999999", "after=%C2%B2", "key=99999999999999999999", "limit=%C2%B2"):
         r = web.get(f"/console/groups/cursors/usage?{query}")
         assert r.status < 500, (query, r.status, r.text[:300])
-    for path in ("/console/groups/cursors/calls?page=%C2%B2&from=99999-01-01&stream=maybe&limit=10%00",
-                 "/console/groups/cursors/calls?to=0001-01-01&key=-1&after=-5", "/console/keys?period=%C2%B2&sort=x",
-                 "/console/batches?before=" + "x" * 5000 + "&status=%00", "/console/?from=1970-01-01&source=%FF",
-                 "/console/calls?request=" + "r" * 10_000, "/console/calls/99999999999999999999", "/console/calls/%C2%B2"):  # fmt: skip
+    for path in (
+        "/console/groups/cursors/calls?page=%C2%B2&from=99999-01-01&stream=maybe&limit=10%00",
+        "/console/groups/cursors/calls?to=0001-01-01&key=-1&after=-5",
+        "/console/keys?period=%C2%B2&sort=x",
+        "/console/batches?before=" + "x" * 5000 + "&status=%00",
+        "/console/?from=1970-01-01&source=%FF",
+        "/console/calls?request=" + "r" * 10_000,
+        "/console/calls/99999999999999999999",
+        "/console/calls/%C2%B2",
+    ):
         r = web.get(path)
         assert 200 <= r.status < 500 and r.status != 500, (path[:80], r.status, r.text[:300])
     assert web.get("/console/keys/%C2%B2").status == 404
     assert web.get("/console/keys/99999999999999999999").status == 404
 
 
-EXTREMES = ["5e-324", "1e308", "-1", "nan", "inf", "-inf", "99999999999999999999999", "1e400", "%C2%B2", "0x10"]
+EXTREMES = [
+    "5e-324",
+    "1e308",
+    "-1",
+    "nan",
+    "inf",
+    "-inf",
+    "99999999999999999999999",
+    "1e400",
+    "%C2%B2",
+    "0x10",
+]
 
 
 def test_every_admin_api_query_number_answers_extremes_with_a_4xx_naming_it(istack: Stack) -> None:
@@ -96,16 +121,27 @@ def test_every_admin_api_query_number_answers_extremes_with_a_4xx_naming_it(ista
                 r = api.api("GET", f"{path}?{name}={value}")
                 assert r.status < 500, (path, name, value, r.status, r.text[:200])
                 if (name, value) not in in_range:
-                    assert r.status == 400 and _error(r)["param"] == name, (path, name, value, r.status, r.text[:200])
+                    assert r.status == 400 and _error(r)["param"] == name, (
+                        path,
+                        name,
+                        value,
+                        r.status,
+                        r.text[:200],
+                    )
     r = api.api("GET", "/groups/extremes/usage/buckets?width=5e-324")  # the request
     assert r.status == 400 and _error(r)["param"] == "width", r.text[:200]
     r = api.api("GET", "/groups/extremes/usage/buckets?since=2000&until=1000")
     assert r.status == 400 and _error(r)["param"] == "since", r.text[:200]
     assert api.api("GET", "/groups/extremes/usage/buckets?width=60&since=0&until=60000").status == 200
     for value in EXTREMES:  # ids in the path: not found, whatever they are
-        for method, path in [("GET", f"/keys/{value}"), ("GET", f"/keys/{value}/usage"), ("POST", f"/keys/{value}/revoke"),
-                             ("GET", f"/webhooks/{value}/deliveries"), ("DELETE", f"/webhooks/{value}"),
-                             ("DELETE", f"/budgets/{value}")]:  # fmt: skip
+        for method, path in [
+            ("GET", f"/keys/{value}"),
+            ("GET", f"/keys/{value}/usage"),
+            ("POST", f"/keys/{value}/revoke"),
+            ("GET", f"/webhooks/{value}/deliveries"),
+            ("DELETE", f"/webhooks/{value}"),
+            ("DELETE", f"/budgets/{value}"),
+        ]:
             r = api.api(method, path)
             assert r.status == 404, (method, path, r.status, r.text[:200])
     for key in (99999999999999999999999, 2**63, -1, 0, 1.5, True):  # a number in a body: the budget's key
@@ -116,8 +152,15 @@ def test_every_admin_api_query_number_answers_extremes_with_a_4xx_naming_it(ista
 def test_console_pages_answer_extreme_numbers_without_a_5xx(istack: Stack) -> None:
     web = admin(istack)
     assert Client(istack).api("POST", "/groups", {"name": "extreme-pages", "credits": "1"}).status == 201
-    for page in ("/console/groups/extreme-pages/calls", "/console/groups/extreme-pages/calls.csv", "/console/calls",
-                 "/console/audit", "/console/batches", "/console/keys", "/console/"):  # fmt: skip
+    for page in (
+        "/console/groups/extreme-pages/calls",
+        "/console/groups/extreme-pages/calls.csv",
+        "/console/calls",
+        "/console/audit",
+        "/console/batches",
+        "/console/keys",
+        "/console/",
+    ):
         for name in ("page", "limit", "before", "after", "key", "from", "to"):
             for value in EXTREMES:
                 r = web.get(f"{page}?{name}={value}")
@@ -142,9 +185,18 @@ def test_every_admin_api_body_integer_past_64_bits_is_a_400_naming_it(istack: St
             continue
         for field in op.body["properties"]:
             for number in (10**400, -(10**400), 2**63):
-                r = api.api(op.method.upper(), op.path.removeprefix("/console/api").format(**ids), {field: number})
-                assert r.status == 400 and _error(r)["param"] == field, (op.path, field, r.status, r.text[:300])
+                r = api.api(
+                    op.method.upper(), op.path.removeprefix("/console/api").format(**ids), {field: number}
+                )
+                assert r.status == 400 and _error(r)["param"] == field, (
+                    op.path,
+                    field,
+                    r.status,
+                    r.text[:300],
+                )
                 sent += 1
     assert sent >= 3 * 20
-    r = api.api("POST", f"/keys/{key_id}/rotate", {"grace_seconds": 2**63 - 1})  # (within 64 bits: its own rule)
+    r = api.api(
+        "POST", f"/keys/{key_id}/rotate", {"grace_seconds": 2**63 - 1}
+    )  # (within 64 bits: its own rule)
     assert r.status == 400 and _error(r)["param"] == "grace_seconds" and "30 days" in _error(r)["message"]

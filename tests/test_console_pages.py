@@ -63,12 +63,19 @@ def test_groups_amounts_with_separators_and_a_reload_repeats_nothing(cstack: Sta
     for amount in ("1 000", "2_000", "3,000.25"):
         assert web.post("/console/groups/acme-prg/topup", {"amount": amount, "back": "group"}).status == 303
     assert cstack.run(cstack.store.get_group("acme-prg")).balance == 1_006_000_750_000_000  # type: ignore[union-attr]
-    for amount, message in [("1,5", "use a point for decimals"), ("12,34,5", "use a point"), ("-5", "is not an amount"),
-                            ("0", "more than zero"), ("", "Enter an amount")]:  # fmt: skip
+    for amount, message in [
+        ("1,5", "use a point for decimals"),
+        ("12,34,5", "use a point"),
+        ("-5", "is not an amount"),
+        ("0", "more than zero"),
+        ("", "Enter an amount"),
+    ]:
         r = web.post("/console/groups/acme-prg/topup", {"amount": amount, "back": "list"})
         assert r.status == 400 and message in texts(r.text), (amount, texts(r.text)[:200])
-    for fields, message in [({"name": "bad name!", "credits": "1"}, "A group name is 1 to 64"),
-                            ({"name": "acme-prg", "credits": "1"}, "already exists")]:  # fmt: skip
+    for fields, message in [
+        ({"name": "bad name!", "credits": "1"}, "A group name is 1 to 64"),
+        ({"name": "acme-prg", "credits": "1"}, "already exists"),
+    ]:
         r = web.post("/console/groups", fields)
         assert r.status == 400 and message in texts(r.text) and 'aria-invalid="true"' in r.text
     assert web.get("/console/groups/nobody").status == 404 and web.get("/console/nothing-here").status == 404
@@ -89,9 +96,11 @@ def test_a_new_key_is_shown_once_after_the_redirect(cstack: Stack, web: Client) 
     other = admin(cstack)  # another session cannot read it either
     token = made.headers["location"].split("created=")[1].split("&")[0]
     assert key not in other.get(f"/console/groups/{group}/keys?created={token}").text
-    for fields, message in [({"label": "x", "spend_cap": "lots"}, "is not an amount of credits"),
-                            ({"label": "x", "models": "openai/no-such-model"}, "Unknown model"),
-                            ({"label": "x" * 65}, "at most 64")]:  # fmt: skip
+    for fields, message in [
+        ({"label": "x", "spend_cap": "lots"}, "is not an amount of credits"),
+        ({"label": "x", "models": "openai/no-such-model"}, "Unknown model"),
+        ({"label": "x" * 65}, "at most 64"),
+    ]:
         bad = web.post(f"/console/groups/{group}/keys", fields)
         assert bad.status == 400 and message in texts(bad.text)
     assert len(cstack.run(cstack.store.list_keys(group))) == 1
@@ -103,14 +112,16 @@ def test_revoke_asks_first_and_caps_apply_at_once(cstack: Stack, web: Client) ->
     (info,) = cstack.run(cstack.store.list_keys(group))
     client = cstack.client(key)
     listing = web.get(f"/console/groups/{group}/keys")
-    assert f'href="/console/keys/{info.id}/revoke"' in listing.text and "/revoke\" class" not in listing.text
+    assert f'href="/console/keys/{info.id}/revoke"' in listing.text and '/revoke" class' not in listing.text
     assert f'action="/console/keys/{info.id}/revoke"' not in listing.text  # no one-click revoke
     confirm = web.get(f"/console/keys/{info.id}/revoke")
     assert "cannot be undone" in confirm.text and 'name="confirm" value="yes"' in confirm.text
     unconfirmed = web.post(f"/console/keys/{info.id}/revoke", {})  # a form without the confirmation
     assert unconfirmed.headers["location"] == f"/console/keys/{info.id}/revoke"
     assert not cstack.run(cstack.store.get_key(info.id)).revoked_at  # type: ignore[union-attr]
-    ok = web.post(f"/console/keys/{info.id}/update", {"spend_cap": "2.5", "models": "anthropic/claude-sonnet-4-6\n"})
+    ok = web.post(
+        f"/console/keys/{info.id}/update", {"spend_cap": "2.5", "models": "anthropic/claude-sonnet-4-6\n"}
+    )
     assert "Key updated." in follow(web, ok).text
     with pytest.raises(openai.PermissionDeniedError):  # applied at once, not after the auth cache expires
         client.chat.completions.create(model=MODEL, messages=HI)
@@ -128,13 +139,19 @@ def test_revoke_asks_first_and_caps_apply_at_once(cstack: Stack, web: Client) ->
 def busy(cstack: Stack) -> dict[str, Any]:
     """A group with calls of every kind: several models and keys, streams, a user, refusals, jobs."""
     group = cstack.group(100)
-    k1 = cstack.key(group=group, name="one", models=[MODEL, "anthropic/claude-sonnet-4-6", "anthropic/claude-haiku-4-5"])
+    k1 = cstack.key(
+        group=group, name="one", models=[MODEL, "anthropic/claude-sonnet-4-6", "anthropic/claude-haiku-4-5"]
+    )
     k2 = cstack.key(group=group, name="two")
     keys = cstack.run(cstack.store.list_keys(group))
     c1, c2 = cstack.client(k1), cstack.client(k2)
     for n in range(6):
-        c1.chat.completions.create(model=(MODEL, "anthropic/claude-sonnet-4-6")[n % 2], messages=HI, stream=n == 1,
-                                   user="alice" if n < 3 else None)  # fmt: skip
+        c1.chat.completions.create(
+            model=(MODEL, "anthropic/claude-sonnet-4-6")[n % 2],
+            messages=HI,
+            stream=n == 1,
+            user="alice" if n < 3 else None,
+        )
     c2.chat.completions.create(model="anthropic/claude-haiku-4-5", messages=HI)
     c2.chat.completions.create(model="mistral/mistral-small-latest", messages=HI, user="bob")
     for model in ("google/gemini-2.5-flash", "nobody/nothing"):  # refused: not allowed, unknown
@@ -151,7 +168,9 @@ def test_calls_toggle_and_filters_match_the_store(cstack: Stack, web: Client, bu
     base = f"/console/groups/{group}/calls"
 
     def count(where: str = "1 = 1", *args: Any) -> int:
-        return int(sql(cstack, f"SELECT count(*) FROM usage WHERE group_id = ? AND {where}", gid, *args)[0][0])
+        return int(
+            sql(cstack, f"SELECT count(*) FROM usage WHERE group_id = ? AND {where}", gid, *args)[0][0]
+        )
 
     assert len(rows(web.get(base).text, "history")) == count() == 12
     for query, where, args in [
@@ -182,7 +201,11 @@ def test_calls_toggle_and_filters_match_the_store(cstack: Stack, web: Client, bu
     past = web.get(base + "?from=2020-01-01&to=2020-01-31")  # dates apply without choosing "custom"
     assert not rows(past.text, "history") and "No calls in this period" in past.text
     bad = web.get(base + "?from=2020-13-45&status=maybe&key=x")
-    assert bad.status == 400 and "Use a date as YYYY-MM-DD" in texts(bad.text) and "The status is one of" in texts(bad.text)
+    assert (
+        bad.status == 400
+        and "Use a date as YYYY-MM-DD" in texts(bad.text)
+        and "The status is one of" in texts(bad.text)
+    )
     assert 'value="2020-01-01"' in past.text  # the filters stay in the page's address and forms
 
 
@@ -202,7 +225,7 @@ def test_calls_pages_oldest_and_csv(cstack: Stack, web: Client) -> None:
     assert "Page 3 of 3" in texts(oldest.text) and len(rows(oldest.text, "history")) == 10
     assert 'rel="next"' not in oldest.text and 'rel="prev"' in oldest.text
     ids = sql(cstack, "SELECT id FROM usage WHERE key_id = ? ORDER BY id LIMIT 10", info.id)
-    assert all(f"/console/calls/{i}\"" in oldest.text for (i,) in ids)
+    assert all(f'/console/calls/{i}"' in oldest.text for (i,) in ids)
     export = web.get(f"/console/groups/{group}/calls.csv?limit=25")
     assert export.status == 200 and "attachment" in export.headers["content-disposition"]
     table = list(csv.DictReader(io.StringIO(export.text)))
@@ -214,8 +237,12 @@ def test_calls_pages_oldest_and_csv(cstack: Stack, web: Client) -> None:
 
 def test_a_call_page_and_finding_a_call(cstack: Stack, web: Client, busy: dict[str, Any]) -> None:
     gid = cstack.run(cstack.store.get_group(busy["group"])).id  # type: ignore[union-attr]
-    (rid, request_id) = sql(cstack, "SELECT id, request_id FROM usage WHERE group_id = ? AND status = 'rejected' "
-                                    "AND error_code = 'model_not_found'", gid)[0]  # fmt: skip
+    (rid, request_id) = sql(
+        cstack,
+        "SELECT id, request_id FROM usage WHERE group_id = ? AND status = 'rejected' "
+        "AND error_code = 'model_not_found'",
+        gid,
+    )[0]
     page = web.get(f"/console/calls/{rid}")
     for text in ("rejected", "model_not_found", request_id, "nobody/nothing", busy["group"]):
         assert text in page.text, text
@@ -232,7 +259,14 @@ def test_every_groups_calls_with_the_same_filters_and_a_search_by_the_providers_
     cstack.client(cstack.key(group=other)).chat.completions.create(model=MODEL, messages=HI)
 
     def count(where: str = "1 = 1", *args: Any) -> int:
-        return int(sql(cstack, f"SELECT count(*) FROM usage WHERE ts >= ? AND {where}", time.time() - 7 * 86400, *args)[0][0])
+        return int(
+            sql(
+                cstack,
+                f"SELECT count(*) FROM usage WHERE ts >= ? AND {where}",
+                time.time() - 7 * 86400,
+                *args,
+            )[0][0]
+        )
 
     for query, where, args in [
         ("", "1 = 1", ()),
@@ -249,8 +283,11 @@ def test_every_groups_calls_with_the_same_filters_and_a_search_by_the_providers_
     export = web.get("/console/calls.csv?status=rejected")
     assert len(list(csv.DictReader(io.StringIO(export.text)))) == count("status = ?", "rejected")
     # the provider's request id finds the call as ours does
-    (rid, upstream) = sql(cstack, "SELECT id, upstream_request_id FROM usage WHERE upstream_request_id IS NOT NULL "
-                                  "ORDER BY id DESC LIMIT 1")[0]  # fmt: skip
+    (rid, upstream) = sql(
+        cstack,
+        "SELECT id, upstream_request_id FROM usage WHERE upstream_request_id IS NOT NULL "
+        "ORDER BY id DESC LIMIT 1",
+    )[0]
     found = web.get(f"/console/calls?request={upstream}")
     assert found.status == 303 and found.headers["location"] == f"/console/calls/{rid}"
 
@@ -270,38 +307,66 @@ def test_links_keep_the_toggle_and_the_period(cstack: Stack, web: Client, busy: 
     keys = web.get(f"/console/groups/{busy['group']}/keys?{kept}").text.replace("&amp;", "&")
     assert f"/console/keys/{busy['keys'][0].id}?{kept}" in keys
     key = web.get(f"/console/keys/{busy['keys'][0].id}?{kept}").text.replace("&amp;", "&")
-    assert "Last 30 days" in key and f"calls?{kept}&model=" in key and f"calls?{kept}&key={busy['keys'][0].id}\"" in key
+    assert (
+        "Last 30 days" in key
+        and f"calls?{kept}&model=" in key
+        and f'calls?{kept}&key={busy["keys"][0].id}"' in key
+    )
     assert "Last 7 days" in web.get(f"/console/keys/{busy['keys'][0].id}").text  # the default of every page
 
 
 def test_a_call_page_explains_its_charge(cstack: Stack, web: Client, busy: dict[str, Any]) -> None:
     gid = cstack.run(cstack.store.get_group(busy["group"])).id  # type: ignore[union-attr]
     (rid, credits, prompt, completion, model) = sql(
-        cstack, "SELECT id, credits, prompt_tokens, completion_tokens, model FROM usage WHERE group_id = ? "
-        "AND status = 'ok' AND source = 'api' ORDER BY id LIMIT 1", gid)[0]  # fmt: skip
+        cstack,
+        "SELECT id, credits, prompt_tokens, completion_tokens, model FROM usage WHERE group_id = ? "
+        "AND status = 'ok' AND source = 'api' ORDER BY id LIMIT 1",
+        gid,
+    )[0]
     prices = console_of(cstack).gateway.catalog.models[model].prices
     assert credits == -(-(prompt * prices.input + completion * prices.output) // 1_000_000) > 0
     page = texts(web.get(f"/console/calls/{rid}").text)
     assert "How the charge was computed" in page and "(the same)" in page
-    for text in (f"{prompt:,}", f"{completion:,}", to_credits(prices.input), to_credits(prices.output), to_credits(credits)):
+    for text in (
+        f"{prompt:,}",
+        f"{completion:,}",
+        to_credits(prices.input),
+        to_credits(prices.output),
+        to_credits(credits),
+    ):
         assert text in page, text
-    (refused,) = sql(cstack, "SELECT id FROM usage WHERE group_id = ? AND status = 'rejected' LIMIT 1", gid)[0]
+    (refused,) = sql(cstack, "SELECT id FROM usage WHERE group_id = ? AND status = 'rejected' LIMIT 1", gid)[
+        0
+    ]
     assert "Refused before its reservation" in texts(web.get(f"/console/calls/{refused}").text)
 
 
-def test_overview_and_group_figures_are_the_records_sums(cstack: Stack, web: Client, busy: dict[str, Any]) -> None:
+def test_overview_and_group_figures_are_the_records_sums(
+    cstack: Stack, web: Client, busy: dict[str, Any]
+) -> None:
     gid = cstack.run(cstack.store.get_group(busy["group"])).id  # type: ignore[union-attr]
     calls, credits, failed = sql(
-        cstack, "SELECT count(*), sum(credits), sum(CASE WHEN status = 'ok' THEN 0 ELSE 1 END) FROM usage WHERE group_id = ?", gid
-    )[0]  # fmt: skip
+        cstack,
+        "SELECT count(*), sum(credits), sum(CASE WHEN status = 'ok' THEN 0 ELSE 1 END) FROM usage WHERE group_id = ?",
+        gid,
+    )[0]
     page = web.get(f"/console/groups/{busy['group']}?period=24h")
     figures = texts(page.text.split('class="kpis"')[1].split("</section>")[0])
     assert f"Calls {calls}" in figures and f"{failed - 2} failed · 2 rejected" in figures
     assert f'title="{credits / 10**9:.9f}'.rstrip("0") in page.text or str(credits) in page.text
-    assert "By model" in page.text and "By key" in page.text and "By endpoint" in page.text and "By source" in page.text
+    assert (
+        "By model" in page.text
+        and "By key" in page.text
+        and "By endpoint" in page.text
+        and "By source" in page.text
+    )
     overview = web.get("/console/?period=24h")
     total = sql(cstack, "SELECT count(*) FROM usage")[0][0]
-    assert f"Calls {total:,}" in texts(overview.text) and "Top groups" in overview.text and "Latency p50" in overview.text
+    assert (
+        f"Calls {total:,}" in texts(overview.text)
+        and "Top groups" in overview.text
+        and "Latency p50" in overview.text
+    )
     jobs_only = web.get("/console/?period=24h&source=job")
     jobs = sql(cstack, "SELECT count(*) FROM usage WHERE source = 'job'")[0][0]
     assert f"Calls {jobs:,}" in texts(jobs_only.text)
@@ -332,11 +397,17 @@ def test_batches_pages(cstack: Stack, web: Client) -> None:
     refused = wait(client, refused.id)
     assert (done.status, refused.status) == ("completed", "failed")
     listing = web.get(f"/console/batches?group={group}")
-    assert len(rows(listing.text, "batches")) == 2 and "2 of 2" in listing.text and "1 problem" in listing.text
+    assert (
+        len(rows(listing.text, "batches")) == 2 and "2 of 2" in listing.text and "1 problem" in listing.text
+    )
     page = web.get(f"/console/batches/{done.id}")
     assert "1 completed · 1 failed" in page.text and 'id="failed-lines"' in page.text
     failed_line = page.text.split('id="failed-lines"')[1]
-    assert "<code>b</code>" in failed_line and "<code>upstream_error</code>" in failed_line and "HTTP 500" in failed_line
+    assert (
+        "<code>b</code>" in failed_line
+        and "<code>upstream_error</code>" in failed_line
+        and "HTTP 500" in failed_line
+    )
     spent = sql(cstack, "SELECT sum(credits) FROM usage WHERE batch_id = ?", done.id)[0][0]
     assert spent > 0 and f"calls?batch={done.id}" in page.text
     failed = web.get(f"/console/batches/{refused.id}")
@@ -358,7 +429,10 @@ def test_times_in_a_zone_of_the_admins_choice(cstack: Stack, web: Client, busy: 
     assert ":30</text>" in page.text  # hourly buckets start at :30 on India's clock
     assert web.post("/console/display", {"zone": "Mars/Base", "back": "/console/"}).status == 400
     assert web.post("/console/display", {"zone": "local", "browser": "", "back": "/console/"}).status == 400
-    assert web.post("/console/display", {"zone": "UTC", "back": "https://evil.example/"}).headers["location"] == "/console/"
+    assert (
+        web.post("/console/display", {"zone": "UTC", "back": "https://evil.example/"}).headers["location"]
+        == "/console/"
+    )
 
 
 def test_embeddings_calls_in_the_console_csv_and_metrics(cstack: Stack, web: Client) -> None:
@@ -371,7 +445,9 @@ def test_embeddings_calls_in_the_console_csv_and_metrics(cstack: Stack, web: Cli
     assert "openai/text-embedding-3-small" in page.text
     overview = web.get(f"/console/groups/{group}")
     assert "embeddings" in texts(overview.text)  # the breakdown by endpoint
-    table = list(csv.DictReader(io.StringIO(web.get(f"/console/groups/{group}/calls.csv?endpoint=embeddings").text)))
+    table = list(
+        csv.DictReader(io.StringIO(web.get(f"/console/groups/{group}/calls.csv?endpoint=embeddings").text))
+    )
     assert [(r["endpoint"], r["model"]) for r in table] == [("embeddings", "openai/text-embedding-3-small")]
     metrics = web.get("/metrics").text
     assert 'router_requests_total{endpoint="/v1/embeddings",status="200"}' in metrics

@@ -30,8 +30,13 @@ SECRET = "console-client-secret-at-the-provider"
 
 @contextmanager
 def provider(port: int, redirect: str) -> Iterator[subprocess.Popen[str]]:
-    proc = subprocess.Popen(["node", str(PROVIDER), str(port), SECRET, redirect], cwd=PROVIDER.parent,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        ["node", str(PROVIDER), str(port), SECRET, redirect],
+        cwd=PROVIDER.parent,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         yield proc
@@ -52,7 +57,9 @@ class ProviderBrowser:
     def request(self, method: str, target: str, body: str | None = None) -> Raw:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
         try:
-            headers = {"cookie": "; ".join(f"{k}={v}" for k, v in self.cookies.items())} if self.cookies else {}
+            headers = (
+                {"cookie": "; ".join(f"{k}={v}" for k, v in self.cookies.items())} if self.cookies else {}
+            )
             if body is not None:
                 headers["content-type"] = "application/x-www-form-urlencoded"
             conn.request(method, target, body=body, headers=headers)
@@ -77,8 +84,13 @@ class ProviderBrowser:
             if answer.status == 200:
                 action = re.search(r'action="([^"]+)"', answer.text)
                 assert action, answer.text[:300]
-                answer = self.request("POST", action.group(1), urlencode({"login": login, "password": "right-password"}))
-            assert answer.status in (302, 303), (answer.status, re.sub(r"<[^>]+>|\s+", " ", answer.text.split("<body>")[-1]))
+                answer = self.request(
+                    "POST", action.group(1), urlencode({"login": login, "password": "right-password"})
+                )
+            assert answer.status in (302, 303), (
+                answer.status,
+                re.sub(r"<[^>]+>|\s+", " ", answer.text.split("<body>")[-1]),
+            )
             location = answer.headers["location"]
             target = location if location.startswith("http") else f"http://127.0.0.1:{self.port}{location}"
         raise AssertionError("the provider never sent the browser back")
@@ -90,8 +102,9 @@ def local(url: str) -> str:
 
 
 def sso_stack(tmp_path: Path, port: int) -> Stack:
-    return console_stack(tmp_path, oidc_issuer=f"http://127.0.0.1:{port}", oidc_client_id="console",
-                         oidc_client_secret=SECRET)  # fmt: skip
+    return console_stack(
+        tmp_path, oidc_issuer=f"http://127.0.0.1:{port}", oidc_client_id="console", oidc_client_secret=SECRET
+    )
 
 
 def test_an_operator_signs_in_through_a_real_oidc_provider(tmp_path: Path) -> None:
@@ -100,7 +113,9 @@ def test_an_operator_signs_in_through_a_real_oidc_provider(tmp_path: Path) -> No
     try:
         mine, other = stack.group(100), stack.group(100)
         stack.client(stack.key(group=mine)).chat.completions.create(model=MODEL, messages=HI)
-        router(stack, "add", "ops1", "--role", "operator", "--group", mine, "--stdin", password=PASSWORDS["ops1"])
+        router(
+            stack, "add", "ops1", "--role", "operator", "--group", mine, "--stdin", password=PASSWORDS["ops1"]
+        )
         with provider(port, f"http://127.0.0.1:{stack.port}/console/sso/callback"):
             console = Client(stack)
             login = console.get("/console/login")
@@ -108,15 +123,22 @@ def test_an_operator_signs_in_through_a_real_oidc_provider(tmp_path: Path) -> No
             start = console.get("/console/sso?next=/console/groups")
             assert start.status == 303 and "mr_sso" in console.cookies
             authorize = start.headers["location"]
-            assert authorize.startswith(f"http://127.0.0.1:{port}/auth?") and "code_challenge_method=S256" in authorize
+            assert (
+                authorize.startswith(f"http://127.0.0.1:{port}/auth?")
+                and "code_challenge_method=S256" in authorize
+            )
             callback = ProviderBrowser(port).sign_in(authorize, "ops1")
             assert callback.startswith(f"http://127.0.0.1:{stack.port}/console/sso/callback?")
             done = console.get(local(callback))
-            assert done.status == 200 and 'content="0; url=/console/groups"' in done.text, re.findall(r"alert\">([^<]*)", done.text)
+            assert done.status == 200 and 'content="0; url=/console/groups"' in done.text, re.findall(
+                r"alert\">([^<]*)", done.text
+            )
             assert "mr_sso" not in console.cookies  # one use
             groups = console.get("/console/groups")
             assert groups.status == 200 and f">{mine}<" in groups.text and other not in groups.text
-            assert console.get(f"/console/groups/{other}").status == 404  # its role, not the provider's, decides
+            assert (
+                console.get(f"/console/groups/{other}").status == 404
+            )  # its role, not the provider's, decides
             topup = console.post(f"/console/groups/{mine}/topup", {"amount": "5"})
             assert topup.status == 303
             log = stack.run(Audit(stack.store.database).entries(5))
@@ -127,7 +149,9 @@ def test_an_operator_signs_in_through_a_real_oidc_provider(tmp_path: Path) -> No
             # a name the provider vouches for but no operator account has: refused, no session
             stranger = Client(stack)
             start = stranger.get("/console/sso")
-            refused = stranger.get(local(ProviderBrowser(port).sign_in(start.headers["location"], "stranger")))
+            refused = stranger.get(
+                local(ProviderBrowser(port).sign_in(start.headers["location"], "stranger"))
+            )
             assert refused.status == 403 and "no operator account is named" in refused.text
             assert stranger.get("/console/groups").status == 303  # to the login page
 
@@ -142,7 +166,9 @@ def test_an_operator_signs_in_through_a_real_oidc_provider(tmp_path: Path) -> No
             start = cancelled.get("/console/sso")
             state = re.search(r"state=([^&]+)", start.headers["location"])
             assert state
-            denied = cancelled.get("/console/sso/callback?" + urlencode({"error": "access_denied", "state": state.group(1)}))
+            denied = cancelled.get(
+                "/console/sso/callback?" + urlencode({"error": "access_denied", "state": state.group(1)})
+            )
             assert denied.status == 401 and "access_denied" in denied.text
 
             # the provider goes away between the sign-in and the callback: 503, try again later
@@ -150,13 +176,17 @@ def test_an_operator_signs_in_through_a_real_oidc_provider(tmp_path: Path) -> No
             start = late.get("/console/sso")
             pending = ProviderBrowser(port).sign_in(start.headers["location"], "ops1")
         gone = late.get(local(pending))
-        assert gone.status == 503 and gone.headers["retry-after"].isdigit() and "cannot be reached" in gone.text
+        assert (
+            gone.status == 503 and gone.headers["retry-after"].isdigit() and "cannot be reached" in gone.text
+        )
         assert late.get("/console/groups").status == 303
     finally:
         stack.stop()
 
 
-def test_a_replayed_callback_and_a_claim_in_another_case_sign_nobody_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_replayed_callback_and_a_claim_in_another_case_sign_nobody_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Against a provider that exchanges a code twice, the same callback sent again with its flow
     cookie signed in again: the state was checked against the cookie, never remembered. And the name
     claim was lower-cased, so the provider's "OPS1" (another person to it) signed in as ``ops1``. Now
@@ -185,7 +215,9 @@ def test_a_replayed_callback_and_a_claim_in_another_case_sign_nobody_in(tmp_path
             replayer = Client(stack)  # the callback and its cookie, sent again
             replayer.cookies["mr_sso"] = flow_cookie
             replay = replayer.get(callback)
-            assert replay.status == 400 and "used already" in replay.text, re.findall(r"alert\">([^<]*)", replay.text)
+            assert replay.status == 400 and "used already" in replay.text, re.findall(
+                r"alert\">([^<]*)", replay.text
+            )
             assert replayer.get("/console/groups").status == 303  # no session
 
             other = Client(stack)

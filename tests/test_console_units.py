@@ -28,7 +28,9 @@ def test_presets_are_whole_buckets_up_to_now() -> None:
     assert b is not None and len(b) == 24 and b.edges[-1] == at("2026-11-23 08:00")
     assert b.index(at("2026-11-23 07:55")) == 23 and b.label(23) == "07:00"  # not 06:00, not 07:54
     week = periods.choose({"period": "7d"}, UTC, now)
-    assert week.since == at("2026-11-16 09:00")  # 56 buckets of 3 hours, starting on the clock's multiples of 3
+    assert week.since == at(
+        "2026-11-16 09:00"
+    )  # 56 buckets of 3 hours, starting on the clock's multiples of 3
     month = periods.choose({}, PARIS, now, default="30d")
     assert month.since == at("2026-10-25 00:00", PARIS)  # local midnights, across the DST change
     assert periods.choose({"period": "all"}, UTC, now).since is None
@@ -60,13 +62,25 @@ def test_buckets_on_the_zones_clock() -> None:
     assert months.unit == "month" and months.label(0) == "Jan 2025"
     assert periods.buckets(at("2026-11-20"), at("2026-11-23"), UTC).unit == "hour"  # the finest that fits
     hours = periods.buckets(at("2026-11-22 08:00"), at("2026-11-23 08:00"), UTC, "hour")
-    assert [hours.label(i) for i in hours.ticks()] == ["09:00", "12:00", "15:00", "18:00", "21:00", "Nov 23",
-                                                          "03:00", "06:00"]  # fmt: skip
+    assert [hours.label(i) for i in hours.ticks()] == [
+        "09:00",
+        "12:00",
+        "15:00",
+        "18:00",
+        "21:00",
+        "Nov 23",
+        "03:00",
+        "06:00",
+    ]
 
 
 def test_chart_ticks_labels_hover_and_empty_state() -> None:
     assert charts.nice_step(1.2e-9 * 4) == pytest.approx(1.2e-9) or charts.nice_step(4.8e-9) in (1e-9, 2e-9)
-    assert charts.nice_step(7) == 2 and charts.nice_step(7, whole=True) == 2 and charts.nice_step(0.5, whole=True) == 1
+    assert (
+        charts.nice_step(7) == 2
+        and charts.nice_step(7, whole=True) == 2
+        and charts.nice_step(0.5, whole=True) == 1
+    )
     assert charts.nice_step(0.0075) == 0.002 and charts.nice_step(1875) == 500
     b = periods.buckets(at("2026-11-22 08:00"), at("2026-11-23 08:00"), UTC, "hour")
     points = [charts.Point(0, 0, 0)] * 23 + [charts.Point(21_329, 7_500_000, 3)]
@@ -100,8 +114,13 @@ def test_amounts_to_fixed_decimals_per_column() -> None:
 
 
 def test_amounts_typed_with_separators() -> None:
-    for text, nano in [("1,000", 10**12), ("1 000.5", 1_000_500_000_000), ("2_500_000.123456789", 2_500_000_123_456_789),
-                       ("1\u00a0000", 10**12), ("12.5", 12_500_000_000)]:  # fmt: skip
+    for text, nano in [
+        ("1,000", 10**12),
+        ("1 000.5", 1_000_500_000_000),
+        ("2_500_000.123456789", 2_500_000_123_456_789),
+        ("1\u00a0000", 10**12),
+        ("12.5", 12_500_000_000),
+    ]:
         assert forms.credits(text, "x") == nano, text
     for text in ("1,5", "1,00", "1,0000", "1.0000000001", "1e3", "--1"):
         with pytest.raises(Invalid):

@@ -17,12 +17,15 @@ MODEL = "openai/gpt-4o-mini"
 
 
 def _stack(tmp: Path, origins: list[str]) -> Stack:
-    return Stack(tmp, Settings(
-        server=ServerSettings(cors_origins=origins),
-        store=StoreSettings(url=f"sqlite:///{tmp}/router.db"),
-        reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9),
-        limits=LimitsSettings(key_rpm=1000),  # so answers carry x-ratelimit-*
-    )).start()  # fmt: skip
+    return Stack(
+        tmp,
+        Settings(
+            server=ServerSettings(cors_origins=origins),
+            store=StoreSettings(url=f"sqlite:///{tmp}/router.db"),
+            reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9),
+            limits=LimitsSettings(key_rpm=1000),  # so answers carry x-ratelimit-*
+        ),
+    ).start()
 
 
 @pytest.fixture(scope="module")
@@ -33,9 +36,16 @@ def cstack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 
 def _preflight(stack: Stack, path: str, origin: str) -> dict[str, str]:
-    r = raw_request(stack, "OPTIONS", path, headers={
-        "Origin": origin, "Access-Control-Request-Method": "POST",
-        "Access-Control-Request-Headers": "authorization, content-type, x-stainless-os"})  # fmt: skip
+    r = raw_request(
+        stack,
+        "OPTIONS",
+        path,
+        headers={
+            "Origin": origin,
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type, x-stainless-os",
+        },
+    )
     return {"status": str(r.status), **r.headers}
 
 
@@ -55,11 +65,18 @@ def test_preflight_of_the_api_only_is_answered_without_a_key(cstack: Stack) -> N
 
 def test_answers_and_streams_carry_the_headers_a_browser_needs(cstack: Stack) -> None:
     client = cstack.client(cstack.key(), default_headers={"Origin": APP})
-    raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}]
+    )
     assert raw.parse().choices[0].message.content
     assert raw.headers["access-control-allow-origin"] == APP
     exposed = {h.strip() for h in raw.headers["access-control-expose-headers"].split(",")}
-    assert {"x-request-id", "x-ratelimit-remaining-requests", "x-ratelimit-reset-tokens", "retry-after"} <= exposed
+    assert {
+        "x-request-id",
+        "x-ratelimit-remaining-requests",
+        "x-ratelimit-reset-tokens",
+        "retry-after",
+    } <= exposed
     assert raw.headers["x-request-id"] and raw.headers["x-ratelimit-remaining-requests"]
     with client.chat.completions.with_streaming_response.create(
         model=MODEL, messages=[{"role": "user", "content": "hi [tokens:5]"}], stream=True
@@ -76,12 +93,19 @@ def test_answers_and_streams_carry_the_headers_a_browser_needs(cstack: Stack) ->
 def test_any_origin_and_off_by_default(stack: Stack, tmp_path: Path) -> None:
     s = _stack(tmp_path, ["*"])
     try:
-        assert _preflight(s, "/v1/chat/completions", "https://anywhere.example")["access-control-allow-origin"] == "*"
-        raw = s.client(s.key(), default_headers={"Origin": "https://anywhere.example"}).models.with_raw_response.list()
+        assert (
+            _preflight(s, "/v1/chat/completions", "https://anywhere.example")["access-control-allow-origin"]
+            == "*"
+        )
+        raw = s.client(
+            s.key(), default_headers={"Origin": "https://anywhere.example"}
+        ).models.with_raw_response.list()
         assert raw.headers["access-control-allow-origin"] == "*"
     finally:
         s.stop()
     h = _preflight(stack, "/v1/chat/completions", APP)  # the shared stack: no cors_origins
     assert h["status"] == "405" and "access-control-allow-origin" not in h
-    r = raw_request(stack, "GET", "/v1/models", headers={"Origin": APP, "Authorization": f"Bearer {stack.key()}"})
+    r = raw_request(
+        stack, "GET", "/v1/models", headers={"Origin": APP, "Authorization": f"Bearer {stack.key()}"}
+    )
     assert r.status == 200 and "access-control-allow-origin" not in r.headers

@@ -44,7 +44,9 @@ def charged(record: UsageRecord) -> Decimal:
 
 
 def post(stack: Stack, key: str, path: str, body: dict[str, Any]) -> httpx.Response:
-    return httpx.post(f"{stack.base_url}{path}", json=body, headers={"authorization": f"Bearer {key}"}, timeout=30)
+    return httpx.post(
+        f"{stack.base_url}{path}", json=body, headers={"authorization": f"Bearer {key}"}, timeout=30
+    )
 
 
 def sse_data(text: str) -> list[str]:
@@ -64,8 +66,12 @@ def test_chat_cost_equals_the_record(stack: Stack, group_name: str) -> None:
     assert body["usage"]["cost"] == charged(record) == Decimal(answer.headers["x-request-cost"])
     assert body["usage"]["prompt_tokens"] == record.prompt_tokens
 
-    streamed = post(stack, key, "/chat/completions",
-                    {"model": model, "messages": HI, "stream": True, "stream_options": {"include_usage": True}})  # fmt: skip
+    streamed = post(
+        stack,
+        key,
+        "/chat/completions",
+        {"model": model, "messages": HI, "stream": True, "stream_options": {"include_usage": True}},
+    )
     chunks = sse_data(streamed.text)
     for chunk in chunks:
         ChatCompletionChunk.model_validate_json(chunk)
@@ -94,7 +100,9 @@ def test_a_messages_stream_carries_its_cost_in_its_last_message_delta(stack: Sta
     record = record_of(stack, group, streamed.headers["x-request-id"])
     assert delta["type"] == "message_delta" and delta["usage"]["cost"] == charged(record)
     assert delta["usage"]["output_tokens"] == record.completion_tokens
-    with stack.anthropic_client(key).messages.stream(model=MODELS[group_name], max_tokens=64, messages=HI) as sdk:
+    with stack.anthropic_client(key).messages.stream(
+        model=MODELS[group_name], max_tokens=64, messages=HI
+    ) as sdk:
         kinds = [event.type for event in sdk]
     assert kinds[-1] == "message_stop" and "message_delta" in kinds
 
@@ -110,7 +118,9 @@ def test_responses_cost_equals_the_record(stack: Stack, group_name: str) -> None
     record = record_of(stack, group, answer.headers["x-request-id"])
     assert exact(answer.text)["usage"]["cost"] == charged(record) == Decimal(answer.headers["x-request-cost"])
 
-    streamed = post(stack, key, "/responses", {"model": model, "input": "say something [tokens:12]", "stream": True})
+    streamed = post(
+        stack, key, "/responses", {"model": model, "input": "say something [tokens:12]", "stream": True}
+    )
     terminal = sse_data(streamed.text)[-1]
     event = ResponseCompletedEvent.model_validate_json(terminal)
     assert event.type == "response.completed"
@@ -122,16 +132,26 @@ def test_a_failed_stream_and_an_interrupted_one(stack: Stack) -> None:
     group = stack.group(5)
     key = stack.key(group=group)
     # the upstream breaks off mid-stream: the Responses stream's failed response still carries the charge
-    failed = post(stack, key, "/responses",
-                  {"model": MODELS["anthropic"], "input": "long [tokens:40] [midfail]", "stream": True})  # fmt: skip
+    failed = post(
+        stack,
+        key,
+        "/responses",
+        {"model": MODELS["anthropic"], "input": "long [tokens:40] [midfail]", "stream": True},
+    )
     terminal = exact(sse_data(failed.text)[-1])
     assert terminal["type"] == "response.failed"
     record = record_of(stack, group, failed.headers["x-request-id"])
     assert record.status == "error" and terminal["response"]["usage"]["cost"] == charged(record)
 
     # the caller goes away: no usage chunk reaches anyone, the record alone says what was charged
-    body = json.dumps({"model": MODELS["openai"], "stream": True, "stream_options": {"include_usage": True},
-                       "messages": [{"role": "user", "content": "long [tokens:200] [delay:20]"}]}).encode()  # fmt: skip
+    body = json.dumps(
+        {
+            "model": MODELS["openai"],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": "long [tokens:200] [delay:20]"}],
+        }
+    ).encode()
     sock = socket.create_connection(("127.0.0.1", stack.port))
     sock.sendall(http_post(key, body))
     received = b""
@@ -140,7 +160,9 @@ def test_a_failed_stream_and_an_interrupted_one(stack: Stack) -> None:
     sock.close()
     assert b'"cost"' not in received
     for _ in range(100):
-        interrupted = [r for r in stack.run(stack.store.usage(group=group, limit=10)) if r.status == "interrupted"]
+        interrupted = [
+            r for r in stack.run(stack.store.usage(group=group, limit=10)) if r.status == "interrupted"
+        ]
         if interrupted:
             break
         stack.run(asyncio.sleep(0.05))
@@ -164,18 +186,30 @@ def test_batch_output_lines_carry_the_cost(stack: Stack) -> None:
 
 
 def test_cost_off_by_config(tmp_path: Path) -> None:
-    stack = Stack(tmp_path, Settings(
-        store=StoreSettings(url=f"sqlite:///{tmp_path}/router.db"),
-        reliability=ReliabilitySettings(max_retries=0),
-        billing=BillingSettings(cost_in_answer=False),
-    )).start()  # fmt: skip
+    stack = Stack(
+        tmp_path,
+        Settings(
+            store=StoreSettings(url=f"sqlite:///{tmp_path}/router.db"),
+            reliability=ReliabilitySettings(max_retries=0),
+            billing=BillingSettings(cost_in_answer=False),
+        ),
+    ).start()
     try:
         key = stack.key()
         answer = post(stack, key, "/chat/completions", {"model": MODELS["openai"], "messages": HI})
         assert answer.status_code == 200 and "cost" not in answer.json()["usage"]
         assert "x-request-cost" not in answer.headers
-        streamed = post(stack, key, "/chat/completions", {"model": MODELS["openai"], "messages": HI, "stream": True,
-                                                          "stream_options": {"include_usage": True}})  # fmt: skip
+        streamed = post(
+            stack,
+            key,
+            "/chat/completions",
+            {
+                "model": MODELS["openai"],
+                "messages": HI,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            },
+        )
         assert "cost" not in json.loads(sse_data(streamed.text)[-1])["usage"]
     finally:
         stack.close_clients()

@@ -30,9 +30,13 @@ class Demo:
     def __init__(self, cwd: Path, *args: str, env: dict[str, str] | None = None) -> None:
         self.cwd = cwd
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "cli", "demo", *args], cwd=cwd, env={**os.environ, **(env or {})},
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
+            [sys.executable, "-m", "cli", "demo", *args],
+            cwd=cwd,
+            env={**os.environ, **(env or {})},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         self.lines: list[str] = []
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -115,7 +119,9 @@ def test_banner_key_emulator_ports_and_console_sign_in(demo: tuple[Demo, int, in
         socket.create_connection(("127.0.0.1", first + offset), timeout=5).close()
     key = banner_value(banner, r"\n\s+(sk-mr-v1-\S+)\n")
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0)
-    out = client.chat.completions.create(model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "Hi"}])
+    out = client.chat.completions.create(
+        model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "Hi"}]
+    )
     assert out.choices[0].message.content
     client.close()
 
@@ -127,7 +133,8 @@ def test_banner_key_emulator_ports_and_console_sign_in(demo: tuple[Demo, int, in
 
 
 def test_every_openai_model_is_served_on_the_first_try_by_the_demos_three_deployments(
-        demo: tuple[Demo, int, int]) -> None:  # fmt: skip
+    demo: tuple[Demo, int, int],
+) -> None:
     """openai/ is three deployments in the demo (its own emulator, a second account, an Azure resource):
     embeddings and images reach whichever is chosen and each call succeeds at once (a quarter of them
     answered 400 "provider rejected: 404 Not Found" when images went to Azure under OpenAI's URL)."""
@@ -136,14 +143,18 @@ def test_every_openai_model_is_served_on_the_first_try_by_the_demos_three_deploy
     with openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0) as client:
         for _ in range(12):
             assert client.embeddings.create(model="openai/text-embedding-3-small", input="one").data
-            assert client.images.generate(model="openai/gpt-image-1", prompt="a red square", size="1024x1024").data
+            assert client.images.generate(
+                model="openai/gpt-image-1", prompt="a red square", size="1024x1024"
+            ).data
 
 
 def test_access_log_goes_to_a_file_not_the_terminal(demo: tuple[Demo, int, int]) -> None:
     running, port, _ = demo
     key = banner_value(running.banner(), r"\n\s+(sk-mr-v1-\S+)\n")
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0)
-    client.chat.completions.create(model="anthropic/claude-haiku-4-5", messages=[{"role": "user", "content": "Hi"}])
+    client.chat.completions.create(
+        model="anthropic/claude-haiku-4-5", messages=[{"role": "user", "content": "Hi"}]
+    )
     client.close()
     log = running.cwd / "data" / "access.log"
     deadline = time.monotonic() + 10
@@ -164,8 +175,13 @@ def test_a_second_demo_on_the_same_data_directory_says_which_pid_and_creates_not
     assert len(output.strip().splitlines()) == 1, output
     assert f"pid {running.process.pid}" in output and "gateway on" not in output
     assert (running.cwd / "data" / "demo-key").read_text() == keys_before
-    listed = subprocess.run([sys.executable, "-m", "cli", "keys", "list"], cwd=running.cwd,
-                            capture_output=True, text=True, check=True).stdout  # fmt: skip
+    listed = subprocess.run(
+        [sys.executable, "-m", "cli", "keys", "list"],
+        cwd=running.cwd,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert len([line for line in listed.splitlines() if " demo " in line]) == 1, listed
 
 
@@ -202,7 +218,9 @@ def test_the_next_demo_reuses_the_key_and_password_unless_asked(tmp_path: Path) 
             banner = running.banner()
         finally:
             running.stop()
-        shown.append((banner_value(banner, r"\n\s+(sk-mr-v1-\S+)\n"), banner_value(banner, r"password (\S+)")))
+        shown.append(
+            (banner_value(banner, r"\n\s+(sk-mr-v1-\S+)\n"), banner_value(banner, r"password (\S+)"))
+        )
     assert shown[0] == shown[1]
     assert shown[2][0] != shown[0][0] and shown[2][1] == shown[0][1]
     assert (tmp_path / "data" / "demo-key").read_text().strip() == shown[2][0]

@@ -33,15 +33,24 @@ TOKEN = "admin-token-for-deployment-tests"
 CHEAP = {"model": "openai/gpt-4o-mini", "max_tokens": 1}
 
 
-def configure(tmp: Path, names: list[str], *, reliability: dict[str, Any] | None = None,
-              limits: dict[str, Any] | None = None, routing: dict[str, Any] | None = None,
-              jobs: dict[str, Any] | None = None, **provider: Any) -> Callable[[dict[str, str]], Settings]:  # fmt: skip
+def configure(
+    tmp: Path,
+    names: list[str],
+    *,
+    reliability: dict[str, Any] | None = None,
+    limits: dict[str, Any] | None = None,
+    routing: dict[str, Any] | None = None,
+    jobs: dict[str, Any] | None = None,
+    **provider: Any,
+) -> Callable[[dict[str, str]], Settings]:
     """Settings whose openai/ group is one deployment per extra emulator; ``provider`` holds the group's
     other fields, ``<name>`` keys a deployment's own (weight, rpm, ...)."""
 
     def build(urls: dict[str, str]) -> Settings:
-        items = [{"name": name, "base_url": urls[name] + "/v1", "api_key": f"key-{name}", **provider.pop(name, {})}
-                 for name in names]  # fmt: skip
+        items = [
+            {"name": name, "base_url": urls[name] + "/v1", "api_key": f"key-{name}", **provider.pop(name, {})}
+            for name in names
+        ]
         raw: dict[str, Any] = {
             "store": {"url": f"sqlite:///{tmp}/router.db"},
             "console": {"admin_token": TOKEN},
@@ -59,8 +68,10 @@ def configure(tmp: Path, names: list[str], *, reliability: dict[str, Any] | None
 
 
 def emulators(*names: str, tpm: dict[str, int] | None = None, **rpm: int) -> dict[str, OpenAIEmulator]:
-    return {name: OpenAIEmulator("openai", f"key-{name}", rpm=rpm.get(name, 0), tpm=(tpm or {}).get(name, 0))
-            for name in names}  # fmt: skip
+    return {
+        name: OpenAIEmulator("openai", f"key-{name}", rpm=rpm.get(name, 0), tpm=(tpm or {}).get(name, 0))
+        for name in names
+    }
 
 
 def start(tmp: Path, extra: dict[str, OpenAIEmulator], build: Callable[[dict[str, str]], Settings]) -> Stack:
@@ -86,7 +97,9 @@ async def _many(stack: Stack, key: str, n: int, concurrency: int = 32) -> list[A
 
     async def one(i: int) -> Any:
         async with gate:
-            return await client.chat.completions.create(messages=[{"role": "user", "content": f"n{i} [tokens:1]"}], **CHEAP)
+            return await client.chat.completions.create(
+                messages=[{"role": "user", "content": f"n{i} [tokens:1]"}], **CHEAP
+            )
 
     try:
         return await asyncio.gather(*(one(i) for i in range(n)))
@@ -138,7 +151,10 @@ def test_the_console_filters_usage_by_deployment_and_sums_each(weighted: Stack) 
     assert f"deployment: <strong>{name}</strong>" in page and f"<option selected>{name}</option>" in page
     table = api.get(f"/console/groups/{group}/calls").text.split('id="by-deployment"')[1].split("</table>")[0]
     for deployment, calls in counts.items():
-        assert re.search(rf">{deployment}</a></td>\s*<td class=\"num\">{calls}</td>", table), (deployment, table)
+        assert re.search(rf">{deployment}</a></td>\s*<td class=\"num\">{calls}</td>", table), (
+            deployment,
+            table,
+        )
     csv = api.get(f"/console/groups/{group}/usage.csv?deployment={name}").text.splitlines()
     assert "deployment" in csv[0].split(",") and len(csv) == most + 1
 
@@ -151,8 +167,9 @@ def test_metrics_readyz_and_access_log_name_deployments(weighted: Stack) -> None
     lines = Lines()
     logging.getLogger("router.access").addHandler(lines)
     try:
-        client.chat.completions.create(messages=[{"role": "user", "content": "Hi"}], extra_headers={"x-request-id": "dep-log-1"},
-                                       **CHEAP)  # fmt: skip
+        client.chat.completions.create(
+            messages=[{"role": "user", "content": "Hi"}], extra_headers={"x-request-id": "dep-log-1"}, **CHEAP
+        )
         entry = lines.find("dep-log-1")
     finally:
         logging.getLogger("router.access").removeHandler(lines)
@@ -167,7 +184,9 @@ def test_metrics_readyz_and_access_log_name_deployments(weighted: Stack) -> None
     assert ready["circuits"]["openai/b"] == "closed"
 
 
-def test_a_deployment_answering_429_rests_for_its_retry_after_and_callers_never_see_it(tmp_path: Path) -> None:
+def test_a_deployment_answering_429_rests_for_its_retry_after_and_callers_never_see_it(
+    tmp_path: Path,
+) -> None:
     # 'a' takes 20 requests a minute: after one, it answers 429 with Retry-After 3 (s); 'b' has room.
     # 'a' weighs 3: it would take most calls if it did not rest
     stack = start(tmp_path, emulators("a", "b", a=20), configure(tmp_path, ["a", "b"], a={"weight": 3}))
@@ -202,7 +221,9 @@ def test_a_deployment_answering_429_rests_for_its_retry_after_and_callers_never_
         stack.stop()
 
 
-def test_every_deployment_resting_is_a_429_with_the_earliest_retry_after_or_the_fallback(tmp_path: Path) -> None:
+def test_every_deployment_resting_is_a_429_with_the_earliest_retry_after_or_the_fallback(
+    tmp_path: Path,
+) -> None:
     build = configure(tmp_path, ["a", "b"], a={"rpm": 1}, b={"rpm": 2}, routing={"max_cooldown": 300})
     stack = start(tmp_path, emulators("a", "b"), build)
     try:
@@ -215,8 +236,11 @@ def test_every_deployment_resting_is_a_429_with_the_earliest_retry_after_or_the_
         after = int(refused.value.response.headers["retry-after"])
         assert 25 <= after <= 30  # b's next room, the earliest (a's is a minute away)
         assert "cooling down or at its rate ceiling" in refused.value.message
-        fallback = client.chat.completions.create(messages=[{"role": "user", "content": "q5"}],
-                                                  extra_body={"models": ["mistral/mistral-small-latest"]}, **CHEAP)  # fmt: skip
+        fallback = client.chat.completions.create(
+            messages=[{"role": "user", "content": "q5"}],
+            extra_body={"models": ["mistral/mistral-small-latest"]},
+            **CHEAP,
+        )
         assert fallback.model == "mistral/mistral-small-latest"
         assert served(stack) == {"a": 1, "b": 2}
     finally:
@@ -237,7 +261,9 @@ def test_a_call_too_large_for_the_providers_account_rests_no_deployment(tmp_path
     stack = start(tmp_path, emulators("a", "b", tpm={"a": 300, "b": 300}), build)
     big = f"{LARGE} {time.time()}"
     group = stack.group(100)
-    sdk = openai.OpenAI(base_url=stack.base_url, api_key=stack.key(group=group), max_retries=2)  # the SDK's default
+    sdk = openai.OpenAI(
+        base_url=stack.base_url, api_key=stack.key(group=group), max_retries=2
+    )  # the SDK's default
     try:
         with pytest.raises(openai.RateLimitError) as refused:
             sdk.chat.completions.create(messages=[{"role": "user", "content": big}], **CHEAP)
@@ -251,10 +277,21 @@ def test_a_call_too_large_for_the_providers_account_rests_no_deployment(tmp_path
 
         other = stack.client()  # another group, at once
         for i in range(6):
-            assert other.chat.completions.create(messages=[{"role": "user", "content": f"small {i}"}], **CHEAP)
+            assert other.chat.completions.create(
+                messages=[{"role": "user", "content": f"small {i}"}], **CHEAP
+            )
 
-        batch = submit(other, [{"custom_id": "big", "method": "POST", "url": "/v1/chat/completions",
-                                "body": {"messages": [{"role": "user", "content": big + " batch"}], **CHEAP}}])  # fmt: skip
+        batch = submit(
+            other,
+            [
+                {
+                    "custom_id": "big",
+                    "method": "POST",
+                    "url": "/v1/chat/completions",
+                    "body": {"messages": [{"role": "user", "content": big + " batch"}], **CHEAP},
+                }
+            ],
+        )
         batch = wait(other, batch.id, seconds=30)
         [line] = lines_of(other, batch.error_file_id)
         assert line["response"]["status_code"] == 429
@@ -277,10 +314,17 @@ def test_a_prompt_over_anthropics_input_tokens_per_minute_rests_no_deployment(tm
     rested for the Retry-After and the other group's call got 429 "cooling down".)"""
 
     def build(urls: dict[str, str]) -> Settings:
-        items = [{"name": name, "base_url": urls[name] + "/v1", "api_key": f"key-{name}"} for name in ("a", "b")]
-        return parse_settings({"store": {"url": f"sqlite:///{tmp_path}/router.db"},
-                               "reliability": {"max_retries": 0, "breaker_threshold": 10**9},
-                               "providers": {"anthropic": {"deployments": items}}}, "test")  # fmt: skip
+        items = [
+            {"name": name, "base_url": urls[name] + "/v1", "api_key": f"key-{name}"} for name in ("a", "b")
+        ]
+        return parse_settings(
+            {
+                "store": {"url": f"sqlite:///{tmp_path}/router.db"},
+                "reliability": {"max_retries": 0, "breaker_threshold": 10**9},
+                "providers": {"anthropic": {"deployments": items}},
+            },
+            "test",
+        )
 
     extra = {name: AnthropicEmulator(f"key-{name}", itpm=300) for name in ("a", "b")}
     stack = Stack(tmp_path, extra=extra, configure=build).start()  # type: ignore[arg-type]
@@ -298,7 +342,9 @@ def test_a_prompt_over_anthropics_input_tokens_per_minute_rests_no_deployment(tm
         other = stack.client()  # another group, at once: no deployment rests
         assert other.chat.completions.create(messages=[{"role": "user", "content": "small"}], **model)
         with pytest.raises(openai.RateLimitError) as limited:  # the minute's usage: a rate limit, as before
-            other.chat.completions.create(messages=[{"role": "user", "content": "small [fault:429]"}], **model)
+            other.chat.completions.create(
+                messages=[{"role": "user", "content": "small [fault:429]"}], **model
+            )
         assert limited.value.type == "rate_limit_error"  # type: ignore[attr-defined]
     finally:
         sdk.close()
@@ -306,16 +352,22 @@ def test_a_prompt_over_anthropics_input_tokens_per_minute_rests_no_deployment(tm
 
 
 def test_a_call_too_large_for_one_account_is_served_by_a_larger_one(tmp_path: Path) -> None:
-    stack = start(tmp_path, emulators("small", "large", tpm={"small": 300}), configure(tmp_path, ["small", "large"]))
+    stack = start(
+        tmp_path, emulators("small", "large", tpm={"small": 300}), configure(tmp_path, ["small", "large"])
+    )
     try:
         client = stack.client()
         for i in range(4):
-            out = client.chat.completions.create(messages=[{"role": "user", "content": f"{LARGE} {i}"}], **CHEAP)
+            out = client.chat.completions.create(
+                messages=[{"role": "user", "content": f"{LARGE} {i}"}], **CHEAP
+            )
             assert out.choices[0].message.content
         assert stack.extra["large"].served == 4
         for i in range(8):  # the small one rests for none of it: it still serves small calls
             client.chat.completions.create(messages=[{"role": "user", "content": f"small {i}"}], **CHEAP)
-        assert stack.extra["small"].served > sum(1 for r in stack.extra["small"].requests if LARGE in str(r["messages"]))
+        assert stack.extra["small"].served > sum(
+            1 for r in stack.extra["small"].requests if LARGE in str(r["messages"])
+        )
     finally:
         stack.stop()
 
@@ -334,7 +386,9 @@ def test_a_call_over_every_declared_tpm_ceiling_is_refused_once_and_never_sent(t
         assert "larger than the tokens-per-minute ceiling of every deployment" in refused.value.message
         headers = refused.value.response.headers
         assert headers.get("x-should-retry") == "false" and "retry-after" not in headers
-        assert metric(stack, 'router_requests_total{endpoint="/v1/chat/completions",status="429"}') == began + 1
+        assert (
+            metric(stack, 'router_requests_total{endpoint="/v1/chat/completions",status="429"}') == began + 1
+        )
         assert served(stack) == {"a": 0, "b": 0}
     finally:
         sdk.close()
@@ -347,17 +401,23 @@ def test_latency_routing_ranks_non_stream_calls_by_time_per_output_token(tmp_pat
     the faster deployment do not send every other group's calls to the slower one. (Ranked by the
     whole time, the 300-token answer made 'fast' look slower than 'slow' and group B's ten calls all
     went to 'slow'.)"""
-    extra = {"fast": OpenAIEmulator("openai", "key-fast", ms_per_token=1),
-             "slow": OpenAIEmulator("openai", "key-slow", ms_per_token=4)}  # fmt: skip
-    build = configure(tmp_path, ["fast", "slow"], routing={"exploration": 0},
-                      model_routing={"gpt-4o-mini": "latency"})  # fmt: skip
+    extra = {
+        "fast": OpenAIEmulator("openai", "key-fast", ms_per_token=1),
+        "slow": OpenAIEmulator("openai", "key-slow", ms_per_token=4),
+    }
+    build = configure(
+        tmp_path, ["fast", "slow"], routing={"exploration": 0}, model_routing={"gpt-4o-mini": "latency"}
+    )
     stack = start(tmp_path, extra, build)
     try:
         a, b = stack.client(), stack.client()  # two groups
 
         def call(client: openai.OpenAI, tokens: int) -> int:
-            out = client.chat.completions.create(model="openai/gpt-4o-mini", max_tokens=1000,
-                                                 messages=[{"role": "user", "content": f"[tokens:{tokens}]"}])  # fmt: skip
+            out = client.chat.completions.create(
+                model="openai/gpt-4o-mini",
+                max_tokens=1000,
+                messages=[{"role": "user", "content": f"[tokens:{tokens}]"}],
+            )
             assert out.usage is not None
             return out.usage.completion_tokens
 
@@ -388,11 +448,17 @@ def test_sticky_routing_keeps_a_10_turn_conversation_on_one_deployment(tmp_path:
             assert list(moved.values()) == [10], moved  # all ten turns on one deployment
             firsts |= set(moved)
         assert len(firsts) > 1  # and different conversations on different deployments
-        for user in ("u-1", "u-2", "u-3"):  # Responses calls chained by the caller's user: one deployment each
+        for user in (
+            "u-1",
+            "u-2",
+            "u-3",
+        ):  # Responses calls chained by the caller's user: one deployment each
             group = stack.group(10)
             chained = stack.client(stack.key(group=group))
             for turn in range(5):
-                chained.responses.create(model="openai/gpt-4o-mini", input=f"turn {turn}", user=user, max_output_tokens=16)
+                chained.responses.create(
+                    model="openai/gpt-4o-mini", input=f"turn {turn}", user=user, max_output_tokens=16
+                )
             records = stack.run(stack.store.usage(group=group))
             assert len(records) == 5 and len({r.deployment for r in records}) == 1
     finally:
@@ -402,8 +468,11 @@ def test_sticky_routing_keeps_a_10_turn_conversation_on_one_deployment(tmp_path:
 def test_two_replicas_share_the_ceilings_and_rests_in_redis(tmp_path: Path) -> None:
     prefix = f"test:dep:{secrets.token_hex(4)}"
     shared = {"limits": {"redis_url": REDIS_URL}, "routing": {"redis_prefix": prefix}}
-    one = start(tmp_path / "one", emulators("a", "b"),
-                configure(tmp_path / "one", ["a", "b"], a={"rpm": 3}, b={"rpm": 3}, **shared))  # type: ignore[arg-type]
+    one = start(
+        tmp_path / "one",
+        emulators("a", "b"),
+        configure(tmp_path / "one", ["a", "b"], a={"rpm": 3}, b={"rpm": 3}, **shared),
+    )  # type: ignore[arg-type]
     urls = {name: url for name, url in one.extra_urls.items()}
 
     def second(_: dict[str, str]) -> Settings:
@@ -428,11 +497,16 @@ def test_a_rest_begun_on_one_replica_is_kept_by_the_other(tmp_path: Path) -> Non
     shared = {"limits": {"redis_url": REDIS_URL}, "routing": {"redis_prefix": prefix}}
     # 'a' answers 429 (Retry-After 3 s) after its first call; 'b' has room. 'a' weighs 10: both
     # replicas would send it nearly every call if it did not rest
-    one = start(tmp_path / "one", emulators("a", "b", a=20),
-                configure(tmp_path / "one", ["a", "b"], a={"weight": 10}, **shared))  # type: ignore[arg-type]
+    one = start(
+        tmp_path / "one",
+        emulators("a", "b", a=20),
+        configure(tmp_path / "one", ["a", "b"], a={"weight": 10}, **shared),
+    )  # type: ignore[arg-type]
     urls = dict(one.extra_urls)
-    two = Stack(tmp_path / "two", configure=lambda _: configure(tmp_path / "two", ["a", "b"], a={"weight": 10},
-                                                                **shared)(urls)).start()  # type: ignore[arg-type]  # fmt: skip
+    two = Stack(
+        tmp_path / "two",
+        configure=lambda _: configure(tmp_path / "two", ["a", "b"], a={"weight": 10}, **shared)(urls),
+    ).start()  # type: ignore[arg-type]
     try:
         first, other = one.client(), two.client()
         a = one.extra["a"]
@@ -450,8 +524,9 @@ def test_a_rest_begun_on_one_replica_is_kept_by_the_other(tmp_path: Path) -> Non
 
 
 def test_default_single_deployment_settings_need_no_redis_round_trip(tmp_path: Path) -> None:
-    settings = Settings(limits=parse_settings({"limits": {"redis_url": REDIS_URL}}).limits,
-                        reliability=ReliabilitySettings())  # fmt: skip
+    settings = Settings(
+        limits=parse_settings({"limits": {"redis_url": REDIS_URL}}).limits, reliability=ReliabilitySettings()
+    )
     from gateway.state import Gateway
 
     gw = Gateway(settings)
@@ -463,8 +538,12 @@ def test_each_deployment_has_its_own_circuit(tmp_path: Path) -> None:
 
     def build(urls: dict[str, str]) -> Settings:
         urls = {**urls, "dead": f"http://127.0.0.1:{free_port()}"}  # nothing listens there
-        return configure(tmp_path, ["dead", "b"], reliability={"breaker_threshold": 2, "breaker_cooldown": 60},
-                         dead={"weight": 10})(urls)  # fmt: skip
+        return configure(
+            tmp_path,
+            ["dead", "b"],
+            reliability={"breaker_threshold": 2, "breaker_cooldown": 60},
+            dead={"weight": 10},
+        )(urls)
 
     stack = start(tmp_path, emulators("b"), build)
     try:
@@ -473,7 +552,9 @@ def test_each_deployment_has_its_own_circuit(tmp_path: Path) -> None:
             assert client.chat.completions.create(messages=[{"role": "user", "content": f"q{i}"}], **CHEAP)
         circuits = raw_request(stack, "GET", "/readyz").json()["circuits"]
         assert circuits["openai/dead"] == "open" and circuits["openai/b"] == "closed"
-        failed = metric(stack, 'router_deployment_calls_total{deployment="dead",outcome="error",provider="openai"}')
+        failed = metric(
+            stack, 'router_deployment_calls_total{deployment="dead",outcome="error",provider="openai"}'
+        )
         assert failed == 2  # two failures opened it; then it was skipped, not tried
         assert stack.extra["b"].served == 8
     finally:
@@ -492,15 +573,21 @@ def test_a_deployment_that_answers_404_for_a_model_is_failed_over_and_left_out(t
         client = stack.client(stack.key(group=group))
         before = metric(stack, 'router_upstream_errors_total{provider="openai",status="404"}')
         for _ in range(8):
-            image = client.images.generate(model="openai/gpt-image-1", prompt="a red square", size="1024x1024")
+            image = client.images.generate(
+                model="openai/gpt-image-1", prompt="a red square", size="1024x1024"
+            )
             assert image.data and image.data[0].b64_json
         records = stack.run(stack.store.usage(group=group))
         assert {r.deployment for r in records} == {"full"} and all(r.status == "ok" for r in records)
         assert metric(stack, 'router_upstream_errors_total{provider="openai",status="404"}') - before == 1
         for _ in range(4):
-            client.chat.completions.create(model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "hi"}])
+            client.chat.completions.create(
+                model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "hi"}]
+            )
         chats = stack.run(stack.store.usage(group=group, limit=100))
-        assert "noimg" in {r.deployment for r in chats if r.endpoint == "chat"}  # (left out of image calls only)
+        assert "noimg" in {
+            r.deployment for r in chats if r.endpoint == "chat"
+        }  # (left out of image calls only)
     finally:
         stack.stop()
 
@@ -513,7 +600,9 @@ def test_a_deployment_takes_only_the_endpoints_it_declares(tmp_path: Path) -> No
         client = stack.client(stack.key(group=group))
         for _ in range(10):
             client.embeddings.create(model="openai/text-embedding-3-small", input="one")
-            client.chat.completions.create(model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "hi"}])
+            client.chat.completions.create(
+                model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "hi"}]
+            )
         records = stack.run(stack.store.usage(group=group, limit=100))
         assert {r.deployment for r in records if r.endpoint == "embeddings"} == {"all"}
         assert {r.deployment for r in records if r.endpoint == "chat"} == {"chatonly", "all"}

@@ -10,8 +10,10 @@ from tests.conftest import Stack, http_post
 
 def test_disconnect_stops_the_upstream(stack: Stack) -> None:
     key = stack.key()
-    body = (b'{"model":"openai/gpt-4o-mini","stream":true,'
-            b'"messages":[{"role":"user","content":"long [tokens:200] [delay:50]"}]}')  # fmt: skip
+    body = (
+        b'{"model":"openai/gpt-4o-mini","stream":true,'
+        b'"messages":[{"role":"user","content":"long [tokens:200] [delay:50]"}]}'
+    )
     request = http_post(key, body)
     emulator = stack.emulator("openai")
     before = len(emulator.streams)

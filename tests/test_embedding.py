@@ -24,7 +24,9 @@ async def home(request: Request) -> PlainTextResponse:
 
 
 def test_mounted_under_a_prefix(stack: Stack, tmp_path) -> None:
-    settings = Settings(store=StoreSettings(url=f"sqlite:///{tmp_path}/mounted.db"), providers=stack.settings.providers)
+    settings = Settings(
+        store=StoreSettings(url=f"sqlite:///{tmp_path}/mounted.db"), providers=stack.settings.providers
+    )
     sub = create_app(settings)
     host = Starlette(routes=[Route("/", home), Mount("/llm", app=sub)])
     port = free_port()
@@ -45,10 +47,17 @@ def test_mounted_under_a_prefix(stack: Stack, tmp_path) -> None:
     served, key = stack.run(start())
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/llm/v1", api_key=key, max_retries=0)
     try:
-        out = client.chat.completions.create(model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "hi"}])
+        out = client.chat.completions.create(
+            model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "hi"}]
+        )
         assert out.model == "openai/gpt-4o-mini" and out.choices[0].message.content
-        chunks = list(client.chat.completions.create(model="mistral/mistral-small-latest", stream=True,
-                                                     messages=[{"role": "user", "content": "hi [tokens:3]"}]))  # fmt: skip
+        chunks = list(
+            client.chat.completions.create(
+                model="mistral/mistral-small-latest",
+                stream=True,
+                messages=[{"role": "user", "content": "hi [tokens:3]"}],
+            )
+        )
         assert chunks[-1].choices[0].finish_reason == "stop"
         assert any(m.id == "upstage/solar-mini" for m in client.models.list())
         try:

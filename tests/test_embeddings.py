@@ -71,13 +71,21 @@ def test_dimensions_token_arrays_and_extra_fields(stack: Stack) -> None:
     code = client.embeddings.create(model="mistral/codestral-embed", input="def f(): pass", dimensions=3072)
     assert len(code.data[0].embedding) == 3072
     assert stack.emulator("mistral").requests[-1]["output_dimension"] == 3072
-    gemini = client.embeddings.create(model="google/gemini-embedding-001", input=["a query"], dimensions=768,
-                                      extra_body={"task_type": "RETRIEVAL_QUERY"})  # fmt: skip
+    gemini = client.embeddings.create(
+        model="google/gemini-embedding-001",
+        input=["a query"],
+        dimensions=768,
+        extra_body={"task_type": "RETRIEVAL_QUERY"},
+    )
     assert len(gemini.data[0].embedding) == 768
     sent = stack.emulator("google").requests[-1]
     assert sent["taskType"] == "RETRIEVAL_QUERY" and sent["outputDimensionality"] == 768
-    doc = client.embeddings.create(model="google/gemini-embedding-001", input=["a query"], dimensions=768,
-                                   extra_body={"task_type": "RETRIEVAL_DOCUMENT"})  # fmt: skip
+    doc = client.embeddings.create(
+        model="google/gemini-embedding-001",
+        input=["a query"],
+        dimensions=768,
+        extra_body={"task_type": "RETRIEVAL_DOCUMENT"},
+    )
     assert doc.data[0].embedding != gemini.data[0].embedding  # the task reached the model
 
 
@@ -85,15 +93,22 @@ def test_gemini_usage_reported_or_estimated(stack: Stack) -> None:
     group = stack.group(5)
     client = stack.client(stack.key(group=group))
     client.embeddings.create(model="google/gemini-embedding-001", input="one text alone")  # :embedContent
-    client.embeddings.create(model="google/gemini-embedding-001", input=["two", "texts"])  # :batchEmbedContents
+    client.embeddings.create(
+        model="google/gemini-embedding-001", input=["two", "texts"]
+    )  # :batchEmbedContents
     batch, single = stack.run(stack.store.usage(group=group, limit=10))
     assert (single.usage_exact, batch.usage_exact) == (False, True)  # counted here / reported by Gemini
     assert single.prompt_tokens == 3 and batch.prompt_tokens == 2 and single.credits > 0
 
 
 def _error(stack: Stack, body: object, key: str | None = None) -> tuple[int, dict]:
-    reply = raw_request(stack, "POST", "/v1/embeddings", json.dumps(body).encode(),
-                        {"authorization": f"Bearer {key or stack.key()}", "content-type": "application/json"})  # fmt: skip
+    reply = raw_request(
+        stack,
+        "POST",
+        "/v1/embeddings",
+        json.dumps(body).encode(),
+        {"authorization": f"Bearer {key or stack.key()}", "content-type": "application/json"},
+    )
     return reply.status, reply.json()["error"]
 
 
@@ -112,11 +127,27 @@ def _error(stack: Stack, body: object, key: str | None = None) -> tuple[int, dic
         ({"model": "google/gemini-embedding-001", "input": ["x"] * 101}, "input", "at most 100"),
         ({"model": "mistral/mistral-embed", "input": [[1, 2]]}, "input", "text only"),
         ({"model": "google/gemini-embedding-001", "input": [1, 2]}, "input", "text only"),
-        ({"model": "openai/text-embedding-ada-002", "input": "x", "dimensions": 512}, "dimensions", "does not support"),
-        ({"model": "openai/text-embedding-3-small", "input": "x", "dimensions": 2000}, "dimensions", "between 1 and 1536"),
-        ({"model": "google/gemini-embedding-001", "input": "x", "dimensions": 64}, "dimensions", "between 128"),
+        (
+            {"model": "openai/text-embedding-ada-002", "input": "x", "dimensions": 512},
+            "dimensions",
+            "does not support",
+        ),
+        (
+            {"model": "openai/text-embedding-3-small", "input": "x", "dimensions": 2000},
+            "dimensions",
+            "between 1 and 1536",
+        ),
+        (
+            {"model": "google/gemini-embedding-001", "input": "x", "dimensions": 64},
+            "dimensions",
+            "between 128",
+        ),
         ({"model": "openai/text-embedding-3-small", "input": "x", "dimensions": 0}, "dimensions", "positive"),
-        ({"model": "openai/text-embedding-3-small", "input": "x", "encoding_format": "int8"}, "encoding_format", "base64"),
+        (
+            {"model": "openai/text-embedding-3-small", "input": "x", "encoding_format": "int8"},
+            "encoding_format",
+            "base64",
+        ),
         ({"model": "openai/text-embedding-3-small", "input": "x", "stream": True}, "stream", "stream"),
         ({"model": "openai/gpt-4o-mini", "input": "x"}, "model", "does not serve"),
         ({"model": "anthropic/claude-haiku-4-5", "input": "x"}, "model", "Anthropic has no embedding models"),
@@ -133,8 +164,10 @@ def test_bad_input_is_a_400_naming_the_field(stack: Stack, body: dict, param: st
 
 def test_body_over_the_limit_is_a_413(stack: Stack) -> None:
     limit = stack.settings.server.max_body_bytes
-    head = (f"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {stack.key()}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {limit + 10}\r\n\r\n")  # fmt: skip
+    head = (
+        f"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {stack.key()}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {limit + 10}\r\n\r\n"
+    )
     with socket.create_connection(("127.0.0.1", stack.port), timeout=10) as sock:
         sock.sendall(head.encode() + b'{"model": "openai/text-embedding-3-small", "input": "' + b"x" * 1000)
         answer = b""
@@ -171,12 +204,17 @@ def test_fallback_to_another_embedding_model(stack: Stack) -> None:
     request's own ``models`` list moves the call to Mistral, billed at Mistral's price."""
     group = stack.group(5)
     client = stack.client(stack.key(group=group))
-    answer = client.embeddings.create(model="openai/text-embedding-3-small", input="quota [fault:402]",
-                                      extra_body={"models": ["mistral/mistral-embed"]})  # fmt: skip
+    answer = client.embeddings.create(
+        model="openai/text-embedding-3-small",
+        input="quota [fault:402]",
+        extra_body={"models": ["mistral/mistral-embed"]},
+    )
     assert len(answer.data[0].embedding) == 1024
     records = stack.run(stack.store.usage(group=group, limit=10))
-    assert sorted((r.model, r.status) for r in records) == [("mistral/mistral-embed", "ok"),
-                                                            ("openai/text-embedding-3-small", "error")]  # fmt: skip
+    assert sorted((r.model, r.status) for r in records) == [
+        ("mistral/mistral-embed", "ok"),
+        ("openai/text-embedding-3-small", "error"),
+    ]
 
 
 def test_too_few_credits_is_a_402_before_the_upstream(stack: Stack) -> None:
@@ -202,14 +240,18 @@ def test_models_lists_the_embedding_endpoint(stack: Stack) -> None:
 @pytest.mark.parametrize("prefix", ["openai", "mistral", "upstage"])
 def test_openai_sdk_against_the_emulators(stack: Stack, prefix: str) -> None:
     running = stack.emulators[prefix]
-    model = {"openai": "text-embedding-3-small", "mistral": "mistral-embed", "upstage": "embedding-passage"}[prefix]
+    model = {"openai": "text-embedding-3-small", "mistral": "mistral-embed", "upstage": "embedding-passage"}[
+        prefix
+    ]
     with openai.OpenAI(base_url=running.base_url, api_key=running.api_key, max_retries=0) as sdk:
         first = sdk.embeddings.create(model=model, input=["same text", "other"])
         again = sdk.embeddings.create(model=model, input="same text", encoding_format="float")
         assert first.data[0].embedding == pytest.approx(again.data[0].embedding, abs=1e-6)
         assert first.usage.prompt_tokens == 3
         with pytest.raises(openai.AuthenticationError):
-            openai.OpenAI(base_url=running.base_url, api_key="wrong", max_retries=0).embeddings.create(model=model, input="x")
+            openai.OpenAI(base_url=running.base_url, api_key="wrong", max_retries=0).embeddings.create(
+                model=model, input="x"
+            )
         with pytest.raises(openai.InternalServerError):
             sdk.embeddings.create(model=model, input="x [fault:500]")
 
@@ -217,7 +259,9 @@ def test_openai_sdk_against_the_emulators(stack: Stack, prefix: str) -> None:
 def test_openai_emulator_base64_is_little_endian_float32(stack: Stack) -> None:
     running = stack.emulators["openai"]
     with openai.OpenAI(base_url=running.base_url, api_key=running.api_key, max_retries=0) as sdk:
-        raw = sdk.embeddings.with_raw_response.create(model="text-embedding-3-small", input="x", encoding_format="base64")
+        raw = sdk.embeddings.with_raw_response.create(
+            model="text-embedding-3-small", input="x", encoding_format="base64"
+        )
         packed = json.loads(raw.http_response.text)["data"][0]["embedding"]
         floats = sdk.embeddings.create(model="text-embedding-3-small", input="x", encoding_format="float")
     assert list(array("f", base64.b64decode(packed))) == pytest.approx(floats.data[0].embedding, abs=1e-6)
@@ -227,13 +271,17 @@ def test_google_genai_sdk_against_the_emulator(stack: Stack) -> None:
     running = stack.emulators["google"]
     options = gtypes.HttpOptions(base_url=running.base_url.removesuffix("/v1beta"), api_version="v1beta")
     client = genai.Client(api_key=running.api_key, http_options=options)
-    answer = client.models.embed_content(model="gemini-embedding-001", contents=["first text", "second text"],
-                                         config=gtypes.EmbedContentConfig(output_dimensionality=256,
-                                                                          task_type="RETRIEVAL_DOCUMENT"))  # fmt: skip
+    answer = client.models.embed_content(
+        model="gemini-embedding-001",
+        contents=["first text", "second text"],
+        config=gtypes.EmbedContentConfig(output_dimensionality=256, task_type="RETRIEVAL_DOCUMENT"),
+    )
     assert answer.embeddings is not None and [len(e.values or []) for e in answer.embeddings] == [256, 256]
-    again = client.models.embed_content(model="gemini-embedding-001", contents="first text",
-                                        config=gtypes.EmbedContentConfig(output_dimensionality=256,
-                                                                         task_type="RETRIEVAL_DOCUMENT"))  # fmt: skip
+    again = client.models.embed_content(
+        model="gemini-embedding-001",
+        contents="first text",
+        config=gtypes.EmbedContentConfig(output_dimensionality=256, task_type="RETRIEVAL_DOCUMENT"),
+    )
     assert again.embeddings is not None and again.embeddings[0].values == answer.embeddings[0].values
     wrong = genai.Client(api_key="wrong", http_options=options)
     with pytest.raises(genai.errors.ClientError):

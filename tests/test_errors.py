@@ -15,7 +15,9 @@ from emulators.openai import ORGANIZATION as OPENAI_ORGANIZATION
 from tests.conftest import Stack, raw_request
 
 
-def _post(stack: Stack, body: bytes, key: str | None = None, ctype: str = "application/json") -> tuple[int, dict]:
+def _post(
+    stack: Stack, body: bytes, key: str | None = None, ctype: str = "application/json"
+) -> tuple[int, dict]:
     headers = {"Content-Type": ctype}
     if key:
         headers["Authorization"] = f"Bearer {key}"
@@ -36,10 +38,14 @@ def test_missing_key(stack: Stack) -> None:
     assert _assert_shape(body)["code"] == "missing_api_key"
 
 
-@pytest.mark.parametrize("key", ["nonsense", "sk-mr-v1-short", "sk-other-v1-" + "a" * 43, "sk-mr-v1-" + "a" * 43])
+@pytest.mark.parametrize(
+    "key", ["nonsense", "sk-mr-v1-short", "sk-other-v1-" + "a" * 43, "sk-mr-v1-" + "a" * 43]
+)
 def test_bad_keys_are_401(stack: Stack, key: str) -> None:
     with pytest.raises(openai.AuthenticationError) as info:
-        stack.client(key).chat.completions.create(model="openai/gpt-4o", messages=[{"role": "user", "content": "x"}])
+        stack.client(key).chat.completions.create(
+            model="openai/gpt-4o", messages=[{"role": "user", "content": "x"}]
+        )
     assert info.value.status_code == 401
     assert key not in str(info.value.body)  # a key never appears in an error
 
@@ -64,14 +70,29 @@ def test_revoked_key_is_rejected(stack: Stack) -> None:
         (b'{"model":"openai/gpt-4o"}', "messages", "missing_required_parameter"),
         (b'{"model":"openai/gpt-4o","messages":[]}', "messages", "invalid_value"),
         (b'{"model":42,"messages":[{"role":"user","content":"x"}]}', "model", "invalid_value"),
-        (b'{"model":"openai/gpt-4o","messages":[{"role":"wizard","content":"x"}]}', "messages[0].role", "invalid_value"),
-        (b'{"model":"openai/gpt-4o","messages":[{"role":"user","content":"x"}],"max_tokens":-5}', "max_tokens", "invalid_value"),
-        (b'{"model":"openai/gpt-4o","messages":[{"role":"user","content":"x"}],"temperature":"hot"}', "temperature", "invalid_value"),
-        (b'{"model":"openai/gpt-4o","messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":true}}',
-         "stream_options", "invalid_value"),
+        (
+            b'{"model":"openai/gpt-4o","messages":[{"role":"wizard","content":"x"}]}',
+            "messages[0].role",
+            "invalid_value",
+        ),
+        (
+            b'{"model":"openai/gpt-4o","messages":[{"role":"user","content":"x"}],"max_tokens":-5}',
+            "max_tokens",
+            "invalid_value",
+        ),
+        (
+            b'{"model":"openai/gpt-4o","messages":[{"role":"user","content":"x"}],"temperature":"hot"}',
+            "temperature",
+            "invalid_value",
+        ),
+        (
+            b'{"model":"openai/gpt-4o","messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":true}}',
+            "stream_options",
+            "invalid_value",
+        ),
         (b'\xff\xfe{"model": 1}', None, "invalid_json"),
     ],
-)  # fmt: skip
+)
 def test_bad_bodies_are_400(stack: Stack, body: bytes, param: str | None, code: str) -> None:
     status, answer = _post(stack, body, stack.key())
     assert status == 400
@@ -108,8 +129,10 @@ def _read_response(sock: socket.socket) -> bytes:
 
 def test_oversized_body_by_content_length(stack: Stack) -> None:
     limit = stack.settings.server.max_body_bytes
-    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {stack.key()}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {limit + 10}\r\n\r\n")  # fmt: skip
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {stack.key()}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {limit + 10}\r\n\r\n"
+    )
     with socket.create_connection(("127.0.0.1", stack.port)) as sock:
         sock.sendall(head.encode() + b'{"model": "' + b"x" * 1000)
         answer = _read_response(sock)
@@ -122,8 +145,10 @@ def test_oversized_body_by_content_length(stack: Stack) -> None:
 
 def test_oversized_body_chunked(stack: Stack) -> None:
     limit = stack.settings.server.max_body_bytes
-    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {stack.key()}\r\n"
-            "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")  # fmt: skip
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {stack.key()}\r\n"
+        "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
     piece = b"x" * (1 << 20)
     with socket.create_connection(("127.0.0.1", stack.port)) as sock:
         sock.settimeout(10)
@@ -151,9 +176,12 @@ def test_unknown_model(client: openai.OpenAI) -> None:
 
 @pytest.mark.parametrize(
     ("model", "code"),
-    [("openai/gpt-image-1", "unsupported_model_endpoint"), ("openai/gpt-5-codex", "unsupported_model_endpoint"),
-     ("google/imagen-4.0-generate-001", "unsupported_model_endpoint")],
-)  # fmt: skip
+    [
+        ("openai/gpt-image-1", "unsupported_model_endpoint"),
+        ("openai/gpt-5-codex", "unsupported_model_endpoint"),
+        ("google/imagen-4.0-generate-001", "unsupported_model_endpoint"),
+    ],
+)
 def test_model_that_cannot_chat(client: openai.OpenAI, model: str, code: str) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model=model, messages=[{"role": "user", "content": "x"}])
@@ -173,38 +201,75 @@ def test_image_refused_for_text_only_model(stack: Stack, client: openai.OpenAI) 
 
 
 # OpenAI's model pages (docs/providers.md, "Model capabilities"): text and image input
-@pytest.mark.parametrize("model", ["openai/gpt-4o", "openai/gpt-4o-mini", "openai/gpt-4.1", "openai/chatgpt-4o-latest",
-                                   "openai/o3", "openai/o4-mini"])  # fmt: skip
+@pytest.mark.parametrize(
+    "model",
+    [
+        "openai/gpt-4o",
+        "openai/gpt-4o-mini",
+        "openai/gpt-4.1",
+        "openai/chatgpt-4o-latest",
+        "openai/o3",
+        "openai/o4-mini",
+    ],
+)
 def test_image_accepted_by_openai_vision_models(stack: Stack, client: openai.OpenAI, model: str) -> None:
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
     message = {"role": "user", "content": [{"type": "text", "text": "what is this"}, image]}
     out = client.chat.completions.create(model=model, messages=[message])
     assert out.choices[0].message.content and out.model == model
     sent = stack.emulator("openai").requests[-1]
-    assert sent["model"] == stack.gateway.catalog.resolve(model).upstream and sent["messages"][0]["content"][1] == image
+    assert (
+        sent["model"] == stack.gateway.catalog.resolve(model).upstream
+        and sent["messages"][0]["content"][1] == image
+    )
 
 
-WEATHER_TOOL = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]  # fmt: skip
+WEATHER_TOOL = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
 
 
 # no function calling on the provider's model page (docs/providers.md, "Model capabilities")
-@pytest.mark.parametrize("model", ["openai/chatgpt-4o-latest", "openai/gpt-4o-search-preview",
-                                   "openai/gpt-4o-mini-search-preview", "google/gemini-2.5-flash-image-preview"])  # fmt: skip
+@pytest.mark.parametrize(
+    "model",
+    [
+        "openai/chatgpt-4o-latest",
+        "openai/gpt-4o-search-preview",
+        "openai/gpt-4o-mini-search-preview",
+        "google/gemini-2.5-flash-image-preview",
+    ],
+)
 def test_tools_refused_for_a_model_without_them(stack: Stack, client: openai.OpenAI, model: str) -> None:
     emulator = stack.emulator(stack.gateway.catalog.resolve(model).provider)
     before = len(emulator.requests)
     for stream in (False, True):
         with pytest.raises(openai.BadRequestError) as info:
-            client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Seoul? [tool]"}],
-                                           tools=WEATHER_TOOL, stream=stream)  # type: ignore[arg-type]  # fmt: skip
+            client.chat.completions.create(
+                model=model,
+                messages=[{"role": "user", "content": "Seoul? [tool]"}],
+                tools=WEATHER_TOOL,
+                stream=stream,
+            )  # type: ignore[arg-type]
         assert info.value.code == "tools_unsupported" and info.value.param == "tools"  # type: ignore[attr-defined]
         assert f"`{model}` does not support tools" in info.value.message
     assert len(emulator.requests) == before  # refused before any upstream call
     out = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hello"}])
     assert out.choices[0].finish_reason == "stop"  # the same model answers without tools
     listed = client.models.retrieve(model).model_extra or {}
-    assert listed["tools"] is False and (client.models.retrieve("openai/gpt-4o").model_extra or {})["tools"] is True
+    assert (
+        listed["tools"] is False
+        and (client.models.retrieve("openai/gpt-4o").model_extra or {})["tools"] is True
+    )
 
 
 def test_tools_refused_on_responses_for_a_model_without_them(stack: Stack, client: openai.OpenAI) -> None:
@@ -220,14 +285,23 @@ def test_tools_refused_on_responses_for_a_model_without_them(stack: Stack, clien
 
 @pytest.mark.parametrize(
     ("fault", "error", "status"),
-    [("[fault:429]", openai.RateLimitError, 429), ("[fault:500]", openai.InternalServerError, 502),
-     ("[fault:503]", openai.InternalServerError, 503)],
-)  # fmt: skip
-@pytest.mark.parametrize("model", ["openai/gpt-4o-mini", "mistral/mistral-small-latest", "upstage/solar-mini"])
-def test_upstream_errors_are_mapped(client: openai.OpenAI, model: str, fault: str, error: type, status: int) -> None:
+    [
+        ("[fault:429]", openai.RateLimitError, 429),
+        ("[fault:500]", openai.InternalServerError, 502),
+        ("[fault:503]", openai.InternalServerError, 503),
+    ],
+)
+@pytest.mark.parametrize(
+    "model", ["openai/gpt-4o-mini", "mistral/mistral-small-latest", "upstage/solar-mini"]
+)
+def test_upstream_errors_are_mapped(
+    client: openai.OpenAI, model: str, fault: str, error: type, status: int
+) -> None:
     for stream in (False, True):
         with pytest.raises(error) as info:
-            out = client.chat.completions.create(model=model, messages=[{"role": "user", "content": fault}], stream=stream)
+            out = client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": fault}], stream=stream
+            )
             if stream:
                 list(out)  # type: ignore[arg-type]
         assert info.value.status_code == status  # type: ignore[attr-defined]
@@ -235,9 +309,13 @@ def test_upstream_errors_are_mapped(client: openai.OpenAI, model: str, fault: st
             assert info.value.response.headers.get("retry-after") == "1"  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize(("model", "organization"),
-                         [("openai/gpt-4o-mini", OPENAI_ORGANIZATION), ("anthropic/claude-haiku-4-5", ANTHROPIC_ORGANIZATION)])  # fmt: skip
-def test_an_upstream_rate_limit_does_not_name_the_gateways_account(stack: Stack, model: str, organization: str) -> None:
+@pytest.mark.parametrize(
+    ("model", "organization"),
+    [("openai/gpt-4o-mini", OPENAI_ORGANIZATION), ("anthropic/claude-haiku-4-5", ANTHROPIC_ORGANIZATION)],
+)
+def test_an_upstream_rate_limit_does_not_name_the_gateways_account(
+    stack: Stack, model: str, organization: str
+) -> None:
     """A provider's 429 names the gateway's organization and its usage (all tenants' together): the
     caller gets the provider's Retry-After, not its words."""
     prefix = model.split("/")[0]
@@ -261,26 +339,42 @@ def test_an_upstream_rate_limit_does_not_name_the_gateways_account(stack: Stack,
             if stream:
                 list(out)  # type: ignore[arg-type]
         said = info.value.message
-        assert f"provider '{prefix}' is rate limiting" in said and info.value.response.headers["retry-after"] == "1"
+        assert (
+            f"provider '{prefix}' is rate limiting" in said
+            and info.value.response.headers["retry-after"] == "1"
+        )
         assert organization not in said and "organization" not in said and "Used" not in said
 
 
 def test_upstream_failure_mid_stream_is_an_sse_error_event(stack: Stack) -> None:
     key = stack.key()
     for directive in ("[midfail]", "[cut:2]", "[malformed]"):
-        body = json.dumps({"model": "openai/gpt-4o-mini", "stream": True,
-                           "messages": [{"role": "user", "content": directive}]}).encode()  # fmt: skip
-        r = raw_request(stack, "POST", "/v1/chat/completions", body,
-                        {"Authorization": f"Bearer {key}", "Content-Type": "application/json"})  # fmt: skip
+        body = json.dumps(
+            {
+                "model": "openai/gpt-4o-mini",
+                "stream": True,
+                "messages": [{"role": "user", "content": directive}],
+            }
+        ).encode()
+        r = raw_request(
+            stack,
+            "POST",
+            "/v1/chat/completions",
+            body,
+            {"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+        )
         assert r.status == 200
         events = [e for e in r.text.split("\n\n") if e]
         assert events[-1] == "data: [DONE]"
         error = json.loads(events[-2][len("data: ") :])
         assert set(error["error"]) == {"message", "type", "param", "code"}
-        assert not any("finish_reason\":\"stop" in e for e in events)
+        assert not any('finish_reason":"stop' in e for e in events)
     with pytest.raises(openai.APIError):
-        list(stack.client(key).chat.completions.create(
-            model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "[cut:2]"}], stream=True))  # fmt: skip
+        list(
+            stack.client(key).chat.completions.create(
+                model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "[cut:2]"}], stream=True
+            )
+        )
 
 
 def test_upstream_credentials_rejected_blames_the_gateway(stack: Stack) -> None:
@@ -291,7 +385,9 @@ def test_upstream_credentials_rejected_blames_the_gateway(stack: Stack) -> None:
     good = use_deployment(gw, Deployment("upstage", gw.providers["upstage"].base_url, "wrong-key", 5, 30))
     try:
         with pytest.raises(openai.APIStatusError) as info:
-            stack.client().chat.completions.create(model="upstage/solar-mini", messages=[{"role": "user", "content": "x"}])
+            stack.client().chat.completions.create(
+                model="upstage/solar-mini", messages=[{"role": "user", "content": "x"}]
+            )
         assert info.value.status_code == 502
         assert "gateway" in info.value.message and "not a problem with your API key" in info.value.message
     finally:
@@ -306,7 +402,9 @@ def test_unreachable_upstream_is_503(stack: Stack) -> None:
     good = use_deployment(gw, Deployment("mistral", f"http://127.0.0.1:{free_port()}/v1", "k", 2, 30))
     try:
         with pytest.raises(openai.InternalServerError) as info:
-            stack.client().chat.completions.create(model="mistral/codestral-latest", messages=[{"role": "user", "content": "x"}])
+            stack.client().chat.completions.create(
+                model="mistral/codestral-latest", messages=[{"role": "user", "content": "x"}]
+            )
         assert info.value.status_code == 503
     finally:
         use_deployment(gw, good)
@@ -325,13 +423,21 @@ def test_a_trailing_slash_is_served_after_authentication_never_redirected_to_the
     redirect (and http behind TLS). Now a ``/v1`` path with a trailing slash is served as the path
     without it, key first; and what is still redirected (``/console`` to ``/console/``) carries no
     scheme or host."""
-    body = json.dumps({"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    body = json.dumps(
+        {"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
+    ).encode()
     foreign = {"Host": "evil.example", "Content-Type": "application/json"}
     bare = raw_request(stack, "POST", "/v1/chat/completions/", body, foreign)
     assert bare.status == 401 and "location" not in bare.headers
     assert _assert_shape(bare.json())["code"] == "missing_api_key"
-    keyed = raw_request(stack, "POST", "/v1/chat/completions/", body, {**foreign, "Authorization": f"Bearer {stack.key()}"})
-    assert keyed.status == 200 and "location" not in keyed.headers and keyed.json()["choices"][0]["message"]["content"]
+    keyed = raw_request(
+        stack, "POST", "/v1/chat/completions/", body, {**foreign, "Authorization": f"Bearer {stack.key()}"}
+    )
+    assert (
+        keyed.status == 200
+        and "location" not in keyed.headers
+        and keyed.json()["choices"][0]["message"]["content"]
+    )
     models = raw_request(stack, "GET", "/v1/models//?x=1", headers={"Host": "evil.example"})
     assert models.status == 401 and "location" not in models.headers
     anthropic_dialect = raw_request(stack, "POST", "/v1/messages/", b"{}", foreign)
@@ -346,7 +452,9 @@ def test_a_trailing_slash_is_served_after_authentication_never_redirected_to_the
 def test_server_keeps_serving_after_errors(stack: Stack, client: openai.OpenAI) -> None:
     for body in (b"{", b"[]", b'{"model": 1}', b"\x00" * 100):
         _post(stack, body, stack.key())
-    out = client.chat.completions.create(model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "still there?"}])
+    out = client.chat.completions.create(
+        model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "still there?"}]
+    )
     assert out.choices[0].message.content
 
 
@@ -355,13 +463,17 @@ def test_an_error_before_the_body_is_read_still_reaches_a_caller_sending_a_large
     and drops the body, then answers, so a caller still sending several MB is not left blocked (the
     server had stopped reading) and the connection serves the next request."""
     body = b"x" * (6 * 1024 * 1024)  # more than the sockets' buffers hold
-    cases = (("/v1/chat/completions", f"Bearer {stack.key()}", b"HTTP/1.1 415"),
-             ("/v1/chat/completions", "Bearer sk-wrong", b"HTTP/1.1 401"),
-             ("/v1/files", "Bearer sk-wrong", b"HTTP/1.1 401"),  # (routes of their own, not the model endpoints')
-             ("/v1/batches", "Bearer sk-wrong", b"HTTP/1.1 401"))  # fmt: skip
+    cases = (
+        ("/v1/chat/completions", f"Bearer {stack.key()}", b"HTTP/1.1 415"),
+        ("/v1/chat/completions", "Bearer sk-wrong", b"HTTP/1.1 401"),
+        ("/v1/files", "Bearer sk-wrong", b"HTTP/1.1 401"),  # (routes of their own, not the model endpoints')
+        ("/v1/batches", "Bearer sk-wrong", b"HTTP/1.1 401"),
+    )
     for path, auth, wanted in cases:
-        head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: {auth}\r\n"
-                f"Content-Type: text/plain\r\nContent-Length: {len(body)}\r\n\r\n")  # fmt: skip
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: {auth}\r\n"
+            f"Content-Type: text/plain\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
         with socket.create_connection(("127.0.0.1", stack.port), timeout=20) as sock:
             sock.sendall(head.encode() + body)  # blocked here before, until the socket's timeout
             answer = b""

@@ -27,8 +27,11 @@ CAPACITY = 16  # [limits] fair_share_calls: a group holds at most 12 (a reserve 
 @pytest.fixture
 def fstack(tmp_path: Path) -> Iterator[Stack]:
     limits = LimitsSettings(fair_share_calls=CAPACITY, groups={"own": GroupLimits(group_concurrent=50)})
-    settings = Settings(store=StoreSettings(url=f"sqlite:///{tmp_path}/router.db"), limits=limits,
-                        reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9))  # fmt: skip
+    settings = Settings(
+        store=StoreSettings(url=f"sqlite:///{tmp_path}/router.db"),
+        limits=limits,
+        reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9),
+    )
     s = Stack(tmp_path, settings).start()
     yield s
     s.close_clients()
@@ -36,7 +39,9 @@ def fstack(tmp_path: Path) -> Iterator[Stack]:
 
 
 def _open(client: openai.OpenAI) -> Any:
-    stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": LONG}], stream=True)
+    stream = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": LONG}], stream=True
+    )
     next(iter(stream))
     return stream
 
@@ -46,7 +51,8 @@ def _ask(client: openai.OpenAI) -> Any:
 
 
 def test_a_burst_while_the_others_are_idle_is_refused_past_its_cap_and_shared_once_another_is_active(
-        fstack: Stack) -> None:  # fmt: skip
+    fstack: Stack,
+) -> None:
     """Once another group has called lately, a group holds at most ``group_cap`` (12 of 16) calls in
     flight even while that one is idle: a burst that lands then is refused past it, not admitted
     whole, and the reserve serves the other when it comes back. Once that one is active, the first
@@ -56,7 +62,9 @@ def test_a_burst_while_the_others_are_idle_is_refused_past_its_cap_and_shared_on
     assert _ask(b).choices[0].message.content  # B called, and then goes idle
     time.sleep(ACTIVE_SECONDS + 0.2)
     held = [_open(a) for _ in range(12)]
-    with pytest.raises(openai.RateLimitError) as refused:  # nobody else active, and still refused past its cap
+    with pytest.raises(
+        openai.RateLimitError
+    ) as refused:  # nobody else active, and still refused past its cap
         _open(a)
     assert refused.value.code == "concurrency_limit_exceeded"
     assert refused.value.response.headers["retry-after"] == "1"

@@ -33,7 +33,9 @@ def chunked_app(plan: dict[str, list[int]]) -> Any:
             return
         sizes = plan[scope["path"]]
         stream = int(scope["path"][2:])
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]}
+        )
         for index, size in enumerate(sizes):
             await send({"type": "http.response.body", "body": chunk(stream, index, size), "more_body": True})
             if index % 3 == 0:
@@ -43,8 +45,13 @@ def chunked_app(plan: dict[str, list[int]]) -> Any:
     return app
 
 
-async def fetch_all(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, paths: list[str], window: int,
-                    cancel: str | None = None) -> dict[str, bytes]:  # fmt: skip
+async def fetch_all(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    paths: list[str],
+    window: int,
+    cancel: str | None = None,
+) -> dict[str, bytes]:
     """Each path on its own stream of one connection (``cancel``: that one reset after its first data)."""
     cancels = {paths.index(cancel): 1} if cancel else {}
     answers = await h2_exchange(reader, writer, [(h2_get(p), None) for p in paths], window, cancels)
@@ -54,8 +61,10 @@ async def fetch_all(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, 
 
 
 def expected(plan: dict[str, list[int]]) -> dict[str, bytes]:
-    return {path: b"".join(chunk(int(path[2:]), i, size) for i, size in enumerate(sizes))
-            for path, sizes in plan.items()}  # fmt: skip
+    return {
+        path: b"".join(chunk(int(path[2:]), i, size) for i, size in enumerate(sizes))
+        for path, sizes in plan.items()
+    }
 
 
 @pytest.fixture
@@ -119,8 +128,9 @@ async def test_a_reset_stream_ends_its_app_and_spares_the_others(monkeypatch: py
     assert {p: got[p] for p in plan if p != "/s1"} == {p: want[p] for p in plan if p != "/s1"}
 
 
-async def test_nothing_is_written_once_the_connection_is_gone(monkeypatch: pytest.MonkeyPatch,
-                                                              caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+async def test_nothing_is_written_once_the_connection_is_gone(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """Apps that keep streaming after their caller's connection dropped (no reset, no GOAWAY: the
     socket closed) have their chunks dropped, as hypercorn's own sending task drops them, instead of
     written to the closed socket (asyncio warns after five such writes)."""

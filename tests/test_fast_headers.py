@@ -12,17 +12,46 @@ from hypothesis import strategies as st
 from server import fast_headers
 
 NAMES = st.one_of(
-    st.sampled_from([b"content-type", b"Content-Length", b"content-length", b"Transfer-Encoding", b"x-request-id",
-                     b"X-RateLimit-Remaining-Requests", b"date", b"bad name", b"", b"n\xe9", b"a:b"]),
+    st.sampled_from(
+        [
+            b"content-type",
+            b"Content-Length",
+            b"content-length",
+            b"Transfer-Encoding",
+            b"x-request-id",
+            b"X-RateLimit-Remaining-Requests",
+            b"date",
+            b"bad name",
+            b"",
+            b"n\xe9",
+            b"a:b",
+        ]
+    ),
     st.binary(max_size=12),
     st.text(max_size=8),
-)  # fmt: skip
+)
 VALUES = st.one_of(
-    st.sampled_from([b"application/json", b"12", b"012", b"12, 12", b"12,13", b" 12", b"chunked", b"CHUNKED",
-                     b"gzip", b"", b"a\r\nb", b"tab\there", b"99999999999999999999999", b"\xff"]),
+    st.sampled_from(
+        [
+            b"application/json",
+            b"12",
+            b"012",
+            b"12, 12",
+            b"12,13",
+            b" 12",
+            b"chunked",
+            b"CHUNKED",
+            b"gzip",
+            b"",
+            b"a\r\nb",
+            b"tab\there",
+            b"99999999999999999999999",
+            b"\xff",
+        ]
+    ),
     st.binary(max_size=16),
     st.text(max_size=8),
-)  # fmt: skip
+)
 
 
 def _outcome(fn: Any, headers: list[tuple[Any, Any]]) -> tuple[str, Any]:

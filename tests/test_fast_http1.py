@@ -43,8 +43,16 @@ async def app(scope: dict[str, Any], receive: Callable[[], Any], send: Callable[
             body += message["body"]
             if not message["more_body"]:
                 break
-    seen = json.dumps([scope["method"], scope["path"], scope["query_string"].decode(), scope["http_version"],
-                       [[n.decode(), v.decode("latin-1")] for n, v in scope["headers"]], body.decode("latin-1")]).encode()  # fmt: skip
+    seen = json.dumps(
+        [
+            scope["method"],
+            scope["path"],
+            scope["query_string"].decode(),
+            scope["http_version"],
+            [[n.decode(), v.decode("latin-1")] for n, v in scope["headers"]],
+            body.decode("latin-1"),
+        ]
+    ).encode()
     headers = [(b"content-type", b"application/json")]
     status, parts = 200, [seen]
     if path == "/chunked":  # no length: chunked for HTTP/1.1, until close for HTTP/1.0
@@ -93,7 +101,9 @@ async def run(protocol_class: Any, chunks: list[bytes], max_requests: int = 1000
             else:
                 trace.append(("bytes", event.data))
         elif isinstance(event, Closed):
-            if not trace or trace[-1] != ("closed",):  # (hypercorn's may close twice: the second does nothing)
+            if not trace or trace[-1] != (
+                "closed",
+            ):  # (hypercorn's may close twice: the second does nothing)
                 trace.append(("closed",))
         elif isinstance(event, Updated):
             trace.append(("idle", event.idle))
@@ -104,8 +114,17 @@ async def run(protocol_class: Any, chunks: list[bytes], max_requests: int = 1000
     context = WorkerContext(None)
     task_group = TaskGroup(asyncio.get_running_loop())
     async with task_group:
-        protocol = protocol_class(ASGIWrapper(app), config, context, task_group, {}, False, ("127.0.0.1", 5000),
-                                  ("127.0.0.1", 8000), send)  # fmt: skip
+        protocol = protocol_class(
+            ASGIWrapper(app),
+            config,
+            context,
+            task_group,
+            {},
+            False,
+            ("127.0.0.1", 5000),
+            ("127.0.0.1", 8000),
+            send,
+        )
         await protocol.initiate()
         for chunk in chunks:
             if trace and trace[-1] == ("closed",):
@@ -113,8 +132,15 @@ async def run(protocol_class: Any, chunks: list[bytes], max_requests: int = 1000
             try:
                 await asyncio.wait_for(protocol.handle(RawData(chunk)), 5)
             except (H2ProtocolAssumedError, H2CProtocolRequiredError) as switch:
-                trace.append(("switch", type(switch).__name__, switch.data, getattr(switch, "headers", None),
-                              getattr(switch, "settings", None)))  # fmt: skip
+                trace.append(
+                    (
+                        "switch",
+                        type(switch).__name__,
+                        switch.data,
+                        getattr(switch, "headers", None),
+                        getattr(switch, "settings", None),
+                    )
+                )
                 break
             except Exception as exc:  # noqa: BLE001 - the error is the answer compared
                 trace.append(("raised", type(exc).__name__, str(exc)))
@@ -172,11 +198,24 @@ def requests(draw: Any) -> bytes:
         body += draw(st.sampled_from([b"0\r\n\r\n", b"0\r\nX-Trailer: t\r\n\r\n"]))
     else:
         body = b""
-    extra = draw(st.lists(st.sampled_from([
-        (b"Connection", b"close"), (b"Connection", b"keep-alive"), (b"Expect", b"100-continue"),
-        (b"X-Pad", b"  padded \t"), (b"User-Agent", b"t/1"), (b"Accept", b"*/*"), (b"X-Mixed-Case", b"V"),
-        (b"Connection", b"Keep-Alive, Foo"),
-    ]), max_size=4, unique=True))  # fmt: skip
+    extra = draw(
+        st.lists(
+            st.sampled_from(
+                [
+                    (b"Connection", b"close"),
+                    (b"Connection", b"keep-alive"),
+                    (b"Expect", b"100-continue"),
+                    (b"X-Pad", b"  padded \t"),
+                    (b"User-Agent", b"t/1"),
+                    (b"Accept", b"*/*"),
+                    (b"X-Mixed-Case", b"V"),
+                    (b"Connection", b"Keep-Alive, Foo"),
+                ]
+            ),
+            max_size=4,
+            unique=True,
+        )
+    )
     order = draw(st.permutations(headers + extra))
     head = b"%s %s HTTP/%s\r\n%s\r\n" % (
         method,
@@ -217,8 +256,12 @@ def test_what_follows_a_request_that_closes_is_not_read(first: bytes) -> None:
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.sampled_from(["/too-long", "/too-short", "/bad-header", "/named", "/te", "/chunked"]),
-       st.sampled_from([b"1.1", b"1.0"]), st.sampled_from([b"GET", b"HEAD"]), st.integers(1, 3))  # fmt: skip
+@given(
+    st.sampled_from(["/too-long", "/too-short", "/bad-header", "/named", "/te", "/chunked"]),
+    st.sampled_from([b"1.1", b"1.0"]),
+    st.sampled_from([b"GET", b"HEAD"]),
+    st.integers(1, 3),
+)
 def test_answers_h11_refuses_or_repairs_are_treated_alike(
     path: str, version: bytes, method: bytes, max_requests: int
 ) -> None:
@@ -264,8 +307,10 @@ STRICTER = [
 @pytest.mark.parametrize("data", STRICTER)
 def test_what_llhttp_refuses_is_a_400_and_a_close(data: bytes) -> None:
     _, ours = both([data])
-    assert ours == [("bytes", b"HTTP/1.1 400 \r\ncontent-length: 0\r\nconnection: close\r\ndate: %s\r\n\r\n" % DATE[1]),
-                    ("closed",)]  # fmt: skip
+    assert ours == [
+        ("bytes", b"HTTP/1.1 400 \r\ncontent-length: 0\r\nconnection: close\r\ndate: %s\r\n\r\n" % DATE[1]),
+        ("closed",),
+    ]
 
 
 def test_blank_lines_before_a_request_are_read_past() -> None:
@@ -284,8 +329,10 @@ def test_the_http2_preface_switches_alike(piece: int) -> None:
 
 
 def test_an_h2c_upgrade_switches_alike() -> None:
-    data = (b"GET /len HTTP/1.1\r\nHost: a\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
-            b"HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\nPRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")  # fmt: skip
+    data = (
+        b"GET /len HTTP/1.1\r\nHost: a\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+        b"HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\nPRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+    )
     theirs, ours = both([data])
     assert ours == theirs
     assert ours[1][1].startswith(b"HTTP/1.1 101 ")
@@ -314,8 +361,9 @@ def test_an_answer_is_one_write() -> None:
 
         task_group = TaskGroup(asyncio.get_running_loop())
         async with task_group:
-            protocol = fast_http1.HTTP1Protocol(ASGIWrapper(app), _Config(), WorkerContext(None), task_group, {}, False,
-                                                None, None, send)  # fmt: skip
+            protocol = fast_http1.HTTP1Protocol(
+                ASGIWrapper(app), _Config(), WorkerContext(None), task_group, {}, False, None, None, send
+            )
             await protocol.handle(RawData(b"POST /len HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nhi"))
             await settle()
             await protocol.handle(Closed())
@@ -324,8 +372,11 @@ def test_an_answer_is_one_write() -> None:
     assert len(writes) == 1 and writes[0].startswith(b"HTTP/1.1 200 \r\n") and writes[0].endswith(b'"hi"]')
 
 
-_raw = st.one_of(st.binary(max_size=6), st.builds(bytearray, st.binary(max_size=6)),
-                 st.sampled_from([b" a ", b":path", b"", b"x-y"]))  # fmt: skip
+_raw = st.one_of(
+    st.binary(max_size=6),
+    st.builds(bytearray, st.binary(max_size=6)),
+    st.sampled_from([b" a ", b":path", b"", b"x-y"]),
+)
 
 
 @settings(max_examples=500, deadline=None)
@@ -349,20 +400,41 @@ def test_install_puts_them_where_hypercorn_looks() -> None:
     assert http_stream.build_and_validate_headers is fast_http1.build_and_validate_headers
 
 
-_answer_headers = st.lists(st.sampled_from([
-    (b"content-type", b"application/json"), (b"content-length", b"5"), (b"Content-Length", b"5"),
-    (b"content-length", b"x"), (b"content-length", b"7"), (b"transfer-encoding", b"chunked"),
-    (b"Transfer-Encoding", b"gzip"), (b"connection", b"close"), (b"connection", b"keep-alive, Foo"),
-    (b"host", b"h"), (b"x-request-id", b"req_1"), (b"x-bad", b"a\x00b"), (b"bad name", b"v"), (b"x-e", b""),
-    (b"date", b"Thu, 26 Nov 2026 06:00:00 GMT"),
-]), max_size=5)  # fmt: skip
+_answer_headers = st.lists(
+    st.sampled_from(
+        [
+            (b"content-type", b"application/json"),
+            (b"content-length", b"5"),
+            (b"Content-Length", b"5"),
+            (b"content-length", b"x"),
+            (b"content-length", b"7"),
+            (b"transfer-encoding", b"chunked"),
+            (b"Transfer-Encoding", b"gzip"),
+            (b"connection", b"close"),
+            (b"connection", b"keep-alive, Foo"),
+            (b"host", b"h"),
+            (b"x-request-id", b"req_1"),
+            (b"x-bad", b"a\x00b"),
+            (b"bad name", b"v"),
+            (b"x-e", b""),
+            (b"date", b"Thu, 26 Nov 2026 06:00:00 GMT"),
+        ]
+    ),
+    max_size=5,
+)
 
 
 @settings(max_examples=3000, derandomize=True)
-@given(st.sampled_from([200, 204, 304, 404, 199, 1000]), _answer_headers, st.sampled_from([b"GET", b"HEAD", b"POST", b"CONNECT"]),
-       st.sampled_from([b"1.1", b"1.0"]), st.booleans())  # fmt: skip
-def test_an_answers_head_is_h11s(status: int, headers: list[tuple[bytes, bytes]], method: bytes, version: bytes,
-                                 close: bool) -> None:  # fmt: skip
+@given(
+    st.sampled_from([200, 204, 304, 404, 199, 1000]),
+    _answer_headers,
+    st.sampled_from([b"GET", b"HEAD", b"POST", b"CONNECT"]),
+    st.sampled_from([b"1.1", b"1.0"]),
+    st.booleans(),
+)
+def test_an_answers_head_is_h11s(
+    status: int, headers: list[tuple[bytes, bytes]], method: bytes, version: bytes, close: bool
+) -> None:
     """response_head against an h11 connection that read the same request and sends the same answer:
     the same bytes, framing and keep-alive, or an error from both. (A 2xx to CONNECT switches h11 to
     a tunnel: the gateway routes no CONNECT, so none is answered 2xx.)"""
@@ -384,7 +456,8 @@ def test_an_answers_head_is_h11s(status: int, headers: list[tuple[bytes, bytes]]
     else:
         writer = connection._writer
         framing = {"ContentLengthWriter": fast_http1._LENGTH, "ChunkedWriter": fast_http1._CHUNKED}.get(
-            type(writer).__name__, fast_http1._UNTIL_CLOSE)  # fmt: skip
+            type(writer).__name__, fast_http1._UNTIL_CLOSE
+        )
         theirs = (theirs, framing, getattr(writer, "_length", 0), connection._cstate.keep_alive)
     try:
         ours: Any = fast_http1.response_head(

@@ -58,13 +58,15 @@ class Tally:
 async def call(client: openai.AsyncOpenAI, content: str = "[tokens:20] hello", stream: bool = False) -> str:
     try:
         if stream:
-            chunks = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}],
-                                                          max_tokens=50, stream=True)  # fmt: skip
+            chunks = await client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": content}], max_tokens=50, stream=True
+            )
             async for _ in chunks:
                 pass
         else:
-            await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}],
-                                                 max_tokens=50)  # fmt: skip
+            await client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": content}], max_tokens=50
+            )
         return "ok"
     except openai.APIStatusError as exc:
         code = exc.body.get("code") if isinstance(exc.body, dict) else None
@@ -75,8 +77,9 @@ async def call(client: openai.AsyncOpenAI, content: str = "[tokens:20] hello", s
         return f"{type(exc).__name__}: {exc}"
 
 
-async def load(base_url: str, key: str, tally: Tally, until: asyncio.Event, workers: int = 8,
-               stream_every: int = 3) -> None:  # fmt: skip
+async def load(
+    base_url: str, key: str, tally: Tally, until: asyncio.Event, workers: int = 8, stream_every: int = 3
+) -> None:
     """``workers`` callers in a loop until ``until`` is set (every ``stream_every``-th call streams)."""
     async with openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=60) as client:
 
@@ -101,14 +104,20 @@ async def books(url: str, group: str) -> tuple[int, int, int, list[UsageRecord]]
         await store.close()
 
 
-def check_books(initial: int, tally: Tally, balance: int, reserved: int, spent: int,
-                records: list[UsageRecord]) -> dict[str, int]:  # fmt: skip
+def check_books(
+    initial: int, tally: Tally, balance: int, reserved: int, spent: int, records: list[UsageRecord]
+) -> dict[str, int]:
     """The invariants after a fault; the figures for the note."""
     assert not tally.other, f"unexpected answers: {sorted(set(tally.other))[:5]}"
     charged = [r for r in records if r.status == "ok"]
-    figures = {"answered": tally.ok, "charged": len(charged), "lost": max(tally.ok - len(charged), 0),
-               "double": max(len(charged) - tally.ok, 0), "store_unavailable": tally.unavailable,
-               "reserved": reserved}  # fmt: skip
+    figures = {
+        "answered": tally.ok,
+        "charged": len(charged),
+        "lost": max(tally.ok - len(charged), 0),
+        "double": max(len(charged) - tally.ok, 0),
+        "store_unavailable": tally.unavailable,
+        "reserved": reserved,
+    }
     assert len(charged) == tally.ok, figures
     assert len({r.request_id for r in charged}) == len(charged), "a call charged twice"
     assert reserved == 0, figures
@@ -126,14 +135,19 @@ async def terminate(admin_url: str, app: str) -> int:
     """``pg_terminate_backend`` on the connections named ``app`` (the gateway's, and nobody else's)."""
     conn = await asyncpg.connect(admin_url)
     try:
-        rows = await conn.fetch("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                                "WHERE application_name = $1 AND pid <> pg_backend_pid()", app)  # fmt: skip
+        rows = await conn.fetch(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE application_name = $1 AND pid <> pg_backend_pid()",
+            app,
+        )
         return len(rows)
     finally:
         await conn.close()
 
 
-def test_postgres_connections_killed_mid_load_fail_no_call_and_lose_no_charge(pg: Postgres, tmp_path: Path) -> None:
+def test_postgres_connections_killed_mid_load_fail_no_call_and_lose_no_charge(
+    pg: Postgres, tmp_path: Path
+) -> None:
     """Every connection of the gateway killed every 0.1 s under 12 callers: the ledger's kept connection
     is cut off mid-batch again and again (its batch may have committed). Each such batch goes again on
     another connection once the lost one's backend has ended, its reservations that committed released
@@ -141,8 +155,10 @@ def test_postgres_connections_killed_mid_load_fail_no_call_and_lose_no_charge(pg
     lookup cut off goes again (a read). Before, 92 of 1,900 calls got 503 store_unavailable."""
     app = f"router-faults-{os.getpid()}"
     url = f"{pg.fresh_url()}&application_name={app}"
-    settings = Settings(store=StoreSettings(url=url, journal=str(tmp_path / "journal.jsonl")),
-                        reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9))  # fmt: skip
+    settings = Settings(
+        store=StoreSettings(url=url, journal=str(tmp_path / "journal.jsonl")),
+        reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9),
+    )
     stack = Stack(tmp_path, settings).start()
     try:
         initial = 1_000 * NANO
@@ -277,8 +293,10 @@ def test_postgres_unreachable_for_seconds_journals_and_replays(pg: Postgres, tmp
     parts = urllib.parse.urlsplit(direct)
     proxy = Proxy(parts.hostname or "127.0.0.1", parts.port or 5432)
     url = urllib.parse.urlunsplit(parts._replace(netloc=f"{parts.username}@127.0.0.1:{proxy.port}"))
-    settings = Settings(store=StoreSettings(url=url, journal=str(tmp_path / "journal.jsonl"), journal_after_seconds=1),
-                        reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9))  # fmt: skip
+    settings = Settings(
+        store=StoreSettings(url=url, journal=str(tmp_path / "journal.jsonl"), journal_after_seconds=1),
+        reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9),
+    )
     stack = Stack(tmp_path, settings).start()
     try:
         initial = 1_000 * NANO
@@ -293,9 +311,12 @@ def test_postgres_unreachable_for_seconds_journals_and_replays(pg: Postgres, tmp
         async def slow_streams() -> None:
             """Streams of about a second, begun before the cut and ended during it: their settlements
             find the store gone, whatever the load's own calls happen to be doing at the cut."""
-            async with openai.AsyncOpenAI(base_url=stack.base_url, api_key=key, max_retries=0, timeout=60) as client:
-                answers = await asyncio.gather(*(call(client, "[delay:50] [tokens:20] hello", stream=True)
-                                                 for _ in range(4)))  # fmt: skip
+            async with openai.AsyncOpenAI(
+                base_url=stack.base_url, api_key=key, max_retries=0, timeout=60
+            ) as client:
+                answers = await asyncio.gather(
+                    *(call(client, "[delay:50] [tokens:20] hello", stream=True) for _ in range(4))
+                )
             for answer in answers:
                 tally.add(answer)
 
@@ -323,8 +344,10 @@ def test_postgres_unreachable_for_seconds_journals_and_replays(pg: Postgres, tmp
         figures = check_books(initial, tally, balance, reserved, spent, records)
         went = counter("router_settlements_journaled_total") - journaled
         back = counter("router_journal_replays_total") - replayed
-        print(f"\npostgres unreachable 3 s: {figures}; journaled {went:g}, replayed {back:g}, skipped as "
-              f"committed before the cut {went - back:g}")
+        print(
+            f"\npostgres unreachable 3 s: {figures}; journaled {went:g}, replayed {back:g}, skipped as "
+            f"committed before the cut {went - back:g}"
+        )
         # a batch cut off while its COMMIT was on the wire may have committed: its journaled settlements
         # are then skipped at replay (check_books above: none lost, none charged twice)
         assert tally.unavailable > 0 and went > 0 and 0 < back <= went
@@ -346,8 +369,12 @@ async def kill_idle(admin_url: str, app: str, spare: int = 0) -> int:
     """``pg_terminate_backend`` on the connections named ``app`` (but ``spare``'s), once they are gone."""
     conn = await asyncpg.connect(admin_url)
     try:
-        pids = [r[0] for r in await conn.fetch("SELECT pid FROM pg_stat_activity WHERE application_name = $1 "
-                                               "AND pid <> $2", app, spare)]  # fmt: skip
+        pids = [
+            r[0]
+            for r in await conn.fetch(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND pid <> $2", app, spare
+            )
+        ]
         for pid in pids:
             assert await conn.fetchval("SELECT pg_terminate_backend($1)", pid)
         for _ in range(100):
@@ -422,8 +449,10 @@ def test_calls_after_the_pools_connections_were_killed_are_served(pg: Postgres, 
         tally = Tally()
 
         async def calls(keys: list[str]) -> None:
-            clients = [openai.AsyncOpenAI(base_url=stack.base_url, api_key=key, max_retries=0, timeout=60)
-                       for key in keys]  # fmt: skip
+            clients = [
+                openai.AsyncOpenAI(base_url=stack.base_url, api_key=key, max_retries=0, timeout=60)
+                for key in keys
+            ]
             try:
                 outcomes = await asyncio.gather(*(call(c, stream=n % 2 == 0) for n, c in enumerate(clients)))
                 for outcome in outcomes:
@@ -433,7 +462,9 @@ def test_calls_after_the_pools_connections_were_killed_are_served(pg: Postgres, 
                     await client.close()
 
         asyncio.run(calls(keys[:8]))  # eight lookups at once: several connections of the pool open
-        assert stack.gateway.store.commits.conn is not None  # (the ledger's kept connection: killed with the rest)
+        assert (
+            stack.gateway.store.commits.conn is not None
+        )  # (the ledger's kept connection: killed with the rest)
         proxy.hold()
         killed = asyncio.run(kill_idle(pg.url, app))
         asyncio.run(calls(keys[8:]))  # eight keys not looked up yet
@@ -448,18 +479,23 @@ def test_calls_after_the_pools_connections_were_killed_are_served(pg: Postgres, 
         proxy.close()
 
 
-def test_a_response_whose_commit_was_cut_off_is_read_back_not_said_unstored(pg: Postgres, tmp_path: Path,
-                                                                             caplog: pytest.LogCaptureFixture) -> None:
+def test_a_response_whose_commit_was_cut_off_is_read_back_not_said_unstored(
+    pg: Postgres, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """The stored response's write committed, then its connection was lost before its client read the
     answer (behind the proxy above). The answer used to say ``store: false`` and the log "not stored",
     though the response was stored and could be retrieved; now the gateway reads it back and says so."""
     direct = pg.fresh_url()
     parts = urllib.parse.urlsplit(direct)
     proxy = Proxy(parts.hostname or "127.0.0.1", parts.port or 5432)
-    store = StoreSettings(url=behind(proxy, direct, f"router-keep-{os.getpid()}"), journal=str(tmp_path / "j.jsonl"))
+    store = StoreSettings(
+        url=behind(proxy, direct, f"router-keep-{os.getpid()}"), journal=str(tmp_path / "j.jsonl")
+    )
     stack = Stack(tmp_path, Settings(store=store, reliability=ReliabilitySettings(max_retries=0))).start()
     try:
-        client = openai.OpenAI(base_url=stack.base_url, api_key=stack.key(group=stack.group(1_000)), max_retries=0)
+        client = openai.OpenAI(
+            base_url=stack.base_url, api_key=stack.key(group=stack.group(1_000)), max_retries=0
+        )
         proxy.swallow = b"INSERT INTO responses"
         with caplog.at_level("WARNING", logger="router.responses"):
             answer = client.responses.create(model=MODEL, input="[tokens:5] hello")
@@ -490,8 +526,10 @@ def test_sqlite_lock_held_past_the_busy_timeout_loses_no_charge(tmp_path: Path) 
 
     path = tmp_path / "router.db"
     journal = tmp_path / "journal.jsonl"
-    settings = Settings(store=StoreSettings(url=f"sqlite:///{path}", journal=str(journal)),
-                        reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9))  # fmt: skip
+    settings = Settings(
+        store=StoreSettings(url=f"sqlite:///{path}", journal=str(journal)),
+        reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9),
+    )
     stack = Stack(tmp_path, settings).start()
     try:
         initial = 1_000 * NANO
@@ -508,8 +546,9 @@ def test_sqlite_lock_held_past_the_busy_timeout_loses_no_charge(tmp_path: Path) 
             until = asyncio.Event()
             running = asyncio.ensure_future(load(stack.base_url, key, tally, until, workers=4))
             await asyncio.sleep(0.5)
-            locker = await asyncio.create_subprocess_exec(sys.executable, "-c", HOLD_LOCK, str(path), str(hold),
-                                                          stdout=subprocess.PIPE)  # fmt: skip
+            locker = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", HOLD_LOCK, str(path), str(hold), stdout=subprocess.PIPE
+            )
             assert locker.stdout is not None
             assert (await locker.stdout.readline()).strip() == b"locked"
             await locker.wait()
@@ -534,7 +573,9 @@ def test_sqlite_lock_held_past_the_busy_timeout_loses_no_charge(tmp_path: Path) 
 
 
 # -- PostgreSQL: a replica killed (SIGKILL) under load, the survivor releases its holds ----------------------
-def _config(tmp: Path, url: str, stack: Stack, name: str, grace: float = GRACE, checkpoint: float = 5.0) -> Path:
+def _config(
+    tmp: Path, url: str, stack: Stack, name: str, grace: float = GRACE, checkpoint: float = 5.0
+) -> Path:
     openai_emulator = stack.emulators["openai"]
     path = tmp / f"{name}.toml"
     path.write_text(
@@ -551,8 +592,12 @@ def _serve(config: Path, tmp: Path, name: str) -> tuple[subprocess.Popen[bytes],
     port = free_port()
     log = tmp / f"{name}.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--config", str(config), "--port", str(port)],
-                                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cli", "serve", "--config", str(config), "--port", str(port)],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     wait_healthy(port, proc, log)
     return proc, f"http://127.0.0.1:{port}/v1"
 
@@ -579,9 +624,15 @@ def test_a_replica_killed_under_load_has_its_holds_released_by_the_survivor(
             async with openai.AsyncOpenAI(
                 base_url=dead_base, api_key=key, max_retries=0, timeout=60
             ) as client:
-                streams = [await client.chat.completions.create(
-                    model=MODEL, messages=[{"role": "user", "content": f"[delay:200] [tokens:200] hold {n}"}],
-                    max_tokens=300, stream=True) for n in range(6)]  # fmt: skip
+                streams = [
+                    await client.chat.completions.create(
+                        model=MODEL,
+                        messages=[{"role": "user", "content": f"[delay:200] [tokens:200] hold {n}"}],
+                        max_tokens=300,
+                        stream=True,
+                    )
+                    for n in range(6)
+                ]
                 for s in streams:  # each has begun: its hold is in the store
                     async for chunk in s:
                         if chunk.choices and chunk.choices[0].delta.content:
@@ -618,7 +669,9 @@ def test_a_replica_killed_under_load_has_its_holds_released_by_the_survivor(
         for r in interrupted:
             assert r.model == MODEL and r.provider == "openai" and r.key_id and r.request_id
             assert r.endpoint == "chat" and r.stream  # (kept with the hold)
-            assert "stopped heartbeating" in (r.error or "")  # charged only past a checkpoint (billing/progress.py)
+            assert "stopped heartbeating" in (
+                r.error or ""
+            )  # charged only past a checkpoint (billing/progress.py)
             assert r.credits == 0 or "at its last checkpoint" in (r.error or "")
         assert released_after < GRACE + 10
     finally:
@@ -632,15 +685,22 @@ async def holds_of_pid(url: str, pid: int) -> int:
     """How many reservations the replica of process ``pid`` holds (its id is host:pid:tag)."""
     conn = await asyncpg.connect(url)
     try:
-        return int(await conn.fetchval("SELECT count(*) FROM reservations WHERE replica LIKE $1", f"%:{pid}:%"))
+        return int(
+            await conn.fetchval("SELECT count(*) FROM reservations WHERE replica LIKE $1", f"%:{pid}:%")
+        )
     finally:
         await conn.close()
 
 
 def _cli(config: Path, group: str, credits: int) -> str:
     def run(*args: str) -> str:
-        out = subprocess.run([sys.executable, "-m", "cli", "--config", str(config), *args], cwd=ROOT,
-                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-m", "cli", "--config", str(config), *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert out.returncode == 0, out.stderr
         return out.stdout
 
@@ -665,10 +725,20 @@ def test_a_journal_left_by_a_stopped_gateway_is_replayed_once_at_the_next_start(
         try:
             group = await store.create_group("journaled", 100 * NANO)
             key = await store.create_key("journaled", "k", "0" * 64, "sk-mr-...0000")
-            entries = [Entry.new(Reservation(0, group.id, key.id, 0),
-                                 UsageRecord(key_id=key.id, group_id=group.id, model=MODEL, provider="openai",
-                                             credits=(n + 1) * NANO, request_id=f"req_{n}"))
-                       for n in range(5)]  # fmt: skip
+            entries = [
+                Entry.new(
+                    Reservation(0, group.id, key.id, 0),
+                    UsageRecord(
+                        key_id=key.id,
+                        group_id=group.id,
+                        model=MODEL,
+                        provider="openai",
+                        credits=(n + 1) * NANO,
+                        request_id=f"req_{n}",
+                    ),
+                )
+                for n in range(5)
+            ]
             assert await store.replay(entries[:2]) == {
                 e.id: True for e in entries[:2]
             }  # applied before the crash
@@ -700,14 +770,20 @@ def test_a_journal_left_by_a_stopped_gateway_is_replayed_once_at_the_next_start(
         assert sorted(r.request_id or "" for r in records) == [f"req_{n}" for n in range(5)]  # each once
         assert spent == (1 + 2 + 3 + 4 + 5) * NANO and balance == 100 * NANO - spent and reserved == 0
         text = urllib.request.urlopen(f"http://127.0.0.1:{stack.port}/metrics").read().decode()
-        for name in ("router_settlements_pending", "router_settlements_journaled", "router_journal_replays_total",
-                     "router_settlements_journaled_total"):  # fmt: skip
+        for name in (
+            "router_settlements_pending",
+            "router_settlements_journaled",
+            "router_journal_replays_total",
+            "router_settlements_journaled_total",
+        ):
             assert f"\n{name} " in text, name
     finally:
         stack.stop()
 
 
-def test_a_journaled_settlement_is_charged_once_whether_its_hold_was_settled_or_released(pg: Postgres) -> None:
+def test_a_journaled_settlement_is_charged_once_whether_its_hold_was_settled_or_released(
+    pg: Postgres,
+) -> None:
     """Replaying on PostgreSQL: a settlement whose reservation is gone because an earlier try committed
     is skipped; one whose hold was released as a dead replica's (0 credits) is still charged."""
     from billing.journal import Entry
@@ -725,8 +801,14 @@ def test_a_journaled_settlement_is_charged_once_whether_its_hold_was_settled_or_
             key = await store.create_key("g", "k", "1" * 64, "sk-mr-...1111")
 
             def record(credits: int, request_id: str) -> UsageRecord:
-                return UsageRecord(key_id=key.id, group_id=group.id, model=MODEL, provider="openai",
-                                   credits=credits * NANO, request_id=request_id)  # fmt: skip
+                return UsageRecord(
+                    key_id=key.id,
+                    group_id=group.id,
+                    model=MODEL,
+                    provider="openai",
+                    credits=credits * NANO,
+                    request_id=request_id,
+                )
 
             store.commits.replica = "ghost"
             a = await store.reserve(group.id, key.id, 10 * NANO, Hold(MODEL, "openai", "req_a"))
@@ -741,7 +823,10 @@ def test_a_journaled_settlement_is_charged_once_whether_its_hold_was_settled_or_
             g = await store.get_group("g")
             assert g is not None and (g.balance, g.reserved, g.spent) == (95 * NANO, 0, 5 * NANO)
             assert sorted((r.request_id, r.status, r.credits) for r in await store.usage(group="g")) == [
-                ("req_a", "interrupted", 0), ("req_a", "ok", 3 * NANO), ("req_b", "ok", 2 * NANO)]  # fmt: skip
+                ("req_a", "interrupted", 0),
+                ("req_a", "ok", 3 * NANO),
+                ("req_b", "ok", 2 * NANO),
+            ]
         finally:
             await store.close()
 
@@ -763,14 +848,19 @@ def test_a_released_hold_s_record_keeps_its_call_s_endpoint_and_whether_it_strea
             group = await store.create_group("g", 100 * NANO)
             key = await store.create_key("g", "k", "1" * 64, "sk-mr-...1111")
             store.commits.replica = "ghost"
-            holds = [Hold(MODEL, "openai", "req_m", "messages", True), Hold(MODEL, "openai", "req_r", "responses", False)]
+            holds = [
+                Hold(MODEL, "openai", "req_m", "messages", True),
+                Hold(MODEL, "openai", "req_r", "responses", False),
+            ]
             made = [await store.reserve(group.id, key.id, 10 * NANO, hold) for hold in holds]
             assert all(isinstance(r, Reservation) for r in made)
             async with store.db.connection() as conn:
                 assert await release(conn, [r.id for r in made], released_by_lease("ghost")) == 2
             records = {r.request_id: r for r in await store.usage(group="g")}
             assert {(r.endpoint, r.stream, r.status, r.credits) for r in records.values()} == {
-                ("messages", True, "interrupted", 0), ("responses", False, "interrupted", 0)}  # fmt: skip
+                ("messages", True, "interrupted", 0),
+                ("responses", False, "interrupted", 0),
+            }
         finally:
             await store.close()
 

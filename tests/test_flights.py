@@ -152,9 +152,15 @@ def burst(stack: Stack, key: str, n: int) -> concurrent.futures.Future[list[Any]
 
     async def many() -> list[Any]:
         async with stack.async_client(key) as client:
-            return await asyncio.gather(*(client.chat.completions.create(
-                model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "hi"}]) for _ in range(n)),
-                return_exceptions=True)  # fmt: skip
+            return await asyncio.gather(
+                *(
+                    client.chat.completions.create(
+                        model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "hi"}]
+                    )
+                    for _ in range(n)
+                ),
+                return_exceptions=True,
+            )
 
     pool = concurrent.futures.ThreadPoolExecutor(1)
     try:
@@ -177,11 +183,17 @@ def test_a_burst_with_a_cold_key_cache_is_one_lookup(stack: Stack, monkeypatch: 
     assert 1 <= len(lookups) <= 2, len(lookups)
 
 
-def test_a_flood_of_refused_calls_reads_the_balance_a_few_times(stack: Stack, monkeypatch: pytest.MonkeyPatch
-                                                               ) -> None:  # fmt: skip
+def test_a_flood_of_refused_calls_reads_the_balance_a_few_times(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
     key = stack.key(0)
-    with stack.client(key) as client, pytest.raises(openai.APIStatusError) as refused:  # the key's lookup cached
-        client.chat.completions.create(model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "hi"}])
+    with (
+        stack.client(key) as client,
+        pytest.raises(openai.APIStatusError) as refused,
+    ):  # the key's lookup cached
+        client.chat.completions.create(
+            model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "hi"}]
+        )
     assert refused.value.status_code == 402
     reads, release = held(stack, monkeypatch, "ledger_state")
     entered = arrivals(stack, monkeypatch, stack.gateway.ledger, "reserve")

@@ -27,7 +27,9 @@ Sent = list[Message]
 
 def answering(status: int = 200, content_type: bytes = b"application/json", body: bytes = b"{}") -> ASGIApp:
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", content_type)]})
+        await send(
+            {"type": "http.response.start", "status": status, "headers": [(b"content-type", content_type)]}
+        )
         await send({"type": "http.response.body", "body": body})
 
     return app
@@ -47,10 +49,21 @@ def error_answer(exc: Exception, scope: Scope) -> ASGIApp:
     return answering(status, body=exc.render() if isinstance(exc, GatewayError) else b'{"error":{}}')
 
 
-def call(front: Front, method: str = "POST", path: str = "/v1/chat/completions",
-         headers: list[tuple[bytes, bytes]] | None = None, root_path: str = "") -> tuple[Scope, Sent]:  # fmt: skip
-    scope: Scope = {"type": "http", "method": method, "path": root_path + path, "root_path": root_path,
-                    "headers": headers or [], "client": ("10.0.0.5", 5000)}  # fmt: skip
+def call(
+    front: Front,
+    method: str = "POST",
+    path: str = "/v1/chat/completions",
+    headers: list[tuple[bytes, bytes]] | None = None,
+    root_path: str = "",
+) -> tuple[Scope, Sent]:
+    scope: Scope = {
+        "type": "http",
+        "method": method,
+        "path": root_path + path,
+        "root_path": root_path,
+        "headers": headers or [],
+        "client": ("10.0.0.5", 5000),
+    }
     sent: Sent = []
 
     async def receive() -> Message:
@@ -88,7 +101,9 @@ def access_lines() -> Iterator[list[dict[str, Any]]]:
 
 def requests_counted(endpoint: str, status: int) -> float:
     text = metrics.exposition(None)[0].decode()
-    found = re.search(rf'router_requests_total{{endpoint="{re.escape(endpoint)}",status="{status}"}} (\S+)', text)
+    found = re.search(
+        rf'router_requests_total{{endpoint="{re.escape(endpoint)}",status="{status}"}} (\S+)', text
+    )
     return float(found.group(1)) if found else 0.0
 
 
@@ -123,23 +138,35 @@ def test_fast_endpoints_answer_post_only_and_see_the_path_below_the_mount() -> N
     assert seen == ["fast", "app", "fast", "app"]
 
 
-def test_a_fast_endpoints_error_is_answered_before_the_start_and_reraised_after(caplog: pytest.LogCaptureFixture) -> None:
-    front = Front(answering(), fast={"/v1/chat/completions": failing(InvalidRequest("bad", param="model"))},
-                  on_error=error_answer)  # fmt: skip
+def test_a_fast_endpoints_error_is_answered_before_the_start_and_reraised_after(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    front = Front(
+        answering(),
+        fast={"/v1/chat/completions": failing(InvalidRequest("bad", param="model"))},
+        on_error=error_answer,
+    )
     _, sent = call(front)
     assert sent[0]["status"] == 400 and b'"param":"model"' in sent[1]["body"]
     assert header(sent, b"x-request-id") is not None  # error answers carry the id too
-    crash = Front(answering(), fast={"/v1/chat/completions": failing(KeyError("boom"))}, on_error=error_answer)
+    crash = Front(
+        answering(), fast={"/v1/chat/completions": failing(KeyError("boom"))}, on_error=error_answer
+    )
     with caplog.at_level(logging.ERROR, logger="router"):
         _, sent = call(crash)
     assert sent[0]["status"] == 500 and "unhandled error on /v1/chat/completions" in caplog.text
-    late = Front(answering(), fast={"/v1/chat/completions": failing(InvalidRequest("late"), after_start=True)},
-                 on_error=error_answer)  # fmt: skip
+    late = Front(
+        answering(),
+        fast={"/v1/chat/completions": failing(InvalidRequest("late"), after_start=True)},
+        on_error=error_answer,
+    )
     with pytest.raises(InvalidRequest):
         call(late)  # the answer had begun: the server drops the connection
 
 
-def test_one_access_line_per_request_with_what_the_endpoint_learnt(access_lines: list[dict[str, Any]]) -> None:
+def test_one_access_line_per_request_with_what_the_endpoint_learnt(
+    access_lines: list[dict[str, Any]],
+) -> None:
     async def endpoint(scope: Scope, receive: Receive, send: Send) -> None:
         trace = logs.trace_of(scope)
         trace.model, trace.provider = "claude/claude-haiku-4-5", "anthropic"
@@ -147,9 +174,19 @@ def test_one_access_line_per_request_with_what_the_endpoint_learnt(access_lines:
 
     call(Front(answering(), fast={"/v1/chat/completions": endpoint}), headers=[(b"x-request-id", b"r-1")])
     [line] = access_lines
-    assert {k: line[k] for k in ("method", "path", "status", "request_id", "model", "provider", "stream", "client")} == {
-        "method": "POST", "path": "/v1/chat/completions", "status": 200, "request_id": "r-1",
-        "model": "claude/claude-haiku-4-5", "provider": "anthropic", "stream": False, "client": "10.0.0.5"}  # fmt: skip
+    assert {
+        k: line[k]
+        for k in ("method", "path", "status", "request_id", "model", "provider", "stream", "client")
+    } == {
+        "method": "POST",
+        "path": "/v1/chat/completions",
+        "status": 200,
+        "request_id": "r-1",
+        "model": "claude/claude-haiku-4-5",
+        "provider": "anthropic",
+        "stream": False,
+        "client": "10.0.0.5",
+    }
     assert line["group"] is None and line["key_id"] is None and line["latency_ms"] >= 0
 
 
@@ -163,7 +200,9 @@ def routed(status: int = 200) -> ASGIApp:
     return app
 
 
-def test_probes_are_not_logged_unless_they_fail_and_the_log_can_be_off(access_lines: list[dict[str, Any]]) -> None:
+def test_probes_are_not_logged_unless_they_fail_and_the_log_can_be_off(
+    access_lines: list[dict[str, Any]],
+) -> None:
     call(Front(routed()), "GET", "/healthz")
     assert access_lines == []
     call(Front(routed(503)), "GET", "/readyz")
@@ -173,7 +212,9 @@ def test_probes_are_not_logged_unless_they_fail_and_the_log_can_be_off(access_li
 
 
 def test_a_caller_gone_while_sending_its_body_is_a_499(access_lines: list[dict[str, Any]]) -> None:
-    front = Front(answering(), fast={"/v1/chat/completions": failing(ClientDisconnect())}, on_error=error_answer)
+    front = Front(
+        answering(), fast={"/v1/chat/completions": failing(ClientDisconnect())}, on_error=error_answer
+    )
     _, sent = call(front)
     assert sent == [] and [line["status"] for line in access_lines] == [499]
     before = requests_counted("/v1/chat/completions", 499)
@@ -196,7 +237,13 @@ def test_a_stream_counts_as_open_while_it_is_written(access_lines: list[dict[str
     during: list[int] = []
 
     async def stream(scope: Scope, receive: Receive, send: Send) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream; charset=utf-8")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream; charset=utf-8")],
+            }
+        )
         during.append(metrics.OPEN_STREAMS.value)
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
 
@@ -210,5 +257,7 @@ def test_a_stream_counts_as_open_while_it_is_written(access_lines: list[dict[str
 
 
 async def _breaks_mid_stream(scope: Scope, receive: Receive, send: Send) -> None:
-    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+    await send(
+        {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]}
+    )
     raise RuntimeError("upstream read failed")

@@ -468,7 +468,9 @@ def test_usage_mapping() -> None:
 def test_error_mapping() -> None:
     limited = ADAPTER.error(429, (FIXTURES / "error_429.json").read_bytes(), {})
     assert isinstance(limited, RateLimited) and limited.headers == {"Retry-After": "37"}
-    assert "rate limiting" in limited.message and "quota" not in limited.message  # (the account's, not passed on)
+    assert (
+        "rate limiting" in limited.message and "quota" not in limited.message
+    )  # (the account's, not passed on)
     bad_key = ADAPTER.error(400, (FIXTURES / "error_api_key.json").read_bytes(), {})
     assert bad_key.status == 502 and bad_key.code == "upstream_auth_failed"
     rejected = ADAPTER.error(
@@ -964,7 +966,9 @@ def test_gateway_malformed_non_stream_is_502(client: openai.OpenAI) -> None:
 
 def test_sdk_sees_a_generated_image(gemini: genai.Client) -> None:
     """The image model answers with its text and an ``inlineData`` image, billed as output tokens."""
-    out = gemini.models.generate_content(model="gemini-2.5-flash-image-preview", contents="draw a dot [tokens:4]")
+    out = gemini.models.generate_content(
+        model="gemini-2.5-flash-image-preview", contents="draw a dot [tokens:4]"
+    )
     parts = out.candidates[0].content.parts  # type: ignore[index, union-attr]
     images = [p.inline_data for p in parts if p.inline_data]  # type: ignore[union-attr]
     assert len(images) == 1 and images[0].mime_type == "image/png" and images[0].data.startswith(b"\x89PNG")  # type: ignore[union-attr]
@@ -979,9 +983,17 @@ def test_gateway_returns_generated_images(client: openai.OpenAI, stack: Stack, s
     model = "google/gemini-2.5-flash-image-preview"
     messages = [{"role": "user", "content": "draw a dot [tokens:4]"}]
     if stream:
-        chunks = list(client.chat.completions.create(model=model, messages=messages, stream=True,  # type: ignore[arg-type]
-                                                     stream_options={"include_usage": True}))  # fmt: skip
-        images = [i for c in chunks if c.choices for i in (c.choices[0].delta.model_extra or {}).get("images", [])]
+        chunks = list(
+            client.chat.completions.create(
+                model=model,
+                messages=messages,
+                stream=True,  # type: ignore[arg-type]
+                stream_options={"include_usage": True},
+            )
+        )
+        images = [
+            i for c in chunks if c.choices for i in (c.choices[0].delta.model_extra or {}).get("images", [])
+        ]
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         usage = chunks[-1].usage
     else:

@@ -25,8 +25,13 @@ MODEL = "openai/gpt-4o-mini"
 
 
 def _run(config: Path, *args: str) -> str:
-    out = subprocess.run([sys.executable, "-m", "cli", "--config", str(config), *args], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "cli", "--config", str(config), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout
 
@@ -39,7 +44,9 @@ def _gateway(stack: Stack, url: str, tmp: Path, group: str, initial: int) -> tup
     return config, _run(config, "keys", "create", "--group", group).strip().splitlines()[-1]
 
 
-def _restarted_books(config: Path, tmp: Path, url: str, group: str) -> tuple[int, int, int, list[UsageRecord]]:
+def _restarted_books(
+    config: Path, tmp: Path, url: str, group: str
+) -> tuple[int, int, int, list[UsageRecord]]:
     """The group's books once a restarted gateway has reconciled (SQLite at its start; PostgreSQL when
     it releases the dead replica's holds)."""
     proc, _ = _serve(config, tmp, "restarted")
@@ -66,17 +73,23 @@ async def _caller(client: openai.AsyncOpenAI, name: str, seen: list[str], stop: 
         messages = [{"role": "user", "content": f"[tokens:12] call {rid}"}]
         try:
             if n % 3 == 0:
-                chunks = await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=40, stream=True,
-                                                              stream_options={"include_usage": True},
-                                                              extra_headers=headers)  # fmt: skip
+                chunks = await client.chat.completions.create(
+                    model=MODEL,
+                    messages=messages,
+                    max_tokens=40,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                    extra_headers=headers,
+                )
                 ended = False
                 async for chunk in chunks:
                     ended = ended or chunk.usage is not None
                 if not ended:
                     return
             else:
-                await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=40,
-                                                     extra_headers=headers)  # fmt: skip
+                await client.chat.completions.create(
+                    model=MODEL, messages=messages, max_tokens=40, extra_headers=headers
+                )
         except (openai.APIError, OSError):
             return
         seen.append(rid)
@@ -112,10 +125,14 @@ def test_a_hard_kill_loses_no_charge_the_caller_saw(stack: Stack, store_url: str
     balance, reserved, spent, records = _restarted_books(config, tmp_path, store_url, group)
     charged = {r.request_id for r in records if r.status == "ok"}
     lost = [rid for rid in seen if rid not in charged]
-    owed = re.search(r"settled (\d+) charges a stopped process owed", (tmp_path / "restarted.log").read_text())
-    print(f"\nkilled under load ({store_url.split(':')[0]}): {len(seen)} calls seen complete, "
-          f"{len(records)} records, {len(lost)} seen complete but not charged; "
-          f"{owed.group(1) if owed else 0} settled from the owed log at the restart")  # fmt: skip
+    owed = re.search(
+        r"settled (\d+) charges a stopped process owed", (tmp_path / "restarted.log").read_text()
+    )
+    print(
+        f"\nkilled under load ({store_url.split(':')[0]}): {len(seen)} calls seen complete, "
+        f"{len(records)} records, {len(lost)} seen complete but not charged; "
+        f"{owed.group(1) if owed else 0} settled from the owed log at the restart"
+    )
     assert not lost, f"{len(lost)} calls the caller saw complete were not charged: {lost[:5]}"
     ok = [r.request_id for r in records if r.status == "ok"]
     assert len(ok) == len(set(ok)), "a call charged twice"
@@ -140,8 +157,13 @@ def test_streams_cut_by_a_hard_kill_are_charged_up_to_their_last_checkpoint(
             messages = [{"role": "user", "content": f"[delay:40] [tokens:400] cut {rid}"}]
             received[rid] = ""
             try:
-                chunks = await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=500,
-                                                              stream=True, extra_headers={"x-request-id": rid})  # fmt: skip
+                chunks = await client.chat.completions.create(
+                    model=MODEL,
+                    messages=messages,
+                    max_tokens=500,
+                    stream=True,
+                    extra_headers={"x-request-id": rid},
+                )
                 async for chunk in chunks:
                     if chunk.choices and chunk.choices[0].delta.content:
                         received[rid] += chunk.choices[0].delta.content
@@ -173,7 +195,9 @@ def test_streams_cut_by_a_hard_kill_are_charged_up_to_their_last_checkpoint(
         got = tokens.count(text)  # what the caller received (the gateway counts the same way)
         per_second = got / elapsed
         record = cut[rid]
-        print(f"\n{rid}: received {got} tokens, charged for {record.completion_tokens} ({record.credits} nano)")
+        print(
+            f"\n{rid}: received {got} tokens, charged for {record.completion_tokens} ({record.credits} nano)"
+        )
         assert got > 2 * per_second * 0.5  # (it streamed for a while)
         assert got - per_second * 1.5 <= record.completion_tokens <= got + 1, (got, record)
         assert record.credits > 0 and record.prompt_tokens > 0 and not record.usage_exact
@@ -211,8 +235,9 @@ def test_the_owed_log_settles_what_a_crash_left_once(tmp_path: Path) -> None:
         key = await store.create_key("g", "k", "h" * 64, "hint")
 
         def charge(rid: int, credits: int, name: str) -> tuple[Reservation, UsageRecord]:
-            record = UsageRecord(key_id=key.id, group_id=group.id, model="m", provider="p", credits=credits,
-                                 request_id=name)  # fmt: skip
+            record = UsageRecord(
+                key_id=key.id, group_id=group.id, model="m", provider="p", credits=credits, request_id=name
+            )
             return Reservation(rid, group.id, key.id, credits), record
 
         assert await store.settle_soon(*charge(-1, 100, "a"), owed=True) == 100
@@ -221,7 +246,10 @@ def test_the_owed_log_settles_what_a_crash_left_once(tmp_path: Path) -> None:
         store.owed.write(*charge(-2, 200, "b"))  # replies gone, commits never ran
         store.owed.write(*charge(-3, 300, "c"))
         seq = store.owed.write(*charge(-4, 400, "d"))  # committed, but the file not emptied yet
-        assert await store.commits.submit(Settle(*charge(-4, 400, "d"), 0.0, epoch=store.owed_epoch, owed=seq)) == 400
+        assert (
+            await store.commits.submit(Settle(*charge(-4, 400, "d"), 0.0, epoch=store.owed_epoch, owed=seq))
+            == 400
+        )
         first_epoch = store.owed_epoch
         crash(store)
         await store.thread.close()

@@ -24,17 +24,25 @@ def streamed_text(chunks: list[Any]) -> str:
 
 async def calls(stack: Stack, key: str, http2: bool) -> tuple[str, list[str], list[Any], str]:
     transport = httpx.AsyncClient(http1=not http2, http2=http2)
-    async with openai.AsyncOpenAI(base_url=stack.base_url, api_key=key, max_retries=0, http_client=transport) as client:
+    async with openai.AsyncOpenAI(
+        base_url=stack.base_url, api_key=key, max_retries=0, http_client=transport
+    ) as client:
         raw = await client.chat.completions.with_raw_response.create(model="openai/gpt-4o-mini", messages=HI)
         whole = raw.parse().choices[0].message.content or ""
 
         async def one() -> list[Any]:
-            stream = await client.chat.completions.create(model="openai/gpt-4o-mini", messages=HI, stream=True,
-                                                          stream_options={"include_usage": True})  # fmt: skip
+            stream = await client.chat.completions.create(
+                model="openai/gpt-4o-mini", messages=HI, stream=True, stream_options={"include_usage": True}
+            )
             return [chunk async for chunk in stream]
 
         streams = await asyncio.gather(*(one() for _ in range(10)))
-        return whole, [streamed_text(s) for s in streams], [s[-1].usage for s in streams], raw.http_response.http_version
+        return (
+            whole,
+            [streamed_text(s) for s in streams],
+            [s[-1].usage for s in streams],
+            raw.http_response.http_version,
+        )
 
 
 def test_the_openai_sdk_over_http2_gets_what_http1_gets(stack: Stack) -> None:
@@ -53,15 +61,23 @@ def test_a_reset_stream_stops_its_upstream_and_is_billed_once(stack: Stack) -> N
     emulator = stack.emulator("openai")
 
     def request(content: str) -> tuple[list[tuple[bytes, bytes]], bytes]:
-        body = json.dumps({"model": "openai/gpt-4o-mini", "stream": True,
-                           "messages": [{"role": "user", "content": content}]}).encode()  # fmt: skip
+        body = json.dumps(
+            {
+                "model": "openai/gpt-4o-mini",
+                "stream": True,
+                "messages": [{"role": "user", "content": content}],
+            }
+        ).encode()
         return h2_chat(key), body
 
     async def exchange() -> list[tuple[int, bytes]]:
         reader, writer = await asyncio.open_connection("127.0.0.1", stack.port)
         try:
-            requests = [request("long [tokens:200] [delay:50]"), request("short [tokens:20] [delay:20]"),
-                        request("short [tokens:20] [delay:20]")]  # fmt: skip
+            requests = [
+                request("long [tokens:200] [delay:50]"),
+                request("short [tokens:20] [delay:20]"),
+                request("short [tokens:20] [delay:20]"),
+            ]
             return await h2_exchange(reader, writer, requests, cancel={0: 3})
         finally:
             writer.close()

@@ -101,12 +101,20 @@ def test_edits_multipart_through_the_gateway(stack: Stack) -> None:
     group = stack.group(50)
     client = stack.client(stack.key(group=group))
     picture = png(64, 64, (10, 20, 30))
-    answer = client.images.edit(model="openai/gpt-image-1.5", image=("in.png", picture, "image/png"),
-                                prompt="add a moon", size="1024x1536")  # fmt: skip
+    answer = client.images.edit(
+        model="openai/gpt-image-1.5",
+        image=("in.png", picture, "image/png"),
+        prompt="add a moon",
+        size="1024x1536",
+    )
     assert answer.data is not None and size_of(answer.data[0].b64_json or "") == (1024, 1536)
     assert answer.usage is not None and answer.usage.input_tokens_details.image_tokens == 323
-    two = client.images.edit(model="openai/gpt-image-1", image=[("a.png", picture, "image/png"),
-                             ("b.png", picture, "image/png")], prompt="merge them", n=2)  # fmt: skip
+    two = client.images.edit(
+        model="openai/gpt-image-1",
+        image=[("a.png", picture, "image/png"), ("b.png", picture, "image/png")],
+        prompt="merge them",
+        n=2,
+    )
     assert two.data is not None and len(two.data) == 2
     assert stack.emulator("openai").requests[-1]["n"] == 2
     records = stack.run(stack.store.usage(group=group, limit=10))
@@ -156,8 +164,12 @@ def _form(fields: dict[str, str], files: list[tuple[str, str, bytes]]) -> tuple[
     for name, value in fields.items():
         out.write(f'--b\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode())
     for name, filename, data in files:
-        out.write(f'--b\r\nContent-Disposition: form-data; name="{name}"; filename="{filename}"\r\n'
-                  "Content-Type: application/octet-stream\r\n\r\n".encode() + data + b"\r\n")  # fmt: skip
+        out.write(
+            f'--b\r\nContent-Disposition: form-data; name="{name}"; filename="{filename}"\r\n'
+            "Content-Type: application/octet-stream\r\n\r\n".encode()
+            + data
+            + b"\r\n"
+        )
     out.write(b"--b--\r\n")
     return out.getvalue(), "multipart/form-data; boundary=b"
 
@@ -227,12 +239,18 @@ def test_google_genai_generate_images_against_the_emulator(stack: Stack) -> None
         warnings.catch_warnings(),
     ):
         warnings.simplefilter("ignore", ExperimentalWarning)
-        answer = client.models.generate_images(model="imagen-4.0-generate-001", prompt="a fox",
-                                               config=gtypes.GenerateImagesConfig(number_of_images=2, aspect_ratio="3:4"))  # fmt: skip
+        answer = client.models.generate_images(
+            model="imagen-4.0-generate-001",
+            prompt="a fox",
+            config=gtypes.GenerateImagesConfig(number_of_images=2, aspect_ratio="3:4"),
+        )
         images = [g.image.image_bytes for g in answer.generated_images or [] if g.image]
         assert len(images) == 2 and all(
             i is not None and struct.unpack(">II", i[16:24]) == (896, 1280) for i in images
         )
         with pytest.raises(genai.errors.ClientError):
-            client.models.generate_images(model="imagen-4.0-generate-001", prompt="x",
-                                          config=gtypes.GenerateImagesConfig(number_of_images=5))  # fmt: skip
+            client.models.generate_images(
+                model="imagen-4.0-generate-001",
+                prompt="x",
+                config=gtypes.GenerateImagesConfig(number_of_images=5),
+            )

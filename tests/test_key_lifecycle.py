@@ -40,7 +40,9 @@ def lifecycle_stack(tmp: Path, url: str) -> Stack:
 def admin(stack: Stack, method: str, path: str, body: Any = None) -> tuple[int, Any]:
     conn = http.client.HTTPConnection("127.0.0.1", stack.port, timeout=10)
     headers = {"authorization": f"Bearer {TOKEN}", "content-type": "application/json"}
-    conn.request(method, "/console/api" + path, json.dumps(body).encode() if body is not None else None, headers)
+    conn.request(
+        method, "/console/api" + path, json.dumps(body).encode() if body is not None else None, headers
+    )
     answer = conn.getresponse()
     status, data = answer.status, json.loads(answer.read() or b"null")
     conn.close()
@@ -75,8 +77,12 @@ def lstack(store_url: str, tmp_path: Path) -> Any:
 def test_an_expired_key_answers_401_key_expired(lstack: Stack) -> None:
     group = lstack.group(10)
     expires = time.time() + 1.5
-    status, made = admin(lstack, "POST", f"/groups/{group}/keys",
-                         {"name": "temp", "expires_at": expires, "tags": ["ci", "team=a"], "owner": "ana"})  # fmt: skip
+    status, made = admin(
+        lstack,
+        "POST",
+        f"/groups/{group}/keys",
+        {"name": "temp", "expires_at": expires, "tags": ["ci", "team=a"], "owner": "ana"},
+    )
     assert status == 201, made
     assert made["expires_at"] == pytest.approx(expires) and made["tags"] == ["ci", "team=a"]
     assert made["owner"] == "ana"
@@ -107,7 +113,9 @@ def test_rotation_keeps_the_old_secret_for_the_grace_period(lstack: Stack) -> No
     # rotating again ends the first rotation's old secret for good, the second's after its grace
     newer, _ = lstack.run(rotate_key(lstack.store, lstack.settings, info.id, 60))
     lstack.gateway.auth.forget()
-    assert call(lstack, old) == "invalid_api_key" and call(lstack, new) == "ok" and call(lstack, newer) == "ok"
+    assert (
+        call(lstack, old) == "invalid_api_key" and call(lstack, new) == "ok" and call(lstack, newer) == "ok"
+    )
 
 
 def test_a_rotation_elsewhere_reaches_the_cache_within_auth_cache_seconds(lstack: Stack) -> None:
@@ -211,15 +219,32 @@ def test_bad_lifecycle_input_is_a_400_naming_the_field(lstack: Stack) -> None:
 
 
 def router_cli(*args: str, cwd: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=60, env=dict(os.environ))  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ),
+    )
 
 
 def test_the_cli_sets_expiry_tags_owner_and_rotates(tmp_path: Path) -> None:
     cwd = str(tmp_path)
     assert router_cli("groups", "create", "cli-life", "--credits", "5", cwd=cwd).returncode == 0
-    made = router_cli("keys", "create", "--group", "cli-life", "--expires", "30d", "--tags", "ci,nightly",
-                      "--owner", "ops", cwd=cwd)  # fmt: skip
+    made = router_cli(
+        "keys",
+        "create",
+        "--group",
+        "cli-life",
+        "--expires",
+        "30d",
+        "--tags",
+        "ci,nightly",
+        "--owner",
+        "ops",
+        cwd=cwd,
+    )
     assert made.returncode == 0, made.stderr
     key = made.stdout.strip().splitlines()[-1]
     shown = router_cli("keys", "show", "1", cwd=cwd)

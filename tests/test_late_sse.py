@@ -79,13 +79,18 @@ async def _disconnected(receive_from: str) -> tuple[list[bytes], bool]:
         if message.get("body"):
             sent.append(message["body"])
             if len(sent) == 3:
-                asyncio.get_running_loop().call_soon(asyncio.ensure_future, channel.put({"type": "http.disconnect"}))
+                asyncio.get_running_loop().call_soon(
+                    asyncio.ensure_future, channel.put({"type": "http.disconnect"})
+                )
 
     async def plain_receive() -> Any:
         return await channel.get()
 
     receive = channel.get if receive_from == "channel" else plain_receive
-    scope = {"type": "http", "extensions": {RECEIVE_WATCH: {"watch": channel.watch}} if receive_from == "channel" else {}}
+    scope = {
+        "type": "http",
+        "extensions": {RECEIVE_WATCH: {"watch": channel.watch}} if receive_from == "channel" else {},
+    }
     await asyncio.wait_for(LateSSE(stream(), 10.0, lambda exc: b"")(scope, receive, send), 5)
     return sent, closed
 

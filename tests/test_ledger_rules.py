@@ -41,7 +41,9 @@ async def run(url: str, seed: int) -> list[Any]:
     outcomes: list[Any] = []
     try:
         group = await store.create_group("g", rng.randint(5, 40) * NANO)
-        key = await store.create_key("g", "k", "h" * 64, "hint", spend_cap=rng.choice([None, rng.randint(5, 40) * NANO]))
+        key = await store.create_key(
+            "g", "k", "h" * 64, "hint", spend_cap=rng.choice([None, rng.randint(5, 40) * NANO])
+        )
         ledger = ledger_for(store)
         if isinstance(ledger, LocalLedger):  # read every time: a budget added by another writer is seen by a
             ledger.refresh = 0.0  # SQLite gateway within its refresh (2 s): not what is compared here
@@ -65,8 +67,13 @@ async def run(url: str, seed: int) -> list[Any]:
                 topped = await store.topup("g", amount)
                 outcomes.append(("topped up", topped.balance + topped.reserved))
             elif step < 0.96 and len(budget_ids) < 2:
-                added = await budgets.add(store, "g", rng.randint(3, 30) * NANO, "day",
-                                          key_id=key.id if rng.random() < 0.5 else None)  # fmt: skip
+                added = await budgets.add(
+                    store,
+                    "g",
+                    rng.randint(3, 30) * NANO,
+                    "day",
+                    key_id=key.id if rng.random() < 0.5 else None,
+                )
                 budget_ids.append(added.id)
                 outcomes.append(("budget", added.amount))
             elif budget_ids:
@@ -91,7 +98,9 @@ async def run(url: str, seed: int) -> list[Any]:
 def _record(key_id: int, group_id: int, credits: int) -> Any:
     from billing.store import UsageRecord
 
-    return UsageRecord(key_id=key_id, group_id=group_id, model="openai/gpt-4o-mini", provider="openai", credits=credits)
+    return UsageRecord(
+        key_id=key_id, group_id=group_id, model="openai/gpt-4o-mini", provider="openai", credits=credits
+    )
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -99,4 +108,6 @@ def test_both_stores_refuse_and_charge_alike(tmp_path: Path, pg: Postgres, seed:
     on_sqlite = asyncio.run(run(f"sqlite:///{tmp_path}/router.db", seed))
     on_postgres = asyncio.run(run(pg.fresh_url(), seed))
     assert on_sqlite == on_postgres
-    assert any(o[0] == "refused" for o in on_sqlite if isinstance(o[0], str))  # (the sequences do get refused)
+    assert any(
+        o[0] == "refused" for o in on_sqlite if isinstance(o[0], str)
+    )  # (the sequences do get refused)

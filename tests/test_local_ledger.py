@@ -27,8 +27,13 @@ class Books:
     key: KeyInfo
 
     def record(self, credits: int) -> UsageRecord:
-        return UsageRecord(key_id=self.key.id, group_id=self.group_id, model="openai/gpt-4o-mini",
-                           provider="openai", credits=credits)  # fmt: skip
+        return UsageRecord(
+            key_id=self.key.id,
+            group_id=self.group_id,
+            model="openai/gpt-4o-mini",
+            provider="openai",
+            credits=credits,
+        )
 
     async def balance(self) -> int:
         group = await self.store.get_group("g")
@@ -60,8 +65,9 @@ async def test_worst_cases_in_flight_are_held_against_the_balance_in_memory(book
 
 
 async def test_concurrent_calls_never_take_more_than_the_balance(books: Books) -> None:
-    results = await asyncio.gather(*[books.ledger.reserve(books.group_id, books.key.id, NANO) for _ in range(25)],
-                                   return_exceptions=True)  # fmt: skip
+    results = await asyncio.gather(
+        *[books.ledger.reserve(books.group_id, books.key.id, NANO) for _ in range(25)], return_exceptions=True
+    )
     assert sum(not isinstance(r, Exception) for r in results) == 10
     assert all(isinstance(r, InsufficientCredits) for r in results if isinstance(r, Exception))
 

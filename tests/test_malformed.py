@@ -25,54 +25,129 @@ from router.openapi import document
 from tests.conftest import Stack, raw_request
 
 PREFIXES = ("openai", "anthropic", "google", "upstage", "mistral")
-CHAT = {"openai": "gpt-4o-mini", "anthropic": "claude-haiku-4-5", "google": "gemini-2.5-flash", "upstage": "solar-mini",
-        "mistral": "mistral-small-latest"}  # fmt: skip
-EMBEDDING = {**CHAT, "openai": "text-embedding-3-small", "google": "gemini-embedding-001", "upstage": "embedding-query",
-             "mistral": "mistral-embed"}  # fmt: skip
+CHAT = {
+    "openai": "gpt-4o-mini",
+    "anthropic": "claude-haiku-4-5",
+    "google": "gemini-2.5-flash",
+    "upstage": "solar-mini",
+    "mistral": "mistral-small-latest",
+}
+EMBEDDING = {
+    **CHAT,
+    "openai": "text-embedding-3-small",
+    "google": "gemini-embedding-001",
+    "upstage": "embedding-query",
+    "mistral": "mistral-embed",
+}
 IMAGE = {**CHAT, "openai": "gpt-image-1-mini", "google": "imagen-4.0-fast-generate-001"}
-SERVED = {"/v1/embeddings": {"openai", "google", "upstage", "mistral"}, "/v1/images/generations": {"openai", "google"}}
+SERVED = {
+    "/v1/embeddings": {"openai", "google", "upstage", "mistral"},
+    "/v1/images/generations": {"openai", "google"},
+}
 SCHEMA = {"type": "object", "properties": {}}
 HUGE = 10**400  # (401 digits)
 
 SEEDS: dict[str, Callable[[str], dict[str, Any]]] = {
     "/v1/chat/completions": lambda prefix: {
-        "model": f"{prefix}/{CHAT[prefix]}", "max_tokens": 16, "temperature": 0.5, "top_p": 1, "n": 1, "stop": ["zz"],
-        "user": "u", "stream": False, "tool_choice": "auto", "response_format": {"type": "text"},
-        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": [{"type": "text", "text": "hi"}]},
-                     {"role": "assistant", "content": None,
-                      "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
-                     {"role": "tool", "tool_call_id": "c1", "content": "42"}],
-        "tools": [{"type": "function", "function": {"name": "f", "description": "d", "parameters": SCHEMA}}]},
+        "model": f"{prefix}/{CHAT[prefix]}",
+        "max_tokens": 16,
+        "temperature": 0.5,
+        "top_p": 1,
+        "n": 1,
+        "stop": ["zz"],
+        "user": "u",
+        "stream": False,
+        "tool_choice": "auto",
+        "response_format": {"type": "text"},
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "42"},
+        ],
+        "tools": [{"type": "function", "function": {"name": "f", "description": "d", "parameters": SCHEMA}}],
+    },
     "/v1/responses": lambda prefix: {
-        "model": f"{prefix}/{CHAT[prefix]}", "instructions": "Be brief.", "max_output_tokens": 16, "temperature": 0.5,
-        "top_p": 1, "store": False, "tool_choice": "auto", "text": {"format": {"type": "text"}}, "metadata": {"a": "b"},
-        "input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
-                  {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
-                  {"type": "function_call_output", "call_id": "c1", "output": "42"}],
-        "tools": [{"type": "function", "name": "f", "parameters": SCHEMA},
-                  {"type": "namespace", "name": "ns", "description": "d",
-                   "tools": [{"type": "function", "name": "g", "parameters": SCHEMA}]}]},
+        "model": f"{prefix}/{CHAT[prefix]}",
+        "instructions": "Be brief.",
+        "max_output_tokens": 16,
+        "temperature": 0.5,
+        "top_p": 1,
+        "store": False,
+        "tool_choice": "auto",
+        "text": {"format": {"type": "text"}},
+        "metadata": {"a": "b"},
+        "input": [
+            {"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+            {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "42"},
+        ],
+        "tools": [
+            {"type": "function", "name": "f", "parameters": SCHEMA},
+            {
+                "type": "namespace",
+                "name": "ns",
+                "description": "d",
+                "tools": [{"type": "function", "name": "g", "parameters": SCHEMA}],
+            },
+        ],
+    },
     "/v1/messages": lambda prefix: {
-        "model": f"{prefix}/{CHAT[prefix]}", "max_tokens": 16, "temperature": 0.5, "stop_sequences": ["zz"],
-        "metadata": {"user_id": "u"}, **COUNTED(prefix)},
+        "model": f"{prefix}/{CHAT[prefix]}",
+        "max_tokens": 16,
+        "temperature": 0.5,
+        "stop_sequences": ["zz"],
+        "metadata": {"user_id": "u"},
+        **COUNTED(prefix),
+    },
     "/v1/messages/count_tokens": lambda prefix: {"model": f"{prefix}/{CHAT[prefix]}", **COUNTED(prefix)},
-    "/v1/embeddings": lambda prefix: {"model": f"{prefix}/{EMBEDDING[prefix]}", "input": ["hello", "world"],
-                                      "encoding_format": "float", "user": "u"},
-    "/v1/images/generations": lambda prefix: {"model": f"{prefix}/{IMAGE[prefix]}", "prompt": "a cat", "n": 1,
-                                              "size": "1024x1024", "quality": "low", "response_format": "b64_json"},
-}  # fmt: skip
+    "/v1/embeddings": lambda prefix: {
+        "model": f"{prefix}/{EMBEDDING[prefix]}",
+        "input": ["hello", "world"],
+        "encoding_format": "float",
+        "user": "u",
+    },
+    "/v1/images/generations": lambda prefix: {
+        "model": f"{prefix}/{IMAGE[prefix]}",
+        "prompt": "a cat",
+        "n": 1,
+        "size": "1024x1024",
+        "quality": "low",
+        "response_format": "b64_json",
+    },
+}
 
 
 def COUNTED(prefix: str) -> dict[str, Any]:  # noqa: N802  (the fields /v1/messages and count_tokens share)
     return {
-        "system": [{"type": "text", "text": "Be brief."}], "tool_choice": {"type": "auto"}, "thinking": {"type": "disabled"},
-        "messages": [{"role": "user", "content": "hi"},
-                     {"role": "assistant", "content": [{"type": "text", "text": "ok"},
-                                                       {"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
-                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
-                                                   "content": [{"type": "text", "text": "42"}]},
-                                                  {"type": "text", "text": "go on"}]}],
-        "tools": [{"name": "f", "description": "d", "input_schema": SCHEMA}]}  # fmt: skip
+        "system": [{"type": "text", "text": "Be brief."}],
+        "tool_choice": {"type": "auto"},
+        "thinking": {"type": "disabled"},
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": "ok"},
+                    {"type": "tool_use", "id": "t1", "name": "f", "input": {}},
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "42"}]},
+                    {"type": "text", "text": "go on"},
+                ],
+            },
+        ],
+        "tools": [{"name": "f", "description": "d", "input_schema": SCHEMA}],
+    }
 
 
 # -- the schema: what each place of a body may hold ---------------------------------------------------------
@@ -101,12 +176,21 @@ def allowed(schema: Any) -> set[str]:
             return set(JSON_TYPES)
         types |= set(kind) if isinstance(kind, list) else {kind} if kind else set()
         types |= {_type_of(v) for v in branch.get("enum", [branch["const"]] if "const" in branch else [])}
-    return types | ({"number"} if "integer" in types else set()) | ({"integer"} if "number" in types else set())
+    return (
+        types | ({"number"} if "integer" in types else set()) | ({"integer"} if "number" in types else set())
+    )
 
 
 def _type_of(value: Any) -> str:
-    return {type(None): "null", bool: "boolean", int: "integer", float: "number", str: "string", list: "array",
-            dict: "object"}[type(value)]  # fmt: skip
+    return {
+        type(None): "null",
+        bool: "boolean",
+        int: "integer",
+        float: "number",
+        str: "string",
+        list: "array",
+        dict: "object",
+    }[type(value)]
 
 
 def child(schema: Any, step: str | int) -> dict[str, Any]:
@@ -119,14 +203,20 @@ def child(schema: Any, step: str | int) -> dict[str, Any]:
     return {}
 
 
-def places(body: Any, schema: Any, path: tuple[str | int, ...] = ()) -> list[tuple[tuple[str | int, ...], dict[str, Any]]]:
+def places(
+    body: Any, schema: Any, path: tuple[str | int, ...] = ()
+) -> list[tuple[tuple[str | int, ...], dict[str, Any]]]:
     """Every place of ``body`` with its schema, and the fields the schema names that an object lacks."""
     out: list[tuple[tuple[str | int, ...], dict[str, Any]]] = [(path, _resolve(schema))] if path else []
     if isinstance(body, dict):
         for name, value in body.items():
             out += places(value, child(schema, name), (*path, name))
         for branch in _branches(schema):
-            out += [((*path, name), _resolve(s)) for name, s in branch.get("properties", {}).items() if name not in body]
+            out += [
+                ((*path, name), _resolve(s))
+                for name, s in branch.get("properties", {}).items()
+                if name not in body
+            ]
     elif isinstance(body, list):
         for i, value in enumerate(body):
             out += places(value, child(schema, i), (*path, i))
@@ -138,17 +228,32 @@ def request_schema(path: str) -> dict[str, Any]:
 
 
 # -- the values that break it -------------------------------------------------------------------------------
-KEYS = st.sampled_from(["type", "text", "content", "tools", "name", "role", "input", "x"]) | st.text(max_size=4)
-LEAF = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.just(HUGE), st.just(-HUGE),
-                 st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=8))  # fmt: skip
-JUNK = st.recursive(LEAF, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(KEYS, inner, max_size=3),
-                    max_leaves=10)  # fmt: skip
+KEYS = st.sampled_from(["type", "text", "content", "tools", "name", "role", "input", "x"]) | st.text(
+    max_size=4
+)
+LEAF = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.just(HUGE),
+    st.just(-HUGE),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=8),
+)
+JUNK = st.recursive(
+    LEAF, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(KEYS, inner, max_size=3), max_leaves=10
+)
 OF_TYPE = {
-    "null": st.none(), "boolean": st.booleans(), "string": st.text(max_size=8),
+    "null": st.none(),
+    "boolean": st.booleans(),
+    "string": st.text(max_size=8),
     "integer": st.one_of(st.integers(-(2**70), 2**70), st.sampled_from([HUGE, -HUGE, 2**63, 2**64, -1, 0])),
-    "number": st.one_of(st.floats(allow_nan=False, allow_infinity=False), st.sampled_from([1e308, -1e308, HUGE])),
-    "array": st.lists(JUNK, max_size=3), "object": st.dictionaries(KEYS, JUNK, max_size=3),
-}  # fmt: skip
+    "number": st.one_of(
+        st.floats(allow_nan=False, allow_infinity=False), st.sampled_from([1e308, -1e308, HUGE])
+    ),
+    "array": st.lists(JUNK, max_size=3),
+    "object": st.dictionaries(KEYS, JUNK, max_size=3),
+}
 
 
 def wrong(schema: dict[str, Any]) -> st.SearchStrategy[Any]:
@@ -222,8 +327,12 @@ def named(status: int, text: str, changes: tuple[Change, ...], anthropic: bool) 
 
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "50"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=not os.environ.get("FUZZ_EXAMPLES"),
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])  # fmt: skip
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=not os.environ.get("FUZZ_EXAMPLES"),
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 
 @pytest.fixture(scope="module")
@@ -233,13 +342,21 @@ def fuzz_key(stack: Stack) -> str:
 
 def _send(stack: Stack, key: str, path: str, body: dict[str, Any]) -> tuple[int, str]:
     anthropic = path.startswith("/v1/messages")
-    auth = {"x-api-key": key, "anthropic-version": "2023-06-01"} if anthropic else {"Authorization": f"Bearer {key}"}
-    r = raw_request(stack, "POST", path, json.dumps(body).encode(), {**auth, "Content-Type": "application/json"})
+    auth = (
+        {"x-api-key": key, "anthropic-version": "2023-06-01"}
+        if anthropic
+        else {"Authorization": f"Bearer {key}"}
+    )
+    r = raw_request(
+        stack, "POST", path, json.dumps(body).encode(), {**auth, "Content-Type": "application/json"}
+    )
     return r.status, r.text
 
 
 @pytest.mark.parametrize("path", list(SEEDS))
-def test_the_seeds_are_served_on_every_group_that_has_the_endpoint(stack: Stack, fuzz_key: str, path: str) -> None:
+def test_the_seeds_are_served_on_every_group_that_has_the_endpoint(
+    stack: Stack, fuzz_key: str, path: str
+) -> None:
     """What the fuzz breaks is a valid request (else every change would be refused for the seed's fault)."""
     for prefix in PREFIXES:
         status, text = _send(stack, fuzz_key, path, SEEDS[path](prefix))
@@ -256,7 +373,11 @@ def _fuzz(path: str) -> Callable[..., None]:
             where = f"{prefix} {path} {changes!r:.300}"
             assert_refused_in_dialect(status, text, anthropic, where)
             if prefix in SERVED.get(path, PREFIXES):  # (elsewhere the model is refused first)
-                assert named(status, text, changes, anthropic), (where, "the 400 does not name the field", text[:400])
+                assert named(status, text, changes, anthropic), (
+                    where,
+                    "the 400 does not name the field",
+                    text[:400],
+                )
 
     return test
 
@@ -269,35 +390,63 @@ test_embeddings_malformed = _fuzz("/v1/embeddings")
 test_images_malformed = _fuzz("/v1/images/generations")
 
 
-BATCH_SCHEMA = _resolve(DOCUMENT["paths"]["/v1/batches"]["post"]["requestBody"]["content"]["application/json"]["schema"])
+BATCH_SCHEMA = _resolve(
+    DOCUMENT["paths"]["/v1/batches"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+)
 
 
 @FUZZ
-@given(line=broken("/v1/chat/completions"),
-       batch=st.lists(st.sampled_from(places({"input_file_id": "", "endpoint": "", "completion_window": ""},
-                                             BATCH_SCHEMA)).flatmap(lambda p: st.tuples(st.just(p[0]), wrong(p[1]),
-                                                                                        st.just(True))),
-                      max_size=1))  # fmt: skip
-def test_batches_of_malformed_lines_and_malformed_batches(stack: Stack, fuzz_key: str, line: tuple[Any, ...],
-                                                          batch: list[Any]) -> None:  # fmt: skip
+@given(
+    line=broken("/v1/chat/completions"),
+    batch=st.lists(
+        st.sampled_from(
+            places({"input_file_id": "", "endpoint": "", "completion_window": ""}, BATCH_SCHEMA)
+        ).flatmap(lambda p: st.tuples(st.just(p[0]), wrong(p[1]), st.just(True))),
+        max_size=1,
+    ),
+)
+def test_batches_of_malformed_lines_and_malformed_batches(
+    stack: Stack, fuzz_key: str, line: tuple[Any, ...], batch: list[Any]
+) -> None:
     """A batch input file of broken lines (one per group) is uploaded, and a batch of it created (with a
     broken field, or none): each a 4xx or accepted, never a 5xx."""
     client = stack.client(fuzz_key)
-    lines = [json.dumps({"custom_id": prefix, "method": "POST", "url": "/v1/chat/completions",
-                         "body": apply(SEEDS["/v1/chat/completions"](prefix), line)}) for prefix in PREFIXES]  # fmt: skip
+    lines = [
+        json.dumps(
+            {
+                "custom_id": prefix,
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": apply(SEEDS["/v1/chat/completions"](prefix), line),
+            }
+        )
+        for prefix in PREFIXES
+    ]
     try:
         upload = client.files.create(file=("broken.jsonl", "\n".join(lines).encode()), purpose="batch")
     except openai.APIStatusError as exc:
         assert_refused_in_dialect(exc.status_code, exc.response.text, False, f"upload {line!r:.300}")
         return
-    body = apply({"input_file_id": upload.id, "endpoint": "/v1/chat/completions", "completion_window": "24h"},
-                 tuple(batch))  # fmt: skip
-    r = raw_request(stack, "POST", "/v1/batches", json.dumps(body).encode(),
-                    {"Authorization": f"Bearer {fuzz_key}", "Content-Type": "application/json"})  # fmt: skip
+    body = apply(
+        {"input_file_id": upload.id, "endpoint": "/v1/chat/completions", "completion_window": "24h"},
+        tuple(batch),
+    )
+    r = raw_request(
+        stack,
+        "POST",
+        "/v1/batches",
+        json.dumps(body).encode(),
+        {"Authorization": f"Bearer {fuzz_key}", "Content-Type": "application/json"},
+    )
     assert_refused_in_dialect(r.status, r.text, False, f"batch {line!r:.300} {batch!r:.200}")
     if r.status == 200:  # (one that failed validation meanwhile cannot be: 409)
-        cancel = raw_request(stack, "POST", f"/v1/batches/{r.json()['id']}/cancel", b"",
-                             {"Authorization": f"Bearer {fuzz_key}"})  # fmt: skip
+        cancel = raw_request(
+            stack,
+            "POST",
+            f"/v1/batches/{r.json()['id']}/cancel",
+            b"",
+            {"Authorization": f"Bearer {fuzz_key}"},
+        )
         assert_refused_in_dialect(cancel.status, cancel.text, False, "cancel")
 
 
@@ -317,8 +466,9 @@ def test_a_tool_results_content_of_another_type_is_a_400_naming_it(stack: Stack,
                     else:
                         claude.messages.create(model=body["model"], max_tokens=16, messages=body["messages"])
                 error = refused.value.body["error"]  # type: ignore[index]
-                assert error["type"] == "invalid_request_error" and "messages.2.content.0" in error["message"], (
-                    prefix, value, error)
+                assert (
+                    error["type"] == "invalid_request_error" and "messages.2.content.0" in error["message"]
+                ), (prefix, value, error)
 
 
 def test_a_count_of_a_system_of_another_type_is_a_400_naming_it(stack: Stack, fuzz_key: str) -> None:
@@ -327,10 +477,17 @@ def test_a_count_of_a_system_of_another_type_is_a_400_naming_it(stack: Stack, fu
     for prefix in PREFIXES:
         for value in (5, HUGE, True, [5], {"type": "text"}):
             with pytest.raises(anthropic.BadRequestError) as refused:
-                claude.messages.count_tokens(model=f"{prefix}/{CHAT[prefix]}", system=value,  # type: ignore[arg-type]
-                                             messages=[{"role": "user", "content": "hi"}])  # fmt: skip
+                claude.messages.count_tokens(
+                    model=f"{prefix}/{CHAT[prefix]}",
+                    system=value,  # type: ignore[arg-type]
+                    messages=[{"role": "user", "content": "hi"}],
+                )
             error = refused.value.body["error"]  # type: ignore[index]
-            assert error["type"] == "invalid_request_error" and "system" in error["message"], (prefix, value, error)
+            assert error["type"] == "invalid_request_error" and "system" in error["message"], (
+                prefix,
+                value,
+                error,
+            )
 
 
 def test_a_namespace_whose_tools_are_not_a_list_is_a_400_naming_them(stack: Stack, fuzz_key: str) -> None:

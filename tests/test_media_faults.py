@@ -24,10 +24,14 @@ from tests.test_faults import HOLD_LOCK, Tally, books, check_books, counter
 async def media_call(client: openai.AsyncOpenAI, n: int) -> str:
     try:
         if n % 2:
-            answer = await client.embeddings.create(model="openai/text-embedding-3-small", input=[f"text {n}", "more"])
+            answer = await client.embeddings.create(
+                model="openai/text-embedding-3-small", input=[f"text {n}", "more"]
+            )
             assert len(answer.data) == 2
         else:
-            image = await client.images.generate(model="google/imagen-4.0-fast-generate-001", prompt=f"dot {n}")
+            image = await client.images.generate(
+                model="google/imagen-4.0-fast-generate-001", prompt=f"dot {n}"
+            )
             assert image.data
         return "ok"
     except openai.APIStatusError as exc:
@@ -39,8 +43,10 @@ async def media_call(client: openai.AsyncOpenAI, n: int) -> str:
 
 def test_embeddings_and_images_when_the_sqlite_store_is_locked(tmp_path: Path) -> None:
     path = tmp_path / "router.db"
-    settings = Settings(store=StoreSettings(url=f"sqlite:///{path}", journal=str(tmp_path / "journal.jsonl")),
-                        reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9))  # fmt: skip
+    settings = Settings(
+        store=StoreSettings(url=f"sqlite:///{path}", journal=str(tmp_path / "journal.jsonl")),
+        reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9),
+    )
     stack = Stack(tmp_path, settings).start()
     try:
         group = stack.group(1_000)
@@ -61,8 +67,9 @@ def test_embeddings_and_images_when_the_sqlite_store_is_locked(tmp_path: Path) -
 
             workers = [asyncio.ensure_future(worker(i)) for i in range(4)]
             await asyncio.sleep(0.5)
-            locker = await asyncio.create_subprocess_exec(sys.executable, "-c", HOLD_LOCK, str(path), str(hold),
-                                                          stdout=subprocess.PIPE)  # fmt: skip
+            locker = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", HOLD_LOCK, str(path), str(hold), stdout=subprocess.PIPE
+            )
             assert locker.stdout is not None
             assert (await locker.stdout.readline()).strip() == b"locked"
             await locker.wait()

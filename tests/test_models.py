@@ -15,8 +15,13 @@ def test_models_list_through_sdk(client: openai.OpenAI) -> None:
     prefixes = {i.split("/", 1)[0] for i in ids}
     assert prefixes == {"openai", "anthropic", "google", "upstage", "mistral"}  # canonical prefixes only
     assert all(i == i.lower() and i.count("/") == 1 for i in ids)
-    assert {"anthropic/claude-sonnet-4-5", "anthropic/claude-sonnet-4-5-20250929", "mistral/mistral-large-latest",
-            "upstage/solar-pro3", "google/gemini-2.5-flash"} <= ids  # fmt: skip
+    assert {
+        "anthropic/claude-sonnet-4-5",
+        "anthropic/claude-sonnet-4-5-20250929",
+        "mistral/mistral-large-latest",
+        "upstage/solar-pro3",
+        "google/gemini-2.5-flash",
+    } <= ids
     kinds = {m.kind for m in models}  # type: ignore[attr-defined]
     assert {"chat", "reasoning", "search", "code", "image-generation", "image-preview"} <= kinds
     first = models[0]
@@ -28,7 +33,12 @@ def test_model_entry_carries_our_fields(stack: Stack) -> None:
     assert r.status == 200
     entry = next(m for m in r.json()["data"] if m["id"] == "openai/gpt-4o-mini")
     assert entry["alias_of"] == "openai/gpt-4o-mini-2024-07-18"
-    assert entry["pricing"] == {"input": "0.15", "output": "0.6", "cached_input": "0.075", "unit": "credits per 1M tokens"}
+    assert entry["pricing"] == {
+        "input": "0.15",
+        "output": "0.6",
+        "cached_input": "0.075",
+        "unit": "credits per 1M tokens",
+    }
     assert entry["context_length"] == 128000 and entry["image_input"] is True
     assert entry["endpoints"] == ["chat", "messages", "responses"]
 
@@ -36,9 +46,13 @@ def test_model_entry_carries_our_fields(stack: Stack) -> None:
 def test_pricing_shows_the_cache_write_price_that_is_billed(client: openai.OpenAI) -> None:
     sonnet = client.models.retrieve("anthropic/claude-sonnet-4-5").model_extra
     assert sonnet is not None and sonnet["pricing"] == {
-        "input": "3", "output": "15", "cached_input": "0.3", "cache_write": "3.75", "cache_write_1h": "6",
+        "input": "3",
+        "output": "15",
+        "cached_input": "0.3",
+        "cache_write": "3.75",
+        "cache_write_1h": "6",
         "unit": "credits per 1M tokens",
-    }  # fmt: skip
+    }
     listed = {m.id: m.model_extra or {} for m in client.models.list()}
     assert listed["anthropic/claude-sonnet-4-5"] == sonnet
     assert "cache_write" not in listed["mistral/mistral-large-latest"]["pricing"]  # none: billed as input
@@ -47,7 +61,9 @@ def test_pricing_shows_the_cache_write_price_that_is_billed(client: openai.OpenA
 def test_retrieve_resolves_prefix_alias_and_echoes_the_id_sent(client: openai.OpenAI) -> None:
     model = client.models.retrieve("claude/claude-haiku-4-5")
     assert model.id == "claude/claude-haiku-4-5"  # as every answer echoes the model sent
-    assert model.model_dump(exclude={"id"}) == client.models.retrieve("anthropic/claude-haiku-4-5").model_dump(exclude={"id"})
+    assert model.model_dump(exclude={"id"}) == client.models.retrieve(
+        "anthropic/claude-haiku-4-5"
+    ).model_dump(exclude={"id"})
     assert client.models.retrieve("gemini/gemini-2.5-pro").id == "gemini/gemini-2.5-pro"
     assert client.models.retrieve("anthropic/claude-haiku-4-5").id == "anthropic/claude-haiku-4-5"
     with pytest.raises(openai.NotFoundError):
@@ -94,7 +110,9 @@ def test_catalog_rejects_bad_entries(tmp_path) -> None:
 
 def test_operator_catalog_adds_a_model(tmp_path) -> None:
     extra = tmp_path / "extra.toml"
-    extra.write_text('[[models]]\nid = "mistral/ministral-8b-2410"\nprice = { input = "0.1", output = "0.1" }\n')
+    extra.write_text(
+        '[[models]]\nid = "mistral/ministral-8b-2410"\nprice = { input = "0.1", output = "0.1" }\n'
+    )
     catalog = Catalog.load(extra)
     assert catalog.resolve("mistral/ministral-8b-2410").upstream == "ministral-8b-2410"
     assert catalog.resolve("openai/gpt-4o").upstream == "gpt-4o-2024-08-06"
@@ -102,7 +120,9 @@ def test_operator_catalog_adds_a_model(tmp_path) -> None:
 
 # Anthropic's model pages (docs/providers.md, "Model capabilities"): a 1M-token context, 128K output
 @pytest.mark.parametrize("model", ["anthropic/claude-opus-4-8", "anthropic/claude-sonnet-4-6"])
-def test_anthropic_output_ceiling_is_the_documented_one(stack: Stack, client: openai.OpenAI, model: str) -> None:
+def test_anthropic_output_ceiling_is_the_documented_one(
+    stack: Stack, client: openai.OpenAI, model: str
+) -> None:
     hello = [{"role": "user", "content": "hello"}]
     out = client.chat.completions.create(model=model, max_tokens=128_000, messages=hello)  # type: ignore[arg-type]
     assert out.choices[0].finish_reason == "stop"

@@ -14,15 +14,40 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("core", "server", "adapters", "billing", "emulators", "gateway", "jobs", "console", "router", "cli")
-MODULES = {"subprocess", "pickle", "marshal", "shelve", "runpy", "code", "pty", "importlib", "ctypes", "multiprocessing"}
+PACKAGES = (
+    "core",
+    "server",
+    "adapters",
+    "billing",
+    "emulators",
+    "gateway",
+    "jobs",
+    "console",
+    "router",
+    "cli",
+)
+MODULES = {
+    "subprocess",
+    "pickle",
+    "marshal",
+    "shelve",
+    "runpy",
+    "code",
+    "pty",
+    "importlib",
+    "ctypes",
+    "multiprocessing",
+}
 BUILTINS = {"eval", "exec", "compile", "__import__"}
 TEMPLATES = {"from_string", "Template"}  # a Jinja template from a string, not from the package's files
 OS_CALLS = ("system", "popen", "exec", "spawn", "fork", "posix_spawn")
 
 # (module, what): why it runs no command taken from configuration or input
 ALLOWED = {
-    ("server/serve.py", "subprocess"): "router serve --workers N: the workers are `python -m cli serve` with the parent's own arguments",
+    (
+        "server/serve.py",
+        "subprocess",
+    ): "router serve --workers N: the workers are `python -m cli serve` with the parent's own arguments",
 }
 
 
@@ -33,21 +58,39 @@ def problems_in(module: str, source: str) -> list[str]:
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names if a.name != "importlib.metadata"]
         elif isinstance(node, ast.ImportFrom) and node.module and node.module != "importlib.metadata":
-            names = [node.module] + ([f"{node.module}.{a.name}" for a in node.names] if node.module == "os" else [])
+            names = [node.module] + (
+                [f"{node.module}.{a.name}" for a in node.names] if node.module == "os" else []
+            )
         elif isinstance(node, ast.Call):
             func = node.func
-            name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+            name = (
+                func.id
+                if isinstance(func, ast.Name)
+                else func.attr
+                if isinstance(func, ast.Attribute)
+                else ""
+            )
             if name in BUILTINS and isinstance(func, ast.Name) or name in TEMPLATES:
                 names = [name]
-            elif name == "Environment" and not any(k.arg == "autoescape" and getattr(k.value, "value", None) is True
-                                                   for k in node.keywords):  # fmt: skip
+            elif name == "Environment" and not any(
+                k.arg == "autoescape" and getattr(k.value, "value", None) is True for k in node.keywords
+            ):
                 names = ["Environment without autoescape=True"]
-            elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "os" \
-                    and name.startswith(OS_CALLS):  # fmt: skip
+            elif (
+                isinstance(func, ast.Attribute)
+                and isinstance(func.value, ast.Name)
+                and func.value.id == "os"
+                and name.startswith(OS_CALLS)
+            ):
                 names = [f"os.{name}"]
         for name in names:
             top = name.split(".")[0]
-            bad = top in MODULES or name in BUILTINS | TEMPLATES or name.startswith("Environment") or (name.startswith("os.") and name[3:].startswith(OS_CALLS))
+            bad = (
+                top in MODULES
+                or name in BUILTINS | TEMPLATES
+                or name.startswith("Environment")
+                or (name.startswith("os.") and name[3:].startswith(OS_CALLS))
+            )
             if bad and (module, top if top in MODULES else name) not in ALLOWED:
                 found.append(f"{module}:{node.lineno}: {name}")
     return found
@@ -63,10 +106,29 @@ def test_the_product_runs_no_code_and_no_process_from_data() -> None:
 
 
 def test_the_scan_finds_each_kind() -> None:
-    for source in ("import subprocess", "from subprocess import run", "import pickle", "import importlib",
-                   "eval(x)", "exec(x)", "compile(x, 'f', 'exec')", "__import__(name)", "os.system(cmd)",
-                   "os.execvp(a, b)", "from os import system", "env.from_string(text)", "jinja2.Template(text)",
-                   "jinja2.Environment(loader=x)", "jinja2.Environment(loader=x, autoescape=False)"):  # fmt: skip
+    for source in (
+        "import subprocess",
+        "from subprocess import run",
+        "import pickle",
+        "import importlib",
+        "eval(x)",
+        "exec(x)",
+        "compile(x, 'f', 'exec')",
+        "__import__(name)",
+        "os.system(cmd)",
+        "os.execvp(a, b)",
+        "from os import system",
+        "env.from_string(text)",
+        "jinja2.Template(text)",
+        "jinja2.Environment(loader=x)",
+        "jinja2.Environment(loader=x, autoescape=False)",
+    ):
         assert problems_in("m.py", source), source
-    assert problems_in("m.py", "import importlib.metadata\nre.compile('x')\njinja2.Environment(loader=x, autoescape=True)") == []
+    assert (
+        problems_in(
+            "m.py",
+            "import importlib.metadata\nre.compile('x')\njinja2.Environment(loader=x, autoescape=True)",
+        )
+        == []
+    )
     assert problems_in("server/serve.py", "import subprocess") == []

@@ -61,8 +61,12 @@ def test_request_passes_the_body_through_with_the_upstream_model() -> None:
     call = make_call({"messages": HELLO, "seed": 7, "unknown_field": {"kept": True}}, "openai/gpt-4o")
     upstream = adapter("openai").build_request(call)
     body = json.loads(upstream.body)
-    assert body == {"model": CATALOG.resolve("openai/gpt-4o").upstream, "messages": HELLO, "seed": 7,
-                    "unknown_field": {"kept": True}}  # fmt: skip
+    assert body == {
+        "model": CATALOG.resolve("openai/gpt-4o").upstream,
+        "messages": HELLO,
+        "seed": 7,
+        "unknown_field": {"kept": True},
+    }
     assert upstream.url == "http://upstream.test/v1/chat/completions"
     assert upstream.headers["Authorization"] == "Bearer sk-test" and "Accept" not in upstream.headers
     assert upstream.max_output is None
@@ -71,20 +75,38 @@ def test_request_passes_the_body_through_with_the_upstream_model() -> None:
 def test_stream_asks_for_usage_only_where_the_provider_must_be_asked() -> None:
     body = sent({"messages": HELLO, "stream": True, "stream_options": {"include_obfuscation": False}})
     assert body["stream"] is True
-    assert body["stream_options"] == {"include_obfuscation": False, "include_usage": True}  # ours added, theirs kept
-    mistral = sent({"messages": HELLO, "stream": True, "stream_options": {"include_usage": True}}, "mistral/mistral-small-latest")
+    assert body["stream_options"] == {
+        "include_obfuscation": False,
+        "include_usage": True,
+    }  # ours added, theirs kept
+    mistral = sent(
+        {"messages": HELLO, "stream": True, "stream_options": {"include_usage": True}},
+        "mistral/mistral-small-latest",
+    )
     assert "stream_options" not in mistral  # Mistral always sends usage and takes no stream_options
 
 
 def test_mistral_fields_are_renamed_and_dropped() -> None:
-    body = sent({"messages": HELLO, "seed": 3, "max_completion_tokens": 50, "user": "u", "logprobs": True,
-                 "service_tier": "auto", "store": False}, "mistral/mistral-small-latest")  # fmt: skip
+    body = sent(
+        {
+            "messages": HELLO,
+            "seed": 3,
+            "max_completion_tokens": 50,
+            "user": "u",
+            "logprobs": True,
+            "service_tier": "auto",
+            "store": False,
+        },
+        "mistral/mistral-small-latest",
+    )
     assert body["random_seed"] == 3 and body["max_tokens"] == 50
     assert not {"seed", "max_completion_tokens", "user", "logprobs", "service_tier", "store"} & set(body)
 
 
 def test_upstage_drops_parallel_tool_calls() -> None:
-    assert "parallel_tool_calls" not in sent({"messages": HELLO, "parallel_tool_calls": False}, "upstage/solar-pro3")
+    assert "parallel_tool_calls" not in sent(
+        {"messages": HELLO, "parallel_tool_calls": False}, "upstage/solar-pro3"
+    )
 
 
 def test_reasoning_models_get_their_cap_field_and_lose_refused_sampling() -> None:
@@ -101,18 +123,25 @@ def test_reasoning_models_get_their_cap_field_and_lose_refused_sampling() -> Non
 def test_foreign_tool_call_ids_become_nine_alphanumerics_for_mistral() -> None:
     messages = [
         {"role": "user", "content": "Weather?"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_0fypS1hVXq2w", "type": "function", "function": {"name": "w", "arguments": "{}"}},
-            {"id": "Ab3dE6gH9", "type": "function", "function": {"name": "w", "arguments": "{}"}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_0fypS1hVXq2w", "type": "function", "function": {"name": "w", "arguments": "{}"}},
+                {"id": "Ab3dE6gH9", "type": "function", "function": {"name": "w", "arguments": "{}"}},
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_0fypS1hVXq2w", "content": "21"},
         {"role": "tool", "tool_call_id": "Ab3dE6gH9", "content": "18"},
-    ]  # fmt: skip
+    ]
     body = sent({"messages": messages}, "mistral/mistral-small-latest")
     first, second = (c["id"] for c in body["messages"][1]["tool_calls"])
     assert len(first) == 9 and first.isalnum() and first == alnum9("call_0fypS1hVXq2w")
     assert second == "Ab3dE6gH9"  # Mistral's own ids pass unchanged
     assert [m["tool_call_id"] for m in body["messages"][2:]] == [first, second]  # the pairs still match
-    assert sent({"messages": messages})["messages"][1]["tool_calls"][0]["id"] == "call_0fypS1hVXq2w"  # OpenAI: as sent
+    assert (
+        sent({"messages": messages})["messages"][1]["tool_calls"][0]["id"] == "call_0fypS1hVXq2w"
+    )  # OpenAI: as sent
 
 
 # ------------------------------------------------------------------ answers
@@ -123,8 +152,16 @@ def test_parse_tool_calls_fixture() -> None:
     out, usage = adapter("openai").parse_response(call, (FIXTURES / "chat_tool_calls.json").read_bytes())
     choice = out["choices"][0]
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
-    assert [c["function"]["arguments"] for c in choice["message"]["tool_calls"]] == ['{"city":"Seoul"}', '{"city":"Busan"}']
-    assert usage is not None and (usage.prompt, usage.completion, usage.cached, usage.reasoning) == (1082, 52, 1024, 0)
+    assert [c["function"]["arguments"] for c in choice["message"]["tool_calls"]] == [
+        '{"city":"Seoul"}',
+        '{"city":"Busan"}',
+    ]
+    assert usage is not None and (usage.prompt, usage.completion, usage.cached, usage.reasoning) == (
+        1082,
+        52,
+        1024,
+        0,
+    )
     assert out["system_fingerprint"] == "fp_560af6e559"  # the rest of the answer is kept
 
 
@@ -139,10 +176,27 @@ def test_parse_mistral_thinking_chunks_and_its_finish_reason() -> None:
 
 
 def test_parse_upstage_reasoning_field() -> None:
-    body = {"id": "c", "object": "chat.completion", "created": 1, "model": "solar-pro3", "choices": [
-        {"index": 0, "message": {"role": "assistant", "content": "네.", "reasoning": "생각"}, "finish_reason": "stop"}]}  # fmt: skip
-    out, usage = adapter("upstage").parse_response(make_call({"messages": HELLO}, "upstage/solar-pro3"), json.dumps(body).encode())
-    assert out["choices"][0]["message"] == {"role": "assistant", "content": "네.", "reasoning_content": "생각"}
+    body = {
+        "id": "c",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "solar-pro3",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "네.", "reasoning": "생각"},
+                "finish_reason": "stop",
+            }
+        ],
+    }
+    out, usage = adapter("upstage").parse_response(
+        make_call({"messages": HELLO}, "upstage/solar-pro3"), json.dumps(body).encode()
+    )
+    assert out["choices"][0]["message"] == {
+        "role": "assistant",
+        "content": "네.",
+        "reasoning_content": "생각",
+    }
     assert usage is None
 
 
@@ -153,7 +207,9 @@ def test_parse_refuses_what_is_not_a_chat_completion() -> None:
     with pytest.raises(UpstreamError, match="unexpected answer shape"):
         adapter("openai").parse_response(call, b'{"object": "chat.completion"}')
     with pytest.raises(UpstreamStreamError, match="ended the answer with an error"):
-        adapter("mistral").parse_response(call, b'{"choices": [{"index": 0, "message": {}, "finish_reason": "error"}]}')
+        adapter("mistral").parse_response(
+            call, b'{"choices": [{"index": 0, "message": {}, "finish_reason": "error"}]}'
+        )
 
 
 # ------------------------------------------------------------------ streams
@@ -164,7 +220,9 @@ def test_mistral_stream_fixture() -> None:
     translator = adapter("mistral").stream(call)
     chunks = translate(translator, (FIXTURES / "mistral_reasoning_stream.sse").read_bytes())
     deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
-    assert "".join(d.get("reasoning_content") or "" for d in deltas) == "The user greets me. I answer briefly."
+    assert (
+        "".join(d.get("reasoning_content") or "" for d in deltas) == "The user greets me. I answer briefly."
+    )
     assert "".join(d.get("content") or "" for d in deltas) == "Hello! How can I help?"
     assert all(isinstance(d.get("content", ""), str) for d in deltas)  # never a list of chunks
     assert [c["choices"][0]["finish_reason"] for c in chunks][-1] == "stop"
@@ -173,13 +231,18 @@ def test_mistral_stream_fixture() -> None:
 
 
 def test_upstage_stream_fixture() -> None:
-    call = make_call({"messages": HELLO, "stream": True, "stream_options": {"include_usage": True}}, "upstage/solar-pro3")
+    call = make_call(
+        {"messages": HELLO, "stream": True, "stream_options": {"include_usage": True}}, "upstage/solar-pro3"
+    )
     translator = adapter("upstage").stream(call)
     chunks = translate(translator, (FIXTURES / "upstage_reasoning_stream.sse").read_bytes())
     deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
     assert [d.get("reasoning_content") for d in deltas] == [None, "사용자가 인사합니다.", None, None]
     assert not any("reasoning" in d for d in deltas)
-    assert translator.usage is not None and (translator.usage.completion, translator.usage.reasoning) == (19, 11)
+    assert translator.usage is not None and (translator.usage.completion, translator.usage.reasoning) == (
+        19,
+        11,
+    )
     assert translator.usage_raw is not None and translator.usage_raw["total_tokens"] == 31
     assert translator.finished
 
@@ -194,7 +257,10 @@ def test_openai_stream_passes_through_and_fails_in_band() -> None:
     with pytest.raises(UpstreamStreamError, match="Service unavailable"):
         translate(adapter("mistral").stream(make_call({"messages": HELLO, "stream": True})), flat)
     with pytest.raises(UpstreamStreamError, match="malformed"):
-        translate(adapter("openai").stream(make_call({"messages": HELLO, "stream": True})), b'data: {"id": "x", "cho\n\n')
+        translate(
+            adapter("openai").stream(make_call({"messages": HELLO, "stream": True})),
+            b'data: {"id": "x", "cho\n\n',
+        )
 
 
 def test_alnum9_is_stable_and_keeps_valid_ids() -> None:
@@ -220,23 +286,54 @@ _details = st.one_of(
         },
     ),
 )
-_usages = st.fixed_dictionaries({}, optional={
-    "prompt_tokens": _counts, "completion_tokens": _counts, "total_tokens": _counts, "prompt_cache_hit_tokens": _counts,
-    "prompt_tokens_details": _details, "completion_tokens_details": _details, "cost": st.floats(0, 1)})  # fmt: skip
-_messages = st.fixed_dictionaries({"role": st.just("assistant")}, optional={
-    "content": st.one_of(st.none(), st.text(max_size=20), st.just([{"type": "text", "text": "hi"}])),
-    "refusal": st.none(), "annotations": st.just([]),
-    "tool_calls": st.one_of(st.none(), st.just([{"id": "call_1", "type": "function",
-                                                "function": {"name": "f", "arguments": "{}"}}]))})  # fmt: skip
-_choices = st.lists(st.fixed_dictionaries({"index": st.integers(0, 3), "message": _messages, "logprobs": st.none(),
-                                           "finish_reason": st.sampled_from(["stop", "length", "tool_calls", None])}),
-                    min_size=1, max_size=3)  # fmt: skip
+_usages = st.fixed_dictionaries(
+    {},
+    optional={
+        "prompt_tokens": _counts,
+        "completion_tokens": _counts,
+        "total_tokens": _counts,
+        "prompt_cache_hit_tokens": _counts,
+        "prompt_tokens_details": _details,
+        "completion_tokens_details": _details,
+        "cost": st.floats(0, 1),
+    },
+)
+_messages = st.fixed_dictionaries(
+    {"role": st.just("assistant")},
+    optional={
+        "content": st.one_of(st.none(), st.text(max_size=20), st.just([{"type": "text", "text": "hi"}])),
+        "refusal": st.none(),
+        "annotations": st.just([]),
+        "tool_calls": st.one_of(
+            st.none(),
+            st.just([{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]),
+        ),
+    },
+)
+_choices = st.lists(
+    st.fixed_dictionaries(
+        {
+            "index": st.integers(0, 3),
+            "message": _messages,
+            "logprobs": st.none(),
+            "finish_reason": st.sampled_from(["stop", "length", "tool_calls", None]),
+        }
+    ),
+    min_size=1,
+    max_size=3,
+)
 _answers = st.fixed_dictionaries(
     {"choices": _choices, "usage": st.one_of(_usages, st.none())},
-    optional={"id": st.text(max_size=8), "object": st.just("chat.completion"), "model": st.text(max_size=8),
-              "created": st.one_of(st.integers(0, 2**40), st.none()), "service_tier": st.just("default"),
-              "system_fingerprint": st.text(max_size=8), "x_extra": st.dictionaries(st.text(max_size=3), st.integers())},
-)  # fmt: skip
+    optional={
+        "id": st.text(max_size=8),
+        "object": st.just("chat.completion"),
+        "model": st.text(max_size=8),
+        "created": st.one_of(st.integers(0, 2**40), st.none()),
+        "service_tier": st.just("default"),
+        "system_fingerprint": st.text(max_size=8),
+        "x_extra": st.dictionaries(st.text(max_size=3), st.integers()),
+    },
+)
 
 
 def _priced(leg: ChatLeg, payload: bytes) -> tuple[dict[str, Any], Any]:
@@ -268,15 +365,23 @@ def test_a_plain_answer_left_as_bytes_is_the_answer_parsed(answer: dict[str, Any
         return
     assert _priced(ChatLeg(call, openai, True), payload) == expected
     usage = answer["usage"]
-    common = (isinstance(usage, dict) and usage and "cost" not in usage
-              and all(not isinstance(c["message"].get("content"), list) and c["message"].get("tool_calls") is None
-                      for c in answer["choices"]))  # fmt: skip
+    common = (
+        isinstance(usage, dict)
+        and usage
+        and "cost" not in usage
+        and all(
+            not isinstance(c["message"].get("content"), list) and c["message"].get("tool_calls") is None
+            for c in answer["choices"]
+        )
+    )
     assert (plain is not None) == bool(common)
 
 
 def test_providers_that_rename_or_map_take_the_long_way() -> None:
-    body = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1}}  # fmt: skip
+    body = {
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1},
+    }
     payload = json.dumps(body).encode()
     assert adapter("openai").plain_answer(make_call({"messages": HELLO}), payload) is not None
     for prefix, model in (("mistral", "mistral/magistral-medium-latest"), ("upstage", "upstage/solar-pro3")):

@@ -24,16 +24,22 @@ ADMIN = "admin-token-for-the-schemathesis-run-0123456789"
 schema = schemathesis.openapi.from_dict(document())
 # the schema's own settings: positive and negative cases, the same ones every run (CI stays repeatable),
 # no example database on disk; security headers are ours (a real key, the admin token)
-schema.config.generation.update(modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE], deterministic=True,
-                                database="none", with_security_parameters=False)  # fmt: skip
+schema.config.generation.update(
+    modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE],
+    deterministic=True,
+    database="none",
+    with_security_parameters=False,
+)
 
 
 @pytest.fixture(scope="module")
 def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, str]]:
     tmp: Path = tmp_path_factory.mktemp("openapi")
-    settings = Settings(store=StoreSettings(url=f"sqlite:///{tmp}/router.db"),
-                        reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9),
-                        console=ConsoleSettings(admin_token=ADMIN))  # fmt: skip
+    settings = Settings(
+        store=StoreSettings(url=f"sqlite:///{tmp}/router.db"),
+        reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9),
+        console=ConsoleSettings(admin_token=ADMIN),
+    )
     stack = Stack(tmp, settings).start()
     try:
         yield stack, stack.key(credits=1_000_000)
@@ -60,8 +66,9 @@ def _check(response: Any, anthropic: bool = False) -> None:
 def _call(case: Any, api: tuple[Stack, str]) -> None:
     stack, key = api
     token = ADMIN if case.path.startswith("/console/api") else key
-    response = case.call(base_url=f"http://127.0.0.1:{stack.port}", headers={"Authorization": f"Bearer {token}"},
-                         timeout=120)  # fmt: skip
+    response = case.call(
+        base_url=f"http://127.0.0.1:{stack.port}", headers={"Authorization": f"Bearer {token}"}, timeout=120
+    )
     _check(response, case.path.startswith("/v1/messages"))
 
 
@@ -79,7 +86,9 @@ def test_the_messages_api_answers_no_5xx_and_only_anthropic_errors(case: Any, ap
 
 @schema.exclude(path_regex=r"^/v1/(chat/completions|responses|messages.*)$").parametrize()
 @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
-def test_every_other_operation_answers_no_5xx_and_only_openai_errors(case: Any, api: tuple[Stack, str]) -> None:
+def test_every_other_operation_answers_no_5xx_and_only_openai_errors(
+    case: Any, api: tuple[Stack, str]
+) -> None:
     _call(case, api)
 
 
@@ -100,8 +109,12 @@ def test_the_document_has_every_route_the_app_serves(api: tuple[Stack, str]) -> 
         served_doc = json.loads(response.read())
     assert served_doc["openapi"] == "3.1.0"
     documented = {(method, path) for path, ops in served_doc["paths"].items() for method in ops}
-    api_routes = {(m, p) for m, p in _served(stack.app.routes)
-                  if p.startswith(("/v1/", "/console/api/")) or p in ("/healthz", "/readyz", "/metrics", "/openapi.json")}  # fmt: skip
+    api_routes = {
+        (m, p)
+        for m, p in _served(stack.app.routes)
+        if p.startswith(("/v1/", "/console/api/"))
+        or p in ("/healthz", "/readyz", "/metrics", "/openapi.json")
+    }
     assert api_routes - documented == set(), "routes missing from router/openapi.py OPERATIONS"
     assert documented - api_routes == set(), "documented operations the app does not serve"
     assert len(OPERATIONS) == len(documented)

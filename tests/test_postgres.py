@@ -73,8 +73,14 @@ async def pg_store(pg_url: str) -> AsyncIterator[Store]:
 
 
 def usage(key_id: int, group_id: int, credits: int, **kw: Any) -> UsageRecord:
-    return UsageRecord(key_id=key_id, group_id=group_id, model=kw.pop("model", "openai/gpt-4o-mini"),
-                       provider="openai", credits=credits, **kw)  # fmt: skip
+    return UsageRecord(
+        key_id=key_id,
+        group_id=group_id,
+        model=kw.pop("model", "openai/gpt-4o-mini"),
+        provider="openai",
+        credits=credits,
+        **kw,
+    )
 
 
 async def team(store: Store, credits: int, name: str = "team", cap: int | None = None) -> tuple[int, int]:
@@ -126,7 +132,9 @@ async def test_groups_keys_principal_and_revoke(store: Store) -> None:
         await store.topup("nobody", 5)
 
     key = await store.create_key("beta", "ci", "hash-1", "sk-mr-...wxyz", 300, ["openai/gpt-4o"])
-    with pytest.raises(StoreError, match="a key with this hash already exists"):  # the same error on both stores
+    with pytest.raises(
+        StoreError, match="a key with this hash already exists"
+    ):  # the same error on both stores
         await store.create_key("Alpha", "again", "hash-1", "sk-mr-...wxyz")
     assert (key.group_id, key.group_name, key.name) == (group.id, "beta", "ci")
     assert (key.spend_cap, key.spent) == (300, 0)
@@ -201,10 +209,27 @@ async def test_settle_charges_the_exact_cost_and_records_the_call(pg_store: Stor
     group_id, key_id = await team(store, 10_000)
     reservation = await store.reserve(group_id, key_id, 3_000)
     assert isinstance(reservation, Reservation)
-    record = usage(key_id, group_id, 1_234, endpoint="chat", source="job", stream=True, prompt_tokens=11,
-                   completion_tokens=22, cached_tokens=3, cache_write_tokens=4, reasoning_tokens=5,
-                   status="ok", usage_exact=False, latency_ms=12.5, ttft_ms=3.25, upstream_request_id="up-1",
-                   request_id="req-1", error=None, ts=1_700_000_000.5)  # fmt: skip
+    record = usage(
+        key_id,
+        group_id,
+        1_234,
+        endpoint="chat",
+        source="job",
+        stream=True,
+        prompt_tokens=11,
+        completion_tokens=22,
+        cached_tokens=3,
+        cache_write_tokens=4,
+        reasoning_tokens=5,
+        status="ok",
+        usage_exact=False,
+        latency_ms=12.5,
+        ttft_ms=3.25,
+        upstream_request_id="up-1",
+        request_id="req-1",
+        error=None,
+        ts=1_700_000_000.5,
+    )
     assert await store.settle(reservation, record) == 1_234
     assert record.credits == 1_234
     assert await ledger(store) == (10_000 - 1_234, 0, 1_234)
@@ -296,8 +321,9 @@ async def test_usage_filters_and_pages_newest_first(pg_store: Store) -> None:
     for n, (source, model) in enumerate([("api", "a/x"), ("job", "a/y"), ("api", "a/x"), ("job", "a/x")]):
         r = await store.reserve(group_id, key_id, 100)
         assert isinstance(r, Reservation)
-        await store.settle(r, usage(key_id, group_id, 10 + n, source=source, model=model, prompt_tokens=n,
-                                    ts=1_000.0 + n))  # fmt: skip
+        await store.settle(
+            r, usage(key_id, group_id, 10 + n, source=source, model=model, prompt_tokens=n, ts=1_000.0 + n)
+        )
     r = await store.reserve(other_group, other_key, 100)
     assert isinstance(r, Reservation)
     await store.settle(r, usage(other_key, other_group, 99))
@@ -410,7 +436,11 @@ async def test_operations_committed_together_match_one_by_one(pg_url: str) -> No
     async def scenario(name: str, together: bool) -> tuple[list[Any], tuple[int, int, int], int, list[int]]:
         group_id, key_id = await team(store, 1_000, name=name, cap=1_100)
         first, second, third = [await store.reserve(group_id, key_id, n) for n in (300, 200, 50)]
-        assert isinstance(first, Reservation) and isinstance(second, Reservation) and isinstance(third, Reservation)
+        assert (
+            isinstance(first, Reservation)
+            and isinstance(second, Reservation)
+            and isinstance(third, Reservation)
+        )
         await store.settle(third, usage(key_id, group_id, 10))
         steps: list[Callable[[], Awaitable[Any]]] = [
             lambda: store.settle(first, usage(key_id, group_id, 100)),
@@ -432,10 +462,17 @@ async def test_operations_committed_together_match_one_by_one(pg_url: str) -> No
                     results.append(await step())
                 except Exception as exc:  # (SQLite: the foreign key's IntegrityError)
                     results.append(exc)
-        shown = [("held", r.amount) if isinstance(r, Reservation) else "failed" if isinstance(r, Exception) else r
-                 for r in results]  # fmt: skip
+        shown = [
+            ("held", r.amount) if isinstance(r, Reservation) else "failed" if isinstance(r, Exception) else r
+            for r in results
+        ]
         [key] = await store.list_keys(name)
-        return shown, await ledger(store, name), key.spent, sorted(u.credits for u in await store.usage(group=name))
+        return (
+            shown,
+            await ledger(store, name),
+            key.spent,
+            sorted(u.credits for u in await store.usage(group=name)),
+        )
 
     try:
         together, alone = await scenario("together", True), await scenario("alone", False)
@@ -443,8 +480,17 @@ async def test_operations_committed_together_match_one_by_one(pg_url: str) -> No
         await store.close()
     assert together == alone
     shown, balance, key_spent, charges = together
-    assert shown == [100, ("held", 500), Refusal("key_cap", 290, 400), "failed", 390, Refusal("balance", 0, 1),
-                     0, 70, ("held", 0)]  # fmt: skip
+    assert shown == [
+        100,
+        ("held", 500),
+        Refusal("key_cap", 290, 400),
+        "failed",
+        390,
+        Refusal("balance", 0, 1),
+        0,
+        70,
+        ("held", 0),
+    ]
     assert balance == (0, 500, 500) and key_spent == 500 and charges == [0, 10, 100, 390]
 
 
@@ -576,8 +622,16 @@ class Cluster:
         """A gateway on a free port, once it answers; returns the process and its /v1 base URL."""
         port = free_port()
         log = (self.tmp / f"gateway-{port}.log").open("wb")
-        command = [sys.executable, "-m", "cli", "serve", "--config", str(self.config(stale_seconds)),
-                   "--port", str(port)]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "cli",
+            "serve",
+            "--config",
+            str(self.config(stale_seconds)),
+            "--port",
+            str(port),
+        ]
         proc = subprocess.Popen(command, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         self.procs.append(proc)
@@ -650,6 +704,7 @@ async def test_two_gateways_share_one_ledger(cluster: Cluster) -> None:
     statuses: list[int] = []
     clients = [openai.AsyncOpenAI(base_url=base, api_key=key, max_retries=0, timeout=60) for base in bases]
     try:
+
         async def one(n: int) -> None:
             try:
                 await ask(clients[n % 2], content, max_tokens)
@@ -671,7 +726,9 @@ async def test_two_gateways_share_one_ledger(cluster: Cluster) -> None:
     assert len([r for r in records if r.status == "ok"]) == ok
     rejected = [r for r in records if r.status != "ok"]  # a flood of refusals is recorded as a sample
     assert {r.error_code for r in rejected} == {"insufficient_credits"}  # (gateway/refusals.py)
-    noted = sum(int(r.error.split("(and ")[1].split(" ")[0]) for r in rejected if r.error and "(and " in r.error)
+    noted = sum(
+        int(r.error.split("(and ")[1].split(" ")[0]) for r in rejected if r.error and "(and " in r.error
+    )
     assert min(refused, 10) <= len(rejected) and len(rejected) + noted <= refused
     # 50 worst cases fit at once; then the unused part of each hold comes back
     assert 50 <= ok < 60, (ok, refused, worst)
@@ -683,9 +740,11 @@ async def test_a_killed_gateway_leaves_a_hold_that_a_restart_releases(cluster: C
     initial = 10 * 10**9
     async with openai.AsyncOpenAI(base_url=base, api_key=key, max_retries=0, timeout=30) as client:
         stream = await client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "[delay:200] [tokens:100] a slow one"}],
-            max_tokens=200, stream=True,
-        )  # fmt: skip
+            model=MODEL,
+            messages=[{"role": "user", "content": "[delay:200] [tokens:100] a slow one"}],
+            max_tokens=200,
+            stream=True,
+        )
         async for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:
                 break
@@ -703,7 +762,9 @@ async def test_a_killed_gateway_leaves_a_hold_that_a_restart_releases(cluster: C
     balance, reserved, spent, records = await group_state(cluster.url, "killed")
     assert reserved == 0 and balance + spent == initial and balance == initial
     assert [(r.status, r.credits) for r in records] == [("interrupted", 0)]
-    assert records[0].model == MODEL and records[0].provider == "openai" and records[0].request_id  # kept on the hold
+    assert (
+        records[0].model == MODEL and records[0].provider == "openai" and records[0].request_id
+    )  # kept on the hold
 
 
 def test_serve_with_two_workers_shares_one_port_and_one_ledger(
@@ -715,8 +776,9 @@ def test_serve_with_two_workers_shares_one_port_and_one_ledger(
 
     from tests.test_crash import _cli, _config_with_key, _serve
 
-    config, key = _config_with_key(tmp_path, pg.fresh_url(), stack.emulators["openai"], "workers", 10,
-                                   extra="[server]\nworkers = 2\n")  # fmt: skip
+    config, key = _config_with_key(
+        tmp_path, pg.fresh_url(), stack.emulators["openai"], "workers", 10, extra="[server]\nworkers = 2\n"
+    )
     port = free_port()
     proc = _serve(config, port)
     try:
@@ -738,21 +800,26 @@ def test_serve_with_two_workers_shares_one_port_and_one_ledger(
         client.close()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 0
-        assert not any(Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text()
-                       for pid in children)  # fmt: skip
+        assert not any(
+            Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text()
+            for pid in children
+        )
     finally:
         if proc.poll() is None:
             proc.kill()
     assert _cli(config, "usage", "--group", "workers", "--limit", "100").count(" ok ") == 40
 
 
-def test_serve_with_workers_stopped_while_they_start_exits_cleanly(pg: Postgres, stack: Stack, tmp_path: Path) -> None:
+def test_serve_with_workers_stopped_while_they_start_exits_cleanly(
+    pg: Postgres, stack: Stack, tmp_path: Path
+) -> None:
     """SIGTERM before the workers have their handlers in (they are still importing): they die of the
     forwarded signal with nothing in flight, and ``router serve`` reports a clean stop, not 241."""
     from tests.test_crash import _config_with_key, _serve
 
-    config, _ = _config_with_key(tmp_path, pg.fresh_url(), stack.emulators["openai"], "early", 10,
-                                 extra="[server]\nworkers = 2\n")  # fmt: skip
+    config, _ = _config_with_key(
+        tmp_path, pg.fresh_url(), stack.emulators["openai"], "early", 10, extra="[server]\nworkers = 2\n"
+    )
     proc = _serve(config, free_port())  # the parent's socket accepts at once; the workers are starting
     try:
         proc.send_signal(signal.SIGTERM)

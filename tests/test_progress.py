@@ -36,8 +36,14 @@ async def _opened(url: str) -> Store:
     return store
 
 
-async def _followed(store: Store, ledger: Any, prompts: list[dict[str, Any]], source: type[Source] = Source,
-                    provider: str = "openai", **fields: Any) -> list[tuple[Meter, Source]]:  # fmt: skip
+async def _followed(
+    store: Store,
+    ledger: Any,
+    prompts: list[dict[str, Any]],
+    source: type[Source] = Source,
+    provider: str = "openai",
+    **fields: Any,
+) -> list[tuple[Meter, Source]]:
     """A stream of group "g" for each of ``prompts`` (request ids r0, r1, ...), each followed by the
     ledger's checkpoints with a ``source`` the test grows, and old enough that its first one is due."""
     group = await store.create_group("g", 10**15)
@@ -46,8 +52,9 @@ async def _followed(store: Store, ledger: Any, prompts: list[dict[str, Any]], so
     for n, prompt in enumerate(prompts):
         reservation = await ledger.reserve(group.id, key.id, 10**9, Hold(MODEL.id, provider, f"r{n}"))
         assert isinstance(reservation, Reservation)
-        record = UsageRecord(key_id=key.id, group_id=group.id, model=MODEL.id, provider=provider,
-                             request_id=f"r{n}", **fields)  # fmt: skip
+        record = UsageRecord(
+            key_id=key.id, group_id=group.id, model=MODEL.id, provider=provider, request_id=f"r{n}", **fields
+        )
         meter = Meter(ledger, reservation, MODEL, record, prompt)
         meter.started -= 2.0  # old enough to be due
         meter.follow(followed := source())
@@ -64,7 +71,9 @@ async def test_checkpoints_keep_the_tokens_generated_and_a_cut_stream_is_charged
     await ledger.start(None)
     reservations: list[Reservation] = []
     try:
-        streams = await _followed(store, ledger, [PROMPT, PROMPT], stream=True, deployment="d", metadata='{"a":"b"}')
+        streams = await _followed(
+            store, ledger, [PROMPT, PROMPT], stream=True, deployment="d", metadata='{"a":"b"}'
+        )
         reservations = [meter.reservation for meter, _ in streams]
         sources = [source for _, source in streams]
         written: list[list[Checkpoint]] = []
@@ -77,13 +86,20 @@ async def test_checkpoints_keep_the_tokens_generated_and_a_cut_stream_is_charged
         monkeypatch.setattr(store, "note_progress", spy)
         sources[0].text = sources[1].text = SO_FAR
         assert await ledger.progress.tick() == 2
-        assert [(c.request_id, c.completion) for c in written[-1]] == [("r0", count(SO_FAR)), ("r1", count(SO_FAR))]
+        assert [(c.request_id, c.completion) for c in written[-1]] == [
+            ("r0", count(SO_FAR)),
+            ("r1", count(SO_FAR)),
+        ]
         sources[1].text += MORE
         assert await ledger.progress.tick() == 0  # each is due ``every`` seconds after its last
         await asyncio.sleep(EVERY)
         assert await ledger.progress.tick() == 1  # the other had nothing new: nothing written
         (second,) = written[-1]
-        assert (second.request_id, second.completion, second.charge) == ("r1", count(SO_FAR) + count(MORE), None)
+        assert (second.request_id, second.completion, second.charge) == (
+            "r1",
+            count(SO_FAR) + count(MORE),
+            None,
+        )
 
         async def a_tick_failed_by(write: Any) -> None:
             await asyncio.sleep(EVERY)
@@ -110,8 +126,12 @@ async def test_checkpoints_keep_the_tokens_generated_and_a_cut_stream_is_charged
         sources[0].text += MORE
         assert await ledger.progress.tick() == 1  # counted again from where the lost reply left it
         assert written[-1][0].completion == count(SO_FAR) + count(THEN) + count(LAST + MORE)
-        for checkpoint in (c for tick in written for c in tick):  # no content: neither the prompt nor the text
-            assert not any(part in (checkpoint.charge or "") for part in ("a question", "the answer", "more of it"))
+        for checkpoint in (
+            c for tick in written for c in tick
+        ):  # no content: neither the prompt nor the text
+            assert not any(
+                part in (checkpoint.charge or "") for part in ("a question", "the answer", "more of it")
+            )
     finally:
         await ledger.close()
         await store.close()
@@ -125,7 +145,11 @@ async def test_checkpoints_keep_the_tokens_generated_and_a_cut_stream_is_charged
         usage = TokenUsage(prompt=record.prompt_tokens, completion=completion)
         assert record.credits == cost(MODEL.prices, usage) > 0
         assert record.status == "interrupted" and not record.usage_exact
-        assert (record.deployment, record.metadata, record.stream) == ("d", '{"a":"b"}', True)  # the rest copied
+        assert (record.deployment, record.metadata, record.stream) == (
+            "d",
+            '{"a":"b"}',
+            True,
+        )  # the rest copied
 
 
 def count(text: str) -> int:
@@ -154,7 +178,9 @@ def test_a_charge_kept_as_a_whole_record_is_charged_as_it_is() -> None:
     it stands."""
     from billing.store import record_text
 
-    record = UsageRecord(key_id=1, group_id=1, model="m", provider="p", completion_tokens=7, credits=70, ts=5.0)
+    record = UsageRecord(
+        key_id=1, group_id=1, model="m", provider="p", completion_tokens=7, credits=70, ts=5.0
+    )
     assert charged(record_text(record), 0, None) == record
 
 
@@ -175,7 +201,9 @@ async def test_a_stream_whose_checkpoint_cannot_be_made_holds_back_no_other(tmp_
     ledger = ledger_for(store, checkpoint=EVERY)
     await ledger.start(None)
     try:
-        for _, source in await _followed(store, ledger, [{"messages": [], "tools": [object()]}, {"messages": []}]):
+        for _, source in await _followed(
+            store, ledger, [{"messages": [], "tools": [object()]}, {"messages": []}]
+        ):
             source.text = SO_FAR  # (the first one's tools are not JSON)
         assert await ledger.progress.tick() == 1  # the other's, written
     finally:
@@ -183,8 +211,9 @@ async def test_a_stream_whose_checkpoint_cannot_be_made_holds_back_no_other(tmp_
         await store.close()
 
 
-async def test_a_slice_with_much_to_count_is_counted_off_the_event_loop(tmp_path: Any,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+async def test_a_slice_with_much_to_count_is_counted_off_the_event_loop(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A slice with more than ``INLINE`` characters to count (here a long prompt) is counted on a worker
     thread; a stream settled meanwhile is left out; the other is charged its prompt as counted."""
     url = f"sqlite:///{tmp_path}/router.db"
@@ -213,7 +242,10 @@ async def test_a_slice_with_much_to_count_is_counted_off_the_event_loop(tmp_path
         await store.close()
     (record,) = await _recovered(url, [], 1)
     assert (record.request_id, record.prompt_tokens, record.completion_tokens) == (
-        "r0", tokens.count_request(long), count(SO_FAR))  # fmt: skip
+        "r0",
+        tokens.count_request(long),
+        count(SO_FAR),
+    )
 
 
 async def test_text_kept_by_an_earlier_version_is_charged_at_recovery(store_url: str) -> None:
@@ -226,27 +258,43 @@ async def test_text_kept_by_an_earlier_version_is_charged_at_recovery(store_url:
         ledger = ledger_for(store)
         reservation = await ledger.reserve(group.id, key.id, 10**9, Hold(MODEL.id, "openai", "r0"))
         assert isinstance(reservation, Reservation)
-        record = UsageRecord(key_id=key.id, group_id=group.id, model=MODEL.id, provider="openai", request_id="r0")
-        charge = msgspec.json.encode(Charge(_fields_of(record), 1.0, 10**9, MODEL.prices,
-                                            prompt=tokens.prompt_texts(PROMPT))).decode()  # fmt: skip
+        record = UsageRecord(
+            key_id=key.id, group_id=group.id, model=MODEL.id, provider="openai", request_id="r0"
+        )
+        charge = msgspec.json.encode(
+            Charge(_fields_of(record), 1.0, 10**9, MODEL.prices, prompt=tokens.prompt_texts(PROMPT))
+        ).decode()
         if store_url.startswith("sqlite"):
 
             def old(db: Any) -> None:
-                db.execute("INSERT INTO in_progress (reservation, request_id, record) VALUES (?, 'r0', ?)",
-                           (reservation.id, charge))  # fmt: skip
-                db.executemany("INSERT INTO in_progress_text (reservation, start, text, at) VALUES (?, ?, ?, ?)",
-                               [(reservation.id, 0, SO_FAR, 2.0), (reservation.id, len(SO_FAR), MORE, 3.0)])  # fmt: skip
+                db.execute(
+                    "INSERT INTO in_progress (reservation, request_id, record) VALUES (?, 'r0', ?)",
+                    (reservation.id, charge),
+                )
+                db.executemany(
+                    "INSERT INTO in_progress_text (reservation, start, text, at) VALUES (?, ?, ?, ?)",
+                    [(reservation.id, 0, SO_FAR, 2.0), (reservation.id, len(SO_FAR), MORE, 3.0)],
+                )
 
             await store.run(old)  # type: ignore[attr-defined]
         else:
             async with store.db.connection() as conn:  # type: ignore[attr-defined]
-                await conn.execute("UPDATE reservations SET progress = $1, progress_text = $2, progress_chars = $3, "
-                                   "progress_at = 3.0 WHERE id = $4", charge, SO_FAR + MORE, len(SO_FAR + MORE),
-                                   reservation.id)  # fmt: skip
+                await conn.execute(
+                    "UPDATE reservations SET progress = $1, progress_text = $2, progress_chars = $3, "
+                    "progress_at = 3.0 WHERE id = $4",
+                    charge,
+                    SO_FAR + MORE,
+                    len(SO_FAR + MORE),
+                    reservation.id,
+                )
     finally:
         await store.close()
     (cut,) = await _recovered(store_url, [reservation.id], 1)
-    assert (cut.prompt_tokens, cut.completion_tokens, cut.ts) == (tokens.count_request(PROMPT), count(SO_FAR + MORE), 3.0)
+    assert (cut.prompt_tokens, cut.completion_tokens, cut.ts) == (
+        tokens.count_request(PROMPT),
+        count(SO_FAR + MORE),
+        3.0,
+    )
 
 
 async def test_a_stream_whose_upstream_reported_its_usage_is_charged_that_uncounted(
@@ -267,7 +315,9 @@ async def test_a_stream_whose_upstream_reported_its_usage_is_charged_that_uncoun
     try:
         ((_, source),) = await _followed(store, ledger, [PROMPT], Reporting, provider="gemini")
         source.text = SO_FAR
-        monkeypatch.setattr(tokens, "encoding", lambda: pytest.fail("counted"))  # (an empty text needs no tokenizer)
+        monkeypatch.setattr(
+            tokens, "encoding", lambda: pytest.fail("counted")
+        )  # (an empty text needs no tokenizer)
         assert await ledger.progress.tick() == 1
     finally:
         await ledger.close()

@@ -49,8 +49,17 @@ def test_gcra_admits_the_limit_then_refuses_until_one_interval_passes() -> None:
 
 def test_duration_is_openais_style() -> None:
     assert [duration(s) for s in (0, 0.0201, 0.5, 1, 1.5, 6, 59.9996, 60, 360, 3725)] == [
-        "0s", "21ms", "500ms", "1s", "1.5s", "6s", "1m0s", "1m0s", "6m0s", "1h2m5s",
-    ]  # fmt: skip
+        "0s",
+        "21ms",
+        "500ms",
+        "1s",
+        "1.5s",
+        "6s",
+        "1m0s",
+        "1m0s",
+        "6m0s",
+        "1h2m5s",
+    ]
 
 
 async def test_memory_backend_takes_from_all_buckets_or_from_none() -> None:
@@ -150,6 +159,7 @@ async def test_the_memory_fast_path_answers_as_the_general_path() -> None:
     model = Catalog.load(None).resolve(MODEL)
     clock = [1000.0]
     settings = LimitsSettings(key_rpm=7, key_tpm=5000, group_rpm=9, group_tpm=4000)
+
     class GeneralOnly(MemoryBackend):
         def admit_now(self, plan: Any, tokens: int) -> None:
             return None  # (every check the general way: take)
@@ -160,8 +170,9 @@ async def test_the_memory_fast_path_answers_as_the_general_path() -> None:
     outcomes = []
     for n in range(60):
         text = "x" * (n * 37 % 400)
-        body = json.dumps({"model": MODEL, "max_tokens": 50 + n % 5 * 100,
-                           "messages": [{"role": "user", "content": text}]}).encode()  # fmt: skip
+        body = json.dumps(
+            {"model": MODEL, "max_tokens": 50 + n % 5 * 100, "messages": [{"role": "user", "content": text}]}
+        ).encode()
         _, req = parse_chat_request(body)
         answers = []
         for limiter in (fast, general):
@@ -236,7 +247,11 @@ def test_key_rpm_refuses_with_retry_after_and_sends_nothing_upstream(lstack: Sta
     assert (after.balance, after.reserved) == (before.balance, before.reserved)  # nothing reserved
     refusal = lstack.run(lstack.store.usage(group=group))  # recorded as refused, not charged
     assert len(refusal) == records + 1
-    assert (refusal[0].status, refusal[0].credits, refusal[0].error_code) == ("rejected", 0, "rate_limit_exceeded")
+    assert (refusal[0].status, refusal[0].credits, refusal[0].error_code) == (
+        "rejected",
+        0,
+        "rate_limit_exceeded",
+    )
 
 
 def test_group_rpm_is_shared_by_the_groups_keys(lstack: Stack) -> None:
@@ -371,12 +386,22 @@ def _chat(port: int, key: str, text: str) -> tuple[int, dict[str, str]]:
 
 def _config(tmp: Path, emulators: Emulators, prefix: str, store_url: str) -> Path:
     lines = [
-        "[store]", f'url = "{store_url}"', "",
-        "[reliability]", "max_retries = 0", "",
-        "[limits]", "key_rpm = 4", "group_rpm = 0", f'redis_url = "{REDIS_URL}"',
-        f'redis_prefix = "{prefix}"', "",
-        "[observability]", 'log_format = "json"', "",
-    ]  # fmt: skip
+        "[store]",
+        f'url = "{store_url}"',
+        "",
+        "[reliability]",
+        "max_retries = 0",
+        "",
+        "[limits]",
+        "key_rpm = 4",
+        "group_rpm = 0",
+        f'redis_url = "{REDIS_URL}"',
+        f'redis_prefix = "{prefix}"',
+        "",
+        "[observability]",
+        'log_format = "json"',
+        "",
+    ]
     for name, item in emulators.running.items():
         lines += [f"[providers.{name}]", f'base_url = "{item.base_url}"', f'api_key = "{item.api_key}"', ""]
     path = tmp / "router.toml"
@@ -396,7 +421,9 @@ def shared_pg() -> Iterator[str]:
         run_sync(pg_admin(ADMIN_URL, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
 
 
-def test_two_gateways_share_one_allowance_through_redis(tmp_path: Path, redis_prefix: str, shared_pg: str) -> None:
+def test_two_gateways_share_one_allowance_through_redis(
+    tmp_path: Path, redis_prefix: str, shared_pg: str
+) -> None:
     emulators = Emulators()
     procs: list[subprocess.Popen[bytes]] = []
     logs: list[Any] = []

@@ -42,16 +42,28 @@ def test_the_quick_start_commands_run(tmp_path: Path) -> None:
     env = {**os.environ, "PORT": str(port), "EMULATOR_PORT": str(emulators)}
     log = tmp_path / "demo.out"
     with open(log, "w") as out:
-        demo = subprocess.Popen(["bash", "-c", found[0]], cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # fmt: skip
+        demo = subprocess.Popen(
+            ["bash", "-c", found[0]],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 90
         while "Ctrl-C stops it." not in log.read_text() or not _answers(port):  # the banner, once it answers
             assert demo.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.2)
         for command in found[2:]:
-            done = subprocess.run(["bash", "-c", command.replace("127.0.0.1:8080", f"127.0.0.1:{port}")],
-                                  cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+            done = subprocess.run(
+                ["bash", "-c", command.replace("127.0.0.1:8080", f"127.0.0.1:{port}")],
+                cwd=tmp_path,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert done.returncode == 0, (command, done.stdout, done.stderr)
             assert '"object":"chat.completion"' in done.stdout.replace(" ", ""), (command, done.stdout)
     finally:

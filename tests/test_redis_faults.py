@@ -33,12 +33,31 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
-        self.proc = subprocess.Popen([shutil.which("redis-server") or "redis-server", "--port", str(self.port),
-                                      "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(self.tmp)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        self.proc = subprocess.Popen(
+            [
+                shutil.which("redis-server") or "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.tmp),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            if subprocess.run(["redis-cli", "-p", str(self.port), "ping"], capture_output=True).stdout.strip() == b"PONG":
+            if (
+                subprocess.run(
+                    ["redis-cli", "-p", str(self.port), "ping"], capture_output=True
+                ).stdout.strip()
+                == b"PONG"
+            ):
                 return
             time.sleep(0.05)
         raise AssertionError("redis-server did not start")
@@ -62,10 +81,13 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
 
 def limited(tmp_path: Path, redis_server: RedisServer, **limits: int) -> Settings:
     """A gateway's settings with ``limits`` kept in the test's own Redis (a short timeout)."""
-    return Settings(store=StoreSettings(url=f"sqlite:///{tmp_path}/router.db"),
-                    reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9),
-                    limits=LimitsSettings(redis_url=redis_server.url, redis_timeout=0.2,
-                                          redis_prefix=f"t{redis_server.port}:", **limits))  # fmt: skip
+    return Settings(
+        store=StoreSettings(url=f"sqlite:///{tmp_path}/router.db"),
+        reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9),
+        limits=LimitsSettings(
+            redis_url=redis_server.url, redis_timeout=0.2, redis_prefix=f"t{redis_server.port}:", **limits
+        ),
+    )
 
 
 def test_rate_limits_fail_open_while_redis_is_down_and_hold_again_once_it_is_back(
@@ -150,7 +172,9 @@ def test_calls_in_flight_fail_open_while_redis_is_down_and_count_again_once_it_i
         redis_server.kill()
         answered = [client.chat.completions.create(**ask).choices[0].message.content for _ in range(3)]  # type: ignore[call-overload]
         assert all(answered)  # admitted uncounted: the count cannot be read
-        assert [c for c in chunks if c.choices and c.choices[0].finish_reason]  # the held stream ends normally
+        assert [
+            c for c in chunks if c.choices and c.choices[0].finish_reason
+        ]  # the held stream ends normally
 
         redis_server.start()  # the same port, empty
         deadline = time.monotonic() + 10
@@ -166,7 +190,9 @@ def test_calls_in_flight_fail_open_while_redis_is_down_and_count_again_once_it_i
             finally:
                 again.close()
             assert time.monotonic() < deadline, "the count never held again after Redis came back"
-        records = dict(stack.run(stack.store.database.select("SELECT status, COUNT(*) FROM usage GROUP BY status")))
+        records = dict(
+            stack.run(stack.store.database.select("SELECT status, COUNT(*) FROM usage GROUP BY status"))
+        )
         assert records.get("error", 0) == 0
     finally:
         stack.close_clients()
@@ -186,8 +212,11 @@ def test_calls_that_end_while_redis_is_frozen_give_their_places_back_when_it_ans
         client = stack.client()
 
         def slow() -> Any:
-            return client.chat.completions.create(model="openai/gpt-4o-mini", stream=True,
-                                                  messages=[{"role": "user", "content": "[tokens:3] [delay:150]"}])  # fmt: skip
+            return client.chat.completions.create(
+                model="openai/gpt-4o-mini",
+                stream=True,
+                messages=[{"role": "user", "content": "[tokens:3] [delay:150]"}],
+            )
 
         streams = [iter(slow()) for _ in range(2)]
         for chunks in streams:

@@ -46,9 +46,16 @@ def rstack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     (tmp / "extra.toml").write_text(EXTRA)
     settings = Settings(
         store=StoreSettings(url=f"sqlite:///{tmp}/router.db"),
-        reliability=ReliabilitySettings(max_retries=2, backoff_base=0.01, backoff_max=0.05, breaker_threshold=3,
-                                        breaker_cooldown=0.5, first_byte_timeout=0.5, stream_keepalive=0.2,
-                                        deadline=5),  # fmt: skip
+        reliability=ReliabilitySettings(
+            max_retries=2,
+            backoff_base=0.01,
+            backoff_max=0.05,
+            breaker_threshold=3,
+            breaker_cooldown=0.5,
+            first_byte_timeout=0.5,
+            stream_keepalive=0.2,
+            deadline=5,
+        ),
     )
     settings.catalog.path = str(tmp / "extra.toml")
     s = Stack(tmp, settings).start()
@@ -69,7 +76,9 @@ def _fresh_breakers(rstack: Stack) -> Iterator[None]:
 
 def _dead(rstack: Stack, prefix: str) -> None:
     good = rstack.gateway.providers[prefix]
-    use_deployment(rstack.gateway, Deployment(prefix, f"http://127.0.0.1:{free_port()}/v1", good.api_key, 1, 5))
+    use_deployment(
+        rstack.gateway, Deployment(prefix, f"http://127.0.0.1:{free_port()}/v1", good.api_key, 1, 5)
+    )
 
 
 def _requests_with(rstack: Stack, prefix: str, text: str) -> int:
@@ -80,7 +89,9 @@ def test_retry_until_the_upstream_recovers(rstack: Stack) -> None:
     group = rstack.group(10)
     client = rstack.client(rstack.key(group=group))
     text = f"retry me {time.time()} [flaky:2]"
-    out = client.chat.completions.create(model="openai/gpt-4o-mini", messages=[{"role": "user", "content": text}])
+    out = client.chat.completions.create(
+        model="openai/gpt-4o-mini", messages=[{"role": "user", "content": text}]
+    )
     assert out.choices[0].message.content
     assert _requests_with(rstack, "openai", text) == 3  # two 503s, then success
     [record] = rstack.run(rstack.store.usage(group=group))
@@ -90,7 +101,9 @@ def test_retry_until_the_upstream_recovers(rstack: Stack) -> None:
 def test_retries_are_bounded(rstack: Stack) -> None:
     text = f"always down {time.time()} [flaky:10]"
     with pytest.raises(openai.InternalServerError) as info:
-        rstack.client().chat.completions.create(model="openai/gpt-4o-mini", messages=[{"role": "user", "content": text}])
+        rstack.client().chat.completions.create(
+            model="openai/gpt-4o-mini", messages=[{"role": "user", "content": text}]
+        )
     assert info.value.status_code == 503
     assert _requests_with(rstack, "openai", text) == 3  # 1 + max_retries
 
@@ -98,8 +111,9 @@ def test_retries_are_bounded(rstack: Stack) -> None:
 def test_429_retry_after_is_honoured(rstack: Stack) -> None:
     text = f"limited {time.time()} [limited:1]"
     began = time.monotonic()
-    out = rstack.client().chat.completions.create(model="mistral/mistral-small-latest",
-                                                  messages=[{"role": "user", "content": text}])  # fmt: skip
+    out = rstack.client().chat.completions.create(
+        model="mistral/mistral-small-latest", messages=[{"role": "user", "content": text}]
+    )
     assert out.choices[0].message.content
     assert time.monotonic() - began >= 0.1  # waited the upstream's retry-after
     assert _requests_with(rstack, "mistral", text) == 2
@@ -108,12 +122,17 @@ def test_429_retry_after_is_honoured(rstack: Stack) -> None:
 def test_no_retry_after_the_first_byte(rstack: Stack) -> None:
     text = f"mid {time.time()} [midfail]"
     with pytest.raises(openai.APIError):
-        list(rstack.client().chat.completions.create(model="openai/gpt-4o-mini", stream=True,
-                                                     messages=[{"role": "user", "content": text}]))  # fmt: skip
+        list(
+            rstack.client().chat.completions.create(
+                model="openai/gpt-4o-mini", stream=True, messages=[{"role": "user", "content": text}]
+            )
+        )
     assert _requests_with(rstack, "openai", text) == 1
 
 
-def test_an_upstream_silent_mid_stream_for_its_read_timeout_ends_the_stream_billed_for_what_came(rstack: Stack) -> None:
+def test_an_upstream_silent_mid_stream_for_its_read_timeout_ends_the_stream_billed_for_what_came(
+    rstack: Stack,
+) -> None:
     """A deployment's ``read_timeout`` bounds each read of a stream (the gateway's own deadline since
     aiohttp's per-read timer went): the upstream sends its first event (the role), then nothing for
     longer; the caller gets it, then the in-band error, at the timeout, not when the upstream resumes;
@@ -124,8 +143,11 @@ def test_an_upstream_silent_mid_stream_for_its_read_timeout_ends_the_stream_bill
     client = rstack.client(rstack.key(group=group))
     began = time.monotonic()
     stream = client.chat.completions.create(
-        model="openai/gpt-4o-mini", stream=True, stream_options={"include_usage": True},
-        messages=[{"role": "user", "content": f"stall {time.time()} [tokens:6] [delay:1500]"}])  # fmt: skip
+        model="openai/gpt-4o-mini",
+        stream=True,
+        stream_options={"include_usage": True},
+        messages=[{"role": "user", "content": f"stall {time.time()} [tokens:6] [delay:1500]"}],
+    )
     roles = []
     with pytest.raises(openai.APIError) as failed:
         for chunk in stream:
@@ -148,7 +170,9 @@ def test_the_providers_refusal_of_the_gateways_key_is_a_502_nobody_retries(rstac
     before = metric(rstack, count)
     with openai.OpenAI(base_url=rstack.base_url, api_key=rstack.key(), max_retries=2) as sdk:
         with pytest.raises(openai.InternalServerError) as info:
-            sdk.chat.completions.create(model="mistral/mistral-small-latest", messages=[{"role": "user", "content": "x"}])
+            sdk.chat.completions.create(
+                model="mistral/mistral-small-latest", messages=[{"role": "user", "content": "x"}]
+            )
     assert info.value.status_code == 502 and info.value.code == "upstream_auth_failed"  # type: ignore[attr-defined]
     assert "not a problem with your API key" in info.value.message
     assert info.value.response.headers["x-should-retry"] == "false"
@@ -159,8 +183,11 @@ def test_request_fallback_list_serves_and_bills_the_fallback(rstack: Stack) -> N
     _dead(rstack, "upstage")
     group = rstack.group(10)
     client = rstack.client(rstack.key(group=group))
-    out = client.chat.completions.create(model="upstage/solar-mini", messages=[{"role": "user", "content": "hi"}],
-                                         extra_body={"models": ["mistral/mistral-small-latest"]})  # fmt: skip
+    out = client.chat.completions.create(
+        model="upstage/solar-mini",
+        messages=[{"role": "user", "content": "hi"}],
+        extra_body={"models": ["mistral/mistral-small-latest"]},
+    )
     assert out.model == "mistral/mistral-small-latest"  # the model that actually served
     assert "models" not in rstack.emulator("mistral").requests[-1]  # our field, not sent upstream
     records = rstack.run(rstack.store.usage(group=group))
@@ -181,21 +208,31 @@ def test_request_fallback_list_serves_and_bills_the_fallback(rstack: Stack) -> N
     assert f'<a href="/console/calls/{failed.id}">Call {failed.id}</a>: upstage/solar-mini' in page
     assert "One attempt, on mistral" in page
     page = console.get(f"/console/calls/{failed.id}").text
-    assert f"Call {served.id}</a>: mistral/mistral-small-latest" in page and page.count("<td>upstage</td>") == 3
+    assert (
+        f"Call {served.id}</a>: mistral/mistral-small-latest" in page and page.count("<td>upstage</td>") == 3
+    )
 
 
 def test_catalog_fallback_and_stream(rstack: Stack) -> None:
     _dead(rstack, "upstage")
-    chunks = list(rstack.client().chat.completions.create(model="upstage/solar-mini-fb", stream=True,
-                                                          messages=[{"role": "user", "content": "hi [tokens:3]"}]))  # fmt: skip
+    chunks = list(
+        rstack.client().chat.completions.create(
+            model="upstage/solar-mini-fb",
+            stream=True,
+            messages=[{"role": "user", "content": "hi [tokens:3]"}],
+        )
+    )
     assert {c.model for c in chunks} == {"mistral/mistral-small-latest"}
     assert chunks[-1].choices[0].finish_reason == "stop"
 
 
 def test_bad_request_does_not_fall_back(rstack: Stack) -> None:
     with pytest.raises(openai.BadRequestError) as info:
-        rstack.client().chat.completions.create(model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "x"}],
-                                                extra_body={"models": "not-a-list"})  # fmt: skip
+        rstack.client().chat.completions.create(
+            model="openai/gpt-4o-mini",
+            messages=[{"role": "user", "content": "x"}],
+            extra_body={"models": "not-a-list"},
+        )
     assert info.value.code == "invalid_value" and info.value.param == "models"  # type: ignore[attr-defined]
 
 
@@ -205,15 +242,21 @@ def test_circuit_opens_then_probes_back(rstack: Stack) -> None:
     client = rstack.client()
     for _ in range(3):  # 3 calls (of 3 attempts each, a call counts once) in a row failed: the circuit opens
         with pytest.raises(openai.InternalServerError):
-            client.chat.completions.create(model="upstage/solar-mini", messages=[{"role": "user", "content": "x"}])
+            client.chat.completions.create(
+                model="upstage/solar-mini", messages=[{"role": "user", "content": "x"}]
+            )
     assert rstack.gateway.breakers["upstage"].state == "open"
     began = time.monotonic()
     with pytest.raises(openai.InternalServerError) as info:
-        client.chat.completions.create(model="upstage/solar-mini", messages=[{"role": "user", "content": "x"}])
+        client.chat.completions.create(
+            model="upstage/solar-mini", messages=[{"role": "user", "content": "x"}]
+        )
     assert info.value.code == "circuit_open" and time.monotonic() - began < 0.2  # type: ignore[attr-defined]
     use_deployment(rstack.gateway, good)  # the upstream comes back
     time.sleep(0.55)  # cool-down over: the next call is the probe
-    assert client.chat.completions.create(model="upstage/solar-mini", messages=[{"role": "user", "content": "x"}])
+    assert client.chat.completions.create(
+        model="upstage/solar-mini", messages=[{"role": "user", "content": "x"}]
+    )
     assert rstack.gateway.breakers["upstage"].state == "closed"
 
 
@@ -227,7 +270,9 @@ def test_one_groups_failing_calls_open_the_circuit_for_that_group_only(rstack: S
     a, b, c = rstack.client(), rstack.client(), rstack.client()  # three groups
     for _ in range(3):  # 3 failed calls (each tried 3 times, counted once), all group A's
         with pytest.raises(openai.InternalServerError):
-            a.chat.completions.create(**{**ask, "messages": [{"role": "user", "content": f"{time.time()} {poison}"}]})
+            a.chat.completions.create(
+                **{**ask, "messages": [{"role": "user", "content": f"{time.time()} {poison}"}]}
+            )
     assert rstack.gateway.breakers["openai"].state == "open"
     with pytest.raises(openai.InternalServerError) as info:  # A's calls are refused at once meanwhile
         a.chat.completions.create(**ask)
@@ -260,7 +305,9 @@ def test_two_groups_failing_calls_leave_a_third_groups_calls_served(rstack: Stac
 
     def fail(client: openai.OpenAI, poison: str = "[fault:500]") -> None:
         with pytest.raises(openai.APIStatusError) as info:
-            client.chat.completions.create(**{**ask, "messages": [{"role": "user", "content": f"{time.time()} {poison}"}]})
+            client.chat.completions.create(
+                **{**ask, "messages": [{"role": "user", "content": f"{time.time()} {poison}"}]}
+            )
         assert info.value.code != "circuit_open"  # type: ignore[attr-defined]
 
     for _ in range(3):
@@ -271,7 +318,9 @@ def test_two_groups_failing_calls_leave_a_third_groups_calls_served(rstack: Stac
         assert gw.breakers["openai"].state == "closed"
     for _ in range(5):  # a provider's 400 is about the call's content: never counted
         with pytest.raises(openai.BadRequestError):
-            a.chat.completions.create(**{**ask, "messages": [{"role": "user", "content": f"{time.time()} [fault:400]"}]})
+            a.chat.completions.create(
+                **{**ask, "messages": [{"role": "user", "content": f"{time.time()} [fault:400]"}]}
+            )
     assert gw.breakers["openai"].failures == 0
 
     fail(a), fail(b), fail(a)  # three failed calls in a row, from two groups: open for every group
@@ -287,8 +336,9 @@ def test_two_groups_failing_calls_leave_a_third_groups_calls_served(rstack: Stac
 def test_first_byte_timeout(rstack: Stack) -> None:
     began = time.monotonic()
     with pytest.raises(openai.APIStatusError) as info:
-        rstack.client().chat.completions.create(model="openai/gpt-4o-mini",
-                                                messages=[{"role": "user", "content": f"{time.time()} [slow:3000]"}])  # fmt: skip
+        rstack.client().chat.completions.create(
+            model="openai/gpt-4o-mini", messages=[{"role": "user", "content": f"{time.time()} [slow:3000]"}]
+        )
     assert info.value.status_code == 504
     assert time.monotonic() - began < 2.5  # 3 attempts of 0.5 s, not 3 s each
 
@@ -297,14 +347,24 @@ def test_idle_gap_between_chunks_times_out(rstack: Stack) -> None:
     good = rstack.gateway.providers["openai"]
     use_deployment(rstack.gateway, Deployment("openai", good.base_url, good.api_key, 1, 0.3))
     with pytest.raises(openai.APIError):
-        list(rstack.client().chat.completions.create(model="openai/gpt-4o-mini", stream=True,
-                                                     messages=[{"role": "user", "content": "x [tokens:5] [delay:1000]"}]))  # fmt: skip
+        list(
+            rstack.client().chat.completions.create(
+                model="openai/gpt-4o-mini",
+                stream=True,
+                messages=[{"role": "user", "content": "x [tokens:5] [delay:1000]"}],
+            )
+        )
 
 
 def test_keepalive_comments_while_a_stream_waits(rstack: Stack) -> None:
     key = rstack.key()
-    body = json.dumps({"model": "mistral/mistral-small-latest", "stream": True,
-                       "messages": [{"role": "user", "content": "wait [slow:450] [tokens:2]"}]}).encode()  # fmt: skip
+    body = json.dumps(
+        {
+            "model": "mistral/mistral-small-latest",
+            "stream": True,
+            "messages": [{"role": "user", "content": "wait [slow:450] [tokens:2]"}],
+        }
+    ).encode()
     request = http_post(key, body, close=True)
     with socket.create_connection(("127.0.0.1", rstack.port)) as sock:
         sock.sendall(request)
@@ -320,14 +380,23 @@ def test_keepalive_comments_while_a_stream_waits(rstack: Stack) -> None:
     assert "data: [DONE]" in text
 
 
-def _raw_stream(rstack: Stack, key: str, content: str, stop_after: bytes | None = None, *,
-                model: str = "mistral/mistral-small-latest", path: str = "/v1/chat/completions") -> str:  # fmt: skip
+def _raw_stream(
+    rstack: Stack,
+    key: str,
+    content: str,
+    stop_after: bytes | None = None,
+    *,
+    model: str = "mistral/mistral-small-latest",
+    path: str = "/v1/chat/completions",
+) -> str:
     """POST a streamed call over a plain socket (chat; ``path="/v1/responses"``: ``content`` is the
     input); everything received (or, with ``stop_after``, up to that text, and then the socket is closed)."""
     if path == "/v1/responses":
         body = json.dumps({"model": model, "stream": True, "input": content}).encode()
     else:
-        body = json.dumps({"model": model, "stream": True, "messages": [{"role": "user", "content": content}]}).encode()
+        body = json.dumps(
+            {"model": model, "stream": True, "messages": [{"role": "user", "content": content}]}
+        ).encode()
     request = http_post(key, body, path, close=True)
     received = b""
     with socket.create_connection(("127.0.0.1", rstack.port)) as sock:
@@ -404,11 +473,24 @@ def test_a_429_naming_the_input_tokens_per_minute_is_too_large_only_for_a_prompt
     from adapters.base import map_upstream_error
     from gateway.chat_codec import too_large_for
 
-    body = json.dumps({"type": "error", "error": {"type": "rate_limit_error", "message": (
-        "This request would exceed the rate limit for your organization (org-x) of 1,000 input tokens per "
-        "minute. For details, refer to: https://docs.anthropic.com/en/api/rate-limits.")}}).encode()  # fmt: skip
+    body = json.dumps(
+        {
+            "type": "error",
+            "error": {
+                "type": "rate_limit_error",
+                "message": (
+                    "This request would exceed the rate limit for your organization (org-x) of 1,000 input tokens per "
+                    "minute. For details, refer to: https://docs.anthropic.com/en/api/rate-limits."
+                ),
+            },
+        }
+    ).encode()
     limited = map_upstream_error("anthropic", 429, body, {"retry-after": "3"})
-    assert isinstance(limited, RateLimited) and limited.input_tpm == 1000 and limited.headers["Retry-After"] == "3"
+    assert (
+        isinstance(limited, RateLimited)
+        and limited.input_tpm == 1000
+        and limited.headers["Retry-After"] == "3"
+    )
 
     def ask(words: int) -> dict[str, Any]:
         return {"messages": [{"role": "user", "content": "word " * words}]}
@@ -418,7 +500,9 @@ def test_a_429_naming_the_input_tokens_per_minute_is_too_large_only_for_a_prompt
     over = too_large_for(limited, "anthropic", ask(2000))
     assert isinstance(over, UpstreamTooLarge) and "limit 1000, requested about 20" in over.message
     assert "org-x" not in over.message and over.headers["x-should-retry"] == "false"
-    plain = map_upstream_error("openai", 429, b'{"error": {"message": "Rate limit reached for requests"}}', {})
+    plain = map_upstream_error(
+        "openai", 429, b'{"error": {"message": "Rate limit reached for requests"}}', {}
+    )
     assert isinstance(plain, RateLimited) and plain.input_tpm is None
 
 
@@ -447,7 +531,9 @@ def test_a_probe_refused_with_402_does_not_hold_the_circuit_open(rstack: Stack) 
     with pytest.raises(openai.APIStatusError) as info:
         broke.chat.completions.create(model="upstage/solar-mini", messages=[{"role": "user", "content": "x"}])
     assert info.value.status_code == 402
-    out = rstack.client().chat.completions.create(model="upstage/solar-mini", messages=[{"role": "user", "content": "x"}])
+    out = rstack.client().chat.completions.create(
+        model="upstage/solar-mini", messages=[{"role": "user", "content": "x"}]
+    )
     assert out.choices[0].message.content
     assert rstack.gateway.breakers["upstage"].state == "closed"
 
@@ -457,8 +543,9 @@ def test_a_probe_whose_caller_hangs_up_before_the_first_byte_is_released(rstack:
     text = _raw_stream(rstack, rstack.key(), "x [slow:400] [tokens:2]", stop_after=b": keep-alive")
     assert text.startswith("HTTP/1.1 200")  # then the caller hung up while the upstream was still silent
     time.sleep(0.5)
-    out = rstack.client().chat.completions.create(model="mistral/mistral-small-latest",
-                                                  messages=[{"role": "user", "content": "x"}])  # fmt: skip
+    out = rstack.client().chat.completions.create(
+        model="mistral/mistral-small-latest", messages=[{"role": "user", "content": "x"}]
+    )
     assert out.choices[0].message.content
     assert rstack.gateway.breakers["mistral"].state == "closed"
 
@@ -468,7 +555,9 @@ def test_circuit_state_in_readyz_and_metrics(rstack: Stack) -> None:
     client = rstack.client()
     for _ in range(3):
         with pytest.raises(openai.InternalServerError):
-            client.chat.completions.create(model="upstage/solar-mini", messages=[{"role": "user", "content": "x"}])
+            client.chat.completions.create(
+                model="upstage/solar-mini", messages=[{"role": "user", "content": "x"}]
+            )
     ready = raw_request(rstack, "GET", "/readyz")
     assert ready.json()["circuits"]["upstage"] == "open" and ready.json()["circuits"]["openai"] == "closed"
     why = ready.json()["open_circuits"]
@@ -477,14 +566,15 @@ def test_circuit_state_in_readyz_and_metrics(rstack: Stack) -> None:
     assert why["upstage"]["groups"] == 1 and why["upstage"]["last_error"]
     assert 0 < why["upstage"]["probe_in_seconds"] <= 0.5
     with pytest.raises(openai.InternalServerError):  # another group's call fails too: now every group's
-        rstack.client().chat.completions.create(model="upstage/solar-mini", messages=[{"role": "user", "content": "x"}])
+        rstack.client().chat.completions.create(
+            model="upstage/solar-mini", messages=[{"role": "user", "content": "x"}]
+        )
     why = raw_request(rstack, "GET", "/readyz").json()["open_circuits"]["upstage"]
     assert why["refuses"] == "every group" and why["groups"] == 2 and why["failed_calls"] == 4
     scrape = raw_request(rstack, "GET", "/metrics").text
     assert 'router_circuit_state{provider="upstage",state="open"} 1.0' in scrape
     assert 'router_circuit_state{provider="upstage",state="closed"} 0.0' in scrape
     assert 'router_circuit_state{provider="openai",state="closed"} 1.0' in scrape
-
 
 
 def test_native_responses_are_retried_too(rstack: Stack) -> None:
@@ -495,7 +585,9 @@ def test_native_responses_are_retried_too(rstack: Stack) -> None:
     assert len(seen) == 3  # two 503s, then success, all before the caller saw a byte
 
 
-@pytest.mark.parametrize("model", ["openai/gpt-4o-mini", "anthropic/claude-haiku-4-5", "google/gemini-2.5-flash"])
+@pytest.mark.parametrize(
+    "model", ["openai/gpt-4o-mini", "anthropic/claude-haiku-4-5", "google/gemini-2.5-flash"]
+)
 def test_an_upstream_account_out_of_credit_is_not_retried(rstack: Stack, model: str) -> None:
     """OpenAI's 429 insufficient_quota, Anthropic's 402 billing_error, Gemini's 400 FAILED_PRECONDITION:
     the gateway's own account there is out of credit. Not the caller's rate limit (no 429), not the
@@ -517,8 +609,11 @@ def test_an_upstream_account_out_of_credit_is_not_retried(rstack: Stack, model: 
 
 def test_an_upstream_out_of_credit_falls_back(rstack: Stack) -> None:
     text = f"broke {time.time()} [fault:402]"
-    out = rstack.client().chat.completions.create(model="openai/gpt-4o-mini", messages=[{"role": "user", "content": text}],
-                                                  extra_body={"models": ["mistral/mistral-small-latest"]})  # fmt: skip
+    out = rstack.client().chat.completions.create(
+        model="openai/gpt-4o-mini",
+        messages=[{"role": "user", "content": text}],
+        extra_body={"models": ["mistral/mistral-small-latest"]},
+    )
     assert out.model == "mistral/mistral-small-latest"
     assert _requests_with(rstack, "openai", text) == 1
 
@@ -538,7 +633,9 @@ def test_native_responses_fall_back_to_a_translated_model(rstack: Stack, stream:
     client = rstack.client(rstack.key(group=group))
     extra = {"models": ["anthropic/claude-haiku-4-5"]}
     if stream:
-        with client.responses.stream(model="openai/gpt-4o-mini", input="hi [tokens:3]", extra_body=extra) as events:
+        with client.responses.stream(
+            model="openai/gpt-4o-mini", input="hi [tokens:3]", extra_body=extra
+        ) as events:
             out = events.get_final_response()
     else:
         out = client.responses.create(model="openai/gpt-4o-mini", input="hi [tokens:3]", extra_body=extra)
@@ -566,15 +663,18 @@ def test_native_responses_consult_the_circuit_breaker(rstack: Stack) -> None:
 
 @pytest.mark.parametrize("model", ["openai/gpt-4o-mini", "google/gemini-2.5-flash"])
 def test_responses_streams_send_keepalives_while_the_upstream_is_slow(rstack: Stack, model: str) -> None:
-    text = _raw_stream(rstack, rstack.key(), f"wait {time.time()} [slow:450] [tokens:2]", model=model, path=PATH)
+    text = _raw_stream(
+        rstack, rstack.key(), f"wait {time.time()} [slow:450] [tokens:2]", model=model, path=PATH
+    )
     assert text.startswith("HTTP/1.1 200")
     assert text.index(": keep-alive") < text.index("event: response.created")
     assert "event: response.completed" in text
 
 
 def test_a_responses_stream_failing_after_keepalives_is_an_error_event(rstack: Stack) -> None:
-    text = _raw_stream(rstack, rstack.key(), f"{time.time()} [slow:300] [fault:500]", model="openai/gpt-4o-mini",
-                       path=PATH)  # fmt: skip
+    text = _raw_stream(
+        rstack, rstack.key(), f"{time.time()} [slow:300] [fault:500]", model="openai/gpt-4o-mini", path=PATH
+    )
     assert text.startswith("HTTP/1.1 200")
     error = text.index("event: error\ndata: ")
     assert text.index(": keep-alive") < error
@@ -587,8 +687,9 @@ def test_a_count_is_retried_on_a_transient_failure(rstack: Stack) -> None:
     """count_tokens on an Anthropic model is sent as every call is (gateway/counting.py): a 503 is retried."""
     text = f"count me {time.time()} [flaky:2]"
     claude = rstack.anthropic_client()
-    raw = claude.messages.with_raw_response.count_tokens(model="anthropic/claude-haiku-4-5",
-                                                         messages=[{"role": "user", "content": text}])  # fmt: skip
+    raw = claude.messages.with_raw_response.count_tokens(
+        model="anthropic/claude-haiku-4-5", messages=[{"role": "user", "content": text}]
+    )
     assert raw.headers["x-router-token-count"] == "provider" and raw.parse().input_tokens > 0
     assert rstack.emulator("anthropic").flakiness.seen["count:" + text] == 3  # two 503s, then the count
 
@@ -599,13 +700,18 @@ def test_an_open_circuit_refuses_a_count_at_once(rstack: Stack) -> None:
     claude = rstack.anthropic_client()
     for _ in range(3):
         with pytest.raises(anthropic.InternalServerError):
-            claude.messages.create(model="anthropic/claude-haiku-4-5", max_tokens=8,
-                                   messages=[{"role": "user", "content": f"{time.time()} [fault:500]"}])  # fmt: skip
+            claude.messages.create(
+                model="anthropic/claude-haiku-4-5",
+                max_tokens=8,
+                messages=[{"role": "user", "content": f"{time.time()} [fault:500]"}],
+            )
     assert rstack.gateway.breakers["anthropic"].state == "open"
     text = f"count me {time.time()} [flaky:1]"  # (the emulator counts the tries of a flaky text)
     began = time.monotonic()
     with pytest.raises(anthropic.OverloadedError) as refused:
-        claude.messages.count_tokens(model="anthropic/claude-haiku-4-5", messages=[{"role": "user", "content": text}])
+        claude.messages.count_tokens(
+            model="anthropic/claude-haiku-4-5", messages=[{"role": "user", "content": text}]
+        )
     assert time.monotonic() - began < 0.2 and refused.value.status_code == 529
     assert refused.value.body["error"]["type"] == "overloaded_error"  # type: ignore[index]
     assert "circuit open" in refused.value.message

@@ -52,18 +52,43 @@ def test_a_reload_applies_to_new_calls_and_calls_in_flight_keep_theirs(tmp_path:
         old_prices = gw.catalog.resolve(MINI).prices
         # a stream in flight: started on the old prices
         chunks: list[Any] = []
-        stream = client.chat.completions.create(model="openai/gpt-4o-mini", stream=True, stream_options={"include_usage": True},
-                                                messages=[{"role": "user", "content": "[tokens:40] [delay:40]"}])  # fmt: skip
+        stream = client.chat.completions.create(
+            model="openai/gpt-4o-mini",
+            stream=True,
+            stream_options={"include_usage": True},
+            messages=[{"role": "user", "content": "[tokens:40] [delay:40]"}],
+        )
         reader = threading.Thread(target=lambda: chunks.extend(stream), daemon=True)
         reader.start()
         time.sleep(0.3)  # (the stream is under way: 40 tokens at 40 ms)
-        raw = {"catalog": {"path": str(priced(tmp_path / "catalog.toml", 10))},
-               "providers": {"openai": {"deployments": [
-                   {"name": "primary", "base_url": stack.emulators["openai"].base_url, "api_key": stack.emulators["openai"].api_key},
-                   {"name": "new", "base_url": stack.extra_urls["new"] + "/v1", "api_key": "key-new", "weight": 1000}]}}}  # fmt: skip
+        raw = {
+            "catalog": {"path": str(priced(tmp_path / "catalog.toml", 10))},
+            "providers": {
+                "openai": {
+                    "deployments": [
+                        {
+                            "name": "primary",
+                            "base_url": stack.emulators["openai"].base_url,
+                            "api_key": stack.emulators["openai"].api_key,
+                        },
+                        {
+                            "name": "new",
+                            "base_url": stack.extra_urls["new"] + "/v1",
+                            "api_key": "key-new",
+                            "weight": 1000,
+                        },
+                    ]
+                }
+            },
+        }
         settings = with_emulators(parse_settings(raw), stack.emulators)
-        settings = type(settings)(**{**{f: getattr(settings, f) for f in settings.__struct_fields__},
-                                     "store": gw.settings.store, "reliability": gw.settings.reliability})  # fmt: skip
+        settings = type(settings)(
+            **{
+                **{f: getattr(settings, f) for f in settings.__struct_fields__},
+                "store": gw.settings.store,
+                "reliability": gw.settings.reliability,
+            }
+        )
         assert stack.run(_reload(gw, settings)) == []
         reader.join(10)
         assert chunks and chunks[-1].usage is not None
@@ -72,19 +97,35 @@ def test_a_reload_applies_to_new_calls_and_calls_in_flight_keep_theirs(tmp_path:
         usage = TokenUsage(prompt=streamed.prompt_tokens, completion=streamed.completion_tokens)
         assert streamed.credits == cost(old_prices, usage)  # billed at its start's prices
         # new calls: the new prices, and the new deployment takes them
-        answer = client.chat.completions.create(model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "hi"}])
+        answer = client.chat.completions.create(
+            model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "hi"}]
+        )
         after = stack.run(stack.store.usage(group=group))[0]
         usage = TokenUsage(prompt=after.prompt_tokens, completion=after.completion_tokens)
-        assert after.credits == cost(gw.catalog.resolve(MINI).prices, usage) and gw.catalog.resolve(MINI).prices.input == 10 * old_prices.input
-        assert after.deployment == "new" and stack.extra["new"].served >= 1 and answer.choices[0].message.content
+        assert (
+            after.credits == cost(gw.catalog.resolve(MINI).prices, usage)
+            and gw.catalog.resolve(MINI).prices.input == 10 * old_prices.input
+        )
+        assert (
+            after.deployment == "new" and stack.extra["new"].served >= 1 and answer.choices[0].message.content
+        )
         # a configuration that does not load changes nothing
         router, catalog = gw.dispatcher, gw.catalog
-        broken = parse_settings({"providers": {"openai": {"deployments": [
-            {"name": "gone", "api_key_env": "ROUTER_TEST_NO_SUCH_VARIABLE"}]}}})  # fmt: skip
+        broken = parse_settings(
+            {
+                "providers": {
+                    "openai": {
+                        "deployments": [{"name": "gone", "api_key_env": "ROUTER_TEST_NO_SUCH_VARIABLE"}]
+                    }
+                }
+            }
+        )
         with pytest.raises(ConfigError, match="ROUTER_TEST_NO_SUCH_VARIABLE"):
             stack.run(_reload(gw, broken))
         assert gw.dispatcher is router and gw.catalog is catalog
-        client.chat.completions.create(model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "hi"}])
+        client.chat.completions.create(
+            model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "hi"}]
+        )
         assert stack.run(stack.store.usage(group=group))[0].deployment == "new"
     finally:
         stack.stop()
@@ -96,14 +137,25 @@ async def _reload(gw: Any, settings: Any) -> list[str]:
 
 def test_router_serve_reloads_on_sighup_and_through_the_admin_api(tmp_path: Path) -> None:
     port, emulators = free_port(), free_ports(5)
-    emu = subprocess.Popen([sys.executable, "-m", "cli", "emulators", "--port", str(emulators)],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    emu = subprocess.Popen(
+        [sys.executable, "-m", "cli", "emulators", "--port", str(emulators)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     assert emu.stdout is not None
     urls = {prefix: url for prefix, (url, _) in read_banner(emu.stdout).items()}
     config = tmp_path / "router.toml"
 
     def write(catalog: Path | None = None, broken: bool = False) -> None:
-        lines = ["[store]", f'url = "sqlite:///{tmp_path}/router.db"', "", "[console]", f'admin_token = "{ADMIN}"', ""]
+        lines = [
+            "[store]",
+            f'url = "sqlite:///{tmp_path}/router.db"',
+            "",
+            "[console]",
+            f'admin_token = "{ADMIN}"',
+            "",
+        ]
         if catalog is not None:
             lines += ["[catalog]", f'path = "{catalog}"', ""]
         for prefix, url in urls.items():
@@ -115,9 +167,19 @@ def test_router_serve_reloads_on_sighup_and_through_the_admin_api(tmp_path: Path
     write()
     cli = [sys.executable, "-m", "cli", "--config", str(config)]
     subprocess.run([*cli, "groups", "create", "g", "--credits", "100"], check=True, capture_output=True)
-    key = subprocess.run([*cli, "keys", "create", "--group", "g", "--name", "k"], check=True, capture_output=True,
-                         text=True).stdout.strip().splitlines()[-1]  # fmt: skip
-    server = subprocess.Popen([*cli, "serve", "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    key = (
+        subprocess.run(
+            [*cli, "keys", "create", "--group", "g", "--name", "k"],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
+    server = subprocess.Popen(
+        [*cli, "serve", "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     try:
         _wait(port)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0)
@@ -136,7 +198,9 @@ def test_router_serve_reloads_on_sighup_and_through_the_admin_api(tmp_path: Path
         assert status == 200 and body["reloaded"] is True and _input_price(client) == "3"
         status, audit = _admin(port, "GET", "/console/api/audit?action=config.reload")
         assert status == 200 and audit["data"][0]["action"] == "config.reload"
-        assert client.chat.completions.create(model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "hi"}]).choices
+        assert client.chat.completions.create(
+            model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "hi"}]
+        ).choices
         client.close()
     finally:
         server.send_signal(signal.SIGTERM)
@@ -176,8 +240,12 @@ def _answers(port: int) -> bool:
 
 
 def _admin(port: int, method: str, path: str) -> tuple[int, Any]:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method,
-                                     headers={"Authorization": f"Bearer {ADMIN}"}, data=b"{}" if method == "POST" else None)  # fmt: skip
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}",
+        method=method,
+        headers={"Authorization": f"Bearer {ADMIN}"},
+        data=b"{}" if method == "POST" else None,
+    )
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, json.loads(response.read())
@@ -185,6 +253,3 @@ def _admin(port: int, method: str, path: str) -> tuple[int, Any]:
         body = json.loads(exc.read())
         exc.close()
         return exc.code, body
-
-
-

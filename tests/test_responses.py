@@ -176,7 +176,9 @@ def test_function_tool_round_trip(client: openai.OpenAI, model: str, stream: boo
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_gemini_3_tool_loop_hands_back_the_thought_signature(stack: Stack, client: openai.OpenAI, stream: bool) -> None:
+def test_gemini_3_tool_loop_hands_back_the_thought_signature(
+    stack: Stack, client: openai.OpenAI, stream: bool
+) -> None:
     """Gemini 3 refuses a turn whose earlier function call lost its thoughtSignature: the function_call
     item carries it (extra_content.google.thought_signature, as chat tool calls do) and the gateway puts
     it back on the call when the item comes back as input, streamed or not."""
@@ -337,19 +339,25 @@ def test_client_disconnect_mid_stream_is_billed(stack: Stack, model: str) -> Non
         {"type": "code_interpreter", "container": {"type": "auto"}},
     ],
 )
-def test_hosted_tools_are_left_out_for_translated_models_and_named(stack: Stack, client: openai.OpenAI,
-                                                                   tool: dict[str, Any]) -> None:  # fmt: skip
+def test_hosted_tools_are_left_out_for_translated_models_and_named(
+    stack: Stack, client: openai.OpenAI, tool: dict[str, Any]
+) -> None:
     """A tool only OpenAI runs (Codex sends web_search on every call) is left out of another provider's
     call, and named in x-router-omitted-tools, the second call with the same tools too (their
     decoding and reading kept); forced by tool_choice, it is a 400 naming tool_choice."""
     for _ in range(2):
-        raw = client.responses.with_raw_response.create(model="anthropic/claude-haiku-4-5", input="search the web",
-                                                        tools=[tool, *TOOLS])  # type: ignore[list-item]  # fmt: skip
+        raw = client.responses.with_raw_response.create(
+            model="anthropic/claude-haiku-4-5", input="search the web", tools=[tool, *TOOLS]
+        )  # type: ignore[list-item]
         assert raw.headers["x-router-omitted-tools"] == tool["type"] and raw.parse().output_text
         assert [t["name"] for t in stack.emulator("anthropic").requests[-1]["tools"]] == ["get_weather"]
     with pytest.raises(openai.BadRequestError) as info:
-        client.responses.create(model="anthropic/claude-haiku-4-5", input="search the web", tools=[tool],  # type: ignore[list-item]
-                                tool_choice={"type": tool["type"]})  # type: ignore[misc,arg-type]  # fmt: skip
+        client.responses.create(
+            model="anthropic/claude-haiku-4-5",
+            input="search the web",
+            tools=[tool],  # type: ignore[list-item]
+            tool_choice={"type": tool["type"]},
+        )  # type: ignore[misc,arg-type]
     assert tool["type"] in info.value.message and info.value.param == "tool_choice"  # type: ignore[attr-defined]
 
 
@@ -461,7 +469,9 @@ def test_p1_passes_through_with_the_upstream_model_name(stack: Stack, client: op
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_p1_reasoning_model_sampling_options_are_left_out(stack: Stack, client: openai.OpenAI, stream: bool) -> None:
+def test_p1_reasoning_model_sampling_options_are_left_out(
+    stack: Stack, client: openai.OpenAI, stream: bool
+) -> None:
     """OpenAI's reasoning models refuse temperature and top_p on the Responses API too (the emulator
     answers 400 as OpenAI does): the pass-through leaves them out for a reasoning model, as for chat."""
     running = stack.emulators["openai"]
@@ -617,8 +627,15 @@ def test_a_set_of_tools_seen_before_is_translated_once_and_answers_as_the_first_
     """An agent sends the same tools every turn: the second call's chat tools and names are the first's
     (the same objects), a tool_choice forcing a hosted tool is still a 400, and the sets kept stay
     within their bytes (the oldest go first)."""
-    tools = [{"type": "namespace", "name": "fs", "tools": [{"type": "function", "name": "read", "parameters": {}}]},
-             {"type": "custom", "name": "apply_patch"}, {"type": "web_search"}]  # fmt: skip
+    tools = [
+        {
+            "type": "namespace",
+            "name": "fs",
+            "tools": [{"type": "function", "name": "read", "parameters": {}}],
+        },
+        {"type": "custom", "name": "apply_patch"},
+        {"type": "web_search"},
+    ]
     body: dict[str, Any] = {"model": "m", "input": "q", "tools": tools}
     first = to_chat(body, tools=encoded_tools(body))
     again = to_chat(json.loads(json.dumps(body)), tools=encoded_tools(body))
@@ -627,7 +644,9 @@ def test_a_set_of_tools_seen_before_is_translated_once_and_answers_as_the_first_
     forced = {**body, "tool_choice": {"type": "web_search"}}
     with pytest.raises(InvalidRequest, match="tool_choice forces"):
         to_chat(forced, tools=encoded_tools(forced))
-    assert shell(body, "m", encoded_tools(body))["tools"] == msgspec.Raw(json.dumps(tools, separators=(",", ":")).encode())
+    assert shell(body, "m", encoded_tools(body))["tools"] == msgspec.Raw(
+        json.dumps(tools, separators=(",", ":")).encode()
+    )
     monkeypatch.setattr(responses_translate, "_KNOWN", Kept(8 * 400))
     for n in range(20):
         other = {**body, "tools": [{"type": "function", "name": f"f{n}", "description": "x" * 200}]}
@@ -644,20 +663,30 @@ def test_a_kept_set_of_tools_reaches_the_provider_as_a_chat_call_with_them_does(
     adapter's tools, as JSON, are made once for the set and kept on it. The provider gets them the same
     on the set's first call and on the next, and as a chat call with the same tools sends them."""
     provider = model.split("/")[0]
-    lookup = {"type": "function", "name": f"lookup_{provider}", "description": "Looks a word up",
-              "parameters": {"type": "object", "properties": {"word": {"type": "string"}}}}  # fmt: skip
+    lookup = {
+        "type": "function",
+        "name": f"lookup_{provider}",
+        "description": "Looks a word up",
+        "parameters": {"type": "object", "properties": {"word": {"type": "string"}}},
+    }
     tools = [*TOOLS, lookup]  # (a set of this test's own)
     emulator = stack.emulator(provider)
     sent = []
     for _ in range(2):
         client.responses.create(model=model, input="hi [tokens:2]", tools=tools)  # type: ignore[arg-type]
         sent.append(emulator.requests[-1]["tools"])
-    as_chat = [{"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}} for tool in tools]
-    client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi [tokens:2]"}],
-                                   tools=as_chat)  # type: ignore[arg-type]  # fmt: skip
+    as_chat = [
+        {"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}} for tool in tools
+    ]
+    client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "hi [tokens:2]"}], tools=as_chat
+    )  # type: ignore[arg-type]
     assert sent[0] == sent[1] == emulator.requests[-1]["tools"] and len(json.dumps(sent[0])) > 200
-    kept = [chat for (chat, _), _ in responses_translate._KNOWN.values.values()
-            if any(tool["function"]["name"] == lookup["name"] for tool in chat)]  # fmt: skip
+    kept = [
+        chat
+        for (chat, _), _ in responses_translate._KNOWN.values.values()
+        if any(tool["function"]["name"] == lookup["name"] for tool in chat)
+    ]
     assert len(kept) == 1 and type(kept[0]) is Shared
     adapter = {"anthropic": "anthropic", "google": "gemini"}.get(provider)
     made = kept[0].made[Tool].made[adapter].made.get("json") if adapter else kept[0].made.get("json")
@@ -667,8 +696,12 @@ def test_a_kept_set_of_tools_reaches_the_provider_as_a_chat_call_with_them_does(
 def test_a_kept_set_of_tools_goes_to_openai_as_sent(stack: Stack, client: openai.OpenAI) -> None:
     """On a model whose provider speaks the Responses API the tools pass through: the decoded set's JSON
     is made once (core.kept.as_sent) and the provider gets the tools as sent, on each turn."""
-    lookup = {"type": "function", "name": "lookup_openai_native", "description": "Looks a word up",
-              "parameters": {"type": "object", "properties": {"word": {"type": "string"}}}}  # fmt: skip
+    lookup = {
+        "type": "function",
+        "name": "lookup_openai_native",
+        "description": "Looks a word up",
+        "parameters": {"type": "object", "properties": {"word": {"type": "string"}}},
+    }
     tools = [lookup, *TOOLS, {"type": "web_search"}]
     emulator = stack.emulator("openai")
     sent = []
@@ -690,15 +723,24 @@ def test_a_text_delta_written_as_its_frame_is_what_the_event_would_encode_to() -
     synth = EventSynth(body)
     [opening] = synth.start()
     snapshot = msgspec.json.decode(msgspec.json.encode(body))
-    assert opening == b"".join(frame_event(kind, msgspec.json.encode({"type": kind, "sequence_number": n, "response": snapshot}))
-                               for n, kind in enumerate(("response.created", "response.in_progress")))  # fmt: skip
+    assert opening == b"".join(
+        frame_event(kind, msgspec.json.encode({"type": kind, "sequence_number": n, "response": snapshot}))
+        for n, kind in enumerate(("response.created", "response.in_progress"))
+    )
     piece = 'say "hi"\n\u00e9\u2028 \\ \U0001f600'
     opened = synth.feed({"choices": [{"index": 0, "delta": {"content": "a"}}]})
     events = synth.feed({"choices": [{"index": 0, "delta": {"content": piece}}]})
     assert [type(e) for e in opened] == [dict, dict, bytes] and len(events) == 1
     item = synth.output[0]["id"]
-    expected = {"type": "response.output_text.delta", "sequence_number": 5, "item_id": item, "output_index": 0,
-                "content_index": 0, "delta": piece, "logprobs": []}  # fmt: skip
+    expected = {
+        "type": "response.output_text.delta",
+        "sequence_number": 5,
+        "item_id": item,
+        "output_index": 0,
+        "content_index": 0,
+        "delta": piece,
+        "logprobs": [],
+    }
     assert events[0] == frame_event(expected["type"], msgspec.json.encode(expected))
     assert frames([*opened, *events]).count(b"event: ") == 4
     finished = synth.finish()[-1]["response"]
@@ -707,6 +749,7 @@ def test_a_text_delta_written_as_its_frame_is_what_the_event_would_encode_to() -
 
 def _same_ids(response: dict[str, Any]) -> dict[str, Any]:
     """A response with its item ids, made-up call ids and sealed state in place of what is random."""
+
     def same(call_id: str) -> str:
         return "made" if call_id.startswith("call_") else call_id
 
@@ -732,15 +775,26 @@ def test_a_whole_answer_is_the_response_its_stream_would_end_with(summary: bool)
     names = {"agents__spawn": ToolName("spawn", "agents"), "patch": ToolName("patch", custom=True)}
     how = Options(summary=summary, names=names, seal=lambda state: json.dumps(state, sort_keys=True))
     usage = {"prompt_tokens": 5, "completion_tokens": 7, "completion_tokens_details": {"reasoning_tokens": 3}}
-    calls = [{"id": "c1", "type": "function", "function": {"name": "agents__spawn", "arguments": '{"a": 1}'}},
-             {"id": "c2", "type": "function", "function": {"name": "patch", "arguments": '{"input": "*** x"}'},
-              "extra_content": {"google": {"thought_signature": "sig"}}},
-             {"type": "function", "function": {"name": "plain"}}]  # fmt: skip
+    calls = [
+        {"id": "c1", "type": "function", "function": {"name": "agents__spawn", "arguments": '{"a": 1}'}},
+        {
+            "id": "c2",
+            "type": "function",
+            "function": {"name": "patch", "arguments": '{"input": "*** x"}'},
+            "extra_content": {"google": {"thought_signature": "sig"}},
+        },
+        {"type": "function", "function": {"name": "plain"}},
+    ]
     messages: list[dict[str, Any]] = [
         {"role": "assistant", "content": "Hello there."},
         {"role": "assistant", "content": ""},
-        {"role": "assistant", "content": None, "reasoning_content": "Think.", "tool_calls": calls,
-         "thinking_blocks": [{"type": "thinking", "thinking": "Think.", "signature": "s"}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "reasoning_content": "Think.",
+            "tool_calls": calls,
+            "thinking_blocks": [{"type": "thinking", "thinking": "Think.", "signature": "s"}],
+        },
         {"role": "assistant", "content": "Calling.", "tool_calls": calls[:1]},
         {"role": "assistant", "reasoning_content": "Only thought."},
         {"role": "assistant", "content": [{"type": "text", "text": "a list"}], "tool_calls": "not a list"},
@@ -750,16 +804,23 @@ def test_a_whole_answer_is_the_response_its_stream_would_end_with(summary: bool)
         for reason in ("stop", "length", "content_filter", "tool_calls", None):
             for given in (usage, None):
                 body = shell({"model": "x/y", "input": "q", "instructions": "Be brief."}, "x/y")
-                whole = from_completion({"choices": [{"index": 0, "message": message, "finish_reason": reason}],
-                                         "usage": given}, body, how)  # fmt: skip
+                whole = from_completion(
+                    {"choices": [{"index": 0, "message": message, "finish_reason": reason}], "usage": given},
+                    body,
+                    how,
+                )
                 synth = EventSynth(body, how)
                 delta = {k: v for k, v in message.items() if k != "tool_calls"}
                 if isinstance(message.get("tool_calls"), list):
                     delta["tool_calls"] = [{**c, "index": i} for i, c in enumerate(message["tool_calls"])]
-                synth.feed({"choices": [{"index": 0, "delta": delta, "finish_reason": reason}], "usage": given})
+                synth.feed(
+                    {"choices": [{"index": 0, "delta": delta, "finish_reason": reason}], "usage": given}
+                )
                 streamed = synth.finish()[-1]["response"]
                 assert _same_ids(whole) == _same_ids(streamed), (message, reason)
-                assert whole["status"] == ("incomplete" if reason in ("length", "content_filter") else "completed")
+                assert whole["status"] == (
+                    "incomplete" if reason in ("length", "content_filter") else "completed"
+                )
 
 
 def test_event_synth_parallel_calls_and_failure() -> None:
@@ -803,23 +864,51 @@ def test_the_echoed_tools_pass_through_as_their_bytes() -> None:
     from core.errors import UpstreamError
 
     tools = b'[{"type":"function","name":"f","parameters":{"type":"object","properties":{"a":{"type":"string"}}}}]'
-    response = (b'{"id":"resp_1","object":"response","model":"gpt-4o-mini-2024-07-18","instructions":"Be \\"brief\\".",'
-                b'"tools":' + tools + b',"output":[],"usage":{"input_tokens":3,"output_tokens":2,"total_tokens":5}}')  # fmt: skip
+    response = (
+        b'{"id":"resp_1","object":"response","model":"gpt-4o-mini-2024-07-18","instructions":"Be \\"brief\\".",'
+        b'"tools":' + tools + b',"output":[],"usage":{"input_tokens":3,"output_tokens":2,"total_tokens":5}}'
+    )
     data, usage = parse_response(response, "openai/gpt-4o-mini", "openai", {"store": False})
     assert type(data["tools"]) is msgspec.Raw and bytes(data["tools"]) == tools and usage is not None
-    assert (data["model"], data["store"], data["output"], usage.prompt) == ("openai/gpt-4o-mini", False, [], 3)
+    assert (data["model"], data["store"], data["output"], usage.prompt) == (
+        "openai/gpt-4o-mini",
+        False,
+        [],
+        3,
+    )
     assert msgspec.json.decode(msgspec.json.encode(data))["instructions"] == 'Be "brief".'
     relay = ResponsesRelay("openai/gpt-4o-mini", "openai")
-    [frame] = relay.feed(Event("response.created", b'{"type":"response.created","sequence_number":0,"response":' + response + b"}"))
+    [frame] = relay.feed(
+        Event(
+            "response.created",
+            b'{"type":"response.created","sequence_number":0,"response":' + response + b"}",
+        )
+    )
     assert tools in frame and frame.count(b'"model":"openai/gpt-4o-mini"') == 1
-    assert relay.feed(Event("response.completed", b'{"type":"response.completed","sequence_number":1,"response":' + response + b"}")) == []
-    assert relay.terminal is not None and bytes(relay.terminal["response"]["tools"]) == tools and relay.usage.prompt == 3
+    assert (
+        relay.feed(
+            Event(
+                "response.completed",
+                b'{"type":"response.completed","sequence_number":1,"response":' + response + b"}",
+            )
+        )
+        == []
+    )
+    assert (
+        relay.terminal is not None
+        and bytes(relay.terminal["response"]["tools"]) == tools
+        and relay.usage.prompt == 3
+    )
     odd = ResponsesRelay("openai/gpt-4o-mini", "openai")  # a "response" that is no object passes as it came
-    assert odd.feed(Event("x", b'{"type":"x","response":"text"}')) == [b'event: x\ndata: {"type":"x","response":"text"}\n\n']
+    assert odd.feed(Event("x", b'{"type":"x","response":"text"}')) == [
+        b'event: x\ndata: {"type":"x","response":"text"}\n\n'
+    ]
     with pytest.raises(UpstreamError, match="malformed"):
         odd.feed(Event("x", b'{"type":"x","response":{'))
     named = ResponsesRelay("openai/gpt-4o-mini", "openai")  # an error named by its event line alone
-    assert named.feed(Event("error", b'{"message":"overloaded","code":"server_error"}'))[0].startswith(b"event: error\n")
+    assert named.feed(Event("error", b'{"message":"overloaded","code":"server_error"}'))[0].startswith(
+        b"event: error\n"
+    )
     assert named.error == "overloaded"
     with pytest.raises(UpstreamError, match="unexpected answer shape"):
         parse_response(b'["response"]', "openai/gpt-4o-mini", "openai")
@@ -879,8 +968,10 @@ def test_the_tools_echoed_are_the_bytes_the_caller_sent_when_they_are_on_one_lin
     """encoded_tools takes the tools as the caller sent them (decode_object gives their bytes), not an
     encode of the decoded list; tools broken over lines are encoded again, since the Response object
     that echoes them goes out in SSE data lines."""
-    tools = [{"type": "function", "name": "f\u00e9", "parameters": {"type": "object", "properties": {}}},
-             {"type": "web_search"}]  # fmt: skip
+    tools = [
+        {"type": "function", "name": "f\u00e9", "parameters": {"type": "object", "properties": {}}},
+        {"type": "web_search"},
+    ]
     body = {"model": "x/y", "input": "q", "tools": tools, "metadata": {"tools": [1]}}
     spaced = json.dumps(body).encode()  # (the SDK's separators: ", " and ": "; non-ASCII escaped)
     decoded, sent = decode_object(spaced, "tools")

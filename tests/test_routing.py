@@ -22,13 +22,17 @@ from tests.conftest import REDIS_URL
 def dep(name: str, weight: float = 1.0, rpm: int = 0, tpm: int = 0) -> Deployment:
     """A deployment of a provider group of these tests' own: its leases move the process's
     router_deployment_in_flight gauge, which a gateway's openai/ deployments must not share."""
-    return Deployment("routing-unit", f"http://{name}.test/v1", "k", name=name, weight=weight, rpm=rpm, tpm=tpm)
+    return Deployment(
+        "routing-unit", f"http://{name}.test/v1", "k", name=name, weight=weight, rpm=rpm, tpm=tpm
+    )
 
 
 A, B, C = dep("a", 1), dep("b", 2), dep("c", 5)
 
 
-def firsts(strategy: str, deps: list[Deployment], loads: list[Load], n: int, seed: int = 7, **kw: float) -> Counter[str]:
+def firsts(
+    strategy: str, deps: list[Deployment], loads: list[Load], n: int, seed: int = 7, **kw: float
+) -> Counter[str]:
     rnd = random.Random(seed)
     return Counter(deps[routing.order(strategy, deps, loads, rnd, **kw)[0]].name for _ in range(n))  # type: ignore[arg-type]
 
@@ -42,7 +46,11 @@ def test_simple_shuffle_is_weighted_random() -> None:
     counts = firsts("simple-shuffle", [A, B, C], [Load()] * 3, n)
     assert within(counts["a"], n, 1 / 8) and within(counts["b"], n, 2 / 8) and within(counts["c"], n, 5 / 8)
     order = routing.order("simple-shuffle", [A, B, C], [Load()] * 3, random.Random(1))
-    assert sorted(order) == [0, 1, 2]  # every deployment is in the order: the others are where a call moves to
+    assert sorted(order) == [
+        0,
+        1,
+        2,
+    ]  # every deployment is in the order: the others are where a call moves to
 
 
 def test_least_busy_latency_and_usage_rank_by_their_measure() -> None:
@@ -54,7 +62,11 @@ def test_least_busy_latency_and_usage_rank_by_their_measure() -> None:
     unmeasured = [Load(latency=0.5), Load(latency=0.05), Load()]  # measured first, so it gets measured
     assert firsts("latency", [A, B, C], unmeasured, 200, exploration=0.0) == {"c": 200}
     # a non-stream call ranks by seconds per output token, its own kind's measure
-    both = [Load(latency=0.5, per_token=0.01), Load(latency=0.05, per_token=0.04), Load(latency=0.2, per_token=0.02)]
+    both = [
+        Load(latency=0.5, per_token=0.01),
+        Load(latency=0.05, per_token=0.04),
+        Load(latency=0.2, per_token=0.02),
+    ]
     assert firsts("latency", [A, B, C], both, 200, exploration=0.0, stream=False) == {"a": 200}
     assert firsts("latency", [A, B, C], both, 200, exploration=0.0) == {"b": 200}
     explored = firsts("latency", [A, B, C], slow, 10_000, exploration=0.2)
@@ -74,13 +86,20 @@ def test_a_conversation_is_named_by_its_key_and_first_messages_or_its_user() -> 
     turns = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]
     names = set()
     for turn in range(10):  # the conversation grows; its first two messages do not change
-        turns += [{"role": "assistant", "content": f"answer {turn}"}, {"role": "user", "content": f"more {turn}"}]
+        turns += [
+            {"role": "assistant", "content": f"answer {turn}"},
+            {"role": "user", "content": f"more {turn}"},
+        ]
         names.add(routing.conversation(7, {"messages": list(turns)}, 2))
     assert len(names) == 1
     assert routing.conversation(8, {"messages": turns}, 2) not in names  # another key, another conversation
-    assert routing.conversation(7, {"messages": turns[:1] + [{"role": "user", "content": "Hi"}]}, 2) not in names
+    assert (
+        routing.conversation(7, {"messages": turns[:1] + [{"role": "user", "content": "Hi"}]}, 2) not in names
+    )
     by_user = routing.conversation(7, {"messages": turns, "user": "u-1"}, 2)
-    assert by_user == routing.conversation(7, {"messages": [{"role": "user", "content": "x"}], "user": "u-1"}, 2)
+    assert by_user == routing.conversation(
+        7, {"messages": [{"role": "user", "content": "x"}], "user": "u-1"}, 2
+    )
     assert routing.conversation(7, {"input": "Hello"}, 2) == routing.conversation(7, {"input": "Hello"}, 2)
 
 
@@ -113,7 +132,9 @@ def test_memory_state_skips_resting_deployments_and_full_ceilings() -> None:
     second = state.acquire_now([A, B], M, 0)
     assert isinstance(second, Lease) and second.deployment is B  # A rests for this model
     other = state.acquire_now([A, B], "openai/gpt-4o", 0)
-    assert isinstance(other, Lease) and other.deployment is A  # not for another (providers limit models apart)
+    assert (
+        isinstance(other, Lease) and other.deployment is A
+    )  # not for another (providers limit models apart)
     assert state.acquire_now([A], M, 0) == 10.0  # nothing can take it: how long until one could
     now[0] += 10.0
     assert isinstance(state.acquire_now([A], M, 0), Lease) and state.resting(A) == {}
@@ -167,7 +188,9 @@ def test_redis_state_is_shared_by_replicas() -> None:
             await asyncio.sleep(0.05)  # releases go with the next round trip, or on their own
             moved = await two.acquire([A, B], M, 0)
             assert isinstance(moved, Lease) and moved.deployment is B
-            assert two.resting(A)[M] == pytest.approx(30.0, abs=1.0) and two.load(A, M).latency == pytest.approx(0.25)
+            assert two.resting(A)[M] == pytest.approx(30.0, abs=1.0) and two.load(
+                A, M
+            ).latency == pytest.approx(0.25)
             assert two.load(A, M).per_token == pytest.approx(0.002) and two.load(B, M).per_token is None
             assert two.load(A, M).in_flight == 0
             elsewhere = await two.acquire([A, B], "openai/gpt-4o", 0)

@@ -13,8 +13,10 @@ from tests.test_crash import _cli, _config_with_key, _serve
 
 
 def _stream(port: int, key: str, out: list[bytes], started: threading.Event) -> None:
-    body = (b'{"model":"openai/gpt-4o-mini","stream":true,'
-            b'"messages":[{"role":"user","content":"drain me [tokens:20] [delay:80]"}]}')  # fmt: skip
+    body = (
+        b'{"model":"openai/gpt-4o-mini","stream":true,'
+        b'"messages":[{"role":"user","content":"drain me [tokens:20] [delay:80]"}]}'
+    )
     request = http_post(key, body, close=True)
     with socket.create_connection(("127.0.0.1", port)) as sock:
         sock.sendall(request)
@@ -28,7 +30,9 @@ def _stream(port: int, key: str, out: list[bytes], started: threading.Event) -> 
 
 
 def test_sigterm_lets_open_streams_finish_and_bills_them(stack: Stack, tmp_path: Path) -> None:
-    config, key = _config_with_key(tmp_path, f"sqlite:///{tmp_path}/drain.db", stack.emulators["openai"], "drain", 10)
+    config, key = _config_with_key(
+        tmp_path, f"sqlite:///{tmp_path}/drain.db", stack.emulators["openai"], "drain", 10
+    )
     port = free_port()
     proc = _serve(config, port)
     results: list[bytes] = []
@@ -61,4 +65,3 @@ def test_sigterm_lets_open_streams_finish_and_bills_them(stack: Stack, tmp_path:
     assert usage.count(" ok ") == 5 and "interrupted" not in usage
     shown = _cli(config, "groups", "show", "drain")
     assert "reserved  0 credits" in shown and "spent     0 credits" not in shown
-

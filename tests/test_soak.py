@@ -19,8 +19,10 @@ def _rss_kib(pid: int) -> int:
 
 
 async def _load(port: int, key: str, calls: int, concurrency: int = 32) -> int:
-    body = (b'{"model":"openai/gpt-4o-mini","stream":true,"stream_options":{"include_usage":true},'
-            b'"messages":[{"role":"user","content":"soak [tokens:8]"}]}')  # fmt: skip
+    body = (
+        b'{"model":"openai/gpt-4o-mini","stream":true,"stream_options":{"include_usage":true},'
+        b'"messages":[{"role":"user","content":"soak [tokens:8]"}]}'
+    )
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
     done = 0
@@ -40,7 +42,9 @@ async def _load(port: int, key: str, calls: int, concurrency: int = 32) -> int:
 
 
 def test_memory_stays_flat_over_thousands_of_streams(stack: Stack, tmp_path: Path) -> None:
-    config, key = _config_with_key(tmp_path, f"sqlite:///{tmp_path}/soak.db", stack.emulators["openai"], "soak", 1000)
+    config, key = _config_with_key(
+        tmp_path, f"sqlite:///{tmp_path}/soak.db", stack.emulators["openai"], "soak", 1000
+    )
     port = free_port()
     proc = _serve(config, port)
     try:

@@ -27,16 +27,41 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("core", "server", "adapters", "billing", "emulators", "gateway", "jobs", "console", "router", "cli")
-SQL = re.compile(r"\b(SELECT|INSERT INTO|UPDATE \w+ SET|DELETE FROM|(CREATE|ALTER|DROP) (TABLE|INDEX|UNIQUE)|WITH)\b")
+PACKAGES = (
+    "core",
+    "server",
+    "adapters",
+    "billing",
+    "emulators",
+    "gateway",
+    "jobs",
+    "console",
+    "router",
+    "cli",
+)
+SQL = re.compile(
+    r"\b(SELECT|INSERT INTO|UPDATE \w+ SET|DELETE FROM|(CREATE|ALTER|DROP) (TABLE|INDEX|UNIQUE)|WITH)\b"
+)
 NUMBERS = {"len", "range", "int", "float", "min", "max"}
 
 # (module, function, name): a parameter or attribute whose value is one of the code's own names
 CHOSEN: dict[tuple[str, str, str], str] = {
-    ("billing/usage_filter.py", "where", "value"): "written only when it is one of _LITERALS' constants (value in known)",
-    ("billing/analysis.py", "_select", "by"): "Filter fields chosen by the console's code; Level.serves checks them against its dims",
+    (
+        "billing/usage_filter.py",
+        "where",
+        "value",
+    ): "written only when it is one of _LITERALS' constants (value in known)",
+    (
+        "billing/analysis.py",
+        "_select",
+        "by",
+    ): "Filter fields chosen by the console's code; Level.serves checks them against its dims",
     ("billing/analysis.py", "_select", "hour"): "one of the SQL expressions of the hour this module writes",
-    ("billing/analysis.py", "_rolled", ".table"): "a rollup level's table: the constants of billing/rollup.py LEVELS",
+    (
+        "billing/analysis.py",
+        "_rolled",
+        ".table",
+    ): "a rollup level's table: the constants of billing/rollup.py LEVELS",
     ("billing/rollup.py", "rebuild", ".table"): "a rollup level's table: the constants of LEVELS",
     ("billing/rollup.py", "script", ".table"): "the level's own table name, a constant of LEVELS",
     ("billing/rollup.py", "script", ".dims"): "the level's dimensions, constants of LEVELS",
@@ -44,20 +69,42 @@ CHOSEN: dict[tuple[str, str, str], str] = {
     ("billing/rollup.py", "roll", ".table"): "the level's own table name, a constant of LEVELS",
     ("billing/rollup.py", "roll", ".dims"): "the level's dimensions, constants of LEVELS",
     ("billing/rollup.py", "roll", ".width"): "the level's width in seconds, a number of LEVELS",
-    ("billing/history.py", "totals", "by"): "checked to be 'model' or 'deployment' first (ValueError otherwise)",
+    (
+        "billing/history.py",
+        "totals",
+        "by",
+    ): "checked to be 'model' or 'deployment' first (ValueError otherwise)",
     ("billing/history.py", "_exists", "clause"): "its callers pass literals ('id < ?', 'id > ?', 'id >= ?')",
     ("billing/history.py", "_exists", "base"): "its callers pass the SQL of _where (a builder, checked)",
     ("billing/history.py", "buckets", "expr"): "the bucket expression this module writes from numbers",
-    ("billing/postgres_pool.py", "migrate", "table"): "a version table's name: a literal or VERSION_TABLE constant of each store",
-    ("billing/schema.py", "ddl", "scripts"): "the stores' DDL constants (LEDGER, TABLES, MIGRATIONS) its callers pass",
-    ("billing/sqlite_thread.py", "_migrate", "table"): "a version table's name: a literal or VERSION_TABLE constant of each store",
+    (
+        "billing/postgres_pool.py",
+        "migrate",
+        "table",
+    ): "a version table's name: a literal or VERSION_TABLE constant of each store",
+    (
+        "billing/schema.py",
+        "ddl",
+        "scripts",
+    ): "the stores' DDL constants (LEDGER, TABLES, MIGRATIONS) its callers pass",
+    (
+        "billing/sqlite_thread.py",
+        "_migrate",
+        "table",
+    ): "a version table's name: a literal or VERSION_TABLE constant of each store",
 }
 # functions that return SQL (or (SQL, arguments)): name -> module:function, whose returns this rule checks
-BUILDERS = {"_where": "billing/history.py:_where", "where": "billing/usage_filter.py:where", "ddl": "billing/schema.py:ddl"}
+BUILDERS = {
+    "_where": "billing/history.py:_where",
+    "where": "billing/usage_filter.py:where",
+    "ddl": "billing/schema.py:ddl",
+}
 
 
 def _sql_text(node: ast.AST) -> str:
-    return " ".join(n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str))
+    return " ".join(
+        n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+    )
 
 
 class Checker:
@@ -67,8 +114,12 @@ class Checker:
         for parent in ast.walk(tree):
             for child in ast.iter_child_nodes(parent):
                 self.parents[child] = parent
-        self.functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}  # a call: what it returns
-        self.imported = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+        self.functions = {
+            n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)
+        }  # a call: what it returns
+        self.imported = {
+            a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names
+        }
 
     def scope_of(self, node: ast.AST) -> ast.AST:
         while node in self.parents:
@@ -90,7 +141,9 @@ class Checker:
                 continue
             if isinstance(node, ast.Assign) and any(_names(t, name) for t in node.targets):
                 target = node.targets[0]
-                if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Call):  # `sql, args = where(...)`
+                if isinstance(target, ast.Tuple) and isinstance(
+                    node.value, ast.Call
+                ):  # `sql, args = where(...)`
                     values.append(ast.Subscript(node.value, ast.Constant(_position(target, name))))
                 elif isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple):
                     values.append(node.value.elts[_position(target, name)])
@@ -100,12 +153,20 @@ class Checker:
                 values.append(node.value)
             elif isinstance(node, ast.For | ast.comprehension) and _names(node.target, name):
                 rows = node.iter.elts if isinstance(node.iter, ast.Tuple | ast.List) else []
-                if isinstance(node.target, ast.Tuple) and rows and all(isinstance(r, ast.Tuple) for r in rows):
+                if (
+                    isinstance(node.target, ast.Tuple)
+                    and rows
+                    and all(isinstance(r, ast.Tuple) for r in rows)
+                ):
                     values += [r.elts[_position(node.target, name)] for r in rows]  # type: ignore[attr-defined]
                 else:
                     values.append(node.iter)
-            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                  and node.func.attr in ("append", "extend") and _names(node.func.value, name)):  # fmt: skip
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("append", "extend")
+                and _names(node.func.value, name)
+            ):
                 values.extend(node.args)
         return values
 
@@ -114,7 +175,9 @@ class Checker:
             case ast.Constant():
                 return True
             case ast.JoinedStr():
-                return all(self.constant(v.value, seen) for v in node.values if isinstance(v, ast.FormattedValue))
+                return all(
+                    self.constant(v.value, seen) for v in node.values if isinstance(v, ast.FormattedValue)
+                )
             case ast.BinOp(op=ast.Mult()):
                 return self.constant(node.left, seen) or self.constant(node.right, seen)
             case ast.BinOp():
@@ -129,7 +192,9 @@ class Checker:
                 return all(self.constant(v, seen) for v in node.values)
             case ast.ListComp() | ast.GeneratorExp() | ast.SetComp():
                 return self.constant(node.elt, seen)
-            case ast.Subscript(value=ast.Call(func=ast.Name(id=fn) | ast.Attribute(attr=fn)), slice=ast.Constant(value=i)):
+            case ast.Subscript(
+                value=ast.Call(func=ast.Name(id=fn) | ast.Attribute(attr=fn)), slice=ast.Constant(value=i)
+            ):
                 return fn in BUILDERS and _builds(fn, i)  # an element of what a builder returns
             case ast.Subscript():
                 return self.constant(node.value, seen)
@@ -137,15 +202,46 @@ class Checker:
                 return self.constant(node.value, seen)
             case ast.Call(func=ast.Name(id=fn)) if fn in NUMBERS:
                 return True
-            case ast.Call(func=ast.Attribute(attr="join" | "format" | "format_map" | "upper" | "lower" | "strip" | "split" | "get" | "items" | "keys" | "values")):
+            case ast.Call(
+                func=ast.Attribute(
+                    attr="join"
+                    | "format"
+                    | "format_map"
+                    | "upper"
+                    | "lower"
+                    | "strip"
+                    | "split"
+                    | "get"
+                    | "items"
+                    | "keys"
+                    | "values"
+                )
+            ):
                 return self.constant(node.func.value, seen) and all(self.constant(a, seen) for a in node.args)
-            case ast.Call(func=ast.Name(id="repr" | "str" | "tuple" | "list" | "sorted" | "enumerate" | "zip" | "set" | "frozenset")):
+            case ast.Call(
+                func=ast.Name(
+                    id="repr"
+                    | "str"
+                    | "tuple"
+                    | "list"
+                    | "sorted"
+                    | "enumerate"
+                    | "zip"
+                    | "set"
+                    | "frozenset"
+                )
+            ):
                 return all(self.constant(a, seen) for a in node.args)
             case ast.Call(func=ast.Name(id=fn)) if fn in self.functions and fn not in seen:
-                returns = [n.value for n in ast.walk(self.functions[fn]) if isinstance(n, ast.Return) and n.value]
+                returns = [
+                    n.value for n in ast.walk(self.functions[fn]) if isinstance(n, ast.Return) and n.value
+                ]
                 return all(self.constant(r, seen | {fn}) for r in returns)
             case ast.Attribute():
-                return node.attr.isupper() or (self.module, _func_name(self.scope_of(node)), f".{node.attr}") in CHOSEN
+                return (
+                    node.attr.isupper()
+                    or (self.module, _func_name(self.scope_of(node)), f".{node.attr}") in CHOSEN
+                )
             case ast.Name(id=name):
                 return self.name(node, name, seen)
         return False
@@ -171,10 +267,19 @@ class Checker:
     def problems(self) -> list[str]:
         found = []
         for node in ast.walk(self.tree):
-            built = isinstance(node, ast.JoinedStr) or (
-                isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Mod)
-                and not isinstance(self.parents.get(node), ast.BinOp)
-            ) or (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "format")  # fmt: skip
+            built = (
+                isinstance(node, ast.JoinedStr)
+                or (
+                    isinstance(node, ast.BinOp)
+                    and isinstance(node.op, ast.Add | ast.Mod)
+                    and not isinstance(self.parents.get(node), ast.BinOp)
+                )
+                or (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "format"
+                )
+            )
             if built and SQL.search(_sql_text(node)) and not self.constant(node):
                 found.append(f"{self.module}:{node.lineno}: {ast.unparse(node)[:120]}")
         return found
@@ -192,7 +297,9 @@ def _builds(fn: str, index: int) -> bool:
     found = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == function]
     returns = [r.value for f in found for r in ast.walk(f) if isinstance(r, ast.Return) and r.value]
     parts = [r.elts[index] if isinstance(r, ast.Tuple) else r for r in returns]
-    return bool(parts) and all(_builds(_called(p), index) if _called(p) in BUILDERS else checker.constant(p) for p in parts)
+    return bool(parts) and all(
+        _builds(_called(p), index) if _called(p) in BUILDERS else checker.constant(p) for p in parts
+    )
 
 
 def _called(node: ast.AST) -> str:

@@ -34,12 +34,18 @@ def test_the_fast_path_refuses_a_hypercorn_it_was_not_verified_on() -> None:
 
 def test_every_endpoint_on_stock_hypercorn(tmp_path: Path) -> None:
     config = tmp_path / "router.toml"
-    config.write_text(f'[server]\nfast_path = false\n\n[store]\nurl = "sqlite:///{tmp_path}/data/router.db"\n')
+    config.write_text(
+        f'[server]\nfast_path = false\n\n[store]\nurl = "sqlite:///{tmp_path}/data/router.db"\n'
+    )
     port = free_port()
     with open(tmp_path / "demo.out", "w") as out:
-        demo = subprocess.Popen([sys.executable, "-m", "cli", "demo", "--port", str(port), "--emulator-port",
-                                 str(free_ports(7))], cwd=tmp_path, env={**os.environ, "ROUTER_CONFIG": str(config)},
-                                stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+        demo = subprocess.Popen(
+            [sys.executable, "-m", "cli", "demo", "--port", str(port), "--emulator-port", str(free_ports(7))],
+            cwd=tmp_path,
+            env={**os.environ, "ROUTER_CONFIG": str(config)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         ready = _wait(port, tmp_path / "data" / "demo-key", demo)
         assert ready["server"].endswith(", stock"), ready["server"]
@@ -47,11 +53,23 @@ def test_every_endpoint_on_stock_hypercorn(tmp_path: Path) -> None:
         base = f"http://127.0.0.1:{port}/v1"
         with openai.OpenAI(base_url=base, api_key=key, max_retries=0) as client:
             hi = [{"role": "user", "content": "Hello"}]
-            assert client.chat.completions.create(model="openai/gpt-4o-mini", messages=hi).choices[0].message.content  # type: ignore[arg-type]
-            chunks = list(client.chat.completions.create(model="google/gemini-2.5-flash", messages=hi, stream=True,  # type: ignore[arg-type]
-                                                         stream_options={"include_usage": True}))  # fmt: skip
+            assert (
+                client.chat.completions.create(model="openai/gpt-4o-mini", messages=hi)
+                .choices[0]
+                .message.content
+            )  # type: ignore[arg-type]
+            chunks = list(
+                client.chat.completions.create(
+                    model="google/gemini-2.5-flash",
+                    messages=hi,
+                    stream=True,  # type: ignore[arg-type]
+                    stream_options={"include_usage": True},
+                )
+            )
             assert chunks[-1].usage is not None and chunks[-1].usage.total_tokens > 0
-            events = list(client.responses.create(model="anthropic/claude-haiku-4-5", input="Hello", stream=True))
+            events = list(
+                client.responses.create(model="anthropic/claude-haiku-4-5", input="Hello", stream=True)
+            )
             assert events[-1].type == "response.completed"
             assert client.embeddings.create(model="openai/text-embedding-3-small", input="one").data
             with pytest.raises(openai.BadRequestError):

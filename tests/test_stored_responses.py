@@ -27,8 +27,9 @@ def stored(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     else:
         postgres: Postgres = request.getfixturevalue("pg")
         url = postgres.fresh_url()
-    settings = Settings(store=StoreSettings(url=url),
-                        reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9))  # fmt: skip
+    settings = Settings(
+        store=StoreSettings(url=url), reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9)
+    )
     stack = Stack(tmp, settings).start()
     yield stack
     stack.close_clients()
@@ -51,7 +52,9 @@ def _write(stack: Stack, sql: str) -> None:
     if db.dialect == "sqlite":
         stack.run(db.write(sql))
     else:
-        stack.run(pg_admin(stack.settings.store.url.replace("?search_path=", "?options=-csearch_path%3D"), sql))
+        stack.run(
+            pg_admin(stack.settings.store.url.replace("?search_path=", "?options=-csearch_path%3D"), sql)
+        )
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -82,18 +85,25 @@ def test_create_retrieve_list_delete(stored: Stack, model: str) -> None:
 def test_previous_response_id_moves_a_conversation_between_providers(stored: Stack) -> None:
     client = stored.client()
     first = client.responses.create(model="anthropic/claude-haiku-4-5", input="My name is Ada. Remember it.")
-    second = client.responses.create(model="google/gemini-2.5-flash", input="What is my name?",
-                                     previous_response_id=first.id)  # fmt: skip
+    second = client.responses.create(
+        model="google/gemini-2.5-flash", input="What is my name?", previous_response_id=first.id
+    )
     assert second.previous_response_id == first.id and second.model == "google/gemini-2.5-flash"
     sent = stored.emulator("google").requests[-1]
     texts = str(sent)
     assert "My name is Ada" in texts and first.output_text[:20] in texts and "What is my name?" in texts
     assert second.usage.input_tokens >= first.usage.input_tokens + first.usage.output_tokens  # type: ignore[union-attr]
-    third = client.responses.create(model="openai/gpt-4o-mini", input="And again?", previous_response_id=second.id)
+    third = client.responses.create(
+        model="openai/gpt-4o-mini", input="And again?", previous_response_id=second.id
+    )
     native = stored.emulator("openai").requests[-1]
     assert native["store"] is False and "previous_response_id" not in native
-    assert [i.get("role") for i in native["input"] if isinstance(i, dict)][:4] == ["user", "assistant", "user",
-                                                                                  "assistant"]  # fmt: skip
+    assert [i.get("role") for i in native["input"] if isinstance(i, dict)][:4] == [
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+    ]
     assert all("id" not in i for i in native["input"])
     assert third.previous_response_id == second.id and third.store is True
     assert client.responses.retrieve(third.id).previous_response_id == second.id
@@ -119,14 +129,20 @@ def test_item_reference_resolves_from_the_group_store(stored: Stack) -> None:
     for model in ("upstage/solar-mini", "openai/gpt-4o-mini"):
         first = client.responses.create(model=model, input="Remember 42.")
         ref = first.output[-1].id
-        second = client.responses.create(model=model, input=[
-            {"role": "user", "content": "Remember 42."}, {"type": "item_reference", "id": ref},
-            {"role": "user", "content": "Which number?"},
-        ])  # fmt: skip
+        second = client.responses.create(
+            model=model,
+            input=[
+                {"role": "user", "content": "Remember 42."},
+                {"type": "item_reference", "id": ref},
+                {"role": "user", "content": "Which number?"},
+            ],
+        )
         assert second.output_text
         with pytest.raises(openai.BadRequestError) as info:
-            client.responses.create(model=model, input=[{"role": "user", "content": "x"},
-                                                        {"type": "item_reference", "id": "msg_nowhere"}])  # fmt: skip
+            client.responses.create(
+                model=model,
+                input=[{"role": "user", "content": "x"}, {"type": "item_reference", "id": "msg_nowhere"}],
+            )
         assert info.value.param == "input[1]" and info.value.code == "item_not_found"  # type: ignore[attr-defined]
         assert "input[1]" in info.value.message
         listed = client.responses.input_items.list(second.id, order="asc").data
@@ -136,18 +152,24 @@ def test_item_reference_resolves_from_the_group_store(stored: Stack) -> None:
 def test_another_group_sees_nothing(stored: Stack) -> None:
     mine, theirs = stored.client(), stored.client()
     response = mine.responses.create(model="google/gemini-2.5-flash", input="private")
-    for call in (lambda: theirs.responses.retrieve(response.id), lambda: theirs.responses.delete(response.id),
-                 lambda: theirs.responses.input_items.list(response.id),
-                 lambda: theirs.responses.cancel(response.id)):  # fmt: skip
+    for call in (
+        lambda: theirs.responses.retrieve(response.id),
+        lambda: theirs.responses.delete(response.id),
+        lambda: theirs.responses.input_items.list(response.id),
+        lambda: theirs.responses.cancel(response.id),
+    ):
         with pytest.raises(openai.NotFoundError) as info:
             call()
         assert info.value.code == "response_not_found"  # type: ignore[attr-defined]
     with pytest.raises(openai.NotFoundError) as info:
-        theirs.responses.create(model="google/gemini-2.5-flash", input="go on", previous_response_id=response.id)
+        theirs.responses.create(
+            model="google/gemini-2.5-flash", input="go on", previous_response_id=response.id
+        )
     assert info.value.param == "previous_response_id"  # type: ignore[attr-defined]
     with pytest.raises(openai.BadRequestError) as bad:
-        theirs.responses.create(model="google/gemini-2.5-flash", input=[{"type": "item_reference",
-                                                                          "id": response.output[0].id}])  # fmt: skip
+        theirs.responses.create(
+            model="google/gemini-2.5-flash", input=[{"type": "item_reference", "id": response.output[0].id}]
+        )
     assert bad.value.param == "input[0]"
     assert mine.responses.retrieve(response.id).output_text == response.output_text
 
@@ -171,7 +193,10 @@ def test_bad_ids_and_limits(stored: Stack) -> None:
     with pytest.raises(openai.NotFoundError) as info:
         client.responses.create(model="openai/gpt-4o-mini", input="x", previous_response_id="resp_unknown")
     assert info.value.code == "response_not_found" and info.value.param == "previous_response_id"  # type: ignore[attr-defined]
-    for call in (lambda: client.responses.retrieve("resp_" + "x" * 400), lambda: client.responses.retrieve("nope")):
+    for call in (
+        lambda: client.responses.retrieve("resp_" + "x" * 400),
+        lambda: client.responses.retrieve("nope"),
+    ):
         with pytest.raises(openai.NotFoundError):
             call()
     # a chain grown past the model's context window: 400 naming the window
@@ -196,7 +221,9 @@ def test_input_items_paginate_as_openai(stored: Stack) -> None:
     assert [i.id for i in page.data] == ids[2:4] and page.has_more
     page = client.responses.input_items.list(response.id, limit=10)  # newest first by default
     assert [i.id for i in page.data] == ids[::-1] and not page.has_more
-    page = client.responses.input_items.list(response.id, order="asc", limit=2, extra_query={"before": ids[3]})
+    page = client.responses.input_items.list(
+        response.id, order="asc", limit=2, extra_query={"before": ids[3]}
+    )
     assert [i.id for i in page.data] == ids[1:3] and page.has_more
     assert [i.id for i in client.responses.input_items.list(response.id, order="asc")] == ids  # auto-paging
     with pytest.raises(openai.BadRequestError) as info:
@@ -209,14 +236,20 @@ def test_a_failed_store_write_still_settles_and_answers_unstored(stored: Stack) 
     client = stored.client(stored.key(group=group))
     db = stored.gateway.store.database
     if db.dialect == "sqlite":
-        _write(stored, "CREATE TRIGGER refuse_responses BEFORE INSERT ON responses "
-                       "BEGIN SELECT RAISE(ABORT, 'refused by the test'); END")  # fmt: skip
+        _write(
+            stored,
+            "CREATE TRIGGER refuse_responses BEFORE INSERT ON responses "
+            "BEGIN SELECT RAISE(ABORT, 'refused by the test'); END",
+        )
         undo = "DROP TRIGGER refuse_responses"
     else:
-        _write(stored, "CREATE FUNCTION refuse_responses() RETURNS trigger AS $$ BEGIN "
-                       "RAISE EXCEPTION 'refused by the test'; END $$ LANGUAGE plpgsql; "
-                       "CREATE TRIGGER refuse_responses BEFORE INSERT ON responses "
-                       "FOR EACH ROW EXECUTE FUNCTION refuse_responses()")  # fmt: skip
+        _write(
+            stored,
+            "CREATE FUNCTION refuse_responses() RETURNS trigger AS $$ BEGIN "
+            "RAISE EXCEPTION 'refused by the test'; END $$ LANGUAGE plpgsql; "
+            "CREATE TRIGGER refuse_responses BEFORE INSERT ON responses "
+            "FOR EACH ROW EXECUTE FUNCTION refuse_responses()",
+        )
         undo = "DROP TRIGGER refuse_responses ON responses; DROP FUNCTION refuse_responses()"
     try:
         answer = client.responses.create(model="anthropic/claude-haiku-4-5", input="hi")
@@ -255,7 +288,9 @@ def test_size_limit_is_a_clear_400(tmp_path: Path) -> None:
         with pytest.raises(openai.BadRequestError) as info:
             client.responses.create(model="openai/gpt-4o-mini", input="x" * 4096)
         assert info.value.param == "store" and "2048" in info.value.message  # type: ignore[attr-defined]
-        assert client.responses.create(model="openai/gpt-4o-mini", input="x" * 4096, store=False).store is False
+        assert (
+            client.responses.create(model="openai/gpt-4o-mini", input="x" * 4096, store=False).store is False
+        )
     finally:
         stack.close_clients()
         stack.stop()
@@ -270,14 +305,18 @@ def _poll(client: openai.OpenAI, response_id: str, until: tuple[str, ...], secon
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("model", ["openai/gpt-4o-mini", "anthropic/claude-haiku-4-5", "google/gemini-2.5-flash"])
+@pytest.mark.parametrize(
+    "model", ["openai/gpt-4o-mini", "anthropic/claude-haiku-4-5", "google/gemini-2.5-flash"]
+)
 def test_background_is_polled_and_billed_as_a_foreground_call(stored: Stack, model: str) -> None:
     group = stored.group()
     client = stored.client(stored.key(group=group))
     queued = client.responses.create(model=model, input="Tell me about the weather.", background=True)
     assert queued.status in ("queued", "in_progress") and queued.background is True and not queued.output
     done = _poll(client, queued.id, ("completed", "failed"))
-    assert done.status == "completed" and done.output_text and done.id == queued.id and done.background is True
+    assert (
+        done.status == "completed" and done.output_text and done.id == queued.id and done.background is True
+    )
     assert done.usage is not None and done.model == model
     foreground = client.responses.create(model=model, input="Tell me about the weather.")
     assert foreground.output_text == done.output_text
@@ -286,14 +325,19 @@ def test_background_is_polled_and_billed_as_a_foreground_call(stored: Stack, mod
     assert records[0].credits == records[1].credits > 0  # billed exactly like the foreground call
     assert stored.run(stored.store.get_group(group)).reserved == 0
     assert [i.content[0].text for i in client.responses.input_items.list(queued.id)] == [  # type: ignore[union-attr]
-        "Tell me about the weather."]
+        "Tell me about the weather."
+    ]
 
 
 def test_background_continues_a_stored_conversation(stored: Stack) -> None:
     client = stored.client()
     first = client.responses.create(model="anthropic/claude-haiku-4-5", input="My name is Ada.")
-    queued = client.responses.create(model="google/gemini-2.5-flash", input="What is my name?",
-                                     previous_response_id=first.id, background=True)  # fmt: skip
+    queued = client.responses.create(
+        model="google/gemini-2.5-flash",
+        input="What is my name?",
+        previous_response_id=first.id,
+        background=True,
+    )
     done = _poll(client, queued.id, ("completed", "failed"))
     assert done.status == "completed" and done.previous_response_id == first.id
     assert "My name is Ada." in str(stored.emulator("google").requests[-1])
@@ -321,7 +365,10 @@ def test_background_cancel(stored: Stack) -> None:
     assert client.responses.retrieve(queued.id).status == "cancelled"
     ended = client.responses.create(model="mistral/mistral-small-latest", input="hi", background=True)
     _poll(client, ended.id, ("completed",))
-    for response_id in (ended.id, client.responses.create(model="mistral/mistral-small-latest", input="hi").id):
+    for response_id in (
+        ended.id,
+        client.responses.create(model="mistral/mistral-small-latest", input="hi").id,
+    ):
         with pytest.raises(openai.BadRequestError) as info:
             client.responses.cancel(response_id)
         assert info.value.code == "response_not_cancellable"  # type: ignore[attr-defined]
@@ -333,8 +380,13 @@ def test_background_bad_input_is_refused_at_once(stored: Stack) -> None:
     with pytest.raises(openai.NotFoundError):
         client.responses.create(model="anthropic/no-such-model", input="hi", background=True)
     with pytest.raises(openai.BadRequestError) as info:
-        client.responses.create(model="anthropic/claude-haiku-4-5", input="hi", background=True,
-                                tools=[{"type": "web_search"}], tool_choice={"type": "web_search"})  # type: ignore[misc,arg-type]  # fmt: skip
+        client.responses.create(
+            model="anthropic/claude-haiku-4-5",
+            input="hi",
+            background=True,
+            tools=[{"type": "web_search"}],
+            tool_choice={"type": "web_search"},
+        )  # type: ignore[misc,arg-type]
     assert info.value.param == "tool_choice"  # type: ignore[attr-defined]
     [gid] = _rows(stored, "SELECT id FROM groups WHERE name = ?", group)[0]
     assert _rows(stored, "SELECT COUNT(*) FROM responses WHERE group_id = ?", gid) == [(0,)]
@@ -354,9 +406,12 @@ def test_background_survives_a_restart(tmp_path: Path) -> None:
         time.sleep(0.3)
         assert client.responses.retrieve(waiting.id).status == "queued"
         # a process that died while running one: in_progress under a lease nobody renews
-        first.run(first.gateway.store.database.write(
-            "UPDATE responses SET status = 'in_progress', lease_owner = 'dead', lease_expires = 0 WHERE id = ?",
-            (dead.id,)))  # fmt: skip
+        first.run(
+            first.gateway.store.database.write(
+                "UPDATE responses SET status = 'in_progress', lease_owner = 'dead', lease_expires = 0 WHERE id = ?",
+                (dead.id,),
+            )
+        )
     finally:
         first.close_clients()
         first.stop()
@@ -385,7 +440,9 @@ def test_parse_is_stored_and_continued(stored: Stack, model: str) -> None:
     assert isinstance(parsed.output_parsed, Weather)
     again = client.responses.retrieve(parsed.id)
     assert Weather.model_validate_json(again.output_text) == parsed.output_parsed
-    assert again.text is not None and again.text.format is not None and again.text.format.type == "json_schema"
+    assert (
+        again.text is not None and again.text.format is not None and again.text.format.type == "json_schema"
+    )
     follow = client.responses.create(model=model, input="Is that warm?", previous_response_id=parsed.id)
     assert follow.output_text and follow.previous_response_id == parsed.id
 
@@ -393,13 +450,18 @@ def test_parse_is_stored_and_continued(stored: Stack, model: str) -> None:
 def test_one_groups_queued_responses_do_not_hold_another_groups(store_url: str, tmp_path: Path) -> None:
     """Two runner places; group A queues twelve slow background responses, then group B one. B's runs
     at the next free place (the group running the fewest first), not after A's twelve; all of A's run."""
-    settings = Settings(store=StoreSettings(url=store_url), responses=ResponsesSettings(background_concurrency=2),
-                        reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9))  # fmt: skip
+    settings = Settings(
+        store=StoreSettings(url=store_url),
+        responses=ResponsesSettings(background_concurrency=2),
+        reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9),
+    )
     stack = Stack(tmp_path, settings).start()
     try:
         heavy, light = stack.client(), stack.client()
         model = "openai/gpt-4o-mini"
-        mine = [heavy.responses.create(model=model, input=f"a{n} [slow:250]", background=True) for n in range(12)]
+        mine = [
+            heavy.responses.create(model=model, input=f"a{n} [slow:250]", background=True) for n in range(12)
+        ]
         theirs = light.responses.create(model=model, input="b [slow:250]", background=True)
         done = _poll(light, theirs.id, ("completed", "failed"))
         assert done.status == "completed"

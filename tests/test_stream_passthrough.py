@@ -38,57 +38,101 @@ FP = ',"service_tier":"default","system_fingerprint":"fp_1"'
 OB = ',"usage":null,"obfuscation":"%s"'
 
 STREAMS = {
-    "plain": [chunk(text('"role":"assistant","content":""')), chunk(text('"content":"Hel\\u00e9lo"')),
-              chunk(text('"content":" \\"quoted\\" usage"')), chunk(text("", reason='"stop"')),
-              chunk("", tail=',"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}')],
-    "no usage key": [chunk(text('"role":"assistant","content":"a"'), tail=""), chunk(text('"content":"b"'), tail=""),
-                     chunk(text("", reason='"length"'), tail="")],
-    "extra fields": [chunk(text('"role":"assistant","content":"a"'), tail=',"usage":null,"obfuscation":"xy"'),
-                     chunk(text('"content":"b"'), before=',"system_fingerprint":"fp_1"'),
-                     chunk(text('"content":"c"'), tail=',"service_tier":"default","usage":null'),
-                     chunk(text("", reason='"stop"'))],
+    "plain": [
+        chunk(text('"role":"assistant","content":""')),
+        chunk(text('"content":"Hel\\u00e9lo"')),
+        chunk(text('"content":" \\"quoted\\" usage"')),
+        chunk(text("", reason='"stop"')),
+        chunk("", tail=',"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}'),
+    ],
+    "no usage key": [
+        chunk(text('"role":"assistant","content":"a"'), tail=""),
+        chunk(text('"content":"b"'), tail=""),
+        chunk(text("", reason='"length"'), tail=""),
+    ],
+    "extra fields": [
+        chunk(text('"role":"assistant","content":"a"'), tail=',"usage":null,"obfuscation":"xy"'),
+        chunk(text('"content":"b"'), before=',"system_fingerprint":"fp_1"'),
+        chunk(text('"content":"c"'), tail=',"service_tier":"default","usage":null'),
+        chunk(text("", reason='"stop"')),
+    ],
     "no role first": [chunk(text('"content":"a"')), chunk(text('"content":"b"', reason='"stop"'))],
-    "tools and refusal": [chunk(text('"role":"assistant","content":null,"refusal":null')),
-                          chunk(text('"tool_calls":[{"index":0,"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]')),
-                          chunk(text("", reason='"tool_calls"'))],
-    "two choices": [chunk(text('"role":"assistant","content":"a"') + "," + text('"role":"assistant","content":"b"').replace('"index":0', '"index":1')),
-                    chunk(text('"content":"c"')), chunk(text("", reason='"stop"'))],
-    "after finish": [chunk(text('"role":"assistant","content":"a"')), chunk(text("", reason='"stop"')),
-                     chunk(text('"content":"late"'))],
+    "tools and refusal": [
+        chunk(text('"role":"assistant","content":null,"refusal":null')),
+        chunk(
+            text(
+                '"tool_calls":[{"index":0,"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]'
+            )
+        ),
+        chunk(text("", reason='"tool_calls"')),
+    ],
+    "two choices": [
+        chunk(
+            text('"role":"assistant","content":"a"')
+            + ","
+            + text('"role":"assistant","content":"b"').replace('"index":0', '"index":1')
+        ),
+        chunk(text('"content":"c"')),
+        chunk(text("", reason='"stop"')),
+    ],
+    "after finish": [
+        chunk(text('"role":"assistant","content":"a"')),
+        chunk(text("", reason='"stop"')),
+        chunk(text('"content":"late"')),
+    ],
     # the short way for choice 0's text chunks after its first (Shaper._text_chunk), and what it must refuse
-    "openai order": [chunk(openai('"role":"assistant","content":""')), chunk(openai('"content":"a},\\"b"')),
-                     chunk(openai('"content":"\\u00e9\\n"')), chunk(openai('"content":"c"'), tail=""),
-                     chunk(openai('"content":"d"'), tail=',"usage":null,"obfuscation":"x"'),
-                     chunk(openai('"content":"e","refusal":null')), chunk(openai('"content":null')),
-                     chunk(openai('"content":"f"').replace('"logprobs":null', '"logprobs":{"content":[]}')),
-                     chunk(openai("", reason='"stop"')), chunk(openai('"content":"late"'))],
-    "new upstream head": [chunk(text('"role":"assistant","content":"a"')), chunk(text('"content":"b"')),
-                          chunk(text('"content":"c"')).replace(b"chatcmpl-up", b"chatcmpl-up2"),
-                          chunk(text('"content":"d"'), tail=""), chunk(text("", reason='"stop"'))],
+    "openai order": [
+        chunk(openai('"role":"assistant","content":""')),
+        chunk(openai('"content":"a},\\"b"')),
+        chunk(openai('"content":"\\u00e9\\n"')),
+        chunk(openai('"content":"c"'), tail=""),
+        chunk(openai('"content":"d"'), tail=',"usage":null,"obfuscation":"x"'),
+        chunk(openai('"content":"e","refusal":null')),
+        chunk(openai('"content":null')),
+        chunk(openai('"content":"f"').replace('"logprobs":null', '"logprobs":{"content":[]}')),
+        chunk(openai("", reason='"stop"')),
+        chunk(openai('"content":"late"')),
+    ],
+    "new upstream head": [
+        chunk(text('"role":"assistant","content":"a"')),
+        chunk(text('"content":"b"')),
+        chunk(text('"content":"c"')).replace(b"chatcmpl-up", b"chatcmpl-up2"),
+        chunk(text('"content":"d"'), tail=""),
+        chunk(text("", reason='"stop"')),
+    ],
     # as OpenAI sends them: service_tier and system_fingerprint before the choices, obfuscation after
-    "openai fields": [chunk(openai('"role":"assistant","content":""'), before=FP, tail=OB % "a"),
-                      chunk(openai('"content":"Hi"'), before=FP, tail=OB % "bc"),
-                      chunk(openai('"content":" \\"there\\""'), before=FP, tail=OB % "d"),
-                      chunk(openai('"content":"!"'), before=FP, tail=',"obfuscation":"e"'),
-                      chunk(openai('"content":"x"'), before=FP, tail=',"obfuscation":"f","usage":null'),
-                      chunk(openai('"content":"y"'), before=',"system_fingerprint":"fp_2"', tail=OB % "g"),
-                      chunk(openai('"content":"z"'), before=',"meta":{"a":1}', tail=OB % "h"),
-                      chunk(openai("", reason='"stop"'), before=FP, tail=OB % "i"),
-                      chunk("", before=FP, tail=',"usage":{"prompt_tokens":3,"completion_tokens":5,"total_tokens":8}')],
+    "openai fields": [
+        chunk(openai('"role":"assistant","content":""'), before=FP, tail=OB % "a"),
+        chunk(openai('"content":"Hi"'), before=FP, tail=OB % "bc"),
+        chunk(openai('"content":" \\"there\\""'), before=FP, tail=OB % "d"),
+        chunk(openai('"content":"!"'), before=FP, tail=',"obfuscation":"e"'),
+        chunk(openai('"content":"x"'), before=FP, tail=',"obfuscation":"f","usage":null'),
+        chunk(openai('"content":"y"'), before=',"system_fingerprint":"fp_2"', tail=OB % "g"),
+        chunk(openai('"content":"z"'), before=',"meta":{"a":1}', tail=OB % "h"),
+        chunk(openai("", reason='"stop"'), before=FP, tail=OB % "i"),
+        chunk("", before=FP, tail=',"usage":{"prompt_tokens":3,"completion_tokens":5,"total_tokens":8}'),
+    ],
     # the text kept for estimates on the short way: escapes kept as they came, a string with spaces
     # around it, characters past the BMP
-    "text kept": [chunk(text('"role":"assistant","content":"a"')), chunk(text('"content":"\\u00e9\\ud83d\\ude00\\\\"')),
-                  chunk(text('"content": "spaced" ')), chunk(text('"content":"é😀\\n"')),
-                  chunk(text('"content":"\\\\"')), chunk(text("", reason='"stop"'))],
+    "text kept": [
+        chunk(text('"role":"assistant","content":"a"')),
+        chunk(text('"content":"\\u00e9\\ud83d\\ude00\\\\"')),
+        chunk(text('"content": "spaced" ')),
+        chunk(text('"content":"é😀\\n"')),
+        chunk(text('"content":"\\\\"')),
+        chunk(text("", reason='"stop"')),
+    ],
     "odd finish": [chunk(text('"role":"assistant","content":"a"')), chunk(text("", reason='"model_length"'))],
-}  # fmt: skip
+}
 
 
 def run(lines: list[bytes], include_usage: bool, fast: bool) -> tuple[list[list[Any]], int, tuple[Any, ...]]:
     catalog = Catalog.load(None)
     model = catalog.resolve(MODEL)
     adapter = ADAPTERS["openai"]("openai", catalog.providers["openai"])
-    _, request = parse_chat_request(json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}).encode())
+    _, request = parse_chat_request(
+        json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}).encode()
+    )
     call = Call(MODEL, model, None, {}, request, True, include_usage)  # type: ignore[arg-type]
     shaper = Shaper(call, "chatcmpl-ours", 1800000000)
     translator = adapter.stream(call)
@@ -128,7 +172,12 @@ def test_chunks_carry_our_id_and_the_callers_model() -> None:
     assert passed == 4
     for items in fast[:4]:
         head = dict(items[:4])
-        assert head == {"id": "chatcmpl-ours", "object": "chat.completion.chunk", "created": 1800000000, "model": MODEL}
+        assert head == {
+            "id": "chatcmpl-ours",
+            "object": "chat.completion.chunk",
+            "created": 1800000000,
+            "model": MODEL,
+        }
         assert items[4][0] == "choices"
         assert "usage" not in dict(items)
 
@@ -141,7 +190,11 @@ SSE_INPUTS = [
     b'id: 7\nretry: 100\ndata: {"with":"id"}\n\ndata: \n\ndata\n\n',
     b'data: {"text":"caf\xc3\xa9 \xe2\x82\xac"}\n\ndata: {"n":2}\n',
     b"event: a\ndata: one\ndata: two\n\nevent:b\ndata: 3\n\nevent: \xc3\xa9\ndata: \n\nevent: c\n\ndata: x\nevent: d\n\n",
-    b"event: e\r\ndata: " + b"long " * 400 + b"\r\n\r\nevent: f\rdata: " + b"y" * 700 + b"\n\n: note\nevent: g\ndata: z",
+    b"event: e\r\ndata: "
+    + b"long " * 400
+    + b"\r\n\r\nevent: f\rdata: "
+    + b"y" * 700
+    + b"\n\n: note\nevent: g\ndata: z",
 ]
 
 
@@ -172,8 +225,16 @@ def test_sse_decoder_reads_named_events_and_long_lines_as_the_grammar_says() -> 
     whole or a byte at a time (an event named with no data line is one, its data empty)."""
     long = b"long " * 400
     for data, expected in (
-        (SSE_INPUTS[-2], [Event("a", b"one\ntwo"), Event("b", b"3"), Event("\u00e9", b""), Event("c", b""),
-                          Event("d", b"x")]),  # fmt: skip
+        (
+            SSE_INPUTS[-2],
+            [
+                Event("a", b"one\ntwo"),
+                Event("b", b"3"),
+                Event("\u00e9", b""),
+                Event("c", b""),
+                Event("d", b"x"),
+            ],
+        ),
         (SSE_INPUTS[-1], [Event("e", long), Event("f", b"y" * 700), Event("g", b"z")]),
     ):
         assert events_of(data, []) == expected
@@ -183,6 +244,10 @@ def test_sse_decoder_reads_named_events_and_long_lines_as_the_grammar_says() -> 
 def test_custom_tool_input_is_kept_for_estimates() -> None:
     # OpenAI custom tools stream free-form ``custom.input``, not ``function.arguments``
     call = '"tool_calls":[{"index":0,"id":"c1","type":"custom","custom":{"name":"run","input":"print(1)"}}]'
-    lines = [chunk(text('"role":"assistant","content":null')), chunk(text(call)), chunk(text("", reason='"tool_calls"'))]
+    lines = [
+        chunk(text('"role":"assistant","content":null')),
+        chunk(text(call)),
+        chunk(text("", reason='"tool_calls"')),
+    ]
     for fast in (False, True):
         assert run(lines, False, fast)[2][2] == "runprint(1)"

@@ -29,7 +29,9 @@ def test_a_long_text_is_counted_once_and_a_changed_one_again(monkeypatch: pytest
     first = tokens.count_prompt((6, [TOOLS, "short", TURN]))
     assert first == 6 + real(TOOLS) + real("short") + real(TURN)
     again = "".join(list(TURN))  # (an equal text, another object: as the next call's body decodes it)
-    assert tokens.count_prompt((9, [TOOLS, "short", again, TURN + "?"])) == 9 + real(TOOLS) + real("short") + real(TURN) + real(TURN + "?")
+    assert tokens.count_prompt((9, [TOOLS, "short", again, TURN + "?"])) == 9 + real(TOOLS) + real(
+        "short"
+    ) + real(TURN) + real(TURN + "?")
     assert counted == [TOOLS, "short", TURN, "short", TURN + "?"]  # the long ones kept; a changed one anew
     assert all(not isinstance(key, str) and len(key) == 2 for key in tokens._kept)  # (no text kept)
 
@@ -51,9 +53,46 @@ def test_what_is_left_to_count_leaves_out_the_kept_counts() -> None:
 
 # every character class the pattern tells apart, and every kind of whitespace (Unicode's White_Space, and
 # the few more that str.isspace holds for), with spaces, runs of them and contractions more likely
-ALPHABET = [*"ab cdZ ,.!?'/-_1234", "é", "ß", "中", "Ω", "😀", "\u0301", "’", "'s", "'ll", "'T", " ", " ", " ", "  ",
-            "   ", "\n", "\n\n", "\r\n", "\t", "\x0b", "\x0c", "\x1c", "\x1f", "\x85", "\xa0", "\u1680", "\u2003",
-            "\u2028", "\u2029", "\u202f", "\u205f", "\u3000", "\u200b", "\u180e", "\ufeff", " the", " router"]  # fmt: skip
+ALPHABET = [
+    *"ab cdZ ,.!?'/-_1234",
+    "é",
+    "ß",
+    "中",
+    "Ω",
+    "😀",
+    "\u0301",
+    "’",
+    "'s",
+    "'ll",
+    "'T",
+    " ",
+    " ",
+    " ",
+    "  ",
+    "   ",
+    "\n",
+    "\n\n",
+    "\r\n",
+    "\t",
+    "\x0b",
+    "\x0c",
+    "\x1c",
+    "\x1f",
+    "\x85",
+    "\xa0",
+    "\u1680",
+    "\u2003",
+    "\u2028",
+    "\u2029",
+    "\u202f",
+    "\u205f",
+    "\u3000",
+    "\u200b",
+    "\u180e",
+    "\ufeff",
+    " the",
+    " router",
+]
 
 
 PLAIN = ["a", "bc", "Z", ".", "'s", "7", " ", " ", " ", "\n"]

@@ -51,7 +51,11 @@ def attributes(span: Any) -> dict[str, Any]:
     for item in span.attributes:
         value = item.value
         kind = value.WhichOneof("value")
-        out[item.key] = list(v.string_value for v in value.array_value.values) if kind == "array_value" else getattr(value, kind)
+        out[item.key] = (
+            list(v.string_value for v in value.array_value.values)
+            if kind == "array_value"
+            else getattr(value, kind)
+        )
     return out
 
 
@@ -64,14 +68,19 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, Re
 
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}", "OTEL_BSP_SCHEDULE_DELAY": "50",
-           "OTEL_SERVICE_NAME": "router-under-test"}  # fmt: skip
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+        "OTEL_BSP_SCHEDULE_DELAY": "50",
+        "OTEL_SERVICE_NAME": "router-under-test",
+    }
     with pytest.MonkeyPatch.context() as patch:
         for name, value in env.items():
             patch.setenv(name, value)
         tmp: Path = tmp_path_factory.mktemp("traced")
-        settings = Settings(store=StoreSettings(url=f"sqlite:///{tmp}/router.db"),
-                            reliability=ReliabilitySettings(max_retries=2, backoff_base=0.01, breaker_threshold=10**9))  # fmt: skip
+        settings = Settings(
+            store=StoreSettings(url=f"sqlite:///{tmp}/router.db"),
+            reliability=ReliabilitySettings(max_retries=2, backoff_base=0.01, breaker_threshold=10**9),
+        )
         stack = Stack(tmp, settings).start()
     try:
         yield stack, receiver
@@ -97,38 +106,62 @@ def test_a_call_and_a_stream_are_traced_with_the_genai_conventions(traced: tuple
     group = stack.group(10, name="traced-group")
     client = stack.client(stack.key(group=group, name="ci-key"))
     secret = "the secret prompt text"
-    client.chat.completions.create(model="anthropic/claude-haiku-4-5", messages=[{"role": "user", "content": secret}],
-                                   extra_headers={"traceparent": f"00-{TRACE_ID}-{PARENT}-01"})  # fmt: skip
-    list(client.chat.completions.create(model="google/gemini-2.5-flash", stream=True,
-                                        messages=[{"role": "user", "content": "stream it"}]))  # fmt: skip
+    client.chat.completions.create(
+        model="anthropic/claude-haiku-4-5",
+        messages=[{"role": "user", "content": secret}],
+        extra_headers={"traceparent": f"00-{TRACE_ID}-{PARENT}-01"},
+    )
+    list(
+        client.chat.completions.create(
+            model="google/gemini-2.5-flash", stream=True, messages=[{"role": "user", "content": "stream it"}]
+        )
+    )
     calls = flushed(stack, receiver, 2, "chat ")
-    claude = next(s for s in calls if attributes(s).get("gen_ai.request.model") == "anthropic/claude-haiku-4-5")
+    claude = next(
+        s for s in calls if attributes(s).get("gen_ai.request.model") == "anthropic/claude-haiku-4-5"
+    )
     a = attributes(claude)
     assert a["gen_ai.operation.name"] == "chat" and a["gen_ai.provider.name"] == "anthropic"
     assert a["gen_ai.response.model"] == "anthropic/claude-haiku-4-5" and a["gen_ai.usage.input_tokens"] > 0
     assert a["gen_ai.usage.output_tokens"] > 0 and a["gen_ai.response.finish_reasons"] == ["stop"]
-    assert a["router.group"] == "traced-group" and a["router.key"] == "ci-key" and a["router.credits_nano"] > 0
+    assert (
+        a["router.group"] == "traced-group" and a["router.key"] == "ci-key" and a["router.credits_nano"] > 0
+    )
     assert a["router.attempts"] == 1 and a["router.status"] == "ok" and a["router.cache_hit"] is False
     assert claude.trace_id.hex() == TRACE_ID and claude.parent_span_id.hex() == PARENT  # the caller's trace
     attempt = next(s for s in receiver.named("chat anthropic") if s.parent_span_id == claude.span_id)
     sent = stack.emulator("anthropic").headers[-1]["traceparent"]
     assert sent == f"00-{TRACE_ID}-{attempt.span_id.hex()}-01"  # the upstream joins the trace
-    assert {s.name for s in receiver.spans if s.parent_span_id == claude.span_id} >= {"router.reserve", "router.settle"}
+    assert {s.name for s in receiver.spans if s.parent_span_id == claude.span_id} >= {
+        "router.reserve",
+        "router.settle",
+    }
     gemini = next(s for s in calls if attributes(s).get("gen_ai.request.model") == "google/gemini-2.5-flash")
-    assert attributes(gemini)["router.stream"] is True and attributes(gemini)["gen_ai.provider.name"] == "gcp.gemini"
+    assert (
+        attributes(gemini)["router.stream"] is True
+        and attributes(gemini)["gen_ai.provider.name"] == "gcp.gemini"
+    )
     assert attributes(gemini)["gen_ai.usage.output_tokens"] > 0
-    assert not any(secret in str(attributes(s)) or secret in s.name for s in receiver.spans)  # no prompt recorded
+    assert not any(
+        secret in str(attributes(s)) or secret in s.name for s in receiver.spans
+    )  # no prompt recorded
 
 
 def test_a_retried_call_shows_each_attempt(traced: tuple[Stack, Receiver]) -> None:
     stack, receiver = traced
     client = stack.client()
-    client.chat.completions.create(model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "once [flaky:1]"}])
+    client.chat.completions.create(
+        model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "once [flaky:1]"}]
+    )
     calls = flushed(stack, receiver, 3, "chat ")
     call = next(s for s in calls if attributes(s).get("gen_ai.request.model") == "openai/gpt-4o-mini")
-    attempts = sorted((s for s in receiver.named("chat openai") if s.parent_span_id == call.span_id),
-                      key=lambda s: s.start_time_unix_nano)  # fmt: skip
-    assert [attributes(s)["router.attempt"] for s in attempts] == [1, 2] and attributes(call)["router.attempts"] == 2
+    attempts = sorted(
+        (s for s in receiver.named("chat openai") if s.parent_span_id == call.span_id),
+        key=lambda s: s.start_time_unix_nano,
+    )
+    assert [attributes(s)["router.attempt"] for s in attempts] == [1, 2] and attributes(call)[
+        "router.attempts"
+    ] == 2
     assert attempts[0].status.code == 2 and attributes(attempts[0])["error.type"] == "upstream_unavailable"
     assert attributes(attempts[1])["http.response.status_code"] == 200
 
@@ -136,7 +169,9 @@ def test_a_retried_call_shows_each_attempt(traced: tuple[Stack, Receiver]) -> No
 def test_a_refused_call_ends_its_span_with_the_error(traced: tuple[Stack, Receiver]) -> None:
     stack, receiver = traced
     with pytest.raises(openai.NotFoundError):
-        stack.client().chat.completions.create(model="openai/no-such-model", messages=[{"role": "user", "content": "x"}])
+        stack.client().chat.completions.create(
+            model="openai/no-such-model", messages=[{"role": "user", "content": "x"}]
+        )
     (span,) = flushed(stack, receiver, 1, "chat openai/no-such-model")
     assert span.status.code == 2 and attributes(span)["error.type"] == "model_not_found"
 
@@ -144,8 +179,12 @@ def test_a_refused_call_ends_its_span_with_the_error(traced: tuple[Stack, Receiv
 def test_off_unless_the_environment_configures_an_exporter() -> None:
     assert not configured({})
     assert configured({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"})
-    assert not configured({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318", "OTEL_TRACES_EXPORTER": "none"})
-    assert not configured({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces", "OTEL_SDK_DISABLED": "true"})
+    assert not configured(
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318", "OTEL_TRACES_EXPORTER": "none"}
+    )
+    assert not configured(
+        {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces", "OTEL_SDK_DISABLED": "true"}
+    )
 
 
 def test_the_shared_stack_exports_nothing(stack: Stack) -> None:

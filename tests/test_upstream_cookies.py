@@ -41,8 +41,17 @@ def test_a_cookie_set_on_one_tenants_answer_is_not_sent_with_anothers_call(tmp_p
         raw: dict[str, Any] = {
             "store": {"url": f"sqlite:///{tmp_path}/router.db"},
             "reliability": {"max_retries": 0, "breaker_threshold": 10**9},
-            "providers": {"openai": {"deployments": [  # (a group with deployments keeps its own addresses)
-                {"name": "cookies", "base_url": host_named(urls["cookies"]) + "/v1", "api_key": "key-cookies"}]}},
+            "providers": {
+                "openai": {
+                    "deployments": [  # (a group with deployments keeps its own addresses)
+                        {
+                            "name": "cookies",
+                            "base_url": host_named(urls["cookies"]) + "/v1",
+                            "api_key": "key-cookies",
+                        }
+                    ]
+                }
+            },
         }
         return parse_settings(raw, "test")
 
@@ -56,7 +65,10 @@ def test_a_cookie_set_on_one_tenants_answer_is_not_sent_with_anothers_call(tmp_p
             assert answer.http_response.status_code == 200
             assert "set-cookie" not in answer.http_response.headers  # not relayed to the caller either
         stream = second.chat.completions.create(
-            model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "hello"}], max_tokens=2, stream=True
+            model="openai/gpt-4o-mini",
+            messages=[{"role": "user", "content": "hello"}],
+            max_tokens=2,
+            stream=True,
         )
         assert [chunk for chunk in stream]
         assert len(upstream.cookies) == 5 and upstream.cookies == [None] * 5

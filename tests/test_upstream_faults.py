@@ -21,8 +21,10 @@ from core.deployments import Deployment
 from tests.conftest import Stack, free_port, use_deployment
 
 MODEL = "openai/gpt-4o-mini"
-CHUNK = ('data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"gpt-4o-mini","choices":'
-         '[{"index":0,"delta":{"role":"assistant","content":"Hello there, how are"},"finish_reason":null}]}\n\n')  # fmt: skip
+CHUNK = (
+    'data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"gpt-4o-mini","choices":'
+    '[{"index":0,"delta":{"role":"assistant","content":"Hello there, how are"},"finish_reason":null}]}\n\n'
+)
 
 
 class Rude:
@@ -59,7 +61,14 @@ class Rude:
 
     async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = await reader.readuntil(b"\r\n\r\n")
-        length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")), 0)
+        length = next(
+            (
+                int(line.split(b":")[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length")
+            ),
+            0,
+        )
         await reader.readexactly(length)
         mode = self.mode
         if mode == "reset":
@@ -70,14 +79,25 @@ class Rude:
             status = int(mode.split(":")[1])
             body = json.dumps({"error": {"message": "upstream says no", "type": "server_error"}}).encode()
             extra = "retry-after: 2\r\n" if status == 429 else ""
-            writer.write(f"HTTP/1.1 {status} X\r\nconnection: close\r\ncontent-type: application/json\r\n{extra}content-length: {len(body)}\r\n\r\n".encode() + body)
+            writer.write(
+                f"HTTP/1.1 {status} X\r\nconnection: close\r\ncontent-type: application/json\r\n{extra}content-length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
         elif mode == "garbage":
             body = b"<html>502 bad gateway, from a proxy in the way</html>"
-            writer.write(b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body))
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%b"
+                % (len(body), body)
+            )
         elif mode == "cut-body":
-            writer.write(b'HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: 900\r\n\r\n{"id":"c1","obj')
+            writer.write(
+                b'HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: 900\r\n\r\n{"id":"c1","obj'
+            )
         elif mode == "cut-stream":
-            writer.write(b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-type: text/event-stream\r\n\r\n" + CHUNK.encode() * 2)
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-type: text/event-stream\r\n\r\n"
+                + CHUNK.encode() * 2
+            )
             await writer.drain()
             await asyncio.sleep(0.1)
             return
@@ -88,8 +108,10 @@ class Rude:
 @pytest.fixture(scope="module")
 def rude(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, Rude]]:
     tmp: Path = tmp_path_factory.mktemp("rude")
-    settings = Settings(store=StoreSettings(url=f"sqlite:///{tmp}/router.db"),
-                        reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9, first_byte_timeout=1.0))  # fmt: skip
+    settings = Settings(
+        store=StoreSettings(url=f"sqlite:///{tmp}/router.db"),
+        reliability=ReliabilitySettings(max_retries=0, breaker_threshold=10**9, first_byte_timeout=1.0),
+    )
     stack = Stack(tmp, settings).start()
     upstream = Rude()
     stack.run(upstream.start())
@@ -105,9 +127,12 @@ def _ledger(stack: Stack, group: str) -> tuple[int, list[tuple[str, int, str | N
     """(what the group has spent, its usage records: status, credits, error code)."""
     info = stack.run(stack.store.get_group(group))
     assert info is not None and info.reserved == 0
-    rows = stack.run(stack.store.database.select(
-        "SELECT u.status, u.credits, u.error_code FROM usage u JOIN groups g ON g.id = u.group_id WHERE g.name = ?",
-        (group,)))  # fmt: skip
+    rows = stack.run(
+        stack.store.database.select(
+            "SELECT u.status, u.credits, u.error_code FROM usage u JOIN groups g ON g.id = u.group_id WHERE g.name = ?",
+            (group,),
+        )
+    )
     assert info.spent == 100 * NANO - info.balance
     return info.spent, [(r[0], r[1], r[2]) for r in rows]
 
@@ -143,11 +168,17 @@ def test_an_upstream_fault_before_any_text_is_its_documented_error_and_costs_not
     try:
         if stream and mode in AFTER_HEADERS:
             with pytest.raises(openai.APIError) as event:  # the stream's error event, then [DONE]
-                list(client.chat.completions.create(model=MODEL, stream=True, messages=[{"role": "user", "content": "hi"}]))
+                list(
+                    client.chat.completions.create(
+                        model=MODEL, stream=True, messages=[{"role": "user", "content": "hi"}]
+                    )
+                )
             assert "provider 'openai'" in event.value.message
         else:
             with pytest.raises(openai.APIStatusError) as info:
-                out = client.chat.completions.create(model=MODEL, stream=stream, messages=[{"role": "user", "content": "hi"}])
+                out = client.chat.completions.create(
+                    model=MODEL, stream=stream, messages=[{"role": "user", "content": "hi"}]
+                )
                 if stream:
                     list(out)  # type: ignore[arg-type]
             assert info.value.status_code == status, info.value.message
@@ -156,19 +187,25 @@ def test_an_upstream_fault_before_any_text_is_its_documented_error_and_costs_not
                 assert info.value.response.headers["retry-after"] == "2"
     finally:
         if mode == "refused":
-            use_deployment(stack.gateway, Deployment("openai", f"http://127.0.0.1:{upstream.port}/v1", "k", 2, 5))
+            use_deployment(
+                stack.gateway, Deployment("openai", f"http://127.0.0.1:{upstream.port}/v1", "k", 2, 5)
+            )
     spent, records = _ledger(stack, group)
     assert spent == 0 and [(s, c) for s, c, _ in records] == [("error", 0)]
 
 
-def test_a_stream_cut_after_some_text_ends_with_an_error_event_and_bills_that_text(rude: tuple[Stack, Rude]) -> None:
+def test_a_stream_cut_after_some_text_ends_with_an_error_event_and_bills_that_text(
+    rude: tuple[Stack, Rude],
+) -> None:
     stack, upstream = rude
     upstream.mode = "cut-stream"
     group = stack.group(100)
     client = stack.client(stack.key(group=group))
     text = []
     with pytest.raises(openai.APIError) as info:
-        for chunk in client.chat.completions.create(model=MODEL, stream=True, messages=[{"role": "user", "content": "hi"}]):
+        for chunk in client.chat.completions.create(
+            model=MODEL, stream=True, messages=[{"role": "user", "content": "hi"}]
+        ):
             if chunk.choices and chunk.choices[0].delta.content:
                 text.append(chunk.choices[0].delta.content)
     assert "".join(text) == "Hello there, how are" * 2

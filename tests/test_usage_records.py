@@ -16,7 +16,10 @@ from tests.conftest import Stack, raw_request
 
 HI: Any = [{"role": "user", "content": "hi"}]
 IMAGE: Any = [
-    {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}
+    {
+        "role": "user",
+        "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}],
+    }
 ]
 
 
@@ -33,14 +36,28 @@ def test_every_call_leaves_one_record(stack: Stack) -> None:
         made[code] += 1
 
     for stream in (False, True):
-        client.chat.completions.create(model="openai/gpt-4o-mini", messages=HI, stream=stream, user="alice", max_tokens=20)
+        client.chat.completions.create(
+            model="openai/gpt-4o-mini", messages=HI, stream=stream, user="alice", max_tokens=20
+        )
         made["ok"] += 1
         refused(404, "model_not_found", model="openai/no-such-model", messages=HI, stream=stream)
         refused(403, "model_not_allowed", model="anthropic/claude-haiku-4-5", messages=HI, stream=stream)
         refused(400, "image_input_unsupported", model="upstage/solar-mini", messages=IMAGE, stream=stream)
-        refused(402, "insufficient_credits", model="openai/gpt-4o-mini", messages=HI, max_tokens=16_000, stream=stream)
-    bad = raw_request(stack, "POST", "/v1/chat/completions", b"{not json",
-                      {"authorization": f"Bearer {key}", "content-type": "application/json"})  # fmt: skip
+        refused(
+            402,
+            "insufficient_credits",
+            model="openai/gpt-4o-mini",
+            messages=HI,
+            max_tokens=16_000,
+            stream=stream,
+        )
+    bad = raw_request(
+        stack,
+        "POST",
+        "/v1/chat/completions",
+        b"{not json",
+        {"authorization": f"Bearer {key}", "content-type": "application/json"},
+    )
     assert bad.status == 400
     made["invalid_json"] += 1
     nobody = raw_request(stack, "POST", "/v1/chat/completions", b"{}", {"authorization": "Bearer sk-nope"})
@@ -66,5 +83,8 @@ def test_responses_refusals_are_recorded(stack: Stack) -> None:
         client.responses.create(model="nobody/nothing", input="hi", user="bob")
     (record,) = stack.run(stack.store.usage(group=group, limit=10))
     assert (record.status, record.endpoint, record.error_code, record.end_user) == (
-        "rejected", "responses", "model_not_found", "bob"
-    )  # fmt: skip
+        "rejected",
+        "responses",
+        "model_not_found",
+        "bob",
+    )

@@ -34,26 +34,33 @@ FORWARDED = ("anthropic-version", "anthropic-beta")  # the caller's headers that
 _GENERATED = {"text_delta": "text", "thinking_delta": "thinking", "input_json_delta": "partial_json"}
 
 
-def build_request(deployment: Deployment, body: dict[str, Any], upstream_model: str,
-                  forwarded: Mapping[str, str]) -> UpstreamRequest:  # fmt: skip
+def build_request(
+    deployment: Deployment, body: dict[str, Any], upstream_model: str, forwarded: Mapping[str, str]
+) -> UpstreamRequest:
     out = dict(body)
     out["model"] = upstream_model
     if "tools" in out:
         out["tools"] = as_sent(out["tools"])  # (Claude Code's, the same each turn: encoded once for the set)
-    headers = {"x-api-key": deployment.api_key, "anthropic-version": forwarded.get("anthropic-version") or VERSION,
-               "content-type": "application/json", "user-agent": USER_AGENT}  # fmt: skip
+    headers = {
+        "x-api-key": deployment.api_key,
+        "anthropic-version": forwarded.get("anthropic-version") or VERSION,
+        "content-type": "application/json",
+        "user-agent": USER_AGENT,
+    }
     beta = forwarded.get("anthropic-beta")
     if beta:
         headers["anthropic-beta"] = beta
     if out.get("stream"):
         headers["accept"] = "text/event-stream"
     cap = body.get("max_tokens")
-    return UpstreamRequest(f"{deployment.base_url}/messages", headers, _encode(out),
-                           cap if isinstance(cap, int) else None)  # fmt: skip
+    return UpstreamRequest(
+        f"{deployment.base_url}/messages", headers, _encode(out), cap if isinstance(cap, int) else None
+    )
 
 
-def count_request(deployment: Deployment, body: dict[str, Any], upstream_model: str,
-                  forwarded: Mapping[str, str]) -> UpstreamRequest:  # fmt: skip
+def count_request(
+    deployment: Deployment, body: dict[str, Any], upstream_model: str, forwarded: Mapping[str, str]
+) -> UpstreamRequest:
     """``POST {base_url}/messages/count_tokens`` for ``body`` (Anthropic's own count; never billed)."""
     request = build_request(deployment, {**body, "stream": False}, upstream_model, forwarded)
     out = {name: value for name, value in _decode(request.body).items() if name in COUNTED}
@@ -62,8 +69,21 @@ def count_request(deployment: Deployment, body: dict[str, Any], upstream_model: 
 
 
 # the fields Anthropic's count_tokens takes (MessageCountTokensParams)
-COUNTED = frozenset({"model", "messages", "system", "tools", "tool_choice", "thinking", "mcp_servers",
-                     "context_management", "output_config", "output_format", "cache_control"})  # fmt: skip
+COUNTED = frozenset(
+    {
+        "model",
+        "messages",
+        "system",
+        "tools",
+        "tool_choice",
+        "thinking",
+        "mcp_servers",
+        "context_management",
+        "output_config",
+        "output_format",
+        "cache_control",
+    }
+)
 
 
 def parse_message(body: bytes, model_id: str, provider: str) -> tuple[dict[str, Any], TokenUsage | None]:
@@ -71,7 +91,11 @@ def parse_message(body: bytes, model_id: str, provider: str) -> tuple[dict[str, 
         data = _decode(body)
     except msgspec.DecodeError:
         raise UpstreamError(f"The provider '{provider}' returned a body that is not JSON.") from None
-    if not isinstance(data, dict) or data.get("type") != "message" or not isinstance(data.get("content"), list):
+    if (
+        not isinstance(data, dict)
+        or data.get("type") != "message"
+        or not isinstance(data.get("content"), list)
+    ):
         if isinstance(data, dict) and data.get("type") == "error":
             raise UpstreamError(f"The provider '{provider}' failed: {error_text(data)}")
         raise UpstreamError(f"The provider '{provider}' returned an unexpected answer shape.")
@@ -84,7 +108,11 @@ def message_text(message: dict[str, Any]) -> str:
     parts: list[str] = []
     for block in message.get("content") or ():
         if isinstance(block, dict):
-            value = block.get("text") or block.get("thinking") or (block.get("input") if block.get("type") == "tool_use" else "")
+            value = (
+                block.get("text")
+                or block.get("thinking")
+                or (block.get("input") if block.get("type") == "tool_use" else "")
+            )
             parts.append(value if isinstance(value, str) else _encode(value).decode())
     return "".join(parts)
 
@@ -97,8 +125,18 @@ class MessagesRelay:
     The last ``message_delta`` and ``message_stop`` are held (``delta``, ``stop``) for :meth:`tail`,
     so the call's charge can go into that delta's usage once it is known (they come last, together)."""
 
-    __slots__ = ("error", "finished", "generated", "model_id", "provider", "prompt_usage", "usage", "_counts",
-                 "delta", "stop")  # fmt: skip
+    __slots__ = (
+        "error",
+        "finished",
+        "generated",
+        "model_id",
+        "provider",
+        "prompt_usage",
+        "usage",
+        "_counts",
+        "delta",
+        "stop",
+    )
 
     def __init__(self, model_id: str, provider: str) -> None:
         self.model_id = model_id
@@ -129,7 +167,9 @@ class MessagesRelay:
             message = data.get("message")
             if isinstance(message, dict):
                 message["model"] = self.model_id
-                self.prompt_usage = self._count(message.get("usage"))  # (its output count is not the answer's)
+                self.prompt_usage = self._count(
+                    message.get("usage")
+                )  # (its output count is not the answer's)
                 return [frame_event(kind, _encode(data))]
         elif kind == "message_delta":
             self.usage = self._count(data.get("usage"))
@@ -142,7 +182,9 @@ class MessagesRelay:
             return []
         elif kind == "error":  # the stream's end: nothing follows it
             error = data.get("error")
-            self.error = str(error.get("message") or error.get("type")) if isinstance(error, dict) else "error"
+            self.error = (
+                str(error.get("message") or error.get("type")) if isinstance(error, dict) else "error"
+            )
             self.finished = True
             return [*self.tail(), frame_event(kind, event.data)]
         return [frame_event(kind, event.data)]

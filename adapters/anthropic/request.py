@@ -39,7 +39,6 @@ def _invalid(message: str, code: str = "invalid_value") -> InvalidRequest:
     return InvalidRequest(message, param="messages", code=code)
 
 
-
 # ------------------------------------------------------------------ request: content blocks
 
 
@@ -78,15 +77,19 @@ def _image(part: ImagePart) -> Block:
     if mime not in IMAGE_TYPES:
         mime = _sniff(data) or mime
     if mime not in IMAGE_TYPES:
-        raise _invalid(f"Image type {mime or 'unknown'!r} is not supported by Anthropic: use JPEG, PNG, GIF or WebP.",
-                       "unsupported_image_type")  # fmt: skip
+        raise _invalid(
+            f"Image type {mime or 'unknown'!r} is not supported by Anthropic: use JPEG, PNG, GIF or WebP.",
+            "unsupported_image_type",
+        )
     return {"type": "image", "source": {"type": "base64", "media_type": mime, "data": data}}
 
 
 def _document(part: FilePart) -> Block:
     data = part.file.get("file_data")
     if not isinstance(data, str) or not data.startswith("data:"):
-        raise _invalid("Files must be sent inline as file_data (a base64 data: URL); file ids are not supported here.")
+        raise _invalid(
+            "Files must be sent inline as file_data (a base64 data: URL); file ids are not supported here."
+        )
     mime, payload = _data_url(data)
     if mime != "application/pdf":
         raise _invalid(f"File type {mime!r} is not supported by Anthropic: only PDF documents are.")
@@ -132,9 +135,13 @@ def _tool_input(call: ToolCall) -> dict[str, Any]:
     try:
         value = _decode(text)
     except msgspec.DecodeError:
-        raise _invalid(f"The arguments of tool call '{call.id}' are not valid JSON.", "invalid_tool_arguments") from None
+        raise _invalid(
+            f"The arguments of tool call '{call.id}' are not valid JSON.", "invalid_tool_arguments"
+        ) from None
     if not isinstance(value, dict):
-        raise _invalid(f"The arguments of tool call '{call.id}' must be a JSON object.", "invalid_tool_arguments")
+        raise _invalid(
+            f"The arguments of tool call '{call.id}' must be a JSON object.", "invalid_tool_arguments"
+        )
     return value
 
 
@@ -145,7 +152,11 @@ def _thinking_blocks(given: Any) -> list[Block]:
     for block in given if isinstance(given, list) else ():
         if not isinstance(block, dict):
             continue
-        if block.get("type") == "thinking" and isinstance(block.get("thinking"), str) and isinstance(block.get("signature"), str):
+        if (
+            block.get("type") == "thinking"
+            and isinstance(block.get("thinking"), str)
+            and isinstance(block.get("signature"), str)
+        ):
             out.append({"type": "thinking", "thinking": block["thinking"], "signature": block["signature"]})
         elif block.get("type") == "redacted_thinking" and isinstance(block.get("data"), str):
             out.append({"type": "redacted_thinking", "data": block["data"]})
@@ -154,7 +165,9 @@ def _thinking_blocks(given: Any) -> list[Block]:
 
 def _tool_result(message: Message, raw: dict[str, Any]) -> Block:
     if not isinstance(message.tool_call_id, str):
-        raise _invalid("A 'tool' message needs the 'tool_call_id' of the call it answers.", "missing_tool_call_id")
+        raise _invalid(
+            "A 'tool' message needs the 'tool_call_id' of the call it answers.", "missing_tool_call_id"
+        )
     block: Block = {"type": "tool_result", "tool_use_id": tool_id(message.tool_call_id)}
     if isinstance(message.content, str):
         if message.content:
@@ -172,14 +185,22 @@ def _turn(message: Message, raw: dict[str, Any]) -> tuple[str, list[Block]]:
     if message.role == "tool":
         return "user", [_tool_result(message, raw)]
     if message.role == "function":
-        raise _invalid("The legacy 'function' role is not supported for Anthropic models; use 'tool' messages.")
+        raise _invalid(
+            "The legacy 'function' role is not supported for Anthropic models; use 'tool' messages."
+        )
     blocks = _blocks(message.content, raw)
     if message.role == "assistant":  # its thinking blocks, signed, first (a tool loop's next turn needs them)
         blocks[:0] = _thinking_blocks(raw.get(THINKING_BLOCKS))
     if message.role == "assistant" and isinstance(message.tool_calls, list):
         for call in message.tool_calls:
-            blocks.append({"type": "tool_use", "id": tool_id(call.id), "name": call.function.name,
-                           "input": _tool_input(call)})  # fmt: skip
+            blocks.append(
+                {
+                    "type": "tool_use",
+                    "id": tool_id(call.id),
+                    "name": call.function.name,
+                    "input": _tool_input(call),
+                }
+            )
     return message.role, blocks
 
 
@@ -243,9 +264,13 @@ def _tool_blocks(tools: list[Tool]) -> list[Block]:
     out: list[Block] = []
     for tool in tools:
         if tool.type != "function":
-            raise InvalidRequest(f"Tools of type {tool.type!r} are not supported for Anthropic models.", param="tools")
+            raise InvalidRequest(
+                f"Tools of type {tool.type!r} are not supported for Anthropic models.", param="tools"
+            )
         fn = tool.function
-        schema = dict(fn.parameters) if isinstance(fn.parameters, dict) else {"type": "object", "properties": {}}
+        schema = (
+            dict(fn.parameters) if isinstance(fn.parameters, dict) else {"type": "object", "properties": {}}
+        )
         schema.setdefault("type", "object")
         item: Block = {"name": fn.name, "input_schema": schema}
         if isinstance(fn.description, str) and fn.description:
@@ -268,7 +293,9 @@ def tool_choice(choice: str | dict[str, Any] | None, parallel: Any) -> Block | N
     elif isinstance(choice, dict) and isinstance((choice.get("function") or {}).get("name"), str):
         out = {"type": "tool", "name": choice["function"]["name"]}
     else:
-        raise InvalidRequest("tool_choice must be 'auto', 'none', 'required' or a named function.", param="tool_choice")
+        raise InvalidRequest(
+            "tool_choice must be 'auto', 'none', 'required' or a named function.", param="tool_choice"
+        )
     if out is not None and parallel is False and out["type"] != "none":
         out["disable_parallel_tool_use"] = True
     return out
@@ -306,7 +333,11 @@ def _thinking(call: Call, body: dict[str, Any]) -> None:
 
 def _thought(turns: list[dict[str, Any]]) -> bool:
     """The assistant turn before the last (a tool loop's) opens with its thinking block."""
-    return len(turns) > 1 and bool(turns[-2]["content"]) and turns[-2]["content"][0]["type"] in ("thinking", "redacted_thinking")
+    return (
+        len(turns) > 1
+        and bool(turns[-2]["content"])
+        and turns[-2]["content"][0]["type"] in ("thinking", "redacted_thinking")
+    )
 
 
 def _sampling(call: Call, body: dict[str, Any]) -> None:
@@ -350,8 +381,11 @@ def json_tool(raw: dict[str, Any]) -> Block | None:
         if isinstance(spec.get("description"), str):
             about += " " + spec["description"]
     if schema.get("type") != "object":
-        raise InvalidRequest("For Anthropic models a JSON schema in response_format must describe an object "
-                             "(its top-level type must be 'object').", param="response_format")  # fmt: skip
+        raise InvalidRequest(
+            "For Anthropic models a JSON schema in response_format must describe an object "
+            "(its top-level type must be 'object').",
+            param="response_format",
+        )
     return {"name": JSON_TOOL, "description": about, "input_schema": schema}
 
 
@@ -375,13 +409,19 @@ def request_body(call: Call) -> dict[str, Any]:
         body["tools"] = [*tools, answer]
         if not tools:  # with tools of its own the caller's tool_choice stands; thinking allows no
             # forced tool, so then the tool's description asks
-            body["tool_choice"] = {"type": "auto"} if "thinking" in body else {"type": "tool", "name": JSON_TOOL}
+            body["tool_choice"] = (
+                {"type": "auto"} if "thinking" in body else {"type": "tool", "name": JSON_TOOL}
+            )
     return body
 
 
 def build(call: Call) -> UpstreamRequest:
-    headers = {"x-api-key": call.deployment.api_key, "anthropic-version": VERSION, "content-type": "application/json",
-               "user-agent": USER_AGENT}  # fmt: skip
+    headers = {
+        "x-api-key": call.deployment.api_key,
+        "anthropic-version": VERSION,
+        "content-type": "application/json",
+        "user-agent": USER_AGENT,
+    }
     if call.stream:
         headers["accept"] = "text/event-stream"
     body = request_body(call)  # max_tokens: reasoning_effort may have raised it to make room to think

@@ -20,8 +20,15 @@ from core.wire import TokenUsage
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
 
-STOP_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "pause_turn": "stop", "max_tokens": "length",
-                "model_context_window_exceeded": "length", "tool_use": "tool_calls", "refusal": "content_filter"}
+STOP_REASONS = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "pause_turn": "stop",
+    "max_tokens": "length",
+    "model_context_window_exceeded": "length",
+    "tool_use": "tool_calls",
+    "refusal": "content_filter",
+}
 
 
 def obj(value: Any) -> dict[str, Any]:
@@ -43,8 +50,14 @@ def usage_from_anthropic(usage: Any) -> TokenUsage | None:
     output = _int(usage.get("output_tokens"))
     details = usage.get("output_tokens_details")
     thinking = _int(details.get("thinking_tokens")) if isinstance(details, dict) else 0
-    return TokenUsage(prompt=_int(usage.get("input_tokens")) + read + write, completion=output,
-                      cached=read, cache_write=write, cache_write_1h=hour, reasoning=min(thinking, output))  # fmt: skip
+    return TokenUsage(
+        prompt=_int(usage.get("input_tokens")) + read + write,
+        completion=output,
+        cached=read,
+        cache_write=write,
+        cache_write_1h=hour,
+        reasoning=min(thinking, output),
+    )
 
 
 def with_thinking_share(usage: TokenUsage | None, thinking_chars: int, other_chars: int) -> TokenUsage | None:
@@ -68,7 +81,9 @@ def finish_reason(stop_reason: Any) -> str:
     return STOP_REASONS.get(stop_reason, "stop") if isinstance(stop_reason, str) else "stop"
 
 
-def _read_blocks(content: list[Any]) -> tuple[list[str], list[str], list[dict[str, Any]], list[dict[str, Any]]]:
+def _read_blocks(
+    content: list[Any],
+) -> tuple[list[str], list[str], list[dict[str, Any]], list[dict[str, Any]]]:
     text: list[str] = []
     thinking: list[str] = []
     calls: list[dict[str, Any]] = []
@@ -81,14 +96,24 @@ def _read_blocks(content: list[Any]) -> tuple[list[str], list[str], list[dict[st
             text.append(str(block.get("text") or ""))
         elif kind == "thinking":
             thinking.append(str(block.get("thinking") or ""))
-            signed.append({"type": "thinking", "thinking": str(block.get("thinking") or ""),
-                           "signature": str(block.get("signature") or "")})  # fmt: skip
+            signed.append(
+                {
+                    "type": "thinking",
+                    "thinking": str(block.get("thinking") or ""),
+                    "signature": str(block.get("signature") or ""),
+                }
+            )
         elif kind == "redacted_thinking" and isinstance(block.get("data"), str):
             signed.append({"type": "redacted_thinking", "data": block["data"]})
         elif kind == "tool_use":
             arguments = _encode(block.get("input") or {}).decode()
-            calls.append({"id": block.get("id"), "type": "function",
-                          "function": {"name": block.get("name"), "arguments": arguments}})  # fmt: skip
+            calls.append(
+                {
+                    "id": block.get("id"),
+                    "type": "function",
+                    "function": {"name": block.get("name"), "arguments": arguments},
+                }
+            )
     return text, thinking, calls, signed
 
 
@@ -109,7 +134,9 @@ def parse(provider: str, call: Call, body: bytes) -> tuple[dict[str, Any], Token
         raise UpstreamError(f"The provider '{provider}' returned an unexpected answer shape.")
     text, thinking, calls, signed = _read_blocks(data["content"])
     reason = finish_reason(data.get("stop_reason"))
-    answer = next((c for c in calls if c["function"]["name"] == JSON_TOOL), None) if json_mode(call.raw) else None
+    answer = (
+        next((c for c in calls if c["function"]["name"] == JSON_TOOL), None) if json_mode(call.raw) else None
+    )
     if answer is not None:  # JSON mode: the tool's input is the answer
         text, calls = [answer["function"]["arguments"]], [c for c in calls if c is not answer]
         reason = reason if calls else "stop"

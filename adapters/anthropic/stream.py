@@ -76,7 +76,12 @@ class AnthropicStream(StreamTranslator):
     def _block_start(self, data: dict[str, Any]) -> Chunks:
         block, index = obj(data.get("content_block")), data.get("index")
         kind = block.get("type")
-        if kind == "tool_use" and self.json_mode and block.get("name") == JSON_TOOL and self.json_block is None:
+        if (
+            kind == "tool_use"
+            and self.json_mode
+            and block.get("name") == JSON_TOOL
+            and self.json_block is None
+        ):
             self.json_block = index
             given = block.get("input")
             return [_chunk({"content": _encode(given).decode()})] if isinstance(given, dict) and given else []
@@ -129,14 +134,20 @@ class AnthropicStream(StreamTranslator):
         index = data.get("index")
         thought = self.thinking.pop(index, None) if isinstance(index, int) else None
         if thought is not None:  # the whole block, signed: what a later turn must send back (thinking_blocks)
-            return [_chunk({THINKING_BLOCKS: [{"type": "thinking", "thinking": thought[0], "signature": thought[1]}]})]
+            return [
+                _chunk(
+                    {THINKING_BLOCKS: [{"type": "thinking", "thinking": thought[0], "signature": thought[1]}]}
+                )
+            ]
         if index in self.tools and index not in self.tool_args:  # no input at all: "{}", not ""
             self.tool_args.add(index)
             return self._tool_delta(index, function={"arguments": "{}"})
         return []
 
     def _set_usage(self) -> None:
-        self.usage = with_thinking_share(usage_from_anthropic(self.raw_usage), self.thinking_chars, self.other_chars)
+        self.usage = with_thinking_share(
+            usage_from_anthropic(self.raw_usage), self.thinking_chars, self.other_chars
+        )
         if self.usage is not None:
             self.usage_raw = openai_usage(self.usage)
 

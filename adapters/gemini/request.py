@@ -28,7 +28,9 @@ _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
 
 EFFORT_BUDGET = {"none": 0, "minimal": 512, "low": 1024, "medium": 8192, "high": 24576}
-_SYNTH = re.compile(r"call_[0-9a-f]{24}")  # the ids we make up (response.new_call_id); never sent back to Gemini
+_SYNTH = re.compile(
+    r"call_[0-9a-f]{24}"
+)  # the ids we make up (response.new_call_id); never sent back to Gemini
 _SAMPLING = (
     ("seed", "seed"),
     ("presence_penalty", "presencePenalty"),
@@ -292,7 +294,11 @@ def build(call: Call) -> UpstreamRequest:
     if config:
         body["generationConfig"] = config
     method = "streamGenerateContent?alt=sse" if call.stream else "generateContent"
-    headers = {"x-goog-api-key": call.deployment.api_key, "Content-Type": "application/json", "User-Agent": USER_AGENT}
+    headers = {
+        "x-goog-api-key": call.deployment.api_key,
+        "Content-Type": "application/json",
+        "User-Agent": USER_AGENT,
+    }
     if call.stream:
         headers["Accept"] = "text/event-stream"
     url = f"{call.deployment.base_url}/models/{call.upstream_model}:{method}"

@@ -200,4 +200,3 @@ def upstream_error(provider: str, status: int, body: bytes, headers: Mapping[str
         if retry:
             headers = {"retry-after": retry}
     return map_upstream_error(provider, status, body, headers)
-
