@@ -855,6 +855,7 @@ def test_queries_on_sqlite_and_postgres(tmp_path: Path) -> None:
     assert asyncio.run(on_sqlite()) == asyncio.run(on_postgres())
 
 
+@pytest.mark.slow  # (seconds of its own: not in make test-fast)
 def test_history_stays_fast_with_a_million_rows(tmp_path: Path) -> None:
     path = tmp_path / "big.db"
     now = time.time()

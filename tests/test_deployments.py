@@ -107,6 +107,7 @@ async def _many(stack: Stack, key: str, n: int, concurrency: int = 32) -> list[A
         await client.close()
 
 
+@pytest.mark.slow  # (seconds of its own: not in make test-fast)
 def test_weights_are_respected_over_2000_calls(weighted: Stack) -> None:
     n = 2000
     key = weighted.key(credits=1000)
@@ -184,6 +185,7 @@ def test_metrics_readyz_and_access_log_name_deployments(weighted: Stack) -> None
     assert ready["circuits"]["openai/b"] == "closed"
 
 
+@pytest.mark.slow  # (seconds of its own: not in make test-fast)
 def test_a_deployment_answering_429_rests_for_its_retry_after_and_callers_never_see_it(
     tmp_path: Path,
 ) -> None:

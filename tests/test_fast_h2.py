@@ -128,6 +128,7 @@ async def test_a_reset_stream_ends_its_app_and_spares_the_others(monkeypatch: py
     assert {p: got[p] for p in plan if p != "/s1"} == {p: want[p] for p in plan if p != "/s1"}
 
 
+@pytest.mark.slow  # (seconds of its own: not in make test-fast)
 async def test_nothing_is_written_once_the_connection_is_gone(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -449,6 +449,7 @@ def test_cache_writes_and_reads_are_billed_at_their_prices(stack: Stack) -> None
     assert older.cache_write_tokens == first.usage.cache_creation_input_tokens and newer.cached_tokens > 1024
 
 
+@pytest.mark.slow  # (seconds of its own: not in make test-fast)
 def test_a_slow_upstream_gets_keep_alives_then_the_stream(tmp_path: Any) -> None:
     """While the upstream is slow to answer, the stream has begun with SSE comments (Claude Code counts
     every byte and gives up on a silent stream), then Anthropic's events follow; an upstream failure after
