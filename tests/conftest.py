@@ -39,6 +39,20 @@ from router.logs import JsonFormatter
 from server.serve import hypercorn_config, install_server_layer
 
 T = TypeVar("T")
+ROOT = Path(__file__).resolve().parent.parent
+# the product's packages, in the order of their layers (pyproject.toml's import contracts; Makefile's PACKAGES)
+PRODUCT_PACKAGES = (
+    "core",
+    "server",
+    "adapters",
+    "billing",
+    "emulators",
+    "gateway",
+    "jobs",
+    "console",
+    "router",
+    "cli",
+)
 
 # What a test starts besides one gateway and the emulators, as its markers: `make test-fast` runs the
 # tests that have none. The fixtures that start a service name it; so do the modules whose tests start

@@ -11,21 +11,10 @@ the package, autoescaped). Webhooks only send HTTP to checked addresses (core/de
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = (
-    "core",
-    "server",
-    "adapters",
-    "billing",
-    "emulators",
-    "gateway",
-    "jobs",
-    "console",
-    "router",
-    "cli",
-)
+from tests.conftest import PRODUCT_PACKAGES as PACKAGES
+from tests.conftest import ROOT
+
 MODULES = {
     "subprocess",
     "pickle",

@@ -24,21 +24,10 @@ from __future__ import annotations
 
 import ast
 import re
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = (
-    "core",
-    "server",
-    "adapters",
-    "billing",
-    "emulators",
-    "gateway",
-    "jobs",
-    "console",
-    "router",
-    "cli",
-)
+from tests.conftest import PRODUCT_PACKAGES as PACKAGES
+from tests.conftest import ROOT
+
 SQL = re.compile(
     r"\b(SELECT|INSERT INTO|UPDATE \w+ SET|DELETE FROM|(CREATE|ALTER|DROP) (TABLE|INDEX|UNIQUE)|WITH)\b"
 )
