@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from billing.store import USAGE_COLUMNS, USAGE_LIST, Store, UsageRecord, usage_values
+from billing.records import USAGE_COLUMNS, USAGE_LIST, UsageRecord, usage_values
+from billing.store import Store
 
 
 def rows_of(records: Iterable[UsageRecord]) -> list[tuple[Any, ...]]:

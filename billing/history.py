@@ -30,7 +30,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from billing.store import USAGE_SELECT, Database, ModelUsage, UsageRecord, usage_record
+from billing.database import Database
+from billing.records import USAGE_SELECT, ModelUsage, UsageRecord, usage_record
 from billing.usage_filter import Filter, where
 
 __all__ = ["Bucket", "Filter", "History", "Page", "Totals"]

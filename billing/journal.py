@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import IO
 
-from billing.store import Reservation, UsageRecord
+from billing.records import Reservation, UsageRecord
 
 
 @dataclass(frozen=True, slots=True)

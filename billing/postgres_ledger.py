@@ -51,17 +51,14 @@ import msgspec
 from billing import budgets, rules
 from billing.postgres_pool import PostgresPool, down, lost, pg_sql, unsent
 from billing.progress import charged
+from billing.records import USAGE_COLUMNS, USAGE_LIST, USAGE_TYPES, usage_values
 from billing.store import (
-    USAGE_COLUMNS,
-    USAGE_LIST,
-    USAGE_TYPES,
     Hold,
     Refusal,
     Reservation,
     Store,
     StoreError,
     UsageRecord,
-    usage_values,
 )
 from core.clock import Clock
 

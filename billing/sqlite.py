@@ -26,11 +26,10 @@ from billing.history import History
 from billing.journal import Entry
 from billing.owed import OwedLog, entry_id
 from billing.progress import charged
+from billing.records import USAGE_COLUMNS, USAGE_TYPES
 from billing.schema import LEDGER, ddl
 from billing.sqlite_thread import SQLiteThread, down, savepoint, transaction
 from billing.store import (
-    USAGE_COLUMNS,
-    USAGE_TYPES,
     Checkpoint,
     Principal,
     Reservation,

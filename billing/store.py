@@ -15,12 +15,13 @@ import json
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass, fields
-from operator import attrgetter
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, TypeVar
 
 import msgspec
 
+from billing.database import Database
+from billing.records import ModelUsage, Reservation, UsageRecord
 from core.clock import Clock
 
 if TYPE_CHECKING:
@@ -43,25 +44,6 @@ class StoreConstraint(StoreError):
 class StoreDown(Exception):
     """The store cannot be used now (unreachable, locked past its busy timeout, an I/O error): the
     operation may succeed later. Callers answer 503 ``store_unavailable``; settlements are retried."""
-
-
-class Database(Protocol):
-    """What the stores' database handles share: dialect-neutral SQL with ``?`` placeholders (the usage
-    history, the console's settings), on the one handle of the store, and migrations of one owner's
-    tables (its scripts, the number applied kept in its own ``version_table``)."""
-
-    dialect: str
-
-    async def migrate(self, version_table: str, migrations: Sequence[str]) -> None: ...
-
-    async def select(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
-
-    async def write(self, sql: str, args: Sequence[Any] = ()) -> None: ...
-
-    async def atomic(self, steps: Sequence[tuple[str, Sequence[Any]]], chained: bool = False) -> list[int]:
-        """Run the statements in one transaction (all or none); the rows each changed. ``chained``: a
-        statement runs only if the one before changed a row (else it counts 0)."""
-        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,48 +174,6 @@ def principal_row(row: Any, digest: str | None = None) -> Principal | None:
     return Principal(row[0], row[1], row[2], row[3], row[4], allowed, deadline, code)
 
 
-@dataclass(slots=True)
-class UsageRecord:
-    """One call, as docs/operations.md lists it ("Usage records"). ``credits`` is what was charged, in
-    nano-credits. ``status``: ``ok``, ``error`` (it failed after its reservation: upstream, timeout),
-    ``interrupted`` (the caller went away, or the gateway stopped) or ``rejected`` (refused before
-    anything was reserved: a bad request, a model it may not use, a rate limit, too few credits; never
-    charged). ``error_code`` is the OpenAI-shaped error's code; ``batch_id`` the batch of a job's line;
-    ``end_user`` the request's ``user``."""
-
-    key_id: int
-    group_id: int
-    model: str
-    provider: str
-    deployment: str = ""  # the provider's deployment that served (core/deployments.py); "" before one did
-    endpoint: str = "chat"
-    source: str = "api"  # api | job
-    stream: bool = False
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    cache_write_tokens: int = 0
-    reasoning_tokens: int = 0
-    credits: int = 0
-    status: str = "ok"  # ok | error | interrupted | rejected
-    usage_exact: bool = True
-    latency_ms: float = 0.0
-    ttft_ms: float | None = None
-    upstream_request_id: str | None = None
-    request_id: str | None = None
-    error: str | None = None
-    error_code: str | None = None
-    batch_id: str | None = None
-    end_user: str | None = None
-    safety_identifier: str | None = None  # OpenAI's, as the request sent it
-    metadata: str | None = None  # the request's ``metadata`` (a map of strings), as compact JSON
-    # when more than one was tried: each attempt as compact JSON, ``[[deployment, outcome, ms], ...]``
-    # (outcome: ``ok``, or the error's code), in order (gateway/reliability.py)
-    attempts: str | None = None
-    ts: float = 0.0
-    id: int = 0
-
-
 class Checkpoint(NamedTuple):
     """A stream's usage so far (billing/progress.py, Store.note_progress): how to charge it (its
     ``Charge`` as JSON; None: as its last checkpoint said), and the tokens of all the text it generated,
@@ -259,44 +199,6 @@ def record_of(text: str | bytes) -> UsageRecord:
     return _record_of.decode(text)
 
 
-# The columns of the ``usage`` table are the fields of UsageRecord (``id`` aside), in this order; every
-# store writes and reads them from here.
-USAGE_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(UsageRecord) if f.name != "id")
-USAGE_TYPES: dict[str, str] = {f.name: str(f.type) for f in fields(UsageRecord) if f.name != "id"}
-USAGE_LIST = ", ".join(USAGE_COLUMNS)
-USAGE_SELECT = "id, " + USAGE_LIST  # a row of it is read by usage_record
-_CREDITS = USAGE_COLUMNS.index("credits")
-_TS = USAGE_COLUMNS.index("ts")
-_BOOLS = tuple(n for n, kind in USAGE_TYPES.items() if kind == "bool")
-_values = attrgetter(*USAGE_COLUMNS)
-
-
-def usage_values(record: UsageRecord, credits: int, now: float) -> tuple[Any, ...]:
-    """The values of a record's usage row, in USAGE_COLUMNS order, charging ``credits`` (stamped
-    ``now`` if the record has no time yet)."""
-    values = list(_values(record))
-    values[_CREDITS] = credits
-    if not values[_TS]:
-        values[_TS] = now
-    return tuple(values)
-
-
-def usage_record(row: Sequence[Any]) -> UsageRecord:
-    """A row of ``SELECT {USAGE_SELECT} FROM usage``, from any of the stores."""
-    record = UsageRecord(**dict(zip(USAGE_COLUMNS, row[1:], strict=True)), id=row[0])
-    for name in _BOOLS:  # SQLite keeps them as 0 / 1
-        setattr(record, name, bool(getattr(record, name)))
-    return record
-
-
-@dataclass(frozen=True, slots=True)
-class Reservation:
-    id: int
-    group_id: int
-    key_id: int
-    amount: int
-
-
 @dataclass(slots=True)
 class Hold:
     """What a reservation row keeps of its call (PostgreSQL), for the ``interrupted`` record written if
@@ -319,15 +221,6 @@ class Refusal:
     needed: int
     window: str = ""
     resets_at: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class ModelUsage:
-    model: str
-    calls: int
-    prompt_tokens: int
-    completion_tokens: int
-    credits: int
 
 
 class Rescue(Protocol):
