@@ -17,15 +17,36 @@ import sys
 from array import array
 from collections.abc import Callable
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
 from emulators.common import encode, pause, random_id
-from emulators.directives import count_tokens, directives
+from emulators.directives import Flakiness, count_tokens, directives
 
-if TYPE_CHECKING:
-    from emulators.openai import OpenAIEmulator
+
+class Host(Protocol):
+    """What :class:`OpenAIEmbeddings` reads of the emulator serving it
+    (:class:`emulators.openai.OpenAIEmulator`, :class:`emulators.azure.AzureOpenAIEmulator`): its
+    flavour, key check, body, limits and error envelope."""
+
+    flavour: str
+    flakiness: Flakiness
+
+    def _authorised(self, request: web.Request) -> bool: ...
+
+    async def body(self, request: web.Request) -> dict[str, Any] | web.Response: ...
+
+    def over_limit(self) -> float | None: ...
+
+    def rate_limited(self, wait: float) -> web.Response: ...
+
+    def error(
+        self, status: int, message: str, type_: str, code: str | None = None, headers: dict | None = None
+    ) -> web.Response: ...
+
+    def fault(self, status: int) -> web.Response: ...
+
 
 # model -> (default size, largest size a caller may ask; 0: only the default)
 MODELS: dict[str, dict[str, tuple[int, int]]] = {
@@ -71,7 +92,7 @@ def seed_of(item: Any) -> str:
 class OpenAIEmbeddings:
     """``POST /v1/embeddings`` of an OpenAI-compatible emulator, in its flavour."""
 
-    def __init__(self, emu: OpenAIEmulator) -> None:
+    def __init__(self, emu: Host) -> None:
         self.emu = emu
         self.flavour = emu.flavour
 

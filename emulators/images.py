@@ -17,15 +17,35 @@ import time
 import zlib
 from collections.abc import Callable
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from aiohttp import BodyPartReader, web
 
 from emulators.common import DEPLOYED, encode, pause, random_id
 from emulators.directives import count_tokens, directives
 
-if TYPE_CHECKING:
-    from emulators.openai import OpenAIEmulator
+
+class Host(Protocol):
+    """What :class:`OpenAIImages` reads of the emulator serving it (:class:`emulators.openai.OpenAIEmulator`,
+    :class:`emulators.azure.AzureOpenAIEmulator`): its key check, body, request log, limits and error
+    envelope."""
+
+    def _authorised(self, request: web.Request) -> bool: ...
+
+    async def body(self, request: web.Request) -> dict[str, Any] | web.Response: ...
+
+    def received(self, body: dict[str, Any], headers: Any = None) -> None: ...
+
+    def over_limit(self) -> float | None: ...
+
+    def rate_limited(self, wait: float) -> web.Response: ...
+
+    def error(
+        self, status: int, message: str, type_: str, code: str | None = None, headers: dict | None = None
+    ) -> web.Response: ...
+
+    def fault(self, status: int) -> web.Response: ...
+
 
 GPT_IMAGE = ("gpt-image-1", "gpt-image-1-mini", "gpt-image-1.5")
 GPT_SIZES = {
@@ -73,7 +93,7 @@ def drawn(prompt: str, width: int, height: int, index: int = 0) -> str:
 class OpenAIImages:
     """The GPT image endpoints of :class:`emulators.openai.OpenAIEmulator` (flavour openai)."""
 
-    def __init__(self, emu: OpenAIEmulator) -> None:
+    def __init__(self, emu: Host) -> None:
         self.emu = emu
 
     def _invalid(self, message: str, param: str) -> web.Response:
