@@ -38,7 +38,7 @@ import asyncio
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import aiohttp
 
@@ -57,7 +57,38 @@ from gateway.tracing import current as traced
 from gateway.upstream_state import Lease
 
 if TYPE_CHECKING:
-    from gateway.state import Gateway
+    from adapters.transport import ObservedTransport
+    from billing.store import Store
+    from core.config import Settings
+    from core.deadlines import Deadlines
+    from gateway.dispatch import Dispatcher
+    from gateway.tracing import Tracing
+
+
+class Services(Protocol):
+    """What :func:`open_upstream` reads of the gateway (:class:`gateway.state.Gateway`): the
+    deployments' order and rests, the breakers, the transport and the call path's timeouts."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def dispatcher(self) -> Dispatcher: ...
+
+    @property
+    def breakers(self) -> Breakers: ...
+
+    @property
+    def transport(self) -> ObservedTransport: ...
+
+    @property
+    def deadlines(self) -> Deadlines: ...
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def tracing(self) -> Tracing | None: ...
 
 
 class Opened(NamedTuple):
@@ -268,7 +299,7 @@ class UpstreamCall(NamedTuple):
     ask: Ask
 
 
-async def open_upstream(gw: Gateway, call: UpstreamCall, log: list[list[Any]] | None = None) -> Opened:
+async def open_upstream(gw: Services, call: UpstreamCall, log: list[list[Any]] | None = None) -> Opened:
     """Send ``call`` to one of its deployments and return the response once its status is good,
     moving between deployments and retrying as the module says (gateway/attempts_plan.py decides),
     within its deadline. ``log`` gets each try that failed, ``[deployment, error code, ms]``, and then
@@ -309,7 +340,7 @@ async def open_upstream(gw: Gateway, call: UpstreamCall, log: list[list[Any]] | 
 
 
 async def _try(
-    gw: Gateway, call: UpstreamCall, plan: Attempts, lease: Lease, log: list[list[Any]] | None
+    gw: Services, call: UpstreamCall, plan: Attempts, lease: Lease, log: list[list[Any]] | None
 ) -> Opened | Step:
     """One try on ``lease``'s deployment, past its breaker: the response, or what ``plan`` says next."""
     dep = lease.deployment
@@ -340,7 +371,7 @@ async def _try(
     return _failed(gw, call, plan, lease, error)
 
 
-def _failed(gw: Gateway, call: UpstreamCall, plan: Attempts, lease: Lease, error: GatewayError) -> Step:
+def _failed(gw: Services, call: UpstreamCall, plan: Attempts, lease: Lease, error: GatewayError) -> Step:
     """What ``error`` teaches the deployment's state, its breaker and the metrics; what ``plan`` says next."""
     dep = lease.deployment
     rest = (
@@ -360,7 +391,7 @@ def _failed(gw: Gateway, call: UpstreamCall, plan: Attempts, lease: Lease, error
 
 
 async def _send(
-    gw: Gateway,
+    gw: Services,
     upstream: UpstreamRequest,
     dep: Deployment,
     to_error: Callable[[int, bytes, Mapping[str, str]], GatewayError],
@@ -376,7 +407,7 @@ async def _send(
 
 
 async def _attempt(
-    gw: Gateway,
+    gw: Services,
     upstream: UpstreamRequest,
     dep: Deployment,
     to_error: Callable[[int, bytes, Mapping[str, str]], GatewayError],
