@@ -20,6 +20,7 @@ import msgspec
 
 from core.errors import GatewayError, anthropic_status
 from core.sse import frame_event
+from core.templates import HOLES, INTS, hole, template
 from gateway.messages_translate import anthropic_usage, stop_reason
 
 _encode = msgspec.json.Encoder().encode
@@ -29,26 +30,56 @@ def frame(data: dict[str, Any]) -> bytes:
     return frame_event(data["type"], _encode(data))
 
 
-# a text or thinking delta, the one frame of most chunks, written as bytes around the piece's JSON:
-# the same bytes as frame() of {"type": "content_block_delta", "index": i, "delta": {"type": ..., kind: piece}}
-_DELTA = b'event: content_block_delta\ndata: {"type":"content_block_delta","index":'
-_DELTA_OF = {
-    "text": b',"delta":{"type":"text_delta","text":',
-    "thinking": b',"delta":{"type":"thinking_delta","thinking":',
+# The events the hot path writes as bytes around their values, each defined once (as frame() encodes
+# it) and its template derived from that definition at import (core/templates.py).
+
+
+def message_start(id: str, model: str) -> dict[str, Any]:
+    """message_start: the message without content, no usage yet."""
+    message: dict[str, Any] = {
+        "id": id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": anthropic_usage(None),
+    }
+    return {"type": "message_start", "message": message}
+
+
+def block_delta(index: int, delta: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "content_block_delta", "index": index, "delta": delta}
+
+
+def text_delta(kind: str, piece: str) -> dict[str, Any]:
+    """The delta of a text or thinking block (``kind``)."""
+    return {"type": f"{kind}_delta", kind: piece}
+
+
+def block_stop(index: int) -> dict[str, Any]:
+    return {"type": "content_block_stop", "index": index}
+
+
+# a text or thinking delta, the one frame of most chunks: its frame up to the block's index, from the
+# index to the piece's JSON (by kind), after the piece
+_DELTAS = {
+    kind: template(frame(block_delta(INTS[0], text_delta(kind, HOLES[0]))), hole(INTS[0]), hole(HOLES[0]))
+    for kind in ("text", "thinking")
 }
-_DELTA_END = b"}}\n\n"
+_DELTA, _, _DELTA_END = _DELTAS["text"]
+_DELTA_OF = {kind: of for kind, (_, of, _) in _DELTAS.items()}
+if any(head != _DELTA or end != _DELTA_END for head, _, end in _DELTAS.values()):
+    raise ValueError("the text and thinking deltas differ but in the delta's kind")
 _PING = frame({"type": "ping"})
 _STOP = frame({"type": "message_stop"})
-_BLOCK_STOP = b'event: content_block_stop\ndata: {"type":"content_block_stop","index":'
-# message_start as bytes around the message's id and model: the same bytes as frame() of {"type":
-# "message_start", "message": {"id": ..., "type": "message", "role": "assistant", "model": ..., "content": [],
-# "stop_reason": None, "stop_sequence": None, "usage": {each count 0}}}
-_START = b'event: message_start\ndata: {"type":"message_start","message":{"id":'
-_START_MODEL = b',"type":"message","role":"assistant","model":'
-_START_END = (
-    b',"content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":0,'
-    b'"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":0}}}\n\n'
-) + _PING
+_BLOCK_STOP, _BLOCK_STOP_END = template(frame(block_stop(INTS[0])), hole(INTS[0]))
+# message_start as bytes around the message's id and model, with the ping after it
+_START, _START_MODEL, _START_END = template(
+    frame(message_start(HOLES[0], HOLES[1])), hole(HOLES[0]), hole(HOLES[1])
+)
+_START_END += _PING
 
 
 def error_event(exc: GatewayError) -> bytes:
@@ -113,7 +144,7 @@ class MessageSynth:
     def _close(self, out: list[bytes]) -> None:
         if self.open is not None:
             self.open = None
-            out.append(b"".join((_BLOCK_STOP, str(self.index).encode(), b"}\n\n")))
+            out.append(b"".join((_BLOCK_STOP, str(self.index).encode(), _BLOCK_STOP_END)))
 
     def _text(self, kind: str, piece: str, out: list[bytes]) -> None:
         if self.open != kind:
@@ -143,7 +174,7 @@ class MessageSynth:
         arguments = function.get("arguments")
         if isinstance(arguments, str) and arguments:
             delta = {"type": "input_json_delta", "partial_json": arguments}
-            out.append(frame({"type": "content_block_delta", "index": self.index, "delta": delta}))
+            out.append(frame(block_delta(self.index, delta)))
 
     def finish(self, out: list[bytes], cost: msgspec.Raw | None = None) -> None:
         """The end of a proper stream: the open block closed, the stop reason and usage."""

@@ -33,6 +33,8 @@ from typing import Any
 
 import msgspec
 
+from core.sse import frame_event
+from core.templates import HOLES, INTS, formatting, hole, template
 from core.types import new_id
 from core.wire import usage_from_openai
 
@@ -42,20 +44,69 @@ INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 _encode = msgspec.json.Encoder().encode
 
 
+def text_delta(sequence: int, item: str, index: int, delta: str) -> dict[str, Any]:
+    """``response.output_text.delta``: a piece of the text of message ``item`` at output ``index``
+    (key order as EventSynth._event builds an event)."""
+    return {
+        "type": "response.output_text.delta",
+        "sequence_number": sequence,
+        "item_id": item,
+        "output_index": index,
+        "content_index": 0,
+        "delta": delta,
+        "logprobs": [],
+    }
+
+
+def opening(kind: str, sequence: int, response: Any) -> dict[str, Any]:
+    """``response.created`` or ``.in_progress`` (``kind``), with the response as it starts."""
+    return {"type": kind, "sequence_number": sequence, "response": response}
+
+
+def _frame(event: dict[str, Any]) -> bytes:
+    return frame_event(event["type"], _encode(event))
+
+
+# The frame of a text delta, derived from text_delta at import (core/templates.py): a %-format whose
+# item id (%b, encoded) and output index (%d) _text_delta fills once per message, leaving a %-format
+# of the sequence number (%d) and the delta (%b, encoded) for each piece.
+_TEXT_DELTA = formatting(
+    tuple(
+        piece.replace(b"%", b"%%")
+        for piece in template(
+            _frame(text_delta(INTS[0], HOLES[0], INTS[1], HOLES[1])),
+            hole(INTS[0]),
+            hole(HOLES[0]),
+            hole(INTS[1]),
+            hole(HOLES[1]),
+        )
+    ),
+    b"%%d",
+    b"%b",
+    b"%d",
+    b"%%b",
+)
+
+
 def _text_delta(item: bytes, index: int) -> bytes:
     """The frame of a text delta of one message (``item``: its id, encoded), left to fill: the
-    sequence number and the delta, encoded (key order as _event builds it)."""
-    return (
-        b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","sequence_number":%%d,'
-        b'"item_id":%b,"output_index":%d,"content_index":0,"delta":%%b,"logprobs":[]}\n\n'
-    ) % (item, index)
+    sequence number and the delta, encoded."""
+    return _TEXT_DELTA % (item, index)
 
 
-# the frames of the two events that open a stream, up to their response (key order as _event builds it)
-_CREATED = b'event: response.created\ndata: {"type":"response.created","sequence_number":%d,"response":'
-_IN_PROGRESS = (
-    b'}\n\nevent: response.in_progress\ndata: {"type":"response.in_progress","sequence_number":%d,"response":'
-)
+def _opening(kind: str) -> tuple[bytes, bytes]:
+    """The frame of ``response.created`` or ``.in_progress``, derived from opening at import: up to its
+    response (a %-format of its sequence number), and after the response."""
+    head, between, tail = template(_frame(opening(kind, INTS[0], HOLES[0])), hole(INTS[0]), hole(HOLES[0]))
+    return formatting((head, between), b"%d"), tail
+
+
+# the frames of the two events that open a stream, written around the one snapshot they share:
+# _CREATED, the snapshot, _IN_PROGRESS (the end of the first frame, the second up to its response),
+# the snapshot, _OPENED
+_CREATED, _CREATED_END = _opening("response.created")
+_IN_PROGRESS_HEAD, _OPENED = _opening("response.in_progress")
+_IN_PROGRESS = _CREATED_END.replace(b"%", b"%%") + _IN_PROGRESS_HEAD
 
 
 def item_id(prefix: str) -> str:
@@ -241,7 +292,7 @@ class EventSynth:
         snapshot = _encode(self._response())
         first = self.sequence
         self.sequence += 2
-        return [b"".join((_CREATED % first, snapshot, _IN_PROGRESS % (first + 1), snapshot, b"}\n\n"))]
+        return [b"".join((_CREATED % first, snapshot, _IN_PROGRESS % (first + 1), snapshot, _OPENED))]
 
     # -- chunks in --------------------------------------------------------------------------------
     def feed(self, chunk: dict[str, Any]) -> list[Any]:

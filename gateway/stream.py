@@ -24,7 +24,8 @@ import msgspec
 
 from adapters.base import Call, StreamTranslator
 from core.errors import GatewayError
-from core.sse import DONE, SSEDecoder
+from core.sse import DONE, SSEDecoder, frame
+from core.templates import HOLES, INTS, formatting, hole, template
 from core.wire import TokenUsage
 from gateway.codec import Reader, chat_priced
 from gateway.relay import LastBatch
@@ -58,11 +59,39 @@ class _Plain(msgspec.Struct):
 
 _decode_plain = msgspec.json.Decoder(_Plain).decode
 _decode_text = msgspec.json.Decoder(str).decode
+
+
+def chunk(completion_id: str, created: int, model: str, choices: Any) -> dict[str, Any]:
+    """A chunk as the caller gets it, up to its choices (key order as Shaper._stamp builds one; the
+    fields of the upstream's chunk follow, then usage if asked for: null but in the usage chunk)."""
+    return {
+        "id": completion_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": choices,
+    }
+
+
+# the bytes written around a chunk's values, derived from chunk() at import (core/templates.py): its
+# head (_chunk_head: a %-format of the id, created and model), the choices' key, and its end after the
+# choices when usage is asked for (_NO_USAGE, also how an upstream's chunk that may pass through ends)
+_ID, _CREATED, _MODEL, _CHOICES_KEY, _NO_USAGE = template(
+    _encode({**chunk(HOLES[0], INTS[0], HOLES[1], HOLES[2]), "usage": None}),
+    hole(HOLES[0]),
+    hole(INTS[0]),
+    hole(HOLES[1]),
+    hole(HOLES[2]),
+)
+_HEAD = formatting((_ID, _CREATED, _MODEL, b""), b"%b", b"%d", b"%b")
+_CHOICES = _CHOICES_KEY + b"["  # (the choices are a list)
+# the SSE frames of several data events: b"data: " + b"\n\ndata: ".join(chunks) + b"\n\n"
+_FIRST, _LAST = template(frame(hole(HOLES[0])), hole(HOLES[0]))
+_BETWEEN = _LAST + _FIRST
 # A text chunk of choice 0 after its first (Shaper._text_chunk): its head and the fields the stream's
 # chunks carry between the model and the choices (OpenAI's service_tier, system_fingerprint), then
 # this, the content, one of the choice's ends (what OpenAI and the OpenAI-compatible providers send),
 # and flat fields after the choices (OpenAI's obfuscation; usage null first, or no usage).
-_CHOICES = b',"choices":['
 _TEXT_OPEN = _CHOICES + b'{"index":0,"delta":{"content":'
 _CHOICE_ENDS = (
     b'},"logprobs":null,"finish_reason":null}]',
@@ -92,14 +121,12 @@ def _tail(tail: bytes) -> tuple[bytes, bytes] | None:
 # the tails without fields after the choices, found by one look-up
 _TAILS = {end + after: (end, b"") for end in _CHOICE_ENDS for after in (_USAGE_NULL + b"}", b"}")}
 _FINISH = frozenset({"stop", "length", "tool_calls", "content_filter", "function_call"})
-_NO_USAGE = b',"usage":null}'
 _CUT = -len(_NO_USAGE)
-_FIRST, _BETWEEN, _LAST = b"data: ", b"\n\ndata: ", b"\n\n"  # SSE frames of several data events
 
 
 def _chunk_head(completion_id: str, created: int, model: str) -> bytes:
     """How a compact chat.completion.chunk begins, up to its model: ours, or an upstream's."""
-    return b'{"id":%b,"object":"chat.completion.chunk","created":%d,"model":%b' % (
+    return _HEAD % (
         _encode(completion_id),
         created,
         _encode(model),
@@ -314,14 +341,9 @@ class Shaper:
         return _decode_text(b'"' + self.said + b'"')
 
     def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "id": self.completion_id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.call.model_id,
-            "choices": [],
-            "usage": usage,
-        }
+        out = chunk(self.completion_id, self.created, self.call.model_id, [])
+        out["usage"] = usage
+        return out
 
 
 def error_chunk(exc: GatewayError) -> dict[str, Any]:
