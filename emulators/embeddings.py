@@ -17,36 +17,13 @@ import sys
 from array import array
 from collections.abc import Callable
 from functools import lru_cache
-from typing import Any, Protocol
+from typing import Any
 
 from aiohttp import web
 
 from emulators.common import encode, pause, random_id
-from emulators.directives import Flakiness, count_tokens, directives
-
-
-class Host(Protocol):
-    """What :class:`OpenAIEmbeddings` reads of the emulator serving it
-    (:class:`emulators.openai.OpenAIEmulator`, :class:`emulators.azure.AzureOpenAIEmulator`): its
-    flavour, key check, body, limits and error envelope."""
-
-    flavour: str
-    flakiness: Flakiness
-
-    def _authorised(self, request: web.Request) -> bool: ...
-
-    async def body(self, request: web.Request) -> dict[str, Any] | web.Response: ...
-
-    def over_limit(self) -> float | None: ...
-
-    def rate_limited(self, wait: float) -> web.Response: ...
-
-    def error(
-        self, status: int, message: str, type_: str, code: str | None = None, headers: dict | None = None
-    ) -> web.Response: ...
-
-    def fault(self, status: int) -> web.Response: ...
-
+from emulators.directives import count_tokens, directives
+from emulators.host import Host
 
 # model -> (default size, largest size a caller may ask; 0: only the default)
 MODELS: dict[str, dict[str, tuple[int, int]]] = {

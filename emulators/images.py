@@ -17,35 +17,13 @@ import time
 import zlib
 from collections.abc import Callable
 from functools import lru_cache
-from typing import Any, Protocol
+from typing import Any
 
 from aiohttp import BodyPartReader, web
 
 from emulators.common import DEPLOYED, encode, pause, random_id
 from emulators.directives import count_tokens, directives
-
-
-class Host(Protocol):
-    """What :class:`OpenAIImages` reads of the emulator serving it (:class:`emulators.openai.OpenAIEmulator`,
-    :class:`emulators.azure.AzureOpenAIEmulator`): its key check, body, request log, limits and error
-    envelope."""
-
-    def _authorised(self, request: web.Request) -> bool: ...
-
-    async def body(self, request: web.Request) -> dict[str, Any] | web.Response: ...
-
-    def received(self, body: dict[str, Any], headers: Any = None) -> None: ...
-
-    def over_limit(self) -> float | None: ...
-
-    def rate_limited(self, wait: float) -> web.Response: ...
-
-    def error(
-        self, status: int, message: str, type_: str, code: str | None = None, headers: dict | None = None
-    ) -> web.Response: ...
-
-    def fault(self, status: int) -> web.Response: ...
-
+from emulators.host import Host
 
 GPT_IMAGE = ("gpt-image-1", "gpt-image-1-mini", "gpt-image-1.5")
 GPT_SIZES = {

@@ -16,7 +16,7 @@ import secrets
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import msgspec
 from aiohttp import web
@@ -24,31 +24,12 @@ from aiohttp import web
 from emulators.common import decode, encode, nth, pause, play, random_id
 from emulators.directives import (
     Directives,
-    Flakiness,
     count_tokens,
     directives,
     reply_pieces,
     structured_pieces,
 )
-
-
-class Host(Protocol):
-    """What :class:`ResponsesHandler` reads of the emulator that owns the app
-    (:class:`emulators.openai.OpenAIEmulator`): its key, request log, flakiness, streams and error
-    envelope."""
-
-    api_key: str
-    flakiness: Flakiness
-    streams: list[tuple[str, int]]  # ("complete" | "disconnected", events written)
-
-    def received(self, body: dict[str, Any], headers: Any = None) -> None: ...
-
-    def error(
-        self, status: int, message: str, type_: str, code: str | None = None, headers: dict | None = None
-    ) -> web.Response: ...
-
-    def fault(self, status: int) -> web.Response: ...
-
+from emulators.host import Host
 
 # ResponseCreateParams of the openai SDK (3.57: src/openai/types/responses/response_create_params.py), and
 # client_metadata, which the API takes and Codex sends on every call
