@@ -551,6 +551,8 @@ def test_a_probe_whose_caller_hangs_up_before_the_first_byte_is_released(rstack:
 
 
 def test_circuit_state_in_readyz_and_metrics(rstack: Stack) -> None:
+    gw = rstack.gateway
+    gw.breakers = Breakers(3, 30, 30, gw.providers)  # a cool-down no step of the test outlasts
     _dead(rstack, "upstage")
     client = rstack.client()
     for _ in range(3):
@@ -564,7 +566,7 @@ def test_circuit_state_in_readyz_and_metrics(rstack: Stack) -> None:
     assert list(why) == ["upstage"]  # why it is open: whom it refuses, on what evidence
     assert why["upstage"]["refuses"] == "one group" and why["upstage"]["failed_calls"] == 3
     assert why["upstage"]["groups"] == 1 and why["upstage"]["last_error"]
-    assert 0 < why["upstage"]["probe_in_seconds"] <= 0.5
+    assert 0 < why["upstage"]["probe_in_seconds"] <= 30
     with pytest.raises(openai.InternalServerError):  # another group's call fails too: now every group's
         rstack.client().chat.completions.create(
             model="upstage/solar-mini", messages=[{"role": "user", "content": "x"}]
