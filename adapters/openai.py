@@ -265,9 +265,8 @@ class _OpenAIStream(StreamTranslator):
                 delta = choice.get("delta")
                 if isinstance(delta, dict):
                     self.adapter._normalise(delta)
-                    for call in (
-                        delta.get("tool_calls") or ()
-                    ):  # a call's first delta (it has the id) says its type
+                    # a call's first delta (it has the id) says its type
+                    for call in delta.get("tool_calls") or ():
                         if isinstance(call, dict) and call.get("id") and not call.get("type"):
                             call["type"] = "custom" if "custom" in call else "function"
         return [chunk]

@@ -78,9 +78,8 @@ class Ledger:
         # how long a reply waits for its call's settlement to be durable (0: it does not wait); past it
         # (the store slow or down) the reply goes out and the settlement is retried, then journaled
         self.reply_wait = reply_wait
-        self.progress = Progress(
-            store, checkpoint
-        )  # the streams in flight, their usage so far kept every few s
+        # the streams in flight, their usage so far kept every few s
+        self.progress = Progress(store, checkpoint)
         self.pending: set[asyncio.Future[int]] = set()  # settlements queued and not yet durable
         self.last: asyncio.Future[int] | None = None  # the settlement queued last
         self._watched: dict[str, list[asyncio.Future[int]]] = {}
@@ -169,9 +168,8 @@ class Ledger:
         """Start settling now (nothing can cancel it); the future resolves once it is durable.
         ``linger``: nobody waits for it (a store may then wait a little to batch it with others);
         ``owed``: see :meth:`billing.store.Store.settle_soon`."""
-        return self.store.settle_soon(
-            reservation, record, linger, owed
-        )  # kept until durable: billing/durable.py
+        # kept until durable: billing/durable.py
+        return self.store.settle_soon(reservation, record, linger, owed)
 
 
 def ledger_for(
@@ -222,9 +220,8 @@ class LocalLedger(Ledger):
         self._reads: Flights[tuple[_Holds, _Holds]] = Flights()
 
     async def _read(self, group_id: int, key_id: int) -> tuple[_Holds, _Holds]:
-        for _ in range(
-            8
-        ):  # read again if a settlement became durable meanwhile (seen by one read, not the other)
+        # read again if a settlement became durable meanwhile (seen by one read, not the other)
+        for _ in range(8):
             released = self._released
             balance, room = await self.store.ledger_state(group_id, key_id)
             windows = await budgets.read(self.store.database, [group_id], self.store.clock())

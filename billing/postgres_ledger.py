@@ -573,9 +573,8 @@ class LedgerCommits:
         self.conn: asyncpg.Connection | None = None  # the batches' own, kept from one batch to the next
         self.pid = 0  # its backend's
         self.batches = 0
-        self.replica: str | None = (
-            None  # this process's name on the reservations it makes (billing/leases.py)
-        )
+        # this process's name on the reservations it makes (billing/leases.py)
+        self.replica: str | None = None
         # a batch of reservations whose connection was lost may have committed (the COMMIT was on the
         # wire) while its callers were refused: the holds of this replica that no call of it knows
         # are released before the next batch (``live``: the reservations its calls hold)

@@ -324,9 +324,8 @@ class Settle:
         self.record = record
         self.again = again  # a retry (Store.settle_again): never offered to Store.rescue
         self.now = now  # the store's clock when it was queued: the budget buckets it falls in
-        self.noted = (
-            noted  # its stream's progress was kept (SQLiteStore.note_progress): that row goes with it
-        )
+        # its stream's progress was kept (SQLiteStore.note_progress): that row goes with it
+        self.noted = noted
         self.epoch, self.owed = epoch, owed  # its line in the owed log (billing/owed.py), if it has one
 
     def __call__(self, db: sqlite3.Connection) -> int:

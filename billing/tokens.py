@@ -79,9 +79,8 @@ def _apart(text: str) -> bool:
         return False
     if text.isprintable():  # (no whitespace but spaces)
         return True
-    return (
-        text.find(" \n") < 0 and text.find("\n ") < 0 and text.replace("\n", "").isprintable()
-    )  # (and line breaks)
+    # (and line breaks)
+    return text.find(" \n") < 0 and text.find("\n ") < 0 and text.replace("\n", "").isprintable()
 
 
 def _cut(parts: list[str]) -> list[str]:

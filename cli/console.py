@@ -52,9 +52,8 @@ async def store_password(store: Store, hashed: str) -> None:
     queries = queries_for(store)
     await queries.set_setting(auth.PASSWORD_SETTING, hashed)
     await queries.set_setting(auth.SECRET_SETTING, secrets.token_urlsafe(32))
-    await (
-        queries.sessions_end_all()
-    )  # every open session ends, on every replica, also with [console] session_secret
+    # every open session ends, on every replica, also with [console] session_secret
+    await queries.sessions_end_all()
 
 
 def run(args: argparse.Namespace, settings: Settings) -> None:

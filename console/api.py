@@ -423,9 +423,8 @@ async def add_webhook(c: Console, request: Request) -> Response:
     budgets = data.get("budgets", True)
     if not isinstance(budgets, bool):
         raise Invalid("budgets", "'budgets' is true or false.")
-    await webhooks.destination_of(
-        url, c.gateway.settings.alerts.destinations()
-    )  # (last: it resolves the host)
+    # (last: it resolves the host)
+    await webhooks.destination_of(url, c.gateway.settings.alerts.destinations())
     hook = await changes(c, request).add_webhook(c.gateway.alerts, url, group, below, within, budgets)
     # the signing secret, in this answer only
     return JSONResponse(

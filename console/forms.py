@@ -21,9 +21,8 @@ T = TypeVar("T")
 
 MAX_FORM_BYTES = 64 * 1024
 AMOUNT = re.compile(r"^\d{1,12}(\.\d{1,9})?$")
-GROUPED = re.compile(
-    r"^\d{1,3}([,\s\u00a0\u202f_]\d{3})+(\.\d{1,9})?$"
-)  # 1,000,000.5 · 1 000 000 · 1_000_000
+# 1,000,000.5 · 1 000 000 · 1_000_000
+GROUPED = re.compile(r"^\d{1,3}([,\s\u00a0\u202f_]\d{3})+(\.\d{1,9})?$")
 MODEL = re.compile(r"^[a-z0-9][a-z0-9._:/-]{0,127}$")
 # ``?source=`` everywhere in the console: every core.types.Source, or all of them
 SOURCES: dict[str, Source | None] = {"all": None, **{s: s for s in get_args(Source)}}

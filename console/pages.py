@@ -203,9 +203,8 @@ async def sso_callback(request: Request) -> Response:
         request.state.session, request.state.operator = session, operator
         response = c.render(request, "signed_in.html", target=c.safe(request, flow.next, "/"))
         await c.set_cookie(response, request, session)
-    response.delete_cookie(
-        sso.FLOW_COOKIE, path=request.scope.get("root_path") or "/"
-    )  # one use, whatever came of it
+    # one use, whatever came of it
+    response.delete_cookie(sso.FLOW_COOKIE, path=request.scope.get("root_path") or "/")
     return response
 
 

@@ -44,9 +44,8 @@ class PriceSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     output: str = "0"
     cached_input: str | None = None
     cache_write: str | None = None
-    cache_write_1h: str | None = (
-        None  # a cache write kept for an hour (Anthropic's ttl "1h"); default: cache_write
-    )
+    # a cache write kept for an hour (Anthropic's ttl "1h"); default: cache_write
+    cache_write_1h: str | None = None
     image: str | None = None  # credits per generated image (Imagen); token-priced models leave it unset
     image_input: str | None = None  # per 1M tokens of input images (gpt-image edits); default: input
 

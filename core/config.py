@@ -187,9 +187,8 @@ class ObservabilitySettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=
 
 
 class HealthSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    upstreams: Literal["all", "any", "none"] = (
-        "all"  # providers that must accept a TCP connection for /readyz
-    )
+    # providers that must accept a TCP connection for /readyz
+    upstreams: Literal["all", "any", "none"] = "all"
     timeout: float = 1.0  # seconds per probe (store query, TCP connect)
     cache_seconds: float = 5.0
 

@@ -271,9 +271,8 @@ class TokenUsage(msgspec.Struct, kw_only=True):
     completion: int = 0
     cached: int = 0
     cache_write: int = 0
-    cache_write_1h: int = (
-        0  # of ``cache_write``, what is kept for an hour (Anthropic's ttl "1h": its own price)
-    )
+    # of ``cache_write``, what is kept for an hour (Anthropic's ttl "1h": its own price)
+    cache_write_1h: int = 0
     reasoning: int = 0
     reasoning_estimated: bool = False  # the provider counts reasoning inside completion only (Anthropic)
     image_prompt: int = 0  # of ``prompt``, the input images' tokens (gpt-image edits: their own price)

@@ -24,9 +24,8 @@ from emulators.common import Emulator, decode, encode, nth, pause, play, random_
 from emulators.directives import Directives, Flakiness, count_tokens, directives, reply_pieces
 
 # id -> (display name, max output tokens, created_at)
-ORGANIZATION = (
-    "5f0c9a3e-7d1b-4c2a-9e8f-3b6d2a1c0e94"  # the account's organization, named in its rate-limit errors
-)
+# the account's organization, named in its rate-limit errors
+ORGANIZATION = "5f0c9a3e-7d1b-4c2a-9e8f-3b6d2a1c0e94"
 
 MODELS = {
     "claude-opus-4-8": ("Claude Opus 4.8", 128000, "2026-05-05T00:00:00Z"),

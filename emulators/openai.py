@@ -447,9 +447,8 @@ class OpenAIEmulator(Emulator):
                 **tool_call,
                 "id": tool_call["id"] if index == 0 else tool_call["id"][:-2] + f"{index:02d}",
             }
-            if (
-                self.flavour == "mistral"
-            ):  # as Mistral's API answers (client-python: ToolCall type is optional)
+            # as Mistral's API answers (client-python: ToolCall type is optional)
+            if self.flavour == "mistral":
                 call = {"function": call["function"], "id": call["id"], "index": 0}
             message["tool_calls"] = [call]
         if thinking:

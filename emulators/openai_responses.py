@@ -278,9 +278,8 @@ class ResponsesHandler:
                 else []
             )
             item: dict[str, Any] = {"id": _rid("rs"), "type": "reasoning", "summary": summary}
-            if "reasoning.encrypted_content" in (
-                body.get("include") or ()
-            ):  # the reasoning, opaque, to send back
+            # the reasoning, opaque, to send back
+            if "reasoning.encrypted_content" in (body.get("include") or ()):
                 item["encrypted_content"] = "gAAAAA" + secrets.token_urlsafe(48)
             out.append(item)
         call = self._tool_call(body, d, last)

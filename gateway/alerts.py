@@ -291,9 +291,8 @@ class Deliverer:
             target = host_of(hook.url)
             host = target[0] if target is not None else ""
             if not host or (address_of(host) is not None and not self.allowed.permits(host, host)):
-                raise OSError(
-                    f"{host}: not an address a webhook may be sent to"
-                )  # (a name: the resolver checks it)
+                # (a name: the resolver checks it)
+                raise OSError(f"{host}: not an address a webhook may be sent to")
             async with self._session.post(
                 hook.url, data=body, headers=headers, allow_redirects=False
             ) as answer:

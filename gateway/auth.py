@@ -138,9 +138,8 @@ class Authenticator:
         now = time.monotonic()
         cached = self._cache.get(digest)
         if cached is not None and cached[1] > now:
-            if (
-                cached[1] - now < self.cache_seconds / 2
-            ):  # looked up again ahead of time, waited for by nobody
+            # looked up again ahead of time, waited for by nobody
+            if cached[1] - now < self.cache_seconds / 2:
                 self._lookups.ahead(digest, lambda: self._lookup(digest))
             hit = cached[0]
             if hit is None:

@@ -40,9 +40,8 @@ class CallContext:
     metadata: str | None = None  # the request's ``metadata`` map, as compact JSON
     metered: bool = False  # a usage record was made for a reservation: the ledger will store it
     response_id: str | None = None  # the queued background response this call runs (jobs/background.py)
-    traceparent: str | None = (
-        None  # the caller's W3C trace context, the parent of the call's span (gateway/tracing.py)
-    )
+    # the caller's W3C trace context, the parent of the call's span (gateway/tracing.py)
+    traceparent: str | None = None
     key_prefix: str = DEFAULT_KEY_PREFIX  # the form of the gateway's keys: redacted from who the call is for
 
     @property

@@ -96,9 +96,8 @@ class EmbeddingsCodec(Codec):
     cap_param = "input"
 
     def __init__(self, req: EmbeddingsRequest, size: int) -> None:
-        view = ChatRequest(
-            model=req.model, messages=[], max_tokens=0
-        )  # no output: the worst case is the input
+        # no output: the worst case is the input
+        view = ChatRequest(model=req.model, messages=[], max_tokens=0)
         super().__init__(view, size, False, fallback_list(req.raw))
         self.req = req
 

@@ -261,9 +261,8 @@ def messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     for i, message in enumerate(given):
         role = message.get("role") if isinstance(message, dict) else None
         content = message.get("content") if role is not None else None
-        if (
-            role == "user" and content and isinstance(content, str)
-        ):  # (the common turn, as _user would make it)
+        # (the common turn, as _user would make it)
+        if role == "user" and content and isinstance(content, str):
             out.append({"role": "user", "content": content})
             continue
         where = f"messages.{i}"
@@ -412,9 +411,8 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
             raise _invalid("stop_sequences: Input should be a valid list of strings", "stop_sequences")
         chat["stop"] = stops
     if body.get("tools"):
-        tools = once(
-            body["tools"], "chat", _tools
-        )  # (Claude Code's every turn: translated once, core/kept.py)
+        # (Claude Code's every turn: translated once, core/kept.py)
+        tools = once(body["tools"], "chat", _tools)
         _hosted_not_forced(body["tools"], body.get("tool_choice"))
         if tools:
             chat["tools"] = tools
@@ -457,9 +455,8 @@ def reserve_request(body: dict[str, Any]) -> ChatRequest:
         for block in content if isinstance(content, list) else ():
             if isinstance(block, dict) and block.get("type") in ("image", "tool_result"):
                 inner = block.get("content") if block["type"] == "tool_result" else [block]
-                for image in (
-                    inner if isinstance(inner, list) else ()
-                ):  # (a wrong type: refused after the checks)
+                # (a wrong type: refused after the checks)
+                for image in inner if isinstance(inner, list) else ():
                     if isinstance(image, dict) and image.get("type") == "image":
                         parts.append(ImagePart(image_url=ImageURL(url="data:")))
     tools = body.get("tools")

@@ -111,9 +111,8 @@ class Pipeline:
                 code="tools_unsupported",
             )
         custom = req.custom_tools_at()
-        if (
-            custom and not gw.catalog.providers[model.provider].custom_tools
-        ):  # they pass through, untranslated
+        # they pass through, untranslated
+        if custom and not gw.catalog.providers[model.provider].custom_tools:
             raise InvalidRequest(
                 f"Custom tools ('type': 'custom') are supported only by OpenAI models (openai/...); the model "
                 f"`{model_id}` takes function tools ('type': 'function').",
@@ -204,9 +203,8 @@ class Pipeline:
                         finally:
                             if flight := await entering:
                                 places.append(flight)
-                if not closed(
-                    gw.breakers, deployments, context.group_id
-                ):  # every circuit open: nothing reserved for it
+                # every circuit open: nothing reserved for it
+                if not closed(gw.breakers, deployments, context.group_id):
                     last = circuit_open(model.provider)
                     continue
                 try:
@@ -238,9 +236,8 @@ class Pipeline:
         gw, model = self.gw, leg.model
         # (rate limits were checked once per call, in start(), before the first candidate)
         amount = worst_case(model, codec.size, codec.view, leg.upstream.max_output)
-        hold = Hold(
-            model.id, model.provider, context.request_id, context.endpoint, codec.stream
-        )  # (PostgreSQL)
+        # (PostgreSQL)
+        hold = Hold(model.id, model.provider, context.request_id, context.endpoint, codec.stream)
         call = traced() if gw.tracing is not None else None
         if call is None:
             reservation = await gw.ledger.reserve(context.group_id, context.key_id, amount, hold)

@@ -75,9 +75,8 @@ class RedisBackend(Backend):
         self.client: Any = redis.Redis.from_url(
             url, socket_timeout=timeout, socket_connect_timeout=max(timeout, 1.0), health_check_interval=30
         )
-        self.pipe = ScriptPipe(
-            self.client, [GCRA], timeout
-        )  # a failure reaches the waiter: the limiter fails open
+        # a failure reaches the waiter: the limiter fails open
+        self.pipe = ScriptPipe(self.client, [GCRA], timeout)
 
     async def take(self, buckets: Sequence[Bucket]) -> tuple[bool, list[BucketState]]:
         args: list[int] = [self.period_us]

@@ -126,9 +126,8 @@ class Breaker:
         self.threshold = threshold
         self.cooldown = cooldown
         self.probe_timeout = probe_timeout
-        self.failures = (
-            0  # failed calls since the last success (a call counts once however often it was tried)
-        )
+        # failed calls since the last success (a call counts once however often it was tried)
+        self.failures = 0
         self.open_until = 0.0
         self.probe = 0  # the ticket of the probe in flight (half-open), 0 if none
         self.probe_until = 0.0
@@ -374,9 +373,8 @@ async def _try(
 def _failed(gw: Services, call: UpstreamCall, plan: Attempts, lease: Lease, error: GatewayError) -> Step:
     """What ``error`` teaches the deployment's state, its breaker and the metrics; what ``plan`` says next."""
     dep = lease.deployment
-    rest = (
-        gw.dispatcher.cooldown(error) if len(call.deployments) > 1 else 0.0
-    )  # (only helps if another serves)
+    # (only helps if another serves)
+    rest = gw.dispatcher.cooldown(error) if len(call.deployments) > 1 else 0.0
     lease.owner.release(lease, cooldown=rest)
     metrics.deployment_call(
         dep.prefix, dep.name, "rate_limited" if isinstance(error, RateLimited) else "error"

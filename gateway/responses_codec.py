@@ -130,9 +130,8 @@ class ResponsesCodec(Codec):
         models = fallback_list(body)
         super().__init__(reserve_request(body), size, bool(body.get("stream")), models)
         self.body = body
-        self.echo = (
-            echo  # fields of the Response object the gateway decides (id, store, previous_response_id)
-        )
+        # fields of the Response object the gateway decides (id, store, previous_response_id)
+        self.echo = echo
         self.sent = tools  # the body's tools as the caller sent them (their bytes), if known
         self._translated: tuple[dict[str, Any], ChatRequest, Options] | None = None
         self._tools: bytes | None = None  # the request's tools encoded (once translated)

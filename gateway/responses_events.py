@@ -372,9 +372,8 @@ class EventSynth:
         index = self.current
         assert index is not None
         self.pieces[index].append(piece)
-        if (
-            kind == "message"
-        ):  # (most of a stream's events: written as their frame, as _event and frames would)
+        # (most of a stream's events: written as their frame, as _event and frames would)
+        if kind == "message":
             if self.writing != index:
                 self._delta = _text_delta(_encode(self.output[index]["id"]), index)
                 self.writing = index
@@ -411,9 +410,8 @@ class EventSynth:
             self.pieces[index].append(arguments)
             if index != self.current:  # a late piece of a call already done (no adapter does this): keep it
                 self.output[index] = self._final(index, self.output[index]["status"])
-            elif (
-                self.output[index]["type"] == "function_call"
-            ):  # (a free-form input goes out whole, at its end)
+            # (a free-form input goes out whole, at its end)
+            elif self.output[index]["type"] == "function_call":
                 events.append(
                     self._event(
                         "response.function_call_arguments.delta",

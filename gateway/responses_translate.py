@@ -635,9 +635,8 @@ def encoded_tools(body: dict[str, Any], sent: bytes | None = None) -> bytes | No
     tools = body.get("tools")
     if not isinstance(tools, list) or not tools:
         return None
-    if (
-        sent is not None and sent.find(b"\n") < 0 and sent.find(b"\r") < 0
-    ):  # (an SSE data line holds no line break)
+    # (an SSE data line holds no line break)
+    if sent is not None and sent.find(b"\n") < 0 and sent.find(b"\r") < 0:
         return sent
     return _encode(tools)
 

@@ -157,9 +157,8 @@ class Gateway:
             self.deployments[prefix] = settings.deployments(prefix, self.catalog)
             self.adapters[prefix] = adapter_for(prefix, spec)
         self.providers = {prefix: deps[0] for prefix, deps in self.deployments.items()}  # each group's first
-        self.dispatcher = dispatcher_for(
-            settings, self.catalog, self.deployments
-        )  # which deployment serves a call
+        # which deployment serves a call
+        self.dispatcher = dispatcher_for(settings, self.catalog, self.deployments)
         rel = settings.reliability
         # one circuit per deployment (its key: the provider's prefix in the single-account form); a probe
         # that nobody reports on (a bug) frees it after the longest a call can take
@@ -170,12 +169,10 @@ class Gateway:
             [d.key for deps in self.deployments.values() for d in deps],
         )
         self.responses = ResponseStore(self.store.database)  # the stored responses of /v1/responses
-        self.tracing: Tracing | None = (
-            tracing_from_environment()
-        )  # traces of calls: None unless OTEL_* configure them
-        self.sealer: Sealer | None = (
-            None  # seals provider state into reasoning items (gateway/sealed.py), at start
-        )
+        # traces of calls: None unless OTEL_* configure them
+        self.tracing: Tracing | None = tracing_from_environment()
+        # seals provider state into reasoning items (gateway/sealed.py), at start
+        self.sealer: Sealer | None = None
         self.jobs: Service | None = None  # the Batch API's runner (jobs/), set by create_app
         self.batches: BatchBook | None = None  # the same runner, as the console reads it
         self.backgrounds: Backgrounds | None = None  # the same runner, running background responses

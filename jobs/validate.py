@@ -56,9 +56,8 @@ def parse_input(
     lines: list[Line] = []
     problems: list[Problem] = []
     seen: dict[str, int] = {}
-    for number, raw in enumerate(
-        text.split("\n"), start=1
-    ):  # not splitlines: U+2028 may sit in a JSON string
+    # not splitlines: U+2028 may sit in a JSON string
+    for number, raw in enumerate(text.split("\n"), start=1):
         raw = raw.removesuffix("\r")
         if not raw.strip():
             continue

@@ -24,9 +24,8 @@ class Endpoint(NamedTuple):
     path: str
     handler: Handler
     methods: tuple[str, ...] = ("POST",)
-    fast: bool = (
-        False  # its POST answered by Front without Starlette's layers (other methods: 405 by the route)
-    )
+    # its POST answered by Front without Starlette's layers (other methods: 405 by the route)
+    fast: bool = False
     dialect: str = CHAT
 
 

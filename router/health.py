@@ -60,9 +60,8 @@ async def reachable(host: str, port: int, seconds: float) -> str | None:
     return None
 
 
-SERVER = (
-    f"hypercorn {importlib.metadata.version('hypercorn')}, {{}}"  # /readyz: what serves (server/serve.py)
-)
+# /readyz: what serves (server/serve.py)
+SERVER = f"hypercorn {importlib.metadata.version('hypercorn')}, {{}}"
 
 
 class Readiness:

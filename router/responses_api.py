@@ -98,9 +98,8 @@ class Responses:
             if keep.background
             else b""
         )
-        codec = ResponsesCodec(
-            conversation.body, size, keep.echo(conversation), tools
-        )  # (its tools are raw's)
+        # (its tools are raw's)
+        codec = ResponsesCodec(conversation.body, size, keep.echo(conversation), tools)
         if keep.background:
             return await self.queue(context, codec, keep, conversation, run)
         start = self.pipeline.start(context, codec)

@@ -133,9 +133,8 @@ class StoredResponses:
                     f"Cannot cancel a response that has already ended (status {stored.status}).",
                     code="response_not_cancellable",
                 )
-            if (
-                self.gw.backgrounds is not None
-            ):  # running here: its call stops now (elsewhere: at the next renewal)
+            # running here: its call stops now (elsewhere: at the next renewal)
+            if self.gw.backgrounds is not None:
                 self.gw.backgrounds.cancel_background(stored.id)
             stored.status = "cancelled"
         return JSONBytes(_encode(stored.response()))

@@ -167,9 +167,8 @@ class MessagesRelay:
             message = data.get("message")
             if isinstance(message, dict):
                 message["model"] = self.model_id
-                self.prompt_usage = self._count(
-                    message.get("usage")
-                )  # (its output count is not the answer's)
+                # (its output count is not the answer's)
+                self.prompt_usage = self._count(message.get("usage"))
                 return [frame_event(kind, _encode(data))]
         elif kind == "message_delta":
             self.usage = self._count(data.get("usage"))

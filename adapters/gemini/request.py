@@ -28,9 +28,8 @@ _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
 
 EFFORT_BUDGET = {"none": 0, "minimal": 512, "low": 1024, "medium": 8192, "high": 24576}
-_SYNTH = re.compile(
-    r"call_[0-9a-f]{24}"
-)  # the ids we make up (response.new_call_id); never sent back to Gemini
+# the ids we make up (response.new_call_id); never sent back to Gemini
+_SYNTH = re.compile(r"call_[0-9a-f]{24}")
 _SAMPLING = (
     ("seed", "seed"),
     ("presence_penalty", "presencePenalty"),
