@@ -96,8 +96,8 @@ UNION ALL SELECT 'k', id, spend_cap, spent, reserved FROM k
 UNION ALL SELECT 'g', id, balance, reserved, spent FROM g
 """
 _USAGE_ARGS = ", ".join(f"${n}::{kind}[]" for n, kind in enumerate(USAGE_PG, start=12))
-_HOLDS = 12 + len(USAGE_PG)  # then the replica and each new reservation's model, provider, request id,
-# endpoint and stream flag
+# then the replica and each new reservation's model, provider, request id, endpoint and stream flag
+_HOLDS = 12 + len(USAGE_PG)
 APPLY = f"""
 WITH g AS (
     UPDATE groups AS g SET balance = g.balance + d.balance, reserved = g.reserved + d.reserved,

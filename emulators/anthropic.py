@@ -464,16 +464,19 @@ def _pick_tool(body: dict[str, Any], d: Directives, answered: bool) -> tuple[dic
     return tool, forced
 
 
-def _last_text(turns: list[dict[str, Any]]) -> str:
-    """The text of the last user turn (where the directives are)."""
-    last_user = next(t for t in reversed(turns) if t["role"] == "user")
-    return " ".join(str(b.get("text", "")) for b in last_user["content"] if b.get("type") == "text")
+def _last_user(turns: list[dict[str, Any]]) -> dict[str, Any]:
+    return next(t for t in reversed(turns) if t["role"] == "user")
+
+
+def _text_of(turn: dict[str, Any]) -> str:
+    """The text of a turn (the last user turn's holds the directives)."""
+    return " ".join(str(b.get("text", "")) for b in turn["content"] if b.get("type") == "text")
 
 
 def plan(body: dict[str, Any], turns: list[dict[str, Any]]) -> Reply:
-    last_user = next(t for t in reversed(turns) if t["role"] == "user")
+    last_user = _last_user(turns)
     results = [b for b in last_user["content"] if b.get("type") == "tool_result"]
-    d = directives(_last_text(turns))
+    d = directives(_text_of(last_user))
     if results:
         d.echo, d.text = True, "The tool returned: " + "; ".join(_text(b.get("content")) for b in results)
     reply = Reply(d)
@@ -625,7 +628,7 @@ class AnthropicEmulator(Emulator):
             _check_tools(body)
         except Rejected as exc:
             return self.error(exc.status, exc.message)
-        text = _last_text(turns)
+        text = _text_of(_last_user(turns))
         d = directives(text)
         if fault := d.fault or self.flakiness.fault("count:" + text, d):
             return self.fault(fault)
